@@ -1,0 +1,1 @@
+"""The `meshctl` command line."""

@@ -1,0 +1,1 @@
+"""Ingest: Istio YAML files into typed, validated `Config` objects, a store, and a watcher."""

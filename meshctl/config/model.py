@@ -1,0 +1,153 @@
+"""Plain data for loaded Istio config: what a resource is, where it came from, and its typed spec.
+
+A `Config` is the unit the store keeps and the snapshot reads. It is built once by the loader and
+never mutated afterwards (the protobuf spec is treated as frozen by convention), so it can be
+shared by every snapshot and every proxy's generation without copying.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+
+#: The API groups and versions we accept, exactly as users write them for Kubernetes.
+NETWORKING_GROUP: Final = "networking.istio.io"
+ACCEPTED_VERSIONS: Final = ("v1alpha3", "v1beta1", "v1")
+
+#: Kind -> (generated module under meshctl.api, message name). All versions share one schema,
+#: as they do in Istio (v1beta1 and v1 are the v1alpha3 messages re-exported).
+_KINDS: Final[Mapping[str, tuple[str, str]]] = {
+    "VirtualService": ("virtual_service_pb2", "VirtualService"),
+    "DestinationRule": ("destination_rule_pb2", "DestinationRule"),
+    "Gateway": ("gateway_pb2", "Gateway"),
+    "ServiceEntry": ("service_entry_pb2", "ServiceEntry"),
+    "WorkloadEntry": ("workload_entry_pb2", "WorkloadEntry"),
+    "WorkloadGroup": ("workload_group_pb2", "WorkloadGroup"),
+    "Sidecar": ("sidecar_pb2", "Sidecar"),
+}
+
+KINDS: Final = tuple(_KINDS)
+
+
+def spec_class(kind: str) -> type[Message]:
+    """The protobuf message class for a kind's `spec`, imported on first use."""
+    module_name, message = _KINDS[kind]
+    module = importlib.import_module(f"meshctl.api.networking.v1alpha3.{module_name}")
+    cls: type[Message] = getattr(module, message)
+    return cls
+
+
+def is_istio_kind(api_version: str, kind: str) -> bool:
+    """True for the `apiVersion`/`kind` pairs meshctl loads; anything else is skipped."""
+    group, _, version = api_version.partition("/")
+    return group == NETWORKING_GROUP and version in ACCEPTED_VERSIONS and kind in _KINDS
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ConfigKey:
+    """Identity of a resource in the store: two resources with the same key cannot coexist."""
+
+    kind: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where a resource was read: the file, the 1-based line and column of its document, and
+    the 0-based index of that document in the file (to find field positions again on demand)."""
+
+    file: str
+    line: int = 1
+    column: int = 1
+    document: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+
+def _frozen(mapping: Mapping[str, str] | None) -> Mapping[str, str]:
+    return MappingProxyType(dict(mapping or {}))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Config:
+    """One Istio resource: Kubernetes envelope, typed spec, and where it came from."""
+
+    key: ConfigKey
+    api_version: str
+    spec: Message
+    labels: Mapping[str, str] = field(default_factory=lambda: _frozen(None))
+    annotations: Mapping[str, str] = field(default_factory=lambda: _frozen(None))
+    source: Source = field(default_factory=lambda: Source(file="<memory>"))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", _frozen(self.labels))
+        object.__setattr__(self, "annotations", _frozen(self.annotations))
+
+    @property
+    def kind(self) -> str:
+        return self.key.kind
+
+    @property
+    def namespace(self) -> str:
+        return self.key.namespace
+
+    @property
+    def name(self) -> str:
+        return self.key.name
+
+    def content_digest(self) -> str:
+        """A hash of everything that can change generated config (not the source position):
+        two replicas that read the same YAML compute the same digest."""
+        h = hashlib.blake2b(digest_size=16)
+        h.update(f"{self.key.kind}\0{self.key.namespace}\0{self.key.name}\0".encode())
+        for k, v in sorted(self.labels.items()):
+            h.update(f"l\0{k}\0{v}\0".encode())
+        for k, v in sorted(self.annotations.items()):
+            h.update(f"a\0{k}\0{v}\0".encode())
+        h.update(self.spec.SerializeToString(deterministic=True))
+        return h.hexdigest()
+
+    def same_content(self, other: Config) -> bool:
+        """True when replacing `other` by `self` would change nothing a proxy can see."""
+        return (
+            self.key == other.key
+            and dict(self.labels) == dict(other.labels)
+            and dict(self.annotations) == dict(other.annotations)
+            and self.spec == other.spec
+        )
+
+
+def make_config(
+    kind: str,
+    name: str,
+    namespace: str,
+    spec: Message,
+    *,
+    api_version: str = f"{NETWORKING_GROUP}/v1",
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    source: Source | None = None,
+) -> Config:
+    """Build a Config in code (tests, registries); the loader builds them from YAML."""
+    return Config(
+        key=ConfigKey(kind, namespace, name),
+        api_version=api_version,
+        spec=spec,
+        labels=_frozen(labels),
+        annotations=_frozen(annotations),
+        source=source or Source(file="<memory>"),
+    )
+
+

@@ -1,0 +1,62 @@
+"""Per-kind semantic validation: the rules `istioctl validate` enforces beyond the schema.
+
+Each kind has one module with a `validate(spec) -> list[Issue]` function; `validate_spec`
+dispatches on the kind. Rules see one resource at a time; rules that need several resources
+(a host that no ServiceEntry defines, two gateways claiming one port) live in
+`meshctl.config.analysis`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from google.protobuf.message import Message
+
+from meshctl.config.findings import FieldPath, Severity
+
+
+@dataclass(frozen=True, slots=True)
+class Issue:
+    """A rule broken by one resource: the field path from the document root (`spec`, ...)."""
+
+    path: FieldPath
+    message: str
+    severity: Severity = Severity.ERROR
+
+
+Validator = Callable[[Message], list[Issue]]
+
+
+def _validators() -> dict[str, Validator]:
+    # Imported lazily so that importing the loader does not import every rule module.
+    from meshctl.config.validation import (
+        destination_rule,
+        gateway,
+        service_entry,
+        sidecar,
+        virtual_service,
+        workload_entry,
+        workload_group,
+    )
+
+    return {
+        "VirtualService": virtual_service.validate,
+        "DestinationRule": destination_rule.validate,
+        "Gateway": gateway.validate,
+        "ServiceEntry": service_entry.validate,
+        "WorkloadEntry": workload_entry.validate,
+        "WorkloadGroup": workload_group.validate,
+        "Sidecar": sidecar.validate,
+    }
+
+
+_VALIDATORS: dict[str, Validator] = {}
+
+
+def validate_spec(kind: str, spec: Message) -> list[Issue]:
+    """Every rule `kind` breaks in `spec`; empty when it is valid."""
+    if not _VALIDATORS:
+        _VALIDATORS.update(_validators())
+    validator = _VALIDATORS.get(kind)
+    return validator(spec) if validator is not None else []

@@ -1,0 +1,39 @@
+"""The exceptions meshctl raises, in one tree.
+
+    MeshctlError
+    ├── ConfigError            input that cannot be turned into config (reported as findings)
+    │   └── YamlError          a file that is not YAML we accept (syntax, duplicate key, bomb, size)
+    ├── RegistryError          a service registry that cannot be read (Consul down, bad answer)
+    └── UsageError             a command called with arguments that make no sense
+
+Bad input is normally reported as a `Finding` and never raised past the loader; these exceptions
+exist for the places where a caller must stop, and each carries enough to say what and where.
+"""
+
+from __future__ import annotations
+
+
+class MeshctlError(Exception):
+    """Base of every error meshctl raises on purpose."""
+
+
+class ConfigError(MeshctlError):
+    """Input that cannot be turned into config."""
+
+
+class YamlError(ConfigError):
+    """A file that is not YAML we accept; `line` and `column` are 1-based, 0 when unknown."""
+
+    def __init__(self, message: str, line: int = 0, column: int = 0) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+        self.column = column
+
+
+class RegistryError(MeshctlError):
+    """A service registry that cannot be read."""
+
+
+class UsageError(MeshctlError):
+    """A command called with arguments that make no sense."""

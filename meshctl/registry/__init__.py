@@ -1,0 +1,1 @@
+"""Service registries (ServiceEntry/WorkloadEntry files, Consul) merged into one model."""
