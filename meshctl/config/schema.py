@@ -28,7 +28,9 @@ _WRAPPERS = frozenset(
     f"google.protobuf.{n}Value"
     for n in ("Bool", "Int32", "Int64", "UInt32", "UInt64", "Float", "Double", "String", "Bytes")
 )
-_JSON_VALUE_TYPES = frozenset(("google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"))
+_JSON_VALUE_TYPES = frozenset(
+    ("google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue")
+)
 
 _INT_RANGES = {
     FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),
@@ -90,9 +92,14 @@ class _Parser:
 
     def message(self, data: Any, msg: Message, path: FieldPath) -> None:
         full_name = msg.DESCRIPTOR.full_name
-        if full_name in _WRAPPERS or full_name in _JSON_VALUE_TYPES or full_name in (
-            "google.protobuf.Duration",
-            "google.protobuf.Timestamp",
+        if (
+            full_name in _WRAPPERS
+            or full_name in _JSON_VALUE_TYPES
+            or full_name
+            in (
+                "google.protobuf.Duration",
+                "google.protobuf.Timestamp",
+            )
         ):
             self.well_known(data, msg, path)
             return
@@ -147,8 +154,10 @@ class _Parser:
         if not isinstance(value, dict):
             self.fail(path, f"expected a mapping, got {_type_name(value)}")
             return
-        key_fd = fd.message_type.fields_by_name["key"]
-        value_fd = fd.message_type.fields_by_name["value"]
+        entry = fd.message_type
+        assert entry is not None  # map fields are always message-typed
+        key_fd = entry.fields_by_name["key"]
+        value_fd = entry.fields_by_name["value"]
         container = getattr(msg, fd.name)
         for raw_key, item in value.items():
             item_path = (*path, str(raw_key))
@@ -177,7 +186,7 @@ class _Parser:
             if isinstance(value, bool):
                 return True, value
             self.fail(path, f"expected true or false, got {_type_name(value)}")
-        elif t == FieldDescriptor.TYPE_ENUM:
+        elif t == FieldDescriptor.TYPE_ENUM and fd.enum_type is not None:
             return self.enum(value, fd.enum_type, path)
         elif t in _INT_RANGES:
             return self.integer(value, t, path)
@@ -200,9 +209,8 @@ class _Parser:
             ev = enum.values_by_name.get(value)
             if ev is not None:
                 return True, ev.number
-        elif isinstance(value, int) and not isinstance(value, bool):
-            if value in enum.values_by_number:
-                return True, value
+        elif isinstance(value, int) and not isinstance(value, bool) and value in enum.values_by_number:
+            return True, value
         names = ", ".join(v.name for v in enum.values)
         self.fail(path, f'invalid value "{value}": must be one of {names}')
         return False, None
@@ -249,7 +257,8 @@ class _Parser:
     def well_known(self, data: Any, msg: Message, path: FieldPath) -> None:
         name = msg.DESCRIPTOR.full_name
         if name in _WRAPPERS:
-            ok, converted = self.scalar(data, msg.DESCRIPTOR.fields_by_name["value"], path)
+            value_fd: FieldDescriptor = msg.DESCRIPTOR.fields_by_name["value"]  # type: ignore[assignment]
+            ok, converted = self.scalar(data, value_fd, path)
             if ok:
                 msg.value = converted  # type: ignore[attr-defined]
             return
@@ -260,7 +269,9 @@ class _Parser:
             try:
                 msg.FromJsonString(data)  # type: ignore[attr-defined]
             except ValueError:
-                self.fail(path, f'invalid duration "{data}": use seconds with an "s" suffix, e.g. "5s", "0.5s"')
+                self.fail(
+                    path, f'invalid duration "{data}": use seconds with an "s" suffix, e.g. "5s", "0.5s"'
+                )
             return
         try:
             json_format.ParseDict(data, msg)

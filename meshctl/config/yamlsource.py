@@ -144,12 +144,17 @@ def _error(message: str, node: Node) -> YamlError:
 def _yaml_error(exc: YAMLError) -> YamlError:
     if isinstance(exc, MarkedYAMLError):
         mark = exc.problem_mark or exc.context_mark
-        problem = exc.problem or exc.context or "invalid YAML"
-        context = f" {exc.context}" if exc.context and exc.problem else ""
+        message = exc.problem or exc.context or "invalid YAML"
+        if exc.context and exc.problem:
+            message += f" {exc.context}"
+            ctx = exc.context_mark
+            if ctx is not None and mark is not None and (ctx.line, ctx.column) != (mark.line, mark.column):
+                message += f" started at line {ctx.line + 1}, column {ctx.column + 1}"
         if mark is not None:
-            return YamlError(f"{problem}{context}".strip(), mark.line + 1, mark.column + 1)
-        return YamlError(problem)
-    return YamlError(str(exc).strip() or "invalid YAML")
+            return YamlError(message, mark.line + 1, mark.column + 1)
+        return YamlError(message)
+    # Reader errors (bad characters) carry their position in the text only.
+    return YamlError(str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid YAML")
 
 
 def _compose(text: str) -> list[Node]:
@@ -199,19 +204,24 @@ def locate(text: str, document: int, path: Sequence[str | int]) -> tuple[int, in
     if document >= len(nodes):
         return (0, 0)
     node: Node = nodes[document]
+    at: Node = node
     for part in path:
-        child = _child(node, part)
-        if child is None:
+        found = _child(node, part)
+        if found is None:
             break
-        node = child
-    return node.start_mark.line + 1, node.start_mark.column + 1
+        # A field is shown at its key (where a person reads the name); a list item at the item.
+        at, node = found
+    return at.start_mark.line + 1, at.start_mark.column + 1
 
 
-def _child(node: Node, part: str | int) -> Node | None:
+def _child(node: Node, part: str | int) -> tuple[Node, Node] | None:
     if isinstance(part, int) and isinstance(node, SequenceNode):
-        return node.value[part] if 0 <= part < len(node.value) else None
+        if 0 <= part < len(node.value):
+            item: Node = node.value[part]
+            return item, item
+        return None
     if isinstance(node, MappingNode):
         for key_node, value_node in node.value:
             if isinstance(key_node, ScalarNode) and key_node.value == str(part):
-                return value_node  # type: ignore[no-any-return]
+                return key_node, value_node
     return None

@@ -1,0 +1,100 @@
+"""Everything the CLI shows: the only module that imports rich.
+
+Machine formats (json, yaml, github) go to stdout untouched; human text goes to stdout as plain
+lines (grep-able, like a compiler's), and summaries and errors go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+from meshctl.config.findings import Finding, Severity
+
+_STYLES = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def stdout_console() -> Console:
+    return Console(highlight=False)
+
+
+def error(message: str) -> None:
+    """A one-line error for a person, on stderr."""
+    stderr_console().print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+
+
+def print_findings(findings: Sequence[Finding], fmt: str, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
+    if fmt == "json":
+        json.dump([f.as_dict() for f in findings], out, indent=2)
+        out.write("\n")
+    elif fmt == "github":
+        for f in findings:
+            out.write(_github_annotation(f) + "\n")
+    else:
+        console = Console(file=out, highlight=False, soft_wrap=True)
+        for f in findings:
+            console.print(f"[{_STYLES[f.severity]}]{f.severity.value}[/] {_rest(f)}", markup=True)
+
+
+def _rest(f: Finding) -> str:
+    from rich.markup import escape
+
+    text = str(f)
+    return escape(text[len(f.severity.value) + 1 :])
+
+
+def _github_annotation(f: Finding) -> str:
+    """A GitHub Actions workflow command: shows the finding on the pull request's diff."""
+    level = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}[f.severity]
+    props = []
+    if f.file:
+        props.append(f"file={_escape_property(f.file)}")
+    if f.line:
+        props.append(f"line={f.line}")
+    if f.column:
+        props.append(f"col={f.column}")
+    title = f.code or (
+        f"{f.resource.kind} {f.resource.namespace}/{f.resource.name}" if f.resource else "meshctl"
+    )
+    props.append(f"title={_escape_property(title)}")
+    where = f" {f.resource}" if f.resource else ""
+    field = f" {f.field}:" if f.field else ":"
+    message = f"{where.strip()}{field} {f.message}".strip()
+    return f"::{level} {','.join(props)}::{_escape_data(message)}"
+
+
+def _escape_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def summary(findings: Sequence[Finding], files: int | None = None) -> None:
+    errors = sum(1 for f in findings if f.severity is Severity.ERROR)
+    warnings = sum(1 for f in findings if f.severity is Severity.WARNING)
+    console = stderr_console()
+    if not errors and not warnings:
+        console.print("[green]✔[/] no problems found")
+    else:
+        console.print(f"{errors} error(s), {warnings} warning(s)")
+
+
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*(str(x) for x in r))
+    stdout_console().print(t)

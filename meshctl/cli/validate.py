@@ -1,0 +1,69 @@
+"""`meshctl validate`: what CI runs on every pull request that touches the mesh's YAML."""
+
+from __future__ import annotations
+
+import enum
+import sys
+from typing import Annotated
+
+import typer
+
+from meshctl.config.findings import Severity
+
+EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
+
+
+class Format(enum.StrEnum):
+    text = "text"
+    json = "json"
+    github = "github"
+
+
+def validate(
+    paths: Annotated[list[str], typer.Argument(help="Files or directories to check; - reads stdin.")],
+    output: Annotated[
+        Format, typer.Option("--output", "-o", help="text, json (for tools) or github.")
+    ] = Format.text,
+    strict: Annotated[bool, typer.Option("--strict", help="Warnings fail the run too.")] = False,
+    namespace: Annotated[
+        str, typer.Option("--namespace", "-n", help="Namespace of resources that name none.")
+    ] = "default",
+    known_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--known-host", help="A host another registry (Consul) provides; repeatable, * allowed."
+        ),
+    ] = None,
+    analyze: Annotated[bool, typer.Option(help="Run cross-resource analysis (IST codes).")] = True,
+) -> None:
+    """Check Istio YAML as Istio would: schema, per-kind rules and cross-resource analysis.
+
+    Exit status: 0 valid (warnings allowed), 1 invalid input, 2 usage or internal error.
+    """
+    from pathlib import Path
+
+    from meshctl.cli import output as out
+    from meshctl.config.check import check
+    from meshctl.config.loader import LoadOptions
+
+    missing = [p for p in paths if p != "-" and not Path(p).exists()]
+    if missing:
+        out.error(f"no such file or directory: {', '.join(missing)}")
+        raise typer.Exit(EXIT_ERROR)
+    try:
+        stdin_text = sys.stdin.read() if "-" in paths else None
+        findings = check(
+            paths,
+            LoadOptions(default_namespace=namespace),
+            stdin_text=stdin_text,
+            known_hosts=known_host or (),
+            analysis=analyze,
+        )
+    except Exception as exc:  # an internal error must not look like invalid input
+        out.error(f"internal error: {type(exc).__name__}: {exc}")
+        raise typer.Exit(EXIT_ERROR) from exc
+    out.print_findings(findings, output.value)
+    if output is Format.text:
+        out.summary(findings)
+    failing = {Severity.ERROR, Severity.WARNING} if strict else {Severity.ERROR}
+    raise typer.Exit(EXIT_INVALID if any(f.severity in failing for f in findings) else EXIT_OK)

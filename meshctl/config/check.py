@@ -1,0 +1,90 @@
+"""The whole of `meshctl validate`: load every input, merge, analyse, and place every finding.
+
+Kept apart from the CLI so the server can show the same findings for its config directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from pathlib import Path
+
+from meshctl.config import yamlsource
+from meshctl.config.analysis import analyze
+from meshctl.config.findings import Finding, format_path, sort_findings
+from meshctl.config.loader import FileResult, LoadOptions, load_paths, load_text, merge_files
+from meshctl.config.model import Config, Source
+
+
+class Positions:
+    """Field positions for findings about already-loaded configs: re-reads a file (or the text
+    given for stdin) only when a finding needs it."""
+
+    def __init__(self, texts: Mapping[str, str] | None = None) -> None:
+        self._texts = dict(texts or {})
+
+    def _text(self, file: str) -> str | None:
+        if file not in self._texts:
+            try:
+                self._texts[file] = Path(file).read_text(encoding="utf-8-sig")
+            except (OSError, UnicodeDecodeError):
+                return None
+        return self._texts[file]
+
+    def locate(self, source: Source, path: Sequence[str | int]) -> tuple[int, int]:
+        text = self._text(source.file)
+        if text is None or not path:
+            return source.line, source.column
+        line, column = yamlsource.locate(text, source.document, path)
+        return (line, column) if line else (source.line, source.column)
+
+
+def check(
+    paths: Sequence[str],
+    options: LoadOptions | None = None,
+    *,
+    stdin_text: str | None = None,
+    known_hosts: Collection[str] = (),
+    analysis: bool = True,
+) -> list[Finding]:
+    """Every finding for `paths` (`-` reads `stdin_text`), sorted, across all files at once."""
+    options = options or LoadOptions()
+    file_paths = [Path(p) for p in paths if p != "-"]
+    result = load_paths(file_paths, options)
+    files: list[FileResult] = list(result.files.values())
+    texts: dict[str, str] = {}
+    if "-" in paths:
+        texts["<stdin>"] = stdin_text or ""
+        files.append(load_text(stdin_text or "", "<stdin>", options))
+    findings = list(result.findings)
+    for f in files:
+        findings.extend(f.findings)
+    configs, duplicate_findings = merge_files(files)
+    findings.extend(duplicate_findings)
+    if analysis:
+        findings.extend(analysis_findings(configs.values(), known_hosts, Positions(texts)))
+    return sort_findings(findings)
+
+
+def analysis_findings(
+    configs: Iterable[Config], known_hosts: Collection[str], positions: Positions
+) -> list[Finding]:
+    """Cross-resource findings, placed at the field they are about."""
+    loaded = list(configs)
+    by_key = {c.key: c for c in loaded}
+    out: list[Finding] = []
+    for issue in analyze(loaded, known_hosts):
+        config = by_key[issue.key]
+        line, column = positions.locate(config.source, issue.path)
+        out.append(
+            Finding(
+                issue.severity,
+                issue.message,
+                config.source.file,
+                line,
+                column,
+                issue.key,
+                format_path(issue.path),
+                issue.code,
+            )
+        )
+    return out
