@@ -149,5 +149,3 @@ def make_config(
         annotations=_frozen(annotations),
         source=source or Source(file="<memory>"),
     )
-
-

@@ -1,0 +1,1 @@
+"""Serve: the ADS server, its per-stream subscription state, pushes and the admin endpoints."""
