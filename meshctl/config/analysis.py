@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshctl.config.findings import FieldPath, Severity
+from meshctl.config.hosts import host_matches, hosts_overlap
+from meshctl.config.labels import labels_match
 from meshctl.config.model import Config, ConfigKey
 
 MESH_GATEWAY = "mesh"
@@ -35,25 +37,6 @@ class AnalysisIssue:
     message: str
     severity: Severity
     code: str
-
-
-def host_matches(pattern: str, host: str) -> bool:
-    """True when `pattern` (an exact host or `*.suffix`, or `*`) covers `host`; works both ways
-    for two wildcards (`*.a.com` covers `*.b.a.com`)."""
-    if pattern in ("*", host):
-        return True
-    if pattern.startswith("*"):
-        suffix = pattern[1:]
-        return host.endswith(suffix) and len(host) > len(suffix)
-    return False
-
-
-def hosts_overlap(a: str, b: str) -> bool:
-    return host_matches(a, b) or host_matches(b, a)
-
-
-def labels_match(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in selector.items())
 
 
 @dataclass(frozen=True, slots=True)

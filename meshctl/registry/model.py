@@ -1,0 +1,270 @@
+"""One model of services and endpoints, whatever registry they come from.
+
+ServiceEntry files and Consul both end up as these plain, frozen values; nothing Consul- or
+Istio-shaped leaks past `meshctl.registry`. A `ServiceModel` is a complete, immutable picture of
+every registry at one moment: the snapshot holds one, and generators read it without locks.
+
+The shapes follow Istio's own model (`pilot/pkg/model/service.go`): a service is a hostname with
+ports and a resolution; an endpoint is an address with one port per service port, labels (which
+select subsets and workloads), a locality, a weight, a health status and an identity.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final
+
+
+class Protocol(enum.StrEnum):
+    """Application protocol of a service port, with Istio's names."""
+
+    HTTP = "HTTP"
+    HTTP2 = "HTTP2"
+    GRPC = "GRPC"
+    GRPC_WEB = "GRPC-Web"
+    HTTPS = "HTTPS"
+    TLS = "TLS"
+    TCP = "TCP"
+    MONGO = "Mongo"
+    REDIS = "Redis"
+    MYSQL = "MySQL"
+    UDP = "UDP"
+    UNSUPPORTED = "UNSUPPORTED"
+
+    @property
+    def is_http(self) -> bool:
+        """Served through Envoy's HTTP connection manager and RDS."""
+        return self in _HTTP_PROTOCOLS
+
+    @property
+    def is_http2(self) -> bool:
+        """Needs HTTP/2 to the upstream (gRPC is HTTP/2)."""
+        return self in (Protocol.HTTP2, Protocol.GRPC, Protocol.GRPC_WEB)
+
+    @classmethod
+    def parse(cls, text: str) -> Protocol:
+        """Istio's case-insensitive protocol names; anything unknown is UNSUPPORTED (treated as TCP)."""
+        return _BY_LOWER.get(text.strip().lower(), Protocol.UNSUPPORTED)
+
+    @classmethod
+    def from_port_name(cls, name: str) -> Protocol:
+        """Istio's protocol selection by port name: `http`, `http-web`, `grpc-api`, `tcp-db` ..."""
+        prefix = name.strip().lower().split("-", 1)[0] if name else ""
+        if name.lower().startswith("grpc-web"):
+            return Protocol.GRPC_WEB
+        return _BY_LOWER.get(prefix, Protocol.UNSUPPORTED)
+
+
+_HTTP_PROTOCOLS: Final = frozenset((Protocol.HTTP, Protocol.HTTP2, Protocol.GRPC, Protocol.GRPC_WEB))
+_BY_LOWER: Final = {p.value.lower(): p for p in Protocol if p is not Protocol.UNSUPPORTED}
+
+
+class Resolution(enum.StrEnum):
+    """How a proxy finds the endpoints of a service (Istio's ServiceEntry resolution)."""
+
+    STATIC = "STATIC"  # endpoints are listed (EDS)
+    DNS = "DNS"  # endpoints are hostnames resolved by Envoy, all addresses used (STRICT_DNS)
+    DNS_ROUND_ROBIN = "DNS_ROUND_ROBIN"  # one hostname, first address used per connection (LOGICAL_DNS)
+    NONE = "NONE"  # connect to the address the client asked for (ORIGINAL_DST)
+
+
+class Location(enum.StrEnum):
+    MESH_INTERNAL = "MESH_INTERNAL"
+    MESH_EXTERNAL = "MESH_EXTERNAL"
+
+
+class Health(enum.StrEnum):
+    """Endpoint health as Envoy's EDS knows it."""
+
+    HEALTHY = "HEALTHY"
+    UNHEALTHY = "UNHEALTHY"
+    DEGRADED = "DEGRADED"
+    DRAINING = "DRAINING"
+
+
+class TlsMode(enum.StrEnum):
+    """Whether an endpoint's proxy accepts mutual TLS from the mesh (Istio's `security.istio.io/tlsMode`)."""
+
+    ISTIO = "istio"
+    DISABLED = "disabled"
+
+
+def _frozen(mapping: Mapping[str, str] | None) -> Mapping[str, str]:
+    return MappingProxyType(dict(mapping or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePort:
+    """A port clients call: its name, number and protocol."""
+
+    name: str
+    number: int
+    protocol: Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """A hostname clients call, its ports, and how its endpoints are found.
+
+    `origin` says where it came from for people (`ServiceEntry bookinfo/reviews`, `consul`);
+    `registry` names the registry (`files`, `consul`) for the merge rule and debug pages.
+    """
+
+    hostname: str
+    namespace: str
+    ports: tuple[ServicePort, ...]
+    resolution: Resolution = Resolution.STATIC
+    location: Location = Location.MESH_INTERNAL
+    #: Namespaces that may see the service: `*` everyone (the default), `.` its own, or names.
+    export_to: frozenset[str] = frozenset({"*"})
+    addresses: tuple[str, ...] = ()
+    registry: str = "files"
+    origin: str = ""
+
+    def port(self, number: int) -> ServicePort | None:
+        for p in self.ports:
+            if p.number == number:
+                return p
+        return None
+
+    def visible_from(self, namespace: str) -> bool:
+        """Istio's exportTo: `*` public, `.` (or the own namespace) private, else listed namespaces."""
+        if "*" in self.export_to or namespace in self.export_to:
+            return True
+        return namespace == self.namespace and "." in self.export_to
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One instance of a service: where to connect for each service port, and what it is.
+
+    `ports` maps a service port number to the port this instance listens on; a service port
+    missing from it is not served by this instance. `name` and `namespace` identify the workload
+    (a WorkloadEntry, a Consul service instance) for people and for binding a proxy to it.
+    """
+
+    address: str
+    ports: Mapping[int, int]
+    labels: Mapping[str, str] = field(default_factory=lambda: _frozen(None))
+    locality: str = ""  # region/zone/subzone
+    weight: int = 0  # 0: unset (Envoy's default of 1)
+    health: Health = Health.HEALTHY
+    service_account: str = ""
+    tls_mode: TlsMode = TlsMode.DISABLED
+    network: str = ""
+    name: str = ""
+    namespace: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", _frozen(self.labels))
+        object.__setattr__(self, "ports", MappingProxyType(dict(self.ports)))
+
+    def sort_key(self) -> tuple[str, str, str]:
+        return (self.address, self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceModel:
+    """Every service and its endpoints at one moment; immutable, shared by snapshots.
+
+    `notes` are problems the registries want a person to see (a hostname defined twice, a
+    selector that names a missing WorkloadGroup); they never stop the model from being built.
+    """
+
+    services: Mapping[str, Service] = field(default_factory=lambda: MappingProxyType({}))
+    endpoints: Mapping[str, tuple[Endpoint, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    notes: tuple[str, ...] = ()
+
+    def endpoints_of(self, hostname: str) -> tuple[Endpoint, ...]:
+        return self.endpoints.get(hostname, ())
+
+    def digest(self) -> str:
+        """A content hash: two replicas that see the same registries compute the same value."""
+        h = hashlib.blake2b(digest_size=16)
+        for host in sorted(self.services):
+            h.update(repr(_service_tuple(self.services[host])).encode())
+            for ep in self.endpoints.get(host, ()):
+                h.update(repr(_endpoint_tuple(ep)).encode())
+        return h.hexdigest()
+
+
+def _service_tuple(s: Service) -> tuple[object, ...]:
+    return (
+        s.hostname,
+        s.namespace,
+        s.ports,
+        s.resolution,
+        s.location,
+        tuple(sorted(s.export_to)),
+        s.addresses,
+        s.registry,
+    )
+
+
+def _endpoint_tuple(e: Endpoint) -> tuple[object, ...]:
+    return (
+        e.address,
+        tuple(sorted(e.ports.items())),
+        tuple(sorted(e.labels.items())),
+        e.locality,
+        e.weight,
+        e.health,
+        e.service_account,
+        e.tls_mode,
+        e.network,
+        e.name,
+        e.namespace,
+    )
+
+
+def make_model(
+    services: Iterable[Service], endpoints: Mapping[str, Iterable[Endpoint]], notes: Iterable[str] = ()
+) -> ServiceModel:
+    """A ServiceModel with endpoints in a stable order (so versions are stable across replicas)."""
+    by_host = {s.hostname: s for s in sorted(services, key=lambda s: s.hostname)}
+    eps = {
+        host: tuple(sorted(endpoints.get(host, ()), key=Endpoint.sort_key))
+        for host in by_host
+        if endpoints.get(host)
+    }
+    return ServiceModel(MappingProxyType(by_host), MappingProxyType(eps), tuple(notes))
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryChange:
+    """What changed in a registry: the hostnames touched, and whether only endpoints changed
+    (then the server pushes EDS alone)."""
+
+    hosts: frozenset[str]
+    endpoint_only: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryStatus:
+    """How a registry is doing, for `/ready`, `/debug/registryz` and `meshctl services`."""
+
+    name: str
+    healthy: bool
+    message: str = ""
+    services: int = 0
+    endpoints: int = 0
+
+
+def diff_models(old: ServiceModel, new: ServiceModel) -> RegistryChange | None:
+    """The change from `old` to `new`, or None when they are the same."""
+    hosts: set[str] = set()
+    services_changed = False
+    for host in old.services.keys() | new.services.keys():
+        a, b = old.services.get(host), new.services.get(host)
+        if a != b:
+            hosts.add(host)
+            services_changed = True
+        elif old.endpoints.get(host, ()) != new.endpoints.get(host, ()):
+            hosts.add(host)
+    if not hosts:
+        return None
+    return RegistryChange(frozenset(hosts), endpoint_only=not services_changed)
