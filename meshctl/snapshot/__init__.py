@@ -1,0 +1,1 @@
+"""Translate, first half: the immutable snapshot, the proxy bound to its workload, and its scope."""

@@ -1,0 +1,186 @@
+"""Who is asking: an Envoy's node, parsed as Istio does, and bound to its workload.
+
+Envoy sends `node.id` as `TYPE~IP~NAME.NAMESPACE~DOMAIN` (Istio's format: `sidecar~10.10.0.41~
+reviews-v1-vm.bookinfo~bookinfo.svc.cluster.local`, `router~...` for a gateway) and may carry
+`NAMESPACE`, `LABELS` and `INTERCEPTION_MODE` in `node.metadata`. A proxy is bound to its workload
+(the WorkloadEntry named by the id, else the one with its IP, else a registry endpoint with that
+IP); the workload's labels select the Sidecar, Gateways and DestinationRules that apply to it,
+and the services it is an endpoint of give its inbound listeners.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from meshctl.errors import MeshctlError
+from meshctl.registry.model import Endpoint, Service
+from meshctl.snapshot.model import Snapshot, spec
+
+
+class ProxyType(enum.StrEnum):
+    SIDECAR = "sidecar"
+    ROUTER = "router"
+
+
+class InterceptionMode(enum.StrEnum):
+    """How traffic reaches the proxy. NONE (no iptables) is the VM default: outbound listeners
+    bind real ports on 127.0.0.1 and inbound listeners bind the workload's own address."""
+
+    NONE = "NONE"
+    REDIRECT = "REDIRECT"
+    TPROXY = "TPROXY"
+
+
+class NodeIdError(MeshctlError):
+    """A node id that is not Istio's `TYPE~IP~NAME.NAMESPACE~DOMAIN`."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyNode:
+    """What the node says about itself, before binding."""
+
+    id: str
+    type: ProxyType
+    ip: str
+    name: str
+    namespace: str
+    domain: str
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    interception: InterceptionMode = InterceptionMode.NONE
+    metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def parse_node_id(node_id: str, metadata: Mapping[str, Any] | None = None) -> ProxyNode:
+    """Parse Istio's node id and the metadata keys meshctl reads; raises NodeIdError."""
+    metadata = dict(metadata or {})
+    parts = node_id.split("~")
+    if len(parts) != 4:
+        raise NodeIdError(
+            f"node id {node_id!r} is not TYPE~IP~NAME.NAMESPACE~DOMAIN "
+            "(e.g. sidecar~10.0.0.5~reviews-v1.bookinfo~bookinfo.svc.cluster.local)"
+        )
+    kind, ip, workload, domain = parts
+    try:
+        proxy_type = ProxyType(kind)
+    except ValueError:
+        raise NodeIdError(f"node id {node_id!r}: type must be sidecar or router, not {kind!r}") from None
+    if not ip:
+        raise NodeIdError(f"node id {node_id!r} has no IP")
+    name, _, namespace = workload.partition(".")
+    namespace = str(metadata.get("NAMESPACE") or namespace or "default")
+    raw_labels = metadata.get("LABELS") or {}
+    labels = {str(k): str(v) for k, v in raw_labels.items()} if isinstance(raw_labels, Mapping) else {}
+    mode_text = str(metadata.get("INTERCEPTION_MODE") or InterceptionMode.NONE.value).upper()
+    try:
+        mode = InterceptionMode(mode_text)
+    except ValueError:
+        raise NodeIdError(f"INTERCEPTION_MODE {mode_text!r} is not NONE, REDIRECT or TPROXY") from None
+    return ProxyNode(
+        id=node_id,
+        type=proxy_type,
+        ip=ip,
+        name=name,
+        namespace=namespace,
+        domain=domain,
+        labels=MappingProxyType(labels),
+        interception=mode,
+        metadata=MappingProxyType(metadata),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceInstance:
+    """This proxy's workload as an endpoint of a service: the source of an inbound listener."""
+
+    service: Service
+    endpoint: Endpoint
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Proxy:
+    """A node bound to its workload in one snapshot."""
+
+    node: ProxyNode
+    labels: Mapping[str, str]
+    #: The WorkloadEntry (`namespace/name`) or registry instance the proxy was bound to, if any.
+    workload: str = ""
+    instances: tuple[ServiceInstance, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return self.node.id
+
+    @property
+    def type(self) -> ProxyType:
+        return self.node.type
+
+    @property
+    def ip(self) -> str:
+        return self.node.ip
+
+    @property
+    def namespace(self) -> str:
+        return self.node.namespace
+
+    @property
+    def interception(self) -> InterceptionMode:
+        return self.node.interception
+
+    def generation_key(self) -> tuple[object, ...]:
+        """Everything about the proxy that generation reads: proxies with equal keys get the
+        same config from the same snapshot, so it is generated once for all of them."""
+        inbound = tuple(
+            sorted(
+                (i.service.hostname, tuple(sorted(i.endpoint.ports.items())), i.endpoint.address)
+                for i in self.instances
+            )
+        )
+        return (
+            self.node.type,
+            self.node.namespace,
+            tuple(sorted(self.labels.items())),
+            self.node.interception,
+            self.node.ip if self.instances or self.node.type is ProxyType.ROUTER else "",
+            inbound,
+        )
+
+
+def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
+    """Bind `node` to its workload in `snapshot`: labels come from the workload, overlaid by the
+    node's own `LABELS` metadata (what the node says about itself wins)."""
+    labels: dict[str, str] = {}
+    workload = ""
+    entry = _workload_entry(node, snapshot)
+    if entry is not None:
+        labels.update(entry.labels)
+        labels.update(spec(entry).labels)
+        workload = f"{entry.namespace}/{entry.name}"
+    instances = []
+    for host in sorted(snapshot.services.services):
+        service = snapshot.services.services[host]
+        for ep in snapshot.services.endpoints_of(host):
+            if ep.address != node.ip:
+                continue
+            if entry is not None and ep.name and (ep.namespace, ep.name) != (entry.namespace, entry.name):
+                continue
+            instances.append(ServiceInstance(service, ep))
+            if entry is None:
+                labels = {**ep.labels, **labels}
+                workload = workload or (f"{ep.namespace}/{ep.name}" if ep.name else ep.address)
+    labels.update(node.labels)
+    return Proxy(node, MappingProxyType(labels), workload, tuple(instances))
+
+
+def _workload_entry(node: ProxyNode, snapshot: Snapshot) -> Any:
+    entries = snapshot.of_kind("WorkloadEntry")
+    for c in entries:
+        if c.name == node.name and c.namespace == node.namespace:
+            return c
+    for c in entries:
+        if spec(c).address == node.ip and c.namespace == node.namespace:
+            return c
+    return None

@@ -1,0 +1,289 @@
+"""What one proxy sees of the snapshot: Istio's Sidecar scope, and the config that applies to it.
+
+Every generator asks the scope, never the raw snapshot, which services a proxy may call, which
+VirtualService routes a host, which DestinationRule applies and which Gateways a router serves,
+so these rules (Istio's `SidecarScope`, `exportTo`, DestinationRule precedence and merge) are
+written once. A scope is a pure function of (snapshot, proxy) and is cheap to build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from meshctl.config.hosts import host_matches, most_specific, resolve_host
+from meshctl.config.labels import labels_match
+from meshctl.config.model import Config, ConfigKey
+from meshctl.registry.model import Service
+from meshctl.snapshot.model import Snapshot, spec
+from meshctl.snapshot.proxy import Proxy, ProxyType
+
+MESH_GATEWAY = "mesh"
+
+
+@dataclass(frozen=True, slots=True)
+class EgressHost:
+    """One `ns/host` of a Sidecar egress listener, namespace resolved (`.` -> the Sidecar's)."""
+
+    namespace: str  # a namespace, `*` any, `~` none
+    host: str
+
+    def covers(self, namespace: str, host: str) -> bool:
+        if self.namespace == "~":
+            return False
+        if self.namespace not in ("*", namespace):
+            return False
+        return host_matches(self.host, host)
+
+
+@dataclass(frozen=True, slots=True)
+class MergedDestinationRule:
+    """The DestinationRule that applies to a host for one proxy: Istio merges every rule of the
+    chosen namespace for the same host (subsets added, the first traffic policy kept)."""
+
+    host: str
+    namespace: str
+    spec: Any
+    sources: tuple[ConfigKey, ...]
+
+    def subset(self, name: str) -> Any:
+        for s in self.spec.subsets:
+            if s.name == name:
+                return s
+        return None
+
+
+def exported_to(config: Config, namespace: str) -> bool:
+    """Istio's `exportTo` on VirtualService and DestinationRule: empty or `*` is public, `.` the
+    config's own namespace, else the listed namespaces."""
+    export = list(spec(config).export_to)
+    if not export or "*" in export or namespace in export:
+        return True
+    return "." in export and namespace == config.namespace
+
+
+def parse_egress_hosts(hosts: Iterable[str], sidecar_namespace: str) -> tuple[EgressHost, ...]:
+    out = []
+    for entry in hosts:
+        ns, sep, host = entry.partition("/")
+        if not sep:
+            ns, host = "*", entry
+        if ns == ".":
+            ns = sidecar_namespace
+        out.append(EgressHost(ns, host))
+    return tuple(out)
+
+
+class ProxyScope:
+    """The slice of a snapshot one proxy sees."""
+
+    def __init__(self, snapshot: Snapshot, proxy: Proxy) -> None:
+        self.snapshot = snapshot
+        self.proxy = proxy
+        self._dr_cache: dict[str, MergedDestinationRule | None] = {}
+
+    @cached_property
+    def sidecar(self) -> Config | None:
+        """The Sidecar that applies: a selector match in the proxy's namespace, else that
+        namespace's default (no selector), else the root namespace's default."""
+        if self.proxy.type is not ProxyType.SIDECAR:
+            return None
+        ns = self.proxy.namespace
+        candidates = [c for c in self.snapshot.of_kind("Sidecar") if c.namespace == ns]
+        for c in candidates:
+            ws = spec(c).workload_selector
+            if spec(c).HasField("workload_selector") and ws.labels and labels_match(ws.labels, self.proxy.labels):
+                return c
+        for c in candidates:
+            if not spec(c).HasField("workload_selector") or not spec(c).workload_selector.labels:
+                return c
+        root = self.snapshot.mesh.root_namespace
+        for c in self.snapshot.of_kind("Sidecar"):
+            if c.namespace == root and not spec(c).workload_selector.labels:
+                return c
+        return None
+
+    @cached_property
+    def egress_hosts(self) -> tuple[EgressHost, ...]:
+        """Hosts the proxy imports; without a Sidecar, everything (`*/*`)."""
+        sidecar = self.sidecar
+        if sidecar is None:
+            return (EgressHost("*", "*"),)
+        out: list[EgressHost] = []
+        # A Sidecar in the root namespace applies to every namespace: `.` means the proxy's.
+        ns = self.proxy.namespace
+        for listener in spec(sidecar).egress:
+            out.extend(parse_egress_hosts(listener.hosts, ns))
+        return tuple(out)
+
+    @cached_property
+    def outbound_traffic_policy(self) -> str:
+        """ALLOW_ANY or REGISTRY_ONLY."""
+        sidecar = self.sidecar
+        if sidecar is not None and spec(sidecar).HasField("outbound_traffic_policy"):
+            mode = spec(sidecar).outbound_traffic_policy.mode
+            return "REGISTRY_ONLY" if mode == 0 else "ALLOW_ANY"
+        return self.snapshot.mesh.outbound_traffic_policy
+
+    def imports(self, namespace: str, host: str) -> bool:
+        return any(e.covers(namespace, host) for e in self.egress_hosts)
+
+    @cached_property
+    def services(self) -> tuple[Service, ...]:
+        """Services the proxy may call, by hostname: exported to its namespace and, for a
+        sidecar, imported by its Sidecar's egress hosts."""
+        out = []
+        ns = self.proxy.namespace
+        model = self.snapshot.services
+        for host in sorted(model.services):
+            svc = model.services[host]
+            if not svc.visible_from(ns):
+                continue
+            if self.proxy.type is ProxyType.SIDECAR and not self.imports(svc.namespace, svc.hostname):
+                continue
+            out.append(svc)
+        return tuple(out)
+
+    @cached_property
+    def service_hosts(self) -> frozenset[str]:
+        return frozenset(s.hostname for s in self.services)
+
+    def service(self, hostname: str) -> Service | None:
+        svc = self.snapshot.services.services.get(hostname)
+        return svc if svc is not None and hostname in self.service_hosts else None
+
+    # -- VirtualServices ---------------------------------------------------------------------
+
+    def virtual_services(self, gateways: Sequence[str] = (MESH_GATEWAY,)) -> tuple[Config, ...]:
+        """Visible VirtualServices bound to any of `gateways` (`mesh`, or `ns/name` of Gateways),
+        in a stable order (namespace, name)."""
+        wanted = set(gateways)
+        out = []
+        for vs in self.snapshot.of_kind("VirtualService"):
+            if not exported_to(vs, self.proxy.namespace):
+                continue
+            bound = {_gateway_ref(g, vs.namespace) for g in spec(vs).gateways} or {MESH_GATEWAY}
+            if not bound & wanted:
+                continue
+            if (
+                MESH_GATEWAY in wanted
+                and self.proxy.type is ProxyType.SIDECAR
+                and not any(self.imports(vs.namespace, h) for h in self.resolved_hosts(vs))
+            ):
+                continue
+            out.append(vs)
+        return tuple(out)
+
+    def resolved_hosts(self, vs: Config) -> list[str]:
+        """The VirtualService's hosts with short names resolved against the known services."""
+        known = self.snapshot.services.services.keys()
+        out: list[str] = []
+        for h in spec(vs).hosts:
+            out.extend(resolve_host(h, vs.namespace, known))
+        return out
+
+    @cached_property
+    def _mesh_vs_by_host(self) -> dict[str, Config]:
+        """For each service host, the mesh VirtualService that routes it: the most specific host
+        match; on a tie, the first in (namespace, name) order (Istio takes the oldest)."""
+        out: dict[str, Config] = {}
+        best: dict[str, int] = {}
+        for vs in self.virtual_services((MESH_GATEWAY,)):
+            hosts = self.resolved_hosts(vs)
+            for svc_host in self.service_hosts:
+                match = most_specific(hosts, svc_host)
+                if match is None:
+                    continue
+                rank = 1_000_000 if match == svc_host else len(match)
+                if rank > best.get(svc_host, -1):
+                    best[svc_host] = rank
+                    out[svc_host] = vs
+        return out
+
+    def virtual_service_for(self, hostname: str) -> Config | None:
+        return self._mesh_vs_by_host.get(hostname)
+
+    # -- DestinationRules --------------------------------------------------------------------
+
+    def destination_rule(self, hostname: str) -> MergedDestinationRule | None:
+        """Istio's precedence: the proxy's namespace (rules whose workloadSelector matches the
+        proxy first), then the service's namespace, then the root namespace; within the chosen
+        namespace, every rule for the most specific matching host is merged."""
+        if hostname in self._dr_cache:
+            return self._dr_cache[hostname]
+        result = self._find_destination_rule(hostname)
+        self._dr_cache[hostname] = result
+        return result
+
+    def _find_destination_rule(self, hostname: str) -> MergedDestinationRule | None:
+        svc = self.snapshot.services.services.get(hostname)
+        namespaces = [self.proxy.namespace]
+        if svc is not None and svc.namespace not in namespaces:
+            namespaces.append(svc.namespace)
+        if self.snapshot.mesh.root_namespace not in namespaces:
+            namespaces.append(self.snapshot.mesh.root_namespace)
+        known = self.snapshot.services.services.keys()
+        for ns in namespaces:
+            rules = []
+            for dr in self.snapshot.of_kind("DestinationRule"):
+                if dr.namespace != ns or not exported_to(dr, self.proxy.namespace):
+                    continue
+                s = spec(dr)
+                if s.HasField("workload_selector") and s.workload_selector.labels:
+                    if ns != self.proxy.namespace or not labels_match(s.workload_selector.labels, self.proxy.labels):
+                        continue
+                hosts = resolve_host(s.host, dr.namespace, known)
+                match = most_specific(hosts, hostname)
+                if match is not None:
+                    selected = bool(s.HasField("workload_selector") and s.workload_selector.labels)
+                    rules.append((0 if selected else 1, 0 if match == hostname else 1, -len(match), dr))
+            if rules:
+                rules.sort(key=lambda r: r[:3])
+                top = rules[0][:3]
+                return _merge([r[3] for r in rules if r[:3] == top])
+        return None
+
+    # -- Gateways ----------------------------------------------------------------------------
+
+    @cached_property
+    def gateways(self) -> tuple[Config, ...]:
+        """Gateways whose selector matches a router's labels (any namespace, as Istio does)."""
+        if self.proxy.type is not ProxyType.ROUTER:
+            return ()
+        return tuple(
+            gw
+            for gw in self.snapshot.of_kind("Gateway")
+            if spec(gw).selector and labels_match(spec(gw).selector, self.proxy.labels)
+        )
+
+
+def _gateway_ref(ref: str, namespace: str) -> str:
+    if ref == MESH_GATEWAY:
+        return ref
+    ns, sep, name = ref.partition("/")
+    return ref if sep else f"{namespace}/{ns}"
+
+
+def gateway_ref(config: Config) -> str:
+    """How a VirtualService names a Gateway: `namespace/name`."""
+    return f"{config.namespace}/{config.name}"
+
+
+def _merge(rules: list[Config]) -> MergedDestinationRule:
+    first = rules[0]
+    if len(rules) == 1:
+        return MergedDestinationRule(spec(first).host, first.namespace, first.spec, (first.key,))
+    merged: Any = type(first.spec)()
+    merged.CopyFrom(first.spec)
+    names = {s.name for s in merged.subsets}
+    for other in rules[1:]:
+        s = spec(other)
+        for subset in s.subsets:
+            if subset.name not in names:
+                merged.subsets.add().CopyFrom(subset)
+                names.add(subset.name)
+        if not merged.HasField("traffic_policy") and s.HasField("traffic_policy"):
+            merged.traffic_policy.CopyFrom(s.traffic_policy)
+    return MergedDestinationRule(spec(first).host, first.namespace, merged, tuple(r.key for r in rules))

@@ -1,0 +1,90 @@
+"""Istio's names for generated Envoy resources, so Istio users and their dashboards feel at home.
+
+Clusters `outbound|9080|v1|reviews.bookinfo.mesh` and `inbound|9080||`, `BlackHoleCluster`,
+`PassthroughCluster`; listeners `0.0.0.0_9080` / `10.0.0.5_9080`, `virtualOutbound`,
+`virtualInbound`; sidecar route configs named by port (`9080`), gateway ones `http.8080`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Final
+
+from meshctl.config.model import Config
+
+BLACKHOLE_CLUSTER: Final = "BlackHoleCluster"
+PASSTHROUGH_CLUSTER: Final = "PassthroughCluster"
+VIRTUAL_OUTBOUND: Final = "virtualOutbound"
+VIRTUAL_INBOUND: Final = "virtualInbound"
+VIRTUAL_OUTBOUND_PORT: Final = 15001
+VIRTUAL_INBOUND_PORT: Final = 15006
+
+
+class Direction(enum.StrEnum):
+    INBOUND = "inbound"
+    OUTBOUND = "outbound"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterName:
+    direction: Direction
+    port: int
+    subset: str
+    host: str
+
+    def __str__(self) -> str:
+        return f"{self.direction}|{self.port}|{self.subset}|{self.host}"
+
+
+def outbound_cluster(port: int, host: str, subset: str = "") -> str:
+    return f"outbound|{port}|{subset}|{host}"
+
+
+def inbound_cluster(port: int) -> str:
+    return f"inbound|{port}||"
+
+
+def parse_cluster_name(name: str) -> ClusterName | None:
+    """`outbound|9080|v1|reviews.bookinfo.mesh` -> its parts; None for other names."""
+    parts = name.split("|")
+    if len(parts) != 4 or parts[0] not in ("inbound", "outbound") or not parts[1].isdigit():
+        return None
+    return ClusterName(Direction(parts[0]), int(parts[1]), parts[2], parts[3])
+
+
+def listener_name(address: str, port: int) -> str:
+    return f"{address}_{port}"
+
+
+def sidecar_route_name(port: int) -> str:
+    return str(port)
+
+
+def gateway_route_name(protocol: str, port: int) -> str:
+    """`http.8080`; HTTPS servers terminated on a gateway get `https.443.NAME.GW.NS` in Istio,
+    the caller appends what makes them unique."""
+    return f"{protocol}.{port}"
+
+
+_KIND_PATHS: Final = {
+    "VirtualService": "virtual-service",
+    "DestinationRule": "destination-rule",
+    "Gateway": "gateway",
+    "ServiceEntry": "service-entry",
+    "Sidecar": "sidecar",
+}
+
+
+def config_path(config: Config) -> str:
+    """Istio's `config` metadata value pointing back at a resource:
+    `/apis/networking.istio.io/v1/namespaces/NS/virtual-service/NAME`."""
+    version = config.api_version.partition("/")[2] or "v1"
+    kind = _KIND_PATHS.get(config.kind, config.kind.lower())
+    return f"/apis/networking.istio.io/{version}/namespaces/{config.namespace}/{kind}/{config.name}"
+
+
+def gateway_https_route_name(port: int, port_name: str, gateway_name: str, gateway_namespace: str) -> str:
+    """Route config of one terminated HTTPS server, unique per server as in Istio:
+    `https.443.https.bookinfo-gateway.bookinfo`."""
+    return f"https.{port}.{port_name}.{gateway_name}.{gateway_namespace}"
