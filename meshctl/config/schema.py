@@ -11,8 +11,10 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import cache
 from typing import Any, TypeVar
 
@@ -28,9 +30,7 @@ _WRAPPERS = frozenset(
     f"google.protobuf.{n}Value"
     for n in ("Bool", "Int32", "Int64", "UInt32", "UInt64", "Float", "Double", "String", "Bytes")
 )
-_JSON_VALUE_TYPES = frozenset(
-    ("google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue")
-)
+_JSON_VALUE_TYPES = frozenset(("google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"))
 
 _INT_RANGES = {
     FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),
@@ -45,6 +45,44 @@ _INT_RANGES = {
     FieldDescriptor.TYPE_FIXED64: (0, 2**64 - 1),
 }
 _FLOATS = (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT)
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_NANOS = {
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,
+    "μs": 1_000,
+    "ms": 1_000_000,
+    "s": 10**9,
+    "m": 60 * 10**9,
+    "h": 3600 * 10**9,
+}
+_MAX_DURATION_SECONDS = 315_576_000_000  # protobuf Duration's range
+
+
+def parse_duration(text: str) -> int | None:
+    """A duration as Istio reads it, in nanoseconds: Go's `time.ParseDuration` syntax
+    (`"5s"`, `"1.5s"`, `"250ms"`, `"1m30s"`, `"1h"`), which also covers protobuf JSON's `"5.000s"`.
+    None when it is not a duration."""
+    text = text.strip()
+    sign = 1
+    if text[:1] in "+-" and text:
+        sign = -1 if text[0] == "-" else 1
+        text = text[1:]
+    if text == "0":
+        return 0
+    if not text:
+        return None
+    total = Fraction(0)
+    pos = 0
+    while pos < len(text):
+        m = _DURATION_PART.match(text, pos)
+        if m is None:
+            return None
+        total += Fraction(m.group(1)) * _UNIT_NANOS[m.group(2)]
+        pos = m.end()
+    return sign * int(total)
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,12 +304,17 @@ class _Parser:
             if not isinstance(data, str):
                 self.fail(path, f'expected a duration such as "5s" or "0.250s", got {_type_name(data)}')
                 return
-            try:
-                msg.FromJsonString(data)  # type: ignore[attr-defined]
-            except ValueError:
-                self.fail(
-                    path, f'invalid duration "{data}": use seconds with an "s" suffix, e.g. "5s", "0.5s"'
-                )
+            nanos = parse_duration(data)
+            if nanos is None:
+                self.fail(path, f'invalid duration "{data}": use a number and a unit, e.g. "5s", "250ms", "1m", "1h"')
+                return
+            seconds, rest = divmod(abs(nanos), 1_000_000_000)
+            sign = -1 if nanos < 0 else 1
+            if seconds > _MAX_DURATION_SECONDS:
+                self.fail(path, f'duration "{data}" is too long')
+                return
+            msg.seconds = sign * seconds  # type: ignore[attr-defined]
+            msg.nanos = sign * rest  # type: ignore[attr-defined]
             return
         try:
             json_format.ParseDict(data, msg)

@@ -1,0 +1,459 @@
+"""Istio's networking schema as generated protobuf: committed code is fresh, and full-featured specs
+of every kind, written as users write them for Istio, parse without a single issue."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf.message import Message
+from ruamel.yaml import YAML
+
+from meshctl.config.model import KINDS, spec_class
+from meshctl.config.schema import parse_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_committed_generated_code_matches_the_protos() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "gen_protos.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+VIRTUAL_SERVICE = """
+hosts: [reviews.shop.mesh, "*.shop.example.com"]
+gateways: [mesh, istio-system/edge]
+exportTo: ["."]
+http:
+- name: canary
+  match:
+  - name: v2-users
+    uri: {prefix: /api/}
+    scheme: {exact: https}
+    method: {regex: "GET|HEAD"}
+    authority: {exact: reviews.shop.example.com}
+    headers:
+      x-user: {exact: beta}
+    withoutHeaders:
+      x-skip: {prefix: "1"}
+    queryParams:
+      debug: {exact: "on"}
+    port: 9080
+    sourceLabels: {app: productpage}
+    sourceNamespace: shop
+    gateways: [mesh]
+    ignoreUriCase: true
+    statPrefix: canary_users
+  route:
+  - destination: {host: reviews.shop.mesh, subset: v2, port: {number: 9080}}
+    weight: 90
+    headers:
+      request:
+        set: {x-canary: "true"}
+        add: {x-trace: "1"}
+        remove: [x-internal]
+  - destination: {host: reviews.shop.mesh, subset: v1}
+    weight: 10
+  rewrite:
+    uriRegexRewrite: {match: "^/api/(.*)", rewrite: "/\\\\1"}
+    authority: reviews.internal
+  timeout: 5s
+  retries:
+    attempts: 3
+    perTryTimeout: 0.5s
+    retryOn: 5xx,connect-failure,unavailable
+    retryRemoteLocalities: true
+    retryIgnorePreviousHosts: false
+    backoff: 0.025s
+  fault:
+    delay: {fixedDelay: 2s, percentage: {value: 0.5}}
+    abort: {httpStatus: 503, percentage: {value: 0.1}}
+  mirror: {host: reviews-shadow.shop.mesh}
+  mirror_percent: 20
+  mirrorPercentage: {value: 12.5}
+  mirrors:
+  - destination: {host: audit.shop.mesh, port: {number: 80}}
+    percentage: {value: 5}
+  corsPolicy:
+    allowOrigins: [{exact: "https://shop.example.com"}, {regex: "https://.*\\\\.example\\\\.com"}]
+    allowOrigin: ["https://legacy.example.com"]
+    allowMethods: [GET, POST]
+    allowHeaders: [authorization]
+    exposeHeaders: [x-request-id]
+    maxAge: 86400s
+    allowCredentials: true
+    unmatchedPreflights: IGNORE
+  headers:
+    response:
+      remove: [server]
+- match: [{uri: {exact: /old}}]
+  redirect: {uri: /new, authority: shop.example.com, derivePort: FROM_REQUEST_PORT, scheme: https, redirectCode: 308}
+- match: [{uri: {prefix: /legacy/}}]
+  redirect: {prefixRewrite: /v2/, port: 8443}
+- match: [{uri: {exact: /healthz}}]
+  directResponse: {status: 200, body: {string: ok}}
+- match: [{uri: {exact: /blob}}]
+  directResponse: {status: 200, body: {bytes: aGVsbG8=}}
+- match: [{uri: {prefix: /ratings}}]
+  delegate: {name: ratings-routes, namespace: ratings}
+- fault:
+    delay: {percent: 10, fixedDelay: 1s}
+    abort: {grpcStatus: UNAVAILABLE}
+  route: [{destination: {host: reviews.shop.mesh}}]
+tls:
+- match:
+  - sniHosts: [secure.shop.example.com]
+    port: 443
+    destinationSubnets: [10.0.0.0/8]
+    sourceLabels: {app: a}
+    gateways: [mesh]
+    sourceNamespace: shop
+  route: [{destination: {host: secure.shop.mesh, port: {number: 8443}}, weight: 100}]
+tcp:
+- match:
+  - port: 27017
+    destinationSubnets: [10.1.0.0/16]
+    sourceSubnet: 10.2.0.0/16
+    sourceLabels: {app: b}
+    gateways: [mesh]
+    sourceNamespace: shop
+  route: [{destination: {host: mongo.shop.mesh, port: {number: 5555}}, weight: 100}]
+"""
+
+TRAFFIC_POLICY = """
+loadBalancer:
+  simple: LEAST_REQUEST
+  localityLbSetting:
+    enabled: true
+    distribute:
+    - from: us-west/zone1/*
+      to: {"us-west/zone1/*": 80, "us-west/zone2/*": 20}
+    failoverPriority: [topology.istio.io/network]
+  warmup: {duration: 60s, minimumPercent: 10, aggression: 1.5}
+  warmupDurationSecs: 30s
+connectionPool:
+  tcp:
+    maxConnections: 100
+    connectTimeout: 0.030s
+    tcpKeepalive: {probes: 9, time: 7200s, interval: 75s}
+    maxConnectionDuration: 3600s
+    idleTimeout: 300s
+  http:
+    http1MaxPendingRequests: 64
+    http2MaxRequests: 1000
+    maxRequestsPerConnection: 10
+    maxRetries: 3
+    idleTimeout: 90s
+    h2UpgradePolicy: UPGRADE
+    useClientProtocol: false
+    maxConcurrentStreams: 128
+    http2KeepAlive: {interval: 30s, timeout: 5s}
+outlierDetection:
+  consecutiveErrors: 7
+  consecutive5xxErrors: 7
+  consecutiveGatewayErrors: 3
+  splitExternalLocalOriginErrors: true
+  consecutiveLocalOriginFailures: 4
+  interval: 300s
+  baseEjectionTime: 900s
+  maxEjectionPercent: 50
+  minHealthPercent: 30
+  outlierDetectionHttpErrorCodes: [503, 504]
+tls:
+  mode: MUTUAL
+  clientCertificate: /etc/certs/client.pem
+  privateKey: /etc/certs/key.pem
+  caCertificates: /etc/certs/ca.pem
+  caCrl: /etc/certs/crl.pem
+  subjectAltNames: [spiffe://shop/ns/shop/sa/reviews]
+  sni: reviews.shop.mesh
+  insecureSkipVerify: false
+portLevelSettings:
+- port: {number: 9080}
+  loadBalancer:
+    consistentHash:
+      httpCookie:
+        name: session
+        path: /
+        ttl: 0s
+        attributes: [{name: SameSite, value: Strict}, {name: Secure}]
+      maglev: {tableSize: 65537}
+  connectionPool: {http: {maxRetries: 1}}
+  outlierDetection: {consecutive5xxErrors: 0}
+  tls: {mode: ISTIO_MUTUAL}
+- port: {number: 9081}
+  loadBalancer:
+    consistentHash: {httpHeaderName: x-user, ringHash: {minimumRingSize: 2048}}
+- port: {number: 9082}
+  loadBalancer:
+    consistentHash: {useSourceIp: true, minimumRingSize: 1024}
+- port: {number: 9083}
+  loadBalancer:
+    consistentHash: {httpQueryParameterName: user}
+    zoneAwareLbSetting: {enabled: true, minClusterSize: 3, failoverPriority: [topology.kubernetes.io/zone]}
+tunnel: {protocol: CONNECT, targetHost: proxy.corp.example.com, targetPort: 3128}
+proxyProtocol: {version: V2}
+retryBudget: {percent: 25, minRetryConcurrency: 3, budgetInterval: 10s}
+"""
+
+DESTINATION_RULE = """
+host: reviews.shop.mesh
+exportTo: ["*"]
+workloadSelector:
+  matchLabels: {app: productpage}
+trafficPolicy:
+  TRAFFIC_POLICY
+subsets:
+- name: v1
+  labels: {version: v1}
+- name: v2
+  labels: {version: v2}
+  trafficPolicy:
+    loadBalancer:
+      simple: ROUND_ROBIN
+      localityLbSetting:
+        failover: [{from: us-east, to: eu-west}]
+"""
+
+GATEWAY = """
+selector: {istio: ingressgateway}
+servers:
+- name: https-shop
+  port: {number: 443, name: https, protocol: HTTPS}
+  bind: 0.0.0.0
+  hosts: [shop/shop.example.com]
+  tls:
+    mode: SIMPLE
+    credentialName: shop-cert
+    minProtocolVersion: TLSV1_2
+    maxProtocolVersion: TLSV1_3
+    cipherSuites: [ECDHE-ECDSA-AES256-GCM-SHA384]
+- port: {number: 8443, name: mtls, protocol: HTTPS}
+  hosts: ["*"]
+  tls:
+    mode: MUTUAL
+    serverCertificate: /etc/certs/server.pem
+    privateKey: /etc/certs/key.pem
+    caCertificates: /etc/certs/ca.pem
+    caCrl: /etc/certs/crl.pem
+    subjectAltNames: [client.example.com]
+    verifyCertificateSpki: [abc=]
+    verifyCertificateHash: ["AB:CD"]
+- port: {number: 9443, name: dual, protocol: HTTPS}
+  hosts: ["*"]
+  tls:
+    mode: OPTIONAL_MUTUAL
+    credentialNames: [rsa-cert, ecdsa-cert]
+    caCertCredentialName: client-ca
+- port: {number: 10443, name: files, protocol: HTTPS}
+  hosts: ["*"]
+  tls:
+    mode: SIMPLE
+    tlsCertificates:
+    - {serverCertificate: /etc/certs/rsa.pem, privateKey: /etc/certs/rsa.key, caCertificates: /etc/certs/ca.pem}
+- port: {number: 80, name: http, protocol: HTTP, targetPort: 8080}
+  hosts: ["*"]
+  defaultEndpoint: 127.0.0.1:8080
+  tls: {httpsRedirect: true}
+- port: {number: 15443, name: tls, protocol: TLS}
+  hosts: ["*.local"]
+  tls: {mode: AUTO_PASSTHROUGH}
+"""
+
+SERVICE_ENTRY = """
+hosts: [payments.shop.mesh]
+addresses: [240.0.0.10]
+ports:
+- {number: 8080, name: http, protocol: HTTP, targetPort: 9080}
+- {number: 9443, name: grpc-tls, protocol: TLS}
+location: MESH_INTERNAL
+resolution: STATIC
+endpoints:
+- address: 10.10.0.41
+  ports: {http: 9080}
+  labels: {app: payments, version: v1}
+  network: vpc-1
+  locality: us-west/zone1
+  weight: 2
+  serviceAccount: payments
+exportTo: ["."]
+subjectAltNames: [spiffe://cluster.local/ns/shop/sa/payments]
+"""
+
+SERVICE_ENTRY_SELECTOR = """
+hosts: [api.example.com]
+ports: [{number: 443, name: https, protocol: TLS}]
+location: MESH_EXTERNAL
+resolution: DYNAMIC_DNS
+workloadSelector:
+  labels: {app: payments}
+"""
+
+WORKLOAD_ENTRY = """
+address: 10.10.0.41
+ports: {http: 9080, grpc: 9090}
+labels: {app: reviews, version: v1}
+network: vpc-1
+locality: us-west/zone1/rack3
+weight: 10
+serviceAccount: reviews
+"""
+
+WORKLOAD_GROUP = """
+metadata:
+  labels: {app: reviews}
+  annotations: {owner: team-shop}
+template:
+  ports: {http: 9080}
+  serviceAccount: reviews
+  network: vpc-1
+probe:
+  initialDelaySeconds: 5
+  timeoutSeconds: 3
+  periodSeconds: 4
+  successThreshold: 3
+  failureThreshold: 3
+  httpGet:
+    path: /ready
+    port: 9080
+    host: 127.0.0.1
+    scheme: HTTPS
+    httpHeaders: [{name: x-probe, value: "1"}]
+"""
+
+SIDECAR = """
+workloadSelector:
+  labels: {app: reviews}
+ingress:
+- port: {number: 9080, protocol: HTTP, name: http}
+  defaultEndpoint: 127.0.0.1:8080
+  captureMode: NONE
+  bind: 10.10.0.41
+  connectionPool: {http: {http1MaxPendingRequests: 10}}
+- port: {number: 9443, protocol: HTTPS, name: https}
+  defaultEndpoint: 127.0.0.1:8443
+  tls: {mode: SIMPLE, privateKey: /etc/certs/key.pem, serverCertificate: /etc/certs/cert.pem}
+egress:
+- port: {number: 3306, protocol: MYSQL, name: mysql, targetPort: 3306}
+  bind: 127.0.0.1
+  captureMode: NONE
+  hosts: ["*/mysql.example.com"]
+- hosts: ["./*", "istio-system/*"]
+inboundConnectionPool:
+  tcp: {maxConnections: 500}
+  http: {idleTimeout: 30s}
+outboundTrafficPolicy:
+  mode: REGISTRY_ONLY
+  egressProxy: {host: egress.shop.mesh, subset: v1, port: {number: 80}}
+"""
+
+
+def _load(text: str) -> Any:
+    return YAML(typ="safe").load(text)
+
+
+def _parse(kind: str, text: str) -> Message:
+    msg, issues = parse_spec(_load(text), spec_class(kind))
+    assert issues == [], issues
+    return msg
+
+
+def _destination_rule() -> str:
+    policy = "\n".join("  " + line if line else line for line in TRAFFIC_POLICY.strip("\n").splitlines())
+    return DESTINATION_RULE.replace("  TRAFFIC_POLICY", policy, 1)
+
+
+SPECS = [
+    ("VirtualService", VIRTUAL_SERVICE),
+    ("DestinationRule", None),
+    ("Gateway", GATEWAY),
+    ("ServiceEntry", SERVICE_ENTRY),
+    ("ServiceEntry", SERVICE_ENTRY_SELECTOR),
+    ("WorkloadEntry", WORKLOAD_ENTRY),
+    ("WorkloadGroup", WORKLOAD_GROUP),
+    ("Sidecar", SIDECAR),
+]
+
+
+def test_every_kind_has_a_full_spec_here() -> None:
+    assert {kind for kind, _ in SPECS} == set(KINDS)
+
+
+@pytest.mark.parametrize(("kind", "text"), SPECS, ids=[f"{k}-{i}" for i, (k, _) in enumerate(SPECS)])
+def test_full_featured_spec_parses_without_issues(kind: str, text: str | None) -> None:
+    msg = _parse(kind, text if text is not None else _destination_rule())
+    assert msg.ByteSize() > 0
+
+
+def test_virtual_service_values_land_in_the_right_fields() -> None:
+    vs: Any = _parse("VirtualService", VIRTUAL_SERVICE)
+    route = vs.http[0]
+    assert route.timeout.ToMilliseconds() == 5000
+    assert route.retries.per_try_timeout.ToMilliseconds() == 500
+    assert route.retries.backoff.ToMilliseconds() == 25
+    assert route.retries.HasField("retry_ignore_previous_hosts") and not route.retries.retry_ignore_previous_hosts.value
+    assert route.mirror_percent.value == 20
+    assert route.mirror_percentage.value == 12.5
+    assert route.match[0].headers["x-user"].exact == "beta"
+    assert route.match[0].uri.WhichOneof("match_type") == "prefix"
+    assert route.route[0].headers.request.set["x-canary"] == "true"
+    assert route.cors_policy.allow_credentials.value is True
+    assert route.cors_policy.unmatched_preflights == type(route.cors_policy).UnmatchedPreflights.IGNORE
+    assert vs.http[1].redirect.WhichOneof("redirect_port") == "derive_port"
+    assert vs.http[4].direct_response.body.bytes == b"hello"
+    assert vs.tcp[0].match[0].port == 27017
+
+
+def test_destination_rule_values_land_in_the_right_fields() -> None:
+    dr: Any = _parse("DestinationRule", _destination_rule())
+    policy = dr.traffic_policy
+    assert dr.workload_selector.match_labels["app"] == "productpage"
+    assert policy.load_balancer.WhichOneof("lb_policy") == "simple"
+    assert policy.load_balancer.locality_lb_setting.distribute[0].to["us-west/zone1/*"] == 80
+    assert policy.load_balancer.warmup.minimum_percent.value == 10.0
+    assert policy.connection_pool.tcp.connect_timeout.ToMilliseconds() == 30
+    assert policy.outlier_detection.consecutive_5xx_errors.value == 7
+    assert policy.port_level_settings[1].load_balancer.consistent_hash.ring_hash.minimum_ring_size == 2048
+    assert policy.port_level_settings[3].load_balancer.zone_aware_lb_setting.min_cluster_size.value == 3
+    assert policy.retry_budget.percent.value == 25.0
+    assert dr.subsets[1].traffic_policy.load_balancer.locality_lb_setting.failover[0].to == "eu-west"
+
+
+def test_proto_field_names_are_accepted_as_well_as_json_names() -> None:
+    msg: Any = _parse(
+        "DestinationRule", "host: a.mesh\ntraffic_policy: {outlier_detection: {consecutive_5xx_errors: 3}}"
+    )
+    assert msg.traffic_policy.outlier_detection.consecutive_5xx_errors.value == 3
+
+
+def test_unknown_field_is_reported_with_its_path() -> None:
+    _, issues = parse_spec(
+        _load("hosts: [a]\nhttp:\n- route: [{destination: {host: a, weigth: 3}}]\n"), spec_class("VirtualService")
+    )
+    assert [(i.path, "weigth" in i.message) for i in issues] == [
+        (("spec", "http", 0, "route", 0, "destination", "weigth"), True)
+    ]
+
+
+def test_wrong_enum_is_reported_with_its_path_and_the_allowed_names() -> None:
+    _, issues = parse_spec(
+        _load("host: a\ntrafficPolicy: {loadBalancer: {simple: FASTEST}}\n"), spec_class("DestinationRule")
+    )
+    assert len(issues) == 1
+    assert issues[0].path == ("spec", "trafficPolicy", "loadBalancer", "simple")
+    assert "FASTEST" in issues[0].message and "LEAST_REQUEST" in issues[0].message
+
+
+def test_oneof_fields_set_together_are_reported() -> None:
+    _, issues = parse_spec(
+        _load("hosts: [a]\nhttp:\n- match: [{uri: {exact: /a, prefix: /b}}]\n"), spec_class("VirtualService")
+    )
+    assert [i.path for i in issues] == [("spec", "http", 0, "match", 0, "uri", "prefix")]
