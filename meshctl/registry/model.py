@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
@@ -182,13 +182,22 @@ class ServiceModel:
     def endpoints_of(self, hostname: str) -> tuple[Endpoint, ...]:
         return self.endpoints.get(hostname, ())
 
-    def digest(self) -> str:
-        """A content hash: two replicas that see the same registries compute the same value."""
+    def digest(self, endpoints_of: Callable[[Service], bool] | None = None) -> str:
+        """A content hash: two replicas that see the same registries compute the same value.
+        `endpoints_of` limits which services' endpoints count (all by default)."""
         h = hashlib.blake2b(digest_size=16)
         for host in sorted(self.services):
-            h.update(repr(_service_tuple(self.services[host])).encode())
-            for ep in self.endpoints.get(host, ()):
-                h.update(repr(_endpoint_tuple(ep)).encode())
+            service = self.services[host]
+            h.update(repr(_service_tuple(service)).encode())
+            if endpoints_of is None or endpoints_of(service):
+                h.update(self.endpoints_digest(host).encode())
+        return h.hexdigest()
+
+    def endpoints_digest(self, hostname: str) -> str:
+        """A content hash of one service's endpoints (EDS caches per host on it)."""
+        h = hashlib.blake2b(digest_size=12)
+        for ep in self.endpoints.get(hostname, ()):
+            h.update(repr(_endpoint_tuple(ep)).encode())
         return h.hexdigest()
 
 

@@ -58,3 +58,8 @@ def encode_delta(push: Push, control_plane: bytes = b"") -> bytes:
     if control_plane:
         parts.append(_field(7, control_plane))
     return b"".join(parts)
+
+
+def encode_any(type_url: str, value: bytes) -> bytes:
+    """google.protobuf.Any: type_url=1, value=2, from already-serialized message bytes."""
+    return _string(1, type_url) + _field(2, value)

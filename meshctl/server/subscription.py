@@ -139,6 +139,16 @@ class SotwSubscription:
     def wants(self, name: str) -> bool:
         return self.wildcard or name in self.names
 
+    def resend(self, names: Iterable[str]) -> None:
+        """Send the set again even if unchanged when it holds any of `names`: an updated cluster
+        stays warming until it receives a fresh EDS response, whatever its version."""
+        if any(self.wants(n) for n in names):
+            self.sent_version = None
+
+    @property
+    def awaiting_ack(self) -> bool:
+        return self.sent_version is not None and self.sent_version != self.acked_version and self.nack is None
+
     def next_push(self, available: Mapping[str, Resource]) -> Push | None:
         """The response to send now, or None when the node already has (or rejected) this set."""
         if not self.started:
@@ -225,6 +235,16 @@ class DeltaSubscription:
 
     def wants(self, name: str) -> bool:
         return self.wildcard or name in self.names
+
+    def resend(self, names: Iterable[str]) -> None:
+        """Send these resources again even if the node holds their version (see SotwSubscription)."""
+        for name in names:
+            if self.wants(name):
+                self.known.pop(name, None)
+
+    @property
+    def awaiting_ack(self) -> bool:
+        return bool(self._in_flight)
 
     def next_push(self, available: Mapping[str, Resource]) -> Push | None:
         if not self.started:

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from meshctl.config.model import Config, ConfigKey
-from meshctl.registry.model import ServiceModel
+from meshctl.registry.model import Resolution, ServiceModel
 
 #: Istio's root namespace: a Sidecar or DestinationRule here applies mesh-wide as a fallback.
 DEFAULT_ROOT_NAMESPACE: Final = "istio-system"
@@ -44,6 +44,9 @@ class Snapshot:
     mesh: MeshSettings = field(default_factory=MeshSettings)
     #: Configs of each kind, sorted by (namespace, name) so every replica iterates alike.
     by_kind: Mapping[str, tuple[Config, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    #: A hash of everything but the endpoints of EDS (STATIC) services: when only those change,
+    #: clusters, listeners and routes stay the same and only EDS is pushed.
+    config_version: str = ""
 
     def of_kind(self, kind: str) -> tuple[Config, ...]:
         return self.by_kind.get(kind, ())
@@ -65,10 +68,13 @@ def build_snapshot(
     h = hashlib.blake2b(digest_size=12)
     for key in sorted(by_key):
         h.update(by_key[key].content_digest().encode())
-    h.update(services.digest().encode())
     h.update(repr(mesh).encode())
+    h.update(services.digest(endpoints_of=lambda s: s.resolution is not Resolution.STATIC).encode())
+    config_version = h.hexdigest()
+    h.update(services.digest().encode())
     return Snapshot(
         version=h.hexdigest(),
+        config_version=config_version,
         configs=MappingProxyType(by_key),
         services=services,
         mesh=mesh,

@@ -231,13 +231,14 @@ class ProxyScope:
                 if dr.namespace != ns or not exported_to(dr, self.proxy.namespace):
                     continue
                 s = spec(dr)
-                if s.HasField("workload_selector") and s.workload_selector.labels:
-                    if ns != self.proxy.namespace or not labels_match(s.workload_selector.labels, self.proxy.labels):
-                        continue
+                selected = bool(s.HasField("workload_selector") and s.workload_selector.labels)
+                if selected and (
+                    ns != self.proxy.namespace or not labels_match(s.workload_selector.labels, self.proxy.labels)
+                ):
+                    continue
                 hosts = resolve_host(s.host, dr.namespace, known)
                 match = most_specific(hosts, hostname)
                 if match is not None:
-                    selected = bool(s.HasField("workload_selector") and s.workload_selector.labels)
                     rules.append((0 if selected else 1, 0 if match == hostname else 1, -len(match), dr))
             if rules:
                 rules.sort(key=lambda r: r[:3])
@@ -262,8 +263,7 @@ class ProxyScope:
 def _gateway_ref(ref: str, namespace: str) -> str:
     if ref == MESH_GATEWAY:
         return ref
-    ns, sep, name = ref.partition("/")
-    return ref if sep else f"{namespace}/{ns}"
+    return ref if "/" in ref else f"{namespace}/{ref}"
 
 
 def gateway_ref(config: Config) -> str:

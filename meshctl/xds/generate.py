@@ -1,8 +1,12 @@
 """All of a proxy's Envoy config from one snapshot: the one entry point to the generators.
 
-Each xDS type has its own module of pure functions over a `ProxyScope` (which is itself a pure
-function of the snapshot and the proxy). `generate` runs them in push order; the server, `meshctl
-dump` and `meshctl diff` all call it, so what a command prints is what the server sends.
+Each xDS type has its own module of pure functions over a `ProxyScope` (itself a pure function
+of the snapshot and the proxy). The server, `meshctl dump` and `meshctl diff` all come through
+here, so what a command prints is what the server sends.
+
+Endpoints are the exception to per-proxy generation: a ClusterLoadAssignment depends only on the
+snapshot and the cluster's name, so the server builds each once (`load_assignment`) and shares it
+across every proxy, and rebuilds only those whose service's endpoints changed.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf.message import Message
 
 from meshctl.snapshot.model import Snapshot
@@ -17,28 +22,40 @@ from meshctl.snapshot.proxy import Proxy
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.clusters import build_clusters
-from meshctl.xds.endpoints import build_endpoints
+from meshctl.xds.endpoints import build_load_assignment
 from meshctl.xds.listeners import build_listeners
+from meshctl.xds.names import eds_cluster_names
 from meshctl.xds.routes import build_routes
 
 Generated = Mapping[str, tuple[Message, ...]]
 
 
-def generate(snapshot: Snapshot, proxy: Proxy) -> Generated:
-    """Every resource of every type for `proxy`, keyed by type URL, each list sorted by name."""
+def generate_config(snapshot: Snapshot, proxy: Proxy) -> Generated:
+    """Clusters, listeners and routes for `proxy` (everything but endpoints), by type URL."""
     scope = ProxyScope(snapshot, proxy)
-    clusters = build_clusters(scope)
+    return MappingProxyType(
+        {
+            types.CLUSTER: tuple(build_clusters(scope)),
+            types.LISTENER: tuple(build_listeners(scope)),
+            types.ROUTE: tuple(build_routes(scope)),
+        }
+    )
+
+
+def load_assignment(snapshot: Snapshot, cluster_name: str) -> endpoint_pb2.ClusterLoadAssignment:
+    """The endpoints of one EDS cluster; the same for every proxy that has the cluster."""
+    return build_load_assignment(snapshot, cluster_name)
+
+
+def generate(snapshot: Snapshot, proxy: Proxy) -> Generated:
+    """Every resource of every type for `proxy`, keyed by type URL, each sorted by name."""
+    config = generate_config(snapshot, proxy)
+    endpoints = tuple(load_assignment(snapshot, n) for n in sorted(eds_cluster_names(config[types.CLUSTER])))
     out: dict[str, tuple[Message, ...]] = {
-        types.CLUSTER: tuple(clusters),
-        types.ENDPOINT: tuple(build_endpoints(scope, clusters)),
-        types.LISTENER: tuple(build_listeners(scope)),
-        types.ROUTE: tuple(build_routes(scope)),
+        types.CLUSTER: config[types.CLUSTER],
+        types.ENDPOINT: endpoints,
+        types.LISTENER: config[types.LISTENER],
+        types.ROUTE: config[types.ROUTE],
     }
     return MappingProxyType(out)
 
-
-def resource_name(message: Message) -> str:
-    """The xDS name of a generated resource (Cluster/Listener/RouteConfiguration `name`,
-    ClusterLoadAssignment `cluster_name`)."""
-    name = getattr(message, "cluster_name", "") or getattr(message, "name", "")
-    return str(name)

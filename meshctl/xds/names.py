@@ -8,8 +8,12 @@ Clusters `outbound|9080|v1|reviews.bookinfo.mesh` and `inbound|9080||`, `BlackHo
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
+
+from envoy.config.cluster.v3 import cluster_pb2
+from google.protobuf.message import Message
 
 from meshctl.config.model import Config
 
@@ -88,3 +92,15 @@ def gateway_https_route_name(port: int, port_name: str, gateway_name: str, gatew
     """Route config of one terminated HTTPS server, unique per server as in Istio:
     `https.443.https.bookinfo-gateway.bookinfo`."""
     return f"https.{port}.{port_name}.{gateway_name}.{gateway_namespace}"
+
+
+def resource_name(message: Message) -> str:
+    """The xDS name of a generated resource (Cluster/Listener/RouteConfiguration `name`,
+    ClusterLoadAssignment `cluster_name`)."""
+    name = getattr(message, "cluster_name", "") or getattr(message, "name", "")
+    return str(name)
+
+
+def eds_cluster_names(clusters: Iterable[Message]) -> list[str]:
+    """Names of the clusters whose endpoints come over EDS."""
+    return [c.name for c in clusters if c.type == cluster_pb2.Cluster.EDS]  # type: ignore[attr-defined]

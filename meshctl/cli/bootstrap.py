@@ -1,0 +1,69 @@
+"""`meshctl bootstrap`: the Envoy bootstrap a VM proxy starts from."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+
+def bootstrap(
+    proxy: Annotated[
+        str,
+        typer.Option(
+            "--proxy",
+            help="Node id TYPE~IP~NAME.NAMESPACE~DOMAIN, or NAME.NAMESPACE with --ip.",
+        ),
+    ],
+    xds_address: Annotated[str, typer.Option(help="meshctl serve's xDS address, HOST:PORT.")] = "127.0.0.1:15010",
+    ip: Annotated[str | None, typer.Option(help="The VM's address, when --proxy is NAME.NAMESPACE.")] = None,
+    router: Annotated[bool, typer.Option(help="A gateway (router) rather than a sidecar.")] = False,
+    interception: Annotated[str, typer.Option(help="NONE (no iptables, the VM default) or REDIRECT.")] = "NONE",
+    delta: Annotated[bool, typer.Option(help="Use incremental (delta) xDS.")] = False,
+    admin_port: Annotated[int, typer.Option(help="Envoy's admin port on 127.0.0.1.")] = 15000,
+    label: Annotated[
+        list[str] | None, typer.Option(help="A workload label KEY=VALUE sent in node metadata; repeatable.")
+    ] = None,
+    output: Annotated[str, typer.Option("--output", "-o", help="yaml or json.")] = "yaml",
+) -> None:
+    """Print a complete Envoy bootstrap for a VM proxy: `meshctl bootstrap ... > envoy.yaml && envoy -c envoy.yaml`."""
+    import json
+    import sys
+
+    from meshctl.bootstrap import BootstrapOptions, build_bootstrap
+    from meshctl.cli import output as out
+    from meshctl.server.app import split_address
+    from meshctl.snapshot.proxy import NodeIdError, parse_node_id
+
+    node_id = proxy
+    if "~" not in proxy:
+        if not ip or "." not in proxy:
+            out.error("--proxy NAME.NAMESPACE needs --ip ADDRESS (or give the full node id)")
+            raise typer.Exit(2)
+        namespace = proxy.split(".", 1)[1]
+        node_id = f"{'router' if router else 'sidecar'}~{ip}~{proxy}~{namespace}.svc.cluster.local"
+    labels = {}
+    for item in label or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            out.error(f"--label {item!r} is not KEY=VALUE")
+            raise typer.Exit(2)
+        labels[key] = value
+    try:
+        node = parse_node_id(node_id, {"INTERCEPTION_MODE": interception})
+        host, port = split_address(xds_address)
+    except (NodeIdError, ValueError) as exc:
+        out.error(str(exc))
+        raise typer.Exit(2) from exc
+    config = build_bootstrap(
+        node, BootstrapOptions(xds_host=host, xds_port=port, delta=delta, admin_port=admin_port, labels=labels)
+    )
+    if output == "json":
+        json.dump(config, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        from ruamel.yaml import YAML
+
+        yaml = YAML(typ="safe", pure=True)
+        yaml.default_flow_style = False
+        yaml.dump(config, sys.stdout)

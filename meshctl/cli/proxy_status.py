@@ -1,0 +1,60 @@
+"""`meshctl proxy-status`: is every connected proxy in sync, as `istioctl proxy-status` shows it."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+TYPES = ("CDS", "LDS", "EDS", "RDS")
+
+
+def sync_state(entry: dict[str, Any] | None) -> str:
+    """SYNCED (the node ACKed what it was sent), STALE (sent, not ACKed yet), NOT SENT, or ERROR
+    (the node rejected the last config: it keeps running the previous one)."""
+    if entry is None or not entry.get("sent"):
+        return "NOT SENT"
+    if entry.get("nack"):
+        return "ERROR"
+    return "SYNCED" if entry.get("acked") == entry.get("sent") else "STALE"
+
+
+def proxy_status(
+    admin: Annotated[str, typer.Option(help="meshctl serve's admin address, HOST:PORT.")] = "127.0.0.1:15014",
+    output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
+    errors: Annotated[bool, typer.Option("--errors", help="Show each NACK's message.")] = False,
+) -> None:
+    """One row per connected proxy with CDS, LDS, EDS and RDS each SYNCED, STALE, NOT SENT or ERROR."""
+    import json
+    import sys
+    import urllib.error
+    import urllib.request
+
+    from meshctl.cli import output as out
+
+    url = admin if "://" in admin else f"http://{admin}"
+    try:
+        with urllib.request.urlopen(f"{url}/debug/syncz", timeout=10) as response:
+            entries: list[dict[str, Any]] = json.load(response)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        out.error(f"cannot read {url}/debug/syncz: {exc}")
+        raise typer.Exit(2) from exc
+    rows = []
+    for e in entries:
+        states = {t: sync_state(e["types"].get(t)) for t in TYPES}
+        rows.append({"proxy": e["proxy"], "workload": e.get("workload", ""), **states, "types": e["types"]})
+    if output == "json":
+        json.dump([{k: v for k, v in r.items() if k != "types"} for r in rows], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    out.table(
+        "proxy status",
+        ["NAME", "WORKLOAD", *TYPES],
+        [[r["proxy"], r["workload"], *(r[t] for t in TYPES)] for r in rows],
+    )
+    if errors:
+        for r in rows:
+            for t in TYPES:
+                nack = (r["types"].get(t) or {}).get("nack")
+                if nack:
+                    out.error(f"{r['proxy']} {t}: {nack}")

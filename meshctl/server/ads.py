@@ -1,0 +1,192 @@
+"""The ADS servicer: gRPC streams in, pre-serialized responses out (grpc.aio, one task per stream).
+
+It knows nothing of Istio kinds. Each stream is a `Connection` (sans-IO state); this module only
+reads requests, binds the node to a proxy in the current snapshot, asks the shared
+`ResourceCache` for that proxy's resources, and writes what `Connection.pushes()` says, encoded
+from shared bytes (`encode`). A new snapshot wakes every stream; each stream then decides alone
+whether anything changed for its proxy, so a change outside a proxy's scope sends it nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import json_format
+
+from meshctl.server.cache import ResourceCache
+from meshctl.server.connection import Connection
+from meshctl.server.encode import encode_delta, encode_sotw
+from meshctl.server.subscription import Push, RequestKind
+from meshctl.snapshot.model import Snapshot
+from meshctl.snapshot.proxy import NodeIdError, Proxy, bind_proxy, parse_node_id
+from meshctl.xds import types
+
+logger = logging.getLogger("meshctl.server.ads")
+
+SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
+
+
+@dataclass(eq=False)
+class Stream:
+    """A live stream: its protocol state, the proxy it is bound to, and its wake-up event."""
+
+    connection: Connection
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    proxy: Proxy | None = None
+    #: When the change being pushed was first seen (for pilot_proxy_convergence_time).
+    change_seen: float | None = None
+
+
+class PushObserver:
+    """What the servicer reports as it works; the metrics implement it (no-ops by default)."""
+
+    def pushed(self, stream: Stream, push: Push, size: int) -> None: ...
+
+    def rejected(self, stream: Stream, type_url: str, error: str) -> None: ...
+
+    def connected(self, count: int) -> None: ...
+
+    def converged(self, stream: Stream, seconds: float) -> None: ...
+
+
+class AdsServicer:
+    """Serves State-of-the-World and Delta ADS from the latest snapshot."""
+
+    def __init__(
+        self,
+        cache: ResourceCache,
+        snapshot: Callable[[], Snapshot | None],
+        observer: PushObserver | None = None,
+    ) -> None:
+        self._cache = cache
+        self._snapshot = snapshot
+        self._observer = observer or PushObserver()
+        self._ids = itertools.count(1)
+        self.streams: dict[str, Stream] = {}
+
+    def handlers(self) -> grpc.GenericRpcHandler[Any, Any]:
+        identity: Callable[[bytes], bytes] = bytes
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
+                    self.stream_sotw,
+                    request_deserializer=discovery_pb2.DiscoveryRequest.FromString,
+                    response_serializer=identity,
+                ),
+                "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
+                    self.stream_delta,
+                    request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString,
+                    response_serializer=identity,
+                ),
+            },
+        )
+
+    async def stream_sotw(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await self._serve(requests, context, delta=False)
+
+    async def stream_delta(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await self._serve(requests, context, delta=True)
+
+    # -- one stream --------------------------------------------------------------------------
+
+    async def _serve(
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any], *, delta: bool
+    ) -> None:
+        conn_id = f"{context.peer()}-{next(self._ids)}"
+        stream = Stream(Connection(conn_id, delta=delta))
+        reader = asyncio.create_task(self._read(stream, requests, context))
+        try:
+            while True:
+                waiter = asyncio.create_task(stream.wake.wait())
+                done, _ = await asyncio.wait({waiter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if reader in done:
+                    waiter.cancel()
+                    reader.result()  # raises what ended the reader (an abort), else the client left
+                    return
+                stream.wake.clear()
+                await self._flush(stream, context)
+        finally:
+            reader.cancel()
+            if self.streams.pop(conn_id, None) is not None:
+                self._observer.connected(len(self.streams))
+                logger.info("proxy %s disconnected", stream.connection.node_id or conn_id)
+
+    async def _read(
+        self, stream: Stream, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        conn = stream.connection
+        async for request in requests:
+            if not conn.node_id:
+                if not request.HasField("node") or not request.node.id:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first request must carry node.id")
+                metadata = json_format.MessageToDict(request.node.metadata) if request.node.HasField("metadata") else {}
+                try:
+                    node = parse_node_id(request.node.id, metadata)
+                except NodeIdError as exc:
+                    logger.warning("refused a stream from %s: %s", context.peer(), exc)
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                conn.node_id = node.id
+                conn.node_metadata = metadata
+                self.streams[conn.id] = stream
+                self._observer.connected(len(self.streams))
+                logger.info("proxy %s connected (%s)", node.id, "delta" if conn.delta else "sotw")
+                try:
+                    self._bind(stream, self._snapshot())
+                except Exception:
+                    logger.exception("generating config for %s failed", node.id)
+                    await context.abort(grpc.StatusCode.INTERNAL, "config generation failed; see the server log")
+            type_url = request.type_url
+            if type_url not in types.SHORT_NAMES:
+                logger.warning("proxy %s asked for unsupported type %s", conn.node_id, type_url)
+                continue
+            outcome = conn.handle(type_url, request)
+            if outcome.kind is RequestKind.NACK:
+                logger.warning("proxy %s rejected %s: %s", conn.node_id, types.SHORT_NAMES[type_url], outcome.error)
+                self._observer.rejected(stream, type_url, outcome.error)
+            stream.wake.set()
+
+    def _bind(self, stream: Stream, snapshot: Snapshot | None) -> None:
+        conn = stream.connection
+        if snapshot is None or not conn.node_id:
+            return
+        node = parse_node_id(conn.node_id, conn.node_metadata)
+        stream.proxy = bind_proxy(node, snapshot)
+        conn.update(self._cache.resources(snapshot, stream.proxy))
+
+    async def _flush(self, stream: Stream, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        conn = stream.connection
+        pushes = conn.pushes()
+        for push in pushes:
+            data = encode_delta(push) if conn.delta else encode_sotw(push)
+            await context.write(data)
+            self._observer.pushed(stream, push, len(data))
+        if pushes and stream.change_seen is not None:
+            self._observer.converged(stream, time.monotonic() - stream.change_seen)
+        stream.change_seen = None
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    async def publish(self, snapshot: Snapshot, seen: float | None = None, *, batch: int = 64) -> None:
+        """Give every stream the new snapshot, a batch at a time so the loop keeps serving."""
+        seen = seen or time.monotonic()
+        for i, stream in enumerate(list(self.streams.values())):
+            if i and i % batch == 0:
+                await asyncio.sleep(0)
+            try:
+                self._bind(stream, snapshot)
+            except Exception:
+                # One proxy whose config cannot be generated must not stop the others' pushes.
+                logger.exception("generating config for %s failed; it keeps its last config", stream.connection.node_id)
+                continue
+            if stream.change_seen is None:
+                stream.change_seen = seen
+            stream.wake.set()

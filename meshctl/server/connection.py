@@ -1,0 +1,176 @@
+"""One ADS stream's state and push decisions, without I/O.
+
+The servicer feeds every request of a stream to `Connection.handle` and hands it each new set of
+resources with `update`; `pushes()` then says what to send, in make-before-break order:
+
+1. CDS, then EDS, then LDS, then RDS: routes never name a cluster Envoy lacks.
+2. After a CDS push that changed clusters, their endpoints are sent again at once, even when the
+   assignment is unchanged: an updated cluster stays warming (up to 15 s) until a fresh EDS
+   response arrives, and Envoy does not ask again for names it already watches.
+3. A cluster that disappears is kept in CDS until LDS and RDS built without it are ACKed, so
+   no route points at a missing cluster in between; then it is dropped.
+
+Everything here is driven directly by tests, with no gRPC and no clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from meshctl.server.cache import ProxyResources
+from meshctl.server.subscription import (
+    DeltaSubscription,
+    Push,
+    RequestKind,
+    RequestOutcome,
+    Resource,
+    SotwSubscription,
+)
+from meshctl.xds import types
+
+Subscription = SotwSubscription | DeltaSubscription
+
+
+@dataclass(frozen=True, slots=True)
+class TypeStatus:
+    """Sync state of one type on one stream, for /debug/syncz and `meshctl proxy-status`."""
+
+    type_url: str
+    sent_version: str
+    acked_version: str
+    nonce: str
+    nack: str
+
+
+class Connection:
+    """The state of one ADS stream: its node, one subscription per type, and what it was sent."""
+
+    def __init__(self, conn_id: str, *, delta: bool) -> None:
+        self.id = conn_id
+        self.delta = delta
+        self.node_id = ""
+        self.node_metadata: Mapping[str, Any] = {}
+        self.connected_at = time.time()
+        self.subscriptions: dict[str, Subscription] = {}
+        self.resources: ProxyResources | None = None
+        self.nacks = 0
+        self._generation = 0
+        self._retained: dict[str, Resource] = {}
+        #: the endpoints of retained clusters, so they keep serving until dropped
+        self._retained_eds: dict[str, Resource] = {}
+        self._removal_generation = 0
+        self._changed_clusters: frozenset[str] = frozenset()
+        #: per type: set version -> the newest generation it was sent in
+        self._sent_generation: dict[str, dict[str, int]] = {}
+        self._acked_generation: dict[str, int] = {}
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def subscription(self, type_url: str) -> Subscription:
+        sub = self.subscriptions.get(type_url)
+        if sub is None:
+            cls = DeltaSubscription if self.delta else SotwSubscription
+            wildcard = type_url in types.WILDCARD_TYPES
+            prefix = f"{types.SHORT_NAMES.get(type_url, 'X')[0].lower()}"
+            sub = cls(type_url, wildcard_when_empty=wildcard, nonce_prefix=prefix)
+            self.subscriptions[type_url] = sub
+        return sub
+
+    def handle(self, type_url: str, request: Any) -> RequestOutcome:
+        """Apply one DiscoveryRequest or DeltaDiscoveryRequest of `type_url`."""
+        sub = self.subscription(type_url)
+        outcome = sub.handle(request)
+        if outcome.kind is RequestKind.NACK:
+            self.nacks += 1
+        elif outcome.kind is RequestKind.ACK and sub.acked_version is not None:
+            generation = self._sent_generation.get(type_url, {}).get(sub.acked_version)
+            if generation is not None:
+                self._acked_generation[type_url] = max(self._acked_generation.get(type_url, 0), generation)
+            self._release_retained()
+        return outcome
+
+    # -- resources ---------------------------------------------------------------------------
+
+    def update(self, resources: ProxyResources) -> None:
+        """Take a new set of resources; `pushes()` then says what to send."""
+        old = self.resources
+        self._generation += 1
+        if old is not None:
+            old_clusters, new_clusters = old.of(types.CLUSTER), resources.of(types.CLUSTER)
+            removed = {n: r for n, r in old_clusters.items() if n not in new_clusters}
+            removed.update({n: r for n, r in self._retained.items() if n not in new_clusters})
+            self._retained = removed if self._routes_subscribed() else {}
+            old_eds = {**self._retained_eds, **old.of(types.ENDPOINT)}
+            self._retained_eds = {n: old_eds[n] for n in self._retained if n in old_eds}
+            if removed:
+                self._removal_generation = self._generation
+            self._changed_clusters = self._changed_clusters | frozenset(
+                n for n, r in new_clusters.items() if n in old_clusters and old_clusters[n].version != r.version
+            )
+        self.resources = resources
+
+    def _routes_subscribed(self) -> bool:
+        return any(t in self.subscriptions for t in (types.LISTENER, types.ROUTE))
+
+    def _release_retained(self) -> None:
+        if not self._retained:
+            return
+        for t in (types.LISTENER, types.ROUTE):
+            if t in self.subscriptions and self._acked_generation.get(t, 0) < self._removal_generation:
+                return
+        self._retained = {}
+        self._retained_eds = {}
+
+    @property
+    def retained_clusters(self) -> frozenset[str]:
+        """Clusters kept only until the routes that named them are replaced (debug pages)."""
+        return frozenset(self._retained)
+
+    def pushes(self) -> list[Push]:
+        """What to send now, in push order; empty when the node is up to date."""
+        if self.resources is None:
+            return []
+        out: list[Push] = []
+        cds_pushed = False
+        for type_url in types.PUSH_ORDER:
+            sub = self.subscriptions.get(type_url)
+            if sub is None:
+                continue
+            available = self.resources.of(type_url)
+            if type_url == types.CLUSTER and self._retained:
+                available = {**self._retained, **available}
+            elif type_url == types.ENDPOINT and self._retained_eds:
+                available = {**self._retained_eds, **available}
+            if type_url == types.ENDPOINT and cds_pushed and self._changed_clusters:
+                sub.resend(self._changed_clusters)
+                self._changed_clusters = frozenset()
+            push = sub.next_push(available)
+            if push is not None:
+                out.append(push)
+                self._sent_generation.setdefault(type_url, {})[push.version] = self._generation
+                cds_pushed = cds_pushed or type_url == types.CLUSTER
+            elif not sub.awaiting_ack:
+                self._acked_generation[type_url] = self._generation
+        self._release_retained()
+        return out
+
+    def status(self) -> list[TypeStatus]:
+        out = []
+        for type_url in types.PUSH_ORDER:
+            sub = self.subscriptions.get(type_url)
+            if sub is None:
+                continue
+            nonce = sub.sent_nonce if isinstance(sub, SotwSubscription) else ""
+            out.append(
+                TypeStatus(
+                    type_url,
+                    sub.sent_version or "",
+                    sub.acked_version or "",
+                    nonce or "",
+                    sub.nack.message if sub.nack is not None else "",
+                )
+            )
+        return out

@@ -1,0 +1,122 @@
+"""The running server's state as the admin pages and `meshctl proxy-status` read it.
+
+Everything is derived on request from the streams, the store, the registries and the current
+snapshot; nothing here is kept in step separately, so a page can never disagree with what is
+being served.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from meshctl.xds import types
+
+if TYPE_CHECKING:
+    from meshctl.server.app import Server
+
+
+class ServerStatus:
+    """Implements the admin server's `AdminState` over a `Server`."""
+
+    def __init__(self, server: Server) -> None:
+        self._server = server
+
+    def ready(self) -> bool:
+        return self._server.ready()
+
+    def metrics_text(self) -> str:
+        return self._server.metrics.render()
+
+    def syncz(self) -> list[dict[str, Any]]:
+        """One entry per connected proxy: per type, what was sent, what was ACKed, any NACK."""
+        out = []
+        snapshot = self._server.discovery.snapshot
+        for stream in sorted(self._server.ads.streams.values(), key=lambda s: s.connection.node_id):
+            conn = stream.connection
+            entry: dict[str, Any] = {
+                "proxy": conn.node_id,
+                "workload": stream.proxy.workload if stream.proxy else "",
+                "delta": conn.delta,
+                "connected_at": conn.connected_at,
+                "snapshot": conn.resources.snapshot_version if conn.resources else "",
+                "latest_snapshot": snapshot.version if snapshot else "",
+                "retained_clusters": sorted(conn.retained_clusters),
+                "types": {},
+            }
+            for status in conn.status():
+                entry["types"][types.SHORT_NAMES[status.type_url]] = {
+                    "sent": status.sent_version,
+                    "acked": status.acked_version,
+                    "nonce": status.nonce,
+                    "nack": status.nack,
+                }
+            out.append(entry)
+        return out
+
+    def config_dump(self, proxy_id: str) -> dict[str, Any] | None:
+        from meshctl.xds.config_dump import config_dump_dict
+        from meshctl.xds.generate import generate
+
+        snapshot = self._server.discovery.snapshot
+        for stream in self._server.ads.streams.values():
+            if stream.connection.node_id == proxy_id and stream.proxy is not None and snapshot is not None:
+                dump: dict[str, Any] = config_dump_dict(generate(snapshot, stream.proxy))
+                return dump
+        return None
+
+    def registryz(self) -> dict[str, Any]:
+        registry = self._server.registry
+        model = registry.model()
+        return {
+            "status": [
+                {
+                    "name": s.name,
+                    "healthy": s.healthy,
+                    "message": s.message,
+                    "services": s.services,
+                    "endpoints": s.endpoints,
+                }
+                for s in registry.member_statuses()
+            ],
+            "notes": list(model.notes),
+            "services": [
+                {
+                    "hostname": svc.hostname,
+                    "namespace": svc.namespace,
+                    "registry": svc.registry,
+                    "resolution": svc.resolution.value,
+                    "ports": [{"name": p.name, "number": p.number, "protocol": p.protocol.value} for p in svc.ports],
+                    "endpoints": [
+                        {
+                            "address": ep.address,
+                            "ports": {str(k): v for k, v in ep.ports.items()},
+                            "labels": dict(ep.labels),
+                            "health": ep.health.value,
+                            "locality": ep.locality,
+                            "workload": f"{ep.namespace}/{ep.name}" if ep.name else "",
+                        }
+                        for ep in model.endpoints_of(host)
+                    ],
+                }
+                for host, svc in sorted(model.services.items())
+            ],
+        }
+
+    def configz(self) -> dict[str, Any]:
+        store = self._server.store
+        return {
+            "revision": store.revision,
+            "resources": [
+                {
+                    "kind": c.kind,
+                    "namespace": c.namespace,
+                    "name": c.name,
+                    "source": str(c.source),
+                }
+                for _, c in sorted(store.configs.items())
+            ],
+            "errors": [
+                {"file": f.file, "line": f.line, "column": f.column, "message": f.message, "text": str(f)}
+                for f in store.errors()
+            ],
+        }

@@ -1,0 +1,130 @@
+"""Push decisions of one stream, driven without gRPC: order, proactive EDS, two-phase removal."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from envoy.service.discovery.v3 import discovery_pb2
+from google.rpc import status_pb2
+
+from meshctl.server.cache import ProxyResources
+from meshctl.server.connection import Connection
+from meshctl.server.subscription import Push, Resource
+from meshctl.xds import types
+
+CDS, EDS, LDS, RDS = types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE
+
+
+def res(name: str, version: str = "1") -> Resource:
+    return Resource(name, version, f"{name}@{version}".encode())
+
+
+def resources(version: str, **by_type: list[Resource]) -> ProxyResources:
+    keys = {"cds": CDS, "eds": EDS, "lds": LDS, "rds": RDS}
+    return ProxyResources(
+        version,
+        version,
+        MappingProxyType({keys[k]: MappingProxyType({r.name: r for r in v}) for k, v in by_type.items()}),
+    )
+
+
+def request(
+    type_url: str, names: list[str] | None = None, push: Push | None = None, error: str = ""
+) -> discovery_pb2.DiscoveryRequest:
+    req = discovery_pb2.DiscoveryRequest(
+        type_url=type_url,
+        resource_names=names or [],
+        version_info=push.version if push and not error else "",
+        response_nonce=push.nonce if push else "",
+    )
+    if error:
+        req.error_detail.CopyFrom(status_pb2.Status(code=3, message=error))
+    return req
+
+
+def ack_all(conn: Connection, pushes: list[Push], names: dict[str, list[str]]) -> None:
+    for p in pushes:
+        conn.handle(p.type_url, request(p.type_url, names.get(p.type_url), p))
+
+
+def subscribed(conn: Connection, eds: list[str], rds: list[str]) -> None:
+    conn.handle(CDS, request(CDS))
+    conn.handle(EDS, request(EDS, eds))
+    conn.handle(LDS, request(LDS))
+    conn.handle(RDS, request(RDS, rds))
+
+
+def test_pushes_follow_make_before_break_order() -> None:
+    conn = Connection("c1", delta=False)
+    conn.update(resources("v1", cds=[res("a")], eds=[res("a")], lds=[res("l")], rds=[res("r")]))
+    # Envoy asks in whatever order; we answer in CDS, EDS, LDS, RDS order.
+    conn.handle(RDS, request(RDS, ["r"]))
+    conn.handle(LDS, request(LDS))
+    conn.handle(EDS, request(EDS, ["a"]))
+    conn.handle(CDS, request(CDS))
+    assert [p.type_url for p in conn.pushes()] == [CDS, EDS, LDS, RDS]
+    assert conn.pushes() == []
+
+
+def test_endpoint_only_change_pushes_eds_alone() -> None:
+    conn = Connection("c1", delta=False)
+    subscribed(conn, ["a"], ["r"])
+    conn.update(resources("v1", cds=[res("a")], eds=[res("a")], lds=[res("l")], rds=[res("r")]))
+    ack_all(conn, conn.pushes(), {EDS: ["a"], RDS: ["r"]})
+    conn.update(resources("v2", cds=[res("a")], eds=[res("a", "2")], lds=[res("l")], rds=[res("r")]))
+    assert [p.type_url for p in conn.pushes()] == [EDS]
+
+
+def test_changed_cluster_gets_its_endpoints_again_even_if_they_did_not_change() -> None:
+    conn = Connection("c1", delta=False)
+    subscribed(conn, ["a"], ["r"])
+    conn.update(resources("v1", cds=[res("a")], eds=[res("a")], lds=[res("l")], rds=[res("r")]))
+    ack_all(conn, conn.pushes(), {EDS: ["a"], RDS: ["r"]})
+    conn.update(resources("v2", cds=[res("a", "new-timeout")], eds=[res("a")], lds=[res("l")], rds=[res("r")]))
+    pushes = conn.pushes()
+    assert [p.type_url for p in pushes] == [CDS, EDS]
+    assert [r.name for r in pushes[1].resources] == ["a"]
+
+
+def test_removed_cluster_stays_until_routes_without_it_are_acked() -> None:
+    conn = Connection("c1", delta=False)
+    subscribed(conn, ["a", "b"], ["r"])
+    conn.update(resources("v1", cds=[res("a"), res("b")], eds=[res("a"), res("b")], lds=[res("l")], rds=[res("r")]))
+    ack_all(conn, conn.pushes(), {EDS: ["a", "b"], RDS: ["r"]})
+
+    # The route stops using b and b disappears: CDS still carries b until the new routes are ACKed.
+    conn.update(resources("v2", cds=[res("a")], eds=[res("a")], lds=[res("l")], rds=[res("r", "2")]))
+    pushes = conn.pushes()
+    assert [p.type_url for p in pushes] == [RDS]
+    assert conn.retained_clusters == {"b"}
+    rds_push = pushes[0]
+    conn.handle(RDS, request(RDS, ["r"], rds_push))
+    assert conn.retained_clusters == frozenset()
+    follow_up = conn.pushes()
+    assert [(p.type_url, [r.name for r in p.resources]) for p in follow_up] == [(CDS, ["a"]), (EDS, ["a"])]
+
+
+def test_removed_cluster_is_kept_while_routes_are_rejected() -> None:
+    conn = Connection("c1", delta=False)
+    subscribed(conn, ["a", "b"], ["r"])
+    conn.update(resources("v1", cds=[res("a"), res("b")], eds=[res("a"), res("b")], lds=[res("l")], rds=[res("r")]))
+    ack_all(conn, conn.pushes(), {EDS: ["a", "b"], RDS: ["r"]})
+    conn.update(resources("v2", cds=[res("a")], eds=[res("a")], lds=[res("l")], rds=[res("r", "bad")]))
+    (rds_push,) = conn.pushes()
+    conn.handle(RDS, request(RDS, ["r"], rds_push, error="route rejected"))
+    assert conn.retained_clusters == {"b"}
+    assert conn.pushes() == []  # not the same rejected config again
+    assert conn.status()[3].nack == "route rejected"
+
+
+def test_delta_stream_resends_changed_cluster_endpoints() -> None:
+    conn = Connection("d1", delta=True)
+    conn.handle(CDS, discovery_pb2.DeltaDiscoveryRequest(type_url=CDS))
+    conn.handle(EDS, discovery_pb2.DeltaDiscoveryRequest(type_url=EDS, resource_names_subscribe=["a"]))
+    conn.update(resources("v1", cds=[res("a")], eds=[res("a")]))
+    first = conn.pushes()
+    for p in first:
+        conn.handle(p.type_url, discovery_pb2.DeltaDiscoveryRequest(type_url=p.type_url, response_nonce=p.nonce))
+    conn.update(resources("v2", cds=[res("a", "2")], eds=[res("a")]))
+    pushes = conn.pushes()
+    assert [(p.type_url, [r.name for r in p.resources]) for p in pushes] == [(CDS, ["a"]), (EDS, ["a"])]
