@@ -7,6 +7,10 @@ import logging
 import typer
 
 from meshctl import __version__
+from meshctl.cli import bootstrap as bootstrap_cmd
+from meshctl.cli import proxy_status as proxy_status_cmd
+from meshctl.cli import serve as serve_cmd
+from meshctl.cli import services as services_cmd
 from meshctl.cli import validate as validate_cmd
 
 app = typer.Typer(
@@ -23,6 +27,30 @@ app.command(
     "  meshctl validate -o github configs/   # annotations on a pull request\n\n"
     "  cat vs.yaml | meshctl validate -",
 )(validate_cmd.validate)
+
+
+app.command(
+    "serve",
+    epilog="Examples:\n\n  meshctl serve --config-dir examples/configs\n\n"
+    "  meshctl serve -c /etc/meshctl/mesh --consul 127.0.0.1:8500 --xds-address 0.0.0.0:15010",
+)(serve_cmd.serve)
+
+app.command(
+    "services",
+    epilog="Examples:\n\n  meshctl services --config-dir examples/configs\n\n"
+    "  meshctl services --consul 127.0.0.1:8500 -o json",
+)(services_cmd.services)
+
+app.command(
+    "bootstrap",
+    epilog="Examples:\n\n  meshctl bootstrap --proxy reviews-v1-vm.bookinfo --ip 10.10.0.41"
+    " --xds-address 10.10.0.1:15010 > envoy.yaml && envoy -c envoy.yaml",
+)(bootstrap_cmd.bootstrap)
+
+app.command(
+    "proxy-status",
+    epilog="Examples:\n\n  meshctl proxy-status\n\n  meshctl proxy-status --admin 10.10.0.1:15014 --errors",
+)(proxy_status_cmd.proxy_status)
 
 
 @app.command("version")

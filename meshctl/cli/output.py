@@ -6,12 +6,14 @@ lines (grep-able, like a compiler's), and summaries and errors go to stderr.
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from meshctl.config.findings import Finding, Severity
@@ -63,9 +65,7 @@ def _github_annotation(f: Finding) -> str:
         props.append(f"line={f.line}")
     if f.column:
         props.append(f"col={f.column}")
-    title = f.code or (
-        f"{f.resource.kind} {f.resource.namespace}/{f.resource.name}" if f.resource else "meshctl"
-    )
+    title = f.code or (f"{f.resource.kind} {f.resource.namespace}/{f.resource.name}" if f.resource else "meshctl")
     props.append(f"title={_escape_property(title)}")
     where = f" {f.resource}" if f.resource else ""
     field = f" {f.field}:" if f.field else ":"
@@ -98,3 +98,58 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> 
     for r in rows:
         t.add_row(*(str(x) for x in r))
     stdout_console().print(t)
+
+
+def print_listing(columns: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO | None = None) -> None:
+    """Rows of cells, a cell's lines separated by newlines: a table on a terminal, else plain text."""
+    out = out or sys.stdout
+    console = Console(file=out, highlight=False)
+    if console.is_terminal:
+        table = Table(show_lines=True)
+        for column in columns:
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            table.add_row(*(escape(cell) for cell in row))
+        console.print(table)
+        return
+    out.write(plain_listing(columns, rows))
+
+
+def plain_listing(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """The listing as aligned plain text (two spaces between columns, the last one unpadded)."""
+    lines: list[list[str]] = [list(columns)]
+    for row in rows:
+        cells = [cell.split("\n") for cell in row]
+        height = max((len(c) for c in cells), default=1)
+        for i in range(height):
+            lines.append([c[0] if len(c) == 1 else (c[i] if i < len(c) else "") for c in cells])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(columns))]
+    text = io.StringIO()
+    for line in lines:
+        padded = [cell.ljust(widths[i]) for i, cell in enumerate(line[:-1])]
+        text.write("  ".join([*padded, line[-1]]).rstrip() + "\n")
+    return text.getvalue()
+
+
+def print_data(data: Any, fmt: str, out: TextIO | None = None, *, compact: bool = False) -> None:
+    """`data` (dicts, lists, str, int, bool) as json or yaml on stdout. `compact` writes json as
+    one line (a stream of documents, one per line) and yaml as one `---` document."""
+    out = out or sys.stdout
+    if fmt == "json":
+        if compact:
+            out.write(json.dumps(data, separators=(",", ":")) + "\n")
+        else:
+            json.dump(data, out, indent=2)
+            out.write("\n")
+        return
+    if fmt == "yaml":
+        from ruamel.yaml import YAML
+
+        yaml = YAML(typ="safe", pure=True)
+        yaml.default_flow_style = False
+        yaml.representer.sort_base_mapping_type_on_output = False  # keep our key order, not the alphabet's
+        if compact:
+            out.write("---\n")
+        yaml.dump(data, out)
+        return
+    raise ValueError(f"unknown data format {fmt!r}")

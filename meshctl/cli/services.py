@@ -1,0 +1,270 @@
+"""`meshctl services`: the services and endpoints meshctl sees, from the files, Consul, or both.
+
+It answers "why does this proxy have no endpoints for reviews?" without a running server: the
+listing is built by the same registries, with the same merge rule, as the server's model.
+"""
+
+from __future__ import annotations
+
+import enum
+import queue
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from meshctl.registry.base import Registry
+    from meshctl.registry.consul import ConsulOptions
+    from meshctl.registry.model import Endpoint, RegistryChange, Service, ServiceModel
+
+EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
+
+COLUMNS = ("SERVICE", "NAMESPACE", "PORTS", "RESOLUTION", "REGISTRY", "ENDPOINTS")
+
+
+class Format(enum.StrEnum):
+    table = "table"
+    json = "json"
+    yaml = "yaml"
+
+
+def services(
+    config_dir: Annotated[
+        Path | None,
+        typer.Option("--config-dir", help="Directory (or file) of Istio YAML: ServiceEntry, WorkloadEntry ..."),
+    ] = None,
+    consul: Annotated[
+        str | None,
+        typer.Option(
+            "--consul",
+            help="Consul's HTTP API: http(s)://host:port or host:port. CONSUL_HTTP_TOKEN, CONSUL_CACERT"
+            " and Consul's other CLI variables apply.",
+        ),
+    ] = None,
+    output: Annotated[Format, typer.Option("--output", "-o", help="table, json or yaml (for tools).")] = Format.table,
+    watch: Annotated[
+        bool,
+        typer.Option("--watch", "-w", help="Keep running and list again on every change (json: one line each)."),
+    ] = False,
+    namespace: Annotated[str | None, typer.Option("--namespace", "-n", help="Only services of this namespace.")] = None,
+) -> None:
+    """List the services and endpoints meshctl sees, merged as the server merges them.
+
+    Files win over Consul for a hostname both define.
+
+    Exit status: 0 listed, 1 a file failed to load (the rest is listed), 2 usage error, missing directory or
+    unreachable Consul.
+    """
+    from meshctl.cli import output as out
+
+    if config_dir is None and consul is None:
+        out.error("nothing to list: give --config-dir DIR, --consul ADDR, or both")
+        raise typer.Exit(EXIT_ERROR)
+    if config_dir is not None and not config_dir.exists():
+        out.error(f"no such file or directory: {config_dir}")
+        raise typer.Exit(EXIT_ERROR)
+    consul_options = _consul_options(consul) if consul is not None else None
+
+    def show(model: ServiceModel, changed: Iterable[str] | None = None) -> None:
+        _print_model(model, output, namespace, streaming=watch, changed=changed)
+
+    if watch:
+        _watch(config_dir, consul_options, show)
+        return
+    models: list[tuple[str, ServiceModel]] = []
+    failed = False
+    if config_dir is not None:
+        try:
+            file_model, failed = _read_files(config_dir)
+        except Exception as exc:  # an internal error must not look like invalid input
+            out.error(f"internal error: {type(exc).__name__}: {exc}")
+            raise typer.Exit(EXIT_ERROR) from exc
+        models.append(("files", file_model))
+    if consul_options is not None:
+        models.append(("consul", _read_consul(consul_options)))
+    from meshctl.registry.aggregate import merge_models
+
+    show(merge_models(models))
+    raise typer.Exit(EXIT_INVALID if failed else EXIT_OK)
+
+
+def _consul_options(address: str) -> ConsulOptions:
+    """Options for `--consul ADDR`, with Consul's own environment variables for the rest."""
+    from meshctl.cli import output as out
+    from meshctl.errors import UsageError
+    from meshctl.registry.consul import ConsulOptions
+
+    try:
+        return ConsulOptions.from_env(address=address)
+    except (UsageError, OSError) as exc:
+        out.error(str(exc))
+        raise typer.Exit(EXIT_ERROR) from exc
+
+
+def _read_files(config_dir: Path) -> tuple[ServiceModel, bool]:
+    """The model of the directory's files; True when some file failed to load (reported on stderr)."""
+    from meshctl.cli import output as out
+    from meshctl.config.findings import Severity
+    from meshctl.config.loader import load_paths, merge_files
+    from meshctl.registry.serviceentry import build_file_model
+
+    result = load_paths([config_dir])
+    configs, duplicates = merge_files(result.files.values())
+    errors = [f for f in [*result.all_findings(), *duplicates] if f.severity is Severity.ERROR]
+    if errors:
+        out.print_findings(errors, "text", sys.stderr)
+        out.error(f"{len(errors)} error(s) in {config_dir}: what failed to load is not listed")
+    return build_file_model(configs.values()), bool(errors)
+
+
+def _read_consul(options: ConsulOptions) -> ServiceModel:
+    from meshctl.cli import output as out
+    from meshctl.errors import RegistryError
+    from meshctl.registry.consul import read_consul_once
+
+    try:
+        return read_consul_once(options)
+    except RegistryError as exc:
+        out.error(str(exc))
+        raise typer.Exit(EXIT_ERROR) from exc
+
+
+def _watch(config_dir: Path | None, consul: ConsulOptions | None, show: Callable[..., None]) -> None:
+    """List, then list again after every change until interrupted. Consul must answer once
+    before the first listing, so that an unreachable Consul is an error, not an empty list."""
+    from meshctl.cli import output as out
+    from meshctl.registry.aggregate import AggregateRegistry
+
+    members: list[Registry] = []
+    stop: list[Callable[[], object]] = []
+    try:
+        if config_dir is not None:
+            from meshctl.config.store import ConfigStore
+            from meshctl.config.watcher import DirectoryWatcher
+            from meshctl.registry.serviceentry import FileRegistry
+
+            store = ConfigStore()
+            watcher = DirectoryWatcher([config_dir], store)
+            first = watcher.start()
+            stop.append(watcher.stop)
+            if first.errors:
+                out.print_findings(first.errors, "text", sys.stderr)
+            files = FileRegistry()
+            stop.append(files.follow(store))
+            members.append(files)
+        if consul is not None:
+            from meshctl.registry.consul import ConsulRegistry
+
+            _read_consul(consul)  # fails fast, with Consul's own error, when it cannot be reached
+            registry = ConsulRegistry(consul)
+            registry.start()
+            stop.append(registry.stop)
+            if not registry.wait_synced(consul.request_timeout):
+                out.error(f"Consul did not answer within {consul.request_timeout:g}s: {registry.status().message}")
+                raise typer.Exit(EXIT_ERROR)
+            members.append(registry)
+        _follow(AggregateRegistry(members), show)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for fn in reversed(stop):
+            fn()
+
+
+def _follow(registry: Registry, show: Callable[..., None]) -> None:
+    changes: queue.Queue[RegistryChange] = queue.Queue()
+    registry.subscribe(changes.put)
+    show(registry.model())
+    while True:
+        try:
+            change = changes.get(timeout=0.5)  # a timeout keeps Ctrl-C prompt on every platform
+        except queue.Empty:
+            continue
+        hosts = set(change.hosts)
+        while not changes.empty():  # one listing for everything that arrived meanwhile
+            hosts |= changes.get_nowait().hosts
+        show(registry.model(), hosts)
+
+
+def _print_model(
+    model: ServiceModel,
+    fmt: Format,
+    namespace: str | None,
+    *,
+    streaming: bool = False,
+    changed: Iterable[str] | None = None,
+) -> None:
+    from meshctl.cli import output as out
+    from meshctl.cli import output as output_services
+
+    for note in model.notes:
+        out.stderr_console().print(f"note: {note}", markup=False, soft_wrap=True)
+    if changed is not None:
+        out.stderr_console().print(f"changed: {', '.join(sorted(changed))}", markup=False, soft_wrap=True)
+    selected = [s for _, s in sorted(model.services.items()) if namespace is None or s.namespace == namespace]
+    if fmt is Format.table:
+        rows = [_row(s, model.endpoints_of(s.hostname)) for s in selected]
+        output_services.print_listing(COLUMNS, rows)
+    else:
+        data = {
+            "services": [service_data(s, model.endpoints_of(s.hostname)) for s in selected],
+            "notes": list(model.notes),
+        }
+        output_services.print_data(data, fmt.value, compact=streaming)
+    sys.stdout.flush()
+
+
+def _row(service: Service, endpoints: Iterable[Endpoint]) -> list[str]:
+    ports = ", ".join(f"{p.name}/{p.number}/{p.protocol.value}" for p in service.ports)
+    lines = [_endpoint_text(service, e) for e in endpoints]
+    return [
+        service.hostname,
+        service.namespace,
+        ports or "-",
+        service.resolution.value,
+        service.registry,
+        "\n".join(lines) or "<none>",
+    ]
+
+
+def _endpoint_text(service: Service, endpoint: Endpoint) -> str:
+    numbers = list(dict.fromkeys(endpoint.ports[p.number] for p in service.ports if p.number in endpoint.ports))
+    host = f"[{endpoint.address}]" if ":" in endpoint.address else endpoint.address
+    where = f"{host}:{','.join(str(n) for n in numbers)}" if any(numbers) else endpoint.address
+    labels = ",".join(f"{k}={v}" for k, v in sorted(endpoint.labels.items()))
+    return " ".join(part for part in (where, labels, endpoint.health.value) if part)
+
+
+def service_data(service: Service, endpoints: Iterable[Endpoint]) -> dict[str, Any]:
+    """A service and its endpoints as plain data, keys in a fixed order (the json/yaml output)."""
+    return {
+        "hostname": service.hostname,
+        "namespace": service.namespace,
+        "registry": service.registry,
+        "origin": service.origin,
+        "resolution": service.resolution.value,
+        "location": service.location.value,
+        "exportTo": sorted(service.export_to),
+        "addresses": list(service.addresses),
+        "ports": [{"name": p.name, "number": p.number, "protocol": p.protocol.value} for p in service.ports],
+        "endpoints": [_endpoint_data(e) for e in endpoints],
+    }
+
+
+def _endpoint_data(endpoint: Endpoint) -> dict[str, Any]:
+    return {
+        "address": endpoint.address,
+        "ports": [{"servicePort": sp, "port": p} for sp, p in sorted(endpoint.ports.items())],
+        "labels": dict(sorted(endpoint.labels.items())),
+        "locality": endpoint.locality,
+        "weight": endpoint.weight,
+        "health": endpoint.health.value,
+        "serviceAccount": endpoint.service_account,
+        "tlsMode": endpoint.tls_mode.value,
+        "network": endpoint.network,
+        "name": endpoint.name,
+        "namespace": endpoint.namespace,
+    }

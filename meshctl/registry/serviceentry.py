@@ -1,0 +1,392 @@
+"""ServiceEntry, WorkloadEntry and WorkloadGroup files to the registry model, as istiod does it.
+
+`build_file_model` is a pure function of the configs: the file registry calls it again on every
+change rather than patching indexes the way Istio's controller does, so the result can never
+drift from the files. It follows `pilot/pkg/serviceregistry/serviceentry` (conversion.go,
+controller.go, workloadentry.go) rule by rule:
+
+- Each host of a ServiceEntry is one service in the ServiceEntry's namespace. A port's protocol
+  is its `protocol` field, else (meshctl's addition, as Istio does for Kubernetes services) the
+  prefix of its name (`http-api`, `grpc-web-ui`, `tcp-db`). An unset `location` is MESH_EXTERNAL,
+  an unset `resolution` NONE and an empty `exportTo` public, as in Istio's API.
+- Endpoints come from a `workloadSelector` when there is one (it then wins over inline
+  `endpoints`, as in Istio): every WorkloadEntry of the same namespace whose labels match. Those
+  labels are the spec's labels merged with the metadata labels, metadata winning (Istio's
+  `ConvertWorkloadEntry`). A WorkloadEntry whose address is not an IP (a hostname or a
+  `unix://` socket) is only selected by DNS-resolved services, which Envoy can resolve.
+- An endpoint's port for each service port: the WorkloadEntry's `ports[port name]`, else the
+  service port's `targetPort`, else the port's number; a `unix://` address has no port.
+- A DNS or DNS_ROUND_ROBIN service with neither endpoints nor selector has its host as its one
+  endpoint, so Envoy resolves the name itself.
+- Locality falls back to the `istio-locality` label (`region.zone` written with dots, since
+  Kubernetes labels cannot hold `/`), network to the `topology.istio.io/network` label. The
+  service account is kept as the name written in the WorkloadEntry (not a SPIFFE URI): the
+  identity's trust domain is a server setting, applied where certificates are checked.
+- Mutual TLS is only assumed when the workload says so with `security.istio.io/tlsMode: istio`.
+  Istio also assumes it for any WorkloadEntry with a service account; VMs served by meshctl
+  get their certificates elsewhere, so a service account alone does not turn it on.
+- A WorkloadEntry annotated `istio.io/autoRegistrationGroup: NAME` (the annotation Istio's
+  auto-registration writes on entries it creates from a group) belongs to the WorkloadGroup NAME
+  of its namespace. Istio copies the group's template into such entries; here the template fills
+  whatever the entry leaves unset: labels (entry > group `metadata.labels` > template labels),
+  ports (per name), service account, network, locality and weight.
+- A hostname defined by two ServiceEntries belongs to the first in (namespace, name) order; the
+  other is ignored and a note names both (Istio keeps one per namespace; meshctl's model has one
+  service per hostname).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+from meshctl.api.networking.v1alpha3 import service_entry_pb2, workload_entry_pb2, workload_group_pb2
+from meshctl.config.labels import labels_match
+from meshctl.config.model import Config, ConfigKey
+from meshctl.registry.aggregate import model_change
+from meshctl.registry.base import Listener
+from meshctl.registry.model import (
+    Endpoint,
+    Location,
+    Protocol,
+    RegistryChange,
+    RegistryStatus,
+    Resolution,
+    Service,
+    ServiceModel,
+    ServicePort,
+    TlsMode,
+    make_model,
+)
+
+if TYPE_CHECKING:
+    from meshctl.config.store import ConfigChange, ConfigStore
+
+logger = logging.getLogger("meshctl.registry.serviceentry")
+
+#: The kinds this registry reads; a change to any other kind leaves its model alone.
+KINDS: Final = frozenset({"ServiceEntry", "WorkloadEntry", "WorkloadGroup"})
+
+GROUP_ANNOTATION: Final = "istio.io/autoRegistrationGroup"
+TLS_MODE_LABEL: Final = "security.istio.io/tlsMode"
+LOCALITY_LABEL: Final = "istio-locality"
+NETWORK_LABEL: Final = "topology.istio.io/network"
+_UNIX_PREFIX: Final = "unix://"
+_DNS_RESOLUTIONS: Final = frozenset({Resolution.DNS, Resolution.DNS_ROUND_ROBIN})
+#: Resolutions by name. DYNAMIC_DNS (Envoy's dynamic forward proxy) is missing: the model has no
+#: counterpart for it yet, so such a ServiceEntry is left out with a note.
+_RESOLUTIONS: Final = {r.value: r for r in Resolution}
+
+_SE = service_entry_pb2.ServiceEntry
+_WE = workload_entry_pb2.WorkloadEntry
+_WG = workload_group_pb2.WorkloadGroup
+
+
+@dataclass(frozen=True, slots=True)
+class _Workload:
+    """A WorkloadEntry with its metadata labels and group defaults applied: what selectors see."""
+
+    name: str
+    namespace: str
+    address: str
+    ports: Mapping[str, int] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    service_account: str = ""
+    network: str = ""
+    locality: str = ""
+    weight: int = 0
+
+    @property
+    def is_socket(self) -> bool:
+        return self.address.startswith(_UNIX_PREFIX)
+
+    @property
+    def dns_only(self) -> bool:
+        """Not an IP: only Envoy's DNS clusters can use it (Istio's `DNSServiceEntryOnly`)."""
+        try:
+            ipaddress.ip_address(self.address)
+        except ValueError:
+            return True
+        return False
+
+
+def build_file_model(configs: Iterable[Config]) -> ServiceModel:
+    """The services and endpoints that ServiceEntry, WorkloadEntry and WorkloadGroup configs
+    define; other kinds are ignored. Deterministic: the same configs give the same model."""
+    entries: list[tuple[Config, _SE]] = []
+    workload_entries: list[tuple[Config, _WE]] = []
+    groups: dict[tuple[str, str], _WG] = {}
+    for config in configs:
+        spec = config.spec
+        if config.kind == "ServiceEntry" and isinstance(spec, _SE):
+            entries.append((config, spec))
+        elif config.kind == "WorkloadEntry" and isinstance(spec, _WE):
+            workload_entries.append((config, spec))
+        elif config.kind == "WorkloadGroup" and isinstance(spec, _WG):
+            groups[(config.namespace, config.name)] = spec
+
+    notes: list[str] = []
+    by_namespace: dict[str, list[_Workload]] = defaultdict(list)
+    for config, entry in sorted(workload_entries, key=lambda pair: pair[0].key):
+        workload = _workload_from_config(config, entry, groups, notes)
+        by_namespace[workload.namespace].append(workload)
+
+    services: dict[str, Service] = {}
+    owners: dict[str, ConfigKey] = {}
+    endpoints: dict[str, list[Endpoint]] = {}
+    for config, spec in sorted(entries, key=lambda pair: pair[0].key):
+        converted = convert_services(config)
+        if not converted and spec.hosts:
+            resolution = _SE.Resolution.Name(spec.resolution)
+            notes.append(f"{config.key} is ignored: resolution {resolution} is not supported")
+        for service in converted:
+            owner = owners.get(service.hostname)
+            if owner is not None:
+                if owner != config.key:
+                    notes.append(
+                        f"host {service.hostname} is defined by {owner} and {config.key}; using {owner}"
+                    )
+                continue
+            owners[service.hostname] = config.key
+            services[service.hostname] = service
+            endpoints[service.hostname] = _endpoints(spec, service, by_namespace.get(config.namespace, ()))
+    return make_model(services.values(), endpoints, notes)
+
+
+def convert_services(config: Config) -> list[Service]:
+    """One service per host of a ServiceEntry (Istio's `convertServices`); none when meshctl
+    cannot serve its resolution."""
+    spec = config.spec
+    if not isinstance(spec, _SE):
+        return []
+    ports = tuple(
+        ServicePort(
+            p.name,
+            p.number,
+            Protocol.parse(p.protocol) if p.protocol else Protocol.from_port_name(p.name),
+        )
+        for p in spec.ports
+    )
+    resolution = _RESOLUTIONS.get(_SE.Resolution.Name(spec.resolution))
+    if resolution is None:
+        return []
+    location = Location(_SE.Location.Name(spec.location))
+    export_to = frozenset(spec.export_to) or frozenset({"*"})
+    addresses = tuple(a for a in (_normalize_address(a) for a in spec.addresses) if a)
+    seen: set[str] = set()
+    out: list[Service] = []
+    for host in spec.hosts:
+        if host in seen:
+            continue
+        seen.add(host)
+        out.append(
+            Service(
+                hostname=host,
+                namespace=config.namespace,
+                ports=ports,
+                resolution=resolution,
+                location=location,
+                export_to=export_to,
+                addresses=addresses,
+                registry="files",
+                origin=f"ServiceEntry {config.namespace}/{config.name}",
+            )
+        )
+    return out
+
+
+def _normalize_address(address: str) -> str:
+    """An IP stays as is, a one-address CIDR (`10.0.0.1/32`) becomes that address, a wider CIDR
+    stays a CIDR; anything else is dropped, as Istio drops it."""
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        pass
+    try:
+        network = ipaddress.ip_network(address, strict=False)
+    except ValueError:
+        return ""
+    if network.prefixlen == network.max_prefixlen:
+        return str(network.network_address)
+    return address
+
+
+def _endpoints(spec: _SE, service: Service, workloads: Iterable[_Workload]) -> list[Endpoint]:
+    dns = service.resolution in _DNS_RESOLUTIONS
+    if spec.HasField("workload_selector"):
+        selector = dict(spec.workload_selector.labels)
+        return [
+            _endpoint(spec, w)
+            for w in workloads
+            if labels_match(selector, w.labels) and (dns or not w.dns_only)
+        ]
+    if spec.endpoints:
+        return [_endpoint(spec, _workload_from_message(e, "", service.namespace)) for e in spec.endpoints]
+    if dns:
+        ports = {p.number: p.target_port or p.number for p in spec.ports}
+        return [Endpoint(service.hostname, ports, namespace=service.namespace)]
+    return []
+
+
+def _endpoint(spec: _SE, workload: _Workload) -> Endpoint:
+    address = workload.address
+    ports: dict[int, int] = {}
+    for port in spec.ports:
+        if workload.is_socket:
+            ports[port.number] = 0
+        else:
+            ports[port.number] = workload.ports.get(port.name) or port.target_port or port.number
+    if workload.is_socket:
+        address = address.removeprefix(_UNIX_PREFIX)
+    tls_mode = TlsMode.ISTIO if workload.labels.get(TLS_MODE_LABEL) == TlsMode.ISTIO.value else TlsMode.DISABLED
+    return Endpoint(
+        address=address,
+        ports=ports,
+        labels=workload.labels,
+        locality=workload.locality,
+        weight=workload.weight,
+        service_account=workload.service_account,
+        tls_mode=tls_mode,
+        network=workload.network,
+        name=workload.name,
+        namespace=workload.namespace,
+    )
+
+
+def _workload_from_message(
+    entry: _WE,
+    name: str,
+    namespace: str,
+    extra_labels: Mapping[str, str] | None = None,
+    template: _Workload | None = None,
+) -> _Workload:
+    """A WorkloadEntry spec (a file's or one inline in a ServiceEntry) as a workload; labels are
+    layered template < spec < `extra_labels` (the metadata labels), as Istio merges them."""
+    base = template or _Workload(name="", namespace="", address="")
+    labels = dict(sorted({**base.labels, **entry.labels, **(extra_labels or {})}.items()))
+    ports = {**base.ports, **{k: v for k, v in entry.ports.items() if v > 0}}
+    locality = entry.locality or base.locality
+    if not locality and labels.get(LOCALITY_LABEL):
+        locality = labels[LOCALITY_LABEL].replace(".", "/")
+    return _Workload(
+        name=name,
+        namespace=namespace,
+        address=entry.address,
+        ports=ports,
+        labels=labels,
+        service_account=entry.service_account or base.service_account,
+        network=entry.network or base.network or labels.get(NETWORK_LABEL, ""),
+        locality=locality,
+        weight=entry.weight or base.weight,
+    )
+
+
+def _workload_from_config(
+    config: Config, spec: _WE, groups: Mapping[tuple[str, str], _WG], notes: list[str]
+) -> _Workload:
+    template: _Workload | None = None
+    group_name = config.annotations.get(GROUP_ANNOTATION, "")
+    if group_name:
+        group = groups.get((config.namespace, group_name))
+        if group is None:
+            notes.append(
+                f"{config.key} names WorkloadGroup {config.namespace}/{group_name} "
+                f"({GROUP_ANNOTATION}), which does not exist"
+            )
+        else:
+            template = _workload_from_message(group.template, "", "", dict(group.metadata.labels))
+    return _workload_from_message(spec, config.name, config.namespace, config.labels, template)
+
+
+class FileRegistry:
+    """The Registry over ServiceEntry/WorkloadEntry/WorkloadGroup configs.
+
+    It follows a config store (`follow`), or is handed the complete current set of configs
+    (`replace`) or what changed (`apply`); it rebuilds the model from scratch, compares it with
+    the last one and tells listeners what changed. Configs of other kinds are ignored, so it can
+    be fed the whole store without rebuilding for a VirtualService edit.
+    """
+
+    def __init__(self, configs: Iterable[Config] = (), *, name: str = "files") -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._configs: dict[ConfigKey, Config] = {c.key: c for c in configs if c.kind in KINDS}
+        self._model = build_file_model(self._configs.values())
+        self._listeners: list[Listener] = []
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def model(self) -> ServiceModel:
+        return self._model
+
+    def status(self) -> RegistryStatus:
+        model = self._model
+        return RegistryStatus(
+            name=self._name,
+            healthy=True,
+            message="; ".join(model.notes),
+            services=len(model.services),
+            endpoints=sum(len(e) for e in model.endpoints.values()),
+        )
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def follow(self, store: ConfigStore) -> Callable[[], None]:
+        """Keep in step with `store` from now on; returns a function that stops following.
+
+        Each store change that touches one of our kinds rebuilds from the store's whole current
+        content, so a change delivered late or twice can never leave the model behind the store.
+        """
+
+        def on_change(change: ConfigChange) -> None:
+            if change.kinds & KINDS:
+                self.replace(store.configs.values())
+
+        unsubscribe = store.subscribe(on_change)
+        self.replace(store.configs.values())
+        return unsubscribe
+
+    def replace(self, configs: Iterable[Config]) -> RegistryChange | None:
+        """Take `configs` as everything the files now hold; returns (and publishes) the change."""
+        relevant = {c.key: c for c in configs if c.kind in KINDS}
+        with self._lock:
+            return self._rebuild(relevant)
+
+    def apply(self, updated: Iterable[Config] = (), deleted: Iterable[ConfigKey] = ()) -> RegistryChange | None:
+        """Apply creates/updates and deletes to the configs held; returns (and publishes) the change."""
+        with self._lock:
+            configs = dict(self._configs)
+            for config in updated:
+                if config.kind in KINDS:
+                    configs[config.key] = config
+            for key in deleted:
+                configs.pop(key, None)
+            return self._rebuild(configs)
+
+    def _rebuild(self, configs: dict[ConfigKey, Config]) -> RegistryChange | None:
+        if _same_configs(self._configs, configs):
+            self._configs = configs  # newer Source positions, same content
+            return None
+        new = build_file_model(configs.values())
+        change = model_change(self._model, new)
+        self._configs, self._model = configs, new
+        if change is not None:
+            for listener in list(self._listeners):
+                try:
+                    listener(change)
+                except Exception:
+                    # One broken consumer must not keep the others from seeing the change.
+                    logger.exception("a %s registry listener failed", self._name)
+        return change
+
+
+def _same_configs(a: Mapping[ConfigKey, Config], b: Mapping[ConfigKey, Config]) -> bool:
+    return a.keys() == b.keys() and all(b[k] is a[k] or b[k].same_content(a[k]) for k in a)

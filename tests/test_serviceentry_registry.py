@@ -1,0 +1,493 @@
+"""ServiceEntry/WorkloadEntry/WorkloadGroup YAML to services and endpoints, rule by rule as istiod
+converts them, and the file registry's change events."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshctl.config.loader import LoadOptions, load_text
+from meshctl.config.model import Config, ConfigKey
+from meshctl.config.store import ConfigStore
+from meshctl.registry.model import (
+    Endpoint,
+    Location,
+    Protocol,
+    RegistryChange,
+    Resolution,
+    ServiceModel,
+    TlsMode,
+)
+from meshctl.registry.serviceentry import FileRegistry, build_file_model
+
+
+def load(text: str, *, validate: bool = True) -> list[Config]:
+    result = load_text(text, "<test>", LoadOptions(validate=validate))
+    assert result.ok, [str(f) for f in result.findings]
+    return list(result.configs)
+
+
+def model_of(text: str, *, validate: bool = True) -> ServiceModel:
+    return build_file_model(load(text, validate=validate))
+
+
+def se(
+    name: str = "reviews",
+    namespace: str = "shop",
+    *,
+    hosts: str = "[reviews.shop.mesh]",
+    ports: str = "[{number: 9080, name: http, protocol: HTTP}]",
+    resolution: str = "STATIC",
+    extra: str = "",
+) -> str:
+    return f"""---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  hosts: {hosts}
+  ports: {ports}
+  resolution: {resolution}
+{extra}"""
+
+
+def we(name: str, address: str, labels: str, namespace: str = "shop", *, spec: str = "", meta: str = "") -> str:
+    return f"""---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata:
+  name: {name}
+  namespace: {namespace}
+{meta}spec:
+  address: {address}
+  labels: {labels}
+{spec}"""
+
+
+SELECT_REVIEWS = "  workloadSelector: {labels: {app: reviews}}\n"
+
+
+def addresses(model: ServiceModel, host: str) -> list[str]:
+    return [e.address for e in model.endpoints_of(host)]
+
+
+def only_endpoint(model: ServiceModel, host: str) -> Endpoint:
+    (endpoint,) = model.endpoints_of(host)
+    return endpoint
+
+
+# -- services -----------------------------------------------------------------------------------
+
+
+def test_one_service_per_host_in_the_service_entrys_namespace() -> None:
+    model = model_of(se(hosts="[reviews.shop.mesh, reviews.shop.internal]"))
+    assert sorted(model.services) == ["reviews.shop.internal", "reviews.shop.mesh"]
+    for service in model.services.values():
+        assert service.namespace == "shop"
+        assert service.origin == "ServiceEntry shop/reviews"
+        assert service.registry == "files"
+        assert [(p.name, p.number, p.protocol) for p in service.ports] == [("http", 9080, Protocol.HTTP)]
+
+
+@pytest.mark.parametrize(
+    ("written", "expected"),
+    [
+        ("HTTP", Protocol.HTTP),
+        ("http", Protocol.HTTP),
+        ("HTTP2", Protocol.HTTP2),
+        ("GRPC", Protocol.GRPC),
+        ("GRPC-Web", Protocol.GRPC_WEB),
+        ("HTTPS", Protocol.HTTPS),
+        ("TLS", Protocol.TLS),
+        ("TCP", Protocol.TCP),
+        ("Mongo", Protocol.MONGO),
+        ("Redis", Protocol.REDIS),
+        ("MySQL", Protocol.MYSQL),
+    ],
+)
+def test_protocol_from_the_protocol_field(written: str, expected: Protocol) -> None:
+    model = model_of(se(ports=f"[{{number: 8000, name: port, protocol: {written}}}]"))
+    assert model.services["reviews.shop.mesh"].ports[0].protocol is expected
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("http", Protocol.HTTP),
+        ("http-api", Protocol.HTTP),
+        ("http2-api", Protocol.HTTP2),
+        ("grpc-api", Protocol.GRPC),
+        ("grpc-web-ui", Protocol.GRPC_WEB),
+        ("tcp-db", Protocol.TCP),
+        ("tls-passthrough", Protocol.TLS),
+        ("https-admin", Protocol.HTTPS),
+        ("mongo-main", Protocol.MONGO),
+        ("redis-cache", Protocol.REDIS),
+        ("mysql-primary", Protocol.MYSQL),
+        ("admin", Protocol.UNSUPPORTED),
+    ],
+)
+def test_protocol_from_the_port_name_when_the_field_is_empty(name: str, expected: Protocol) -> None:
+    model = model_of(se(ports=f"[{{number: 8000, name: {name}}}]"))
+    assert model.services["reviews.shop.mesh"].ports[0].protocol is expected
+
+
+def test_protocol_field_wins_over_the_port_name() -> None:
+    model = model_of(se(ports="[{number: 8000, name: http-api, protocol: TCP}]"))
+    assert model.services["reviews.shop.mesh"].ports[0].protocol is Protocol.TCP
+
+
+@pytest.mark.parametrize("resolution", ["STATIC", "DNS", "DNS_ROUND_ROBIN", "NONE"])
+def test_each_resolution(resolution: str) -> None:
+    model = model_of(se(resolution=resolution))
+    assert model.services["reviews.shop.mesh"].resolution is Resolution(resolution)
+
+
+def test_unset_resolution_and_location_are_istios_defaults() -> None:
+    text = """apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: api, namespace: shop}
+spec:
+  hosts: [api.example.com]
+  ports: [{number: 443, name: tls, protocol: TLS}]
+"""
+    service = model_of(text).services["api.example.com"]
+    assert service.resolution is Resolution.NONE
+    assert service.location is Location.MESH_EXTERNAL
+
+
+def test_location() -> None:
+    model = model_of(se(extra="  location: MESH_INTERNAL\n"))
+    assert model.services["reviews.shop.mesh"].location is Location.MESH_INTERNAL
+
+
+def test_empty_export_to_is_public() -> None:
+    service = model_of(se()).services["reviews.shop.mesh"]
+    assert service.export_to == frozenset({"*"})
+    assert service.visible_from("anywhere")
+
+
+def test_export_to_limits_visibility() -> None:
+    service = model_of(se(extra='  exportTo: [".", "frontend"]\n')).services["reviews.shop.mesh"]
+    assert service.export_to == frozenset({".", "frontend"})
+    assert service.visible_from("shop")
+    assert service.visible_from("frontend")
+    assert not service.visible_from("billing")
+
+
+def test_addresses_with_single_address_cidrs_as_plain_addresses() -> None:
+    text = se(extra="  addresses: [240.0.0.10, 10.20.0.0/16, 10.30.0.7/32]\n")
+    service = model_of(text).services["reviews.shop.mesh"]
+    assert service.addresses == ("240.0.0.10", "10.20.0.0/16", "10.30.0.7")
+
+
+# -- endpoints ----------------------------------------------------------------------------------
+
+
+def test_inline_endpoints() -> None:
+    extra = """  endpoints:
+  - address: 10.0.0.1
+    labels: {version: v1}
+    weight: 3
+    locality: eu-west/zone-a
+    network: vpc-1
+    serviceAccount: reviews
+  - address: 10.0.0.2
+"""
+    model = model_of(se(extra=extra))
+    first, second = model.endpoints_of("reviews.shop.mesh")
+    assert (first.address, dict(first.ports), dict(first.labels)) == ("10.0.0.1", {9080: 9080}, {"version": "v1"})
+    assert (first.weight, first.locality, first.network, first.service_account) == (
+        3,
+        "eu-west/zone-a",
+        "vpc-1",
+        "reviews",
+    )
+    assert (first.name, first.namespace) == ("", "shop")
+    assert second.address == "10.0.0.2"
+    assert (second.weight, second.locality, second.service_account) == (0, "", "")
+
+
+def test_selector_picks_matching_workload_entries_of_the_same_namespace() -> None:
+    text = (
+        se(extra=SELECT_REVIEWS)
+        + we("reviews-v1", "10.0.0.1", "{app: reviews, version: v1}")
+        + we("reviews-v2", "10.0.0.2", "{app: reviews, version: v2}")
+        + we("ratings", "10.0.0.3", "{app: ratings}")
+        + we("reviews-elsewhere", "10.9.0.1", "{app: reviews}", namespace="other")
+    )
+    model = model_of(text)
+    assert addresses(model, "reviews.shop.mesh") == ["10.0.0.1", "10.0.0.2"]
+    v1 = model.endpoints_of("reviews.shop.mesh")[0]
+    assert (v1.name, v1.namespace) == ("reviews-v1", "shop")
+    assert dict(v1.labels) == {"app": "reviews", "version": "v1"}
+
+
+def test_selector_matches_metadata_labels_too_and_metadata_wins() -> None:
+    meta = "  labels: {app: reviews, version: v2}\n"
+    text = se(extra=SELECT_REVIEWS) + we("reviews-a", "10.0.0.1", "{version: v1, zone: a}", meta=meta)
+    endpoint = only_endpoint(model_of(text), "reviews.shop.mesh")
+    assert dict(endpoint.labels) == {"app": "reviews", "version": "v2", "zone": "a"}
+
+
+def test_selector_wins_over_inline_endpoints() -> None:
+    # Validation rejects the pair; a file loaded without validation still gets Istio's behaviour.
+    extra = SELECT_REVIEWS + "  endpoints: [{address: 10.0.0.99}]\n"
+    text = se(extra=extra) + we("reviews-v1", "10.0.0.1", "{app: reviews}")
+    assert addresses(model_of(text, validate=False), "reviews.shop.mesh") == ["10.0.0.1"]
+
+
+def test_endpoint_port_precedence_workload_entry_port_then_target_port_then_number() -> None:
+    ports = "[{number: 9080, name: http, protocol: HTTP, targetPort: 8080}, {number: 9090, name: grpc, protocol: GRPC}]"
+    text = (
+        se(ports=ports, extra=SELECT_REVIEWS)
+        + we("own-ports", "10.0.0.1", "{app: reviews}", spec="  ports: {http: 7070, grpc: 7071}\n")
+        + we("no-ports", "10.0.0.2", "{app: reviews}")
+        + we("other-port-name", "10.0.0.3", "{app: reviews}", spec="  ports: {admin: 7000}\n")
+    )
+    by_address = {e.address: dict(e.ports) for e in model_of(text).endpoints_of("reviews.shop.mesh")}
+    assert by_address == {
+        "10.0.0.1": {9080: 7070, 9090: 7071},
+        "10.0.0.2": {9080: 8080, 9090: 9090},
+        "10.0.0.3": {9080: 8080, 9090: 9090},
+    }
+
+
+def test_workload_entry_fields_reach_the_endpoint() -> None:
+    spec = "  weight: 5\n  locality: us-east/zone-b/rack-1\n  network: dc-2\n  serviceAccount: reviews-sa\n"
+    text = se(extra=SELECT_REVIEWS) + we("reviews-v1", "10.0.0.1", "{app: reviews}", spec=spec)
+    endpoint = only_endpoint(model_of(text), "reviews.shop.mesh")
+    assert endpoint.weight == 5
+    assert endpoint.locality == "us-east/zone-b/rack-1"
+    assert endpoint.network == "dc-2"
+    assert endpoint.service_account == "reviews-sa"
+
+
+def test_locality_and_network_from_labels_when_the_fields_are_empty() -> None:
+    labels = '{app: reviews, istio-locality: us-east.zone-b, "topology.istio.io/network": dc-3}'
+    text = se(extra=SELECT_REVIEWS) + we("reviews-v1", "10.0.0.1", labels)
+    endpoint = only_endpoint(model_of(text), "reviews.shop.mesh")
+    assert (endpoint.locality, endpoint.network) == ("us-east/zone-b", "dc-3")
+
+
+def test_endpoints_are_healthy_and_tls_mode_comes_from_the_label_only() -> None:
+    text = (
+        se(extra=SELECT_REVIEWS)
+        + we("mtls", "10.0.0.1", '{app: reviews, "security.istio.io/tlsMode": istio}')
+        + we("plain", "10.0.0.2", "{app: reviews}", spec="  serviceAccount: reviews\n")
+    )
+    first, second = model_of(text).endpoints_of("reviews.shop.mesh")
+    assert first.tls_mode is TlsMode.ISTIO
+    assert second.tls_mode is TlsMode.DISABLED
+    assert {first.health.value, second.health.value} == {"HEALTHY"}
+
+
+@pytest.mark.parametrize("resolution", ["DNS", "DNS_ROUND_ROBIN"])
+def test_dns_without_endpoints_uses_the_host_itself(resolution: str) -> None:
+    ports = "[{number: 443, name: tls, protocol: TLS}, {number: 80, name: http, protocol: HTTP, targetPort: 8080}]"
+    model = model_of(se(hosts="[api.example.com, api2.example.com]", ports=ports, resolution=resolution))
+    for host in ("api.example.com", "api2.example.com"):
+        endpoint = only_endpoint(model, host)
+        assert endpoint.address == host
+        assert dict(endpoint.ports) == {443: 443, 80: 8080}
+        assert endpoint.tls_mode is TlsMode.DISABLED
+
+
+@pytest.mark.parametrize("resolution", ["STATIC", "NONE"])
+def test_no_endpoints_without_dns(resolution: str) -> None:
+    assert model_of(se(resolution=resolution)).endpoints_of("reviews.shop.mesh") == ()
+
+
+def test_dns_with_a_selector_that_matches_nothing_has_no_endpoints() -> None:
+    assert model_of(se(resolution="DNS", extra=SELECT_REVIEWS)).endpoints_of("reviews.shop.mesh") == ()
+
+
+def test_hostname_workload_entries_serve_only_dns_services() -> None:
+    text = (
+        se("by-dns", hosts="[reviews-dns.shop.mesh]", resolution="DNS", extra=SELECT_REVIEWS)
+        + se("static", hosts="[reviews.shop.mesh]", extra=SELECT_REVIEWS)
+        + we("vm-by-name", "vm1.shop.internal", "{app: reviews}")
+        + we("vm-by-ip", "10.0.0.1", "{app: reviews}")
+    )
+    model = model_of(text)
+    assert addresses(model, "reviews-dns.shop.mesh") == ["10.0.0.1", "vm1.shop.internal"]
+    assert addresses(model, "reviews.shop.mesh") == ["10.0.0.1"]
+
+
+def test_unix_socket_workload_entries_have_no_port_and_serve_only_dns_services() -> None:
+    text = (
+        se("by-dns", hosts="[local-dns.shop.mesh]", resolution="DNS", extra=SELECT_REVIEWS)
+        + se("static", hosts="[local.shop.mesh]", extra=SELECT_REVIEWS)
+        + we("on-this-host", "unix:///var/run/reviews.sock", "{app: reviews}")
+    )
+    model = model_of(text)
+    endpoint = only_endpoint(model, "local-dns.shop.mesh")
+    assert (endpoint.address, dict(endpoint.ports)) == ("/var/run/reviews.sock", {9080: 0})
+    assert model.endpoints_of("local.shop.mesh") == ()
+
+
+def test_a_host_defined_twice_belongs_to_the_first_service_entry_by_namespace_and_name() -> None:
+    text = (
+        se("zeta", "alpha", hosts="[shared.example.com]", resolution="DNS", extra="  location: MESH_INTERNAL\n")
+        + se("beta", "beta", hosts="[shared.example.com]", resolution="STATIC", extra=SELECT_REVIEWS)
+        + we("reviews", "10.0.0.1", "{app: reviews}", namespace="beta")
+    )
+    model = model_of(text)
+    service = model.services["shared.example.com"]
+    assert (service.origin, service.resolution) == ("ServiceEntry alpha/zeta", Resolution.DNS)
+    assert addresses(model, "shared.example.com") == ["shared.example.com"]
+    (note,) = model.notes
+    assert "shared.example.com" in note
+    assert "ServiceEntry alpha/zeta" in note
+    assert "ServiceEntry beta/beta" in note
+
+
+GROUP = """---
+apiVersion: networking.istio.io/v1
+kind: WorkloadGroup
+metadata: {name: reviews, namespace: shop}
+spec:
+  metadata:
+    labels: {app: reviews, team: books}
+  template:
+    labels: {app: template-app, version: v1}
+    serviceAccount: reviews-sa
+    ports: {http: 8080}
+    network: dc-1
+"""
+
+IN_GROUP = "  annotations: {istio.io/autoRegistrationGroup: reviews}\n"
+
+
+def test_workload_group_template_fills_what_the_entry_leaves_unset() -> None:
+    text = (
+        se(extra=SELECT_REVIEWS)
+        + GROUP
+        + we("vm-1", "10.0.0.1", "{version: v2}", meta=IN_GROUP)
+        + we("vm-2", "10.0.0.2", "{}", meta=IN_GROUP, spec="  serviceAccount: own-sa\n  network: dc-9\n")
+    )
+    vm1, vm2 = model_of(text).endpoints_of("reviews.shop.mesh")
+    assert dict(vm1.labels) == {"app": "reviews", "team": "books", "version": "v2"}
+    assert (vm1.service_account, vm1.network, dict(vm1.ports)) == ("reviews-sa", "dc-1", {9080: 8080})
+    assert (vm2.service_account, vm2.network) == ("own-sa", "dc-9")
+    assert dict(vm2.labels)["version"] == "v1"
+
+
+def test_a_workload_entry_naming_a_missing_group_is_used_as_is_with_a_note() -> None:
+    text = se(extra=SELECT_REVIEWS) + we("vm-1", "10.0.0.1", "{app: reviews}", meta=IN_GROUP)
+    model = model_of(text)
+    assert only_endpoint(model, "reviews.shop.mesh").service_account == ""
+    (note,) = model.notes
+    assert "WorkloadEntry shop/vm-1" in note
+    assert "WorkloadGroup shop/reviews" in note
+
+
+def test_a_group_in_another_namespace_does_not_apply() -> None:
+    other_group = GROUP.replace("namespace: shop", "namespace: other")
+    text = se(extra=SELECT_REVIEWS) + other_group + we("vm-1", "10.0.0.1", "{app: reviews}", meta=IN_GROUP)
+    model = model_of(text)
+    assert only_endpoint(model, "reviews.shop.mesh").service_account == ""
+    assert len(model.notes) == 1
+
+
+def test_the_model_does_not_depend_on_config_order() -> None:
+    configs = load(
+        se(extra=SELECT_REVIEWS)
+        + se("b", hosts="[reviews.shop.mesh]")
+        + we("vm-1", "10.0.0.1", "{app: reviews}")
+        + we("vm-2", "10.0.0.2", "{app: reviews}")
+    )
+    forward, backward = build_file_model(configs), build_file_model(reversed(configs))
+    assert forward == backward
+    assert forward.digest() == backward.digest()
+
+
+# -- the file registry --------------------------------------------------------------------------
+
+REVIEWS = se(extra=SELECT_REVIEWS)
+VM1 = we("vm-1", "10.0.0.1", "{app: reviews}")
+VM2 = we("vm-2", "10.0.0.2", "{app: reviews}")
+ROUTE = """---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: shop}
+spec:
+  hosts: [reviews.shop.mesh]
+  http: [{route: [{destination: {host: reviews.shop.mesh}}]}]
+"""
+
+
+def recording(registry: FileRegistry) -> list[RegistryChange]:
+    events: list[RegistryChange] = []
+    registry.subscribe(events.append)
+    return events
+
+
+def test_a_new_workload_entry_is_an_endpoint_only_change() -> None:
+    registry = FileRegistry(load(REVIEWS + VM1))
+    events = recording(registry)
+    registry.replace(load(REVIEWS + VM1 + VM2))
+    assert events == [RegistryChange(frozenset({"reviews.shop.mesh"}), endpoint_only=True)]
+    assert addresses(registry.model(), "reviews.shop.mesh") == ["10.0.0.1", "10.0.0.2"]
+
+
+def test_a_service_entry_change_is_not_endpoint_only() -> None:
+    registry = FileRegistry(load(REVIEWS + VM1))
+    events = recording(registry)
+    registry.replace(load(se(extra=SELECT_REVIEWS, ports="[{number: 9081, name: http, protocol: HTTP}]") + VM1))
+    assert events == [RegistryChange(frozenset({"reviews.shop.mesh"}), endpoint_only=False)]
+
+
+def test_new_endpoints_of_a_dns_service_are_not_endpoint_only() -> None:
+    # Envoy's DNS clusters carry their endpoints in CDS, so the cluster must be pushed again.
+    dns = se(resolution="DNS", extra=SELECT_REVIEWS)
+    registry = FileRegistry(load(dns + VM1))
+    events = recording(registry)
+    registry.replace(load(dns + VM1 + VM2))
+    assert events == [RegistryChange(frozenset({"reviews.shop.mesh"}), endpoint_only=False)]
+
+
+def test_unrelated_or_unchanged_configs_publish_nothing() -> None:
+    registry = FileRegistry(load(REVIEWS + VM1))
+    events = recording(registry)
+    assert registry.replace(load(REVIEWS + VM1 + ROUTE)) is None
+    assert registry.replace(load(ROUTE + VM1 + REVIEWS)) is None
+    # A WorkloadEntry that no selector picks changes no service.
+    assert registry.replace(load(REVIEWS + VM1 + we("x", "10.0.0.9", "{app: x}"))) is None
+    assert events == []
+
+
+def test_apply_updates_and_deletes() -> None:
+    registry = FileRegistry(load(REVIEWS + VM1 + VM2))
+    events = recording(registry)
+    registry.apply(deleted=[ConfigKey("WorkloadEntry", "shop", "vm-1")])
+    assert addresses(registry.model(), "reviews.shop.mesh") == ["10.0.0.2"]
+    registry.apply(updated=load(we("vm-2", "10.0.0.22", "{app: reviews}")))
+    assert addresses(registry.model(), "reviews.shop.mesh") == ["10.0.0.22"]
+    assert [e.endpoint_only for e in events] == [True, True]
+
+
+def test_follows_a_config_store() -> None:
+    store = ConfigStore()
+    store.replace_all(load(REVIEWS + VM1))
+    registry = FileRegistry()
+    events = recording(registry)
+    stop = registry.follow(store)
+    assert addresses(registry.model(), "reviews.shop.mesh") == ["10.0.0.1"]
+    assert events == [RegistryChange(frozenset({"reviews.shop.mesh"}), endpoint_only=False)]
+
+    store.replace_all(load(REVIEWS + VM1 + VM2))
+    assert addresses(registry.model(), "reviews.shop.mesh") == ["10.0.0.1", "10.0.0.2"]
+    store.replace_all(load(REVIEWS + VM1 + VM2 + ROUTE))  # not our kinds: no rebuild, no event
+    assert len(events) == 2
+
+    stop()
+    store.replace_all(load(REVIEWS))
+    assert addresses(registry.model(), "reviews.shop.mesh") == ["10.0.0.1", "10.0.0.2"]
+    assert len(events) == 2
+
+
+def test_status_counts_services_and_endpoints_and_shows_notes() -> None:
+    registry = FileRegistry(load(REVIEWS + VM1 + VM2 + se("zz-dup", hosts="[reviews.shop.mesh]")))
+    status = registry.status()
+    assert (status.name, status.healthy, status.services, status.endpoints) == ("files", True, 1, 2)
+    assert "reviews.shop.mesh" in status.message
