@@ -24,7 +24,7 @@ from typing import Any
 
 from meshctl.config.findings import FieldPath, Severity
 from meshctl.config.hosts import host_matches, hosts_overlap
-from meshctl.config.labels import labels_match
+from meshctl.config.labels import labels_match, selector_labels
 from meshctl.config.model import Config, ConfigKey
 
 MESH_GATEWAY = "mesh"
@@ -201,10 +201,7 @@ def _selectors(index: _Index) -> Iterator[AnalysisIssue]:
     )
     for kind, path, field in checks:
         for config in index.by_kind[kind]:
-            spec: Any = config.spec
-            if not spec.HasField(field):
-                continue
-            selector = dict(getattr(spec, field).labels)
+            selector = selector_labels(config.spec, field)
             if not selector:
                 continue
             if not any(

@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import Any
 
 from meshctl.config.hosts import host_matches, most_specific, resolve_host
-from meshctl.config.labels import labels_match
+from meshctl.config.labels import labels_match, selector_labels
 from meshctl.config.model import Config, ConfigKey
 from meshctl.registry.model import Service
 from meshctl.snapshot.model import Snapshot, spec
@@ -93,15 +93,15 @@ class ProxyScope:
         ns = self.proxy.namespace
         candidates = [c for c in self.snapshot.of_kind("Sidecar") if c.namespace == ns]
         for c in candidates:
-            ws = spec(c).workload_selector
-            if spec(c).HasField("workload_selector") and ws.labels and labels_match(ws.labels, self.proxy.labels):
+            selector = selector_labels(spec(c))
+            if selector and labels_match(selector, self.proxy.labels):
                 return c
         for c in candidates:
-            if not spec(c).HasField("workload_selector") or not spec(c).workload_selector.labels:
+            if not selector_labels(spec(c)):
                 return c
         root = self.snapshot.mesh.root_namespace
         for c in self.snapshot.of_kind("Sidecar"):
-            if c.namespace == root and not spec(c).workload_selector.labels:
+            if c.namespace == root and not selector_labels(spec(c)):
                 return c
         return None
 
@@ -231,10 +231,9 @@ class ProxyScope:
                 if dr.namespace != ns or not exported_to(dr, self.proxy.namespace):
                     continue
                 s = spec(dr)
-                selected = bool(s.HasField("workload_selector") and s.workload_selector.labels)
-                if selected and (
-                    ns != self.proxy.namespace or not labels_match(s.workload_selector.labels, self.proxy.labels)
-                ):
+                selector = selector_labels(s)
+                selected = bool(selector)
+                if selected and (ns != self.proxy.namespace or not labels_match(selector, self.proxy.labels)):
                     continue
                 hosts = resolve_host(s.host, dr.namespace, known)
                 match = most_specific(hosts, hostname)

@@ -1,0 +1,374 @@
+"""A DestinationRule's traffic policy, translated onto one Envoy cluster the way istiod does it.
+
+Istio's `cluster_traffic_policy.go` is the reference, rule for rule, so a proxy moved from istiod
+to meshctl sees the same clusters:
+
+- Which policy applies to a cluster: the rule's top-level policy, replaced *as a whole* by a
+  `portLevelSettings` entry for the cluster's port (port-level settings do not inherit from the
+  top level); for a subset cluster, the subset's policy (again port-level first) overrides the
+  rule's component by component (connection pool, outlier detection, load balancer, TLS), and a
+  subset port-level entry replaces all four.
+- Circuit breakers are always set, at the maximum unless the connection pool lowers them
+  (Envoy's own defaults, 1024 connections and 3 retries, break busy services); the connect
+  timeout is the mesh's unless the pool sets one.
+- Outlier detection sets only the kinds of ejection that were written, enforcing them at 100%,
+  and always turns success-rate ejection off. Its `minHealthPercent` becomes Envoy's healthy panic
+  threshold (0 when unset, as in Istio). Clusters without outlier detection get a panic threshold
+  of 0 too: meshctl sends unhealthy endpoints to Envoy with their status instead of dropping them
+  (Istio's `SendUnhealthyEndpoints`), and in panic mode Envoy would route to them.
+- The default load balancer is LEAST_REQUEST; PASSTHROUGH turns the cluster into ORIGINAL_DST.
+  Consistent hashing picks RING_HASH or MAGLEV here; the hash key itself is a route setting.
+- Locality load balancing: `localityWeightedLbConfig` is set when `distribute` is given, or when
+  `failover`/`failoverPriority` is given together with outlier detection (without outlier
+  detection Envoy never fails over). Priorities and weights relative to the calling proxy's
+  locality are applied only to load assignments carried in the cluster itself (DNS clusters):
+  EDS load assignments are shared by every proxy, so they carry each locality with the sum of
+  its endpoints' weights and no proxy-relative priority. See `apply_locality`.
+
+TLS origination lives in `cluster_tls`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2, outlier_detection_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
+from google.protobuf import duration_pb2
+
+from meshctl.api.networking.v1alpha3 import destination_rule_pb2 as dr_pb2
+from meshctl.registry.model import Protocol
+from meshctl.xds.locality import apply_locality
+
+HTTP_PROTOCOL_OPTIONS: Final = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+MAX_UINT32: Final = 4294967295
+
+_Cluster = cluster_pb2.Cluster
+_LB = dr_pb2.LoadBalancerSettings
+_H2 = dr_pb2.ConnectionPoolSettings.HTTPSettings
+
+
+@dataclass(slots=True)
+class Policy:
+    """The four parts of a traffic policy that apply to one cluster; None where unset."""
+
+    connection_pool: dr_pb2.ConnectionPoolSettings | None = None
+    outlier_detection: dr_pb2.OutlierDetection | None = None
+    load_balancer: dr_pb2.LoadBalancerSettings | None = None
+    tls: dr_pb2.ClientTLSSettings | None = None
+
+
+def _part(message: Any, field: str) -> Any:
+    return getattr(message, field) if message.HasField(field) else None
+
+
+def _parts(message: Any) -> Policy:
+    return Policy(
+        connection_pool=_part(message, "connection_pool"),
+        outlier_detection=_part(message, "outlier_detection"),
+        load_balancer=_part(message, "load_balancer"),
+        tls=_part(message, "tls"),
+    )
+
+
+def _port_level(policy: dr_pb2.TrafficPolicy | None, port: int) -> tuple[Policy | None, bool]:
+    """Istio's GetPortLevelTrafficPolicy: the port's entry replaces the whole policy."""
+    if policy is None:
+        return None, False
+    for entry in policy.port_level_settings:
+        if entry.HasField("port") and entry.port.number == port:
+            return _parts(entry), True
+    return _parts(policy), False
+
+
+def policy_for_port(policy: dr_pb2.TrafficPolicy | None, port: int) -> Policy | None:
+    """The policy of a rule's default cluster for `port`."""
+    return _port_level(policy, port)[0]
+
+
+def policy_for_subset(
+    policy: dr_pb2.TrafficPolicy | None, subset_policy: dr_pb2.TrafficPolicy | None, port: int
+) -> Policy | None:
+    """Istio's MergeSubsetTrafficPolicy: subset parts override the rule's; a subset port-level
+    entry replaces every part, unset ones included."""
+    original = policy_for_port(policy, port)
+    if subset_policy is None:
+        return original
+    subset, port_level = _port_level(subset_policy, port)
+    assert subset is not None  # subset_policy is not None
+    if original is None:
+        return subset
+    return Policy(
+        connection_pool=_pick(subset.connection_pool, original.connection_pool, port_level),
+        outlier_detection=_pick(subset.outlier_detection, original.outlier_detection, port_level),
+        load_balancer=_pick(subset.load_balancer, original.load_balancer, port_level),
+        tls=_pick(subset.tls, original.tls, port_level),
+    )
+
+
+def _pick(subset: Any, original: Any, port_level: bool) -> Any:
+    return subset if subset is not None or port_level else original
+
+
+def traffic_policy(message: Any) -> dr_pb2.TrafficPolicy | None:
+    """A DestinationRule's or Subset's `traffic_policy`, None when unset."""
+    if message is None or not message.HasField("traffic_policy"):
+        return None
+    policy: dr_pb2.TrafficPolicy = message.traffic_policy
+    return policy
+
+
+class ClusterDraft:
+    """A cluster being built, with the upstream HTTP protocol options kept apart until `finish`
+    packs them (Istio's clusterWrapper): several steps edit them, and Envoy wants them as one
+    typed extension."""
+
+    def __init__(self, cluster: cluster_pb2.Cluster) -> None:
+        self.cluster = cluster
+        self.options: http_protocol_options_pb2.HttpProtocolOptions | None = None
+
+    def http_options(self) -> http_protocol_options_pb2.HttpProtocolOptions:
+        if self.options is None:
+            self.options = http_protocol_options_pb2.HttpProtocolOptions()
+        return self.options
+
+    @property
+    def is_http2(self) -> bool:
+        o = self.options
+        return bool(
+            o is not None
+            and o.HasField("explicit_http_config")
+            and o.explicit_http_config.HasField("http2_protocol_options")
+        )
+
+    def use_http2(self) -> None:
+        self.http_options().explicit_http_config.http2_protocol_options.SetInParent()
+
+    def use_downstream_protocol(self) -> None:
+        config = self.http_options().use_downstream_protocol_config
+        config.http_protocol_options.SetInParent()
+        config.http2_protocol_options.SetInParent()
+
+    def finish(self) -> cluster_pb2.Cluster:
+        if self.options is not None:
+            if self.options.WhichOneof("upstream_protocol_options") is None:
+                self.options.explicit_http_config.http_protocol_options.SetInParent()
+            self.cluster.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS].Pack(self.options)
+        return self.cluster
+
+
+def duration(seconds: float) -> duration_pb2.Duration:
+    out = duration_pb2.Duration()
+    out.FromNanoseconds(round(seconds * 1e9))
+    return out
+
+
+def default_thresholds() -> circuit_breaker_pb2.CircuitBreakers.Thresholds:
+    """Istio's defaults: everything at the maximum, with remaining capacity tracked."""
+    t = circuit_breaker_pb2.CircuitBreakers.Thresholds()
+    t.max_connections.value = MAX_UINT32
+    t.max_pending_requests.value = MAX_UINT32
+    t.max_requests.value = MAX_UINT32
+    t.max_retries.value = MAX_UINT32
+    t.track_remaining = True
+    return t
+
+
+def apply_connection_pool(
+    draft: ClusterDraft, pool: dr_pb2.ConnectionPoolSettings | None, connect_timeout: float
+) -> None:
+    """Circuit breakers, timeouts, keepalive and per-connection HTTP limits (Istio's
+    applyConnectionPool; zero means unset, as it does there)."""
+    settings = pool if pool is not None else dr_pb2.ConnectionPoolSettings()
+    cluster = draft.cluster
+    threshold = default_thresholds()
+    idle_timeout: duration_pb2.Duration | None = None
+    max_connection_duration: duration_pb2.Duration | None = None
+    max_requests_per_connection = 0
+    max_concurrent_streams = 0
+    http = _part(settings, "http")
+    if http is not None:
+        if http.http2_max_requests > 0:
+            threshold.max_requests.value = http.http2_max_requests
+        if http.http1_max_pending_requests > 0:
+            threshold.max_pending_requests.value = http.http1_max_pending_requests
+        if http.max_retries > 0:
+            threshold.max_retries.value = http.max_retries
+        idle_timeout = _part(http, "idle_timeout")
+        max_requests_per_connection = http.max_requests_per_connection
+        max_concurrent_streams = http.max_concurrent_streams
+
+    cluster.connect_timeout.CopyFrom(duration(connect_timeout))
+    tcp = _part(settings, "tcp")
+    if tcp is not None:
+        if tcp.HasField("connect_timeout"):
+            cluster.connect_timeout.CopyFrom(tcp.connect_timeout)
+        if tcp.max_connections > 0:
+            threshold.max_connections.value = tcp.max_connections
+        max_connection_duration = _part(tcp, "max_connection_duration")
+        if idle_timeout is None:
+            idle_timeout = _part(tcp, "idle_timeout")
+        if tcp.HasField("tcp_keepalive"):
+            _apply_keepalive(cluster, tcp.tcp_keepalive)
+
+    cluster.circuit_breakers.ClearField("thresholds")
+    cluster.circuit_breakers.thresholds.append(threshold)
+
+    if (
+        max_connection_duration is not None
+        or idle_timeout is not None
+        or max_requests_per_connection > 0
+        or max_concurrent_streams > 0
+    ):
+        common = draft.http_options().common_http_protocol_options
+        if idle_timeout is not None:
+            common.idle_timeout.CopyFrom(idle_timeout)
+        if max_requests_per_connection > 0:
+            common.max_requests_per_connection.value = max_requests_per_connection
+        if max_connection_duration is not None:
+            common.max_connection_duration.CopyFrom(max_connection_duration)
+        if draft.is_http2 and max_concurrent_streams > 0:
+            assert draft.options is not None
+            h2 = draft.options.explicit_http_config.http2_protocol_options
+            h2.max_concurrent_streams.value = max_concurrent_streams
+    if http is not None and http.use_client_protocol:
+        draft.use_downstream_protocol()
+
+
+def _apply_keepalive(cluster: cluster_pb2.Cluster, keepalive: Any) -> None:
+    out = cluster.upstream_connection_options.tcp_keepalive
+    out.SetInParent()
+    if keepalive.probes > 0:
+        out.keepalive_probes.value = keepalive.probes
+    if keepalive.HasField("time"):
+        out.keepalive_time.value = keepalive.time.seconds
+    if keepalive.HasField("interval"):
+        out.keepalive_interval.value = keepalive.interval.seconds
+
+
+def apply_h2_upgrade(draft: ClusterDraft, pool: dr_pb2.ConnectionPoolSettings | None) -> None:
+    """`h2UpgradePolicy: UPGRADE` makes the cluster HTTP/2 whatever the port's protocol; the mesh
+    default (Istio's DO_NOT_UPGRADE) leaves it alone."""
+    if pool is not None and pool.HasField("http") and pool.http.h2_upgrade_policy == _H2.UPGRADE:
+        draft.use_http2()
+
+
+def apply_upstream_protocol(draft: ClusterDraft, protocol: Protocol) -> None:
+    """HTTP/2 to the upstream for HTTP2 and gRPC ports. Istio also sets `use_downstream_protocol`
+    on unnamed ports of sidecars, for its protocol sniffing; meshctl does no sniffing (such ports
+    are TCP), so it does not."""
+    if protocol.is_http2:
+        draft.use_http2()
+
+
+def apply_outlier_detection(cluster: cluster_pb2.Cluster, outlier: dr_pb2.OutlierDetection | None) -> None:
+    if outlier is None:
+        return
+    out = outlier_detection_pb2.OutlierDetection()
+    out.enforcing_success_rate.value = 0
+    if outlier.HasField("consecutive_5xx_errors"):
+        v = outlier.consecutive_5xx_errors.value
+        out.consecutive_5xx.value = v
+        out.enforcing_consecutive_5xx.value = 100 if v > 0 else 0
+    if outlier.HasField("consecutive_gateway_errors"):
+        v = outlier.consecutive_gateway_errors.value
+        out.consecutive_gateway_failure.value = v
+        out.enforcing_consecutive_gateway_failure.value = 100 if v > 0 else 0
+    if outlier.HasField("interval"):
+        out.interval.CopyFrom(outlier.interval)
+    if outlier.HasField("base_ejection_time"):
+        out.base_ejection_time.CopyFrom(outlier.base_ejection_time)
+    if outlier.max_ejection_percent > 0:
+        out.max_ejection_percent.value = outlier.max_ejection_percent
+    if outlier.split_external_local_origin_errors:
+        out.split_external_local_origin_errors = True
+        if outlier.consecutive_local_origin_failures.value > 0:
+            out.consecutive_local_origin_failure.value = outlier.consecutive_local_origin_failures.value
+            out.enforcing_consecutive_local_origin_failure.value = 100
+        out.enforcing_local_origin_success_rate.value = 0
+    cluster.outlier_detection.CopyFrom(out)
+    cluster.common_lb_config.healthy_panic_threshold.value = max(outlier.min_health_percent, 0)
+
+
+def locality_setting(lb: dr_pb2.LoadBalancerSettings | None) -> dr_pb2.LocalityLoadBalancerSetting | None:
+    """The locality setting in force: the rule's, or the mesh default (enabled, nothing
+    configured, as in Istio's default mesh config); None when the rule disables it."""
+    if lb is not None and lb.HasField("locality_lb_setting"):
+        setting: dr_pb2.LocalityLoadBalancerSetting = lb.locality_lb_setting
+        if setting.HasField("enabled") and not setting.enabled.value:
+            return None
+        return setting
+    return dr_pb2.LocalityLoadBalancerSetting()
+
+
+def apply_load_balancer(
+    cluster: cluster_pb2.Cluster, lb: dr_pb2.LoadBalancerSettings | None, proxy_locality: str
+) -> None:
+    """LB policy, slow start, consistent hashing and locality settings (Istio's
+    applyLoadBalancer). Call after outlier detection: failover depends on it."""
+    if not cluster.common_lb_config.HasField("healthy_panic_threshold"):
+        cluster.common_lb_config.healthy_panic_threshold.value = 0
+    setting = locality_setting(lb)
+    if setting is not None:
+        failover = cluster.HasField("outlier_detection")
+        if (failover and (setting.failover or setting.failover_priority)) or setting.distribute:
+            cluster.common_lb_config.locality_weighted_lb_config.SetInParent()
+        if cluster.HasField("load_assignment") and proxy_locality:
+            apply_locality(cluster.load_assignment, proxy_locality, setting, failover)
+
+    if cluster.type == _Cluster.ORIGINAL_DST:
+        cluster.lb_policy = _Cluster.CLUSTER_PROVIDED
+        return
+    simple = lb.simple if lb is not None and lb.HasField("simple") else _LB.UNSPECIFIED
+    if simple == _LB.RANDOM:
+        cluster.lb_policy = _Cluster.RANDOM
+    elif simple == _LB.ROUND_ROBIN:
+        cluster.lb_policy = _Cluster.ROUND_ROBIN
+        _apply_slow_start(cluster, cluster.round_robin_lb_config, lb)
+    elif simple == _LB.PASSTHROUGH:
+        cluster.lb_policy = _Cluster.CLUSTER_PROVIDED
+        cluster.type = _Cluster.ORIGINAL_DST
+        cluster.ClearField("load_assignment")
+    else:  # LEAST_REQUEST, the deprecated LEAST_CONN, and unset: Istio's default is LEAST_REQUEST
+        cluster.lb_policy = _Cluster.LEAST_REQUEST
+        _apply_slow_start(cluster, cluster.least_request_lb_config, lb)
+    _apply_consistent_hash(cluster, lb)
+
+
+def _apply_slow_start(cluster: cluster_pb2.Cluster, config: Any, lb: dr_pb2.LoadBalancerSettings | None) -> None:
+    """`warmup` (or the older `warmupDurationSecs`) -> Envoy's slow start window."""
+    if lb is None:
+        return
+    if lb.HasField("warmup"):
+        warmup = lb.warmup
+        slow = config.slow_start_config
+        slow.SetInParent()
+        if warmup.HasField("duration"):
+            slow.slow_start_window.CopyFrom(warmup.duration)
+        if warmup.HasField("aggression"):
+            slow.aggression.default_value = warmup.aggression.value
+            slow.aggression.runtime_key = f"upstream.{cluster.name}.slowStart.aggression"
+        if warmup.HasField("minimum_percent"):
+            slow.min_weight_percent.value = warmup.minimum_percent.value
+    elif lb.HasField("warmup_duration_secs"):
+        config.slow_start_config.slow_start_window.CopyFrom(lb.warmup_duration_secs)
+
+
+def _apply_consistent_hash(cluster: cluster_pb2.Cluster, lb: dr_pb2.LoadBalancerSettings | None) -> None:
+    if lb is None or not lb.HasField("consistent_hash"):
+        return
+    ch = lb.consistent_hash
+    cluster.ClearField("lb_config")
+    if ch.HasField("maglev"):
+        cluster.lb_policy = _Cluster.MAGLEV
+        if ch.maglev.table_size:
+            cluster.maglev_lb_config.table_size.value = ch.maglev.table_size
+    elif ch.HasField("ring_hash"):
+        cluster.lb_policy = _Cluster.RING_HASH
+        if ch.ring_hash.minimum_ring_size:
+            cluster.ring_hash_lb_config.minimum_ring_size.value = ch.ring_hash.minimum_ring_size
+    else:
+        # The deprecated top-level minimumRingSize; 1024 is Envoy's own default.
+        cluster.lb_policy = _Cluster.RING_HASH
+        cluster.ring_hash_lb_config.minimum_ring_size.value = ch.minimum_ring_size or 1024

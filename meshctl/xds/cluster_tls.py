@@ -1,0 +1,100 @@
+"""TLS origination from a DestinationRule's `tls` settings (Istio's `cluster_tls.go`).
+
+Istio hands certificate files to Envoy through its node agent's SDS; a VM served by meshctl has
+no such agent, so the files are given to Envoy directly (`filename` data sources, read when the
+cluster is created; Envoy does not reload them, so rotating them means pushing the cluster again).
+
+- DISABLE: plaintext.
+- SIMPLE: TLS with the server verified against `caCertificates`, or the system's trust store
+  when none is given (Istio's `system` default), unless `insecureSkipVerify`.
+- MUTUAL: SIMPLE plus the client certificate and key; without both files Istio refuses to build
+  the TLS context and the cluster stays plaintext, and so does meshctl (validation reports it).
+- ISTIO_MUTUAL: Istio's mesh certificates come from its SDS, which meshctl does not serve, so
+  the cluster is left plaintext, exactly as if the rule said DISABLE. A mesh that needs mutual TLS
+  between VMs states it with MUTUAL and certificate files.
+- `credentialName` names a Kubernetes secret served over SDS; it is ignored (files only).
+
+With no `sni`, Envoy sets SNI from each request's host (`auto_sni`); with neither `sni` nor
+`subjectAltNames`, it also checks the certificate against that host (`auto_san_validation`).
+SANs are matched exactly, as URIs when they look like one (`spiffe://...`), as IP addresses when
+they are one, else as DNS names.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Final
+
+from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
+
+from meshctl.api.networking.v1alpha3 import destination_rule_pb2 as dr_pb2
+from meshctl.xds.cluster_policy import ClusterDraft
+
+TLS_TRANSPORT_SOCKET: Final = "envoy.transport_sockets.tls"
+
+_MODE = dr_pb2.ClientTLSSettings
+_SAN = common_pb2.SubjectAltNameMatcher
+
+
+def originates_tls(tls: dr_pb2.ClientTLSSettings | None) -> bool:
+    """True when the settings make the cluster speak TLS with user-supplied files."""
+    return tls is not None and tls.mode in (_MODE.SIMPLE, _MODE.MUTUAL)
+
+
+def apply_tls(draft: ClusterDraft, tls: dr_pb2.ClientTLSSettings | None) -> None:
+    """Set the cluster's TLS transport socket from `tls`; call after the HTTP/2 decision (ALPN
+    depends on it)."""
+    if tls is None or not originates_tls(tls):
+        return
+    mutual = tls.mode == _MODE.MUTUAL
+    if mutual and not (tls.client_certificate and tls.private_key):
+        return
+    context = tls_pb2.UpstreamTlsContext(sni=tls.sni)
+    common = context.common_tls_context
+    common.tls_params.tls_minimum_protocol_version = common_pb2.TlsParameters.TLSv1_2
+    common.tls_params.tls_maximum_protocol_version = common_pb2.TlsParameters.TLSv1_3
+    _auto_sni(draft, tls)
+    if mutual:
+        certificate = common.tls_certificates.add()
+        certificate.certificate_chain.filename = tls.client_certificate
+        certificate.private_key.filename = tls.private_key
+    validation = common.validation_context
+    validation.SetInParent()
+    if not tls.insecure_skip_verify.value:
+        if tls.ca_certificates:
+            validation.trusted_ca.filename = tls.ca_certificates
+        else:
+            validation.system_root_certs.SetInParent()
+        for san in tls.subject_alt_names:
+            matcher = validation.match_typed_subject_alt_names.add()
+            matcher.san_type = _san_type(san)
+            matcher.matcher.exact = san
+        if tls.ca_crl:
+            validation.crl.filename = tls.ca_crl
+    if draft.is_http2:
+        common.alpn_protocols.append("h2")
+    socket = draft.cluster.transport_socket
+    socket.name = TLS_TRANSPORT_SOCKET
+    socket.typed_config.Pack(context)
+
+
+def _auto_sni(draft: ClusterDraft, tls: dr_pb2.ClientTLSSettings) -> None:
+    auto_sni = not tls.sni
+    auto_san = auto_sni and not tls.subject_alt_names and not tls.insecure_skip_verify.value
+    if auto_sni or auto_san:
+        upstream = draft.http_options().upstream_http_protocol_options
+        upstream.SetInParent()
+        if auto_sni:
+            upstream.auto_sni = True
+        if auto_san:
+            upstream.auto_san_validation = True
+
+
+def _san_type(san: str) -> int:
+    if "://" in san:
+        return int(_SAN.URI)
+    try:
+        ipaddress.ip_address(san)
+    except ValueError:
+        return int(_SAN.DNS)
+    return int(_SAN.IP_ADDRESS)

@@ -1,0 +1,417 @@
+"""CDS: every cluster one proxy needs, named and defaulted as istiod does (`cluster.go`,
+`cluster_builder.go`), so Istio users find the clusters, stats and dashboards they know.
+
+- `outbound|PORT||HOST` for each port of each service the proxy sees (UDP ports have none), and
+  `outbound|PORT|SUBSET|HOST` for each subset of the DestinationRule that applies. The type
+  follows the service's resolution: STATIC -> EDS (over ADS), DNS -> STRICT_DNS, DNS_ROUND_ROBIN
+  -> LOGICAL_DNS (endpoints inline; one endpoint, as Envoy requires), NONE -> ORIGINAL_DST (EDS
+  for a gateway, which has no original destination). A DNS cluster left without endpoints (a
+  subset that selects none) is not generated, as in Istio; a DNS service without any endpoint
+  resolves its own hostname. Traffic policy: `cluster_policy` and `cluster_tls`.
+- `inbound|PORT||` for each port the proxy's workload serves (the endpoint port of each service
+  it is an instance of): STATIC to 127.0.0.1:PORT, since the application on a VM listens on
+  localhost. A Sidecar ingress listener for a port replaces that cluster with one to its
+  `defaultEndpoint` (`127.0.0.1:P`, `0.0.0.0:P` for the proxy's IP, `unix://path`; none means
+  ORIGINAL_DST); ingress ports the workload does not serve get clusters too. Istio builds no
+  inbound clusters in NONE interception without a Sidecar; meshctl does, because its VM default
+  is NONE with inbound listeners on the workload's address. Only the connection pool of a
+  traffic policy applies inbound (the DestinationRule's, overridden by the Sidecar's).
+- `BlackHoleCluster` always; `PassthroughCluster` for sidecars (gateways have no original
+  destination listeners, as in Istio); `InboundPassthroughCluster` when traffic is intercepted
+  (REDIRECT/TPROXY). A router gets outbound clusters only.
+
+Metadata `filter_metadata.istio` is Istio's: `services` ([{host, name, namespace}]; a service
+entry's name is its host), `default_original_port`, `config` (the first DestinationRule merged
+into the one that applies), `subset`, `external` for MESH_EXTERNAL services, `alpn_override`
+when TLS is originated. Clusters come out sorted by name; a name built twice keeps the first.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import config_source_pb2
+from google.protobuf import struct_pb2
+
+from meshctl.api.networking.v1alpha3 import destination_rule_pb2 as dr_pb2
+from meshctl.registry.model import Endpoint, Location, Protocol, Resolution, Service, ServicePort
+from meshctl.snapshot.model import spec
+from meshctl.snapshot.proxy import InterceptionMode, ProxyType
+from meshctl.snapshot.scope import MergedDestinationRule, ProxyScope
+from meshctl.xds import names
+from meshctl.xds.cluster_policy import (
+    ClusterDraft,
+    Policy,
+    apply_connection_pool,
+    apply_h2_upgrade,
+    apply_load_balancer,
+    apply_outlier_detection,
+    apply_upstream_protocol,
+    default_thresholds,
+    duration,
+    policy_for_port,
+    policy_for_subset,
+    traffic_policy,
+)
+from meshctl.xds.cluster_tls import apply_tls, originates_tls
+from meshctl.xds.endpoints import ISTIO_METADATA, locality_lb_endpoints, select_endpoints, socket_address
+
+_Cluster = cluster_pb2.Cluster
+
+#: Istio's mesh default DNS refresh rate.
+DNS_REFRESH_SECONDS: Final = 60
+#: Source address for traffic sent back into the workload, which iptables lets through.
+INBOUND_PASSTHROUGH_BIND: Final = "127.0.0.6"
+INBOUND_PASSTHROUGH_CLUSTER: Final = "InboundPassthroughCluster"
+LOCALHOST: Final = "127.0.0.1"
+#: Istio's "never" for inbound ORIGINAL_DST cleanup: the largest duration Envoy accepts.
+_NEVER_SECONDS: Final = 9223372035
+_PASSTHROUGH_IDLE_SECONDS: Final = 300
+
+
+def build_clusters(scope: ProxyScope) -> list[cluster_pb2.Cluster]:
+    """Every cluster for the scope's proxy, sorted by name."""
+    out: dict[str, cluster_pb2.Cluster] = {}
+
+    def add(clusters: Iterable[cluster_pb2.Cluster]) -> None:
+        for c in clusters:
+            out.setdefault(c.name, c)
+
+    for service in scope.services:
+        for port in service.ports:
+            if port.protocol is not Protocol.UDP:
+                add(_outbound(scope, service, port))
+    timeout = scope.snapshot.mesh.connect_timeout_seconds
+    add([_blackhole(timeout)])
+    if scope.proxy.type is ProxyType.SIDECAR:
+        add([_passthrough(names.PASSTHROUGH_CLUSTER, timeout)])
+        add(_inbound(scope))
+        if scope.proxy.interception is not InterceptionMode.NONE:
+            inbound = _passthrough(INBOUND_PASSTHROUGH_CLUSTER, timeout)
+            inbound.upstream_bind_config.source_address.address = INBOUND_PASSTHROUGH_BIND
+            inbound.upstream_bind_config.source_address.port_value = 0
+            add([inbound])
+    return [out[name] for name in sorted(out)]
+
+
+# -- outbound ------------------------------------------------------------------------------
+
+
+def _discovery_type(scope: ProxyScope, service: Service) -> int:
+    resolution = service.resolution
+    if resolution is Resolution.DNS:
+        return int(_Cluster.STRICT_DNS)
+    if resolution is Resolution.DNS_ROUND_ROBIN:
+        return int(_Cluster.LOGICAL_DNS)
+    if resolution is Resolution.NONE and scope.proxy.type is ProxyType.SIDECAR:
+        return int(_Cluster.ORIGINAL_DST)
+    return int(_Cluster.EDS)
+
+
+def _proxy_locality(scope: ProxyScope) -> str:
+    """The proxy's locality: its workload's, as the registry knows it."""
+    return next((i.endpoint.locality for i in scope.proxy.instances if i.endpoint.locality), "")
+
+
+def _outbound(scope: ProxyScope, service: Service, port: ServicePort) -> list[cluster_pb2.Cluster]:
+    rule = scope.destination_rule(service.hostname)
+    kind = _discovery_type(scope, service)
+    name = names.outbound_cluster(port.number, service.hostname)
+    draft = _outbound_base(scope, name, kind, service=service, port=port, labels=None)
+    if draft is None:
+        return []
+    rule_policy = traffic_policy(rule.spec) if rule is not None else None
+    policy = policy_for_port(rule_policy, port.number)
+    _apply_traffic_policy(scope, draft, policy)
+    _maybe_eds(draft.cluster)
+    meta = _istio_metadata(draft.cluster)
+    if service.location is Location.MESH_EXTERNAL:
+        meta.update({"external": True})
+    if rule is not None:
+        _rule_metadata(scope, draft.cluster, rule, policy)
+    out = [draft.finish()]
+    if rule is None:
+        return out
+    seen: set[str] = set()
+    for subset in rule.spec.subsets:
+        if subset.name in seen:
+            continue
+        seen.add(subset.name)
+        built = _subset(
+            scope,
+            rule,
+            subset=subset,
+            service=service,
+            port=port,
+            parent_type=draft.cluster.type,
+            rule_policy=rule_policy,
+        )
+        if built is not None:
+            out.append(built)
+    return out
+
+
+def _subset(
+    scope: ProxyScope,
+    rule: MergedDestinationRule,
+    *,
+    subset: dr_pb2.Subset,
+    service: Service,
+    port: ServicePort,
+    parent_type: int,
+    rule_policy: dr_pb2.TrafficPolicy | None,
+) -> cluster_pb2.Cluster | None:
+    policy = policy_for_subset(rule_policy, traffic_policy(subset), port.number)
+    kind = parent_type
+    lb = policy.load_balancer if policy is not None else None
+    if lb is not None and lb.HasField("simple") and lb.simple == lb.PASSTHROUGH:
+        kind = int(_Cluster.ORIGINAL_DST)
+    name = names.outbound_cluster(port.number, service.hostname, subset.name)
+    draft = _outbound_base(scope, name, kind, service=service, port=port, labels=dict(subset.labels))
+    if draft is None:
+        return None
+    _apply_traffic_policy(scope, draft, policy)
+    _maybe_eds(draft.cluster)
+    _rule_metadata(scope, draft.cluster, rule, policy)
+    _istio_metadata(draft.cluster).update({"subset": subset.name})
+    return draft.finish()
+
+
+def _outbound_base(
+    scope: ProxyScope,
+    name: str,
+    kind: int,
+    *,
+    service: Service,
+    port: ServicePort,
+    labels: Mapping[str, str] | None,
+) -> ClusterDraft | None:
+    """Istio's buildCluster: type, inline endpoints for DNS clusters, upstream protocol and
+    telemetry metadata; None for a DNS cluster without endpoints."""
+    cluster = _Cluster(name=name, type=kind)
+    cluster.common_lb_config.SetInParent()
+    if kind in (_Cluster.STRICT_DNS, _Cluster.LOGICAL_DNS):
+        endpoints = select_endpoints(scope.snapshot.services.endpoints_of(service.hostname), port.number, labels)
+        if not endpoints and labels is None and not scope.snapshot.services.endpoints_of(service.hostname):
+            endpoints = [Endpoint(service.hostname, {port.number: port.number}, namespace=service.namespace)]
+        if kind == _Cluster.LOGICAL_DNS:
+            endpoints = endpoints[:1]
+        if not endpoints:
+            return None
+        cluster.dns_lookup_family = _dns_family(scope.proxy.ip)
+        cluster.dns_refresh_rate.CopyFrom(duration(DNS_REFRESH_SECONDS))
+        cluster.respect_dns_ttl = True
+        cluster.load_assignment.cluster_name = name
+        cluster.load_assignment.endpoints.extend(locality_lb_endpoints(endpoints, port.number))
+    draft = ClusterDraft(cluster)
+    apply_upstream_protocol(draft, port.protocol)
+    _istio_metadata(cluster).update({"services": [_service_metadata(service)], "default_original_port": port.number})
+    return draft
+
+
+def _dns_family(proxy_ip: str) -> int:
+    try:
+        v6 = ipaddress.ip_address(proxy_ip).version == 6
+    except ValueError:
+        v6 = False
+    return int(_Cluster.V6_ONLY if v6 else _Cluster.V4_ONLY)
+
+
+def _apply_traffic_policy(scope: ProxyScope, draft: ClusterDraft, policy: Policy | None) -> None:
+    """Istio's applyTrafficPolicy for an outbound cluster, in its order."""
+    policy = policy or Policy()
+    apply_connection_pool(draft, policy.connection_pool, scope.snapshot.mesh.connect_timeout_seconds)
+    apply_h2_upgrade(draft, policy.connection_pool)
+    apply_outlier_detection(draft.cluster, policy.outlier_detection)
+    apply_load_balancer(draft.cluster, policy.load_balancer, _proxy_locality(scope))
+    apply_tls(draft, policy.tls)
+    if draft.cluster.type == _Cluster.ORIGINAL_DST:
+        draft.cluster.lb_policy = _Cluster.CLUSTER_PROVIDED
+
+
+def _maybe_eds(cluster: cluster_pb2.Cluster) -> None:
+    if cluster.type != _Cluster.EDS:
+        return
+    eds = cluster.eds_cluster_config
+    eds.service_name = cluster.name
+    eds.eds_config.ads.SetInParent()
+    eds.eds_config.initial_fetch_timeout.CopyFrom(duration(0))
+    eds.eds_config.resource_api_version = config_source_pb2.V3
+
+
+def _istio_metadata(cluster: cluster_pb2.Cluster) -> struct_pb2.Struct:
+    meta: struct_pb2.Struct = cluster.metadata.filter_metadata[ISTIO_METADATA]
+    return meta
+
+
+def _service_metadata(service: Service) -> dict[str, str]:
+    return {"host": service.hostname, "name": service.hostname, "namespace": service.namespace}
+
+
+def _rule_metadata(
+    scope: ProxyScope, cluster: cluster_pb2.Cluster, rule: MergedDestinationRule, policy: Policy | None
+) -> None:
+    meta = _istio_metadata(cluster)
+    meta.update({"config": _rule_path(scope, rule)})
+    if policy is not None and originates_tls(policy.tls):
+        meta.update({"alpn_override": "false"})
+
+
+def _rule_path(scope: ProxyScope, rule: MergedDestinationRule) -> str:
+    """Istio's `config` path of the first rule merged into `rule`."""
+    return names.config_path(scope.snapshot.configs[rule.sources[0]])
+
+
+# -- inbound -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """A service port of the proxy's workload, and the endpoint port it is served on."""
+
+    service: Service
+    port: ServicePort
+    endpoint_port: int
+
+
+def _targets(scope: ProxyScope) -> dict[int, list[_Target]]:
+    by_port: dict[int, list[_Target]] = {}
+    for instance in scope.proxy.instances:
+        for number, endpoint_port in sorted(instance.endpoint.ports.items()):
+            port = instance.service.port(number)
+            if port is None or endpoint_port == 0 or port.protocol is Protocol.UDP:
+                continue
+            by_port.setdefault(endpoint_port, []).append(_Target(instance.service, port, endpoint_port))
+    return by_port
+
+
+def _inbound(scope: ProxyScope) -> list[cluster_pb2.Cluster]:
+    sidecar = scope.sidecar
+    ingress = list(spec(sidecar).ingress) if sidecar is not None else []
+    ingress_ports = {listener.port.number for listener in ingress}
+    by_port = _targets(scope)
+    out = []
+    for endpoint_port in sorted(by_port):
+        if endpoint_port in ingress_ports:
+            continue
+        targets = by_port[endpoint_port]
+        out.append(
+            _inbound_cluster(scope, endpoint_port, (LOCALHOST, endpoint_port), targets[0].port.protocol, targets)
+        )
+    for listener in ingress:
+        try:
+            endpoint = _default_endpoint(listener.default_endpoint, scope.proxy.ip)
+        except ValueError:
+            continue  # validation reports it; Istio skips the listener's cluster too
+        number = listener.port.number
+        protocol = Protocol.parse(listener.port.protocol) if listener.port.protocol else Protocol.TCP
+        out.append(_inbound_cluster(scope, number, endpoint, protocol, by_port.get(number, [])))
+    return out
+
+
+def _default_endpoint(text: str, proxy_ip: str) -> tuple[str, int] | None:
+    """A Sidecar ingress `defaultEndpoint` as (address, port): port 0 for a unix socket, None
+    for none (ORIGINAL_DST); ValueError when it does not parse."""
+    if not text:
+        return None
+    if text.startswith("unix://"):
+        return text.removeprefix("unix://"), 0
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ValueError(text)
+    host = host.strip("[]")
+    if host in ("0.0.0.0", "::"):
+        host = proxy_ip
+    return host, int(port_text)
+
+
+def _inbound_cluster(
+    scope: ProxyScope,
+    cluster_port: int,
+    endpoint: tuple[str, int] | None,
+    protocol: Protocol,
+    targets: Sequence[_Target],
+) -> cluster_pb2.Cluster:
+    name = names.inbound_cluster(cluster_port)
+    cluster = _Cluster(name=name)
+    cluster.common_lb_config.SetInParent()
+    if endpoint is None:
+        cluster.type = _Cluster.ORIGINAL_DST
+        cluster.cleanup_interval.seconds = _NEVER_SECONDS
+    else:
+        cluster.type = _Cluster.STATIC
+        cluster.load_assignment.cluster_name = name
+        group = cluster.load_assignment.endpoints.add()
+        group.lb_endpoints.add().endpoint.address.CopyFrom(socket_address(*endpoint))
+    draft = ClusterDraft(cluster)
+    apply_upstream_protocol(draft, protocol)
+    if targets:
+        hosts: dict[str, Service] = {}
+        for t in targets:
+            hosts.setdefault(t.service.hostname, t.service)
+        _istio_metadata(cluster).update({"services": [_service_metadata(s) for s in hosts.values()]})
+    pool = None
+    if targets:
+        rule = scope.destination_rule(targets[0].service.hostname)
+        rule_policy = traffic_policy(rule.spec) if rule is not None else None
+        if rule is not None and rule_policy is not None:
+            policy = policy_for_port(rule_policy, targets[0].port.number)
+            pool = policy.connection_pool if policy is not None else None
+            _istio_metadata(cluster).update({"config": _rule_path(scope, rule)})
+    pool = _sidecar_pool(scope, cluster_port) or pool
+    apply_connection_pool(draft, pool, scope.snapshot.mesh.connect_timeout_seconds)
+    if cluster.type == _Cluster.ORIGINAL_DST:
+        cluster.lb_policy = _Cluster.CLUSTER_PROVIDED
+    intercepted = scope.proxy.interception is not InterceptionMode.NONE
+    if intercepted and endpoint is not None and endpoint[1] != 0 and endpoint[0] not in (LOCALHOST, "::1"):
+        # Traffic to the workload's own address would be captured again without this source.
+        cluster.upstream_bind_config.source_address.address = INBOUND_PASSTHROUGH_BIND
+        cluster.upstream_bind_config.source_address.port_value = 0
+    return draft.finish()
+
+
+def _sidecar_pool(scope: ProxyScope, port: int) -> dr_pb2.ConnectionPoolSettings | None:
+    """The Sidecar's connection pool for an inbound port: the ingress listener's, else the
+    Sidecar-wide `inboundConnectionPool` (Istio's InboundConnectionPoolForPort)."""
+    sidecar = scope.sidecar
+    if sidecar is None:
+        return None
+    sidecar_spec = spec(sidecar)
+    pool: dr_pb2.ConnectionPoolSettings
+    for listener in sidecar_spec.ingress:
+        if listener.port.number == port and listener.HasField("connection_pool"):
+            pool = listener.connection_pool
+            return pool
+    if sidecar_spec.HasField("inbound_connection_pool"):
+        pool = sidecar_spec.inbound_connection_pool
+        return pool
+    return None
+
+
+# -- always there --------------------------------------------------------------------------
+
+
+def _blackhole(timeout: float) -> cluster_pb2.Cluster:
+    """A cluster without endpoints: routes to it fail fast (REGISTRY_ONLY, unmatched routes)."""
+    cluster = _Cluster(name=names.BLACKHOLE_CLUSTER)
+    cluster.type = _Cluster.STATIC
+    cluster.connect_timeout.CopyFrom(duration(timeout))
+    return cluster
+
+
+def _passthrough(name: str, timeout: float) -> cluster_pb2.Cluster:
+    """ORIGINAL_DST to wherever the client connected, speaking the client's HTTP version."""
+    cluster = _Cluster(name=name)
+    cluster.type = _Cluster.ORIGINAL_DST
+    cluster.lb_policy = _Cluster.CLUSTER_PROVIDED
+    draft = ClusterDraft(cluster)
+    options = draft.http_options()
+    options.common_http_protocol_options.idle_timeout.CopyFrom(duration(_PASSTHROUGH_IDLE_SECONDS))
+    draft.use_downstream_protocol()
+    cluster.connect_timeout.CopyFrom(duration(timeout))
+    cluster.circuit_breakers.thresholds.append(default_thresholds())
+    return draft.finish()
