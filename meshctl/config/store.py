@@ -1,0 +1,236 @@
+"""The config store: every loaded resource by (kind, namespace, name), and what changed.
+
+Writers hand the store a whole new set of resources (`replace_all`); the store works out the
+creates, updates and deletes itself and tells listeners in one `ConfigChange`. Doing the diff
+here, rather than trusting callers to describe their edits, is what lets the watcher reload a
+whole tree after a burst of file events and still produce a precise, minimal change.
+
+Readers never wait: the state is an immutable `StoreView` swapped in one reference assignment, so
+the asyncio server can read while the watcher thread writes, and a view read once stays
+consistent (its revision matches its configs). Listeners are called with no lock held that
+readers need, in revision order, one change at a time; a listener may read the store, and may
+even write to it (its change is delivered after the current one has reached every listener).
+"""
+
+from __future__ import annotations
+
+import builtins
+import enum
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from meshctl.config.findings import Finding, Severity, has_errors, sort_findings
+from meshctl.config.model import Config, ConfigKey
+
+logger = logging.getLogger("meshctl.config.store")
+
+
+class EventKind(enum.Enum):
+    CREATED = "created"
+    UPDATED = "updated"
+    DELETED = "deleted"
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEvent:
+    """One resource that changed: `old` is None for a create, `new` is None for a delete."""
+
+    kind: EventKind
+    key: ConfigKey
+    old: Config | None
+    new: Config | None
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigChange:
+    """Everything one write changed, as one unit: a burst of file edits is one change, so
+    consumers never push a half-applied multi-document file to proxies."""
+
+    revision: int
+    events: tuple[ConfigEvent, ...]
+
+    @property
+    def keys(self) -> frozenset[ConfigKey]:
+        return frozenset(e.key for e in self.events)
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        """The kinds touched, so a consumer can tell an endpoint-only change from a routing one."""
+        return frozenset(e.key.kind for e in self.events)
+
+
+@dataclass(frozen=True, slots=True)
+class FileStatus:
+    """What the last load said about one input path (a file, or a watched directory itself).
+
+    A file whose status has errors is not what the store holds for it: the store keeps the file's
+    last good resources, and the status keeps saying why until the file is fixed."""
+
+    path: str
+    findings: tuple[Finding, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not has_errors(self.findings)
+
+    @property
+    def errors(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.severity is Severity.ERROR)
+
+
+def _frozen_configs(configs: Mapping[ConfigKey, Config]) -> Mapping[ConfigKey, Config]:
+    return MappingProxyType(dict(configs))
+
+
+@dataclass(frozen=True, slots=True)
+class StoreView:
+    """The store at one revision: read it as a whole and it never changes under you."""
+
+    revision: int = 0
+    configs: Mapping[ConfigKey, Config] = field(default_factory=lambda: _frozen_configs({}))
+    files: Mapping[str, FileStatus] = field(default_factory=lambda: MappingProxyType({}))
+
+
+Listener = Callable[[ConfigChange], None]
+
+
+class ConfigStore:
+    """In-memory resources with a revision that goes up by one for every change that has events."""
+
+    def __init__(self) -> None:
+        self._view = StoreView()
+        self._lock = threading.Lock()  # guards writes to _view, _outbox and _listeners
+        self._delivery = threading.Lock()  # one change reaches listeners at a time, in order
+        self._local = threading.local()
+        self._outbox: deque[ConfigChange] = deque()
+        self._listeners: tuple[Listener, ...] = ()
+
+    # -- reading (lock-free: a view is immutable and swapped in one assignment) --
+
+    def view(self) -> StoreView:
+        """The store at the current revision; take revision and configs from one view so they agree."""
+        return self._view
+
+    @property
+    def revision(self) -> int:
+        return self._view.revision
+
+    @property
+    def configs(self) -> Mapping[ConfigKey, Config]:
+        """A read-only mapping of every resource at the current revision."""
+        return self._view.configs
+
+    def get(self, key: ConfigKey) -> Config | None:
+        return self._view.configs.get(key)
+
+    def list(self, kind: str | None = None, namespace: str | None = None) -> list[Config]:
+        """Resources of a kind and/or namespace, in key order (stable output for dumps and tests)."""
+        matching = [
+            c
+            for k, c in self._view.configs.items()
+            if (kind is None or k.kind == kind) and (namespace is None or k.namespace == namespace)
+        ]
+        return sorted(matching, key=lambda c: c.key)
+
+    def file_status(self) -> Mapping[str, FileStatus]:
+        """What the last load said about each input path, including the ones that loaded cleanly."""
+        return self._view.files
+
+    def errors(self) -> builtins.list[Finding]:
+        """Every error the last load reported, sorted; empty when every input loaded cleanly."""
+        return sort_findings(f for status in self._view.files.values() for f in status.errors)
+
+    # -- listening --
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call `listener` with every future change; returns a function that unsubscribes it."""
+        with self._lock:
+            self._listeners = (*self._listeners, listener)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                remaining = list(self._listeners)
+                if listener in remaining:
+                    remaining.remove(listener)
+                self._listeners = tuple(remaining)
+
+        return unsubscribe
+
+    # -- writing --
+
+    def replace_all(
+        self, configs: Iterable[Config], *, files: Iterable[FileStatus] | None = None
+    ) -> ConfigChange | None:
+        """Make `configs` the whole content of the store and notify listeners of the difference.
+
+        A resource whose content is unchanged (`Config.same_content`) is not an update, but the
+        new object is kept so its source position stays current. `files`, when given, replaces the
+        per-file status; None leaves it as it is. Returns the change, or None when nothing changed
+        (then no listener is called and the revision stays)."""
+        new_configs: dict[ConfigKey, Config] = {}
+        for config in configs:
+            if config.key in new_configs:
+                raise ValueError(f"{config.key} given twice (at {new_configs[config.key].source} and {config.source})")
+            new_configs[config.key] = config
+        with self._lock:
+            current = self._view
+            events = _diff(current.configs, new_configs)
+            revision = current.revision + 1 if events else current.revision
+            status = current.files if files is None else MappingProxyType({s.path: s for s in files})
+            self._view = StoreView(revision, _frozen_configs(new_configs), status)
+            change = ConfigChange(revision, events) if events else None
+            if change is not None:
+                self._outbox.append(change)
+        if change is None:
+            return None
+        logger.debug(
+            "config revision %d: %d created, %d updated, %d deleted",
+            revision,
+            *(sum(e.kind is k for e in events) for k in EventKind),
+        )
+        self._deliver()
+        return change
+
+    def set_file_status(self, files: Iterable[FileStatus]) -> None:
+        """Replace the per-file status without touching the resources (a failed reload, say)."""
+        with self._lock:
+            current = self._view
+            self._view = StoreView(current.revision, current.configs, MappingProxyType({s.path: s for s in files}))
+
+    def _deliver(self) -> None:
+        if getattr(self._local, "delivering", False):
+            return  # written from inside a listener: the delivery loop below picks it up next
+        with self._delivery:
+            self._local.delivering = True
+            try:
+                while True:
+                    with self._lock:
+                        if not self._outbox:
+                            return
+                        change = self._outbox.popleft()
+                        listeners = self._listeners
+                    for listener in listeners:
+                        try:
+                            listener(change)
+                        except Exception:
+                            # One broken consumer must not stop the others from seeing the change.
+                            logger.exception("config listener %r failed on revision %d", listener, change.revision)
+            finally:
+                self._local.delivering = False
+
+
+def _diff(old: Mapping[ConfigKey, Config], new: Mapping[ConfigKey, Config]) -> tuple[ConfigEvent, ...]:
+    events: list[ConfigEvent] = []
+    for key in sorted(old.keys() | new.keys()):
+        before, after = old.get(key), new.get(key)
+        if before is None:
+            events.append(ConfigEvent(EventKind.CREATED, key, None, after))
+        elif after is None:
+            events.append(ConfigEvent(EventKind.DELETED, key, before, None))
+        elif not after.same_content(before):
+            events.append(ConfigEvent(EventKind.UPDATED, key, before, after))
+    return tuple(events)

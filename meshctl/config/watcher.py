@@ -1,0 +1,460 @@
+"""Keep the store in step with config directories on disk.
+
+File events are only a hint. Editors save by writing a temporary file and renaming it over the
+original, tools rewrite many files at once, inotify drops events when its queue overflows, and a
+watched directory can be deleted and recreated. So any relevant event just schedules a reload of
+the whole tree, debounced: the reload runs once things have been quiet for `debounce` seconds, or
+`max_delay` seconds after the first event at the latest, so a writer that never stops still gets
+its changes applied. A reload re-reads only files whose stat signature changed and hands the
+store the complete new set in one `replace_all`, so a burst of edits becomes one change.
+
+What survives a bad reload, and why:
+
+- a file that fails to load keeps its last good resources (a typo must not withdraw routes from
+  a running fleet), and its error stays in the store's file status until it is fixed;
+- a file that never loaded contributes nothing; a deleted file's resources are deleted;
+- a resource defined in two files comes from the first file in path order, the other is an error;
+- a watched directory that is missing or unreadable deletes nothing (an unmounted volume is not
+  an instruction to empty the mesh); the error is reported and the directory is picked up again
+  when it comes back.
+
+Hidden files and directories (.git, editor swap files) are ignored, except the `..data` symlink
+that Kubernetes swaps to update a mounted ConfigMap, whose rename is the only event such an
+update produces. A watched path may be a symlink and may be re-pointed; a directory reached
+through a symlink inside the tree is read but not watched (re-point the link, or reload).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from watchdog import events as ev
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver, ObservedWatch
+
+from meshctl.config.findings import Finding, Severity
+from meshctl.config.loader import YAML_SUFFIXES, FileResult, LoadOptions, discover, load_file, merge_files
+from meshctl.config.store import ConfigChange, ConfigStore, EventKind, FileStatus
+
+logger = logging.getLogger("meshctl.config.watcher")
+
+#: Events that can change what a reload reads. Opens and read-only closes are left out: the
+#: reload's own reads would otherwise schedule the next reload.
+_EVENT_FILTER: Final[list[type[ev.FileSystemEvent]]] = [
+    *(ev.FileCreatedEvent, ev.FileDeletedEvent, ev.FileModifiedEvent, ev.FileMovedEvent, ev.FileClosedEvent),
+    *(ev.FileAttribEvent, ev.DirCreatedEvent, ev.DirDeletedEvent, ev.DirMovedEvent, ev.DirAttribEvent),
+]
+
+#: A file changed this recently may change again within the file system's timestamp granularity
+#: (1-2 s on some file systems) without its signature changing, so it is re-read next time.
+_RACY_NS: Final = 2_000_000_000
+
+#: The symlink kubelet renames into place to update a ConfigMap or Secret volume.
+_KUBERNETES_DATA_LINK: Final = "..data"
+
+
+@dataclass(frozen=True, slots=True)
+class WatchOptions:
+    """Timing and loading settings for a `DirectoryWatcher`, passed in, never global."""
+
+    debounce: float = 0.1
+    max_delay: float = 10.0
+    #: While a watched path is missing or cannot be watched, look at it again this often.
+    retry_interval: float = 1.0
+    load: LoadOptions = field(default_factory=LoadOptions)
+
+    def __post_init__(self) -> None:
+        if self.debounce < 0 or self.retry_interval <= 0 or self.max_delay < self.debounce:
+            raise ValueError(
+                f"invalid watch timing: debounce={self.debounce}s, max_delay={self.max_delay}s,"
+                f" retry_interval={self.retry_interval}s (need 0 <= debounce <= max_delay, retry > 0)"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadResult:
+    """What one reload did: the change applied (None when nothing changed), every error still
+    standing, and how many files were parsed or reused unchanged from the previous reload."""
+
+    change: ConfigChange | None
+    errors: tuple[Finding, ...]
+    parsed: int = 0
+    reused: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Cached:
+    #: (inode, device, size, mtime, ctime); None when changed too recently to trust.
+    signature: tuple[int, ...] | None
+    result: FileResult
+
+
+class _Scan:
+    """One reload's working state; the watcher adopts it only once the store has the result, so
+    a reload that fails half-way cannot make the next one forget a file's last good contents."""
+
+    def __init__(self, cache: Mapping[str, _Cached], good: Mapping[str, FileResult]) -> None:
+        self.previous_cache, self.previous_good = cache, good
+        self.cache: dict[str, _Cached] = {}
+        self.good: dict[str, FileResult] = {}
+        self.status: dict[str, list[Finding]] = {}
+        self.order: dict[str, tuple[int, tuple[tuple[int, str], ...]]] = {}
+        self.parsed = self.reused = 0
+
+    def keep_root(self, index: int, root: str, problem: str) -> None:
+        """A root that cannot be read: everything last loaded from under it stays, as it was."""
+        kept = [p for p in self.previous_cache if _is_under(p, root) and p not in self.order]
+        count = len({c.key for p in kept if p in self.previous_good for c in self.previous_good[p].configs})
+        message = f"{problem}; keeping the resources last loaded from it ({count}) until it can be read again"
+        self.status.setdefault(root, []).append(Finding(Severity.ERROR, message, root))
+        for path in kept:
+            self.order[path] = (index, _walk_key(root, path))
+            self.cache[path] = cached = self.previous_cache[path]
+            self.status[path] = list(cached.result.findings)  # its own; duplicates are found again
+            if path in self.previous_good:
+                self.good[path] = self.previous_good[path]
+
+    def in_path_order(self) -> list[str]:
+        return sorted(self.order, key=self.order.__getitem__)
+
+
+class _EventSink(ev.FileSystemEventHandler):
+    """Forwards watchdog's events; runs on watchdog's thread, so the watcher only sets flags."""
+
+    def __init__(self, watcher: DirectoryWatcher) -> None:
+        self._watcher = watcher
+
+    def dispatch(self, event: ev.FileSystemEvent) -> None:
+        self._watcher._on_event(event)
+
+
+class DirectoryWatcher:
+    """Loads config directories (or files) into a store and keeps reloading them as they change."""
+
+    def __init__(self, paths: Sequence[Path], store: ConfigStore, options: WatchOptions | None = None) -> None:
+        if not paths:
+            raise ValueError("nothing to watch: give at least one directory")
+        # Absolute but not resolved: a root that is a symlink may be re-pointed, and is watched as named.
+        self._roots = tuple(dict.fromkeys(os.path.abspath(p) for p in paths))
+        self._store = store
+        self._options = options or WatchOptions()
+        self._cond = threading.Condition()  # guards the scheduling state up to _stale_roots
+        self._first_event: float | None = None
+        self._last_event = self._last_reload = 0.0
+        self._degraded = self._stopping = False
+        self._stale_roots: set[str] = set()
+        self._reload_lock = threading.Lock()  # one reload at a time; guards everything below
+        self._cache: Mapping[str, _Cached] = {}
+        self._good: Mapping[str, FileResult] = {}
+        self._reported: set[str] = set()
+        self._failing: set[str] = set()
+        self._observer: BaseObserver | None = None
+        self._watch_error: str | None = None
+        # (path as given, recursive) -> (identity and real path of the directory, watch)
+        self._watches: dict[tuple[str, bool], tuple[tuple[int, int, str], ObservedWatch]] = {}
+        self._aliases: Mapping[str, str] = {}  # real path watched -> path as given, for event paths
+        self._sink = _EventSink(self)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def roots(self) -> tuple[Path, ...]:
+        return tuple(Path(r) for r in self._roots)
+
+    def start(self) -> ReloadResult:
+        """Watch, load everything once (so the store is full before anything serves from it),
+        then keep reloading in the background. Returns the first load's result."""
+        if self._thread is not None:
+            raise RuntimeError("watcher already started")
+        self._stopping = False
+        try:
+            observer = Observer()
+            observer.start()
+        except OSError as exc:  # out of inotify instances, say: still serve, and look on a timer
+            self._watch_error = exc.strerror or str(exc)
+        else:
+            self._observer, self._watch_error = observer, None
+        result = self.reload_now()  # arms the watches before reading, so no edit falls in between
+        self._thread = threading.Thread(target=self._run, name="meshctl-config-watcher", daemon=True)
+        self._thread.start()
+        return result
+
+    def stop(self) -> None:
+        """Stop watching; the store keeps what it has. Safe to call twice."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join()
+            self._observer = None
+        self._watches.clear()
+        self._aliases = {}
+        self._watch_error = None
+
+    def __enter__(self) -> DirectoryWatcher:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: types.TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def reload_now(self) -> ReloadResult:
+        """Reload synchronously (SIGHUP, start-up); never raises for bad input or a failed reload."""
+        try:
+            return self._reload()
+        except Exception as exc:
+            # Whatever went wrong, the store keeps what it has and the watcher keeps running.
+            logger.exception("reloading config from %s failed", ", ".join(self._roots))
+            message = f"reload failed, keeping the config loaded before: {exc!r}"
+            failed = [FileStatus(r, (Finding(Severity.ERROR, message, r),)) for r in self._roots]
+            kept = [s for s in self._store.file_status().values() if s.path not in self._roots]
+            self._store.set_file_status([*kept, *failed])
+            with self._cond:
+                self._degraded = True  # try again after retry_interval even if no event comes
+            return ReloadResult(None, tuple(f for s in failed for f in s.findings))
+
+    # -- events and scheduling --
+
+    def _on_event(self, event: ev.FileSystemEvent) -> None:
+        paths = [self._as_given(os.fsdecode(event.src_path))]
+        if event.dest_path:
+            paths.append(self._as_given(os.fsdecode(event.dest_path)))
+        if not any(is_relevant(p, self._roots, is_directory=event.is_directory) for p in paths):
+            return
+        now = time.monotonic()
+        with self._cond:
+            self._stale_roots.update(p for p in paths if p in self._roots)
+            if self._first_event is None:
+                self._first_event = now
+            self._last_event = now
+            self._cond.notify_all()
+
+    def _as_given(self, path: str) -> str:
+        aliases = self._aliases
+        real = max((r for r in aliases if _is_under(path, r)), key=len, default=None)
+        return path if real is None else aliases[real] + path[len(real) :]
+
+    def _next_due(self) -> float | None:
+        due: list[float] = []
+        if self._first_event is not None:
+            due.append(min(self._last_event + self._options.debounce, self._first_event + self._options.max_delay))
+        if self._degraded:
+            due.append(self._last_reload + self._options.retry_interval)
+        return min(due, default=None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping:
+                    due, now = self._next_due(), time.monotonic()
+                    if due is not None and now >= due:
+                        break
+                    self._cond.wait(None if due is None else due - now)
+                if self._stopping:
+                    return
+            try:
+                self.reload_now()
+            except Exception:  # reload_now reports its own failures; this thread must outlive anything
+                logger.exception("config watcher: unexpected error, still watching")
+
+    # -- reloading --
+
+    def _reload(self) -> ReloadResult:
+        with self._reload_lock:
+            with self._cond:
+                # Events from here on are not covered by this reload's reads: they schedule the next.
+                self._first_event = None
+                self._last_reload = time.monotonic()
+                stale, self._stale_roots = self._stale_roots, set()
+            scan = _Scan(self._cache, self._good)
+            degraded = self._arm(stale, scan.status)
+            for index, root in enumerate(self._roots):
+                problem = _root_problem(root)
+                if problem is None:
+                    self._scan_root(index, root, scan)
+                else:
+                    degraded = True
+                    scan.keep_root(index, root, problem)
+            merged, duplicates = merge_files(scan.good[p] for p in scan.in_path_order() if p in scan.good)
+            for finding in duplicates:
+                scan.status.setdefault(finding.file or "", []).append(finding)
+            files = [FileStatus(path, tuple(findings)) for path, findings in scan.status.items()]
+            change = self._store.replace_all(merged.values(), files=files)
+            # Only a reload that reached the store replaces what later reloads fall back on.
+            self._cache, self._good = scan.cache, scan.good
+            with self._cond:
+                self._degraded = degraded
+            errors = self._log_outcome(change, files)
+            return ReloadResult(change, errors, scan.parsed, scan.reused)
+
+    def _scan_root(self, index: int, root: str, scan: _Scan) -> None:
+        paths = [str(p) for p in discover([Path(root)])]
+        found = set(paths)
+        # A file the walk did not list but that still exists sits in a directory that could not
+        # be listed: read it directly rather than deleting what it defines.
+        paths += [p for p in scan.previous_good if _is_under(p, root) and p not in found and _exists(p)]
+        for path in paths:
+            if path in scan.order:
+                continue  # already read under an earlier root that contains this one
+            scan.order[path] = (index, _walk_key(root, path))
+            result = self._load(path, scan)
+            scan.status[path] = list(result.findings)
+            good = result if result.ok else scan.previous_good.get(path)
+            if good is not None:
+                scan.good[path] = good
+
+    def _load(self, path: str, scan: _Scan) -> FileResult:
+        """Reuse the previous result when the file's stat signature is unchanged; re-parsing a
+        tree of a few hundred files on every event would make each save cost a full load."""
+        now = time.time_ns()
+        try:  # stat before reading: a write in between then shows up as a change next time
+            st = os.stat(path)
+            signature: tuple[int, ...] | None = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        except OSError:
+            signature = None
+        cached = scan.previous_cache.get(path)
+        if signature is not None and cached is not None and cached.signature == signature:
+            scan.cache[path] = cached
+            scan.reused += 1
+            return cached.result
+        result = load_file(Path(path), self._options.load)
+        # ctime is in the signature because it catches a rewrite that restored the mtime (`cp -p`).
+        settled = signature is not None and max(signature[3], signature[4]) < now - _RACY_NS
+        scan.cache[path] = _Cached(signature if settled else None, result)
+        scan.parsed += 1
+        return result
+
+    def _arm(self, stale: set[str], status: dict[str, list[Finding]]) -> bool:
+        """Make the watches match the tree: each directory root recursively, and each root's
+        parent (to see the root itself deleted, recreated or re-pointed). Returns True when some
+        watch could not be set up, so the tree must be looked at on a timer instead."""
+        observer = self._observer
+        if observer is None:
+            for root in self._roots if self._watch_error is not None else ():
+                status.setdefault(root, []).append(self._watch_failure(root, self._watch_error))
+            return self._watch_error is not None
+        desired: dict[tuple[str, bool], tuple[int, int, str]] = {}
+        for root in self._roots:
+            if (identity := _dir_identity(root)) is not None:
+                desired[(root, True)] = identity
+            parent = os.path.dirname(root)
+            if parent != root and (identity := _dir_identity(parent)) is not None:
+                desired.setdefault((parent, False), identity)
+        for key, (identity, watch) in list(self._watches.items()):
+            if desired.get(key) != identity or (key[1] and key[0] in stale):
+                del self._watches[key]
+                try:
+                    observer.unschedule(watch)
+                except (KeyError, OSError):
+                    logger.debug("watch on %s was already gone", key[0])
+        failed = False
+        for key, identity in desired.items():
+            if key in self._watches:
+                continue
+            try:
+                # The real path, not following links below it: watchdog would watch a directory
+                # twice when a link inside the tree points into it (a ConfigMap's ..data does).
+                watch = observer.schedule(self._sink, identity[2], recursive=key[1], event_filter=_EVENT_FILTER)
+            except OSError as exc:
+                failed = True
+                hint = " (raise fs.inotify.max_user_watches)" if exc.errno == 28 else ""
+                status.setdefault(key[0], []).append(self._watch_failure(key[0], f"{exc.strerror or exc}{hint}"))
+                continue
+            self._watches[key] = (identity, watch)
+        self._aliases = {identity[2]: key[0] for key, (identity, _) in self._watches.items()}
+        return failed
+
+    def _watch_failure(self, path: str, reason: str | None) -> Finding:
+        interval = self._options.retry_interval
+        return Finding(Severity.ERROR, f"cannot watch for changes: {reason}; looking every {interval:g}s instead", path)
+
+    def _log_outcome(self, change: ConfigChange | None, files: Sequence[FileStatus]) -> tuple[Finding, ...]:
+        """Log each problem once, when it appears, and say when a path's errors are gone; a
+        reload that finds the same broken file again stays quiet."""
+        findings = [f for s in files for f in s.findings]
+        for finding in findings:
+            if str(finding) not in self._reported:
+                logger.log(logging.ERROR if finding.severity is Severity.ERROR else logging.WARNING, "%s", finding)
+        failing = {s.path for s in files if not s.ok}
+        for path in sorted(self._failing - failing):
+            logger.info("%s: no errors any more", path)
+        self._reported, self._failing = {str(f) for f in findings}, failing
+        if change is not None:
+            counts = [sum(e.kind is kind for e in change.events) for kind in EventKind]
+            message = "config revision %d from %s: %d created, %d updated, %d deleted"
+            logger.info(message, change.revision, ", ".join(self._roots), *counts)
+        return tuple(f for f in findings if f.severity is Severity.ERROR)
+
+
+def is_relevant(path: str, roots: Sequence[str], *, is_directory: bool) -> bool:
+    """Whether an event on `path` can change what a reload of `roots` reads."""
+    for root in roots:
+        if path == root:
+            return True
+        if not _is_under(path, root):
+            continue
+        parts = path[len(root) :].strip(os.sep).split(os.sep)
+        if parts[-1] == _KUBERNETES_DATA_LINK and not any(p.startswith(".") for p in parts[:-1]):
+            return True
+        if any(p.startswith(".") for p in parts):
+            return False
+        return is_directory or parts[-1].endswith(YAML_SUFFIXES)
+    return False
+
+
+def _is_under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _walk_key(root: str, path: str) -> tuple[tuple[int, str], ...]:
+    """The position `discover` gives a path: a directory's files (by name) before its
+    subdirectories (by name), so kept files sort where a successful walk would put them."""
+    parts = path[len(root) :].strip(os.sep).split(os.sep) if path != root else []
+    return (*((1, d) for d in parts[:-1]), *((0, f) for f in parts[-1:]))
+
+
+def _root_problem(root: str) -> str | None:
+    """Why a root cannot be read now, or None; a directory root must also be listable, since a
+    walk that silently lists nothing would delete everything."""
+    try:
+        if stat.S_ISDIR(os.stat(root).st_mode):
+            with os.scandir(root):
+                pass
+    except FileNotFoundError:
+        return f"{root} does not exist"
+    except OSError as exc:
+        return f"cannot read {root}: {exc.strerror or exc}"
+    return None
+
+
+def _dir_identity(path: str) -> tuple[int, int, str] | None:
+    """(device, inode, real path) of a directory: a change means it was replaced or re-pointed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, os.path.realpath(path)) if stat.S_ISDIR(st.st_mode) else None
+
+
+def _exists(path: str) -> bool:
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True  # there but unreadable: loading it fails, which keeps its last good contents
+    return True
