@@ -8,6 +8,8 @@ import typer
 
 from meshctl import __version__
 from meshctl.cli import bootstrap as bootstrap_cmd
+from meshctl.cli import diff as diff_cmd
+from meshctl.cli import dump as dump_cmd
 from meshctl.cli import proxy_status as proxy_status_cmd
 from meshctl.cli import serve as serve_cmd
 from meshctl.cli import services as services_cmd
@@ -40,6 +42,18 @@ app.command(
     epilog="Examples:\n\n  meshctl services --config-dir examples/configs\n\n"
     "  meshctl services --consul 127.0.0.1:8500 -o json",
 )(services_cmd.services)
+
+app.command(
+    "dump",
+    epilog="Examples:\n\n  meshctl dump --config-dir examples/configs --proxy reviews-v1-vm.bookinfo\n\n"
+    "  meshctl dump --config-dir configs/ --proxy ingressgateway-vm.bookinfo -o short --type routes",
+)(dump_cmd.dump)
+
+app.command(
+    "diff",
+    epilog="Examples:\n\n  meshctl diff old/ new/ --proxy reviews-v3-vm.bookinfo\n\n"
+    "  meshctl diff main/ pr/ --all-proxies -o json",
+)(diff_cmd.diff)
 
 app.command(
     "bootstrap",

@@ -9,12 +9,14 @@ from __future__ import annotations
 import io
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from meshctl.config.findings import Finding, Severity
 
@@ -153,3 +155,59 @@ def print_data(data: Any, fmt: str, out: TextIO | None = None, *, compact: bool 
         yaml.dump(data, out)
         return
     raise ValueError(f"unknown data format {fmt!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class TableData:
+    """One table: a title (shown on a terminal only), its column names and its rows of cells."""
+
+    title: str
+    columns: Sequence[str]
+    rows: Sequence[Sequence[str]]
+
+
+def print_tables(tables: Sequence[TableData], out: TextIO | None = None) -> None:
+    """Tables one after another, a blank line between them."""
+    out = out or sys.stdout
+    console = Console(file=out, highlight=False)
+    for i, table in enumerate(tables):
+        if console.is_terminal:
+            console.print(_rich_table(table))
+            continue
+        if i:
+            out.write("\n")
+        out.write(plain_table(table.columns, table.rows))
+    out.flush()
+
+
+def _rich_table(data: TableData) -> Table:
+    table = Table(title=data.title, title_justify="left")
+    for column in data.columns:
+        table.add_column(column, overflow="fold")
+    for row in data.rows:
+        table.add_row(*(escape(cell) for cell in row))
+    return table
+
+
+def plain_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Aligned columns, three spaces apart as istioctl's, trailing blanks trimmed."""
+    lines = [list(columns), *(list(r) for r in rows)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(columns))]
+    return "".join("   ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip() + "\n" for line in lines)
+
+
+_DIFF_STYLES = (("+++", "bold"), ("---", "bold"), ("@@", "cyan"), ("#", "bold yellow"), ("+", "green"), ("-", "red"))
+
+
+def print_diff(lines: Iterable[str], out: TextIO | None = None) -> None:
+    """Unified diff lines (no line endings), coloured by kind on a terminal."""
+    out = out or sys.stdout
+    console = Console(file=out, highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        for line in lines:
+            out.write(line + "\n")
+        out.flush()
+        return
+    for line in lines:
+        style = next((s for prefix, s in _DIFF_STYLES if line.startswith(prefix)), "")
+        console.print(Text(line, style=style))

@@ -116,7 +116,9 @@ class ProxyScope:
         ns = self.proxy.namespace
         for listener in spec(sidecar).egress:
             out.extend(parse_egress_hosts(listener.hosts, ns))
-        return tuple(out)
+        # A Sidecar that says nothing about egress (only ingress, or only an outbound policy)
+        # leaves outbound as it is by default: everything, as in Istio.
+        return tuple(out) if spec(sidecar).egress else (EgressHost("*", "*"),)
 
     @cached_property
     def outbound_traffic_policy(self) -> str:
@@ -260,9 +262,17 @@ class ProxyScope:
 
 
 def _gateway_ref(ref: str, namespace: str) -> str:
+    """A VirtualService's gateway reference as `namespace/name`: `name` and `./name` are in the
+    VirtualService's namespace; Istio's legacy `name.namespace.svc.cluster.local` is understood."""
     if ref == MESH_GATEWAY:
         return ref
-    return ref if "/" in ref else f"{namespace}/{ref}"
+    ns, sep, name = ref.partition("/")
+    if sep:
+        return f"{namespace if ns == '.' else ns}/{name}"
+    if ref.endswith(".svc.cluster.local") and ref.count(".") >= 4:
+        name, gw_ns = ref.split(".")[:2]
+        return f"{gw_ns}/{name}"
+    return f"{namespace}/{ref}"
 
 
 def gateway_ref(config: Config) -> str:

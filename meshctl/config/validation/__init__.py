@@ -30,24 +30,22 @@ Validator = Callable[[Message], list[Issue]]
 
 def _validators() -> dict[str, Validator]:
     # Imported lazily so that importing the loader does not import every rule module.
-    from meshctl.config.validation import (
-        destination_rule,
-        gateway,
-        service_entry,
-        sidecar,
-        virtual_service,
-        workload_entry,
-        workload_group,
-    )
+    from meshctl.config.validation.destination_rule import validate as destination_rule
+    from meshctl.config.validation.gateway import validate as gateway
+    from meshctl.config.validation.service_entry import validate as service_entry
+    from meshctl.config.validation.sidecar import validate as sidecar
+    from meshctl.config.validation.virtual_service import validate as virtual_service
+    from meshctl.config.validation.workload_entry import validate as workload_entry
+    from meshctl.config.validation.workload_group import validate as workload_group
 
     return {
-        "VirtualService": virtual_service.validate,
-        "DestinationRule": destination_rule.validate,
-        "Gateway": gateway.validate,
-        "ServiceEntry": service_entry.validate,
-        "WorkloadEntry": workload_entry.validate,
-        "WorkloadGroup": workload_group.validate,
-        "Sidecar": sidecar.validate,
+        "VirtualService": virtual_service,
+        "DestinationRule": destination_rule,
+        "Gateway": gateway,
+        "ServiceEntry": service_entry,
+        "WorkloadEntry": workload_entry,
+        "WorkloadGroup": workload_group,
+        "Sidecar": sidecar,
     }
 
 

@@ -1,0 +1,226 @@
+"""`meshctl diff`: what a change to the config tree changes in the Envoy config of each proxy.
+
+A pull request review sees YAML; what matters is the Envoy config it turns into. This command
+builds both trees exactly as `meshctl dump` does (and so as the server does), generates each
+proxy's resources from both, and shows every resource that was added, removed or changed, as a
+unified diff of its YAML. Resources are compared by their serialized bytes, which generation
+keeps deterministic, so a change that moves resources between files, reorders them or edits a
+comment shows nothing.
+
+Exit status, as `diff(1)`: 0 nothing changes, 1 something does, 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import json
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+
+    from meshctl.cli.offline import LoadedTree
+    from meshctl.snapshot.proxy import Proxy
+
+
+class Format(enum.StrEnum):
+    text = "text"
+    json = "json"
+
+
+class Change(enum.StrEnum):
+    added = "added"
+    removed = "removed"
+    changed = "changed"
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyPair:
+    """One proxy as each tree sees it; None on the side where it does not exist."""
+
+    label: str
+    old: Proxy | None
+    new: Proxy | None
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceChange:
+    proxy: str
+    section: str
+    name: str
+    change: Change
+    old: Message | None
+    new: Message | None
+
+    def as_dict(self) -> dict[str, str]:
+        """The `-o json` shape, stable for tools."""
+        return {"proxy": self.proxy, "type": self.section, "name": self.name, "change": self.change.value}
+
+
+def diff(
+    old: Annotated[Path, typer.Argument(help="The config directory before the change.")],
+    new: Annotated[Path, typer.Argument(help="The config directory after the change.")],
+    proxy: Annotated[
+        str | None,
+        typer.Option("--proxy", help="A full node id or a WorkloadEntry NAME.NAMESPACE."),
+    ] = None,
+    all_proxies: Annotated[
+        bool, typer.Option("--all-proxies", help="Every WorkloadEntry of either tree, with a summary.")
+    ] = False,
+    output: Annotated[
+        Format, typer.Option("--output", "-o", help="text (unified diffs) or json (a list, for tools).")
+    ] = Format.text,
+    namespace: Annotated[
+        str,
+        typer.Option("--namespace", "-n", help="Namespace of resources that name none, and of a bare --proxy NAME."),
+    ] = "default",
+) -> None:
+    """Show how the Envoy config of a proxy (or of every proxy) changes from OLD to NEW.
+
+    Exit status: 0 nothing changes, 1 something does, 2 usage error or input that fails to load.
+    """
+    from meshctl.cli import offline
+    from meshctl.cli import output as out
+
+    if (proxy is None) == (not all_proxies):
+        out.error("give either --proxy NODE_ID or --all-proxies")
+        raise typer.Exit(offline.EXIT_ERROR)
+    try:
+        before = offline.load_tree(old, namespace=namespace)
+        after = offline.load_tree(new, namespace=namespace)
+        pairs = all_pairs(before, after) if proxy is None else [proxy_pair(before, after, proxy, namespace)]
+    except offline.OfflineError as exc:
+        offline.fail(exc)
+    offline.report(after)  # the tree being proposed; the old one's warnings are history
+    try:
+        changes = [c for pair in pairs for c in diff_proxy(before, after, pair)]
+    except Exception as exc:  # a crash must not exit 1, which would read as "something changed"
+        out.error(f"internal error: {type(exc).__name__}: {exc}")
+        raise typer.Exit(offline.EXIT_ERROR) from exc
+    if output is Format.json:
+        sys.stdout.write(json.dumps([c.as_dict() for c in changes], indent=2) + "\n")
+    else:
+        _print_text(changes, summary=all_proxies)
+    if not changes:
+        out.stderr_console().print(f"no changes for {len(pairs)} prox{'y' if len(pairs) == 1 else 'ies'}")
+    raise typer.Exit(offline.EXIT_CHANGED if changes else offline.EXIT_OK)
+
+
+def proxy_pair(before: LoadedTree, after: LoadedTree, ref: str, namespace: str) -> ProxyPair:
+    """The proxy `ref` names, in each tree; an error when it names nothing in either."""
+    from meshctl.cli import offline
+
+    old = offline.find_proxy(before.snapshot, ref, namespace)
+    new = offline.find_proxy(after.snapshot, ref, namespace)
+    if old is None and new is None:
+        raise offline.OfflineError(
+            f"--proxy {ref!r} names no WorkloadEntry in {before.path} or {after.path}; "
+            f"{offline.known_proxies(after.snapshot)}"
+        )
+    label = new.id if new is not None else old.id if old is not None else ref
+    return ProxyPair(label, old, new)
+
+
+def all_pairs(before: LoadedTree, after: LoadedTree) -> list[ProxyPair]:
+    """A pair for every WorkloadEntry of either tree, by (namespace, name); each side bound with
+    the node id its own tree gives (a new IP or a new Gateway changes the id)."""
+    from meshctl.cli import offline
+
+    refs = sorted({(e.namespace, e.name) for tree in (before, after) for e in offline.workload_entries(tree.snapshot)})
+    pairs = []
+    for ns, name in refs:
+        ref = f"{name}.{ns}"
+        pairs.append(proxy_pair(before, after, ref, ns))
+    return pairs
+
+
+def diff_proxy(before: LoadedTree, after: LoadedTree, pair: ProxyPair) -> Iterator[ResourceChange]:
+    """Every resource that differs for one proxy, in push order, then by name."""
+    from meshctl.xds.config_dump import DUMP_ORDER, SECTION_NAMES
+
+    old = _by_name(before, pair.old)
+    new = _by_name(after, pair.new)
+    for type_url in DUMP_ORDER:
+        was, now = old.get(type_url, {}), new.get(type_url, {})
+        for name in sorted(was.keys() | now.keys()):
+            a, b = was.get(name), now.get(name)
+            if a is None:
+                change = Change.added
+            elif b is None:
+                change = Change.removed
+            elif a.SerializeToString(deterministic=True) != b.SerializeToString(deterministic=True):
+                change = Change.changed
+            else:
+                continue
+            yield ResourceChange(pair.label, SECTION_NAMES[type_url], name, change, a, b)
+
+
+def _by_name(tree: LoadedTree, proxy: Proxy | None) -> Mapping[str, Mapping[str, Message]]:
+    """What the proxy would hold (as `meshctl dump` shows it), by type URL and name."""
+    from meshctl.xds.config_dump import subscribed
+    from meshctl.xds.generate import generate
+    from meshctl.xds.names import resource_name
+
+    if proxy is None:
+        return {}
+    resources, _ = subscribed(generate(tree.snapshot, proxy))
+    return {t: {resource_name(m): m for m in ms} for t, ms in resources.items()}
+
+
+def unified_diff(change: ResourceChange) -> list[str]:
+    """The change as a unified diff of the resources' YAML, headed `a/TYPE/NAME` and `b/TYPE/NAME`
+    (`/dev/null` for a side that has none), as git writes them."""
+    from meshctl.cli.offline import yaml_text
+    from meshctl.xds.config_dump import message_dict
+
+    def text(message: Message | None) -> list[str]:
+        return yaml_text(message_dict(message)).splitlines() if message is not None else []
+
+    path = f"{change.section}/{change.name}"
+    return list(
+        difflib.unified_diff(
+            text(change.old),
+            text(change.new),
+            fromfile=f"a/{path}" if change.old is not None else "/dev/null",
+            tofile=f"b/{path}" if change.new is not None else "/dev/null",
+            lineterm="",
+        )
+    )
+
+
+def summary_rows(changes: list[ResourceChange]) -> list[list[str]]:
+    """PROXY, TYPE, ADDED, REMOVED, CHANGED: one row per proxy and type that has changes."""
+    counts: dict[tuple[str, str], dict[Change, int]] = {}
+    for c in changes:
+        row = counts.setdefault((c.proxy, c.section), dict.fromkeys(Change, 0))
+        row[c.change] += 1
+    return [
+        [proxy, section, *(str(n[k]) for k in (Change.added, Change.removed, Change.changed))]
+        for (proxy, section), n in counts.items()
+    ]
+
+
+SUMMARY_COLUMNS = ("PROXY", "TYPE", "ADDED", "REMOVED", "CHANGED")
+
+
+def _print_text(changes: list[ResourceChange], *, summary: bool) -> None:
+    from meshctl.cli.output import TableData, print_diff, print_tables
+
+    lines: list[str] = []
+    current = ""
+    for c in changes:
+        if c.proxy != current:
+            current = c.proxy
+            lines.append(f"# {current}")
+        lines.extend(unified_diff(c))
+    print_diff(lines)
+    if summary and changes:
+        sys.stdout.write("\n")
+        print_tables([TableData("Summary", SUMMARY_COLUMNS, summary_rows(changes))])

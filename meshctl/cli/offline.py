@@ -1,0 +1,224 @@
+"""A config tree as the server would see it, and a proxy named in it: what `dump` and `diff` share.
+
+The offline commands promise to show what the server sends, so they take the server's path from
+files to a snapshot: the same loader, the same duplicate rule (`merge_files`), the same file
+registry, the same merge with Consul (files win a hostname both define), the same
+`build_snapshot`. Nothing is re-implemented here.
+
+One difference is deliberate. The server keeps the last good contents of a file that fails to
+load; a command run on a directory has no last good contents, and output built from part of the
+input would be trusted as the whole of it. So a tree with any error is refused (exit 2) and its
+findings are printed instead.
+
+A proxy is named by its full Envoy node id, or by its WorkloadEntry (`NAME.NAMESPACE`, or `NAME`
+in the `-n` namespace). The node id is then built as the VM's bootstrap would have it:
+`sidecar~IP~NAME.NAMESPACE~NAMESPACE.svc.cluster.local`, or `router~...` when a Gateway selects
+the workload's labels (the VM runs a gateway, not a sidecar).
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import typer
+
+from meshctl.errors import MeshctlError
+
+if TYPE_CHECKING:
+    from meshctl.config.findings import Finding
+    from meshctl.config.model import Config
+    from meshctl.registry.model import ServiceModel
+    from meshctl.snapshot.model import MeshSettings, Snapshot
+    from meshctl.snapshot.proxy import Proxy
+
+EXIT_OK, EXIT_CHANGED, EXIT_ERROR = 0, 1, 2
+
+
+class OfflineError(MeshctlError):
+    """Input an offline command cannot work from; `findings` say what is wrong with the files."""
+
+    def __init__(self, message: str, findings: Sequence[Finding] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.findings = tuple(findings)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedTree:
+    """A snapshot built from one directory (and Consul), with what a person should hear about it."""
+
+    path: Path
+    snapshot: Snapshot
+    warnings: tuple[Finding, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def load_tree(
+    config_dir: Path,
+    *,
+    consul: str | None = None,
+    namespace: str = "default",
+    mesh: MeshSettings | None = None,
+) -> LoadedTree:
+    """Load `config_dir` (and Consul's catalog, read once) into a snapshot as the server would;
+    raises OfflineError for a missing path, a file that fails to load, or an unreadable Consul."""
+    from meshctl.config.findings import Severity, sort_findings
+    from meshctl.config.loader import LoadOptions, load_paths, merge_files
+    from meshctl.registry.aggregate import merge_models
+    from meshctl.registry.serviceentry import build_file_model
+    from meshctl.snapshot.model import build_snapshot
+
+    if not config_dir.exists():
+        raise OfflineError(f"no such file or directory: {config_dir}")
+    result = load_paths([config_dir], LoadOptions(default_namespace=namespace))
+    configs, duplicates = merge_files(result.files.values())
+    findings = sort_findings([*result.all_findings(), *duplicates])
+    errors = [f for f in findings if f.severity is Severity.ERROR]
+    if errors:
+        raise OfflineError(
+            f"{len(errors)} error(s) in {config_dir}: meshctl does not build config from broken input", errors
+        )
+    members: list[tuple[str, ServiceModel]] = [("files", build_file_model(configs.values()))]
+    if consul is not None:
+        members.append(("consul", _read_consul(consul)))
+    model = merge_models(members)
+    snapshot = build_snapshot(configs.values(), model, mesh)
+    warnings = tuple(f for f in findings if f.severity is Severity.WARNING)
+    return LoadedTree(config_dir, snapshot, warnings, tuple(model.notes))
+
+
+def _read_consul(address: str) -> ServiceModel:
+    """Consul's catalog, read once, with Consul's own environment variables (token, TLS) for
+    everything but the address, as `meshctl services --consul` reads it."""
+    from meshctl.registry.consul import ConsulOptions, read_consul_once
+
+    try:
+        options = ConsulOptions.from_env(address=address)
+    except (MeshctlError, OSError) as exc:
+        raise OfflineError(str(exc)) from exc
+    try:
+        return read_consul_once(options)
+    except (MeshctlError, OSError) as exc:  # its message names the address and what failed
+        raise OfflineError(str(exc)) from exc
+
+
+def workload_entries(snapshot: Snapshot) -> tuple[Config, ...]:
+    """Every WorkloadEntry, in (namespace, name) order: the proxies a tree describes."""
+    return snapshot.of_kind("WorkloadEntry")
+
+
+def find_workload_entry(snapshot: Snapshot, ref: str, namespace: str = "default") -> Config | None:
+    """The WorkloadEntry `NAME.NAMESPACE` (names may hold dots, so the whole reference is
+    compared), else the one named `ref` in `namespace`."""
+    entries = workload_entries(snapshot)
+    for entry in entries:
+        if f"{entry.name}.{entry.namespace}" == ref:
+            return entry
+    for entry in entries:
+        if entry.name == ref and entry.namespace == namespace:
+            return entry
+    return None
+
+
+def node_id_for(snapshot: Snapshot, entry: Config) -> str:
+    """The node id the workload's Envoy would send: a router when a Gateway selects its labels."""
+    from meshctl.config.labels import labels_match
+    from meshctl.snapshot.model import spec
+
+    labels = {**entry.labels, **spec(entry).labels}  # as `bind_proxy` layers them
+    router = any(spec(gw).selector and labels_match(spec(gw).selector, labels) for gw in snapshot.of_kind("Gateway"))
+    kind = "router" if router else "sidecar"
+    return f"{kind}~{spec(entry).address}~{entry.name}.{entry.namespace}~{entry.namespace}.svc.cluster.local"
+
+
+def is_node_id(ref: str) -> bool:
+    return "~" in ref
+
+
+def find_proxy(snapshot: Snapshot, ref: str, namespace: str = "default") -> Proxy | None:
+    """The proxy `ref` names in `snapshot`: a full node id always names one (the server serves any
+    node), a WorkloadEntry reference only when the entry exists. Raises OfflineError for a node
+    id that is not Istio's format."""
+    from meshctl.snapshot.proxy import NodeIdError, bind_proxy, parse_node_id
+
+    if is_node_id(ref):
+        node_id = ref
+    else:
+        entry = find_workload_entry(snapshot, ref, namespace)
+        if entry is None:
+            return None
+        node_id = node_id_for(snapshot, entry)
+    try:
+        return bind_proxy(parse_node_id(node_id), snapshot)
+    except NodeIdError as exc:
+        raise OfflineError(str(exc)) from exc
+
+
+def resolve_proxy(tree: LoadedTree, ref: str, namespace: str = "default") -> Proxy:
+    """`find_proxy`, or an OfflineError that lists the proxies the tree does describe."""
+    proxy = find_proxy(tree.snapshot, ref, namespace)
+    if proxy is None:
+        raise OfflineError(f"--proxy {ref!r} names no WorkloadEntry in {tree.path}; {known_proxies(tree.snapshot)}")
+    return proxy
+
+
+def known_proxies(snapshot: Snapshot) -> str:
+    names = [f"{e.name}.{e.namespace}" for e in workload_entries(snapshot)]
+    if not names:
+        return "it has none: give a full node id (TYPE~IP~NAME.NAMESPACE~DOMAIN)"
+    return "known: " + ", ".join(names)
+
+
+def proxy_note(proxy: Proxy) -> str:
+    """One line for stderr saying which proxy the output is for, and what it was bound to."""
+    bound = f"workload {proxy.workload}" if proxy.workload else "no workload (the id matches no WorkloadEntry)"
+    return f"proxy {proxy.id}: {bound}"
+
+
+def report(tree: LoadedTree) -> None:
+    """Warnings and registry notes about a tree, on stderr, so stdout stays machine-readable."""
+    from meshctl.cli import output as out
+
+    if tree.warnings:
+        out.print_findings(tree.warnings, "text", sys.stderr)
+    for note in tree.notes:
+        out.stderr_console().print(f"note: {note}", markup=False, soft_wrap=True)
+
+
+def fail(exc: OfflineError) -> NoReturn:
+    """Report an OfflineError (its findings first, then the message) and exit 2."""
+    from meshctl.cli import output as out
+
+    if exc.findings:
+        out.print_findings(exc.findings, "text", sys.stderr)
+    out.error(exc.message)
+    raise typer.Exit(EXIT_ERROR) from exc
+
+
+def yaml_text(data: Any) -> str:
+    """Plain data as block YAML, keys in the order given and long strings never folded, so that
+    equal data gives equal text and a diff of two dumps shows only what changed."""
+    from ruamel.yaml import YAML
+
+    yaml = YAML(typ="safe", pure=True)
+    yaml.default_flow_style = False
+    yaml.width = 1 << 16
+    yaml.representer.sort_base_mapping_type_on_output = False  # keep the message's field order
+    buffer = io.StringIO()
+    yaml.dump(_plain(data), buffer)
+    return buffer.getvalue()
+
+
+def _plain(data: Any) -> Any:
+    """Mappings as plain dicts: protobuf's JSON gives OrderedDicts for Any payloads, which a YAML
+    dumper would tag `!!omap` where Envoy and kubectl users expect plain mappings."""
+    if isinstance(data, Mapping):
+        return {str(k): _plain(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [_plain(v) for v in data]
+    return data

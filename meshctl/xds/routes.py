@@ -1,0 +1,215 @@
+"""RDS: a proxy's route configurations, as istiod builds them (pilot/pkg/networking/core/httproute.go).
+
+A sidecar gets one route configuration per HTTP service port it can call, named by the port
+(`9080`); its outbound listener on that port names it. In it, every service with that port gets
+a virtual host `HOST:PORT` answering to the service's names and addresses, routed by the
+VirtualService that claims the host or, without one, by a default route to the service's
+cluster (with Istio's default retries and no timeout). A catch-all virtual host comes last:
+`allow_any` to PassthroughCluster when the outbound policy is ALLOW_ANY, `block_all` (502)
+under REGISTRY_ONLY.
+
+A router (gateway) gets one per plain-HTTP server port (`http.80`) and one per TLS-terminating
+HTTPS server (`https.443.https.GATEWAY.NS`), holding the hosts its servers expose that
+VirtualServices bound to the Gateway route (see `route_gateway`).
+
+Every VirtualService HTTP route is translated by `route_actions`; generation is a pure function
+of the scope, and the result is sorted by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from envoy.config.route.v3 import route_components_pb2 as rc
+from envoy.config.route.v3 import route_pb2
+
+from meshctl.config.hosts import hosts_overlap
+from meshctl.config.model import Config
+from meshctl.registry.model import Service
+from meshctl.snapshot.model import spec
+from meshctl.snapshot.proxy import ProxyType
+from meshctl.snapshot.scope import MESH_GATEWAY, ProxyScope
+from meshctl.xds import route_policy as policy
+from meshctl.xds.names import PASSTHROUGH_CLUSTER, sidecar_route_name
+from meshctl.xds.route_actions import http_routes
+from meshctl.xds.route_context import (
+    destination_cluster,
+    route_configuration,
+    route_context,
+    service_hash,
+    service_on_port,
+    virtual_service_hosts,
+)
+from meshctl.xds.route_delegate import effective_http
+from meshctl.xds.route_domains import DomainAllocator, domain_name, service_domains, with_port
+from meshctl.xds.route_gateway import build_gateway_routes
+
+__all__ = ["build_routes", "destination_cluster", "route_configuration"]
+
+#: Names of the catch-all virtual hosts (and their routes), as Istio names them.
+ALLOW_ANY = "allow_any"
+BLOCK_ALL = "block_all"
+DEFAULT_ROUTE = "default"
+#: Istio's hack: VirtualService hosts outside the registry are served on port 80 only.
+_PLAIN_HTTP_PORT = 80
+
+
+def build_routes(scope: ProxyScope) -> list[route_pb2.RouteConfiguration]:
+    """Every route configuration of the proxy, sorted by name."""
+    configs = build_gateway_routes(scope) if scope.proxy.type is ProxyType.ROUTER else build_sidecar_routes(scope)
+    return sorted(configs, key=lambda c: c.name)
+
+
+def build_sidecar_routes(scope: ProxyScope) -> list[route_pb2.RouteConfiguration]:
+    ports = sorted({p.number for s in scope.services for p in s.ports if p.protocol.is_http})
+    virtual_services = scope.virtual_services((MESH_GATEWAY,))
+    return [_sidecar_route_config(scope, port, virtual_services) for port in ports]
+
+
+@dataclass
+class _HostGroup:
+    """Hosts that share one list of routes: a VirtualService's, or a service's default."""
+
+    routes: list[rc.Route]
+    services: list[Service] = field(default_factory=list)
+    #: VirtualService hosts that name no service (`api.example.com`): served under their own name.
+    other_hosts: list[str] = field(default_factory=list)
+
+
+def _sidecar_route_config(
+    scope: ProxyScope, port: int, virtual_services: Sequence[Config]
+) -> route_pb2.RouteConfiguration:
+    services = {s.hostname: s for s in scope.services if s.port(port) is not None}
+    ctx = route_context(scope, port, frozenset({MESH_GATEWAY}), service_on_port(scope, port))
+    groups: list[_HostGroup] = []
+    claimed: set[str] = set()
+    for vs in virtual_services:
+        hosts = virtual_service_hosts(scope, vs)
+        if port != _PLAIN_HTTP_PORT and not any(hosts_overlap(h, s) for h in hosts for s in services):
+            continue
+        routes = http_routes(vs, ctx, effective_http(scope, vs))
+        if not routes:
+            # No route applies to this proxy: its hosts keep their default routes, as in Istio.
+            continue
+        other_hosts, matched = _claimed_hosts(scope, vs, hosts, services)
+        http_services = [s for s in matched if _is_http(s, port)]
+        if not http_services and port != _PLAIN_HTTP_PORT:
+            continue
+        groups.append(_HostGroup(routes, http_services, other_hosts))
+        claimed.update(s.hostname for s in http_services)
+    for host in sorted(services):
+        svc = services[host]
+        if host not in claimed and _is_http(svc, port):
+            groups.append(_HostGroup([_default_route(scope, svc, port)], [svc]))
+    virtual_hosts = _virtual_hosts(scope, port, groups)
+    if not any("*" in vh.domains for vh in virtual_hosts):
+        # A VirtualService for `*` on port 80 already catches everything; Envoy refuses a second `*`.
+        virtual_hosts.append(_catch_all(scope))
+    return route_configuration(sidecar_route_name(port), virtual_hosts)
+
+
+def _is_http(svc: Service, port: int) -> bool:
+    p = svc.port(port)
+    return p is not None and p.protocol.is_http
+
+
+def _claimed_hosts(
+    scope: ProxyScope, vs: Config, hosts: Sequence[str], services: dict[str, Service]
+) -> tuple[list[str], list[Service]]:
+    """Which services (with the listener's port) this VirtualService routes, and which of its
+    hosts name no such service. A service is routed by the one VirtualService the scope picks
+    for it (an exact host over the longest wildcard), so no host gets two virtual hosts."""
+    other: list[str] = []
+    matched: list[Service] = []
+
+    def claim(svc: Service) -> None:
+        chosen = scope.virtual_service_for(svc.hostname)
+        if chosen is not None and chosen.key == vs.key and svc not in matched:
+            matched.append(svc)
+
+    for host in hosts:
+        if not host.startswith("*"):
+            if host in services:
+                claim(services[host])
+            else:
+                other.append(host)
+            continue
+        found = False
+        for svc_host in sorted(services):
+            if hosts_overlap(host, svc_host):
+                found = True
+                claim(services[svc_host])
+        if not found:
+            other.append(host)
+    return other, matched
+
+
+def _default_route(scope: ProxyScope, svc: Service, port: int) -> rc.Route:
+    """Istio's BuildDefaultHTTPOutboundRoute: everything to the service's cluster, Istio's
+    default retries, no timeout, and the DestinationRule's consistent hash if it has one."""
+    action = rc.RouteAction(cluster=f"outbound|{port}||{svc.hostname}")
+    action.retry_policy.CopyFrom(policy.default_retry_policy())
+    policy.set_timeout(action, None)
+    hashing = policy.hash_policy(service_hash(scope, svc.hostname, port))
+    if hashing is not None:
+        action.hash_policy.append(hashing)
+    return rc.Route(
+        name=DEFAULT_ROUTE,
+        match=rc.RouteMatch(prefix="/"),
+        route=action,
+        decorator=rc.Decorator(operation=f"{svc.hostname}:{port}/*"),
+    )
+
+
+def _virtual_hosts(scope: ProxyScope, port: int, groups: Sequence[_HostGroup]) -> list[rc.VirtualHost]:
+    """One virtual host per service and per other VirtualService host, named `HOST:PORT`,
+    with each domain given to the first that asks (Envoy refuses duplicates)."""
+    proxy_domain = scope.proxy.node.domain or f"{scope.proxy.namespace}.svc.cluster.local"
+    known = {h for g in groups for s in g.services for h in (s.hostname, domain_name(s.hostname, port))}
+    allocator = DomainAllocator(known)
+    names: set[str] = set()
+    out: list[rc.VirtualHost] = []
+
+    def add(host: str, svc: Service | None, routes: list[rc.Route]) -> None:
+        name = domain_name(host, port)
+        if name in names:
+            return
+        names.add(name)
+        if svc is None:
+            domains = allocator.claim(with_port(host, port))
+        else:
+            wanted, expanded = service_domains(host, svc.addresses, port, proxy_domain)
+            domains = allocator.claim(wanted, expanded)
+        if domains:
+            out.append(rc.VirtualHost(name=name, domains=domains, routes=routes, include_request_attempt_count=True))
+
+    for group in groups:
+        for host in group.other_hosts:
+            add(host, None, group.routes)
+        for svc in group.services:
+            add(svc.hostname, svc, group.routes)
+    out.sort(key=lambda vh: vh.name)
+    return out
+
+
+def _catch_all(scope: ProxyScope) -> rc.VirtualHost:
+    """Where requests for unknown hosts go: PassthroughCluster (or the Sidecar's egress proxy)
+    under ALLOW_ANY, a 502 under REGISTRY_ONLY, as in Istio."""
+    if scope.outbound_traffic_policy == "ALLOW_ANY":
+        cluster = PASSTHROUGH_CLUSTER
+        sidecar = scope.sidecar
+        if sidecar is not None and spec(sidecar).outbound_traffic_policy.HasField("egress_proxy"):
+            cluster = destination_cluster(
+                scope, spec(sidecar).outbound_traffic_policy.egress_proxy, 0, sidecar.namespace
+            )
+        action = rc.RouteAction(cluster=cluster)
+        policy.set_timeout(action, None)
+        route = rc.Route(name=ALLOW_ANY, match=rc.RouteMatch(prefix="/"), route=action)
+        name = ALLOW_ANY
+    else:
+        route = rc.Route(
+            name=BLOCK_ALL, match=rc.RouteMatch(prefix="/"), direct_response=rc.DirectResponseAction(status=502)
+        )
+        name = BLOCK_ALL
+    return rc.VirtualHost(name=name, domains=["*"], routes=[route], include_request_attempt_count=True)
