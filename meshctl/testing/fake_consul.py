@@ -1,0 +1,465 @@
+"""A fake Consul agent over real HTTP, for tests that need Consul without installing it.
+
+`FakeConsul` serves the part of Consul's HTTP API that meshctl uses, as Consul documents it:
+
+- `GET /v1/catalog/services` and `GET /v1/health/service/NAME` (with `passing`, `dc`), both as
+  blocking queries: with `index` and `wait` a request is held until the data it covers changes
+  past `index` or `wait` passes (5 minutes by default, at most 10), then answered with
+  `X-Consul-Index`; one raft-like index counts every write;
+- `PUT /v1/catalog/register` and `PUT /v1/catalog/deregister` with Consul's bodies (field names
+  in any case, as Consul's JSON decoding allows), so the same test code can drive a real agent;
+- ACL tokens (`X-Consul-Token`, a bearer token or `?token=`) when built with `acl_token`: a
+  request without it gets 403. (A real Consul answers anonymous reads with results filtered
+  by ACLs rather than 403; the fake is stricter so a missing token cannot go unnoticed.)
+
+Tests also get controls a real agent lacks: `stop()`/`start()` (the port is kept, so clients see
+an outage and a recovery), `set_index()` (indexes go backwards, as after a snapshot restore),
+`zero_index` (answer at once with index 0, an old Consul bug), and a log of every request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import select
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Final
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+_MAX_WAIT: Final = 600.0
+_DEFAULT_WAIT: Final = 300.0
+_UNITS: Final = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    method: str
+    path: str
+    query: Mapping[str, str]
+    token: str
+
+
+class ConsulAPIError(Exception):
+    """A request Consul would refuse, with the status it would answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _field(obj: Mapping[str, Any], name: str, default: Any = None) -> Any:
+    """Consul decodes JSON field names case-insensitively (py-consul sends `node`, `service`)."""
+    for key, value in obj.items():
+        if key.lower() == name.lower():
+            return value
+    return default
+
+
+class FakeConsul:
+    """A Consul agent's catalog and health API on 127.0.0.1; use as a context manager."""
+
+    def __init__(self, *, datacenter: str = "dc1", acl_token: str | None = None, port: int = 0) -> None:
+        self.datacenter = datacenter
+        self.acl_token = acl_token
+        self.zero_index = False
+        self.requests: list[RecordedRequest] = []
+        self._port = port
+        self._cond = threading.Condition()
+        self._index = 1
+        self._catalog_index = 1
+        self._service_index: dict[str, int] = {}
+        self._epoch = 0  # bumped by set_index: wakes every blocked query, as a restore does
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._services: dict[tuple[str, str], dict[str, Any]] = {}
+        self._checks: dict[tuple[str, str], dict[str, Any]] = {}
+        self._server: _Server | None = None
+        self._generation = 0  # bumped by stop: requests of a stopped server are dropped
+        self._connections: set[socket.socket] = set()
+        self._in_flight: dict[str, int] = {}
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self._port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    def start(self) -> None:
+        """Listen (again) on the same port; the catalog survives a stop."""
+        server = _Server(("127.0.0.1", self._port), _Handler)
+        server.fake = self
+        self._port = server.server_address[1]
+        with self._cond:
+            self._server = server
+        threading.Thread(target=server.serve_forever, args=(0.05,), name="fake-consul", daemon=True).start()
+
+    def stop(self) -> None:
+        """Stop listening and drop every connection, answered or not, as a dying agent does."""
+        with self._cond:
+            server, self._server = self._server, None
+            self._generation += 1
+            self._cond.notify_all()
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        with self._cond:
+            connections = list(self._connections)
+        for conn in connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + 5
+        with self._cond:
+            while self._connections and time.monotonic() < deadline:
+                self._cond.wait(0.05)
+
+    def __enter__(self) -> FakeConsul:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- test controls ----------------------------------------------------------------------
+
+    def set_index(self, index: int) -> None:
+        """Move every index back to at most `index` and wake all blocked queries."""
+        with self._cond:
+            self._index = index
+            self._catalog_index = min(self._catalog_index, index)
+            self._service_index = {k: min(v, index) for k, v in self._service_index.items()}
+            self._epoch += 1
+            self._cond.notify_all()
+
+    def request_count(self, path: str | None = None) -> int:
+        with self._cond:
+            return sum(1 for r in self.requests if path is None or r.path == path)
+
+    def in_flight(self, path: str) -> int:
+        """Requests on `path` being served now (blocked queries included)."""
+        with self._cond:
+            return self._in_flight.get(path, 0)
+
+    # --- the catalog ------------------------------------------------------------------------
+
+    def register(self, body: Mapping[str, Any]) -> None:
+        """`PUT /v1/catalog/register` without HTTP."""
+        node = _field(body, "Node", "")
+        if not node:
+            raise ConsulAPIError(400, "Must provide node")
+        dc = _field(body, "Datacenter") or self.datacenter
+        if dc != self.datacenter:
+            raise ConsulAPIError(500, f"No path to datacenter {dc}")
+        with self._cond:
+            touched: set[str] = set()
+            catalog = changed = False
+            if not _field(body, "SkipNodeUpdate", False):
+                address = _field(body, "Address", "")
+                if not address:
+                    raise ConsulAPIError(400, "Must provide address if SkipNodeUpdate is not set")
+                new_node = {
+                    "ID": _field(body, "ID", ""),
+                    "Node": node,
+                    "Address": address,
+                    "Datacenter": dc,
+                    "TaggedAddresses": dict(_field(body, "TaggedAddresses") or {}),
+                    "Meta": dict(_field(body, "NodeMeta") or {}),
+                }
+                old_node = self._nodes.get(node)
+                if old_node is None or _strip(old_node) != new_node:
+                    self._nodes[node] = self._indexed(new_node, old_node)
+                    touched |= self._names_on(node)
+                    changed = True
+            elif node not in self._nodes:
+                raise ConsulAPIError(400, f"node {node!r} does not exist")
+            svc = _field(body, "Service")
+            if svc:
+                new = _service(svc)
+                key = (node, new["ID"])
+                old = self._services.get(key)
+                if old is None or _strip(old) != new:
+                    self._services[key] = self._indexed(new, old)
+                    touched |= {new["Service"]} | ({old["Service"]} if old else set())
+                    catalog = True
+            checks = [_field(body, "Check"), *(_field(body, "Checks") or [])]
+            for chk in (c for c in checks if c):
+                scope = self._put_check(node, chk)
+                touched |= scope or set()
+                changed = changed or scope is not None
+            if touched or catalog or changed:
+                self._write(touched, catalog)
+
+    def deregister(self, body: Mapping[str, Any]) -> None:
+        """`PUT /v1/catalog/deregister` without HTTP: a service, a check, or a whole node."""
+        node = _field(body, "Node", "")
+        service_id, check_id = _field(body, "ServiceID", ""), _field(body, "CheckID", "")
+        with self._cond:
+            if node not in self._nodes:
+                return
+            touched: set[str] = set()
+            catalog = False
+            if service_id or not check_id:
+                gone = [k for k in self._services if k[0] == node and (not service_id or k[1] == service_id)]
+                for key in gone:
+                    touched.add(self._services.pop(key)["Service"])
+                    catalog = True
+                    for ck in [c for c, v in self._checks.items() if c[0] == node and v["ServiceID"] == key[1]]:
+                        del self._checks[ck]
+            if check_id and (node, check_id) in self._checks:
+                chk = self._checks.pop((node, check_id))
+                touched |= self._check_scope(node, chk["ServiceID"])
+            if not service_id and not check_id:
+                touched |= self._names_on(node)
+                del self._nodes[node]
+                for ck in [c for c in self._checks if c[0] == node]:
+                    del self._checks[ck]
+            if touched or catalog:
+                self._write(touched, catalog)
+
+    def set_check(self, node: str, check_id: str, status: str) -> None:
+        """Change one check's status (`passing`, `warning`, `critical`)."""
+        with self._cond:
+            chk = self._checks[(node, check_id)]
+            if chk["Status"] != status:
+                self._checks[(node, check_id)] = {**chk, "Status": status}
+                self._write(self._check_scope(node, chk["ServiceID"]), catalog=False)
+
+    def _put_check(self, node: str, chk: Mapping[str, Any]) -> set[str] | None:
+        """The services the check bears on, or None when it was already there as is."""
+        service_id = _field(chk, "ServiceID", "")
+        svc = self._services.get((node, service_id))
+        new = {
+            "Node": node,
+            "CheckID": _field(chk, "CheckID") or _field(chk, "Name", ""),
+            "Name": _field(chk, "Name", ""),
+            "Status": _field(chk, "Status") or "critical",  # Consul's default for a new check
+            "Notes": _field(chk, "Notes", ""),
+            "Output": _field(chk, "Output", ""),
+            "ServiceID": service_id,
+            "ServiceName": svc["Service"] if svc else "",
+            "ServiceTags": list(svc["Tags"]) if svc else [],
+            "Type": "",
+        }
+        old = self._checks.get((node, new["CheckID"]))
+        if old is not None and _strip(old) == new:
+            return None
+        self._checks[(node, new["CheckID"])] = self._indexed(new, old)
+        return self._check_scope(node, service_id)
+
+    def _check_scope(self, node: str, service_id: str) -> set[str]:
+        if not service_id:
+            return self._names_on(node)
+        svc = self._services.get((node, service_id))
+        return {svc["Service"]} if svc else set()
+
+    def _names_on(self, node: str) -> set[str]:
+        return {s["Service"] for (n, _), s in self._services.items() if n == node}
+
+    def _indexed(self, new: dict[str, Any], old: Mapping[str, Any] | None) -> dict[str, Any]:
+        create = old["CreateIndex"] if old else self._index + 1
+        return {**new, "CreateIndex": create, "ModifyIndex": self._index + 1}
+
+    def _write(self, services: Iterable[str], catalog: bool) -> None:
+        self._index += 1
+        for name in services:
+            self._service_index[name] = self._index
+        if catalog:
+            self._catalog_index = self._index
+        self._cond.notify_all()
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def _catalog(self) -> object:
+        tags: dict[str, set[str]] = {}
+        for svc in self._services.values():
+            tags.setdefault(svc["Service"], set()).update(svc["Tags"])
+        return {name: sorted(t) for name, t in sorted(tags.items())}
+
+    def _health(self, name: str, passing: bool) -> object:
+        entries = []
+        for (node, sid), svc in sorted(self._services.items()):
+            if svc["Service"] != name:
+                continue
+            checks = [c for (n, _), c in sorted(self._checks.items()) if n == node and c["ServiceID"] in ("", sid)]
+            if passing and any(c["Status"] != "passing" for c in checks):
+                continue
+            entries.append({"Node": self._nodes[node], "Service": svc, "Checks": checks})
+        return entries
+
+    def _blocking_read(self, handler: _Handler, path: str, query: Mapping[str, str]) -> tuple[int, object] | None:
+        """Hold until the data changes past `index` or `wait` passes; None if the server stopped
+        or the client went away."""
+        name = unquote(path.rsplit("/", 1)[1]) if path.startswith("/v1/health/") else ""
+        passing = "passing" in query and query["passing"] != "false"
+        index = int(query["index"]) if query.get("index", "").isdigit() else 0
+        deadline = time.monotonic() + (_duration(query.get("wait", "")) if index else 0.0)
+        with self._cond:
+            epoch, generation = self._epoch, handler.generation
+            while not self.zero_index and self._index_of(name) <= index and epoch == self._epoch:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or generation != self._generation or handler.client_gone():
+                    break
+                self._cond.wait(min(remaining, 0.2))
+            if generation != self._generation or handler.client_gone():
+                return None
+            data = self._health(name, passing) if name else self._catalog()
+            return (0 if self.zero_index else max(self._index_of(name), 1)), data
+
+    def _index_of(self, name: str) -> int:
+        """The index of a service's health (of the catalog when `name` is empty)."""
+        return self._service_index.get(name, self._catalog_index) if name else self._catalog_index
+
+    def _authorize(self, token: str) -> None:
+        if self.acl_token is not None and token != self.acl_token:
+            raise ConsulAPIError(403, "ACL not found" if token else "Permission denied")
+
+
+def _service(svc: Mapping[str, Any]) -> dict[str, Any]:
+    name = _field(svc, "Service") or _field(svc, "Name", "")
+    if not name:
+        raise ConsulAPIError(400, "Must provide service name")
+    weights = _field(svc, "Weights") or {}
+    return {
+        "ID": _field(svc, "ID") or name,
+        "Service": name,
+        "Tags": list(_field(svc, "Tags") or []),
+        "Address": _field(svc, "Address", ""),
+        "TaggedAddresses": dict(_field(svc, "TaggedAddresses") or {}),
+        "Meta": dict(_field(svc, "Meta") or {}),
+        "Port": int(_field(svc, "Port", 0)),
+        "Weights": {"Passing": _field(weights, "Passing", 1), "Warning": _field(weights, "Warning", 1)},
+        "EnableTagOverride": bool(_field(svc, "EnableTagOverride", False)),
+        "Kind": _field(svc, "Kind", ""),
+    }
+
+
+def _strip(record: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in record.items() if k not in ("CreateIndex", "ModifyIndex")}
+
+
+def _duration(text: str) -> float:
+    """A Go duration (`5m`, `10s`, `1500ms`); Consul's default and cap when absent or too long."""
+    found = _DURATION.findall(text)
+    if not found:
+        return _DEFAULT_WAIT
+    return min(sum(float(n) * _UNITS[u] for n, u in found), _MAX_WAIT)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    fake: FakeConsul
+
+    def server_bind(self) -> None:
+        socketserver.TCPServer.server_bind(self)  # skip HTTPServer's reverse DNS lookup of the host
+        self.server_name, self.server_port = "127.0.0.1", self.server_address[1]
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """Clients that hang up mid-request are normal here (outages, stopped watches)."""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as Consul's API speaks it
+    server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        fake = self.server.fake
+        with fake._cond:
+            self.generation = fake._generation
+            fake._connections.add(self.connection)
+            accepted_before_stop = fake._server is not self.server
+        if accepted_before_stop:
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+    def finish(self) -> None:
+        fake = self.server.fake
+        with fake._cond:
+            fake._connections.discard(self.connection)
+            fake._cond.notify_all()
+        with contextlib.suppress(OSError):
+            super().finish()
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: tests read the request log instead."""
+
+    def client_gone(self) -> bool:
+        """True when the client closed its end (a blocked query nobody waits for any more)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and not self.connection.recv(1, socket.MSG_PEEK)
+        except (OSError, ValueError):
+            return True
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
+    def _serve(self, method: str) -> None:
+        fake = self.server.fake
+        parts = urlsplit(self.path)
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        bearer = self.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        token = self.headers.get("X-Consul-Token") or bearer or query.get("token", "")
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with fake._cond:
+            fake.requests.append(RecordedRequest(method, parts.path, query, token))
+            fake._in_flight[parts.path] = fake._in_flight.get(parts.path, 0) + 1
+        try:
+            fake._authorize(token)
+            if "dc" in query and query["dc"] != fake.datacenter:
+                raise ConsulAPIError(500, f"No path to datacenter {query['dc']}")
+            self._route(method, parts.path, query, body)
+        except ConsulAPIError as exc:
+            self._send(exc.status, str(exc).encode(), {})
+        finally:
+            with fake._cond:
+                fake._in_flight[parts.path] -= 1
+
+    def _route(self, method: str, path: str, query: Mapping[str, str], body: bytes) -> None:
+        fake = self.server.fake
+        if method == "GET" and (path == "/v1/catalog/services" or path.startswith("/v1/health/service/")):
+            answer = fake._blocking_read(self, path, query)
+            if answer is None:
+                self.close_connection = True  # dropped unanswered, as by a dying agent
+                return
+            index, data = answer
+            self._send(200, json.dumps(data).encode(), {"X-Consul-Index": str(index)})
+        elif method == "GET" and path == "/v1/status/leader":
+            self._send(200, b'"127.0.0.1:8300"', {})
+        elif method == "PUT" and path in ("/v1/catalog/register", "/v1/catalog/deregister"):
+            try:
+                payload = json.loads(body or b"{}")
+            except ValueError as exc:
+                raise ConsulAPIError(400, f"Request decode failed: {exc}") from exc
+            (fake.register if path.endswith("/register") else fake.deregister)(payload)
+            self._send(200, b"true", {})
+        else:
+            raise ConsulAPIError(404, f"no such endpoint: {method} {path}")
+
+    def _send(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json" if status == 200 else "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
