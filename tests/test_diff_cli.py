@@ -126,7 +126,7 @@ def test_all_proxies_covers_every_workload_and_sums_up(trees: tuple[Path, Path])
     result = run(old, new, "--all-proxies", "-o", "json")
     assert result.exit_code == 1, result.output
     # Only proxies with an outbound 9080 listener use the 9080 route config: the client, and
-    # reviews-v3 (its app listens on 9081). The gateway routes productpage, not reviews.
+    # reviews-v3 (its app listens on 8081). The gateway routes productpage, not reviews.
     assert json.loads(result.stdout) == [
         {"proxy": proxy, "type": "routes", "name": "9080", "change": "changed"} for proxy in (REVIEWS_V3, SLEEP)
     ]

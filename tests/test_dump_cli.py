@@ -244,7 +244,7 @@ def test_short_prints_istioctls_tables(with_client: Path) -> None:
     assert not any(line.split()[2:4] == ["-", "inbound"] for line in clusters[1:])  # sleep serves nothing
     endpoints = table(out, "ENDPOINT")
     assert columns(endpoints[0]) == ["ENDPOINT", "STATUS", "OUTLIER CHECK", "CLUSTER"]
-    assert ["10.10.0.43:9081", "HEALTHY", "OK", "outbound|9080|v3|reviews.bookinfo.mesh"] in [
+    assert ["10.10.0.43:8081", "HEALTHY", "OK", "outbound|9080|v3|reviews.bookinfo.mesh"] in [
         line.split() for line in endpoints
     ]
     listeners = table(out, "ADDRESSES")

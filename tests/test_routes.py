@@ -345,9 +345,15 @@ def test_registry_only_answers_502_and_allow_any_passes_through() -> None:
     catch_all = by_name(registry_only)["9080"].virtual_hosts[-1]
     assert (catch_all.name, list(catch_all.domains)) == ("block_all", ["*"])
     assert catch_all.routes[0].direct_response.status == 502
-    allow_any = by_name(routes_for(SERVICE))["9080"].virtual_hosts[-1]
+    allow_any = by_name(routes_for(SERVICE, metadata={"INTERCEPTION_MODE": "REDIRECT"}))["9080"].virtual_hosts[-1]
     assert allow_any.name == "allow_any"
     assert allow_any.routes[0].route.cluster == "PassthroughCluster"
+
+
+def test_without_interception_unknown_hosts_get_502_not_a_loop_back_to_envoy() -> None:
+    """On a listener bound to 127.0.0.1:9080 the original destination is the listener itself."""
+    catch_all = by_name(routes_for(SERVICE))["9080"].virtual_hosts[-1]
+    assert catch_all.routes[0].direct_response.status == 502
 
 
 def test_sidecar_egress_proxy_takes_unknown_hosts() -> None:
@@ -620,7 +626,7 @@ def _get(port: int, path: str, headers: Mapping[str, str] | None = None) -> tupl
 @pytest.mark.filterwarnings(r"ignore:Exception ignored in.*envoy\.log:pytest.PytestUnraisableExceptionWarning")
 def test_envoy_routes_real_requests() -> None:
     """A real Envoy serving the generated route config answers as the VirtualService says."""
-    configs = routes_for(E2E)
+    configs = routes_for(E2E, metadata={"INTERCEPTION_MODE": "REDIRECT"})
     upstreams = {name: _echo_server(name) for name in sorted(set().union(*(_cluster_names(c) for c in configs)))}
     try:
         clusters = [_static_cluster(name, srv.server_port) for name, srv in upstreams.items()]

@@ -58,7 +58,7 @@ def test_table_lists_the_examples_services_with_their_endpoints() -> None:
         for endpoint in (
             ["10.10.0.41:9080", "app=reviews,version=v1", "HEALTHY"],
             ["10.10.0.42:9080", "app=reviews,version=v2", "HEALTHY"],
-            ["10.10.0.43:9081", "app=reviews,version=v3", "HEALTHY"],
+            ["10.10.0.43:8081", "app=reviews,version=v3", "HEALTHY"],
         )
     ]
     (books,) = [line.split() for line in lines if line.startswith("www.googleapis.com")]
@@ -87,7 +87,7 @@ def test_json_for_tools() -> None:
     v3 = next(e for e in reviews["endpoints"] if e["name"] == "reviews-v3-vm")
     assert v3 == {
         "address": "10.10.0.43",
-        "ports": [{"servicePort": 9080, "port": 9081}],
+        "ports": [{"servicePort": 9080, "port": 8081}],
         "labels": {"app": "reviews", "version": "v3"},
         "locality": "eu-west/zone-b",
         "weight": 0,

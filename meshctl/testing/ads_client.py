@@ -1,8 +1,9 @@
 """An in-process ADS client that subscribes the way Envoy does, for tests and benchmarks.
 
-It opens one ADS stream (state of the world, or delta), asks for clusters and listeners as
-wildcards, then for the endpoints of every EDS cluster and the route configs every HTTP
-connection manager names, and ACKs each response (or NACKs it when told to). It keeps what it was
+It opens one ADS stream (state of the world, or delta), asks for clusters as a wildcard, then
+for the endpoints of every EDS cluster, then (once the clusters are warm, as Envoy's start-up
+does) for listeners as a wildcard, then for the route configs every HTTP connection manager
+names, and ACKs each response (or NACKs it when told to). It keeps what it was
 sent, decoded, and a log of every response with the time it arrived.
 """
 
@@ -128,8 +129,8 @@ class AdsClient:
             method, request_serializer=lambda m: m.SerializeToString(), response_deserializer=response_class.FromString
         )(self._requests())
         self._task = asyncio.create_task(self._receive(call))
+        # As Envoy starts: clusters first; listeners once the clusters have their endpoints.
         self._subscribe(types.CLUSTER, set())
-        self._subscribe(types.LISTENER, set())
 
     async def close(self) -> None:
         await self._queue.put(None)
@@ -239,7 +240,11 @@ class AdsClient:
             wanted = eds_names(candidate)
             if wanted != self._state[types.ENDPOINT].names or not self._state[types.ENDPOINT].started:
                 self._subscribe(types.ENDPOINT, wanted)
-        elif type_url == types.LISTENER:
+        if not self._state[types.LISTENER].started and eds_names(self.resources[types.CLUSTER]) <= set(
+            self.resources[types.ENDPOINT]
+        ):
+            self._subscribe(types.LISTENER, set())
+        if type_url == types.LISTENER:
             wanted = rds_names(candidate)
             if wanted != self._state[types.ROUTE].names or not self._state[types.ROUTE].started:
                 self._subscribe(types.ROUTE, wanted)
@@ -267,9 +272,9 @@ class AdsClient:
 
     def complete(self) -> bool:
         """Holds clusters, listeners, and every endpoint and route config they name."""
+        received = {r.type_url for r in self.log}
         return (
-            bool(self.resources[types.CLUSTER])
+            {types.CLUSTER, types.LISTENER} <= received
             and eds_names(self.resources[types.CLUSTER]) <= self.names(types.ENDPOINT)
             and rds_names(self.resources[types.LISTENER]) <= self.names(types.ROUTE)
-            and bool(self.log)
         )

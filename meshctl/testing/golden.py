@@ -7,6 +7,7 @@ Envoy's own field names, one document per resource, in name order.
 from __future__ import annotations
 
 import io
+import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -23,7 +24,9 @@ def render(messages: Iterable[Message]) -> str:
     yaml = YAML(typ="safe", pure=True)
     yaml.default_flow_style = False
     out = io.StringIO()
-    yaml.dump_all([to_dict(m) for m in messages], out)
+    # Through JSON: packed Any payloads come back as plain mappings (no `!!omap`), and the
+    # dumper sorts every mapping's keys, so the text depends on the content alone.
+    yaml.dump_all([json.loads(json.dumps(to_dict(m))) for m in messages], out)
     return out.getvalue()
 
 

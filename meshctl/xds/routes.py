@@ -18,6 +18,7 @@ of the scope, and the result is sorted by name.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -26,10 +27,10 @@ from envoy.config.route.v3 import route_pb2
 
 from meshctl.config.hosts import hosts_overlap
 from meshctl.config.model import Config
-from meshctl.registry.model import Service
+from meshctl.registry.model import Protocol, Service
 from meshctl.snapshot.model import spec
-from meshctl.snapshot.proxy import ProxyType
-from meshctl.snapshot.scope import MESH_GATEWAY, ProxyScope
+from meshctl.snapshot.proxy import InterceptionMode, ProxyType
+from meshctl.snapshot.scope import MESH_GATEWAY, ProxyScope, parse_egress_hosts
 from meshctl.xds import route_policy as policy
 from meshctl.xds.names import PASSTHROUGH_CLUSTER, sidecar_route_name
 from meshctl.xds.route_actions import http_routes
@@ -64,7 +65,41 @@ def build_routes(scope: ProxyScope) -> list[route_pb2.RouteConfiguration]:
 def build_sidecar_routes(scope: ProxyScope) -> list[route_pb2.RouteConfiguration]:
     ports = sorted({p.number for s in scope.services for p in s.ports if p.protocol.is_http})
     virtual_services = scope.virtual_services((MESH_GATEWAY,))
-    return [_sidecar_route_config(scope, port, virtual_services) for port in ports]
+    configs = [
+        _sidecar_route_config(scope, port, virtual_services, {s.hostname: s for s in scope.services if s.port(port)})
+        for port in ports
+    ]
+    configs.extend(_egress_route_configs(scope, set(ports), virtual_services))
+    return configs
+
+
+def _egress_route_configs(
+    scope: ProxyScope, taken: set[int], virtual_services: Sequence[Config]
+) -> list[route_pb2.RouteConfiguration]:
+    """Route configs for Sidecar egress listeners on an HTTP port no service has (a VM whose app
+    owns a service port reaches that service on another local port): each holds the services the
+    listener imports, each reached on its own port (the one it has, or its only HTTP port)."""
+    sidecar = scope.sidecar
+    if sidecar is None:
+        return []
+    out = []
+    for listener in spec(sidecar).egress:
+        number = listener.port.number
+        protocol = Protocol.parse(listener.port.protocol) if listener.port.protocol else Protocol.UNSUPPORTED
+        if not number or number in taken or not protocol.is_http:
+            continue
+        taken.add(number)
+        hosts = parse_egress_hosts(listener.hosts, scope.proxy.namespace)
+        services: dict[str, Service] = {}
+        for svc in scope.services:
+            if not any(h.covers(svc.namespace, svc.hostname) for h in hosts):
+                continue
+            http_ports = [p for p in svc.ports if p.protocol.is_http]
+            own = svc.port(number) or (http_ports[0] if len(http_ports) == 1 else None)
+            if own is not None:
+                services[svc.hostname] = dataclasses.replace(svc, ports=(own,))
+        out.append(_sidecar_route_config(scope, number, virtual_services, services))
+    return out
 
 
 @dataclass
@@ -78,10 +113,13 @@ class _HostGroup:
 
 
 def _sidecar_route_config(
-    scope: ProxyScope, port: int, virtual_services: Sequence[Config]
+    scope: ProxyScope, port: int, virtual_services: Sequence[Config], services: dict[str, Service]
 ) -> route_pb2.RouteConfiguration:
-    services = {s.hostname: s for s in scope.services if s.port(port) is not None}
-    ctx = route_context(scope, port, frozenset({MESH_GATEWAY}), service_on_port(scope, port))
+    """The route config of listener port `port`, over `services` (each of which either has that
+    port, or has been reduced to the one port it is reached on from this listener)."""
+    reduced = any(s.port(port) is None for s in services.values())
+    lookup = services.get if reduced else service_on_port(scope, port)
+    ctx = route_context(scope, port, frozenset({MESH_GATEWAY}), lookup)
     groups: list[_HostGroup] = []
     claimed: set[str] = set()
     for vs in virtual_services:
@@ -109,8 +147,15 @@ def _sidecar_route_config(
     return route_configuration(sidecar_route_name(port), virtual_hosts)
 
 
+def _serving_port(svc: Service, port: int) -> int:
+    """The service port a request on listener `port` reaches: `port` itself, or the single port
+    a service reached through a Sidecar egress listener was reduced to."""
+    own = svc.port(port)
+    return own.number if own is not None else svc.ports[0].number
+
+
 def _is_http(svc: Service, port: int) -> bool:
-    p = svc.port(port)
+    p = svc.port(port) or (svc.ports[0] if len(svc.ports) == 1 else None)
     return p is not None and p.protocol.is_http
 
 
@@ -148,10 +193,11 @@ def _claimed_hosts(
 def _default_route(scope: ProxyScope, svc: Service, port: int) -> rc.Route:
     """Istio's BuildDefaultHTTPOutboundRoute: everything to the service's cluster, Istio's
     default retries, no timeout, and the DestinationRule's consistent hash if it has one."""
-    action = rc.RouteAction(cluster=f"outbound|{port}||{svc.hostname}")
+    target = _serving_port(svc, port)
+    action = rc.RouteAction(cluster=f"outbound|{target}||{svc.hostname}")
     action.retry_policy.CopyFrom(policy.default_retry_policy())
     policy.set_timeout(action, None)
-    hashing = policy.hash_policy(service_hash(scope, svc.hostname, port))
+    hashing = policy.hash_policy(service_hash(scope, svc.hostname, target))
     if hashing is not None:
         action.hash_policy.append(hashing)
     return rc.Route(
@@ -195,14 +241,20 @@ def _virtual_hosts(scope: ProxyScope, port: int, groups: Sequence[_HostGroup]) -
 
 def _catch_all(scope: ProxyScope) -> rc.VirtualHost:
     """Where requests for unknown hosts go: PassthroughCluster (or the Sidecar's egress proxy)
-    under ALLOW_ANY, a 502 under REGISTRY_ONLY, as in Istio."""
+    under ALLOW_ANY, a 502 under REGISTRY_ONLY, as in Istio. A proxy without interception has
+    no original destination to pass through to, so it answers 502 (or uses the egress proxy)."""
+    cluster = ""
     if scope.outbound_traffic_policy == "ALLOW_ANY":
-        cluster = PASSTHROUGH_CLUSTER
         sidecar = scope.sidecar
         if sidecar is not None and spec(sidecar).outbound_traffic_policy.HasField("egress_proxy"):
             cluster = destination_cluster(
                 scope, spec(sidecar).outbound_traffic_policy.egress_proxy, 0, sidecar.namespace
             )
+        elif scope.proxy.interception is not InterceptionMode.NONE:
+            # Without iptables the original destination is this very listener: passing the
+            # request through would send it back to Envoy, so unknown hosts get the 502 instead.
+            cluster = PASSTHROUGH_CLUSTER
+    if cluster:
         action = rc.RouteAction(cluster=cluster)
         policy.set_timeout(action, None)
         route = rc.Route(name=ALLOW_ANY, match=rc.RouteMatch(prefix="/"), route=action)

@@ -1,0 +1,36 @@
+"""LDS: every listener of one proxy, as Istio's pilot would generate it.
+
+A sidecar gets outbound listeners for the services it may call (`listeners_outbound`) and inbound
+listeners for its own workload (`listeners_inbound`); a router gets one listener per port of the
+Gateway servers selecting it (`listeners_gateway`). The shared Envoy pieces (HCM, tcp_proxy,
+inspectors, filter chain merging) live in `listener_filters`, downstream TLS in `listener_tls`,
+and VirtualService `tcp`/`tls` routes as tcp_proxy filters in `listener_l4`.
+
+Listeners name route configs (`9080`, `http.8080`, `https.443.https.gw.ns`) and clusters
+(`outbound|9080||reviews.bookinfo.mesh`, `inbound|9080||`, `BlackHoleCluster`,
+`PassthroughCluster`, `InboundPassthroughCluster`) by Istio's names, which the route and cluster
+generators produce for the same scope.
+
+Protocol sniffing is not generated: a port whose protocol is not declared (and not implied by its
+name) is treated as TCP, and Mongo, MySQL and Redis ports get a plain tcp_proxy, as Istio does
+with their protocol filters turned off.
+"""
+
+from __future__ import annotations
+
+from envoy.config.listener.v3 import listener_pb2
+
+from meshctl.snapshot.proxy import ProxyType
+from meshctl.snapshot.scope import ProxyScope
+from meshctl.xds.listeners_gateway import build_gateway
+from meshctl.xds.listeners_inbound import build_inbound
+from meshctl.xds.listeners_outbound import build_outbound
+
+
+def build_listeners(scope: ProxyScope) -> list[listener_pb2.Listener]:
+    """Every listener for the scope's proxy, sorted by name."""
+    if scope.proxy.type is ProxyType.ROUTER:
+        listeners = build_gateway(scope)
+    else:
+        listeners = build_outbound(scope) + build_inbound(scope)
+    return sorted(listeners, key=lambda listener: str(listener.name))

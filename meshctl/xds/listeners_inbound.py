@@ -1,0 +1,287 @@
+"""Sidecar inbound listeners: traffic to the proxy's own workload, handed to the app on its port.
+
+The inbound ports are the distinct endpoint ports of the services the workload is an endpoint of
+(Istio's service targets), plus the ports of the Sidecar's `ingress` listeners, which take
+precedence on a port both name (Istio with `ENABLE_SIDECAR_SERVICE_INBOUND_LISTENER_MERGE`). Each
+goes to the cluster `inbound|PORT||`: HTTP through an HCM with Istio's inline inbound route
+config (virtual host `inbound|http|SERVICEPORT`, every domain, no timeout), anything else through
+tcp_proxy.
+
+How traffic arrives decides the listener:
+
+- INTERCEPTION_MODE NONE (the VM default, no iptables): as in Istio, only the Sidecar's `ingress`
+  listeners, each bound to the proxy's IP (or the listener's `bind`), handing traffic to the app at
+  its `defaultEndpoint` (`127.0.0.1:8080`). Without iptables the app already owns its ports (often
+  on every address, where Envoy could not bind beside it), so meshctl does not take them on its
+  own: the app keeps serving clients directly, and a Sidecar ingress opts a port into the proxy.
+- REDIRECT/TPROXY: iptables sends inbound traffic to `virtualInbound` (0.0.0.0:15006), which has a
+  filter chain per port (matched on the original destination port), a chain that drops traffic
+  aimed at 15006 itself, and passthrough chains sending everything else to the original
+  destination through `InboundPassthroughCluster`.
+
+A Sidecar ingress listener with `tls` (SIMPLE/MUTUAL with certificate files) terminates TLS on
+that port, as Istio does with `ENABLE_TLS_ON_SIDECAR_INGRESS`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Final
+
+from envoy.config.core.v3 import base_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.config.route.v3 import route_components_pb2, route_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from google.protobuf import wrappers_pb2
+
+from meshctl.api.networking.v1alpha3 import gateway_pb2, sidecar_pb2
+from meshctl.registry.model import Protocol
+from meshctl.snapshot.model import spec
+from meshctl.snapshot.proxy import InterceptionMode
+from meshctl.snapshot.scope import ProxyScope
+from meshctl.xds import listener_filters as lf
+from meshctl.xds.listener_tls import downstream_tls_context, unsupported_reason
+from meshctl.xds.names import (
+    BLACKHOLE_CLUSTER,
+    VIRTUAL_INBOUND,
+    VIRTUAL_INBOUND_PORT,
+    inbound_cluster,
+    listener_name,
+)
+
+logger = logging.getLogger("meshctl.xds.listeners")
+
+INBOUND_PASSTHROUGH_CLUSTER: Final = "InboundPassthroughCluster"
+WILDCARD: Final = "0.0.0.0"
+_TLS = gateway_pb2.ServerTLSSettings
+_TERMINATING_MODES: Final = frozenset({_TLS.SIMPLE, _TLS.MUTUAL, _TLS.OPTIONAL_MUTUAL})
+
+
+@dataclass(frozen=True, slots=True)
+class InboundPort:
+    """One port the proxy accepts traffic on for its workload."""
+
+    target: int  # the port the app listens on, and the one matched on
+    service_port: int
+    protocol: Protocol
+    hostname: str  # for the trace decorator, as Istio
+    bind: str
+    bind_to_port: bool
+    tls: Any = None  # ServerTLSSettings to terminate, from a Sidecar ingress listener
+
+
+def _bind_to_port(capture_mode: int, interception: InterceptionMode) -> bool:
+    """Istio's `getBindToPort`: DEFAULT follows the proxy, NONE binds, IPTABLES relies on redirection."""
+    if capture_mode == sidecar_pb2.DEFAULT:
+        return interception is InterceptionMode.NONE
+    return bool(capture_mode == sidecar_pb2.NONE)
+
+
+def port_protocol(port: Any) -> Protocol:
+    """A Sidecar port's protocol, else the one its name implies (`http-api`), as for services."""
+    return Protocol.parse(port.protocol) if port.protocol else Protocol.from_port_name(port.name)
+
+
+def inbound_ports(scope: ProxyScope) -> list[InboundPort]:
+    """The proxy's inbound ports by target port; the first service on a port wins (Istio keeps
+    the oldest), a Sidecar ingress listener wins over services."""
+    proxy = scope.proxy
+    none_mode = proxy.interception is InterceptionMode.NONE
+    by_port: dict[int, InboundPort] = {}
+    for inst in () if none_mode else proxy.instances:
+        for sp in inst.service.ports:
+            target = inst.endpoint.ports.get(sp.number)
+            if target is None or sp.protocol is Protocol.UDP:
+                continue
+            old = by_port.get(target)
+            if old is not None:
+                if old.protocol is not sp.protocol:
+                    logger.warning(
+                        "%s: inbound port %d is %s for %s and %s for %s; keeping %s",
+                        proxy.id,
+                        target,
+                        old.protocol,
+                        old.hostname,
+                        sp.protocol,
+                        inst.service.hostname,
+                        old.hostname,
+                    )
+                continue
+            bind = proxy.ip if none_mode else WILDCARD
+            by_port[target] = InboundPort(target, sp.number, sp.protocol, inst.service.hostname, bind, none_mode)
+    sidecar = scope.sidecar
+    if sidecar is not None:
+        for ing in spec(sidecar).ingress:
+            number = ing.port.number
+            bind_to_port = _bind_to_port(ing.capture_mode, proxy.interception)
+            bind = ing.bind or (proxy.ip if bind_to_port else WILDCARD)
+            tls = _ingress_tls(ing, f"{sidecar.namespace}/{sidecar.name}") if ing.HasField("tls") else None
+            host = f"{sidecar.name}.{sidecar.namespace}"  # Istio's synthetic name for telemetry
+            by_port[number] = InboundPort(number, number, port_protocol(ing.port), host, bind, bind_to_port, tls)
+    return [by_port[p] for p in sorted(by_port)]
+
+
+def _ingress_tls(ing: Any, sidecar: str) -> Any:
+    tls = ing.tls
+    if tls.mode not in _TERMINATING_MODES:
+        logger.warning(
+            "Sidecar %s ingress port %d: TLS mode %s cannot terminate; serving plaintext",
+            sidecar,
+            ing.port.number,
+            _TLS.TLSmode.Name(tls.mode),
+        )
+        return None
+    reason = unsupported_reason(tls)
+    if reason is not None:
+        logger.warning("Sidecar %s ingress port %d: %s; serving plaintext", sidecar, ing.port.number, reason)
+        return None
+    return tls
+
+
+def app_ports(scope: ProxyScope) -> frozenset[int]:
+    """Ports the workload's app itself listens on: the targets of its service endpoints, and
+    the ports of Sidecar ingress `defaultEndpoint`s. A proxy without iptables must not bind
+    outbound listeners on them."""
+    ports = {p for inst in scope.proxy.instances for p in inst.endpoint.ports.values()}
+    sidecar = scope.sidecar
+    if sidecar is not None:
+        for ing in spec(sidecar).ingress:
+            host, sep, port = ing.default_endpoint.rpartition(":")
+            if sep and port.isdigit() and not host.startswith("unix"):
+                ports.add(int(port))
+    return frozenset(ports)
+
+
+def _after_termination(protocol: Protocol) -> Protocol:
+    if protocol is Protocol.HTTPS:
+        return Protocol.HTTP
+    if protocol is Protocol.TLS:
+        return Protocol.TCP
+    return protocol
+
+
+def inbound_route_config(
+    cluster: str, hostname: str, service_port: int, protocol: Protocol
+) -> route_pb2.RouteConfiguration:
+    """Istio's `buildSidecarInboundHTTPRouteConfig`: everything to the app, never timing out
+    (the caller's sidecar owns timeouts)."""
+    action = route_components_pb2.RouteAction(cluster=cluster, timeout=lf.zero_duration())
+    action.max_stream_duration.max_stream_duration.CopyFrom(lf.zero_duration())
+    if protocol.is_http2:
+        action.max_stream_duration.grpc_timeout_header_max.CopyFrom(lf.zero_duration())
+    route = route_components_pb2.Route(
+        name="default",
+        match=route_components_pb2.RouteMatch(prefix="/"),
+        decorator=route_components_pb2.Decorator(operation=f"{hostname}:{service_port}/*"),
+        route=action,
+    )
+    vhost = route_components_pb2.VirtualHost(name=f"inbound|http|{service_port}", domains=["*"], routes=[route])
+    return route_pb2.RouteConfiguration(
+        name=cluster, virtual_hosts=[vhost], validate_clusters=wrappers_pb2.BoolValue(value=False)
+    )
+
+
+def _inbound_hcm(stat_prefix: str, route_config: route_pb2.RouteConfiguration, http2: bool) -> Any:
+    hcm = lf.http_connection_manager(stat_prefix=stat_prefix, route_config=route_config)
+    hcm.forward_client_cert_details = hcm_pb2.HttpConnectionManager.APPEND_FORWARD
+    details = hcm.set_current_client_cert_details
+    details.subject.value = True
+    details.dns = True
+    details.uri = True
+    if http2:
+        hcm.http2_protocol_options.SetInParent()
+    return hcm
+
+
+def inbound_chain(port: InboundPort) -> lf.ChainOpts:
+    """The filter chain for one inbound port, matched on its destination port."""
+    cluster = inbound_cluster(port.target)
+    name = listener_name(port.bind, port.target)
+    protocol = _after_termination(port.protocol) if port.tls is not None else port.protocol
+    if protocol.is_http:
+        rc = inbound_route_config(cluster, port.hostname, port.service_port, protocol)
+        filters = [lf.hcm_filter(_inbound_hcm(f"inbound_{name}", rc, protocol.is_http2))]
+    else:
+        filters = lf.cluster_filters(cluster)
+    return lf.ChainOpts(
+        filters=filters,
+        destination_port=port.target,
+        transport_protocol=lf.TLS_TRANSPORT if port.tls is not None else lf.RAW_BUFFER,
+        tls_context=downstream_tls_context(port.tls) if port.tls is not None else None,
+        name=name,
+        kind="http" if protocol.is_http else "tcp",
+    )
+
+
+def _inbound_listener(
+    name: str, ip: str, port: int, chains: list[lf.ChainOpts], *, bound: bool, interception: InterceptionMode
+) -> listener_pb2.Listener:
+    listener = listener_pb2.Listener(
+        name=name,
+        address=lf.socket_address(ip, port),
+        traffic_direction=base_pb2.TrafficDirection.INBOUND,
+        continue_on_listener_filters_timeout=True,
+        listener_filters_timeout=lf.zero_duration(),
+    )
+    if not bound:
+        listener.listener_filters.append(lf.original_dst())
+        if interception is InterceptionMode.TPROXY:
+            listener.listener_filters.append(lf.original_src())
+            listener.transparent.value = True
+    listener.listener_filters.extend(lf.inspectors(chains))
+    listener.filter_chains.extend(c.to_chain() for c in chains)
+    return listener
+
+
+def _passthrough_chains() -> list[lf.ChainOpts]:
+    """Istio's `buildInboundPassthroughChains` without mTLS: 15006 itself is dropped (it would
+    loop), plaintext HTTP and anything else go to the original destination."""
+    blackhole = lf.ChainOpts(
+        filters=lf.cluster_filters(BLACKHOLE_CLUSTER),
+        destination_port=VIRTUAL_INBOUND_PORT,
+        name=f"{VIRTUAL_INBOUND}-blackhole",
+    )
+    rc = inbound_route_config(INBOUND_PASSTHROUGH_CLUSTER, "", 0, Protocol.HTTP)
+    http = lf.ChainOpts(
+        filters=[lf.hcm_filter(_inbound_hcm(INBOUND_PASSTHROUGH_CLUSTER, rc, http2=False))],
+        application_protocols=lf.PLAINTEXT_HTTP_ALPNS,
+        transport_protocol=lf.RAW_BUFFER,
+        name=f"{VIRTUAL_INBOUND}-catchall-http",
+        kind="http",
+    )
+    tcp = lf.ChainOpts(
+        filters=lf.cluster_filters(INBOUND_PASSTHROUGH_CLUSTER),
+        transport_protocol=lf.RAW_BUFFER,
+        name=VIRTUAL_INBOUND,
+    )
+    return [blackhole, http, tcp]
+
+
+def build_inbound(scope: ProxyScope) -> list[listener_pb2.Listener]:
+    """Bound inbound listeners, and `virtualInbound` when traffic is redirected."""
+    interception = scope.proxy.interception
+    out = []
+    virtual_chains: list[lf.ChainOpts] = []
+    for port in inbound_ports(scope):
+        chain = inbound_chain(port)
+        if port.bind_to_port:
+            name = listener_name(port.bind, port.target)
+            out.append(_inbound_listener(name, port.bind, port.target, [chain], bound=True, interception=interception))
+        else:
+            virtual_chains.append(chain)
+    if interception is not InterceptionMode.NONE:
+        chains = _passthrough_chains() + virtual_chains
+        out.append(
+            _inbound_listener(
+                VIRTUAL_INBOUND, WILDCARD, VIRTUAL_INBOUND_PORT, chains, bound=False, interception=interception
+            )
+        )
+    elif virtual_chains:
+        logger.warning(
+            "%s: Sidecar ingress ports %s use IPTABLES capture but the proxy has INTERCEPTION_MODE NONE; "
+            "no listener serves them",
+            scope.proxy.id,
+            ", ".join(str(c.destination_port) for c in virtual_chains),
+        )
+    return out

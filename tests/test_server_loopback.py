@@ -1,0 +1,204 @@
+"""The real server on loopback, with in-process ADS clients subscribing as Envoy does."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from meshctl.server.app import Server, ServeSettings
+from meshctl.server.discovery import DebounceSettings
+from meshctl.testing.ads_client import AdsClient
+from meshctl.xds import types
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
+REVIEWS = "sidecar~10.10.0.41~reviews-v1-vm.bookinfo~bookinfo.svc.cluster.local"
+PRODUCTPAGE = "sidecar~10.10.0.11~productpage-v1-vm.bookinfo~bookinfo.svc.cluster.local"
+
+pytestmark = pytest.mark.slow
+
+
+@asynccontextmanager
+async def serving(config_dir: Path, quiet: float = 0.05) -> AsyncIterator[Server]:
+    server = Server(
+        ServeSettings(
+            config_dirs=(config_dir,),
+            xds_address="127.0.0.1:0",
+            admin_address="127.0.0.1:0",
+            debounce=DebounceSettings(quiet, 5.0),
+            drain_seconds=0.5,
+        )
+    )
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(test(), 60))
+
+
+@pytest.fixture
+def mesh(tmp_path: Path) -> Path:
+    target = tmp_path / "mesh"
+    shutil.copytree(EXAMPLES, target)
+    return target
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        body: bytes = r.read()
+        return body
+
+
+async def admin_get(server: Server, path: str) -> bytes:
+    """GET an admin page from another thread: the server answers on this test's event loop."""
+    return await asyncio.to_thread(_get, f"http://127.0.0.1:{server.admin_port}{path}")
+
+
+async def admin_json(server: Server, path: str) -> object:
+    return json.loads(await admin_get(server, path))
+
+
+@pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
+def test_proxy_gets_a_complete_config_with_istio_names(mesh: Path, delta: bool) -> None:
+    async def test() -> None:
+        async with serving(mesh) as server, AdsClient(f"127.0.0.1:{server.xds_port}", PRODUCTPAGE, delta=delta) as c:
+            await c.wait_for(
+                lambda c: c.complete() and "outbound|9080|v1|reviews.bookinfo.mesh" in c.names(types.ENDPOINT)
+            )
+            assert "outbound|9080|v2|reviews.bookinfo.mesh" in c.names(types.CLUSTER)
+            assert "9080" in c.names(types.ROUTE)
+            order = []
+            for r in c.log:
+                if r.type_url not in order:
+                    order.append(r.type_url)
+            assert order == [types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE]
+            syncz = await admin_json(server, "/debug/syncz")
+            assert isinstance(syncz, list) and syncz[0]["proxy"] == PRODUCTPAGE
+
+    run(test)
+
+
+def test_a_burst_of_file_writes_is_one_push(mesh: Path) -> None:
+    async def test() -> None:
+        async with serving(mesh, quiet=0.3) as server, AdsClient(f"127.0.0.1:{server.xds_port}", PRODUCTPAGE) as c:
+            await c.wait_for(lambda c: c.complete())
+            await asyncio.sleep(0.5)
+            before = len([r for r in c.log if r.type_url == types.ROUTE])
+            traffic = mesh / "bookinfo" / "traffic.yaml"
+            text = traffic.read_text()
+            for i in range(50):
+                traffic.write_text(text.replace("timeout: 3s", f"timeout: {i + 1}s"))
+            await c.wait_for(lambda c: len([r for r in c.log if r.type_url == types.ROUTE]) > before)
+            await asyncio.sleep(1.0)
+            route_pushes = [r for r in c.log if r.type_url == types.ROUTE][before:]
+            assert len(route_pushes) == 1
+
+    run(test)
+
+
+def test_endpoint_change_pushes_eds_alone(mesh: Path) -> None:
+    async def test() -> None:
+        async with serving(mesh) as server, AdsClient(f"127.0.0.1:{server.xds_port}", PRODUCTPAGE) as c:
+            await c.wait_for(
+                lambda c: c.complete() and "outbound|9080||ratings.bookinfo.mesh" in c.names(types.ENDPOINT)
+            )
+            await asyncio.sleep(0.3)
+            seen = len(c.log)
+            (mesh / "bookinfo" / "ratings-v1-b.yaml").write_text(
+                "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata:\n  name: ratings-v1-b\n"
+                "  namespace: bookinfo\nspec:\n  address: 10.10.0.52\n  labels:\n    app: ratings\n    version: v1\n"
+            )
+
+            def has_new_endpoint(c: AdsClient) -> bool:
+                cla = c.resources[types.ENDPOINT].get("outbound|9080||ratings.bookinfo.mesh")
+                addresses = {
+                    e.endpoint.address.socket_address.address
+                    for group in getattr(cla, "endpoints", [])
+                    for e in group.lb_endpoints
+                }
+                return "10.10.0.52" in addresses
+
+            await c.wait_for(has_new_endpoint)
+            await asyncio.sleep(0.5)
+            assert {r.type_url for r in c.log[seen:]} == {types.ENDPOINT}
+
+    run(test)
+
+
+def test_change_outside_a_proxys_sidecar_scope_pushes_nothing_to_it(mesh: Path) -> None:
+    async def test() -> None:
+        async with serving(mesh) as server, AdsClient(f"127.0.0.1:{server.xds_port}", PRODUCTPAGE) as c:
+            await c.wait_for(lambda c: c.complete())
+            await asyncio.sleep(0.3)
+            seen = len(c.log)
+            (mesh / "other.yaml").write_text(
+                "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata:\n  name: billing\n"
+                "  namespace: payments\nspec:\n  hosts: [billing.payments.mesh]\n"
+                "  ports: [{number: 8080, name: http, protocol: HTTP}]\n  resolution: DNS\n"
+            )
+            await server_snapshot_with(server, "billing.payments.mesh")
+            await asyncio.sleep(0.5)
+            assert c.log[seen:] == []
+
+    run(test)
+
+
+async def server_snapshot_with(server: Server, host: str, timeout: float = 10.0) -> None:
+    async def wait() -> None:
+        while server.discovery.snapshot is None or host not in server.discovery.snapshot.services.services:
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(wait(), timeout)
+
+
+def test_removed_cluster_outlives_the_routes_that_used_it(mesh: Path) -> None:
+    async def test() -> None:
+        async with serving(mesh) as server, AdsClient(f"127.0.0.1:{server.xds_port}", PRODUCTPAGE) as c:
+            await c.wait_for(
+                lambda c: c.complete() and "outbound|9080|v3|reviews.bookinfo.mesh" in c.names(types.CLUSTER)
+            )
+            traffic = mesh / "bookinfo" / "traffic.yaml"
+            text = traffic.read_text()
+            # Drop subset v3 from the DestinationRule and the route that used it, in one edit.
+            text = text.replace("  - name: v3\n    labels:\n      version: v3\n", "")
+            text = text.replace(
+                "      weight: 90\n    - destination:\n        host: reviews.bookinfo.mesh\n        subset: v3\n      weight: 10\n",
+                "      weight: 100\n",
+            )
+            log_start = len(c.log)
+            traffic.write_text(text)
+            await c.wait_for(lambda c: "outbound|9080|v3|reviews.bookinfo.mesh" not in c.names(types.CLUSTER))
+            new = c.log[log_start:]
+            kinds = [r.type_url for r in new]
+            # Routes without v3 arrive before the CDS that drops v3.
+            last_cds = max(i for i, t in enumerate(kinds) if t == types.CLUSTER)
+            first_rds = kinds.index(types.ROUTE)
+            assert first_rds < last_cds
+
+    run(test)
+
+
+def test_broken_file_keeps_the_last_good_config_and_metrics_move(mesh: Path) -> None:
+    async def test() -> None:
+        async with serving(mesh) as server, AdsClient(f"127.0.0.1:{server.xds_port}", PRODUCTPAGE) as c:
+            await c.wait_for(lambda c: c.complete())
+            clusters = c.names(types.CLUSTER)
+            (mesh / "bookinfo" / "services.yaml").write_text("apiVersion: [broken\n")
+            await asyncio.sleep(1.0)
+            assert c.names(types.CLUSTER) == clusters
+            configz = await admin_json(server, "/debug/configz")
+            assert isinstance(configz, dict) and any("services.yaml" in e["file"] for e in configz["errors"])
+            metrics = (await admin_get(server, "/metrics")).decode()
+            assert 'pilot_xds_pushes{type="cds"}' in metrics and "pilot_xds 1" in metrics
+
+    run(test)
