@@ -86,12 +86,14 @@ def test_security_kinds_are_skipped_with_a_warning() -> None:
         ("apiVersion: networking.istio.io/v2\nkind: Gateway\nmetadata: {name: x}\n", "unknown apiVersion", 1),
         ("apiVersion: networking.istio.io/v1\nkind: Gateway\nspec: {}\n", "no metadata.name", 1),
         (
-            "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata:\n  name: Bad_Name\n",
+            "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata:\n  name: Bad_Name\n"
+            "spec:\n  servers: [{port: {number: 80, name: http, protocol: HTTP}, hosts: ['*']}]\n",
             "invalid name",
             4,
         ),
         (
-            "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata:\n  name: g\n  labels:\n    v: 1\n",
+            "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata:\n  name: g\n  labels:\n    v: 1\n"
+            "spec:\n  servers: [{port: {number: 80, name: http, protocol: HTTP}, hosts: ['*']}]\n",
             "values must be strings",
             6,
         ),

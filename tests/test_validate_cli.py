@@ -109,7 +109,7 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
 def test_stdin_through_the_installed_command() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "meshctl", "validate", "-o", "json", "-"],
-        input=BAD_VS.replace("hosts: [reviews.shop.mesh]", "hosts: []"),
+        input=BAD_VS.replace("hosts: [reviews.shop.mesh]", "hosts: [bad_host]"),
         capture_output=True,
         text=True,
         check=False,

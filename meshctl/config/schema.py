@@ -144,6 +144,9 @@ class _Parser:
         if not isinstance(data, dict):
             self.fail(path, f"expected a mapping, got {_type_name(data)}")
             return
+        # `trafficPolicy: {}` is written, so it is set (HasField), as in Istio: rules such as
+        # "a selector needs labels" see it.
+        msg.SetInParent()
         fields = _fields(msg.DESCRIPTOR)
         oneofs_seen: dict[str, str] = {}
         for key, value in data.items():

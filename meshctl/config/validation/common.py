@@ -1,0 +1,439 @@
+"""Checks every kind shares: hosts, addresses, ports, durations, percentages, regexes, labels.
+
+The rules are those `istioctl validate` applies (Istio's `pkg/config/validation`), so a file that
+passes here is one Istio accepts. Most checks return the problem as text, or None, and leave it to
+the caller to attach the text to the field it is about: the field path is what lets
+`meshctl validate` point at the line, and only the caller knows it.
+
+Protobuf messages are read through `Any`: the generated classes carry no static field types.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import posixpath
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+import re2
+
+from meshctl.config.findings import FieldPath, Severity
+from meshctl.config.validation import Issue
+
+UNIX_PREFIX: Final = "unix://"
+MESH_GATEWAY: Final = "mesh"
+
+_DNS_LABEL = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?")
+# A first label may be `*`, or a DNS label led by `*` or `*-` (`*-canary.example.com`).
+_WILDCARD_LABEL = re.compile(r"\*|(\*-?)?[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?")
+# Kubernetes label keys (an optional DNS prefix and `/`, then a name) and values.
+_QUALIFIED_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+_LABEL_KEY = re.compile(rf"(?P<prefix>{_DNS_LABEL.pattern}(\.{_DNS_LABEL.pattern})*/)?(?P<name>{_QUALIFIED_NAME})")
+_LABEL_VALUE = re.compile(rf"({_QUALIFIED_NAME})?")
+_HEADER_NAME = re.compile(r"[-_A-Za-z0-9]+")
+_HEADER_VALUE_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_JWT_CLAIM_HEADER = re.compile(r"@request\.auth\.claims(\.[^.\[\]]+|\[[^\[\]]+\])+")
+_MAX_REGEX_LENGTH: Final = 1024
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # the error comes back to us; RE2 would also print it to stderr
+
+_PROTOCOLS: Final = {
+    p.lower(): p
+    for p in ("HTTP", "HTTP2", "HTTPS", "HTTP_PROXY", "GRPC", "GRPC-Web", "TCP", "TLS", "UDP", "Mongo", "Redis",
+              "MySQL")
+}  # fmt: skip
+_HTTP_PROTOCOLS: Final = frozenset(("HTTP", "HTTP2", "HTTP_PROXY", "GRPC", "GRPC-Web"))
+_TLS_PROTOCOLS: Final = frozenset(("HTTPS", "TLS"))
+_TCP_PROTOCOLS: Final = frozenset(("TCP", "HTTPS", "TLS", "Mongo", "Redis", "MySQL"))
+
+
+class Report:
+    """The issues found in one resource, in the order the rules ran."""
+
+    __slots__ = ("issues",)
+
+    def __init__(self) -> None:
+        self.issues: list[Issue] = []
+
+    def error(self, path: FieldPath, message: str | None) -> None:
+        """Record `message` as an error at `path`; None (a check that passed) records nothing."""
+        if message:
+            self.issues.append(Issue(path, message))
+
+    def warn(self, path: FieldPath, message: str | None) -> None:
+        if message:
+            self.issues.append(Issue(path, message, Severity.WARNING))
+
+
+def enum_name(message: Any, field: str) -> str:
+    """The name of an enum field's value (`"MUTUAL"`), as users write it in YAML."""
+    number = getattr(message, field)
+    value = message.DESCRIPTOR.fields_by_name[field].enum_type.values_by_number.get(number)
+    return value.name if value is not None else str(number)
+
+
+# --- names and addresses -------------------------------------------------------------------
+
+
+def is_dns_label(value: str) -> bool:
+    """An RFC 1123 label: what Istio requires of namespaces, subset and port names."""
+    return len(value) <= 63 and _DNS_LABEL.fullmatch(value) is not None
+
+
+def _domain_preconditions(name: str) -> str | None:
+    if not name:
+        return "must not be empty"
+    if len(name) > 255:
+        return f'"{name[:40]}..." is too long (at most 255 characters)'
+    return None
+
+
+def _dns_labels_problem(domain: str, whole: str) -> str | None:
+    labels = domain.split(".")
+    if labels[-1].isdigit():
+        return f'invalid host "{whole}": the top-level domain "{labels[-1]}" cannot be all digits'
+    for i, label in enumerate(labels):
+        if i == len(labels) - 1 and not label:
+            return None  # a trailing dot (`istio.io.`) is allowed
+        if not is_dns_label(label):
+            return f'invalid host "{whole}": "{label}" is not a DNS label (letters, digits and "-", at most 63)'
+    return None
+
+
+def fqdn_problem(name: str) -> str | None:
+    """A DNS name with no wildcard (`reviews`, `api.example.com`)."""
+    problem = _domain_preconditions(name)
+    if problem:
+        return f"host {problem}"
+    return _dns_labels_problem(name, name)
+
+
+def wildcard_domain_problem(name: str) -> str | None:
+    """A DNS name whose first label may be a wildcard (`*`, `*.example.com`, `*-v2.example.com`)."""
+    problem = _domain_preconditions(name)
+    if problem:
+        return f"host {problem}"
+    first, *rest = name.split(".", 1)
+    if len(first) > 63 or not _WILDCARD_LABEL.fullmatch(first):
+        hint = ' (a wildcard is only allowed as a leading "*" or "*.")' if "*" in name else ""
+        return f'invalid host "{name}": "{first}" is not a DNS label{hint}'
+    return _dns_labels_problem(rest[0], name) if rest else None
+
+
+def partial_wildcard_problem(name: str) -> str | None:
+    if "*" in name and name != "*" and not name.startswith("*."):
+        return f'partial wildcard "{name}" is not allowed: use "*" or "*.suffix"'
+    return None
+
+
+def is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
+
+
+def ip_problem(address: str) -> str | None:
+    return None if is_ip(address) else f'"{address}" is not a valid IP address'
+
+
+def ip_or_cidr_problem(value: str) -> str | None:
+    """An IP address or a CIDR block in prefix-length form (`10.0.0.0/8`, `2001:db8::/32`)."""
+    if value.count("/") == 1:
+        address, _, length = value.partition("/")
+        try:
+            if not length.isdigit():
+                raise ValueError(length)
+            ipaddress.ip_network(value, strict=False)
+            ipaddress.ip_address(address)
+        except ValueError:
+            return f'"{value}" is not a valid CIDR block'
+        return None
+    return ip_problem(value)
+
+
+def unix_address_problem(path: str) -> str | None:
+    """The part after `unix://`: an absolute file path, or an abstract socket name led by `@`."""
+    if not path:
+        return "unix domain socket address must not be empty"
+    if path.startswith("@"):
+        return None
+    if not posixpath.isabs(path) or path.endswith("/"):
+        return f'"{path}" is not an absolute path to a file'
+    return None
+
+
+def port_problem(number: int) -> str | None:
+    return None if 1 <= number <= 65535 else f"port number {number} must be in the range 1..65535"
+
+
+def namespace_host_problems(host: str, *, gateway: bool) -> list[str]:
+    """A Gateway server host or a Sidecar egress host: `namespace/dnsName`, where the namespace may
+    be `*` or `.` (and `~` for a Sidecar). A Gateway also takes the old form without a namespace,
+    and an IP address."""
+    ns, slash, name = host.partition("/")
+    if not slash:
+        if gateway:
+            return _hostname_part_problems(host, gateway=True)
+        return [f'host "{host}" must be of the form namespace/dnsName (e.g. "./*" or "istio-system/*")']
+    problems: list[str] = []
+    if not ns or not name:
+        problems.append(f'host "{host}": namespace and dnsName must not be empty')
+    specials = ("*", ".") if gateway else ("*", ".", "~")
+    if ns not in specials and not is_dns_label(ns):
+        problems.append(f'host "{host}": invalid namespace "{ns}"')
+    return problems + _hostname_part_problems(name, gateway=gateway)
+
+
+def _hostname_part_problems(name: str, *, gateway: bool) -> list[str]:
+    problems: list[str] = []
+    if name != "*" and "." not in name:
+        problems.append(f'host "{name}": short names are not allowed here, use a fully qualified name')
+    problem = wildcard_domain_problem(name)
+    if problem and not (gateway and is_ip(name)):
+        problems.append(problem)
+    return problems + [p for p in (partial_wildcard_problem(name),) if p]
+
+
+def _is_wildcard(host: str) -> bool:
+    return host.startswith("*")
+
+
+def hosts_overlap(a: str, b: str) -> bool:
+    """True when one host (or wildcard) covers the other, as Istio's `host.Name.Matches`."""
+    if _is_wildcard(a) and _is_wildcard(b):
+        shorter, longer = sorted((a, b), key=len)
+        return longer[1:].endswith(shorter[1:])
+    if _is_wildcard(a):
+        return b.endswith(a[1:])
+    if _is_wildcard(b):
+        return a.endswith(b[1:])
+    return a == b
+
+
+def host_within(host: str, of: str) -> bool:
+    """True when every name `host` covers is covered by `of` (Istio's `host.Name.SubsetOf`)."""
+    if _is_wildcard(of):
+        return (host[1:] if _is_wildcard(host) else host).endswith(of[1:])
+    return not _is_wildcard(host) and host == of
+
+
+# --- numbers and durations -----------------------------------------------------------------
+
+
+def duration_problem(duration: Any) -> str | None:
+    """Istio's rule for every duration: at least 1ms, and whole milliseconds."""
+    nanos = duration.seconds * 1_000_000_000 + duration.nanos
+    if nanos < 1_000_000:
+        return f"duration {duration.ToJsonString()} must be at least 1ms"
+    if nanos % 1_000_000:
+        return f"duration {duration.ToJsonString()} is finer than the supported 1ms precision"
+    return None
+
+
+def percent_problem(value: int) -> str | None:
+    return None if 0 <= value <= 100 else f"percentage {value} must be in the range 0..100"
+
+
+def fractional_percent_problem(value: float) -> str | None:
+    """A `Percent` message: 0, or 0.0001 up to 100 (Envoy's finest fraction is one per million)."""
+    if value < 0 or value > 100 or 0 < value < 0.0001:
+        return f"percentage {value:g} must be 0 or in the range 0.0001..100"
+    return None
+
+
+def regex_problem(pattern: str) -> str | None:
+    """RE2 syntax, as Envoy compiles it: no lookaround, no backreferences."""
+    if not pattern:
+        return "regex must not be empty"
+    if len(pattern) > _MAX_REGEX_LENGTH:
+        return f"regex is too long ({len(pattern)} characters, at most {_MAX_REGEX_LENGTH})"
+    try:
+        re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as exc:
+        reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        return f"invalid regex {pattern!r}: {reason} (Istio uses RE2 syntax)"
+    return None
+
+
+# --- labels and selectors ------------------------------------------------------------------
+
+
+def label_problems(labels: Mapping[str, str]) -> Iterable[tuple[str, str]]:
+    """(key, problem) for every key or value Kubernetes would not accept as a label."""
+    for key, value in sorted(labels.items()):
+        match = _LABEL_KEY.fullmatch(key)
+        if match is None:
+            yield key, f'invalid label key "{key}"'
+        elif match["prefix"] and len(match["prefix"]) - 1 > 253:
+            yield key, f'invalid label key "{key}": the prefix is longer than 253 characters'
+        elif len(match["name"]) > 63:
+            yield key, f'invalid label key "{key}": the name is longer than 63 characters'
+        if not _LABEL_VALUE.fullmatch(value) or len(value) > 63:
+            yield key, f'invalid label value "{value}" for "{key}"'
+
+
+def check_labels(report: Report, path: FieldPath, labels: Mapping[str, str]) -> None:
+    for key, problem in label_problems(labels):
+        report.error((*path, key), problem)
+
+
+def check_selector(report: Report, path: FieldPath, labels: Mapping[str, str], what: str) -> None:
+    """A workload selector: no empty keys, no wildcards; a selector with no labels selects every
+    workload in the namespace, which is rarely what was meant."""
+    for key, value in sorted(labels.items()):
+        if not key:
+            report.error((*path, key), f'empty key is not allowed in a selector ("{key}={value}")')
+        if "*" in key or "*" in value:
+            report.error((*path, key), f'wildcards are not supported in selectors ("{key}={value}")')
+    if not labels:
+        report.warn(path, f"workload selector has no labels: {what} applies to every workload in the namespace")
+
+
+# --- protocols, headers, references --------------------------------------------------------
+
+
+def parse_protocol(name: str) -> str | None:
+    """Istio's protocol name for `name` (case does not matter), None when Istio does not know it."""
+    return _PROTOCOLS.get(name.lower())
+
+
+def is_http(protocol: str) -> bool:
+    return parse_protocol(protocol) in _HTTP_PROTOCOLS
+
+
+def is_tls(protocol: str) -> bool:
+    return parse_protocol(protocol) in _TLS_PROTOCOLS
+
+
+def is_tcp(protocol: str) -> bool:
+    return parse_protocol(protocol) in _TCP_PROTOCOLS
+
+
+def protocol_problem(name: str) -> str | None:
+    """Empty is allowed (the proxy sniffs the protocol)."""
+    if name and parse_protocol(name) is None:
+        known = ", ".join(sorted(p.upper() for p in _PROTOCOLS.values()))
+        return f'unsupported protocol "{name}": use one of {known}'
+    return None
+
+
+def port_name_problem(name: str) -> str | None:
+    if not name:
+        return "port name is required"
+    return None if is_dns_label(name) else f'invalid port name "{name}": must be a DNS label (e.g. "http-web")'
+
+
+def header_name_problem(name: str, *, jwt_claims: bool = False) -> str | None:
+    if not name:
+        return "header name must not be empty"
+    if jwt_claims and is_jwt_claim_header(name):
+        return None
+    if not _HEADER_NAME.fullmatch(name):
+        return f'invalid header name "{name}": use letters, digits, "-" and "_"'
+    return None
+
+
+def is_jwt_claim_header(name: str) -> bool:
+    """`@request.auth.claims.group` or `@request.auth.claims[a.b]`: routing on a JWT claim."""
+    return _JWT_CLAIM_HEADER.fullmatch(name) is not None
+
+
+def header_value_problem(value: str) -> str | None:
+    """A header value Envoy accepts: no control characters, and `%` only as `%%` or around a
+    variable (`%HOSTNAME%`, `%REQ(x-id)%`)."""
+    if _HEADER_VALUE_FORBIDDEN.search(value):
+        return f"header value {value!r} contains control characters"
+    unterminated = f'header value "{value}" has an unterminated "%" variable: write a literal % as "%%"'
+    i, n = 0, len(value)
+    while i < n:
+        if value[i] != "%":
+            i += 1
+            continue
+        if value[i + 1 : i + 2] == "%":
+            i += 2
+            continue
+        j = i + 1  # a variable: NAME% or NAME(arguments)%
+        while j < n and value[j] not in "%(":
+            j += 1
+        if j < n and value[j] == "(":
+            j = _arguments_end(value, j + 1)
+            if j < 0:
+                return unterminated
+            j += 1
+            while j < n and value[j] == " ":
+                j += 1
+        if j >= n or value[j] != "%":
+            return unterminated
+        i = j + 1
+    return None
+
+
+def _arguments_end(value: str, start: int) -> int:
+    """Index of the `)` closing a variable's arguments (a backslash escapes the next character)."""
+    i = start
+    while i < len(value):
+        if value[i] == "\\":
+            i += 2
+            continue
+        if value[i] == ")":
+            return i
+        i += 1
+    return -1
+
+
+def gateway_name_issues(report: Report, path: FieldPath, names: Iterable[str]) -> None:
+    """Gateway references: `mesh`, `name`, or `namespace/name`."""
+    for i, name in enumerate(names):
+        at = (*path, i)
+        ns, slash, gw = name.partition("/")
+        if not slash:
+            if "." in name:
+                parts = name.split(".")
+                report.warn(at, f'legacy gateway name "{name}": prefer "{parts[1]}/{parts[0]}"')
+            if fqdn_problem(name):
+                report.error(at, f'invalid gateway name "{name}": use "name" or "namespace/name"')
+            continue
+        if not ns or not gw:
+            report.error(at, f'gateway "{name}": namespace and name must not be empty')
+            continue
+        if not is_dns_label(ns):
+            report.error(at, f'gateway "{name}": invalid namespace "{ns}"')
+        if not is_dns_label(gw):
+            report.error(at, f'gateway "{name}": invalid gateway name "{gw}"')
+
+
+def check_destination(report: Report, path: FieldPath, destination: Any) -> None:
+    """Where traffic goes: a host (no bare `*`), an optional subset and port."""
+    host = destination.host
+    if host == "*":
+        report.error((*path, "host"), 'destination host "*" is not allowed')
+    else:
+        problem = wildcard_domain_problem(host)
+        report.error((*path, "host"), "destination host is required" if not host else problem)
+    if destination.subset and not is_dns_label(destination.subset):
+        report.error((*path, "subset"), f'invalid subset name "{destination.subset}": must be a DNS label')
+    if destination.HasField("port"):
+        report.error((*path, "port", "number"), port_problem(destination.port.number))
+
+
+def check_export_to(report: Report, path: FieldPath, export_to: Iterable[str], *, service_entry: bool) -> None:
+    """`exportTo`: `.`, `*`, namespaces, and `~` (nobody) for ServiceEntry; no duplicates, and
+    `*` or `~` only on their own."""
+    entries = list(export_to)
+    seen: set[str] = set()
+    for i, entry in enumerate(entries):
+        if entry in seen:
+            report.error((*path, i), f'duplicate exportTo entry "{entry}"')
+            continue
+        seen.add(entry)
+        if entry == "~" and not service_entry:
+            report.error((*path, i), 'exportTo "~" (no one) is only allowed on a ServiceEntry')
+        elif entry not in (".", "*", "~") and not is_dns_label(entry):
+            report.error((*path, i), f'invalid exportTo entry "{entry}": use ".", "*" or a namespace')
+    if len(entries) > 1 and "*" in seen:
+        report.error(path, 'exportTo "*" (everyone) cannot be combined with other entries')
+    if len(entries) > 1 and "~" in seen and service_entry:
+        report.error(path, 'exportTo "~" (no one) cannot be combined with other entries')
