@@ -172,7 +172,8 @@ def test_removed_cluster_outlives_the_routes_that_used_it(mesh: Path) -> None:
             # Drop subset v3 from the DestinationRule and the route that used it, in one edit.
             text = text.replace("  - name: v3\n    labels:\n      version: v3\n", "")
             text = text.replace(
-                "      weight: 90\n    - destination:\n        host: reviews.bookinfo.mesh\n        subset: v3\n      weight: 10\n",
+                "      weight: 90\n    - destination:\n        host: reviews.bookinfo.mesh\n"
+                "        subset: v3\n      weight: 10\n",
                 "      weight: 100\n",
             )
             log_start = len(c.log)
