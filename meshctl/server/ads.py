@@ -26,7 +26,7 @@ from meshctl.server.connection import Connection
 from meshctl.server.encode import encode_delta, encode_sotw
 from meshctl.server.subscription import Push, RequestKind
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import NodeIdError, Proxy, bind_proxy, parse_node_id
+from meshctl.snapshot.proxy import NodeIdError, Proxy, ProxyNode, bind_proxy, parse_node_id
 from meshctl.xds import types
 
 logger = logging.getLogger("meshctl.server.ads")
@@ -57,6 +57,11 @@ class PushObserver:
     def converged(self, stream: Stream, seconds: float) -> None: ...
 
 
+#: Decides whether a stream may ask for a node's config: None to allow, else why not (the
+#: stream is then refused with PERMISSION_DENIED and the reason is logged).
+Authorizer = Callable[[ProxyNode, "grpc.aio.ServicerContext[Any, Any]"], str | None]
+
+
 class AdsServicer:
     """Serves State-of-the-World and Delta ADS from the latest snapshot."""
 
@@ -65,10 +70,12 @@ class AdsServicer:
         cache: ResourceCache,
         snapshot: Callable[[], Snapshot | None],
         observer: PushObserver | None = None,
+        authorize: Authorizer | None = None,
     ) -> None:
         self._cache = cache
         self._snapshot = snapshot
         self._observer = observer or PushObserver()
+        self._authorize = authorize
         self._ids = itertools.count(1)
         self.streams: dict[str, Stream] = {}
 
@@ -134,6 +141,10 @@ class AdsServicer:
                 except NodeIdError as exc:
                     logger.warning("refused a stream from %s: %s", context.peer(), exc)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                refusal = self._authorize(node, context) if self._authorize is not None else None
+                if refusal is not None:
+                    logger.warning("refused node %s from %s: %s", node.id, context.peer(), refusal)
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
                 conn.node_id = node.id
                 conn.node_metadata = metadata
                 self.streams[conn.id] = stream
