@@ -82,8 +82,10 @@ def test_a_weight_edit_changes_exactly_the_route_config(trees: tuple[Path, Path]
 
 def test_a_route_config_the_proxy_never_requests_is_no_change_for_it(trees: tuple[Path, Path]) -> None:
     old, new = trees
+    for tree in (old, new):  # reviews-v1's app takes 9080 itself: no outbound 9080 listener
+        edit(tree / "workloads.yaml", "  address: 10.10.0.41\n", "  address: 10.10.0.41\n  ports: {http: 9080}\n")
     shift_reviews_weights(new)
-    result = run(old, new, "--proxy", REVIEWS_V1, "-o", "json")  # no outbound 9080 listener
+    result = run(old, new, "--proxy", REVIEWS_V1, "-o", "json")
     assert (result.exit_code, json.loads(result.stdout)) == (0, [])
 
 
@@ -125,10 +127,15 @@ def test_all_proxies_covers_every_workload_and_sums_up(trees: tuple[Path, Path])
     shift_reviews_weights(new)
     result = run(old, new, "--all-proxies", "-o", "json")
     assert result.exit_code == 1, result.output
-    # Only proxies with an outbound 9080 listener use the 9080 route config: the client, and
-    # reviews-v3 (its app listens on 8081). The gateway routes productpage, not reviews.
+    # Every sidecar calls 9080 on 127.0.0.1 (the apps listen on 8080), so each sees the route
+    # change; the gateway routes productpage, not reviews.
+    sidecars = [  # in workload name order
+        f"sidecar~10.10.0.{ip}~{name}-vm.bookinfo~bookinfo.svc.cluster.local"
+        for ip, name in ((21, "details-v1"), (11, "productpage-v1"), (51, "ratings-v1"), (41, "reviews-v1"),
+                         (42, "reviews-v2"), (43, "reviews-v3"), (90, "sleep"))
+    ]  # fmt: skip
     assert json.loads(result.stdout) == [
-        {"proxy": proxy, "type": "routes", "name": "9080", "change": "changed"} for proxy in (REVIEWS_V3, SLEEP)
+        {"proxy": proxy, "type": "routes", "name": "9080", "change": "changed"} for proxy in sidecars
     ]
 
     text = run(old, new, "--all-proxies")
@@ -136,8 +143,7 @@ def test_all_proxies_covers_every_workload_and_sums_up(trees: tuple[Path, Path])
     summary = text.stdout[text.stdout.index("PROXY") :].splitlines()
     assert [line.split() for line in summary] == [
         ["PROXY", "TYPE", "ADDED", "REMOVED", "CHANGED"],
-        [REVIEWS_V3, "routes", "0", "0", "1"],
-        [SLEEP, "routes", "0", "0", "1"],
+        *([proxy, "routes", "0", "0", "1"] for proxy in sidecars),
     ]
 
 
@@ -172,9 +178,8 @@ def test_a_new_workload_is_an_added_proxy_and_new_endpoints_for_the_others(trees
     v4 = "sidecar~10.10.0.44~reviews-v4-vm.bookinfo~bookinfo.svc.cluster.local"
     mine = [c for c in changes if c["proxy"] == v4]
     assert mine and {c["change"] for c in mine} == {"added"}
-    # It serves 9080 itself, so it has no outbound 9080 listener and asks for no route config.
-    assert {c["type"] for c in mine} == {"clusters", "endpoints", "listeners"}
-    assert ("listeners", "10.10.0.44_9080", "added") in {(c["type"], c["name"], c["change"]) for c in mine}
+    assert {c["type"] for c in mine} == {"clusters", "endpoints", "listeners", "routes"}
+    assert ("listeners", "127.0.0.1_9080", "added") in {(c["type"], c["name"], c["change"]) for c in mine}
     for other in (REVIEWS_V1, SLEEP, GATEWAY):
         theirs = {(c["type"], c["name"], c["change"]) for c in changes if c["proxy"] == other}
         assert theirs == {("endpoints", "outbound|9080||reviews.bookinfo.mesh", "changed")}, other
