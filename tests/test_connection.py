@@ -128,3 +128,32 @@ def test_delta_stream_resends_changed_cluster_endpoints() -> None:
     conn.update(resources("v2", cds=[res("a", "2")], eds=[res("a")]))
     pushes = conn.pushes()
     assert [(p.type_url, [r.name for r in p.resources]) for p in pushes] == [(CDS, ["a"]), (EDS, ["a"])]
+
+
+def test_routes_wait_until_the_node_asks_for_a_new_clusters_endpoints() -> None:
+    """A new EDS cluster stays warming in Envoy until its endpoints arrive, and Envoy asks for
+    them only after applying CDS: a route naming it before then would answer 503."""
+    conn = Connection("c1", delta=False)
+    subscribed(conn, ["a"], ["r"])
+    conn.update(resources("v1", cds=[res("a")], eds=[res("a")], lds=[res("l")], rds=[res("r")]))
+    initial = conn.pushes()
+    ack_all(conn, initial, {EDS: ["a"], RDS: ["r"]})
+    conn.update(
+        resources("v2", cds=[res("a"), res("b")], eds=[res("a"), res("b")], lds=[res("l")], rds=[res("r", "2")])
+    )
+    first = conn.pushes()
+    assert [p.type_url for p in first] == [CDS]
+    conn.handle(CDS, request(CDS, None, first[0]))
+    assert conn.pushes() == []  # still waiting for the node to watch b's endpoints
+    last_eds = next(p for p in initial if p.type_url == EDS)
+    conn.handle(EDS, request(EDS, ["a", "b"], last_eds))
+    assert [p.type_url for p in conn.pushes()] == [EDS, RDS]
+
+
+def test_a_delta_reconnect_holding_every_version_is_in_sync_without_a_push() -> None:
+    conn = Connection("d1", delta=True)
+    conn.update(resources("v1", cds=[res("a")]))
+    conn.handle(CDS, discovery_pb2.DeltaDiscoveryRequest(type_url=CDS, initial_resource_versions={"a": "1"}))
+    assert conn.pushes() == []
+    (status,) = conn.status()
+    assert status.sent_version and status.sent_version == status.acked_version

@@ -139,6 +139,8 @@ class Connection:
             sub = self.subscriptions.get(type_url)
             if sub is None:
                 continue
+            if type_url in (types.LISTENER, types.ROUTE) and self._endpoints_pending():
+                break
             available = self.resources.of(type_url)
             if type_url == types.CLUSTER and self._retained:
                 available = {**self._retained, **available}
@@ -156,6 +158,16 @@ class Connection:
                 self._acked_generation[type_url] = self._generation
         self._release_retained()
         return out
+
+    def _endpoints_pending(self) -> bool:
+        """True while a cluster the node was sent has no EDS subscription yet: Envoy keeps a new
+        EDS cluster warming (a route naming it answers 503) until its endpoints arrive, and it
+        asks for them only after applying the CDS push, so routes wait for that request."""
+        cds = self.subscriptions.get(types.CLUSTER)
+        eds = self.subscriptions.get(types.ENDPOINT)
+        if cds is None or eds is None or cds.nack is not None or self.resources is None:
+            return False
+        return any(cds.wants(n) and not eds.wants(n) for n in self.resources.of(types.ENDPOINT))
 
     def status(self) -> list[TypeStatus]:
         out = []

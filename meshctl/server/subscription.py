@@ -262,6 +262,10 @@ class DeltaSubscription:
             n for n in self.names if n not in available and n not in self.known and n not in self._absent_told
         )
         if not to_send and not removed and not absent:
+            if not self._in_flight:
+                # The node holds every current version (after a reconnect it may have sent
+                # them all in initial_resource_versions): it is in sync, though nothing was sent.
+                self.sent_version = self.acked_version = set_version(available.values())
             return None
         for r in to_send:
             self.known[r.name] = r.version

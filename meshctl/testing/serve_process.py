@@ -1,0 +1,207 @@
+"""`meshctl serve` as a real process, as systemd runs it: for end-to-end tests with a real Envoy.
+
+In-process servers cannot show what operators see: the CLI's flags, the log line with the ports,
+SIGTERM leaving Envoy to reconnect, and a restart on the same ports (Envoy's bootstrap names one
+xDS address, so a replacement must come back there). `ServeProcess` starts the command with port 0
+for both servers, reads the ports it chose from its log, waits for `/ready`, and `restart()`
+brings a new process up on the very same ports. `bootstrap()` runs `meshctl bootstrap` for a node
+against this server, so the Envoy under test starts from what users run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+_SERVING = re.compile(
+    r"serving xDS on (?P<xds>\S+):(?P<xds_port>\d+) and admin on http://(?P<admin>\S+):(?P<admin_port>\d+)"
+)
+
+
+class ServeError(Exception):
+    """`meshctl serve` did not come up, or did not stop; the message ends with its log."""
+
+
+def meshctl_command() -> list[str]:
+    """The meshctl CLI of the running interpreter (the venv under test), whatever is on PATH."""
+    return [sys.executable, "-m", "meshctl"]
+
+
+class ServeProcess:
+    """One `meshctl serve` subprocess on 127.0.0.1; a context manager.
+
+    Ports are chosen by the process the first time (port 0) and kept for `restart()`. The log of
+    every run goes to one file, readable with `log()`.
+    """
+
+    def __init__(
+        self,
+        config_dirs: Sequence[Path],
+        *,
+        consul: str | None = None,
+        debounce: float = 0.05,
+        log_level: str = "info",
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.config_dirs = tuple(config_dirs)
+        self.consul = consul
+        self.debounce = debounce
+        self.log_level = log_level
+        self.extra_args = tuple(extra_args)
+        self.xds_port = 0
+        self.admin_port = 0
+        self.runs = 0
+        self._dir = tempfile.TemporaryDirectory(prefix="meshctl-serve-")
+        self.log_path = Path(self._dir.name) / "serve.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def xds_address(self) -> str:
+        return f"127.0.0.1:{self.xds_port}"
+
+    @property
+    def admin_address(self) -> str:
+        return f"127.0.0.1:{self.admin_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def command(self) -> list[str]:
+        cmd = [*meshctl_command(), "serve"]
+        for directory in self.config_dirs:
+            cmd += ["--config-dir", str(directory)]
+        cmd += [
+            "--xds-address",
+            self.xds_address,
+            "--admin-address",
+            self.admin_address,
+            "--debounce",
+            str(self.debounce),
+            "--log-level",
+            self.log_level,
+        ]
+        if self.consul is not None:
+            cmd += ["--consul", self.consul]
+        return [*cmd, *self.extra_args]
+
+    def start(self, *, timeout: float = 60.0) -> None:
+        """Start and wait until the log names the ports and `/ready` answers 200."""
+        if self._proc is not None:
+            raise ServeError("already running")
+        self.runs += 1
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with self.log_path.open("ab") as log:
+            log.write(f"--- run {self.runs}: {' '.join(self.command())}\n".encode())
+            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while not self._read_ports(offset):
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise ServeError(f"no 'serving xDS on' line after {timeout}s:\n{self.log()[-3000:]}")
+            time.sleep(0.05)
+        while not self.ready():
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise ServeError(f"/ready not 200 after {timeout}s:\n{self.log()[-3000:]}")
+            time.sleep(0.05)
+
+    def _read_ports(self, offset: int) -> bool:
+        with self.log_path.open("rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+        match = _SERVING.search(text)
+        if match is None:
+            return False
+        xds, admin = int(match["xds_port"]), int(match["admin_port"])
+        if (self.xds_port and xds != self.xds_port) or (self.admin_port and admin != self.admin_port):
+            raise ServeError(f"restarted on {xds}/{admin}, not {self.xds_port}/{self.admin_port}")
+        self.xds_port, self.admin_port = xds, admin
+        return True
+
+    def _check_alive(self) -> None:
+        if self._proc is not None and self._proc.poll() is not None:
+            code = self._proc.returncode
+            self._proc = None
+            raise ServeError(f"meshctl serve exited with {code}:\n{self.log()[-3000:]}")
+
+    def stop(self, *, timeout: float = 30.0) -> int:
+        """SIGTERM, as systemd stops it, and wait for the exit; returns the exit code."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return 0
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise ServeError(
+                    f"meshctl serve did not stop {timeout}s after SIGTERM:\n{self.log()[-3000:]}"
+                ) from None
+        return proc.returncode
+
+    def restart(self, *, timeout: float = 60.0) -> None:
+        """Stop with SIGTERM and start a new process on the same xDS and admin ports."""
+        self.stop()
+        self.start(timeout=timeout)
+
+    def reload(self) -> None:
+        """SIGHUP: the server reads its config directories at once."""
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGHUP)
+
+    def __enter__(self) -> ServeProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.stop()
+        finally:
+            self._dir.cleanup()
+
+    # -- reading the server --------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.admin_address}/ready", timeout=5) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def admin(self, path: str) -> str:
+        with urllib.request.urlopen(f"http://{self.admin_address}/{path.lstrip('/')}", timeout=10) as r:
+            body: bytes = r.read()
+            return body.decode()
+
+    def admin_json(self, path: str) -> Any:
+        return json.loads(self.admin(path))
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def bootstrap(self, node_id: str, *, delta: bool = False, extra_args: Sequence[str] = ()) -> dict[str, Any]:
+        """`meshctl bootstrap -o json` for `node_id` against this server, as a dict for Envoy."""
+        cmd = [*meshctl_command(), "bootstrap", "--proxy", node_id, "--xds-address", self.xds_address, "-o", "json"]
+        if delta:
+            cmd.append("--delta")
+        proc = subprocess.run([*cmd, *extra_args], capture_output=True, text=True, timeout=60, check=False)
+        if proc.returncode != 0:
+            raise ServeError(f"meshctl bootstrap failed ({proc.returncode}): {proc.stderr.strip()}")
+        config: dict[str, Any] = json.loads(proc.stdout)
+        return config
