@@ -56,8 +56,8 @@ def test_table_lists_the_examples_services_with_their_endpoints() -> None:
     assert reviews == [
         ["reviews.bookinfo.mesh", "bookinfo", "http/9080/HTTP", "STATIC", "files", *endpoint]
         for endpoint in (
-            ["10.10.0.41:9080", "app=reviews,version=v1", "HEALTHY"],
-            ["10.10.0.42:9080", "app=reviews,version=v2", "HEALTHY"],
+            ["10.10.0.41:8080", "app=reviews,version=v1", "HEALTHY"],
+            ["10.10.0.42:8080", "app=reviews,version=v2", "HEALTHY"],
             ["10.10.0.43:8081", "app=reviews,version=v3", "HEALTHY"],
         )
     ]
