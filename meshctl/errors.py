@@ -4,6 +4,7 @@
     ├── ConfigError            input that cannot be turned into config (reported as findings)
     │   └── YamlError          a file that is not YAML we accept (syntax, duplicate key, bomb, size)
     ├── RegistryError          a service registry that cannot be read (Consul down, bad answer)
+    ├── CredentialError        a certificate, key, CA or token file that cannot be used
     └── UsageError             a command called with arguments that make no sense
 
 Bad input is normally reported as a `Finding` and never raised past the loader; these exceptions
@@ -33,6 +34,10 @@ class YamlError(ConfigError):
 
 class RegistryError(MeshctlError):
     """A service registry that cannot be read."""
+
+
+class CredentialError(MeshctlError):
+    """A certificate, key, CA or token file that cannot be used; the message names the file."""
 
 
 class UsageError(MeshctlError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -24,13 +25,32 @@ def bootstrap(
     label: Annotated[
         list[str] | None, typer.Option(help="A workload label KEY=VALUE sent in node metadata; repeatable.")
     ] = None,
+    xds_ca: Annotated[
+        Path | None,
+        typer.Option(help="Connect to meshctl over TLS, trusting this PEM CA for the server's certificate."),
+    ] = None,
+    xds_cert: Annotated[
+        Path | None,
+        typer.Option(
+            help="This proxy's PEM client certificate (needs --xds-ca and --xds-key); it must name the "
+            "workload of --proxy when meshctl serve has --client-ca (see meshctl serve --help)."
+        ),
+    ] = None,
+    xds_key: Annotated[Path | None, typer.Option(help="The PEM private key of --xds-cert.")] = None,
+    xds_sni: Annotated[
+        str | None,
+        typer.Option(
+            help="Server name to send and to require as a DNS SAN of meshctl's certificate "
+            "(default: the --xds-address host, as a DNS or IP SAN)."
+        ),
+    ] = None,
     output: Annotated[str, typer.Option("--output", "-o", help="yaml or json.")] = "yaml",
 ) -> None:
     """Print a complete Envoy bootstrap for a VM proxy: `meshctl bootstrap ... > envoy.yaml && envoy -c envoy.yaml`."""
     import json
     import sys
 
-    from meshctl.bootstrap import BootstrapOptions, build_bootstrap
+    from meshctl.bootstrap import BootstrapOptions, XdsClientTls, build_bootstrap
     from meshctl.cli import output as out
     from meshctl.server.app import split_address
     from meshctl.snapshot.proxy import NodeIdError, parse_node_id
@@ -55,8 +75,16 @@ def bootstrap(
     except (NodeIdError, ValueError) as exc:
         out.error(str(exc))
         raise typer.Exit(2) from exc
+    if (xds_cert is None) != (xds_key is None):
+        out.error("--xds-cert and --xds-key go together")
+        raise typer.Exit(2)
+    if xds_ca is None and (xds_cert is not None or xds_sni is not None):
+        out.error("--xds-cert, --xds-key and --xds-sni need --xds-ca: TLS without checking the server is not offered")
+        raise typer.Exit(2)
+    tls = XdsClientTls(xds_ca, xds_cert, xds_key, xds_sni) if xds_ca is not None else None
     config = build_bootstrap(
-        node, BootstrapOptions(xds_host=host, xds_port=port, delta=delta, admin_port=admin_port, labels=labels)
+        node,
+        BootstrapOptions(xds_host=host, xds_port=port, delta=delta, admin_port=admin_port, labels=labels, tls=tls),
     )
     if output == "json":
         json.dump(config, sys.stdout, indent=2)

@@ -23,6 +23,13 @@ def proxy_status(
     admin: Annotated[str, typer.Option(help="meshctl serve's admin address, HOST:PORT.")] = "127.0.0.1:15014",
     output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
     errors: Annotated[bool, typer.Option("--errors", help="Show each NACK's message.")] = False,
+    admin_token_file: Annotated[
+        str | None,
+        typer.Option(
+            help="File holding the admin bearer token (when serve has --admin-token-file).",
+            envvar="MESHCTL_ADMIN_TOKEN_FILE",
+        ),
+    ] = None,
 ) -> None:
     """One row per connected proxy with CDS, LDS, EDS and RDS each SYNCED, STALE, NOT SENT or ERROR."""
     import json
@@ -33,8 +40,12 @@ def proxy_status(
     from meshctl.cli import output as out
 
     url = admin if "://" in admin else f"http://{admin}"
+    request = urllib.request.Request(f"{url}/debug/syncz")
     try:
-        with urllib.request.urlopen(f"{url}/debug/syncz", timeout=10) as response:
+        if admin_token_file:
+            with open(admin_token_file, encoding="utf-8") as f:
+                request.add_header("Authorization", f"Bearer {f.read().strip()}")
+        with urllib.request.urlopen(request, timeout=10) as response:
             entries: list[dict[str, Any]] = json.load(response)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         out.error(f"cannot read {url}/debug/syncz: {exc}")

@@ -7,45 +7,121 @@ from typing import Annotated
 
 import typer
 
+from meshctl.logs import LogFormat, LogLevel
+
 
 def serve(
     config_dir: Annotated[
-        list[Path], typer.Option("--config-dir", "-c", help="Directory of Istio YAML to serve; repeatable.")
+        list[Path],
+        typer.Option(
+            "--config-dir",
+            "-c",
+            envvar="MESHCTL_CONFIG_DIR",
+            help="Directory of Istio YAML to serve; repeatable (colon-separated in the environment).",
+        ),
     ],
     xds_address: Annotated[
-        str, typer.Option(help="Where proxies connect for ADS (HOST:PORT; port 0 picks a free one).")
+        str,
+        typer.Option(
+            envvar="MESHCTL_XDS_ADDRESS", help="Where proxies connect for ADS (HOST:PORT; port 0 picks a free one)."
+        ),
     ] = "127.0.0.1:15010",
     admin_address: Annotated[
-        str, typer.Option(help="Readiness, metrics and debug pages (HOST:PORT; port 0 picks a free one).")
+        str,
+        typer.Option(
+            envvar="MESHCTL_ADMIN_ADDRESS",
+            help="Readiness, metrics and debug pages (HOST:PORT; port 0 picks a free one).",
+        ),
     ] = "127.0.0.1:15014",
     consul: Annotated[
         str | None,
-        typer.Option(help="Also read services from Consul at this address (http(s)://host:port or host:port)."),
+        typer.Option(
+            envvar="MESHCTL_CONSUL",
+            help="Also read services from Consul at this address (http(s)://host:port or host:port).",
+        ),
     ] = None,
-    consul_token: Annotated[str | None, typer.Option(help="Consul ACL token (default: CONSUL_HTTP_TOKEN).")] = None,
-    consul_ca_file: Annotated[str | None, typer.Option(help="CA bundle for Consul over TLS.")] = None,
-    consul_datacenter: Annotated[str | None, typer.Option(help="Consul datacenter to read.")] = None,
+    consul_token: Annotated[
+        str | None, typer.Option(envvar="MESHCTL_CONSUL_TOKEN", help="Consul ACL token (default: CONSUL_HTTP_TOKEN).")
+    ] = None,
+    consul_ca_file: Annotated[
+        str | None, typer.Option(envvar="MESHCTL_CONSUL_CA_FILE", help="CA bundle for Consul over TLS.")
+    ] = None,
+    consul_datacenter: Annotated[
+        str | None, typer.Option(envvar="MESHCTL_CONSUL_DATACENTER", help="Consul datacenter to read.")
+    ] = None,
     namespace: Annotated[
-        str, typer.Option("--namespace", "-n", help="Namespace of resources that name none.")
+        str,
+        typer.Option("--namespace", "-n", envvar="MESHCTL_NAMESPACE", help="Namespace of resources that name none."),
     ] = "default",
-    debounce: Annotated[float, typer.Option(help="Seconds of quiet before a change is pushed.")] = 0.1,
-    debounce_max: Annotated[float, typer.Option(help="Longest a change waits for quiet, in seconds.")] = 10.0,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    debounce: Annotated[
+        float, typer.Option(envvar="MESHCTL_DEBOUNCE", help="Seconds of quiet before a change is pushed.")
+    ] = 0.1,
+    debounce_max: Annotated[
+        float, typer.Option(envvar="MESHCTL_DEBOUNCE_MAX", help="Longest a change waits for quiet, in seconds.")
+    ] = 10.0,
+    log_level: Annotated[
+        LogLevel,
+        typer.Option(envvar="MESHCTL_LOG_LEVEL", case_sensitive=False, help="The least severe log records shown."),
+    ] = "info",
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(
+            envvar="MESHCTL_LOG_FORMAT",
+            help="text for people (no timestamps under journald, which adds its own), json for log shippers.",
+        ),
+    ] = "text",
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="MESHCTL_TLS_CERT",
+            help="Serve xDS over TLS with this PEM certificate chain (needs --tls-key); re-read when it changes.",
+        ),
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option(envvar="MESHCTL_TLS_KEY", help="The unencrypted PEM private key of --tls-cert.")
+    ] = None,
+    client_ca: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="MESHCTL_CLIENT_CA",
+            help="Require every proxy to present a certificate signed by this PEM CA that names the "
+            "workload of its node id (the identity rule above). Needs --tls-cert.",
+        ),
+    ] = None,
+    admin_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="MESHCTL_ADMIN_TOKEN_FILE",
+            help="The /debug admin pages then need 'Authorization: Bearer TOKEN' with the token in this "
+            "file (re-read when it changes). Without it they are refused unless --admin-address is loopback.",
+        ),
+    ] = None,
 ) -> None:
     """Serve Envoy config (ADS, state of the world and delta) for the Istio YAML in --config-dir.
 
     Reloads on every change of the directory (and on SIGHUP), follows Consul when given, and
     keeps serving the last good config when an input breaks.
+
+    Identity rule: with --client-ca, a proxy gets config only for the workload its certificate
+    names. Its node id TYPE~IP~NAME.NAMESPACE~DOMAIN is allowed when the certificate has a URI SAN
+    spiffe://TRUST_DOMAIN/ns/NAMESPACE/sa/SERVICE_ACCOUNT with the node's namespace (and, when the
+    WorkloadEntry or registry endpoint the node binds to has a serviceAccount, that service
+    account), or a DNS SAN equal to NAME.NAMESPACE. Other streams are refused with
+    PERMISSION_DENIED and logged.
     """
     import asyncio
-    import logging
+    import os
 
     from meshctl.cli import output as out
+    from meshctl.errors import CredentialError
+    from meshctl.logs import configure_logging
     from meshctl.registry.consul import ConsulOptions
     from meshctl.server.app import Server, ServeSettings, split_address
+    from meshctl.server.auth import XdsTls
     from meshctl.server.discovery import DebounceSettings
+    from meshctl.server.notify import NotifySettings
 
-    logging.getLogger().setLevel(log_level.upper())
+    configure_logging(log_level, log_format, environ=os.environ)
     missing = [str(p) for p in config_dir if not p.exists()]
     if missing:
         out.error(f"no such config directory: {', '.join(missing)}")
@@ -57,6 +133,13 @@ def serve(
     except ValueError as exc:
         out.error(str(exc))
         raise typer.Exit(2) from exc
+    if (tls_cert is None) != (tls_key is None):
+        out.error("--tls-cert and --tls-key go together")
+        raise typer.Exit(2)
+    if client_ca is not None and tls_cert is None:
+        out.error("--client-ca needs --tls-cert and --tls-key: client certificates are checked over TLS")
+        raise typer.Exit(2)
+    tls = XdsTls(tls_cert, tls_key, client_ca) if tls_cert is not None and tls_key is not None else None
     consul_options = (
         ConsulOptions.from_env(address=consul, token=consul_token, ca_file=consul_ca_file, datacenter=consul_datacenter)
         if consul
@@ -69,9 +152,12 @@ def serve(
         consul=consul_options,
         default_namespace=namespace,
         debounce=debounce_settings,
+        tls=tls,
+        admin_token_file=admin_token_file,
+        notify=NotifySettings.from_environ(os.environ, os.getpid()),
     )
     try:
         asyncio.run(Server(settings).run())
-    except OSError as exc:
+    except (OSError, CredentialError) as exc:
         out.error(f"cannot serve: {exc}")
         raise typer.Exit(2) from exc

@@ -11,6 +11,12 @@ for long.
     /debug/config_dump?proxyID= the proxy's config, as `meshctl dump -o json`
     /debug/registryz            services and endpoints, and each registry's status
     /debug/configz              loaded resources and the errors of files that failed to load
+
+Access: `/ready` and `/metrics` are always open (health checks and Prometheus hold no secret).
+The `/debug` pages show every proxy's config and the whole registry, so with a bearer token
+(`--admin-token-file`) they answer 401 unless the request carries `Authorization: Bearer TOKEN`;
+without one they are open only when the server listens on loopback, and answer 403 otherwise
+(listening beyond loopback must not publish the mesh's config by accident).
 """
 
 from __future__ import annotations
@@ -19,13 +25,23 @@ import asyncio
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from meshctl.server.auth import BearerToken, is_loopback
+
 logger = logging.getLogger("meshctl.server.admin")
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    503: "Service Unavailable",
+}
 _MAX_REQUEST_BYTES = 16 * 1024
 
 
@@ -34,6 +50,7 @@ class Response:
     status: int
     body: bytes
     content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def json(cls, data: Any, status: int = 200) -> Response:
@@ -93,12 +110,40 @@ def route(state: AdminState, path: str, query: Mapping[str, list[str]]) -> Respo
     return Response.json({"error": f"no page {path}"}, 404)
 
 
-class AdminServer:
-    """Serves `route` over HTTP on a host and port (port 0 picks a free one)."""
+def is_debug_page(path: str) -> bool:
+    return path == "/debug" or path.startswith("/debug/")
 
-    def __init__(self, state: AdminState, host: str, port: int) -> None:
+
+def debug_access(authorization: str | None, token: BearerToken | None, loopback: bool) -> Response | None:
+    """None when a request may read the /debug pages, else the refusal (see the module docstring)."""
+    if token is not None:
+        if token.verify(authorization):
+            return None
+        error = "invalid_token" if authorization else "invalid_request"
+        refusal = Response.json(
+            {"error": "the /debug pages need Authorization: Bearer TOKEN (--admin-token-file)"}, 401
+        )
+        return replace(refusal, headers=(("WWW-Authenticate", f'Bearer realm="meshctl", error="{error}"'),))
+    if loopback:
+        return None
+    return Response.json(
+        {
+            "error": "the /debug pages are off: the admin server listens beyond loopback and no "
+            "--admin-token-file was given (/ready and /metrics stay open)"
+        },
+        403,
+    )
+
+
+class AdminServer:
+    """Serves `route` over HTTP on a host and port (port 0 picks a free one); the /debug pages
+    only to requests `debug_access` lets through."""
+
+    def __init__(self, state: AdminState, host: str, port: int, token: BearerToken | None = None) -> None:
         self._state = state
         self._host, self._port = host, port
+        self._token = token
+        self._loopback = is_loopback(host)
         self._server: asyncio.Server | None = None
 
     @property
@@ -119,11 +164,12 @@ class AdminServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            response = await self._respond(reader)
+            response = await self._respond(reader, writer.get_extra_info("peername"))
+            extra = "".join(f"{name}: {value}\r\n" for name, value in response.headers)
             head = (
                 f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Error')}\r\n"
                 f"Content-Type: {response.content_type}\r\nContent-Length: {len(response.body)}\r\n"
-                "Connection: close\r\n\r\n"
+                f"{extra}Connection: close\r\n\r\n"
             )
             writer.write(head.encode() + response.body)
             await writer.drain()
@@ -134,11 +180,15 @@ class AdminServer:
         finally:
             writer.close()
 
-    async def _respond(self, reader: asyncio.StreamReader) -> Response:
+    async def _respond(self, reader: asyncio.StreamReader, peer: object) -> Response:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
+        return self.answer(head, peer)
+
+    def answer(self, head: bytes, peer: object = None) -> Response:
+        """The response to a request head (request line and headers), without I/O."""
         if len(head) > _MAX_REQUEST_BYTES:
             return Response.json({"error": "request too large"}, 400)
-        request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+        request_line, *header_lines = head.decode("latin-1").split("\r\n")
         parts = request_line.split()
         if len(parts) != 3:
             return Response.json({"error": "bad request line"}, 400)
@@ -146,4 +196,11 @@ class AdminServer:
         if method not in ("GET", "HEAD"):
             return Response.json({"error": "only GET"}, 405)
         url = urlsplit(target)
+        if is_debug_page(url.path):
+            fields = (line.partition(":") for line in header_lines)
+            authorization = next((v.strip() for k, _, v in fields if k.strip().lower() == "authorization"), None)
+            refusal = debug_access(authorization, self._token, self._loopback)
+            if refusal is not None:
+                logger.info("refused %s to %s: %d", url.path, peer, refusal.status)
+                return refusal
         return route(self._state, url.path, parse_qs(url.query))

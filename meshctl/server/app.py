@@ -6,7 +6,8 @@ port opens, so the first proxy gets a complete config; with Consul down the serv
 and serves the files, and Consul's endpoints join when it comes back.
 
 Signals: SIGTERM/SIGINT close the streams cleanly (Envoy keeps its config and reconnects to
-another replica); SIGHUP reloads the config directory at once.
+another replica); SIGHUP reloads the config directory at once. Under systemd each of these steps,
+and a watchdog ping from the event loop, is reported over sd_notify (`meshctl.server.notify`).
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ from meshctl.registry.consul import ConsulOptions, ConsulRegistry
 from meshctl.registry.serviceentry import FileRegistry
 from meshctl.server.admin import AdminServer
 from meshctl.server.ads import AdsServicer
+from meshctl.server.auth import BearerToken, XdsTls, identity_authorizer
 from meshctl.server.cache import ResourceCache
 from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
 from meshctl.server.metrics import Metrics
+from meshctl.server.notify import NotifySettings, SystemdNotifier, service_status
 from meshctl.server.status import ServerStatus
 from meshctl.snapshot.model import MeshSettings, Snapshot
 
@@ -61,6 +64,12 @@ class ServeSettings:
     mesh: MeshSettings = field(default_factory=MeshSettings)
     #: How long a stopping server lets streams finish before closing them.
     drain_seconds: float = 5.0
+    #: TLS on the xDS port; with a client CA, proxies must prove the workload their node id names.
+    tls: XdsTls | None = None
+    #: A file holding the bearer token the /debug admin pages require.
+    admin_token_file: Path | None = None
+    #: systemd's notify socket and watchdog (read from the environment by the CLI); off by default.
+    notify: NotifySettings = field(default_factory=NotifySettings)
     #: Called once the server is up, with the (xds, admin) ports chosen.
     on_ready: Callable[[int, int], None] | None = None
 
@@ -85,8 +94,11 @@ class Server:
             self.store, self.registry, self._publish, mesh=settings.mesh, debounce=settings.debounce
         )
         self.discovery.on_debounced = self._debounced
-        self.ads = AdsServicer(self.cache, lambda: self.discovery.snapshot, self.metrics)
+        tls = settings.tls
+        authorize = identity_authorizer(lambda: self.discovery.snapshot) if tls and tls.client_ca_file else None
+        self.ads = AdsServicer(self.cache, lambda: self.discovery.snapshot, self.metrics, authorize=authorize)
         self.status = ServerStatus(self)
+        self.notify = SystemdNotifier(settings.notify, lambda: service_status(self))
         self._grpc: grpc.aio.Server | None = None
         self._admin: AdminServer | None = None
         self._stopping: asyncio.Event | None = None
@@ -97,6 +109,10 @@ class Server:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
+        # Credentials first: a bad certificate or token file stops start-up before anything opens.
+        tls = self.settings.tls
+        credentials = tls.server_credentials() if tls is not None else None
+        token = BearerToken(self.settings.admin_token_file) if self.settings.admin_token_file else None
         loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         first = await loop.run_in_executor(None, self.watcher.start)
@@ -120,12 +136,22 @@ class Server:
         )
         self._grpc.add_generic_rpc_handlers((self.ads.handlers(),))
         host, port = split_address(self.settings.xds_address)
-        self.xds_port = self._grpc.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if credentials is None:
+            self.xds_port = self._grpc.add_insecure_port(listen)
+        else:
+            self.xds_port = self._grpc.add_secure_port(listen, credentials)
+            logger.info(
+                "xDS uses TLS%s",
+                "; proxies must present a client certificate naming their workload"
+                if tls is not None and tls.client_ca_file
+                else " (no client certificates: any proxy may ask for any node's config)",
+            )
         if self.xds_port == 0:
             raise OSError(f"cannot listen for xDS on {self.settings.xds_address}")
         await self._grpc.start()
         admin_host, admin_port = split_address(self.settings.admin_address)
-        self._admin = AdminServer(self.status, admin_host, admin_port)
+        self._admin = AdminServer(self.status, admin_host, admin_port, token)
         await self._admin.start()
         self.admin_port = self._admin.port
         logger.info(
@@ -147,6 +173,9 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.shutdown)
         loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        # Ready only once the handlers are in: a SIGHUP before them would kill the process.
+        self.notify.ready()
+        self.notify.start()
         try:
             assert self._stopping is not None
             await self._stopping.wait()
@@ -154,19 +183,25 @@ class Server:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
             await self.stop()
+            await self.notify.close()
 
     def shutdown(self) -> None:
         logger.info("stopping: closing xDS streams (proxies keep their config and reconnect)")
+        self.notify.stopping()
         if self._stopping is not None:
             self._stopping.set()
 
     async def reload(self) -> None:
         """SIGHUP: read the config directory now and push without waiting for the debounce."""
         logger.info("reloading the config directories")
-        result = await asyncio.get_running_loop().run_in_executor(None, self.watcher.reload_now)
-        for finding in result.errors:
-            logger.error("%s", finding)
-        self.discovery.trigger_now()
+        self.notify.reloading()
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(None, self.watcher.reload_now)
+            for finding in result.errors:
+                logger.error("%s", finding)
+            self.discovery.trigger_now()
+        finally:
+            self.notify.ready()  # even after a failure: systemd would otherwise wait out its timeout
 
     async def stop(self) -> None:
         await self.discovery.stop()
