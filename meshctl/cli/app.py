@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import logging
+import os
 
 import typer
 
@@ -34,7 +34,9 @@ app.command(
 app.command(
     "serve",
     epilog="Examples:\n\n  meshctl serve --config-dir examples/configs\n\n"
-    "  meshctl serve -c /etc/meshctl/mesh --consul 127.0.0.1:8500 --xds-address 0.0.0.0:15010",
+    "  meshctl serve -c /etc/meshctl/mesh --consul 127.0.0.1:8500 --xds-address 0.0.0.0:15010\n\n"
+    "  MESHCTL_CONFIG_DIR=/etc/meshctl/mesh MESHCTL_LOG_FORMAT=json meshctl serve"
+    "   # every flag has a MESHCTL_ variable",
 )(serve_cmd.serve)
 
 app.command(
@@ -67,12 +69,17 @@ app.command(
 )(proxy_status_cmd.proxy_status)
 
 
-@app.command("version")
+@app.command(
+    "version", epilog="Examples:\n\n  meshctl version\n\n  meshctl --install-completion   # then restart the shell"
+)
 def version() -> None:
     """Print meshctl's version."""
     typer.echo(__version__)
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from meshctl.logs import configure_logging
+
+    # Warnings and errors only until a command asks for more (`meshctl serve --log-level`).
+    configure_logging("warning", "text", environ=os.environ)
     app()

