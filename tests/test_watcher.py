@@ -229,6 +229,24 @@ def test_a_vanished_directory_deletes_nothing_and_is_picked_up_when_it_returns(
     wait_for(lambda: store.get(vs_key("more")) is not None, "a file added to the recreated directory")
 
 
+def test_a_directory_emptied_of_yaml_keeps_its_resources_until_a_file_says_otherwise(
+    root: Path, store: ConfigStore, watching: DirectoryWatcher
+) -> None:
+    """An unmounted volume leaves an empty mount point: that must not delete the whole mesh."""
+    (root / "reviews.yaml").write_text(vs("reviews"))
+    (root / "other.yaml").write_text(vs("other"))
+    wait_for(lambda: len(store.configs) == 2, "two resources")
+    (root / "reviews.yaml").unlink()
+    (root / "other.yaml").unlink()
+    wait_for(store.errors, "the emptied directory to be reported")
+    (error,) = store.errors()
+    assert "holds no YAML files any more" in error.message and "(2)" in error.message
+    assert sorted(k.name for k in store.configs) == ["other", "reviews"]
+    (root / "empty.yaml").write_text("# an empty mesh, on purpose\n")
+    wait_for(lambda: not store.configs, "the deliberate empty mesh")
+    assert store.errors() == []
+
+
 def test_a_resource_in_two_files_comes_from_the_first_in_path_order(
     root: Path, store: ConfigStore, watching: DirectoryWatcher
 ) -> None:

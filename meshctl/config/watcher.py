@@ -285,7 +285,7 @@ class DirectoryWatcher:
             for index, root in enumerate(self._roots):
                 problem = _root_problem(root)
                 if problem is None:
-                    self._scan_root(index, root, scan)
+                    degraded = not self._scan_root(index, root, scan) or degraded
                 else:
                     degraded = True
                     scan.keep_root(index, root, problem)
@@ -301,8 +301,19 @@ class DirectoryWatcher:
             errors = self._log_outcome(change, files)
             return ReloadResult(change, errors, scan.parsed, scan.reused)
 
-    def _scan_root(self, index: int, root: str, scan: _Scan) -> None:
+    def _scan_root(self, index: int, root: str, scan: _Scan) -> bool:
+        """Read every file under `root` into `scan`; False when the root was kept as it was."""
         paths = [str(p) for p in discover([Path(root)])]
+        if not paths and any(_is_under(p, root) and r.configs for p, r in scan.previous_good.items()):
+            # A directory that suddenly holds no YAML at all is far more often an unmounted volume
+            # or a checkout half-way than a mesh meant to be empty: keep serving what it held.
+            scan.keep_root(
+                index,
+                root,
+                f"{root} holds no YAML files any more (an unmounted volume?); to serve an empty "
+                "mesh on purpose, leave an empty .yaml file in it",
+            )
+            return False
         found = set(paths)
         # A file the walk did not list but that still exists sits in a directory that could not
         # be listed: read it directly rather than deleting what it defines.
@@ -316,6 +327,7 @@ class DirectoryWatcher:
             good = result if result.ok else scan.previous_good.get(path)
             if good is not None:
                 scan.good[path] = good
+        return True
 
     def _load(self, path: str, scan: _Scan) -> FileResult:
         """Reuse the previous result when the file's stat signature is unchanged; re-parsing a
