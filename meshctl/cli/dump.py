@@ -50,7 +50,12 @@ class Format(enum.StrEnum):
 
 def dump(
     config_dir: Annotated[
-        Path, typer.Option("--config-dir", help="Directory (or file) of Istio YAML, as the server reads it.")
+        Path,
+        typer.Option(
+            "--config-dir",
+            help="Directory (or file) of Istio YAML, as the server reads it.",
+            envvar="MESHCTL_CONFIG_DIR",
+        ),
     ],
     proxy: Annotated[
         str,
@@ -60,7 +65,12 @@ def dump(
         ),
     ],
     consul: Annotated[
-        str | None, typer.Option("--consul", help="Also read Consul's catalog once: http(s)://host:port or host:port.")
+        str | None,
+        typer.Option(
+            "--consul",
+            help="Also read Consul's catalog once: http(s)://host:port or host:port.",
+            envvar="MESHCTL_CONSUL",
+        ),
     ] = None,
     section: Annotated[Section, typer.Option("--type", "-t", help="Which resources to print.")] = Section.all,
     output: Annotated[

