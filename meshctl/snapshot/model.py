@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from meshctl.config.model import Config, ConfigKey
 from meshctl.registry.model import Resolution, ServiceModel
+from meshctl.snapshot.index import SnapshotIndex
 
 #: Istio's root namespace: a Sidecar or DestinationRule here applies mesh-wide as a fallback.
 DEFAULT_ROOT_NAMESPACE: Final = "istio-system"
@@ -47,6 +48,15 @@ class Snapshot:
     #: A hash of everything but the endpoints of EDS (STATIC) services: when only those change,
     #: clusters, listeners and routes stay the same and only EDS is pushed.
     config_version: str = ""
+    _index: SnapshotIndex | None = None
+
+    @property
+    def index(self) -> SnapshotIndex:
+        """Lookups shared by every proxy's generation, built once (on first use)."""
+        if self._index is None:
+            object.__setattr__(self, "_index", SnapshotIndex(self.by_kind, self.services.services.keys()))
+        assert self._index is not None
+        return self._index
 
     def of_kind(self, kind: str) -> tuple[Config, ...]:
         return self.by_kind.get(kind, ())

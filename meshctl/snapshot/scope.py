@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from meshctl.config.hosts import host_matches, most_specific, resolve_host
+from meshctl.config.hosts import host_matches
 from meshctl.config.labels import labels_match, selector_labels
 from meshctl.config.model import Config, ConfigKey
 from meshctl.registry.model import Service
@@ -164,7 +164,7 @@ class ProxyScope:
         wanted = set(gateways)
         out = []
         for vs in self.snapshot.of_kind("VirtualService"):
-            if not exported_to(vs, self.proxy.namespace):
+            if not self.snapshot.index.exported_to(vs, self.proxy.namespace):
                 continue
             bound = {_gateway_ref(g, vs.namespace) for g in spec(vs).gateways} or {MESH_GATEWAY}
             if not bound & wanted:
@@ -180,11 +180,7 @@ class ProxyScope:
 
     def resolved_hosts(self, vs: Config) -> list[str]:
         """The VirtualService's hosts with short names resolved against the known services."""
-        known = self.snapshot.services.services.keys()
-        out: list[str] = []
-        for h in spec(vs).hosts:
-            out.extend(resolve_host(h, vs.namespace, known))
-        return out
+        return list(self.snapshot.index.hosts.get(vs.key, ()))
 
     @cached_property
     def _mesh_vs_by_host(self) -> dict[str, Config]:
@@ -192,16 +188,19 @@ class ProxyScope:
         match; on a tie, the first in (namespace, name) order (Istio takes the oldest)."""
         out: dict[str, Config] = {}
         best: dict[str, int] = {}
+        service_hosts = self.service_hosts
         for vs in self.virtual_services((MESH_GATEWAY,)):
-            hosts = self.resolved_hosts(vs)
-            for svc_host in self.service_hosts:
-                match = most_specific(hosts, svc_host)
-                if match is None:
-                    continue
-                rank = 1_000_000 if match == svc_host else len(match)
-                if rank > best.get(svc_host, -1):
-                    best[svc_host] = rank
-                    out[svc_host] = vs
+            for pattern in self.resolved_hosts(vs):
+                if pattern.startswith("*"):
+                    matched = [h for h in service_hosts if host_matches(pattern, h)]
+                    rank = len(pattern)
+                else:
+                    matched = [pattern] if pattern in service_hosts else []
+                    rank = 1_000_000
+                for svc_host in matched:
+                    if rank > best.get(svc_host, -1):
+                        best[svc_host] = rank
+                        out[svc_host] = vs
         return out
 
     def virtual_service_for(self, hostname: str) -> Config | None:
@@ -226,23 +225,20 @@ class ProxyScope:
             namespaces.append(svc.namespace)
         if self.snapshot.mesh.root_namespace not in namespaces:
             namespaces.append(self.snapshot.mesh.root_namespace)
-        known = self.snapshot.services.services.keys()
+        index = self.snapshot.index
         for ns in namespaces:
             rules = []
-            for dr in self.snapshot.of_kind("DestinationRule"):
-                if dr.namespace != ns or not exported_to(dr, self.proxy.namespace):
+            for dr, match in index.destination_rules(ns, hostname):
+                if not index.exported_to(dr, self.proxy.namespace):
                     continue
-                s = spec(dr)
-                selector = selector_labels(s)
+                selector = selector_labels(spec(dr))
                 selected = bool(selector)
                 if selected and (ns != self.proxy.namespace or not labels_match(selector, self.proxy.labels)):
                     continue
-                hosts = resolve_host(s.host, dr.namespace, known)
-                match = most_specific(hosts, hostname)
-                if match is not None:
-                    rules.append((0 if selected else 1, 0 if match == hostname else 1, -len(match), dr))
+                rules.append((0 if selected else 1, 0 if match == hostname else 1, -len(match), dr))
             if rules:
-                rules.sort(key=lambda r: r[:3])
+                # Ties keep the snapshot's (namespace, name) order, so every replica merges alike.
+                rules.sort(key=lambda r: (*r[:3], r[3].name))
                 top = rules[0][:3]
                 return _merge([r[3] for r in rules if r[:3] == top])
         return None

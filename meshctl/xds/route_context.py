@@ -16,7 +16,7 @@ from google.protobuf import wrappers_pb2
 
 from meshctl.api.networking.v1alpha3 import destination_rule_pb2 as dr_pb2
 from meshctl.api.networking.v1alpha3 import virtual_service_pb2 as vs_pb2
-from meshctl.config.hosts import is_short_name, resolve_host
+from meshctl.config.hosts import is_short_name
 from meshctl.config.model import Config
 from meshctl.registry.model import Service
 from meshctl.snapshot.model import spec
@@ -41,11 +41,11 @@ def route_configuration(name: str, virtual_hosts: Sequence[rc.VirtualHost]) -> r
 def virtual_service_hosts(scope: ProxyScope, vs: Config) -> list[str]:
     """The VirtualService's hosts, lower-cased, with short names standing for the services they
     resolve to in its namespace (a short name that resolves to none stays as written)."""
-    known = scope.snapshot.services.services.keys()
+    index = scope.snapshot.index
     out: list[str] = []
     for raw in spec(vs).hosts:
         host = raw.lower()
-        expanded = resolve_host(host, vs.namespace, known)[1:] if is_short_name(host) else []
+        expanded = index.resolve(host, vs.namespace)[1:] if is_short_name(host) else []
         for h in expanded or [host]:
             if h not in out:
                 out.append(h)

@@ -124,7 +124,7 @@ def _sidecar_route_config(
     claimed: set[str] = set()
     for vs in virtual_services:
         hosts = virtual_service_hosts(scope, vs)
-        if port != _PLAIN_HTTP_PORT and not any(hosts_overlap(h, s) for h in hosts for s in services):
+        if port != _PLAIN_HTTP_PORT and not _overlaps_any(hosts, services):
             continue
         routes = http_routes(vs, ctx, effective_http(scope, vs))
         if not routes:
@@ -145,6 +145,21 @@ def _sidecar_route_config(
         # A VirtualService for `*` on port 80 already catches everything; Envoy refuses a second `*`.
         virtual_hosts.append(_catch_all(scope))
     return route_configuration(sidecar_route_name(port), virtual_hosts)
+
+
+def _overlaps_any(hosts: Sequence[str], services: dict[str, Service]) -> bool:
+    """True when a host (exact or wildcard) covers one of `services`, or a service's wildcard
+    host covers it: exact hosts by lookup, only wildcards by scanning."""
+    if any(h in services for h in hosts):
+        return True
+    wild_services = [s for s in services if s.startswith("*")]
+    for h in hosts:
+        if h.startswith("*"):
+            if any(hosts_overlap(h, s) for s in services):
+                return True
+        elif any(hosts_overlap(h, s) for s in wild_services):
+            return True
+    return False
 
 
 def _serving_port(svc: Service, port: int) -> int:

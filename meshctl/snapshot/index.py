@@ -1,0 +1,89 @@
+"""Lookups every proxy's generation makes, computed once per snapshot.
+
+Without them, generating one proxy's config on a mesh of a thousand services scanned every
+DestinationRule for every service and every known host for every short name: seconds per proxy.
+The index resolves each rule's hosts once, files DestinationRules under their exact hosts (a
+wildcard rule is kept apart and matched on demand), and remembers `exportTo` as a set.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from meshctl.config.hosts import host_matches, is_short_name
+from meshctl.config.model import Config, ConfigKey
+
+
+def _spec(config: Config) -> Any:
+    return config.spec
+
+
+class SnapshotIndex:
+    """Host resolution and DestinationRule/VirtualService lookups for one snapshot."""
+
+    def __init__(self, by_kind: Mapping[str, tuple[Config, ...]], service_hosts: Iterable[str]) -> None:
+        self._short: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for host in sorted(service_hosts):
+            parts = host.split(".")
+            if len(parts) >= 3:
+                self._short[(parts[0], parts[1])].append(host)
+        self.export: dict[ConfigKey, frozenset[str]] = {}
+        self.hosts: dict[ConfigKey, tuple[str, ...]] = {}
+        #: namespace -> exact host -> rules; namespace -> rules with a wildcard host
+        self._dr_exact: dict[str, dict[str, list[Config]]] = defaultdict(lambda: defaultdict(list))
+        self._dr_wild: dict[str, list[Config]] = defaultdict(list)
+        for kind in ("VirtualService", "DestinationRule"):
+            for config in by_kind.get(kind, ()):
+                spec = _spec(config)
+                self.export[config.key] = frozenset(spec.export_to)
+                raw = spec.hosts if kind == "VirtualService" else [spec.host]
+                resolved: list[str] = []
+                for host in raw:
+                    for h in self.resolve(host, config.namespace):
+                        if h not in resolved:
+                            resolved.append(h)
+                self.hosts[config.key] = tuple(resolved)
+                if kind == "DestinationRule":
+                    for h in resolved:
+                        if h.startswith("*"):
+                            self._dr_wild[config.namespace].append(config)
+                        else:
+                            self._dr_exact[config.namespace][h].append(config)
+
+    def resolve(self, host: str, namespace: str) -> list[str]:
+        """What `host`, written in `namespace`, stands for (see `meshctl.config.hosts.resolve_host`)."""
+        if not is_short_name(host):
+            return [host]
+        return [host, *self._short.get((host, namespace), ())]
+
+    def exported_to(self, config: Config, namespace: str) -> bool:
+        """Istio's `exportTo`: empty or `*` is public, `.` the config's own namespace, else the
+        listed namespaces."""
+        export = self.export.get(config.key)
+        if export is None:
+            export = frozenset(_spec(config).export_to)
+        if not export or "*" in export or namespace in export:
+            return True
+        return "." in export and namespace == config.namespace
+
+    def destination_rules(self, namespace: str, hostname: str) -> list[tuple[Config, str]]:
+        """Rules of `namespace` whose host covers `hostname`, each with the most specific of its
+        hosts that does (exact, else the longest wildcard)."""
+        out: list[tuple[Config, str]] = [(c, hostname) for c in self._dr_exact.get(namespace, {}).get(hostname, ())]
+        seen = {c.key for c, _ in out}
+        for config in self._dr_wild.get(namespace, ()):
+            if config.key in seen:
+                continue
+            best = None
+            for h in self.hosts[config.key]:
+                if host_matches(h, hostname) and (best is None or len(h) > len(best)):
+                    best = h
+            if best is not None:
+                seen.add(config.key)
+                out.append((config, best))
+        return out
+
+    def namespaces_with_rules(self) -> Iterable[str]:
+        return set(self._dr_exact) | set(self._dr_wild)
