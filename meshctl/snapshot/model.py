@@ -23,6 +23,11 @@ from meshctl.snapshot.index import SnapshotIndex
 DEFAULT_ROOT_NAMESPACE: Final = "istio-system"
 
 
+#: Kinds that reach generation only through the registry model (services and endpoints), so a
+#: new WorkloadEntry changes the config version only if it changes a service, not just endpoints.
+_REGISTRY_KINDS: Final = frozenset(("ServiceEntry", "WorkloadEntry", "WorkloadGroup"))
+
+
 @dataclass(frozen=True, slots=True)
 class MeshSettings:
     """Mesh-wide settings (Istio's MeshConfig subset that generation reads)."""
@@ -77,10 +82,14 @@ def build_snapshot(
         grouped[key.kind].append(by_key[key])
     h = hashlib.blake2b(digest_size=12)
     for key in sorted(by_key):
-        h.update(by_key[key].content_digest().encode())
+        if key.kind not in _REGISTRY_KINDS:
+            h.update(by_key[key].content_digest().encode())
     h.update(repr(mesh).encode())
     h.update(services.digest(endpoints_of=lambda s: s.resolution is not Resolution.STATIC).encode())
     config_version = h.hexdigest()
+    for key in sorted(by_key):
+        if key.kind in _REGISTRY_KINDS:
+            h.update(by_key[key].content_digest().encode())
     h.update(services.digest().encode())
     return Snapshot(
         version=h.hexdigest(),

@@ -109,6 +109,8 @@ class Proxy:
     #: The WorkloadEntry (`namespace/name`) or registry instance the proxy was bound to, if any.
     workload: str = ""
     instances: tuple[ServiceInstance, ...] = ()
+    #: Whether the proxy's own address can appear in its config (see `generation_key`).
+    address_in_config: bool = True
 
     @property
     def id(self) -> str:
@@ -132,19 +134,26 @@ class Proxy:
 
     def generation_key(self) -> tuple[object, ...]:
         """Everything about the proxy that generation reads: proxies with equal keys get the
-        same config from the same snapshot, so it is generated once for all of them."""
+        same config from the same snapshot, so it is generated once for all of them.
+
+        The replicas of one service (same labels, same ports) share a key, as long as their own
+        address appears nowhere in their config: it does with iptables (Istio's listeners per
+        endpoint) and where a Sidecar ingress listener binds it; otherwise only its family
+        (IPv4 or IPv6, for DNS lookups) counts.
+        """
         inbound = tuple(
             sorted(
-                (i.service.hostname, tuple(sorted(i.endpoint.ports.items())), i.endpoint.address)
+                (i.service.hostname, tuple(sorted(i.endpoint.ports.items())), i.endpoint.locality)
                 for i in self.instances
             )
         )
         return (
             self.node.type,
             self.node.namespace,
+            self.node.domain,
             tuple(sorted(self.labels.items())),
             self.node.interception,
-            self.node.ip if self.instances or self.node.type is ProxyType.ROUTER else "",
+            self.node.ip if self.address_in_config else ("v6" if ":" in self.node.ip else "v4"),
             inbound,
         )
 
@@ -172,7 +181,12 @@ def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
                 labels = {**ep.labels, **labels}
                 workload = workload or (f"{ep.namespace}/{ep.name}" if ep.name else ep.address)
     labels.update(node.labels)
-    return Proxy(node, MappingProxyType(labels), workload, tuple(instances))
+    address_in_config = node.interception is not InterceptionMode.NONE or _any_sidecar_ingress(snapshot)
+    return Proxy(node, MappingProxyType(labels), workload, tuple(instances), address_in_config)
+
+
+def _any_sidecar_ingress(snapshot: Snapshot) -> bool:
+    return any(spec(c).ingress for c in snapshot.of_kind("Sidecar"))
 
 
 def _workload_entry(node: ProxyNode, snapshot: Snapshot) -> Any:
