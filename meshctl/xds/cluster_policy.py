@@ -314,7 +314,8 @@ def apply_load_balancer(
         failover = cluster.HasField("outlier_detection")
         if (failover and (setting.failover or setting.failover_priority)) or setting.distribute:
             cluster.common_lb_config.locality_weighted_lb_config.SetInParent()
-        if cluster.HasField("load_assignment") and proxy_locality:
+        # A LOGICAL_DNS cluster has exactly one endpoint, which Envoy requires: nothing to spread.
+        if cluster.HasField("load_assignment") and proxy_locality and cluster.type != _Cluster.LOGICAL_DNS:
             apply_locality(cluster.load_assignment, proxy_locality, setting, failover)
 
     if cluster.type == _Cluster.ORIGINAL_DST:

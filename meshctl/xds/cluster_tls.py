@@ -36,6 +36,12 @@ _MODE = dr_pb2.ClientTLSSettings
 _SAN = common_pb2.SubjectAltNameMatcher
 
 
+#: The system CA bundle as one file, on the proxy's host. A fixed path (Debian and Ubuntu's; where
+#: Envoy runs on another distribution, link it there) rather than one probed here: generation must
+#: not depend on the control plane's own files.
+SYSTEM_CA_BUNDLE: Final = "/etc/ssl/certs/ca-certificates.crt"
+
+
 def originates_tls(tls: dr_pb2.ClientTLSSettings | None) -> bool:
     """True when the settings make the cluster speak TLS with user-supplied files."""
     return tls is not None and tls.mode in (_MODE.SIMPLE, _MODE.MUTUAL)
@@ -63,6 +69,10 @@ def apply_tls(draft: ClusterDraft, tls: dr_pb2.ClientTLSSettings | None) -> None
     if not tls.insecure_skip_verify.value:
         if tls.ca_certificates:
             validation.trusted_ca.filename = tls.ca_certificates
+        elif tls.subject_alt_names:
+            # Envoy refuses SAN matching against system_root_certs; the system bundle as a file
+            # is the same trust, spelled the way it accepts (Istio resolves "system" alike).
+            validation.trusted_ca.filename = SYSTEM_CA_BUNDLE
         else:
             validation.system_root_certs.SetInParent()
         for san in tls.subject_alt_names:

@@ -149,6 +149,10 @@ def merge_servers(scope: ProxyScope) -> list[MergedPort]:
                 tls=s.tls if s.HasField("tls") else None,
                 hosts=_sanitize_hosts(s.hosts, gw.namespace),
             )
+            if srv.bind.startswith("unix://"):
+                # Gateways on unix sockets serve in-host clients only; not offered on VMs yet.
+                logger.warning("%s: a unix socket bind (%s) is not supported; server skipped", srv.describe(), srv.bind)
+                continue
             is_tls = srv.is_tls_server or srv.terminates_https
             if is_tls:
                 reason = unsupported_reason(srv.tls)

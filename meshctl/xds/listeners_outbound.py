@@ -187,6 +187,17 @@ class _OutboundBuilder:
         name = listener_name(bind, port.number)
         if egress.bind_to_port and not self._may_bind(svc, bind, port.number, name):
             return
+        if not egress.bind_to_port and bind == WILDCARD and port.number in RESERVED_PORTS:
+            # 0.0.0.0:15001 is virtualOutbound itself (15006 virtualInbound): Envoy refuses two
+            # listeners on one address, as Istio's conflictWithReservedListener avoids.
+            logger.warning(
+                "%s: %s port %d is a proxy port; no outbound listener %s",
+                self.proxy.id,
+                svc.hostname,
+                port.number,
+                name,
+            )
+            return
         entry = self.entries.get(key)
         if entry is not None and entry.locked:
             return
