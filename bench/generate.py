@@ -35,8 +35,8 @@ from functools import partial
 from pathlib import Path
 from types import ModuleType
 
-# The script's own directory comes first on sys.path, and bench/validate.py there would shadow the
-# `validate` package the Envoy protos import; so it is taken off and meshgen is loaded by path.
+# The script's own directory comes first on sys.path, where a module named like a package the
+# Envoy protos import (`validate`) would shadow it; so it is taken off and meshgen loaded by path.
 BENCH = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
 

@@ -13,10 +13,15 @@
 Analysis reads only configs (and hosts a registry vouches for, passed in as `known_hosts`); it is
 what `meshctl validate` runs after every file has loaded. Each issue names the field path so the
 caller can point at the line.
+
+Meshes run to tens of thousands of resources, so no check scans the mesh per reference: selectors
+find workloads through an index by label, and hosts are looked up by name, by suffix (wildcards)
+and by (name, namespace) (short names).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +50,84 @@ class _Workload:
     labels: Mapping[str, str]
 
 
+class _Workloads:
+    """Workloads by label, so a selector costs the workloads that share one of its labels rather
+    than a scan of the whole mesh (selectors x workloads is the quadratic term of a big mesh)."""
+
+    def __init__(self, workloads: Sequence[_Workload]) -> None:
+        self.all = workloads
+        self._by_namespace: dict[str, list[_Workload]] = defaultdict(list)
+        self._by_label: dict[tuple[str, str], list[_Workload]] = defaultdict(list)
+        for w in workloads:
+            self._by_namespace[w.namespace].append(w)
+            for item in w.labels.items():
+                self._by_label[item].append(w)
+
+    def selected(self, selector: Mapping[str, str], namespace: str | None = None) -> list[_Workload]:
+        """The workloads `selector` matches (in `namespace` when given), in the order they loaded."""
+        if not selector:
+            return list(self.all if namespace is None else self._by_namespace.get(namespace, ()))
+        # Every match carries every label of the selector: the rarest one bounds the candidates.
+        candidates = min((self._by_label.get(item, ()) for item in selector.items()), key=len)
+        return [
+            w
+            for w in candidates
+            if (namespace is None or w.namespace == namespace) and labels_match(selector, w.labels)
+        ]
+
+    def any_selected(self, selector: Mapping[str, str], namespace: str | None = None) -> bool:
+        return bool(self.selected(selector, namespace))
+
+
+class _Hosts:
+    """Service hosts with the lookups analysis makes per reference, each without a scan of every
+    host: exact names in a set, wildcard patterns by suffix, and short names by (name, namespace)."""
+
+    def __init__(self, hosts: set[str]) -> None:
+        self.hosts = hosts
+        self._wildcard_suffixes = {h[1:] for h in hosts if h.startswith("*")}
+        # Reversed names, sorted: the hosts ending in a suffix are one run of this list.
+        self._reversed = sorted(h[::-1] for h in hosts)
+        # Built by iterating the set, so each list keeps the set's order, as a scan of it would.
+        self._by_short: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for h in hosts:
+            parts = h.split(".", 2)
+            if len(parts) == 3:
+                self._by_short[parts[0], parts[1]].append(h)
+
+    def starting_with(self, name: str, namespace: str) -> list[str]:
+        """The hosts that start with `name.namespace.`, sorted, so messages that name one are the
+        same from run to run (`name` has no dot)."""
+        if "." in namespace:
+            prefix = f"{name}.{namespace}."
+            return sorted(h for h in self.hosts if h.startswith(prefix))
+        return sorted(self._by_short.get((name, namespace), []))
+
+    def covered_by_known(self, host: str) -> bool:
+        """True when some known host, as a pattern, covers `host` (`host_matches(known, host)`)."""
+        if host in self.hosts or "*" in self.hosts:
+            return True
+        suffixes = self._wildcard_suffixes
+        return bool(suffixes) and any(host[i:] in suffixes for i in range(1, len(host) + 1))
+
+    def covering_known(self, pattern: str) -> bool:
+        """True when `pattern` covers some known host (`host_matches(pattern, known)`)."""
+        if pattern == "*":
+            return bool(self.hosts)
+        if pattern in self.hosts:
+            return True
+        if not pattern.startswith("*"):
+            return False
+        suffix = pattern[1:][::-1]
+        at = bisect_left(self._reversed, suffix)
+        for reversed_host in self._reversed[at:]:
+            if not reversed_host.startswith(suffix):
+                return False
+            if len(reversed_host) > len(suffix):
+                return True
+        return False
+
+
 class _Index:
     """What every check needs, computed once."""
 
@@ -53,10 +136,12 @@ class _Index:
         for c in configs:
             self.by_kind[c.kind].append(c)
         self.gateways = {(c.namespace, c.name): c for c in self.by_kind["Gateway"]}
-        self.workloads = [
-            _Workload(c.namespace, {**c.labels, **dict(c.spec.labels)})  # type: ignore[attr-defined]
-            for c in self.by_kind["WorkloadEntry"]
-        ]
+        self.workloads = _Workloads(
+            [
+                _Workload(c.namespace, {**c.labels, **dict(c.spec.labels)})  # type: ignore[attr-defined]
+                for c in self.by_kind["WorkloadEntry"]
+            ]
+        )
         self.service_hosts: set[str] = set(known_hosts)
         # Endpoint label sets per host, for subset checks; a host missing here has unknown endpoints.
         self.endpoint_labels: dict[str, list[Mapping[str, str]]] = {}
@@ -65,41 +150,54 @@ class _Index:
             labels: list[Mapping[str, str]] = [dict(ep.labels) for ep in spec.endpoints]
             if spec.HasField("workload_selector"):
                 selector = dict(spec.workload_selector.labels)
-                labels = [
-                    w.labels
-                    for w in self.workloads
-                    if w.namespace == se.namespace and labels_match(selector, w.labels)
-                ]
+                labels = [w.labels for w in self.workloads.selected(selector, se.namespace)]
             for host in spec.hosts:
                 self.service_hosts.add(host)
                 if labels or spec.endpoints or spec.HasField("workload_selector"):
                     self.endpoint_labels.setdefault(host, []).extend(labels)
+        self.hosts = _Hosts(self.service_hosts)
+        # DestinationRules by the hosts they apply to: exact ones by name, wildcards in a list.
+        self._rules = self.by_kind["DestinationRule"]
+        self._rules_by_host: dict[str, list[int]] = defaultdict(list)
+        self._wildcard_rules: list[tuple[str, int]] = []
+        for i, dr in enumerate(self._rules):
+            for d in self.resolve(dr.spec.host, dr.namespace):  # type: ignore[attr-defined]
+                if d.startswith("*"):
+                    self._wildcard_rules.append((d, i))
+                else:
+                    self._rules_by_host[d].append(i)
 
     def resolve(self, host: str, namespace: str) -> list[str]:
         """Candidate FQDNs for a host as written in `namespace`: a short name may stand for
         `name.namespace.<domain>` as in Kubernetes."""
         if "." in host or host == "*":
             return [host]
-        prefix = f"{host}.{namespace}."
-        return [host, *(h for h in self.service_hosts if h.startswith(prefix))]
+        return [host, *self.hosts.starting_with(host, namespace)]
 
     def host_known(self, host: str, namespace: str) -> bool:
-        for candidate in self.resolve(host, namespace):
-            if any(
-                host_matches(known, candidate) or host_matches(candidate, known)
-                for known in self.service_hosts
-            ):
-                return True
-        return False
+        hosts = self.hosts
+        return any(
+            hosts.covered_by_known(candidate) or hosts.covering_known(candidate)
+            for candidate in self.resolve(host, namespace)
+        )
 
     def destination_rules_for(self, host: str, namespace: str) -> list[Config]:
-        candidates = self.resolve(host, namespace)
-        out = []
-        for dr in self.by_kind["DestinationRule"]:
-            dr_hosts = self.resolve(dr.spec.host, dr.namespace)  # type: ignore[attr-defined]
-            if any(host_matches(d, c) for d in dr_hosts for c in candidates):
-                out.append(dr)
-        return out
+        found: set[int] = set()
+        for candidate in self.resolve(host, namespace):
+            found.update(self._rules_by_host.get(candidate, ()))
+            found.update(i for d, i in self._wildcard_rules if host_matches(d, candidate))
+        return [self._rules[i] for i in sorted(found)]
+
+    def endpoint_label_sets(self, host: str) -> list[Mapping[str, str]] | None:
+        """The endpoint label sets of every service `host` covers; None when none has known endpoints."""
+        label_sets: list[Mapping[str, str]] | None = None
+        if host.startswith("*"):
+            for known, sets in self.endpoint_labels.items():
+                if host_matches(host, known):
+                    label_sets = (label_sets or []) + sets
+            return label_sets
+        exact = self.endpoint_labels.get(host)
+        return None if exact is None else list(exact)
 
 
 def analyze(configs: Sequence[Config], known_hosts: Collection[str] = ()) -> list[AnalysisIssue]:
@@ -204,13 +302,11 @@ def _selectors(index: _Index) -> Iterator[AnalysisIssue]:
             selector = selector_labels(config.spec, field)
             if not selector:
                 continue
-            if not any(
-                w.namespace == config.namespace and labels_match(selector, w.labels) for w in index.workloads
-            ):
+            if not index.workloads.any_selected(selector, config.namespace):
                 yield _no_workload(config, path, selector)
     for gw in index.by_kind["Gateway"]:
         selector = dict(gw.spec.selector)  # type: ignore[attr-defined]
-        if selector and not any(labels_match(selector, w.labels) for w in index.workloads):
+        if selector and not index.workloads.any_selected(selector):
             yield _no_workload(gw, ("spec", "selector"), selector)
 
 
@@ -258,8 +354,12 @@ def _gateway_hosts(index: _Index) -> Iterator[AnalysisIssue]:
                     )
 
 
+#: A gateway server's claim: (gateway, server index, selector, port, host).
+_Claim = tuple[Config, int, frozenset[tuple[str, str]], int, str]
+
+
 def _gateway_conflicts(index: _Index) -> Iterator[AnalysisIssue]:
-    claims: list[tuple[Config, int, frozenset[tuple[str, str]], int, str]] = []
+    claims: list[_Claim] = []
     for gw in index.by_kind["Gateway"]:
         spec: Any = gw.spec
         selector = frozenset(spec.selector.items())
@@ -267,13 +367,17 @@ def _gateway_conflicts(index: _Index) -> Iterator[AnalysisIssue]:
             for host in server.hosts:
                 name = host.partition("/")[2] if "/" in host else host
                 claims.append((gw, s, selector, server.port.number, name))
+    # Only claims with the same selector and port can conflict: compare within those groups.
+    groups: dict[tuple[frozenset[tuple[str, str]], int], list[_Claim]] = defaultdict(list)
+    for claim in claims:
+        groups[claim[2], claim[3]].append(claim)
     seen: set[tuple[ConfigKey, int]] = set()
     for a in claims:
         others = sorted(
             {
                 f"{b[0].namespace}/{b[0].name}"
-                for b in claims
-                if b[0].key != a[0].key and b[2] == a[2] and b[3] == a[3] and hosts_overlap(a[4], b[4])
+                for b in groups[a[2], a[3]]
+                if b[0].key != a[0].key and hosts_overlap(a[4], b[4])
             }
         )
         if not others or (a[0].key, a[1]) in seen:
@@ -306,9 +410,9 @@ def _destination_rules(index: _Index) -> Iterator[AnalysisIssue]:
             continue
         label_sets: list[Mapping[str, str]] | None = None
         for candidate in index.resolve(spec.host, dr.namespace):
-            for host, sets in index.endpoint_labels.items():
-                if host_matches(candidate, host):
-                    label_sets = (label_sets or []) + sets
+            sets = index.endpoint_label_sets(candidate)
+            if sets is not None:
+                label_sets = (label_sets or []) + sets
         if label_sets is None:
             continue  # endpoints come from elsewhere (DNS, a registry): nothing to check against
         for i, subset in enumerate(spec.subsets):

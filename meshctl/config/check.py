@@ -17,10 +17,15 @@ from meshctl.config.model import Config, Source
 
 class Positions:
     """Field positions for findings about already-loaded configs: re-reads a file (or the text
-    given for stdin) only when a finding needs it."""
+    given for stdin) only when a finding needs it.
+
+    The file last asked about stays composed, so a run of findings in one file parses it once;
+    only that one is kept, since the nodes of a whole mesh would take more memory than the mesh.
+    """
 
     def __init__(self, texts: Mapping[str, str] | None = None) -> None:
         self._texts = dict(texts or {})
+        self._composed: tuple[str, yamlsource.Positions] | None = None
 
     def _text(self, file: str) -> str | None:
         if file not in self._texts:
@@ -34,7 +39,9 @@ class Positions:
         text = self._text(source.file)
         if text is None or not path:
             return source.line, source.column
-        line, column = yamlsource.locate(text, source.document, path)
+        if self._composed is None or self._composed[0] != source.file:
+            self._composed = (source.file, yamlsource.Positions(text))
+        line, column = self._composed[1].locate(source.document, path)
         return (line, column) if line else (source.line, source.column)
 
 
@@ -71,20 +78,21 @@ def analysis_findings(
     """Cross-resource findings, placed at the field they are about."""
     loaded = list(configs)
     by_key = {c.key: c for c in loaded}
-    out: list[Finding] = []
-    for issue in analyze(loaded, known_hosts):
-        config = by_key[issue.key]
-        line, column = positions.locate(config.source, issue.path)
-        out.append(
-            Finding(
-                issue.severity,
-                issue.message,
-                config.source.file,
-                line,
-                column,
-                issue.key,
-                format_path(issue.path),
-                issue.code,
-            )
+    issues = analyze(loaded, known_hosts)
+    sources = [by_key[issue.key].source for issue in issues]
+    # Placed file by file, so each file is parsed once; listed in the order analysis found them.
+    places: dict[int, tuple[int, int]] = {}
+    for i in sorted(range(len(issues)), key=lambda i: sources[i].file):
+        places[i] = positions.locate(sources[i], issues[i].path)
+    return [
+        Finding(
+            issue.severity,
+            issue.message,
+            source.file,
+            *places[i],
+            issue.key,
+            format_path(issue.path),
+            issue.code,
         )
-    return out
+        for i, (issue, source) in enumerate(zip(issues, sources, strict=True))
+    ]

@@ -12,7 +12,7 @@ import base64
 import binascii
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cache
@@ -74,13 +74,15 @@ def parse_duration(text: str) -> int | None:
         return 0
     if not text:
         return None
-    total = Fraction(0)
+    total: int | Fraction = 0
     pos = 0
     while pos < len(text):
         m = _DURATION_PART.match(text, pos)
         if m is None:
             return None
-        total += Fraction(m.group(1)) * _UNIT_NANOS[m.group(2)]
+        number = m.group(1)
+        # Whole numbers ("5s", "30s": nearly every duration) need no Fraction; the sum is exact either way.
+        total += (int(number) if number.isdecimal() else Fraction(number)) * _UNIT_NANOS[m.group(2)]
         pos = m.end()
     return sign * int(total)
 
@@ -91,16 +93,6 @@ class SchemaIssue:
 
     path: FieldPath
     message: str
-
-
-@cache
-def _fields(descriptor: Descriptor) -> Mapping[str, FieldDescriptor]:
-    """Fields by JSON name and by proto name: both spellings are valid protobuf JSON."""
-    out: dict[str, FieldDescriptor] = {}
-    for f in descriptor.fields:
-        out[f.name] = f
-        out[f.json_name] = f
-    return out
 
 
 def _type_name(value: Any) -> str:
@@ -119,144 +111,43 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
-class _Parser:
-    __slots__ = ("issues",)
+# --- scalars: one conversion function per field, chosen once --------------------------------
 
-    def __init__(self) -> None:
-        self.issues: list[SchemaIssue] = []
+#: A scalar conversion: (True, the value to store) or (False, what is wrong with it).
+_Convert = Callable[[Any], tuple[bool, Any]]
 
-    def fail(self, path: FieldPath, message: str) -> None:
-        self.issues.append(SchemaIssue(path, message))
 
-    def message(self, data: Any, msg: Message, path: FieldPath) -> None:
-        full_name = msg.DESCRIPTOR.full_name
-        if (
-            full_name in _WRAPPERS
-            or full_name in _JSON_VALUE_TYPES
-            or full_name
-            in (
-                "google.protobuf.Duration",
-                "google.protobuf.Timestamp",
-            )
-        ):
-            self.well_known(data, msg, path)
-            return
-        if not isinstance(data, dict):
-            self.fail(path, f"expected a mapping, got {_type_name(data)}")
-            return
-        # `trafficPolicy: {}` is written, so it is set (HasField), as in Istio: rules such as
-        # "a selector needs labels" see it.
-        msg.SetInParent()
-        fields = _fields(msg.DESCRIPTOR)
-        oneofs_seen: dict[str, str] = {}
-        for key, value in data.items():
-            field_path = (*path, str(key))
-            fd = fields.get(key) if isinstance(key, str) else None
-            if fd is None:
-                self.fail(field_path, f'unknown field "{key}" in {msg.DESCRIPTOR.name}')
-                continue
-            if value is None:
-                continue  # null means unset in protobuf JSON
-            oneof = fd.containing_oneof
-            if oneof is not None and not (len(oneof.fields) == 1 and oneof.name.startswith("_")):
-                if oneof.name in oneofs_seen:
-                    self.fail(field_path, f'"{key}" cannot be set together with "{oneofs_seen[oneof.name]}"')
-                    continue
-                oneofs_seen[oneof.name] = str(key)
-            self.field(value, msg, fd, field_path)
+def _to_string(value: Any) -> tuple[bool, Any]:
+    if isinstance(value, str):
+        return True, value
+    return False, f"expected a string, got {_type_name(value)}"
 
-    def field(self, value: Any, msg: Message, fd: FieldDescriptor, path: FieldPath) -> None:
-        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
-            self.map_field(value, msg, fd, path)
-        elif fd.is_repeated:
-            if not isinstance(value, list):
-                self.fail(path, f"expected a list, got {_type_name(value)}")
-                return
-            container = getattr(msg, fd.name)
-            for i, item in enumerate(value):
-                item_path = (*path, i)
-                if fd.message_type is not None:
-                    if item is None:
-                        self.fail(item_path, "list item is null")
-                        continue
-                    self.message(item, container.add(), item_path)
-                else:
-                    ok, converted = self.scalar(item, fd, item_path)
-                    if ok:
-                        container.append(converted)
-        elif fd.message_type is not None:
-            self.message(value, getattr(msg, fd.name), path)
-        else:
-            ok, converted = self.scalar(value, fd, path)
-            if ok:
-                setattr(msg, fd.name, converted)
 
-    def map_field(self, value: Any, msg: Message, fd: FieldDescriptor, path: FieldPath) -> None:
-        if not isinstance(value, dict):
-            self.fail(path, f"expected a mapping, got {_type_name(value)}")
-            return
-        entry = fd.message_type
-        assert entry is not None  # map fields are always message-typed
-        key_fd = entry.fields_by_name["key"]
-        value_fd = entry.fields_by_name["value"]
-        container = getattr(msg, fd.name)
-        for raw_key, item in value.items():
-            item_path = (*path, str(raw_key))
-            ok, key = self.scalar(raw_key if isinstance(raw_key, str) else str(raw_key), key_fd, item_path)
-            if not ok:
-                continue
-            if value_fd.message_type is not None:
-                if item is None:
-                    continue
-                self.message(item, container[key], item_path)
-            else:
-                if item is None:
-                    self.fail(item_path, "map value is null")
-                    continue
-                ok, converted = self.scalar(item, value_fd, item_path)
-                if ok:
-                    container[key] = converted
+def _to_bool(value: Any) -> tuple[bool, Any]:
+    if isinstance(value, bool):
+        return True, value
+    return False, f"expected true or false, got {_type_name(value)}"
 
-    def scalar(self, value: Any, fd: FieldDescriptor, path: FieldPath) -> tuple[bool, Any]:
-        t = fd.type
-        if t == FieldDescriptor.TYPE_STRING:
-            if isinstance(value, str):
-                return True, value
-            self.fail(path, f"expected a string, got {_type_name(value)}")
-        elif t == FieldDescriptor.TYPE_BOOL:
-            if isinstance(value, bool):
-                return True, value
-            self.fail(path, f"expected true or false, got {_type_name(value)}")
-        elif t == FieldDescriptor.TYPE_ENUM and fd.enum_type is not None:
-            return self.enum(value, fd.enum_type, path)
-        elif t in _INT_RANGES:
-            return self.integer(value, t, path)
-        elif t in _FLOATS:
-            return self.floating(value, path)
-        elif t == FieldDescriptor.TYPE_BYTES:
-            if isinstance(value, str):
-                try:
-                    return True, base64.b64decode(value, validate=True)
-                except (binascii.Error, ValueError):
-                    self.fail(path, "expected base64 text")
-            else:
-                self.fail(path, f"expected base64 text, got {_type_name(value)}")
-        else:  # pragma: no cover - every scalar type is handled above
-            self.fail(path, f"unsupported field type {t}")
-        return False, None
 
-    def enum(self, value: Any, enum: EnumDescriptor, path: FieldPath) -> tuple[bool, Any]:
+def _to_enum(enum: EnumDescriptor) -> _Convert:
+    by_name = {v.name: v.number for v in enum.values}
+    numbers = frozenset(enum.values_by_number)
+    names = ", ".join(v.name for v in enum.values)
+
+    def convert(value: Any) -> tuple[bool, Any]:
         if isinstance(value, str):
-            ev = enum.values_by_name.get(value)
-            if ev is not None:
-                return True, ev.number
-        elif isinstance(value, int) and not isinstance(value, bool) and value in enum.values_by_number:
+            number = by_name.get(value)
+            if number is not None:
+                return True, number
+        elif isinstance(value, int) and not isinstance(value, bool) and value in numbers:
             return True, value
-        names = ", ".join(v.name for v in enum.values)
-        self.fail(path, f'invalid value "{value}": must be one of {names}')
-        return False, None
+        return False, f'invalid value "{value}": must be one of {names}'
 
-    def integer(self, value: Any, t: int, path: FieldPath) -> tuple[bool, Any]:
+    return convert
+
+
+def _to_integer(low: int, high: int) -> _Convert:
+    def convert(value: Any) -> tuple[bool, Any]:
         number: int | None = None
         if isinstance(value, bool):
             number = None
@@ -270,40 +161,229 @@ class _Parser:
             except ValueError:
                 number = None
         if number is None:
-            self.fail(path, f"expected an integer, got {_type_name(value)} {value!r}")
-            return False, None
-        low, high = _INT_RANGES[t]
+            return False, f"expected an integer, got {_type_name(value)} {value!r}"
         if not low <= number <= high:
-            self.fail(path, f"{number} is out of range [{low}, {high}]")
-            return False, None
+            return False, f"{number} is out of range [{low}, {high}]"
         return True, number
 
-    def floating(self, value: Any, path: FieldPath) -> tuple[bool, Any]:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-                self.fail(path, "expected a finite number")
-                return False, None
-            return True, float(value)
-        if isinstance(value, str):
-            try:
-                number = float(value)
-            except ValueError:
-                pass
-            else:
-                if math.isfinite(number):
-                    return True, number
-        self.fail(path, f"expected a number, got {_type_name(value)}")
-        return False, None
+    return convert
 
-    def well_known(self, data: Any, msg: Message, path: FieldPath) -> None:
-        name = msg.DESCRIPTOR.full_name
-        if name in _WRAPPERS:
-            value_fd: FieldDescriptor = msg.DESCRIPTOR.fields_by_name["value"]  # type: ignore[assignment]
-            ok, converted = self.scalar(data, value_fd, path)
+
+def _to_float(value: Any) -> tuple[bool, Any]:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+            return False, "expected a finite number"
+        return True, float(value)
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            pass
+        else:
+            if math.isfinite(number):
+                return True, number
+    return False, f"expected a number, got {_type_name(value)}"
+
+
+def _to_bytes(value: Any) -> tuple[bool, Any]:
+    if isinstance(value, str):
+        try:
+            return True, base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            return False, "expected base64 text"
+    return False, f"expected base64 text, got {_type_name(value)}"
+
+
+def _converter(fd: FieldDescriptor) -> _Convert:
+    """How a value becomes what scalar field `fd` holds."""
+    t = fd.type
+    if t == FieldDescriptor.TYPE_STRING:
+        return _to_string
+    if t == FieldDescriptor.TYPE_BOOL:
+        return _to_bool
+    if t == FieldDescriptor.TYPE_ENUM and fd.enum_type is not None:
+        return _to_enum(fd.enum_type)
+    if t in _INT_RANGES:
+        return _to_integer(*_INT_RANGES[t])
+    if t in _FLOATS:
+        return _to_float
+    if t == FieldDescriptor.TYPE_BYTES:
+        return _to_bytes
+
+    def unsupported(value: Any) -> tuple[bool, Any]:  # pragma: no cover - every scalar type is above
+        return False, f"unsupported field type {t}"
+
+    return unsupported
+
+
+# --- messages: each message type's fields, worked out once ----------------------------------
+
+# What a field holds decides how a value is read into it.
+_SCALAR, _MESSAGE, _REPEATED_SCALAR, _REPEATED_MESSAGE, _MAP = range(5)
+# Messages that protobuf JSON spells as something other than a mapping of their fields.
+_PLAIN, _WRAPPER, _DURATION, _JSON_FORMAT = range(4)
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    """One field as the parser needs it: descriptors are slow to ask (each attribute is a
+    lookup in the C runtime), and a config of 10,000 resources asks about the same few hundred
+    fields again and again."""
+
+    name: str  # the attribute on the generated class
+    kind: int
+    oneof: str | None  # a real oneof, not the synthetic one of a proto3 `optional`
+    convert: _Convert | None = None  # scalars and repeated scalars; a map's values (None: messages)
+    convert_key: _Convert | None = None  # maps
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """A message type as the parser needs it: its fields by JSON name and by proto name (both
+    spellings are valid protobuf JSON), or how it is spelled when it is a well-known type."""
+
+    name: str
+    spelling: int
+    fields: Mapping[str, _Field]
+
+
+def _field(fd: FieldDescriptor) -> _Field:
+    oneof = fd.containing_oneof
+    synthetic = oneof is not None and len(oneof.fields) == 1 and oneof.name.startswith("_")
+    oneof_name = oneof.name if oneof is not None and not synthetic else None
+    message_type = fd.message_type
+    if message_type is not None and message_type.GetOptions().map_entry:
+        value_fd = message_type.fields_by_name["value"]
+        convert = None if value_fd.message_type is not None else _converter(value_fd)
+        return _Field(fd.name, _MAP, oneof_name, convert, _converter(message_type.fields_by_name["key"]))
+    if fd.is_repeated:
+        if message_type is not None:
+            return _Field(fd.name, _REPEATED_MESSAGE, oneof_name)
+        return _Field(fd.name, _REPEATED_SCALAR, oneof_name, _converter(fd))
+    if message_type is not None:
+        return _Field(fd.name, _MESSAGE, oneof_name)
+    return _Field(fd.name, _SCALAR, oneof_name, _converter(fd))
+
+
+@cache
+def _shape(descriptor: Descriptor) -> _Shape:
+    full_name = descriptor.full_name
+    if full_name in _WRAPPERS:
+        spelling = _WRAPPER
+    elif full_name == "google.protobuf.Duration":
+        spelling = _DURATION
+    elif full_name in _JSON_VALUE_TYPES or full_name == "google.protobuf.Timestamp":
+        spelling = _JSON_FORMAT
+    else:
+        spelling = _PLAIN
+    fields: dict[str, _Field] = {}
+    for fd in descriptor.fields:
+        f = _field(fd)
+        fields[fd.name] = f
+        fields[fd.json_name] = f
+    return _Shape(descriptor.name, spelling, fields)
+
+
+class _Parser:
+    __slots__ = ("issues",)
+
+    def __init__(self) -> None:
+        self.issues: list[SchemaIssue] = []
+
+    def fail(self, path: FieldPath, message: str) -> None:
+        self.issues.append(SchemaIssue(path, message))
+
+    def message(self, data: Any, msg: Message, path: FieldPath) -> None:
+        shape = _shape(msg.DESCRIPTOR)
+        if shape.spelling != _PLAIN:
+            self.well_known(data, msg, path, shape.spelling)
+            return
+        if not isinstance(data, dict):
+            self.fail(path, f"expected a mapping, got {_type_name(data)}")
+            return
+        # `trafficPolicy: {}` is written, so it is set (HasField), as in Istio: rules such as
+        # "a selector needs labels" see it.
+        msg.SetInParent()
+        fields = shape.fields
+        oneofs_seen: dict[str, str] = {}
+        for key, value in data.items():
+            # Only a text key can name a field: any other key is looked up in vain.
+            f = fields.get(key)
+            if f is None:
+                self.fail((*path, str(key)), f'unknown field "{key}" in {shape.name}')
+                continue
+            if value is None:
+                continue  # null means unset in protobuf JSON
+            if f.oneof is not None:
+                if f.oneof in oneofs_seen:
+                    self.fail((*path, key), f'"{key}" cannot be set together with "{oneofs_seen[f.oneof]}"')
+                    continue
+                oneofs_seen[f.oneof] = key
+            kind = f.kind
+            if kind == _SCALAR:
+                ok, converted = f.convert(value)  # type: ignore[misc]  # set for every scalar field
+                if ok:
+                    setattr(msg, f.name, converted)
+                else:
+                    self.fail((*path, key), converted)
+            elif kind == _MESSAGE:
+                self.message(value, getattr(msg, f.name), (*path, key))
+            elif kind == _MAP:
+                self.map_field(value, getattr(msg, f.name), f, (*path, key))
+            elif not isinstance(value, list):
+                self.fail((*path, key), f"expected a list, got {_type_name(value)}")
+            elif kind == _REPEATED_MESSAGE:
+                container = getattr(msg, f.name)
+                for i, item in enumerate(value):
+                    if item is None:
+                        self.fail((*path, key, i), "list item is null")
+                        continue
+                    self.message(item, container.add(), (*path, key, i))
+            else:
+                container = getattr(msg, f.name)
+                for i, item in enumerate(value):
+                    ok, converted = f.convert(item)  # type: ignore[misc]  # set for every repeated scalar
+                    if ok:
+                        container.append(converted)
+                    else:
+                        self.fail((*path, key, i), converted)
+
+    def map_field(self, value: Any, container: Any, f: _Field, path: FieldPath) -> None:
+        if not isinstance(value, dict):
+            self.fail(path, f"expected a mapping, got {_type_name(value)}")
+            return
+        convert_key, convert = f.convert_key, f.convert
+        assert convert_key is not None  # set for every map field
+        for raw_key, item in value.items():
+            item_path = (*path, str(raw_key))
+            ok, key = convert_key(raw_key if isinstance(raw_key, str) else str(raw_key))
+            if not ok:
+                self.fail(item_path, key)
+                continue
+            if convert is None:
+                if item is None:
+                    continue
+                self.message(item, container[key], item_path)
+            else:
+                if item is None:
+                    self.fail(item_path, "map value is null")
+                    continue
+                ok, converted = convert(item)
+                if ok:
+                    container[key] = converted
+                else:
+                    self.fail(item_path, converted)
+
+    def well_known(self, data: Any, msg: Message, path: FieldPath, spelling: int) -> None:
+        if spelling == _WRAPPER:
+            f = _shape(msg.DESCRIPTOR).fields["value"]
+            ok, converted = f.convert(data)  # type: ignore[misc]  # a wrapper's value is a scalar
             if ok:
                 msg.value = converted  # type: ignore[attr-defined]
+            else:
+                self.fail(path, converted)
             return
-        if name == "google.protobuf.Duration":
+        if spelling == _DURATION:
             if not isinstance(data, str):
                 self.fail(path, f'expected a duration such as "5s" or "0.250s", got {_type_name(data)}')
                 return

@@ -52,9 +52,15 @@ def _validators() -> dict[str, Validator]:
 _VALIDATORS: dict[str, Validator] = {}
 
 
-def validate_spec(kind: str, spec: Message) -> list[Issue]:
-    """Every rule `kind` breaks in `spec`; empty when it is valid."""
+def import_rules() -> None:
+    """Import every rule module now rather than on first use: before forking workers, say, so
+    that each does not import them again."""
     if not _VALIDATORS:
         _VALIDATORS.update(_validators())
+
+
+def validate_spec(kind: str, spec: Message) -> list[Issue]:
+    """Every rule `kind` breaks in `spec`; empty when it is valid."""
+    import_rules()
     validator = _VALIDATORS.get(kind)
     return validator(spec) if validator is not None else []

@@ -14,6 +14,7 @@ import ipaddress
 import posixpath
 import re
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from typing import Any, Final
 
 import re2
@@ -34,6 +35,9 @@ _LABEL_VALUE = re.compile(rf"({_QUALIFIED_NAME})?")
 _HEADER_NAME = re.compile(r"[-_A-Za-z0-9]+")
 _HEADER_VALUE_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _JWT_CLAIM_HEADER = re.compile(r"@request\.auth\.claims(\.[^.\[\]]+|\[[^\[\]]+\])+")
+# Dotted-quad IPv4 exactly as `ipaddress` accepts it: ASCII digits, 0..255, no leading zeros.
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_IPV4 = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
 _MAX_REGEX_LENGTH: Final = 1024
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # the error comes back to us; RE2 would also print it to stderr
@@ -128,6 +132,10 @@ def partial_wildcard_problem(name: str) -> str | None:
 
 
 def is_ip(address: str) -> bool:
+    # Most addresses in a mesh are plain IPv4, which one regex settles; anything else (IPv6, or
+    # not an address) is left to `ipaddress`, the reference.
+    if _IPV4.fullmatch(address) is not None:
+        return True
     try:
         ipaddress.ip_address(address)
     except ValueError:
@@ -261,16 +269,25 @@ def regex_problem(pattern: str) -> str | None:
 # --- labels and selectors ------------------------------------------------------------------
 
 
+@lru_cache(maxsize=4096)
+def _label_key_problem(key: str) -> str | None:
+    """Remembered per key: a mesh uses a handful of label keys (`app`, `version`) everywhere."""
+    match = _LABEL_KEY.fullmatch(key)
+    if match is None:
+        return f'invalid label key "{key}"'
+    if match["prefix"] and len(match["prefix"]) - 1 > 253:
+        return f'invalid label key "{key}": the prefix is longer than 253 characters'
+    if len(match["name"]) > 63:
+        return f'invalid label key "{key}": the name is longer than 63 characters'
+    return None
+
+
 def label_problems(labels: Mapping[str, str]) -> Iterable[tuple[str, str]]:
     """(key, problem) for every key or value Kubernetes would not accept as a label."""
     for key, value in sorted(labels.items()):
-        match = _LABEL_KEY.fullmatch(key)
-        if match is None:
-            yield key, f'invalid label key "{key}"'
-        elif match["prefix"] and len(match["prefix"]) - 1 > 253:
-            yield key, f'invalid label key "{key}": the prefix is longer than 253 characters'
-        elif len(match["name"]) > 63:
-            yield key, f'invalid label key "{key}": the name is longer than 63 characters'
+        problem = _label_key_problem(key)
+        if problem is not None:
+            yield key, problem
         if not _LABEL_VALUE.fullmatch(value) or len(value) > 63:
             yield key, f'invalid label value "{value}" for "{key}"'
 
