@@ -1,6 +1,6 @@
 """Throughput and peak memory of `meshctl validate` on a generated mesh.
 
-    python bench/validate.py [--resources 10000] [--runs 5] [--jobs N]
+    python bench/validate_speed.py [--resources 10000] [--runs 5] [--jobs N]
 
 Runs the real command in a child process (so start-up counts, and its peak RSS is its own and its
 workers') and prints a Markdown row for docs/benchmarks.md. Wall time depends on what else the
