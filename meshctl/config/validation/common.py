@@ -358,9 +358,46 @@ def is_jwt_claim_header(name: str) -> bool:
     return _JWT_CLAIM_HEADER.fullmatch(name) is not None
 
 
+#: Envoy's substitution commands usable in a header value (its access-log operators). Envoy
+#: refuses a route config naming any other, so meshctl does too, before a proxy has to NACK it.
+_COMMAND_WORDS: Final = """
+    START_TIME START_TIME_LOCAL EMIT_TIME EMIT_TIME_LOCAL REQUEST_HEADERS_BYTES BYTES_RECEIVED
+    BYTES_RETRANSMITTED PACKETS_RETRANSMITTED UPSTREAM_WIRE_BYTES_RECEIVED UPSTREAM_HEADER_BYTES_RECEIVED
+    DOWNSTREAM_WIRE_BYTES_RECEIVED DOWNSTREAM_HEADER_BYTES_RECEIVED PROTOCOL UPSTREAM_PROTOCOL
+    RESPONSE_CODE RESPONSE_CODE_DETAILS CONNECTION_TERMINATION_DETAILS RESPONSE_HEADERS_BYTES
+    RESPONSE_TRAILERS_BYTES BYTES_SENT UPSTREAM_WIRE_BYTES_SENT UPSTREAM_HEADER_BYTES_SENT
+    DOWNSTREAM_WIRE_BYTES_SENT DOWNSTREAM_HEADER_BYTES_SENT DURATION COMMON_DURATION REQUEST_DURATION
+    REQUEST_TX_DURATION RESPONSE_DURATION RESPONSE_TX_DURATION DOWNSTREAM_HANDSHAKE_DURATION
+    ROUNDTRIP_DURATION UPSTREAM_CONNECTION_POOL_READY_DURATION RESPONSE_FLAGS RESPONSE_FLAGS_LONG
+    UPSTREAM_HOST UPSTREAM_HOST_NAME UPSTREAM_HOST_NAME_WITHOUT_PORT UPSTREAM_CLUSTER UPSTREAM_CLUSTER_RAW
+    UPSTREAM_LOCAL_ADDRESS UPSTREAM_LOCAL_ADDRESS_WITHOUT_PORT UPSTREAM_LOCAL_PORT UPSTREAM_REMOTE_ADDRESS
+    UPSTREAM_REMOTE_ADDRESS_WITHOUT_PORT UPSTREAM_REMOTE_PORT UPSTREAM_REQUEST_ATTEMPT_COUNT
+    UPSTREAM_TLS_CIPHER UPSTREAM_TLS_VERSION UPSTREAM_TLS_SESSION_ID UPSTREAM_PEER_ISSUER UPSTREAM_PEER_CERT
+    UPSTREAM_PEER_SUBJECT UPSTREAM_PEER_URI_SAN UPSTREAM_PEER_DNS_SAN UPSTREAM_PEER_IP_SAN
+    UPSTREAM_LOCAL_URI_SAN UPSTREAM_LOCAL_DNS_SAN UPSTREAM_LOCAL_IP_SAN UPSTREAM_LOCAL_SUBJECT
+    UPSTREAM_PEER_CERT_V_START UPSTREAM_PEER_CERT_V_END UPSTREAM_TRANSPORT_FAILURE_REASON
+    UPSTREAM_CONNECTION_ID UPSTREAM_FILTER_STATE UPSTREAM_METADATA HOSTNAME DOWNSTREAM_LOCAL_ADDRESS
+    DOWNSTREAM_LOCAL_ADDRESS_WITHOUT_PORT DOWNSTREAM_LOCAL_PORT DOWNSTREAM_REMOTE_ADDRESS
+    DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT DOWNSTREAM_REMOTE_PORT DOWNSTREAM_DIRECT_REMOTE_ADDRESS
+    DOWNSTREAM_DIRECT_REMOTE_ADDRESS_WITHOUT_PORT DOWNSTREAM_DIRECT_REMOTE_PORT DOWNSTREAM_LOCAL_URI_SAN
+    DOWNSTREAM_LOCAL_DNS_SAN DOWNSTREAM_LOCAL_IP_SAN DOWNSTREAM_LOCAL_SUBJECT DOWNSTREAM_PEER_URI_SAN
+    DOWNSTREAM_PEER_DNS_SAN DOWNSTREAM_PEER_IP_SAN DOWNSTREAM_PEER_SUBJECT DOWNSTREAM_PEER_ISSUER
+    DOWNSTREAM_TLS_SESSION_ID DOWNSTREAM_TLS_CIPHER DOWNSTREAM_TLS_VERSION DOWNSTREAM_PEER_FINGERPRINT_256
+    DOWNSTREAM_PEER_FINGERPRINT_1 DOWNSTREAM_PEER_SERIAL DOWNSTREAM_PEER_CERT DOWNSTREAM_PEER_CERT_V_START
+    DOWNSTREAM_PEER_CERT_V_END DOWNSTREAM_TRANSPORT_FAILURE_REASON DOWNSTREAM_LOCAL_CERT
+    CONNECTION_ID REQUESTED_SERVER_NAME ROUTE_NAME VIRTUAL_CLUSTER_NAME DYNAMIC_METADATA CLUSTER_METADATA
+    FILTER_STATE METADATA REQ RESP TRAILER REQ_WITHOUT_QUERY LOCAL_REPLY_BODY ACCESS_LOG_TYPE UNIQUE_ID
+    STREAM_ID ENVIRONMENT TRACE_ID CEL PER_REQUEST_STATE
+"""
+_ENVOY_COMMANDS: Final = frozenset(_COMMAND_WORDS.split())
+#: Commands whose argument is a header name (`%REQ(x-user)%`, `%REQ(:authority?host)%`).
+_HEADER_COMMANDS: Final = frozenset(("REQ", "RESP", "TRAILER", "REQ_WITHOUT_QUERY"))
+_HEADER_ARGUMENT = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z:]+(\?[!#$%&'*+\-.^_`|~0-9A-Za-z:]+)?")
+
+
 def header_value_problem(value: str) -> str | None:
-    """A header value Envoy accepts: no control characters, and `%` only as `%%` or around a
-    variable (`%HOSTNAME%`, `%REQ(x-id)%`)."""
+    """A header value Envoy accepts: no control characters, and `%` only as `%%` or around one of
+    Envoy's commands (`%HOSTNAME%`, `%REQ(x-id)%`, `%REQ(x-id):10%` to truncate)."""
     if _HEADER_VALUE_FORBIDDEN.search(value):
         return f"header value {value!r} contains control characters"
     unterminated = f'header value "{value}" has an unterminated "%" variable: write a literal % as "%%"'
@@ -372,18 +409,30 @@ def header_value_problem(value: str) -> str | None:
         if value[i + 1 : i + 2] == "%":
             i += 2
             continue
-        j = i + 1  # a variable: NAME% or NAME(arguments)%
+        j = i + 1  # a variable: NAME% or NAME(arguments)% or NAME(arguments):LENGTH%
         while j < n and value[j] not in "%(":
             j += 1
+        name = value[i + 1 : j]
+        argument = None
         if j < n and value[j] == "(":
-            j = _arguments_end(value, j + 1)
-            if j < 0:
+            end = _arguments_end(value, j + 1)
+            if end < 0:
                 return unterminated
-            j += 1
-            while j < n and value[j] == " ":
-                j += 1
+            argument = value[j + 1 : end]
+            j = end + 1
+            if j < n and value[j] == ":":
+                k = j + 1
+                while k < n and value[k].isdigit():
+                    k += 1
+                if k == j + 1:
+                    return unterminated
+                j = k
         if j >= n or value[j] != "%":
             return unterminated
+        if name not in _ENVOY_COMMANDS:
+            return f'header value "{value}" uses %{name}%, which is not one of Envoy\'s commands'
+        if name in _HEADER_COMMANDS and (argument is None or not _HEADER_ARGUMENT.fullmatch(argument)):
+            return f'header value "{value}": %{name}(...)% takes a header name, without spaces'
         i = j + 1
     return None
 
