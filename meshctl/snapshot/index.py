@@ -14,6 +14,7 @@ from typing import Any
 
 from meshctl.config.hosts import host_matches, is_short_name
 from meshctl.config.model import Config, ConfigKey
+from meshctl.registry.model import Endpoint, Service, ServiceModel
 
 
 def _spec(config: Config) -> Any:
@@ -23,9 +24,14 @@ def _spec(config: Config) -> Any:
 class SnapshotIndex:
     """Host resolution and DestinationRule/VirtualService lookups for one snapshot."""
 
-    def __init__(self, by_kind: Mapping[str, tuple[Config, ...]], service_hosts: Iterable[str]) -> None:
+    def __init__(self, by_kind: Mapping[str, tuple[Config, ...]], services: ServiceModel) -> None:
+        self._services = services
+        self._by_address: dict[str, list[tuple[Service, Endpoint]]] | None = None
+        self._entries_at: dict[tuple[str, str], Config] = {}
+        for entry in by_kind.get("WorkloadEntry", ()):
+            self._entries_at.setdefault((entry.namespace, _spec(entry).address), entry)
         self._short: dict[tuple[str, str], list[str]] = defaultdict(list)
-        for host in sorted(service_hosts):
+        for host in sorted(services.services):
             parts = host.split(".")
             if len(parts) >= 3:
                 self._short[(parts[0], parts[1])].append(host)
@@ -87,3 +93,19 @@ class SnapshotIndex:
 
     def namespaces_with_rules(self) -> Iterable[str]:
         return set(self._dr_exact) | set(self._dr_wild)
+
+    def workload_entry_at(self, namespace: str, address: str) -> Config | None:
+        """The first WorkloadEntry (by name) of `namespace` with `address`."""
+        return self._entries_at.get((namespace, address))
+
+    def endpoints_at(self, address: str) -> list[tuple[Service, Endpoint]]:
+        """Every (service, endpoint) whose endpoint has `address`, by service hostname: how a
+        proxy finds the services its workload serves without scanning every endpoint."""
+        if self._by_address is None:
+            by_address: dict[str, list[tuple[Service, Endpoint]]] = defaultdict(list)
+            model = self._services
+            for host in sorted(model.services):
+                for ep in model.endpoints_of(host):
+                    by_address[ep.address].append((model.services[host], ep))
+            self._by_address = by_address
+        return self._by_address.get(address, [])

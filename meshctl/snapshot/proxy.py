@@ -169,17 +169,13 @@ def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
         labels.update(spec(entry).labels)
         workload = f"{entry.namespace}/{entry.name}"
     instances = []
-    for host in sorted(snapshot.services.services):
-        service = snapshot.services.services[host]
-        for ep in snapshot.services.endpoints_of(host):
-            if ep.address != node.ip:
-                continue
-            if entry is not None and ep.name and (ep.namespace, ep.name) != (entry.namespace, entry.name):
-                continue
-            instances.append(ServiceInstance(service, ep))
-            if entry is None:
-                labels = {**ep.labels, **labels}
-                workload = workload or (f"{ep.namespace}/{ep.name}" if ep.name else ep.address)
+    for service, ep in snapshot.index.endpoints_at(node.ip):
+        if entry is not None and ep.name and (ep.namespace, ep.name) != (entry.namespace, entry.name):
+            continue
+        instances.append(ServiceInstance(service, ep))
+        if entry is None:
+            labels = {**ep.labels, **labels}
+            workload = workload or (f"{ep.namespace}/{ep.name}" if ep.name else ep.address)
     labels.update(node.labels)
     address_in_config = node.interception is not InterceptionMode.NONE or _any_sidecar_ingress(snapshot)
     return Proxy(node, MappingProxyType(labels), workload, tuple(instances), address_in_config)
@@ -190,11 +186,5 @@ def _any_sidecar_ingress(snapshot: Snapshot) -> bool:
 
 
 def _workload_entry(node: ProxyNode, snapshot: Snapshot) -> Any:
-    entries = snapshot.of_kind("WorkloadEntry")
-    for c in entries:
-        if c.name == node.name and c.namespace == node.namespace:
-            return c
-    for c in entries:
-        if spec(c).address == node.ip and c.namespace == node.namespace:
-            return c
-    return None
+    named = snapshot.get("WorkloadEntry", node.namespace, node.name)
+    return named if named is not None else snapshot.index.workload_entry_at(node.namespace, node.ip)
