@@ -12,12 +12,12 @@ CA ever signed), and presents its own certificate when one is given, which `mesh
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from meshctl.config.hosts import is_ip
 from meshctl.snapshot.proxy import ProxyNode
 
 XDS_CLUSTER = "xds-grpc"
@@ -46,14 +46,6 @@ class BootstrapOptions:
     tls: XdsClientTls | None = None
 
 
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
 def _filename(path: Path) -> dict[str, str]:
     # Absolute, as Envoy resolves relative names against its own working directory; not resolved,
     # so a symlink a rotation agent swaps keeps pointing at the current file.
@@ -63,7 +55,7 @@ def _filename(path: Path) -> dict[str, str]:
 def xds_transport_socket(tls: XdsClientTls, xds_host: str) -> dict[str, Any]:
     """The `xds-grpc` cluster's UpstreamTlsContext."""
     server_name = tls.sni or xds_host
-    san_type = "IP_ADDRESS" if _is_ip(server_name) else "DNS"
+    san_type = "IP_ADDRESS" if is_ip(server_name) else "DNS"
     common: dict[str, Any] = {
         # gRPC servers refuse TLS connections that do not negotiate HTTP/2 by ALPN.
         "alpn_protocols": ["h2"],
@@ -77,7 +69,7 @@ def xds_transport_socket(tls: XdsClientTls, xds_host: str) -> dict[str, Any]:
             {"certificate_chain": _filename(tls.cert_file), "private_key": _filename(tls.key_file)}
         ]
     context: dict[str, Any] = {"@type": _UPSTREAM_TLS, "common_tls_context": common}
-    if not _is_ip(server_name):
+    if not is_ip(server_name):
         context["sni"] = server_name
     return {"name": "envoy.transport_sockets.tls", "typed_config": context}
 
@@ -119,7 +111,7 @@ def xds_cluster(options: BootstrapOptions) -> dict[str, Any]:
     """The `xds-grpc` cluster: HTTP/2 with keepalives to meshctl serve, over TLS when asked."""
     cluster: dict[str, Any] = {
         "name": XDS_CLUSTER,
-        "type": "STATIC" if _is_ip(options.xds_host) else "STRICT_DNS",
+        "type": "STATIC" if is_ip(options.xds_host) else "STRICT_DNS",
         "connect_timeout": "1s",
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {

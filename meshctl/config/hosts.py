@@ -6,7 +6,10 @@ generation) uses these, so a host means the same thing everywhere.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Iterable
+from typing import Final
 
 
 def host_matches(pattern: str, host: str) -> bool:
@@ -54,3 +57,20 @@ def most_specific(pattern_hosts: Iterable[str], host: str) -> str | None:
         if best is None or len(p) > len(best):
             best = p
     return best
+
+
+_OCTET: Final = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_IPV4: Final = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
+
+
+def is_ip(address: str) -> bool:
+    """True for an IPv4 or IPv6 address (not a CIDR, not a hostname)."""
+    # Most addresses in a mesh are plain IPv4, which one regex settles; anything else (IPv6, or
+    # not an address) is left to `ipaddress`, the reference.
+    if _IPV4.fullmatch(address) is not None:
+        return True
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True

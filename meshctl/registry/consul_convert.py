@@ -38,12 +38,12 @@ The mapping, and why:
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from meshctl.config.hosts import is_ip
 from meshctl.registry.model import (
     Endpoint,
     Health,
@@ -132,7 +132,7 @@ def convert_service(
                 f"consul instance {instance} says port {port.number} is {port.protocol.value}, "
                 f"an earlier instance says {known.protocol.value}; using {known.protocol.value}"
             )
-        hostnames = hostnames or not _is_ip(address)
+        hostnames = hostnames or not is_ip(address)
         endpoints.append(_endpoint(entry, address, port_number, mapping))
     if not ports:
         return ConvertedService(previous, (), tuple(notes))
@@ -252,14 +252,6 @@ def _locality(node: Mapping[str, object], svc: Mapping[str, object]) -> str:
 
 def _entry_order(entry: Mapping[str, object]) -> tuple[str, str]:
     return (_text(_mapping(entry.get("Node")), "Node"), _text(_mapping(entry.get("Service")), "ID"))
-
-
-def _is_ip(address: str) -> bool:
-    try:
-        ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    return True
 
 
 # Consul's JSON is data from the network: read it field by field, with a default for anything

@@ -32,8 +32,6 @@ shared with the cluster generator for that. Inbound and special clusters have no
 
 from __future__ import annotations
 
-import functools
-import ipaddress
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
@@ -42,6 +40,7 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import address_pb2, health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 
+from meshctl.config.hosts import is_ip
 from meshctl.config.labels import labels_match
 from meshctl.registry.model import Endpoint, Health, Resolution, TlsMode
 from meshctl.snapshot.model import Snapshot, spec
@@ -94,20 +93,11 @@ def select_endpoints(endpoints: Iterable[Endpoint], port: int, labels: Mapping[s
     return [e for e in endpoints if port in e.ports and (not labels or labels_match(labels, e.labels))]
 
 
-@functools.lru_cache(maxsize=65536)
-def _is_ip(address: str) -> bool:
-    try:
-        ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    return True
-
-
 def _eds_address(endpoint: Endpoint) -> bool:
     """EDS endpoints must be IPs (hostnames are for DNS clusters), or unix sockets (port 0)."""
     if not endpoint.address:
         return False
-    return _is_ip(endpoint.address) or all(p == 0 for p in endpoint.ports.values())
+    return is_ip(endpoint.address) or all(p == 0 for p in endpoint.ports.values())
 
 
 def subset_labels(snapshot: Snapshot, hostname: str, subset: str) -> Mapping[str, str] | None:

@@ -30,7 +30,6 @@ Rules that keep a NONE-mode proxy working:
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from google.protobuf import wrappers_pb2
 
 from meshctl.api.networking.v1alpha3 import sidecar_pb2
+from meshctl.config.hosts import is_ip
 from meshctl.config.model import Config
 from meshctl.registry.model import Protocol, Resolution, Service, ServicePort
 from meshctl.snapshot.model import spec
@@ -175,7 +175,7 @@ class _OutboundBuilder:
             # Istio's listeners per endpoint for TCP services without a VIP: with no address to
             # bind, the endpoint addresses are the only way to tell such services apart.
             eps = [e for e in self.scope.snapshot.services.endpoints_of(svc.hostname) if port.number in e.ports]
-            addrs = sorted({e.address for e in eps if _is_ip(e.address) and e.address != self.proxy.ip})
+            addrs = sorted({e.address for e in eps if is_ip(e.address) and e.address != self.proxy.ip})
             if eps:
                 return [((a, port.number), "") for a in addrs]
         return [((address, port.number), "")]
@@ -371,14 +371,6 @@ class _OutboundBuilder:
         fallback = BLACKHOLE_CLUSTER if entry.bind_to_port else catch_all_cluster(self.scope)
         lf.assemble_chains(listener, entry.chains, lf.cluster_filters(fallback))
         return listener
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def catch_all_cluster(scope: ProxyScope) -> str:

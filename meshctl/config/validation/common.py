@@ -20,6 +20,7 @@ from typing import Any, Final
 import re2
 
 from meshctl.config.findings import FieldPath, Severity
+from meshctl.config.hosts import is_ip
 from meshctl.config.validation import Issue
 
 UNIX_PREFIX: Final = "unix://"
@@ -35,9 +36,6 @@ _LABEL_VALUE = re.compile(rf"({_QUALIFIED_NAME})?")
 _HEADER_NAME = re.compile(r"[-_A-Za-z0-9]+")
 _HEADER_VALUE_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _JWT_CLAIM_HEADER = re.compile(r"@request\.auth\.claims(\.[^.\[\]]+|\[[^\[\]]+\])+")
-# Dotted-quad IPv4 exactly as `ipaddress` accepts it: ASCII digits, 0..255, no leading zeros.
-_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-_IPV4 = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
 _MAX_REGEX_LENGTH: Final = 1024
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # the error comes back to us; RE2 would also print it to stderr
@@ -129,18 +127,6 @@ def partial_wildcard_problem(name: str) -> str | None:
     if "*" in name and name != "*" and not name.startswith("*."):
         return f'partial wildcard "{name}" is not allowed: use "*" or "*.suffix"'
     return None
-
-
-def is_ip(address: str) -> bool:
-    # Most addresses in a mesh are plain IPv4, which one regex settles; anything else (IPv6, or
-    # not an address) is left to `ipaddress`, the reference.
-    if _IPV4.fullmatch(address) is not None:
-        return True
-    try:
-        ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    return True
 
 
 def ip_problem(address: str) -> str | None:

@@ -12,6 +12,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from meshctl.config.findings import FieldPath
+from meshctl.config.hosts import is_ip
 from meshctl.config.validation import Issue
 from meshctl.config.validation.common import (
     Report,
@@ -22,7 +23,6 @@ from meshctl.config.validation.common import (
     fqdn_problem,
     ip_or_cidr_problem,
     is_http,
-    is_ip,
     is_tcp,
     is_tls,
     parse_protocol,

@@ -15,6 +15,7 @@ from typing import Any, Final
 from google.protobuf.message import Message
 
 from meshctl.config.findings import FieldPath
+from meshctl.config.hosts import is_ip
 from meshctl.config.validation import Issue
 from meshctl.config.validation.common import (
     MESH_GATEWAY,
@@ -31,7 +32,6 @@ from meshctl.config.validation.common import (
     hosts_overlap,
     ip_or_cidr_problem,
     is_dns_label,
-    is_ip,
     is_jwt_claim_header,
     port_problem,
     regex_problem,

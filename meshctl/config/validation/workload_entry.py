@@ -13,13 +13,13 @@ from typing import Any
 from google.protobuf.message import Message
 
 from meshctl.config.findings import FieldPath
+from meshctl.config.hosts import is_ip
 from meshctl.config.validation import Issue
 from meshctl.config.validation.common import (
     UNIX_PREFIX,
     Report,
     check_labels,
     fqdn_problem,
-    is_ip,
     port_name_problem,
     port_problem,
     unix_address_problem,
