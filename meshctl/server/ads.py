@@ -5,6 +5,13 @@ reads requests, binds the node to a proxy in the current snapshot, asks the shar
 `ResourceCache` for that proxy's resources, and writes what `Connection.pushes()` says, encoded
 from shared bytes (`encode`). A new snapshot wakes every stream; each stream then decides alone
 whether anything changed for its proxy, so a change outside a proxy's scope sends it nothing.
+
+Binding and generation run on one worker thread, never on the event loop. Generating a large
+proxy's config takes a good fraction of a second; on the loop, a fleet connecting at once would
+keep it busy for minutes, during which gRPC accepts no new call (and cancels those it has held
+unaccepted for 30 s), and no ACK or push of an already served proxy moves. One thread keeps the
+work in order (a stream's first binding before the snapshots published after it) and the loop
+free; each stream applies only results newer than the ones it has.
 """
 
 from __future__ import annotations
@@ -13,7 +20,8 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,9 +29,9 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import json_format
 
-from meshctl.server.cache import ResourceCache
+from meshctl.server.cache import ProxyResources, ResourceCache
 from meshctl.server.connection import Connection
-from meshctl.server.encode import encode_delta, encode_sotw
+from meshctl.server.encode import BlockCache, encode_delta, encode_sotw
 from meshctl.server.subscription import Push, RequestKind
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import NodeIdError, Proxy, ProxyNode, bind_proxy, parse_node_id
@@ -43,6 +51,8 @@ class Stream:
     proxy: Proxy | None = None
     #: When the change being pushed was first seen (for pilot_proxy_convergence_time).
     change_seen: float | None = None
+    #: The publication the stream's resources come from: older results are not applied.
+    epoch: int = -1
 
 
 class PushObserver:
@@ -78,6 +88,9 @@ class AdsServicer:
         self._authorize = authorize
         self._ids = itertools.count(1)
         self.streams: dict[str, Stream] = {}
+        self._epoch = 0
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshctl-generate")
+        self._blocks = BlockCache()
 
     def handlers(self) -> grpc.GenericRpcHandler[Any, Any]:
         identity: Callable[[bytes], bytes] = bytes
@@ -111,12 +124,12 @@ class AdsServicer:
         conn_id = f"{context.peer()}-{next(self._ids)}"
         stream = Stream(Connection(conn_id, delta=delta))
         reader = asyncio.create_task(self._read(stream, requests, context))
+        # The reader ending wakes the stream too: one event to wait on, no task per wake-up.
+        reader.add_done_callback(lambda _: stream.wake.set())
         try:
             while True:
-                waiter = asyncio.create_task(stream.wake.wait())
-                done, _ = await asyncio.wait({waiter, reader}, return_when=asyncio.FIRST_COMPLETED)
-                if reader in done:
-                    waiter.cancel()
+                await stream.wake.wait()
+                if reader.done():
                     reader.result()  # raises what ended the reader (an abort), else the client left
                     return
                 stream.wake.clear()
@@ -151,7 +164,7 @@ class AdsServicer:
                 self._observer.connected(len(self.streams))
                 logger.info("proxy %s connected (%s)", node.id, "delta" if conn.delta else "sotw")
                 try:
-                    self._bind(stream, self._snapshot())
+                    await self._bind(stream, self._snapshot())
                 except Exception:
                     logger.exception("generating config for %s failed", node.id)
                     await context.abort(grpc.StatusCode.INTERNAL, "config generation failed; see the server log")
@@ -165,19 +178,47 @@ class AdsServicer:
                 self._observer.rejected(stream, type_url, outcome.error)
             stream.wake.set()
 
-    def _bind(self, stream: Stream, snapshot: Snapshot | None) -> None:
+    async def _bind(self, stream: Stream, snapshot: Snapshot | None) -> None:
         conn = stream.connection
         if snapshot is None or not conn.node_id:
             return
-        node = parse_node_id(conn.node_id, conn.node_metadata)
-        stream.proxy = bind_proxy(node, snapshot)
-        conn.update(self._cache.resources(snapshot, stream.proxy))
+        epoch = self._epoch
+        loop = asyncio.get_running_loop()
+        proxy, resources = await loop.run_in_executor(
+            self._worker, self._resolve, conn.node_id, conn.node_metadata, snapshot
+        )
+        self._apply(stream, epoch, proxy, resources)
+
+    def _resolve(self, node_id: str, metadata: Mapping[str, Any], snapshot: Snapshot) -> tuple[Proxy, ProxyResources]:
+        """On the worker thread: the node bound in `snapshot`, and its resources."""
+        proxy = bind_proxy(parse_node_id(node_id, metadata), snapshot)
+        return proxy, self._cache.resources(snapshot, proxy)
+
+    def _resolve_many(
+        self, streams: Sequence[Stream], snapshot: Snapshot
+    ) -> list[tuple[Proxy, ProxyResources] | BaseException]:
+        out: list[tuple[Proxy, ProxyResources] | BaseException] = []
+        for stream in streams:
+            try:
+                out.append(self._resolve(stream.connection.node_id, stream.connection.node_metadata, snapshot))
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    def _apply(self, stream: Stream, epoch: int, proxy: Proxy, resources: ProxyResources) -> bool:
+        """On the loop: take the result for publication `epoch`, unless a newer one was taken."""
+        if stream.epoch > epoch:
+            return False
+        stream.epoch = epoch
+        stream.proxy = proxy
+        stream.connection.update(resources)
+        return True
 
     async def _flush(self, stream: Stream, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         conn = stream.connection
         pushes = conn.pushes()
         for push in pushes:
-            data = encode_delta(push) if conn.delta else encode_sotw(push)
+            data = encode_delta(push) if conn.delta else encode_sotw(push, blocks=self._blocks)
             await context.write(data)
             self._observer.pushed(stream, push, len(data))
         if pushes and stream.change_seen is not None:
@@ -186,18 +227,27 @@ class AdsServicer:
 
     # -- snapshots ---------------------------------------------------------------------------
 
-    async def publish(self, snapshot: Snapshot, seen: float | None = None, *, batch: int = 64) -> None:
-        """Give every stream the new snapshot, a batch at a time so the loop keeps serving."""
+    async def publish(self, snapshot: Snapshot, seen: float | None = None, *, batch: int = 16) -> None:
+        """Give every stream the new snapshot, `batch` streams per trip to the worker thread."""
         seen = seen or time.monotonic()
-        for i, stream in enumerate(list(self.streams.values())):
-            if i and i % batch == 0:
-                await asyncio.sleep(0)
-            try:
-                self._bind(stream, snapshot)
-            except Exception:
-                # One proxy whose config cannot be generated must not stop the others' pushes.
-                logger.exception("generating config for %s failed; it keeps its last config", stream.connection.node_id)
-                continue
-            if stream.change_seen is None:
-                stream.change_seen = seen
-            stream.wake.set()
+        self._epoch += 1
+        epoch = self._epoch
+        loop = asyncio.get_running_loop()
+        streams = list(self.streams.values())
+        for start in range(0, len(streams), batch):
+            chunk = streams[start : start + batch]
+            results = await loop.run_in_executor(self._worker, self._resolve_many, chunk, snapshot)
+            for stream, result in zip(chunk, results, strict=True):
+                if isinstance(result, BaseException):
+                    # One proxy whose config cannot be generated must not stop the others' pushes.
+                    logger.error(
+                        "generating config for %s failed; it keeps its last config",
+                        stream.connection.node_id,
+                        exc_info=result,
+                    )
+                    continue
+                if not self._apply(stream, epoch, *result):
+                    continue
+                if stream.change_seen is None:
+                    stream.change_seen = seen
+                stream.wake.set()

@@ -86,9 +86,13 @@ class Connection:
         if outcome.kind is RequestKind.NACK:
             self.nacks += 1
         elif outcome.kind is RequestKind.ACK and sub.acked_version is not None:
-            generation = self._sent_generation.get(type_url, {}).get(sub.acked_version)
+            sent = self._sent_generation.get(type_url, {})
+            generation = sent.get(sub.acked_version)
             if generation is not None:
-                self._acked_generation[type_url] = max(self._acked_generation.get(type_url, 0), generation)
+                acked = self._acked_generation[type_url] = max(self._acked_generation.get(type_url, 0), generation)
+                # What was sent before the acknowledged version can no longer move anything:
+                # forgotten, or a stream that lives for weeks keeps one entry per push it got.
+                self._sent_generation[type_url] = {v: g for v, g in sent.items() if g >= acked}
             self._release_retained()
         return outcome
 
@@ -100,16 +104,23 @@ class Connection:
         self._generation += 1
         if old is not None:
             old_clusters, new_clusters = old.of(types.CLUSTER), resources.of(types.CLUSTER)
-            removed = {n: r for n, r in old_clusters.items() if n not in new_clusters}
+            # The cache hands out the very same set when clusters did not change (an endpoint
+            # change, or a change outside this proxy's scope): nothing to compare then.
+            same = old_clusters is new_clusters
+            removed = {} if same else {n: r for n, r in old_clusters.items() if n not in new_clusters}
             removed.update({n: r for n, r in self._retained.items() if n not in new_clusters})
             self._retained = removed if self._routes_subscribed() else {}
-            old_eds = {**self._retained_eds, **old.of(types.ENDPOINT)}
-            self._retained_eds = {n: old_eds[n] for n in self._retained if n in old_eds}
+            if self._retained:
+                old_eds = {**self._retained_eds, **old.of(types.ENDPOINT)}
+                self._retained_eds = {n: old_eds[n] for n in self._retained if n in old_eds}
+            else:
+                self._retained_eds = {}
             if removed:
                 self._removal_generation = self._generation
-            self._changed_clusters = self._changed_clusters | frozenset(
-                n for n, r in new_clusters.items() if n in old_clusters and old_clusters[n].version != r.version
-            )
+            if not same:
+                self._changed_clusters = self._changed_clusters | frozenset(
+                    n for n, r in new_clusters.items() if n in old_clusters and old_clusters[n].version != r.version
+                )
         self.resources = resources
 
     def _routes_subscribed(self) -> bool:
@@ -165,9 +176,12 @@ class Connection:
         asks for them only after applying the CDS push, so routes wait for that request."""
         cds = self.subscriptions.get(types.CLUSTER)
         eds = self.subscriptions.get(types.ENDPOINT)
-        if cds is None or eds is None or cds.nack is not None or self.resources is None:
+        if cds is None or eds is None or cds.nack is not None or self.resources is None or eds.wildcard:
             return False
-        return any(cds.wants(n) and not eds.wants(n) for n in self.resources.of(types.ENDPOINT))
+        clusters = self.resources.of(types.ENDPOINT).keys()
+        if cds.wildcard:  # as Envoy subscribes: then only a set comparison, on every push
+            return not clusters <= eds.names
+        return any(cds.wants(n) and not eds.wants(n) for n in clusters)
 
     def status(self) -> list[TypeStatus]:
         out = []

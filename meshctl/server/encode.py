@@ -8,7 +8,7 @@ cluster once and serializing it a thousand times.
 
 from __future__ import annotations
 
-from meshctl.server.subscription import Push
+from meshctl.server.subscription import Push, Resource
 
 _LEN = 2  # wire type: length-delimited
 
@@ -33,11 +33,45 @@ def _string(number: int, text: str) -> bytes:
     return _field(number, text.encode()) if text else b""
 
 
-def encode_sotw(push: Push, control_plane: bytes = b"") -> bytes:
+_RESOURCE_TAG = _varint(2 << 3 | _LEN)
+
+
+class BlockCache:
+    """The last few encoded `resources` fields, by the identity of the tuple they encode.
+
+    The same tuple (a `ResourceSet`'s) is often pushed to many streams in a row: an endpoint
+    change sends one namespace's assignments to every sidecar there, and the bytes differ only
+    by each stream's nonce. An entry holds its tuple, so the id cannot be reused while it lives.
+    Used from one thread (the event loop)."""
+
+    def __init__(self, size: int = 8) -> None:
+        self._size = size
+        self._blocks: dict[int, tuple[tuple[Resource, ...], bytes]] = {}
+
+    def get(self, resources: tuple[Resource, ...]) -> bytes:
+        found = self._blocks.get(id(resources))
+        if found is not None and found[0] is resources:
+            return found[1]
+        block = _resources(resources)
+        self._blocks[id(resources)] = (resources, block)
+        while len(self._blocks) > self._size:
+            del self._blocks[next(iter(self._blocks))]
+        return block
+
+
+def _resources(resources: tuple[Resource, ...]) -> bytes:
+    """DiscoveryResponse.resources (field 2), each body copied once, into the result."""
+    parts: list[bytes] = []
+    for r in resources:
+        parts += (_RESOURCE_TAG, _varint(len(r.body)), r.body)
+    return b"".join(parts)
+
+
+def encode_sotw(push: Push, control_plane: bytes = b"", *, blocks: BlockCache | None = None) -> bytes:
     """envoy.service.discovery.v3.DiscoveryResponse: version_info=1, resources=2, type_url=4,
     nonce=5, control_plane=6 (an already-serialized ControlPlane message)."""
-    parts = [_string(1, push.version)]
-    parts.extend(_field(2, r.body) for r in push.resources)
+    block = blocks.get(push.resources) if blocks is not None else _resources(push.resources)
+    parts = [_string(1, push.version), block]
     parts.append(_string(4, push.type_url))
     parts.append(_string(5, push.nonce))
     if control_plane:
@@ -51,7 +85,11 @@ def encode_delta(push: Push, control_plane: bytes = b"") -> bytes:
     control_plane=7."""
     parts = [_string(1, push.version)]
     for r in push.resources:
-        parts.append(_field(2, _string(1, r.version) + _field(2, r.body) + _string(3, r.name)))
+        # Resource{version=1, resource=2, name=3}, framed without copying the body twice.
+        version, name = _string(1, r.version), _string(3, r.name)
+        body_header = _varint(2 << 3 | _LEN) + _varint(len(r.body))
+        size = len(version) + len(body_header) + len(r.body) + len(name)
+        parts += (_varint(2 << 3 | _LEN), _varint(size), version, body_header, r.body, name)
     parts.append(_string(4, push.type_url))
     parts.append(_string(5, push.nonce))
     parts.extend(_field(6, name.encode()) for name in push.removed)

@@ -14,7 +14,10 @@ lives here, so it is tested by driving these objects directly (no gRPC, no clock
   after a reconnect); the server sends only what changed and names what was removed.
 
 A `Resource` is a name, a content version and its bytes, serialized once as a
-`google.protobuf.Any` and shared by every stream that sends it.
+`google.protobuf.Any` and shared by every stream that sends it. A `ResourceSet` is an immutable
+set of them with its set version computed once: the cache hands the same set to every proxy that
+gets it, so deciding that an unchanged set needs no push costs a comparison, not a hash of every
+name, on each of a thousand streams.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -30,9 +33,11 @@ from envoy.service.discovery.v3 import discovery_pb2
 WILDCARD = "*"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Resource:
-    """One xDS resource: its name, a content version, and its serialized `Any` bytes."""
+    """One xDS resource: its name, a content version, and its serialized `Any` bytes.
+
+    Weakly referenceable so the cache can intern equal resources without keeping them alive."""
 
     name: str
     version: str
@@ -81,6 +86,47 @@ def set_version(resources: Iterable[Resource]) -> str:
         h.update(r.version.encode())
         h.update(b"\0")
     return h.hexdigest()
+
+
+class ResourceSet(Mapping[str, Resource]):
+    """Resources by name, immutable, with their set version (`set_version`) computed once."""
+
+    __slots__ = ("__weakref__", "_by_name", "ordered", "version")
+
+    def __init__(self, resources: Iterable[Resource]) -> None:
+        self._by_name = {r.name: r for r in resources}
+        #: the resources sorted by name, as a state-of-the-world response lists them
+        self.ordered = tuple(self._by_name[n] for n in sorted(self._by_name))
+        self.version = set_version(self.ordered)
+
+    def __getitem__(self, name: str) -> Resource:
+        return self._by_name[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_name)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    # The dict's own views: Mapping's generic ones go through __getitem__ name by name.
+    def keys(self) -> KeysView[str]:
+        return self._by_name.keys()
+
+    def values(self) -> ValuesView[Resource]:
+        return self._by_name.values()
+
+    def items(self) -> ItemsView[str, Resource]:
+        return self._by_name.items()
+
+    def __repr__(self) -> str:
+        return f"ResourceSet({len(self)} resources, version {self.version})"
+
+
+def _version_of(available: Mapping[str, Resource]) -> str:
+    return available.version if isinstance(available, ResourceSet) else set_version(available.values())
 
 
 class _Nonces:
@@ -153,11 +199,14 @@ class SotwSubscription:
         """The response to send now, or None when the node already has (or rejected) this set."""
         if not self.started:
             return None
-        if self.wildcard:
-            chosen = tuple(available[n] for n in sorted(available))
+        if isinstance(available, ResourceSet) and (self.wildcard or available.keys() <= self.names):
+            chosen, version = available.ordered, available.version  # the whole set: hashed already
         else:
-            chosen = tuple(available[n] for n in sorted(self.names) if n in available)
-        version = set_version(chosen)
+            if self.wildcard:
+                chosen = tuple(available[n] for n in sorted(available))
+            else:
+                chosen = tuple(available[n] for n in sorted(self.names) if n in available)
+            version = set_version(chosen)
         if version == self.sent_version:
             return None
         if self.nack is not None and version == self.nack.version:
@@ -185,8 +234,11 @@ class DeltaSubscription:
         self.sent_version: str | None = None
         self.acked_version: str | None = None
         self.nack: Nack | None = None
+        #: A ResourceSet found to need no push; the same set needs none until a request comes.
+        self._settled: ResourceSet | None = None
 
     def handle(self, request: discovery_pb2.DeltaDiscoveryRequest) -> RequestOutcome:
+        self._settled = None
         changed = False
         kind = RequestKind.UPDATE
         if not self.started:
@@ -238,6 +290,7 @@ class DeltaSubscription:
 
     def resend(self, names: Iterable[str]) -> None:
         """Send these resources again even if the node holds their version (see SotwSubscription)."""
+        self._settled = None
         for name in names:
             if self.wants(name):
                 self.known.pop(name, None)
@@ -247,7 +300,7 @@ class DeltaSubscription:
         return bool(self._in_flight)
 
     def next_push(self, available: Mapping[str, Resource]) -> Push | None:
-        if not self.started:
+        if not self.started or available is self._settled:
             return None
         scope = available.keys() if self.wildcard else self.names & available.keys()
         to_send = []
@@ -265,7 +318,9 @@ class DeltaSubscription:
             if not self._in_flight:
                 # The node holds every current version (after a reconnect it may have sent
                 # them all in initial_resource_versions): it is in sync, though nothing was sent.
-                self.sent_version = self.acked_version = set_version(available.values())
+                self.sent_version = self.acked_version = _version_of(available)
+            if isinstance(available, ResourceSet):
+                self._settled = available
             return None
         for r in to_send:
             self.known[r.name] = r.version
@@ -275,5 +330,5 @@ class DeltaSubscription:
         self._absent_told.update(absent)
         nonce = self._nonces.next()
         self._in_flight[nonce] = tuple(to_send)
-        self.sent_version = set_version(available.values())
+        self.sent_version = _version_of(available)
         return Push(self.type_url, self.sent_version, nonce, tuple(to_send), tuple(removed + absent))
