@@ -25,14 +25,24 @@ class Series:
     dashed: bool = False
 
 
-def write_svg(path: Path, title: str, x_label: str, y_label: str, series: Sequence[Series]) -> None:
+@dataclass(frozen=True)
+class Goal:
+    """A target drawn as a dotted horizontal line."""
+
+    value: float
+    label: str
+
+
+def write_svg(
+    path: Path, title: str, x_label: str, y_label: str, series: Sequence[Series], *, goals: Sequence[Goal] = ()
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_svg(title, x_label, y_label, series))
+    path.write_text(render_svg(title, x_label, y_label, series, goals=goals))
 
 
-def render_svg(title: str, x_label: str, y_label: str, series: Sequence[Series]) -> str:
+def render_svg(title: str, x_label: str, y_label: str, series: Sequence[Series], goals: Sequence[Goal] = ()) -> str:
     xs = [x for s in series for x, _ in s.points]
-    ys = [y for s in series for _, y in s.points if y is not None and y > 0]
+    ys = [y for s in series for _, y in s.points if y is not None and y > 0] + [g.value for g in goals]
     x_max = max(xs, default=1.0) or 1.0
     lo = math.floor(math.log10(min(ys, default=0.01)))
     hi = math.ceil(math.log10(max(ys, default=1.0)))
@@ -64,6 +74,14 @@ def render_svg(title: str, x_label: str, y_label: str, series: Sequence[Series])
     out.append(
         f'<text transform="translate(16 {TOP + plot_h / 2}) rotate(-90)" text-anchor="middle">{escape(y_label)}</text>'
     )
+    for goal in goals:
+        y = py(goal.value)
+        out.append(
+            f'<line x1="{LEFT}" y1="{y:.1f}" x2="{LEFT + plot_w}" y2="{y:.1f}" stroke="#888" stroke-dasharray="2 3"/>'
+        )
+        out.append(
+            f'<text x="{LEFT + plot_w - 4}" y="{y - 4:.1f}" text-anchor="end" fill="#555">{escape(goal.label)}</text>'
+        )
     for i, s in enumerate(series):
         color = COLORS[i % len(COLORS)]
         dash = ' stroke-dasharray="6 4"' if s.dashed else ""

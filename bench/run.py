@@ -57,7 +57,7 @@ sys.path.insert(0, str(BENCH.parent))
 
 from bench import floor, loadclient  # noqa: E402
 from bench.fleet import Change, Fleet, FleetSpec, parse_int_list  # noqa: E402
-from bench.plot import Series, write_svg  # noqa: E402
+from bench.plot import Goal, Series, write_svg  # noqa: E402
 
 SPAWN = multiprocessing.get_context("spawn")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -608,7 +608,8 @@ def sweep(options: Options, counts: Sequence[int], svg: Path) -> list[dict[str, 
         f"Convergence p99, {first['services']:,} services x {first['endpoints']} endpoints"
         f"{', scoped' if first['scoped'] else ''}{', delta' if first['delta'] else ''}"
     )
-    write_svg(svg, title, "proxies", "seconds (log scale)", series)
+    goals = [Goal(1.0, "goal: config change p99 < 1 s"), Goal(0.3, "goal: endpoint change p99 < 0.3 s")]
+    write_svg(svg, title, "proxies", "seconds (log scale)", series, goals=goals)
     log(f"wrote {svg}")
     print("| proxies | cold start (s) | config change p99 (s) | endpoint change p99 (s) | RSS (MB) | floor ratio |")
     print("|---:|---:|---:|---:|---:|---:|")

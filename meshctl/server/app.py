@@ -132,6 +132,8 @@ class Server:
                 ("grpc.keepalive_timeout_ms", 10_000),
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
                 ("grpc.keepalive_permit_without_calls", 1),
+                # A fleet reconnecting at once must not have its calls cancelled after 30 s unaccepted.
+                ("grpc.server_max_unrequested_time_in_server", 600),
             ]
         )
         self._grpc.add_generic_rpc_handlers((self.ads.handlers(),))
