@@ -5,6 +5,7 @@
     │   └── YamlError          a file that is not YAML we accept (syntax, duplicate key, bomb, size)
     ├── RegistryError          a service registry that cannot be read (Consul down, bad answer)
     ├── CredentialError        a certificate, key, CA or token file that cannot be used
+    ├── NodeIdError            an Envoy node id that is not Istio's TYPE~IP~NAME.NAMESPACE~DOMAIN
     └── UsageError             a command called with arguments that make no sense
 
 Bad input is normally reported as a `Finding` and never raised past the loader; these exceptions
@@ -38,6 +39,10 @@ class RegistryError(MeshctlError):
 
 class CredentialError(MeshctlError):
     """A certificate, key, CA or token file that cannot be used; the message names the file."""
+
+
+class NodeIdError(MeshctlError):
+    """An Envoy node id that is not Istio's `TYPE~IP~NAME.NAMESPACE~DOMAIN` (or bad metadata)."""
 
 
 class UsageError(MeshctlError):

@@ -52,8 +52,9 @@ def bootstrap(
 
     from meshctl.bootstrap import BootstrapOptions, XdsClientTls, build_bootstrap
     from meshctl.cli import output as out
+    from meshctl.errors import NodeIdError
     from meshctl.server.app import split_address
-    from meshctl.snapshot.proxy import NodeIdError, parse_node_id
+    from meshctl.snapshot.proxy import parse_node_id
 
     node_id = proxy
     if "~" not in proxy:

@@ -144,7 +144,8 @@ def find_proxy(snapshot: Snapshot, ref: str, namespace: str = "default") -> Prox
     """The proxy `ref` names in `snapshot`: a full node id always names one (the server serves any
     node), a WorkloadEntry reference only when the entry exists. Raises OfflineError for a node
     id that is not Istio's format."""
-    from meshctl.snapshot.proxy import NodeIdError, bind_proxy, parse_node_id
+    from meshctl.errors import NodeIdError
+    from meshctl.snapshot.proxy import bind_proxy, parse_node_id
 
     if is_node_id(ref):
         node_id = ref

@@ -29,12 +29,13 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import json_format
 
+from meshctl.errors import NodeIdError
 from meshctl.server.cache import ProxyResources, ResourceCache
 from meshctl.server.connection import Connection
 from meshctl.server.encode import BlockCache, encode_delta, encode_sotw
 from meshctl.server.subscription import Push, RequestKind
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import NodeIdError, Proxy, ProxyNode, bind_proxy, parse_node_id
+from meshctl.snapshot.proxy import Proxy, ProxyNode, bind_proxy, parse_node_id
 from meshctl.xds import types
 
 logger = logging.getLogger("meshctl.server.ads")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from meshctl.errors import MeshctlError
+from meshctl.errors import NodeIdError
 from meshctl.registry.model import Endpoint, Service
 from meshctl.snapshot.model import Snapshot, spec
 
@@ -33,10 +33,6 @@ class InterceptionMode(enum.StrEnum):
     NONE = "NONE"
     REDIRECT = "REDIRECT"
     TPROXY = "TPROXY"
-
-
-class NodeIdError(MeshctlError):
-    """A node id that is not Istio's `TYPE~IP~NAME.NAMESPACE~DOMAIN`."""
 
 
 @dataclass(frozen=True, slots=True)
