@@ -55,13 +55,6 @@ class MergedDestinationRule:
         return None
 
 
-def exported_to(config: Config, namespace: str) -> bool:
-    """Istio's `exportTo` on VirtualService and DestinationRule: empty or `*` is public, `.` the
-    config's own namespace, else the listed namespaces."""
-    export = list(spec(config).export_to)
-    if not export or "*" in export or namespace in export:
-        return True
-    return "." in export and namespace == config.namespace
 
 
 def parse_egress_hosts(hosts: Iterable[str], sidecar_namespace: str) -> tuple[EgressHost, ...]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from envoy.config.listener.v3 import listener_components_pb2
 
-from meshctl.config.hosts import hosts_overlap, resolve_host
+from meshctl.config.hosts import hosts_overlap
 from meshctl.config.labels import labels_match
 from meshctl.config.model import Config
 from meshctl.snapshot.scope import MESH_GATEWAY, ProxyScope
@@ -51,7 +51,7 @@ def static_match(match: Any, *, scope: ProxyScope, gateways: set[str], port: int
 
 def destination_host(scope: ProxyScope, host: str, vs_namespace: str) -> str:
     """A route destination's host with a short name resolved in the VirtualService's namespace."""
-    resolved = resolve_host(host, vs_namespace, scope.snapshot.services.services.keys())
+    resolved = scope.snapshot.index.resolve(host, vs_namespace)
     return resolved[1] if len(resolved) > 1 else resolved[0]
 
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from meshctl.api.networking.v1alpha3 import virtual_service_pb2 as vs_pb2
 from meshctl.config.model import Config
 from meshctl.snapshot.model import spec
-from meshctl.snapshot.scope import ProxyScope, exported_to
+from meshctl.snapshot.scope import ProxyScope
 
 #: Route fields the root's value fills when the delegate's route leaves them unset.
 _INHERITED = (
@@ -57,7 +57,7 @@ def effective_http(scope: ProxyScope, vs: Config) -> list[vs_pb2.HTTPRoute]:
 
 def _find_delegate(scope: ProxyScope, ref: vs_pb2.Delegate, root: Config) -> Config | None:
     found = scope.snapshot.get("VirtualService", ref.namespace or root.namespace, ref.name)
-    if found is None or spec(found).hosts or not exported_to(found, root.namespace):
+    if found is None or spec(found).hosts or not scope.snapshot.index.exported_to(found, root.namespace):
         return None
     return found
 
