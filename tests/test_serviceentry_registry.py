@@ -4,7 +4,12 @@ converts them, and the file registry's change events."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from meshctl.api.networking.v1alpha3.service_entry_pb2 import ServiceEntry, ServicePort
+from meshctl.api.networking.v1alpha3.workload_entry_pb2 import WorkloadEntry
+from meshctl.config.labels import labels_match
 from meshctl.config.loader import LoadOptions, load_text
 from meshctl.config.model import Config, ConfigKey
 from meshctl.config.store import ConfigStore
@@ -399,6 +404,157 @@ def test_the_model_does_not_depend_on_config_order() -> None:
     forward, backward = build_file_model(configs), build_file_model(reversed(configs))
     assert forward == backward
     assert forward.digest() == backward.digest()
+
+
+# -- workload selectors ------------------------------------------------------------------------
+
+
+def selecting(labels: str) -> str:
+    return f"  workloadSelector: {{labels: {labels}}}\n"
+
+
+def test_a_selector_with_several_labels_takes_only_workload_entries_with_all_of_them() -> None:
+    text = (
+        se(extra=selecting("{app: reviews, version: v2, track: stable}"))
+        + we("all-three", "10.0.0.1", "{app: reviews, version: v2, track: stable, zone: a}")
+        + we("no-track", "10.0.0.2", "{app: reviews, version: v2}")
+        + we("no-app", "10.0.0.3", "{version: v2, track: stable}")
+        + we("other-version", "10.0.0.4", "{app: reviews, version: v1, track: stable}")
+        + we("only-track", "10.0.0.5", "{track: stable}")
+    )
+    assert addresses(model_of(text), "reviews.shop.mesh") == ["10.0.0.1"]
+
+
+def test_the_rarest_label_alone_does_not_select() -> None:
+    # `track: canary` is on one entry of the namespace, `app: reviews` on many: the entry with the
+    # rare label still needs the common one, and one in another namespace with both is not ours.
+    text = (
+        se(extra=selecting("{app: reviews, track: canary}"))
+        + "".join(we(f"reviews-{i}", f"10.0.1.{i}", "{app: reviews}") for i in range(1, 6))
+        + we("ratings-canary", "10.0.2.1", "{app: ratings, track: canary}")
+        + we("reviews-canary", "10.9.0.1", "{app: reviews, track: canary}", namespace="other")
+    )
+    model = model_of(text)
+    assert model.endpoints_of("reviews.shop.mesh") == ()
+    text += we("reviews-canary", "10.0.3.1", "{app: reviews, track: canary}")
+    assert addresses(model_of(text), "reviews.shop.mesh") == ["10.0.3.1"]
+
+
+def test_workload_entries_of_other_namespaces_are_never_selected() -> None:
+    labels = "{app: reviews, version: v1}"
+    text = (
+        se(extra=selecting(labels))
+        + se("reviews", "other", hosts="[reviews.other.mesh]", extra=selecting(labels))
+        + we("vm", "10.0.0.1", labels)
+        + we("vm", "10.1.0.1", labels, namespace="other")
+        + we("vm", "10.2.0.1", labels, namespace="third")
+    )
+    model = model_of(text)
+    assert addresses(model, "reviews.shop.mesh") == ["10.0.0.1"]
+    assert addresses(model, "reviews.other.mesh") == ["10.1.0.1"]
+
+
+def test_a_workload_entry_can_serve_several_service_entries() -> None:
+    text = (
+        se(extra=selecting("{app: reviews}"))
+        + se("v2", hosts="[reviews-v2.shop.mesh, reviews-next.shop.mesh]", extra=selecting("{version: v2}"))
+        + we("reviews-v1", "10.0.0.1", "{app: reviews, version: v1}")
+        + we("reviews-v2", "10.0.0.2", "{app: reviews, version: v2}")
+    )
+    model = model_of(text)
+    assert addresses(model, "reviews.shop.mesh") == ["10.0.0.1", "10.0.0.2"]
+    assert addresses(model, "reviews-v2.shop.mesh") == ["10.0.0.2"]
+    assert addresses(model, "reviews-next.shop.mesh") == ["10.0.0.2"]
+
+
+@pytest.mark.parametrize(
+    "labels",
+    ["{app: Reviews}", "{app: reviews-v1}", "{app: review}", "{app: ''}", "{application: reviews}", "{}"],
+)
+def test_a_label_value_must_be_equal_to_be_selected(labels: str) -> None:
+    text = se(extra=SELECT_REVIEWS) + we("near-miss", "10.0.0.1", labels)
+    assert model_of(text).endpoints_of("reviews.shop.mesh") == ()
+
+
+def test_an_empty_label_value_is_selected_by_an_empty_value_only() -> None:
+    text = (
+        se(extra=selecting("{app: ''}"))
+        + we("empty", "10.0.0.1", "{app: ''}")
+        + we("unset", "10.0.0.2", "{tier: web}")
+        + we("set", "10.0.0.3", "{app: reviews}")
+    )
+    assert addresses(model_of(text), "reviews.shop.mesh") == ["10.0.0.1"]
+
+
+@pytest.mark.parametrize("selector", ["{}", "{labels: {}}"])
+def test_a_selector_without_labels_takes_every_workload_entry_of_the_namespace(selector: str) -> None:
+    text = (
+        se(extra=f"  workloadSelector: {selector}\n")
+        + we("bare", "10.0.0.1", "{}")
+        + we("labelled", "10.0.0.2", "{app: ratings}")
+        + we("elsewhere", "10.1.0.1", "{}", namespace="other")
+    )
+    assert addresses(model_of(text), "reviews.shop.mesh") == ["10.0.0.1", "10.0.0.2"]
+
+
+def test_selected_endpoints_are_ordered_by_address_whatever_the_names_and_config_order() -> None:
+    # Names run the other way from addresses, so an order taken from names or files would show.
+    vms = [we(f"vm-{9 - i}", f"10.0.0.{i + 1}", "{app: reviews}") for i in range(8)]
+    configs = load(se(extra=SELECT_REVIEWS) + "".join(vms))
+    expected = [f"10.0.0.{i + 1}" for i in range(8)]
+    for order in (configs, configs[::-1], configs[1::2] + configs[::2]):
+        model = build_file_model(order)
+        assert addresses(model, "reviews.shop.mesh") == expected
+        assert model == build_file_model(configs)
+
+
+def workload_entry_config(
+    namespace: str, name: str, address: str, spec_labels: dict[str, str], meta_labels: dict[str, str]
+) -> Config:
+    spec = WorkloadEntry(address=address, labels=spec_labels)
+    return Config(ConfigKey("WorkloadEntry", namespace, name), "networking.istio.io/v1", spec, labels=meta_labels)
+
+
+NAMESPACES = ("shop", "other")
+# Few keys and values, so that selectors often match, half match and share labels across namespaces.
+label_maps = st.dictionaries(st.sampled_from(["app", "version", "zone"]), st.sampled_from(["a", "b", ""]), max_size=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    workloads=st.lists(st.tuples(st.sampled_from(NAMESPACES), label_maps, label_maps), max_size=25),
+    selectors=st.lists(st.tuples(st.sampled_from(NAMESPACES), st.none() | label_maps), min_size=1, max_size=6),
+)
+def test_selection_is_labels_match_over_the_namespace(
+    workloads: list[tuple[str, dict[str, str], dict[str, str]]],
+    selectors: list[tuple[str, dict[str, str] | None]],
+) -> None:
+    configs = [
+        workload_entry_config(namespace, f"vm-{i}", f"10.0.{i // 250}.{i % 250 + 1}", spec_labels, meta_labels)
+        for i, (namespace, spec_labels, meta_labels) in enumerate(workloads)
+    ]
+    for i, (namespace, selector) in enumerate(selectors):
+        entry = ServiceEntry(
+            hosts=[f"s{i}.mesh"],
+            ports=[ServicePort(number=80, name="http", protocol="HTTP")],
+            resolution=ServiceEntry.Resolution.STATIC,
+        )
+        if selector is not None:
+            entry.workload_selector.SetInParent()
+            entry.workload_selector.labels.update(selector)
+        configs.append(Config(ConfigKey("ServiceEntry", namespace, f"s{i}"), "networking.istio.io/v1", entry))
+
+    model = build_file_model(configs)
+
+    for i, (namespace, selector) in enumerate(selectors):
+        expected = sorted(
+            (c.spec.address, c.name)
+            for c in configs[: len(workloads)]
+            if selector is not None
+            and c.namespace == namespace
+            and labels_match(selector, {**c.spec.labels, **c.labels})
+        )
+        assert [(e.address, e.name) for e in model.endpoints_of(f"s{i}.mesh")] == expected
 
 
 # -- the file registry --------------------------------------------------------------------------

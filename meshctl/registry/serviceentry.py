@@ -40,8 +40,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -115,6 +114,41 @@ class _Workload:
         return False
 
 
+class _WorkloadIndex:
+    """The workloads of each namespace, in the order they were given, and the same workloads by
+    (namespace, label key, label value).
+
+    A selector then costs the workloads that carry its rarest label rather than every workload of
+    its namespace, so a mesh of thousands of ServiceEntries, each selecting its own handful of
+    WorkloadEntries, is built in time linear in its size rather than in their product. Selection
+    keeps the given order, as a scan of the whole namespace would.
+    """
+
+    __slots__ = ("_by_label", "_by_namespace")
+
+    def __init__(self, workloads: Iterable[_Workload]) -> None:
+        self._by_namespace: dict[str, list[_Workload]] = {}
+        self._by_label: dict[tuple[str, str, str], list[_Workload]] = {}
+        for workload in workloads:
+            self._by_namespace.setdefault(workload.namespace, []).append(workload)
+            for key, value in workload.labels.items():
+                self._by_label.setdefault((workload.namespace, key, value), []).append(workload)
+
+    def select(self, namespace: str, selector: Mapping[str, str]) -> list[_Workload]:
+        """The workloads of `namespace` whose labels match `selector` (Istio's rule: a
+        ServiceEntry selects only in its own namespace, and a selector without labels selects
+        every workload there)."""
+        if not selector:
+            return list(self._by_namespace.get(namespace, ()))
+        buckets: list[list[_Workload]] = []
+        for key, value in selector.items():
+            bucket = self._by_label.get((namespace, key, value))
+            if bucket is None:
+                return []  # no workload has this label, so none can match the whole selector
+            buckets.append(bucket)
+        return [w for w in min(buckets, key=len) if labels_match(selector, w.labels)]
+
+
 def build_file_model(configs: Iterable[Config]) -> ServiceModel:
     """The services and endpoints that ServiceEntry, WorkloadEntry and WorkloadGroup configs
     define; other kinds are ignored. Deterministic: the same configs give the same model."""
@@ -131,10 +165,11 @@ def build_file_model(configs: Iterable[Config]) -> ServiceModel:
             groups[(config.namespace, config.name)] = spec
 
     notes: list[str] = []
-    by_namespace: dict[str, list[_Workload]] = defaultdict(list)
-    for config, entry in sorted(workload_entries, key=lambda pair: pair[0].key):
-        workload = _workload_from_config(config, entry, groups, notes)
-        by_namespace[workload.namespace].append(workload)
+    templates: dict[tuple[str, str], _Workload] = {}
+    index = _WorkloadIndex(
+        _workload_from_config(config, entry, groups, templates, notes)
+        for config, entry in sorted(workload_entries, key=lambda pair: pair[0].key)
+    )
 
     services: dict[str, Service] = {}
     owners: dict[str, ConfigKey] = {}
@@ -144,6 +179,10 @@ def build_file_model(configs: Iterable[Config]) -> ServiceModel:
         if not converted and spec.hosts:
             resolution = _SE.Resolution.Name(spec.resolution)
             notes.append(f"{config.key} is ignored: resolution {resolution} is not supported")
+        # Every host of the entry has the same selector, so the workloads are looked up once.
+        selected: Sequence[_Workload] = ()
+        if converted and spec.HasField("workload_selector"):
+            selected = index.select(config.namespace, dict(spec.workload_selector.labels))
         for service in converted:
             owner = owners.get(service.hostname)
             if owner is not None:
@@ -154,7 +193,7 @@ def build_file_model(configs: Iterable[Config]) -> ServiceModel:
                 continue
             owners[service.hostname] = config.key
             services[service.hostname] = service
-            endpoints[service.hostname] = _endpoints(spec, service, by_namespace.get(config.namespace, ()))
+            endpoints[service.hostname] = _endpoints(spec, service, selected)
     return make_model(services.values(), endpoints, notes)
 
 
@@ -216,15 +255,11 @@ def _normalize_address(address: str) -> str:
     return address
 
 
-def _endpoints(spec: _SE, service: Service, workloads: Iterable[_Workload]) -> list[Endpoint]:
+def _endpoints(spec: _SE, service: Service, selected: Iterable[_Workload]) -> list[Endpoint]:
+    """`selected` holds the workloads the entry's `workloadSelector` picks, when it has one."""
     dns = service.resolution in _DNS_RESOLUTIONS
     if spec.HasField("workload_selector"):
-        selector = dict(spec.workload_selector.labels)
-        return [
-            _endpoint(spec, w)
-            for w in workloads
-            if labels_match(selector, w.labels) and (dns or not w.dns_only)
-        ]
+        return [_endpoint(spec, w) for w in selected if dns or not w.dns_only]
     if spec.endpoints:
         return [_endpoint(spec, _workload_from_message(e, "", service.namespace)) for e in spec.endpoints]
     if dns:
@@ -287,19 +322,29 @@ def _workload_from_message(
 
 
 def _workload_from_config(
-    config: Config, spec: _WE, groups: Mapping[tuple[str, str], _WG], notes: list[str]
+    config: Config,
+    spec: _WE,
+    groups: Mapping[tuple[str, str], _WG],
+    templates: dict[tuple[str, str], _Workload],
+    notes: list[str],
 ) -> _Workload:
+    """`templates` keeps each group's template once converted: a group may have thousands of
+    members, and they all start from the same one."""
     template: _Workload | None = None
     group_name = config.annotations.get(GROUP_ANNOTATION, "")
     if group_name:
-        group = groups.get((config.namespace, group_name))
+        group_key = (config.namespace, group_name)
+        group = groups.get(group_key)
         if group is None:
             notes.append(
                 f"{config.key} names WorkloadGroup {config.namespace}/{group_name} "
                 f"({GROUP_ANNOTATION}), which does not exist"
             )
         else:
-            template = _workload_from_message(group.template, "", "", dict(group.metadata.labels))
+            template = templates.get(group_key)
+            if template is None:
+                template = _workload_from_message(group.template, "", "", dict(group.metadata.labels))
+                templates[group_key] = template
     return _workload_from_message(spec, config.name, config.namespace, config.labels, template)
 
 
