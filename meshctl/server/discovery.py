@@ -6,7 +6,23 @@ the debounce task on the event loop. After 100 ms without a new change (or 10 s 
 however busy the inputs are, as istiod does) one snapshot is built from everything current and
 handed to the server. An input that fails keeps what it had: the store keeps a broken file's
 last good resources and Consul's registry keeps its last endpoints, so a snapshot never loses
-config because an input failed.
+config because an input failed; a build that fails publishes nothing, and the next change tries
+again.
+
+Builds run on a worker thread of their own, never on the event loop: at a thousand services a
+build takes a good fraction of a second, during which no stream could be read or written.
+Reading the inputs from that thread needs no lock. The store hands out an immutable view swapped
+in one assignment, and every registry publishes a frozen `ServiceModel` the same way, so a build
+reads one consistent revision of each while the watcher and Consul threads write the next.
+
+Order: the debounce task awaits each build and its publication before it starts the next, and the
+worker is a single thread, so builds never overlap and snapshots are published in the order of
+the changes. The thread is Discovery's own rather than the ADS servicer's generation thread, which
+works through a whole fleet after each publication: a build queued there would wait behind that,
+and a proxy connecting meanwhile would wait behind the build. Nor is it the default executor
+(`asyncio.to_thread`): that is a pool, shared with the watcher's loads, in which only the debounce
+task's discipline would keep two builds apart; a thread of its own makes that a property of the
+thread, even for a build that `stop` abandoned.
 """
 
 from __future__ import annotations
@@ -16,6 +32,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from meshctl.config.store import ConfigChange, ConfigStore
@@ -44,7 +61,7 @@ class Trigger:
 
 
 class Discovery:
-    """Owns the debounce and the current snapshot."""
+    """Owns the debounce and the current snapshot; started once and stopped once."""
 
     def __init__(
         self,
@@ -65,8 +82,11 @@ class Discovery:
         self._first: float | None = None
         self._last = 0.0
         self._pending = Trigger()
+        #: The snapshot last published; written on the event loop only.
         self.snapshot: Snapshot | None = None
         self._task: asyncio.Task[None] | None = None
+        # Created here, started on first use: a Discovery that never starts costs no thread.
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshctl-snapshot")
         #: Observers for metrics: called with (debounce seconds, trigger counts) per snapshot.
         self.on_debounced: Callable[[float, Trigger], None] = lambda _t, _tr: None
 
@@ -82,7 +102,10 @@ class Discovery:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
-        loop.call_soon_threadsafe(self._mark, trigger)
+        # The loop may close between the check and the call (a registry thread outliving the
+        # server); a change nobody will build is no error.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._mark, trigger)
 
     def _mark(self, trigger: Trigger) -> None:
         now = time.monotonic()
@@ -93,50 +116,84 @@ class Discovery:
         self._pending = Trigger(p.config + trigger.config, p.endpoint + trigger.endpoint, p.service + trigger.service)
         self._event.set()
 
-    # -- the loop ----------------------------------------------------------------------------
+    # -- building (the worker thread) --------------------------------------------------------
 
     def build(self) -> Snapshot:
-        return build_snapshot(self._store.configs.values(), self._registry.model(), self._mesh)
+        """A snapshot of the inputs as they are now; safe on any thread (see the module docstring)."""
+        return build_snapshot(self._store.view().configs.values(), self._registry.model(), self._mesh)
+
+    def _build_new(self, current: str | None) -> Snapshot:
+        """On the worker: `build`, and, for a snapshot that differs from version `current`, its
+        index, so that neither the loop (the identity check binds proxies there) nor the first
+        stream to generate pays for it."""
+        snapshot = self.build()
+        if snapshot.version != current:
+            _ = snapshot.index
+        return snapshot
+
+    async def _build_off_loop(self) -> Snapshot:
+        current = self.snapshot.version if self.snapshot is not None else None
+        return await asyncio.get_running_loop().run_in_executor(self._worker, self._build_new, current)
+
+    # -- the loop ----------------------------------------------------------------------------
 
     async def start(self) -> Snapshot:
         """Build the first snapshot and start following changes."""
         self._loop = asyncio.get_running_loop()
         self._store.subscribe(self.config_changed)
         self._registry.subscribe(self.registry_changed)
-        self.snapshot = self.build()
+        self.snapshot = await self._build_off_loop()
         self._task = asyncio.create_task(self._run(), name="meshctl-debounce")
         return self.snapshot
 
     async def stop(self) -> None:
+        """Stop following changes, without waiting for a build in progress.
+
+        A build cannot be interrupted; it finishes on the worker and its snapshot is dropped.
+        The worker thread then ends (the interpreter waits for it at exit, at most one build)."""
+        self._loop = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        self._worker.shutdown(wait=False, cancel_futures=True)
 
     def trigger_now(self) -> None:
         """Rebuild at once (SIGHUP), without waiting for the quiet period."""
         self._mark(Trigger(config=1))
         self._first = time.monotonic() - self._debounce.max_delay
 
+    async def _settle(self) -> None:
+        """Return once the inputs have been quiet for `quiet`, or `max_delay` after the first change."""
+        while True:
+            now = time.monotonic()
+            first = self._first if self._first is not None else now
+            wait = min(self._last + self._debounce.quiet - now, first + self._debounce.max_delay - now)
+            if wait <= 0:
+                return
+            await asyncio.sleep(wait)
+
     async def _run(self) -> None:
         while True:
             await self._event.wait()
-            while True:
-                now = time.monotonic()
-                first = self._first if self._first is not None else now
-                wait = min(self._last + self._debounce.quiet - now, first + self._debounce.max_delay - now)
-                if wait <= 0:
-                    break
-                await asyncio.sleep(wait)
+            await self._settle()
+            # Changes from here on wake the next round: the build below may or may not see them.
             self._event.clear()
             trigger, self._pending = self._pending, Trigger()
             started = self._first or time.monotonic()
             self._first = None
             try:
-                snapshot = self.build()
+                snapshot = await self._build_off_loop()
             except Exception:
-                logger.exception("building a snapshot failed; proxies keep the previous config")
+                logger.exception(
+                    "building a snapshot (after %d config, %d service and %d endpoint changes) failed;"
+                    " proxies keep version %s until the next change builds one",
+                    trigger.config,
+                    trigger.service,
+                    trigger.endpoint,
+                    self.snapshot.version if self.snapshot is not None else "(none)",
+                )
                 continue
             self.on_debounced(time.monotonic() - started, trigger)
             if self.snapshot is not None and snapshot.version == self.snapshot.version:
