@@ -4,7 +4,10 @@ The floor is a bare grpc.aio ADS server. It sends each proxy exactly the resourc
 would send it (the same `Resource` bytes, made once by meshctl's own `ResourceCache` over a
 snapshot of the same mesh, and dumped), with no loading, no generation, no debounce and no
 per-stream bookkeeping beyond what the protocol needs: a request whose version and names match
-what was sent is an ACK and gets nothing; anything else gets the current set.
+what was sent is an ACK and gets nothing; anything else gets the current set. As meshctl does,
+a state-of-the-world EDS or RDS response carries only the resources the stream was not sent yet
+at their current version (the protocol lets every type but CDS and LDS leave out what the node
+holds), so an endpoint change costs the floor the bytes it costs meshctl.
 
 The dump holds one state per step of the run: the mesh as written, then after each change. When
 the benchmark makes a change it tells the floor at the same moment, and the floor pushes the
@@ -34,6 +37,7 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
 from bench.fleet import Fleet, FleetSpec
+from meshctl.server.connection import PARTIAL_SOTW_TYPES
 from meshctl.server.encode import encode_delta, encode_sotw
 from meshctl.server.subscription import Push, Resource, set_version
 from meshctl.xds import types
@@ -137,6 +141,8 @@ class _Stream:
     #: SotW: type -> version sent; delta: type -> {name: version} the node holds
     sent: dict[str, str] = field(default_factory=dict)
     known: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: SotW EDS and RDS: type -> {name: version} the stream was sent
+    held: dict[str, dict[str, str]] = field(default_factory=dict)
     nonce: int = 0
 
 
@@ -205,6 +211,12 @@ class Floor:
         names = frozenset(request.resource_names) - {"*"}
         wildcard = type_url in types.WILDCARD_TYPES and not names
         stream.wanted[type_url] = None if wildcard else names
+        held = stream.held.get(type_url)
+        if held is not None:
+            if request.HasField("error_detail"):
+                held.clear()  # what the node holds is not known: the next response is complete
+            else:
+                stream.held[type_url] = {n: v for n, v in held.items() if n in names}
         if request.HasField("error_detail"):
             return
         self._send(stream, type_url)
@@ -252,6 +264,11 @@ class Floor:
         if stream.sent.get(type_url) == version:
             return
         stream.sent[type_url] = version
+        if type_url in PARTIAL_SOTW_TYPES:
+            held = stream.held.setdefault(type_url, {})
+            fresh = tuple(r for r in chosen if held.get(r.name) != r.version)
+            held.update((r.name, r.version) for r in fresh)
+            chosen = fresh
         stream.outbox.put_nowait(encode_sotw(Push(type_url, version, str(stream.nonce), chosen)))
 
     def switch(self, state: int) -> None:

@@ -101,7 +101,8 @@ def test_removed_cluster_stays_until_routes_without_it_are_acked() -> None:
     conn.handle(RDS, request(RDS, ["r"], rds_push))
     assert conn.retained_clusters == frozenset()
     follow_up = conn.pushes()
-    assert [(p.type_url, [r.name for r in p.resources]) for p in follow_up] == [(CDS, ["a"]), (EDS, ["a"])]
+    # EDS says only that its set is now the one without b: the node holds a already.
+    assert [(p.type_url, [r.name for r in p.resources]) for p in follow_up] == [(CDS, ["a"]), (EDS, [])]
 
 
 def test_removed_cluster_is_kept_while_routes_are_rejected() -> None:
@@ -157,3 +158,87 @@ def test_a_delta_reconnect_holding_every_version_is_in_sync_without_a_push() -> 
     assert conn.pushes() == []
     (status,) = conn.status()
     assert status.sent_version and status.sent_version == status.acked_version
+
+
+def names_sent(pushes: list[Push]) -> list[tuple[str, list[str]]]:
+    return [(types.SHORT_NAMES[p.type_url], [r.name for r in p.resources]) for p in pushes]
+
+
+def test_sotw_endpoint_change_sends_the_changed_assignment_alone() -> None:
+    conn = Connection("c1", delta=False)
+    subscribed(conn, ["a", "b", "c"], ["r"])
+    clusters, rest = [res("a"), res("b"), res("c")], {"lds": [res("l")], "rds": [res("r")]}
+    conn.update(resources("v1", cds=clusters, eds=[res("a"), res("b"), res("c")], **rest))
+    first = conn.pushes()
+    assert names_sent(first)[:2] == [("CDS", ["a", "b", "c"]), ("EDS", ["a", "b", "c"])]
+    ack_all(conn, first, {EDS: ["a", "b", "c"], RDS: ["r"]})
+    conn.update(resources("v2", cds=clusters, eds=[res("a"), res("b", "2"), res("c")], **rest))
+    (push,) = conn.pushes()
+    assert names_sent([push]) == [("EDS", ["b"])]
+    ack_all(conn, [push], {EDS: ["a", "b", "c"]})
+    assert {s.type_url: s.sent_version == s.acked_version for s in conn.status()} == dict.fromkeys(
+        (CDS, EDS, LDS, RDS), True
+    )
+
+
+def test_sotw_cds_and_lds_stay_complete_while_eds_and_rds_carry_changes() -> None:
+    """Envoy removes any cluster or listener a CDS or LDS response leaves out, and keeps any
+    assignment or route config an EDS or RDS response leaves out."""
+    conn = Connection("c1", delta=False)
+    subscribed(conn, ["a", "b"], ["r1", "r2"])
+    eds = [res("a"), res("b")]
+    conn.update(
+        resources("v1", cds=[res("a"), res("b")], eds=eds, lds=[res("l1"), res("l2")], rds=[res("r1"), res("r2")])
+    )
+    ack_all(conn, conn.pushes(), {EDS: ["a", "b"], RDS: ["r1", "r2"]})
+    conn.update(
+        resources(
+            "v2",
+            cds=[res("a", "2"), res("b")],
+            eds=eds,
+            lds=[res("l1"), res("l2", "2")],
+            rds=[res("r1"), res("r2", "2")],
+        )
+    )
+    pushes = conn.pushes()
+    # The changed cluster's endpoints come again (it is warming until they do), and only its.
+    assert names_sent(pushes) == [("CDS", ["a", "b"]), ("EDS", ["a"]), ("LDS", ["l1", "l2"]), ("RDS", ["r2"])]
+
+
+def test_sotw_eds_nack_loses_nothing() -> None:
+    conn = Connection("c1", delta=False)
+    subscribed(conn, ["a", "b", "c"], [])
+    clusters = [res("a"), res("b"), res("c")]
+    conn.update(resources("v1", cds=clusters, eds=[res("a"), res("b"), res("c")]))
+    ack_all(conn, conn.pushes(), {EDS: ["a", "b", "c"]})
+    conn.update(resources("v2", cds=clusters, eds=[res("a", "bad"), res("b"), res("c")]))
+    (bad,) = conn.pushes()
+    assert names_sent([bad]) == [("EDS", ["a"])]
+    conn.handle(EDS, request(EDS, ["a", "b", "c"], bad, error="bad assignment"))
+    assert conn.pushes() == []
+    conn.update(resources("v3", cds=clusters, eds=[res("a", "bad"), res("b"), res("c", "2")]))
+    (after,) = conn.pushes()
+    assert names_sent([after]) == [("EDS", ["a", "c"])]
+
+
+def test_sotw_new_cluster_gets_its_assignment_alone_when_the_node_asks() -> None:
+    conn = Connection("c1", delta=False)
+    subscribed(conn, ["a"], [])
+    conn.update(resources("v1", cds=[res("a")], eds=[res("a")]))
+    initial = conn.pushes()
+    ack_all(conn, initial, {EDS: ["a"]})
+    conn.update(resources("v2", cds=[res("a"), res("b")], eds=[res("a"), res("b")]))
+    (cds,) = conn.pushes()
+    conn.handle(CDS, request(CDS, None, cds))
+    last_eds = next(p for p in initial if p.type_url == EDS)
+    conn.handle(EDS, request(EDS, ["a", "b"], last_eds))
+    assert names_sent(conn.pushes()) == [("EDS", ["b"])]
+
+
+def test_a_new_sotw_stream_starts_from_the_whole_set() -> None:
+    state = resources("v2", cds=[res("a"), res("b")], eds=[res("a", "2"), res("b")])
+    conn = Connection("c2", delta=False)
+    conn.handle(CDS, request(CDS))
+    conn.handle(EDS, request(EDS, ["a", "b"]))
+    conn.update(state)
+    assert names_sent(conn.pushes()) == [("CDS", ["a", "b"]), ("EDS", ["a", "b"])]

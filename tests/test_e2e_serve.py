@@ -410,6 +410,64 @@ def test_workload_entries_added_and_removed_reach_envoy(mesh: Mesh) -> None:
     assert envoy_stats(envoy, *untouched) == before
 
 
+def cluster_stats(envoy: EnvoyProcess, clusters: list[str], stat: str) -> dict[str, int]:
+    """One of Envoy's per-cluster stats, by cluster (`update_attempt`: the EDS updates a cluster
+    was given, one per response that carried its assignment)."""
+    return dict(zip(clusters, envoy_stats(envoy, *(f"cluster.{c}.{stat}" for c in clusters)).values(), strict=True))
+
+
+def test_an_endpoint_change_sends_envoy_that_assignment_alone_and_it_keeps_the_others(mesh: Mesh) -> None:
+    """State-of-the-world EDS carries only the assignments that changed; Envoy keeps every
+    assignment a response leaves out, so the other services keep their endpoints and traffic."""
+    names = ["alpha", "beta", "gamma"]
+    ports = {name: free_port() for name in names}
+    for i, name in enumerate(names):
+        mesh.backend(f"{name}-1", f"127.0.0.{101 + i}", ports[name])
+        mesh.write(
+            f"{name}.yaml",
+            service_entry(name, ports[name]),
+            workload_entry(f"{name}-1", f"127.0.0.{101 + i}", name, "v1"),
+        )
+    mesh.backend("alpha-2", "127.0.0.111", ports["alpha"])
+    server = mesh.serve()
+    envoy = mesh.envoy(server)
+    hosts = {name: f"{name}.{NS}.mesh" for name in names}
+    clusters = {name: f"outbound|{ports[name]}||{hosts[name]}" for name in names}
+    for name in names:
+        wait_for(served_by(ports[name], hosts[name], {f"{name}-1"}), f"{name}-1 serves")
+    wait_for(lambda: synced(server), "proxy-status SYNCED")
+    updates_before = cluster_stats(envoy, list(clusters.values()), "update_attempt")
+    untouched = ("cluster_manager.cds.update_success", "listener_manager.lds.update_success")
+    stats_before = envoy_stats(envoy, *untouched)
+
+    with RequestLoop(ports["beta"], hosts["beta"]) as loop:
+        loop.wait_for_answers(5)
+        mesh.write("alpha-2.yaml", workload_entry("alpha-2", "127.0.0.111", "alpha", "v1"))
+        wait_for(
+            lambda: envoy_hosts(envoy, clusters["alpha"]) == {"127.0.0.101", "127.0.0.111"},
+            "Envoy gets alpha-2",
+            CONVERGE,
+        )
+        wait_for(lambda: synced(server), "proxy-status SYNCED after the change")
+        wait_for(served_by(ports["alpha"], hosts["alpha"], {"alpha-1", "alpha-2"}), "both alpha endpoints serve")
+        mark = loop.mark()
+        loop.wait_for_answers(5)
+        assert loop.since(mark) == Counter({"beta-1": loop.since(mark).total()})
+    assert loop.failures == []
+
+    # The response carried alpha's assignment alone: only alpha's cluster was updated...
+    updates = cluster_stats(envoy, list(clusters.values()), "update_attempt")
+    assert updates[clusters["alpha"]] > updates_before[clusters["alpha"]]
+    assert {c: updates[c] for c in (clusters["beta"], clusters["gamma"])} == {
+        c: updates_before[c] for c in (clusters["beta"], clusters["gamma"])
+    }
+    # ...and the others kept their endpoints and serve as before.
+    assert envoy_hosts(envoy, clusters["beta"]) == {"127.0.0.102"}
+    assert envoy_hosts(envoy, clusters["gamma"]) == {"127.0.0.103"}
+    assert answers(ports["gamma"], hosts["gamma"], 10) == Counter({"gamma-1": 10})
+    assert envoy_stats(envoy, *untouched) == stats_before
+
+
 @pytest.mark.consul
 def test_consul_instances_registered_and_deregistered_reach_envoy(mesh: Mesh) -> None:
     port = free_port()

@@ -135,6 +135,49 @@ def test_endpoint_change_pushes_eds_alone(mesh: Path) -> None:
     run(test)
 
 
+def addresses(client: AdsClient, cluster: str) -> set[str]:
+    cla = client.resources[types.ENDPOINT].get(cluster)
+    return {
+        e.endpoint.address.socket_address.address for group in getattr(cla, "endpoints", []) for e in group.lb_endpoints
+    }
+
+
+@pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
+def test_endpoint_change_sends_only_that_services_assignments(mesh: Path, delta: bool) -> None:
+    """In state of the world as in delta, an endpoint change carries the assignments of its service
+    alone; the client keeps the others, as Envoy does, and a new stream gets them all."""
+    ratings = "outbound|9080||ratings.bookinfo.mesh"
+
+    async def test() -> None:
+        async with serving(mesh) as server, AdsClient(f"127.0.0.1:{server.xds_port}", PRODUCTPAGE, delta=delta) as c:
+            await c.wait_for(lambda c: c.complete() and ratings in c.names(types.ENDPOINT))
+            await asyncio.sleep(0.3)
+            before = dict(c.resources[types.ENDPOINT])
+            seen = len(c.log)
+            (mesh / "bookinfo" / "ratings-v1-b.yaml").write_text(
+                "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata:\n  name: ratings-v1-b\n"
+                "  namespace: bookinfo\nspec:\n  address: 10.10.0.52\n  labels:\n    app: ratings\n    version: v1\n"
+            )
+            await c.wait_for(lambda c: "10.10.0.52" in addresses(c, ratings))
+            await asyncio.sleep(0.5)
+            responses = c.log[seen:]
+            assert {r.type_url for r in responses} == {types.ENDPOINT}
+            carried = {name for r in responses for name in r.names}
+            assert ratings in carried
+            assert all(name.endswith("|ratings.bookinfo.mesh") for name in carried), carried
+            assert len(carried) < len(before)
+            # The client still holds every other assignment, untouched.
+            assert c.names(types.ENDPOINT) == set(before)
+            assert all(c.resources[types.ENDPOINT][n] is m for n, m in before.items() if n not in carried)
+
+            async with AdsClient(f"127.0.0.1:{server.xds_port}", PRODUCTPAGE, delta=delta) as fresh:
+                await fresh.wait_for(lambda f: f.complete() and "10.10.0.52" in addresses(f, ratings))
+                first_eds = next(r for r in fresh.log if r.type_url == types.ENDPOINT)
+                assert set(first_eds.names) == set(before)
+
+    run(test)
+
+
 def test_change_outside_a_proxys_sidecar_scope_pushes_nothing_to_it(mesh: Path) -> None:
     async def test() -> None:
         async with serving(mesh) as server, AdsClient(f"127.0.0.1:{server.xds_port}", PRODUCTPAGE) as c:

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 from google.rpc import status_pb2
 
-from meshctl.server.subscription import DeltaSubscription, RequestKind, Resource, SotwSubscription
+from meshctl.server.subscription import (
+    DeltaSubscription,
+    Push,
+    RequestKind,
+    Resource,
+    ResourceSet,
+    SotwSubscription,
+    set_version,
+)
 
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
@@ -188,3 +199,176 @@ def test_delta_resubscribe_resends() -> None:
     sub.handle(delta(sub=["a"]))
     again = sub.next_push(pool(res("a")))
     assert again is not None and [r.name for r in again.resources] == ["a"]
+
+
+# -- state of the world, partial (EDS and RDS) ---------------------------------------------------
+
+
+def eds(names: list[str], nonce: str = "", version: str = "", error: str = "") -> discovery_pb2.DiscoveryRequest:
+    req = sotw(names, nonce=nonce, version=version, error=error)
+    req.type_url = EDS
+    return req
+
+
+def partial(names: list[str]) -> SotwSubscription:
+    sub = SotwSubscription(EDS, wildcard_when_empty=False, partial=True)
+    sub.handle(eds(names))
+    return sub
+
+
+def must(push: Push | None) -> Push:
+    assert push is not None
+    return push
+
+
+def sent(push: Push | None) -> list[tuple[str, str]]:
+    return [(r.name, r.version) for r in must(push).resources]
+
+
+def ack(sub: SotwSubscription, push: Push | None) -> Push:
+    push = must(push)
+    assert sub.handle(eds(sorted(sub.names), nonce=push.nonce, version=push.version)).kind is RequestKind.ACK
+    return push
+
+
+def test_partial_sends_the_whole_set_first_then_only_what_changed() -> None:
+    sub = partial(["a", "b", "c"])
+    first = must(sub.next_push(ResourceSet([res("a"), res("b"), res("c")])))
+    assert sent(first) == [("a", "1"), ("b", "1"), ("c", "1")]
+    ack(sub, first)
+    current = ResourceSet([res("a"), res("b", "2"), res("c")])
+    change = must(sub.next_push(current))
+    assert sent(change) == [("b", "2")]
+    # Labelled as the whole set it completes, so ACKs and reconnects mean what they did.
+    assert change.version == current.version == set_version(current.values())
+    ack(sub, change)
+    assert sub.acked_version == current.version and not sub.awaiting_ack
+    assert sub.next_push(current) is None
+
+
+def test_partial_compares_with_what_was_sent_even_before_it_is_acked() -> None:
+    sub = partial(["a", "b"])
+    first = must(sub.next_push(pool(res("a"), res("b"))))
+    second = sub.next_push(pool(res("a", "2"), res("b")))
+    third = sub.next_push(pool(res("a", "2"), res("b", "2")))
+    assert sent(first) == [("a", "1"), ("b", "1")]
+    assert sent(second) == [("a", "2")]
+    assert sent(third) == [("b", "2")]
+
+
+def test_partial_sends_newly_watched_names_alone_and_forgets_unwatched_ones() -> None:
+    sub = partial(["a", "b"])
+    everything = pool(res("a"), res("b"), res("c"))
+    first = must(sub.next_push(everything))
+    ack(sub, first)
+    assert sub.handle(eds(["a", "b", "c"], nonce=first.nonce, version=first.version)).subscription_changed
+    added = must(sub.next_push(everything))
+    assert sent(added) == [("c", "1")]
+    ack(sub, added)
+    # b is no longer watched: nothing to send, but the version of the smaller set is.
+    sub.handle(eds(["a", "c"], nonce=added.nonce, version=added.version))
+    smaller = must(sub.next_push(everything))
+    assert sent(smaller) == []
+    assert smaller.version == set_version([res("a"), res("c")])
+    ack(sub, smaller)
+    # Watched again (Envoy dropped it with its cluster): sent again.
+    sub.handle(eds(["a", "b", "c"], nonce=smaller.nonce, version=smaller.version))
+    assert sent(sub.next_push(everything)) == [("b", "1")]
+
+
+@pytest.mark.parametrize("kind", [pool, lambda *r: ResourceSet(r)], ids=["mapping", "resource_set"])
+def test_partial_does_not_resend_a_resource_that_left_and_came_back_unchanged(kind: Any) -> None:
+    """SotW EDS has no removal: Envoy keeps what it had, so the same version is not sent again."""
+    sub = partial(["a", "b"])
+    first = must(sub.next_push(kind(res("a"), res("b"))))
+    ack(sub, first)
+    gone = must(sub.next_push(kind(res("a"))))
+    assert sent(gone) == []
+    ack(sub, gone)
+    back = must(sub.next_push(kind(res("a"), res("b"))))
+    assert sent(back) == []
+    ack(sub, back)
+    assert sent(sub.next_push(kind(res("a"), res("b", "2")))) == [("b", "2")]
+
+
+def test_partial_nack_resends_what_was_rejected_with_the_next_change_but_not_alone() -> None:
+    sub = partial(["a", "b", "c"])
+    first = must(sub.next_push(pool(res("a"), res("b"), res("c"))))
+    ack(sub, first)
+    bad = must(sub.next_push(pool(res("a", "bad"), res("b"), res("c"))))
+    assert sent(bad) == [("a", "bad")]
+    assert sub.handle(eds(["a", "b", "c"], nonce=bad.nonce, version=first.version, error="no")).kind is RequestKind.NACK
+    assert sub.next_push(pool(res("a", "bad"), res("b"), res("c"))) is None  # not the rejected set again
+    # The next change brings the node to the whole current state, rejected part included.
+    after = must(sub.next_push(pool(res("a", "bad"), res("b", "2"), res("c"))))
+    assert sent(after) == [("a", "bad"), ("b", "2")]
+    ack(sub, after)
+    assert sub.nack is None
+    assert sub.next_push(pool(res("a", "bad"), res("b", "2"), res("c"))) is None
+
+
+def test_partial_stale_nack_still_resends_what_the_rejected_response_carried() -> None:
+    """A NACK of an older response arrives after a newer one was sent: the newer one leaves the
+    rejected resource out, so an ACK of it would not mean the node holds it."""
+    sub = partial(["a", "b"])
+    first = must(sub.next_push(pool(res("a"), res("b"))))
+    ack(sub, first)
+    one = must(sub.next_push(pool(res("a", "2"), res("b"))))
+    two = must(sub.next_push(pool(res("a", "2"), res("b", "2"))))
+    assert sent(one) == [("a", "2")] and sent(two) == [("b", "2")]
+    outcome = sub.handle(eds(["a", "b"], nonce=one.nonce, version=first.version, error="no"))
+    assert outcome.kind is RequestKind.STALE
+    ack(sub, two)
+    again = must(sub.next_push(pool(res("a", "2"), res("b", "2"))))
+    assert sent(again) == [("a", "2")] and again.version == two.version
+
+
+def test_partial_reconnect_at_the_current_version_holds_the_set() -> None:
+    current = ResourceSet([res("a"), res("b")])
+    sub = SotwSubscription(EDS, wildcard_when_empty=False, partial=True)
+    sub.handle(eds(["a", "b"], version=current.version))
+    assert sub.next_push(current) is None
+    assert sent(sub.next_push(ResourceSet([res("a", "2"), res("b")]))) == [("a", "2")]
+
+
+def test_partial_reconnect_at_another_version_starts_from_the_whole_set() -> None:
+    sub = SotwSubscription(EDS, wildcard_when_empty=False, partial=True)
+    sub.handle(eds(["a", "b"], version="from-before"))
+    assert sent(sub.next_push(ResourceSet([res("a", "2"), res("b")]))) == [("a", "2"), ("b", "1")]
+
+
+def test_partial_resend_sends_those_names_alone() -> None:
+    sub = partial(["a", "b"])
+    current = ResourceSet([res("a"), res("b")])
+    ack(sub, sub.next_push(current))
+    sub.resend(["b", "not-watched"])
+    again = must(sub.next_push(current))
+    assert sent(again) == [("b", "1")] and again.version == current.version
+    assert sub.next_push(current) is None
+
+
+def test_partial_streams_making_the_same_move_share_one_tuple() -> None:
+    """The cache hands every sidecar of a namespace the same sets: the change between them is
+    computed once, and its bytes can be encoded once."""
+    before = ResourceSet([res("a"), res("b"), res("c")])
+    after = ResourceSet([res("a"), res("b", "2"), res("c")])
+    pushes = []
+    for _ in range(3):
+        sub = partial(["a", "b", "c"])
+        ack(sub, sub.next_push(before))
+        pushes.append(must(sub.next_push(after)))
+    assert all(p.resources is pushes[0].resources for p in pushes)
+    assert sent(pushes[0]) == [("b", "2")]
+    assert after.changed_since(before) is pushes[0].resources
+    assert after.changed_since(ResourceSet([])) is after.ordered
+
+
+def test_partial_nack_of_a_response_no_longer_tracked_forgets_everything() -> None:
+    """A node that leaves many responses unanswered and then rejects one of the first: what it
+    holds is unknown, so the next response is the whole set."""
+    sub = partial(["a", "b"])
+    first = must(sub.next_push(pool(res("a"), res("b"))))
+    for i in range(100):
+        must(sub.next_push(pool(res("a", str(i)), res("b"))))
+    sub.handle(eds(["a", "b"], nonce=first.nonce, error="no"))
+    assert sent(sub.next_push(pool(res("a", "99"), res("b")))) == [("a", "99"), ("b", "1")]

@@ -9,6 +9,10 @@ resources with `update`; `pushes()` then says what to send, in make-before-break
    response arrives, and Envoy does not ask again for names it already watches.
 3. A cluster that disappears is kept in CDS until LDS and RDS built without it are ACKed, so
    no route points at a missing cluster in between; then it is dropped.
+4. In state of the world, EDS and RDS responses carry only what the node does not hold yet
+   (`SotwSubscription`, `partial`): Envoy keeps the assignments and route configs a response
+   leaves out. CDS and LDS responses are always the complete set, as the protocol requires:
+   Envoy removes any cluster or listener a response does not name.
 
 Everything here is driven directly by tests, with no gRPC and no clock.
 """
@@ -32,6 +36,9 @@ from meshctl.server.subscription import (
 from meshctl.xds import types
 
 Subscription = SotwSubscription | DeltaSubscription
+
+#: State-of-the-world types whose responses may leave out what the node already holds.
+PARTIAL_SOTW_TYPES = frozenset((types.ENDPOINT, types.ROUTE))
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,13 +77,18 @@ class Connection:
     # -- requests ----------------------------------------------------------------------------
 
     def subscription(self, type_url: str) -> Subscription:
-        sub = self.subscriptions.get(type_url)
-        if sub is None:
-            cls = DeltaSubscription if self.delta else SotwSubscription
-            wildcard = type_url in types.WILDCARD_TYPES
-            prefix = f"{types.SHORT_NAMES.get(type_url, 'X')[0].lower()}"
-            sub = cls(type_url, wildcard_when_empty=wildcard, nonce_prefix=prefix)
-            self.subscriptions[type_url] = sub
+        found = self.subscriptions.get(type_url)
+        if found is not None:
+            return found
+        wildcard = type_url in types.WILDCARD_TYPES
+        prefix = f"{types.SHORT_NAMES.get(type_url, 'X')[0].lower()}"
+        sub: Subscription
+        if self.delta:
+            sub = DeltaSubscription(type_url, wildcard_when_empty=wildcard, nonce_prefix=prefix)
+        else:
+            partial = type_url in PARTIAL_SOTW_TYPES
+            sub = SotwSubscription(type_url, wildcard_when_empty=wildcard, nonce_prefix=prefix, partial=partial)
+        self.subscriptions[type_url] = sub
         return sub
 
     def handle(self, type_url: str, request: Any) -> RequestOutcome:

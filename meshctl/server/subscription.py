@@ -8,7 +8,9 @@ lives here, so it is tested by driving these objects directly (no gRPC, no clock
   nonce of the last response is an ACK (or a NACK when `error_detail` is set); a request carrying
   an older nonce is stale and ignored. LDS and CDS are wildcard (an empty name list, or `*`); RDS
   and EDS name what they want, and names that do not exist yet are remembered and sent once they
-  appear. A NACKed version is never sent again; the next different one is.
+  appear. A NACKed version is never sent again; the next different one is. For types whose
+  responses may be partial (EDS and RDS, see `SotwSubscription`), a response carries only what
+  the node does not hold yet.
 - Incremental (`DeltaSubscription`): the node subscribes and unsubscribes names at any time, even
   on a stale nonce; it may start with the versions it already has (`initial_resource_versions`,
   after a reconnect); the server sends only what changed and names what was removed.
@@ -88,16 +90,42 @@ def set_version(resources: Iterable[Resource]) -> str:
     return h.hexdigest()
 
 
+#: How many older sets `ResourceSet.changed_since` remembers its answer for.
+_CHANGES_KEPT = 4
+
+#: How many unanswered responses a partial subscription keeps track of (`SotwSubscription`).
+_UNANSWERED_KEPT = 64
+
+
 class ResourceSet(Mapping[str, Resource]):
     """Resources by name, immutable, with their set version (`set_version`) computed once."""
 
-    __slots__ = ("__weakref__", "_by_name", "ordered", "version")
+    __slots__ = ("__weakref__", "_by_name", "_changes", "ordered", "version")
 
     def __init__(self, resources: Iterable[Resource]) -> None:
         self._by_name = {r.name: r for r in resources}
         #: the resources sorted by name, as a state-of-the-world response lists them
         self.ordered = tuple(self._by_name[n] for n in sorted(self._by_name))
         self.version = set_version(self.ordered)
+        self._changes: dict[str, tuple[Resource, ...]] = {}
+
+    def changed_since(self, older: ResourceSet) -> tuple[Resource, ...]:
+        """The resources of this set that `older` lacks or holds at another version, by name.
+
+        Remembered for the last few older sets: every stream that moves from one set to the same
+        next one (the sidecars of a namespace, after an endpoint change) gets the very same tuple,
+        so the change is computed once and its bytes are encoded once. A set version stands for
+        its names and versions, so it is the key."""
+        found = self._changes.get(older.version)
+        if found is None:
+            before = older._by_name
+            found = tuple(r for r in self.ordered if (o := before.get(r.name)) is None or o.version != r.version)
+            if len(found) == len(self.ordered):
+                found = self.ordered
+            while len(self._changes) >= _CHANGES_KEPT:
+                del self._changes[next(iter(self._changes))]
+            self._changes[older.version] = found
+        return found
 
     def __getitem__(self, name: str) -> Resource:
         return self._by_name[name]
@@ -141,12 +169,48 @@ class _Nonces:
 
 
 class SotwSubscription:
-    """State of the world for one type on one stream."""
+    """State of the world for one type on one stream.
 
-    def __init__(self, type_url: str, *, wildcard_when_empty: bool, nonce_prefix: str = "") -> None:
+    With `partial` (EDS and RDS), a response carries only the resources the node does not hold
+    at their current version. The xDS protocol allows it for every type but Listener and Cluster
+    ("grouping resources into responses": those two must always be the complete set), and Envoy
+    applies a SotW EDS or RDS response only to the watches it names: an assignment or route
+    config a response leaves out keeps what it had. An endpoint change then costs each proxy the
+    assignments of that one service, not all of its assignments again.
+
+    What the node holds is tracked per name, from what was sent (ACKed or still unanswered):
+
+    - Each response is labelled with the version of the whole set it completes, as a full
+      response would be, so ACK matching, /debug/syncz and the `version_info` of a reconnect
+      mean what they did: a node that ACKed version V holds set V. A push happens exactly when a
+      full one would (the set's version moved, or `resend` asked for names) and carries only the
+      difference. When names only left the set the difference is empty, and the empty response
+      is still sent: it moves the node's version to the set's.
+    - Names the node starts watching are sent on their own. Istio answers a new subscription
+      with every watched assignment, because its SotW path does not know what each stream
+      holds; here it is known, and Envoy applies the new names and keeps the rest. A name the
+      node stops watching is forgotten: Envoy dropped it with its cluster or listener, so
+      watching it again sends it again.
+    - A NACK forgets what the rejected response carried, and what any earlier unanswered one
+      did (Envoy may apply part of a response it rejects, and coalesces requests): the next push
+      sends them again with the change that triggers it. The version the node rejected is not
+      sent again unchanged, as for a full set. A NACK on an older nonce than the last response's
+      is stale, but still forgets: a later response that leaves those resources out may be
+      ACKed without them, so they are sent again at once.
+    - A resource that leaves the snapshot while the node still watches it is not sent, as in a
+      full response: SotW EDS has no removal, and Envoy keeps what it had (a cluster without
+      endpoints has an empty assignment, which is a change like any other).
+    - A new stream holds nothing, so its first response is the whole set; a reconnect whose
+      request carries the current version holds this very set and gets nothing.
+    """
+
+    def __init__(
+        self, type_url: str, *, wildcard_when_empty: bool, nonce_prefix: str = "", partial: bool = False
+    ) -> None:
         self.type_url = type_url
         self._wildcard_when_empty = wildcard_when_empty
         self._nonces = _Nonces(nonce_prefix)
+        self.partial = partial
         self.started = False
         self.wildcard = False
         self.names: frozenset[str] = frozenset()
@@ -154,6 +218,19 @@ class SotwSubscription:
         self.sent_nonce: str | None = None
         self.acked_version: str | None = None
         self.nack: Nack | None = None
+        # Partial only:
+        #: name -> the version the node was sent and has not rejected
+        self._held: dict[str, str] = {}
+        #: a ResourceSet the node holds all of, at these versions: the next push is its change
+        self._basis: ResourceSet | None = None
+        #: `_held` lost names at the version sent: a push is due even if the set is unchanged
+        self._short = False
+        #: nonce -> what the response carried, oldest first, until the node answers it
+        self._unanswered: dict[str, tuple[Resource, ...]] = {}
+        #: `_unanswered` was cut short: a NACK of a nonce it lacks may be of a forgotten one
+        self._untracked = False
+        #: started by a reconnect naming a version: if it is the current one, the node holds it
+        self._resumed = False
 
     def handle(self, request: discovery_pb2.DiscoveryRequest) -> RequestOutcome:
         names = frozenset(request.resource_names)
@@ -163,7 +240,10 @@ class SotwSubscription:
             if request.version_info:
                 # A reconnect: the node already runs this version; nothing to resend if it is current.
                 self.sent_version = self.acked_version = request.version_info
+                self._resumed = True
             return RequestOutcome(RequestKind.INITIAL, subscription_changed=True)
+        if self.partial and request.response_nonce:
+            self._answered(request.response_nonce, rejected=request.HasField("error_detail"))
         if request.response_nonce != self.sent_nonce:
             return RequestOutcome(RequestKind.STALE)
         changed = self._subscribe(names)
@@ -180,16 +260,55 @@ class SotwSubscription:
         names = names - {WILDCARD}
         changed = wildcard != self.wildcard or names != self.names
         self.wildcard, self.names = wildcard, names
+        if changed and self.partial and not wildcard:
+            gone = [n for n in self._held if n not in names]
+            for n in gone:
+                del self._held[n]
+            if gone:
+                self._basis = None
         return changed
+
+    def _answered(self, nonce: str, *, rejected: bool) -> None:
+        """The node answered `nonce`, and so every response before it: on a NACK, forget what they
+        carried (see the class docstring)."""
+        if nonce not in self._unanswered:
+            # Answered already, or so old it is no longer tracked: then nothing held is certain.
+            if rejected and self._untracked:
+                self._held.clear()
+                self._basis = None
+                self._short = True
+            return
+        while self._unanswered:
+            sent_nonce = next(iter(self._unanswered))
+            sent = self._unanswered.pop(sent_nonce)
+            if rejected:
+                for r in sent:
+                    if self._held.get(r.name) == r.version:
+                        del self._held[r.name]
+                self._basis = None
+                self._short = True
+            if sent_nonce == nonce:
+                break
+        if not self._unanswered:
+            self._untracked = False  # every response sent is answered: none is unknown
 
     def wants(self, name: str) -> bool:
         return self.wildcard or name in self.names
 
     def resend(self, names: Iterable[str]) -> None:
         """Send the set again even if unchanged when it holds any of `names`: an updated cluster
-        stays warming until it receives a fresh EDS response, whatever its version."""
-        if any(self.wants(n) for n in names):
+        stays warming until it receives a fresh EDS response, whatever its version. A partial
+        subscription sends those names again, and not the rest."""
+        wanted = [n for n in names if self.wants(n)]
+        if not wanted:
+            return
+        if not self.partial:
             self.sent_version = None
+            return
+        for n in wanted:
+            self._held.pop(n, None)
+        self._basis = None
+        self._short = True
 
     @property
     def awaiting_ack(self) -> bool:
@@ -199,21 +318,56 @@ class SotwSubscription:
         """The response to send now, or None when the node already has (or rejected) this set."""
         if not self.started:
             return None
-        if isinstance(available, ResourceSet) and (self.wildcard or available.keys() <= self.names):
-            chosen, version = available.ordered, available.version  # the whole set: hashed already
+        whole = available if isinstance(available, ResourceSet) else None
+        if whole is not None and not (self.wildcard or whole.keys() <= self.names):
+            whole = None
+        if whole is not None:
+            chosen, version = whole.ordered, whole.version  # the whole set: hashed already
         else:
             if self.wildcard:
                 chosen = tuple(available[n] for n in sorted(available))
             else:
                 chosen = tuple(available[n] for n in sorted(self.names) if n in available)
             version = set_version(chosen)
-        if version == self.sent_version:
+        resumed, self._resumed = self._resumed, False
+        if version == self.sent_version and not self._short:
+            if resumed and self.partial:
+                self._held = {r.name: r.version for r in chosen}
+                self._basis = whole
             return None
         if self.nack is not None and version == self.nack.version:
             return None
+        resources = chosen
+        if self.partial:
+            resources = self._unheld(chosen, whole)
+            self._short = False
+            if not resources and version == self.sent_version:
+                return None
         self.sent_version = version
         self.sent_nonce = self._nonces.next()
-        return Push(self.type_url, version, self.sent_nonce, chosen)
+        if self.partial:
+            self._unanswered[self.sent_nonce] = resources
+            while len(self._unanswered) > _UNANSWERED_KEPT:
+                del self._unanswered[next(iter(self._unanswered))]
+                self._untracked = True
+        return Push(self.type_url, version, self.sent_nonce, resources)
+
+    def _unheld(self, chosen: tuple[Resource, ...], whole: ResourceSet | None) -> tuple[Resource, ...]:
+        """Those of `chosen` the node does not hold at their version, now taken as held. `whole` is
+        the set `chosen` is all of, if it is one."""
+        held = self._held
+        if whole is not None and self._basis is not None:
+            fresh = whole.changed_since(self._basis)  # shared by the streams making the same move
+        else:
+            fresh = tuple(r for r in chosen if held.get(r.name) != r.version)
+            if len(fresh) == len(chosen):
+                fresh = chosen  # the set's own tuple: encoded once for every stream sent it
+        for r in fresh:
+            held[r.name] = r.version
+        # The basis must be exactly what is held: a name held beyond the set (one that left the
+        # snapshot) would come back from a comparison with the set even at the version held.
+        self._basis = whole if whole is not None and len(held) == len(whole) else None
+        return fresh
 
 
 class DeltaSubscription:

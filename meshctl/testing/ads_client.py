@@ -5,6 +5,12 @@ for the endpoints of every EDS cluster, then (once the clusters are warm, as Env
 does) for listeners as a wildcard, then for the route configs every HTTP connection manager
 names, and ACKs each response (or NACKs it when told to). It keeps what it was
 sent, decoded, and a log of every response with the time it arrived.
+
+What it holds follows a response as Envoy's does. In state of the world, a CDS or LDS response
+is the complete set (what it leaves out is removed), while an EDS or RDS response updates only
+the names it carries: the others keep what they had, and what the client stops watching is
+dropped (Envoy drops an assignment with its cluster, a route config with its listeners). In
+delta, a response carries changes and names removals.
 """
 
 from __future__ import annotations
@@ -39,8 +45,13 @@ _CLASSES: Mapping[str, type[Message]] = {
 }
 _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 
-#: Decides whether to reject a response: (type_url, resources by name) -> an error message or None.
+#: Decides whether to reject a response: (type_url, what the client would hold of that type if it
+#: took the response, by name) -> an error message or None.
 NackRule = Callable[[str, Mapping[str, Message]], str | None]
+
+#: Types whose state-of-the-world responses update only the names they carry (the xDS protocol's
+#: "grouping resources into responses": all but Listener and Cluster).
+PARTIAL_SOTW_TYPES = frozenset((types.ENDPOINT, types.ROUTE))
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +186,9 @@ class AdsClient:
             )
         state.started = True
         state.names = set(names)
+        if not self.delta and type_url in PARTIAL_SOTW_TYPES:
+            held = self.resources[type_url]
+            self.resources[type_url] = {n: m for n, m in held.items() if n in names}
         self._node(request)
         self._queue.put_nowait(request)
 
@@ -223,7 +237,13 @@ class AdsClient:
                 m = cls()
                 any_msg.Unpack(m)
                 decoded[_name(m)] = m
-            candidate = decoded
+            if type_url in PARTIAL_SOTW_TYPES:
+                # Envoy applies the names it watches, and ignores the others.
+                watched = self._state[type_url].names
+                fresh = {n: m for n, m in decoded.items() if n in watched}
+                candidate = {**self.resources[type_url], **fresh}
+            else:
+                candidate = decoded
         version = response.system_version_info if self.delta else response.version_info
         self.log.append(Received(time.monotonic(), type_url, version, response.nonce, tuple(decoded), removed))
         error = self._nack(type_url, candidate) if self._nack is not None else None
