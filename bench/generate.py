@@ -147,6 +147,7 @@ def main() -> None:
     proxies: list[Proxy] = []
     bind = timed(lambda: proxies.extend(bind_proxy(parse_node_id(n), snapshot) for n in node_ids(snapshot)))
     keys = len({p.generation_key() for p in proxies})
+    outbound_keys = len({p.outbound_key() for p in proxies})
     fleet = len(proxies)
 
     one = proxies[0]
@@ -164,8 +165,19 @@ def main() -> None:
     cached = [timed(partial(cache.resources, snapshot, p)) for p in chosen]
     # The first proxy through the cache builds every ClusterLoadAssignment (each proxy has every
     # cluster here); the others find them shared and only generate and serialize their own config.
-    first, rest = cached[0], cached[1:] or cached
-    shared = f"{cache.generations:,} generations, {cache.eds_builds:,} EDS builds"
+    shared = (
+        f"{cache.outbound_generations:,} outbound and {cache.generations - cache.outbound_generations:,} "
+        f"inbound generations, {cache.eds_builds:,} EDS builds"
+    )
+    # The whole fleet through a fresh cache: with outbound config shared per outbound key, this is
+    # measured, not extrapolated.
+    fleet_cache = ResourceCache()
+    whole = timed(lambda: [fleet_cache.resources(snapshot, p) for p in proxies])
+    whole_shared = (
+        f"{fleet_cache.outbound_generations:,} outbound and "
+        f"{fleet_cache.generations - fleet_cache.outbound_generations:,} inbound generations, "
+        f"{fleet_cache.eds_builds:,} EDS builds"
+    )
 
     rows = [
         Row(f"load {count:,} resources and build the snapshot", 0, load),
@@ -189,19 +201,14 @@ def main() -> None:
                 f"mean of {n} x {fleet:,}",
             ),
             Row(f"{n} sidecars, through `ResourceCache`", n, total(cached), shared),
-            Row(
-                "every sidecar, through `ResourceCache` (extrapolated)",
-                fleet,
-                first + mean(rest) * (keys - 1),
-                f"first proxy (all EDS) + {keys - 1:,} more generation keys x mean of the others",
-            ),
+            Row("every sidecar, through `ResourceCache`", fleet, whole, whole_shared),
         ]
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print(f"load average (1 min): {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
     print(
         f"mesh: {args.services:,} services x {args.endpoints} endpoints = {fleet:,} sidecars, "
-        f"{keys:,} distinct generation keys"
+        f"{keys:,} distinct generation keys, {outbound_keys:,} outbound keys"
     )
     print()
     print("| what | proxies | wall s | CPU s | CPU ms per proxy | notes |")

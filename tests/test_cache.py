@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from meshctl.server.cache import ResourceCache
+from envoy.config.route.v3 import route_pb2
+from google.protobuf import any_pb2
+
+from meshctl.server.cache import ProxyResources, ResourceCache, to_resource
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 from meshctl.xds import types
+from meshctl.xds.generate import generate, generate_outbound
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
 MESH = "\n---\n".join(p.read_text() for p in sorted(EXAMPLES.rglob("*.yaml")))
@@ -42,12 +46,84 @@ def test_replicas_of_a_service_share_one_generation_and_the_same_bytes() -> None
     cache = ResourceCache()
     a = cache.resources(snapshot, proxy_for(snapshot, node("reviews-v1-vm", "10.10.0.41")))
     b = cache.resources(snapshot, proxy_for(snapshot, node("reviews-v1-b", "10.10.0.44")))
-    assert cache.generations == 1
+    assert (cache.generations, cache.outbound_generations) == (2, 1)  # one outbound, one inbound
     for type_url in types.PUSH_ORDER:
         assert a.of(type_url) == b.of(type_url)
     other = cache.resources(snapshot, proxy_for(snapshot, node("reviews-v2-vm", "10.10.0.42")))
-    assert cache.generations == 2  # other labels (version v2): its own generation
+    # Its own inbound part, and its own outbound: it runs in another zone, and the mesh has a DNS
+    # service, whose inline endpoints get locality priorities relative to the caller.
+    assert (cache.generations, cache.outbound_generations) == (4, 2)
     assert other.of(types.ENDPOINT) == a.of(types.ENDPOINT)  # the same endpoints, the same bytes
+
+
+def test_vms_of_different_services_in_a_namespace_share_their_outbound_config() -> None:
+    snapshot = snapshot_from_yaml(MESH)
+    cache = ResourceCache()
+    vms = {"productpage-v1-vm": "10.10.0.11", "details-v1-vm": "10.10.0.21", "ratings-v1-vm": "10.10.0.51"}
+    views = {name: cache.resources(snapshot, proxy_for(snapshot, node(name, ip))) for name, ip in vms.items()}
+    assert cache.outbound_generations == 1
+    for name, view in views.items():
+        inbound = {n for n in view.of(types.CLUSTER) if n.startswith("inbound|")}
+        assert inbound == {"inbound|8080||"}, name
+        # Each VM's inbound cluster names its own service.
+        assert name.split("-")[0].encode() in view.of(types.CLUSTER)["inbound|8080||"].body
+        whole = generate(snapshot, proxy_for(snapshot, node(name, vms[name])))
+        for type_url in types.PUSH_ORDER:
+            assert sorted(view.of(type_url)) == sorted(
+                m.name if hasattr(m, "name") else m.cluster_name for m in whole[type_url]
+            )
+
+
+SOURCE_LABELS = """
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: details-from-reviews, namespace: bookinfo}
+spec:
+  hosts: [details.bookinfo.mesh]
+  http:
+  - match:
+    - sourceLabels: {app: reviews}
+    route:
+    - destination: {host: details.bookinfo.mesh}
+    timeout: 7s
+  - route:
+    - destination: {host: details.bookinfo.mesh}
+"""
+
+
+def test_proxies_matching_other_source_labels_get_their_own_routes() -> None:
+    snapshot = snapshot_from_yaml(MESH + SECOND_V1 + SOURCE_LABELS)
+    cache = ResourceCache()
+    reviews = cache.resources(snapshot, proxy_for(snapshot, node("reviews-v1-vm", "10.10.0.41")))
+    reviews_b = cache.resources(snapshot, proxy_for(snapshot, node("reviews-v1-b", "10.10.0.44")))
+    details = cache.resources(snapshot, proxy_for(snapshot, node("details-v1-vm", "10.10.0.21")))
+    assert cache.outbound_generations == 2  # app=reviews matches the selector; details does not
+    assert reviews.of(types.ROUTE) == reviews_b.of(types.ROUTE)
+    assert reviews.of(types.ROUTE) != details.of(types.ROUTE)
+    assert _details_timeouts(reviews) == [7]  # the 7 s timeout, for reviews only
+    assert _details_timeouts(details) == [0]
+
+
+def _details_timeouts(view: ProxyResources) -> list[int]:
+    wrapped = any_pb2.Any.FromString(view.of(types.ROUTE)["9080"].body)
+    config = route_pb2.RouteConfiguration.FromString(wrapped.value)
+    (host,) = [h for h in config.virtual_hosts if h.name.startswith("details.bookinfo.mesh")]
+    return [r.route.timeout.seconds for r in host.routes]
+
+
+def test_a_route_change_rebuilds_no_assignment() -> None:
+    before = snapshot_from_yaml(MESH)
+    after = snapshot_from_yaml(MESH + SOURCE_LABELS)
+    assert before.config_version != after.config_version
+    cache = ResourceCache()
+    client = node("reviews-v1-vm", "10.10.0.41")
+    old = cache.resources(before, proxy_for(before, client))
+    builds = cache.eds_builds
+    new = cache.resources(after, proxy_for(after, client))
+    assert cache.eds_builds == builds
+    assert new.of(types.ENDPOINT) == old.of(types.ENDPOINT)
+    assert new.of(types.ROUTE) != old.of(types.ROUTE)
 
 
 def test_with_iptables_a_proxys_own_address_is_part_of_its_config() -> None:
@@ -56,7 +132,7 @@ def test_with_iptables_a_proxys_own_address_is_part_of_its_config() -> None:
     meta = {"INTERCEPTION_MODE": "REDIRECT"}
     cache.resources(snapshot, proxy_for(snapshot, node("reviews-v1-vm", "10.10.0.41"), meta))
     cache.resources(snapshot, proxy_for(snapshot, node("reviews-v1-b", "10.10.0.44"), meta))
-    assert cache.generations == 2
+    assert (cache.generations, cache.outbound_generations) == (4, 2)
 
 
 def test_an_endpoint_change_rebuilds_only_that_services_endpoints() -> None:
@@ -76,3 +152,74 @@ def test_an_endpoint_change_rebuilds_only_that_services_endpoints() -> None:
     assert changed == ratings
     for type_url in (types.CLUSTER, types.LISTENER, types.ROUTE):
         assert new.of(type_url) == old.of(type_url)
+
+
+SIDECAR_SELECTOR = """
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: reviews-only, namespace: bookinfo}
+spec:
+  workloadSelector: {labels: {app: reviews, version: v3}}
+  egress:
+  - hosts: [./ratings.bookinfo.mesh]
+"""
+
+
+ADMIN = """
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: admin, namespace: bookinfo}
+spec:
+  hosts: [admin.bookinfo.mesh]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports:
+  - {number: 9080, name: http, protocol: HTTP}
+  workloadSelector:
+    labels: {app: admin}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: admin-vm, namespace: bookinfo}
+spec:
+  address: 10.10.0.61
+  labels: {app: admin}
+  locality: eu-west/zone-a
+"""
+
+
+def test_equal_outbound_keys_mean_equal_outbound_config_and_the_cache_serves_what_generate_makes() -> None:
+    """The outbound key is what lets proxies share: two proxies with the same key must get the
+    same outbound config, and every view the cache assembles from shared parts must be exactly
+    what `generate` makes for that proxy alone."""
+    vms = {
+        "productpage-v1-vm": "10.10.0.11",
+        "details-v1-vm": "10.10.0.21",
+        "reviews-v1-vm": "10.10.0.41",
+        "reviews-v2-vm": "10.10.0.42",
+        "reviews-v3-vm": "10.10.0.43",
+        "ratings-v1-vm": "10.10.0.51",
+        "reviews-v1-b": "10.10.0.44",
+        "admin-vm": "10.10.0.61",  # its app listens on 9080: no outbound listener there
+        "client": "10.10.0.99",
+    }
+    for extra in ("", SOURCE_LABELS, SIDECAR_SELECTOR):
+        snapshot = snapshot_from_yaml(MESH + SECOND_V1 + ADMIN + extra)
+        cache = ResourceCache()
+        for meta in ({}, {"INTERCEPTION_MODE": "REDIRECT"}):
+            by_key: dict[tuple[object, ...], dict[str, list[bytes]]] = {}
+            for name, ip in vms.items():
+                proxy = proxy_for(snapshot, node(name, ip), meta)
+                outbound = {
+                    t: [to_resource(m, t).body for m in ms] for t, ms in generate_outbound(snapshot, proxy).items()
+                }
+                assert by_key.setdefault(proxy.outbound_key(), outbound) == outbound, (name, meta)
+                view = cache.resources(snapshot, proxy)
+                for type_url, messages in generate(snapshot, proxy).items():
+                    expected = [to_resource(m, type_url) for m in messages]
+                    assert sorted((r.name, r.body) for r in view.of(type_url).values()) == sorted(
+                        (r.name, r.body) for r in expected
+                    ), (name, meta, type_url)
+        assert cache.outbound_generations < cache.generations / 2 + 2

@@ -2,11 +2,14 @@
 
 Three levels of sharing, from the most to the least expensive to redo:
 
-- clusters, listeners and routes are generated once per (snapshot config version, proxy
-  generation key): proxies with the same inputs share one generation, and an endpoint-only change
-  (same config version) regenerates nothing of them;
-- a ClusterLoadAssignment is built once per (config version, cluster, that service's endpoints)
-  and shared by every proxy with the cluster, so an endpoint change rebuilds only its service's;
+- clusters, listeners and routes are generated in two parts, each once per snapshot config
+  version and the part's own key: the outbound part (the services a proxy calls, nearly all of
+  its config) per `Proxy.outbound_key`, which a namespace of VMs serving different services
+  usually shares, and the inbound part (its own workload) per `Proxy.generation_key`. An
+  endpoint-only change (same config version) regenerates nothing of them;
+- a ClusterLoadAssignment is built once per cluster and its own inputs (the service's endpoints,
+  ports and resolution, and the subset's labels) and shared by every proxy with the cluster, so
+  an endpoint change rebuilds only its service's, and a config change only those it touches;
 - a proxy's complete view (`ProxyResources`) is assembled once per (snapshot version, key).
 
 Proxies with different keys still often get equal resources (every sidecar of a namespace gets
@@ -37,9 +40,10 @@ from meshctl.server.subscription import Resource, ResourceSet
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import Proxy
 from meshctl.xds import types
+from meshctl.xds.endpoints import subset_labels
 from meshctl.xds.names import eds_cluster_names, parse_cluster_name, resource_name
 
-ConfigGenerator = Callable[[Snapshot, Proxy], Mapping[str, tuple[Message, ...]]]
+PartGenerator = Callable[[Snapshot, Proxy], Mapping[str, tuple[Message, ...]]]
 EndpointGenerator = Callable[[Snapshot, str], Message]
 
 
@@ -93,6 +97,9 @@ class _Recent(Generic[K, V]):
         self._data[(version, key)] = value
         return dropped
 
+    def values(self) -> list[V]:
+        return list(self._data.values())
+
     @property
     def versions(self) -> tuple[str, ...]:
         return tuple(self._versions)
@@ -113,21 +120,22 @@ class ResourceCache:
     def __init__(
         self,
         *,
-        config_generator: ConfigGenerator | None = None,
+        outbound_generator: PartGenerator | None = None,
+        inbound_generator: PartGenerator | None = None,
         endpoint_generator: EndpointGenerator | None = None,
         keep_versions: int = 2,
     ) -> None:
-        if config_generator is None or endpoint_generator is None:
-            from meshctl.xds.generate import generate_config, load_assignment
+        from meshctl.xds.generate import generate_inbound, generate_outbound, load_assignment
 
-            config_generator = config_generator or generate_config
-            endpoint_generator = endpoint_generator or load_assignment
-        self._generate = config_generator
-        self._endpoints = endpoint_generator
+        self._outbound = outbound_generator or generate_outbound
+        self._inbound = inbound_generator or generate_inbound
+        self._endpoints = endpoint_generator or load_assignment
         self._lock = threading.Lock()
+        #: whole configs by generation key, and their parts by ("out"|"in", part key)
         self._config: _Recent[tuple[object, ...], _Config] = _Recent(keep_versions)
-        #: cluster -> (config version, endpoints digest of its service, resource)
-        self._eds: dict[str, tuple[str, str, Resource]] = {}
+        self._parts: _Recent[tuple[object, ...], _Config] = _Recent(keep_versions)
+        #: cluster -> (the assignment's inputs, resource)
+        self._eds: dict[str, tuple[tuple[object, ...], Resource]] = {}
         #: endpoints digest per host, for the snapshot version in `_digest_version`
         self._digests: dict[str, str] = {}
         self._digest_version = ""
@@ -138,7 +146,8 @@ class ResourceCache:
         self._resources: weakref.WeakValueDictionary[tuple[str, str, str], Resource] = weakref.WeakValueDictionary()
         self._sets: weakref.WeakValueDictionary[tuple[str, str], ResourceSet] = weakref.WeakValueDictionary()
         #: Counters for /metrics and the benchmarks: how often work was done vs. shared.
-        self.generations = 0
+        self.generations = 0  # outbound and inbound parts
+        self.outbound_generations = 0
         self.eds_builds = 0
 
     def resources(self, snapshot: Snapshot, proxy: Proxy) -> ProxyResources:
@@ -160,7 +169,24 @@ class ResourceCache:
             cached = self._config.get(snapshot.config_version, key)
         if cached is not None:
             return cached
-        generated = self._generate(snapshot, proxy)
+        outbound = self._part(snapshot, proxy, ("out", *proxy.outbound_key()), self._outbound)
+        inbound = self._part(snapshot, proxy, ("in", *key), self._inbound)
+        # Inbound first: on a name in both parts, outbound wins, as in `generate_config`.
+        by_type = {
+            t: self._set(t, [*inbound.by_type[t].ordered, *outbound.by_type[t].ordered])
+            for t in (types.CLUSTER, types.LISTENER, types.ROUTE)
+        }
+        result = _Config(MappingProxyType(by_type), tuple(sorted({*outbound.eds_names, *inbound.eds_names})))
+        with self._lock:
+            self._config.put(snapshot.config_version, key, result)
+        return result
+
+    def _part(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...], generator: PartGenerator) -> _Config:
+        with self._lock:
+            cached = self._parts.get(snapshot.config_version, key)
+        if cached is not None:
+            return cached
+        generated = generator(snapshot, proxy)
         by_type = {
             t: self._set(t, (to_resource(m, t) for m in generated.get(t, ())))
             for t in (types.CLUSTER, types.LISTENER, types.ROUTE)
@@ -168,10 +194,12 @@ class ResourceCache:
         result = _Config(MappingProxyType(by_type), tuple(sorted(eds_cluster_names(generated.get(types.CLUSTER, ())))))
         with self._lock:
             self.generations += 1
-            dropped = self._config.put(snapshot.config_version, key, result)
-            if dropped:
-                kept = set(self._config.versions)
-                self._eds = {c: e for c, e in self._eds.items() if e[0] in kept}
+            if key[0] == "out":
+                self.outbound_generations += 1
+            if self._parts.put(snapshot.config_version, key, result):
+                # Assignments of clusters no kept config has would otherwise stay forever.
+                kept = {n for part in self._parts.values() for n in part.eds_names}
+                self._eds = {c: e for c, e in self._eds.items() if c in kept}
         return result
 
     def _set(self, type_url: str, resources: Iterable[Resource]) -> ResourceSet:
@@ -206,21 +234,32 @@ class ResourceCache:
         return eds
 
     def _eds_for(self, snapshot: Snapshot, cluster: str) -> Resource:
+        inputs = self._eds_inputs(snapshot, cluster)
+        with self._lock:
+            found = self._eds.get(cluster)
+        if found is not None and found[0] == inputs:
+            return found[1]
+        resource = to_resource(self._endpoints(snapshot, cluster), types.ENDPOINT)
+        with self._lock:
+            self.eds_builds += 1
+            self._eds[cluster] = (inputs, resource)
+        return resource
+
+    def _eds_inputs(self, snapshot: Snapshot, cluster: str) -> tuple[object, ...]:
+        """What an assignment is made of (see `meshctl.xds.endpoints.build_load_assignment`): its
+        service's endpoints, ports and resolution, and its subset's labels. A config change
+        that touches none of them (most do not) leaves the assignment as it was."""
         parsed = parse_cluster_name(cluster)
-        host = parsed.host if parsed is not None else ""
+        if parsed is None:
+            return ()
         with self._lock:
             if self._digest_version != snapshot.version:
                 self._digests.clear()
                 self._digest_version = snapshot.version
-            digest = self._digests.get(host)
+            digest = self._digests.get(parsed.host)
             if digest is None:
-                digest = self._digests[host] = snapshot.services.endpoints_digest(host)
-            found = self._eds.get(cluster)
-        # A new config version can change any assignment (subsets, ports), so it is part of the key.
-        if found is not None and found[0] == snapshot.config_version and found[1] == digest:
-            return found[2]
-        resource = to_resource(self._endpoints(snapshot, cluster), types.ENDPOINT)
-        with self._lock:
-            self.eds_builds += 1
-            self._eds[cluster] = (snapshot.config_version, digest, resource)
-        return resource
+                digest = self._digests[parsed.host] = snapshot.services.endpoints_digest(parsed.host)
+        service = snapshot.services.services.get(parsed.host)
+        shape = (service.ports, service.resolution) if service is not None else None
+        labels = subset_labels(snapshot, parsed.host, parsed.subset) if parsed.subset else None
+        return (digest, shape, tuple(sorted(labels.items())) if labels is not None else None)

@@ -13,8 +13,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from meshctl.config.hosts import host_matches, is_short_name
+from meshctl.config.labels import selector_labels
 from meshctl.config.model import Config, ConfigKey
-from meshctl.registry.model import Endpoint, Service, ServiceModel
+from meshctl.registry.model import Endpoint, Resolution, Service, ServiceModel
+
+#: A label selector as sorted (key, value) pairs: hashable, so it can be part of a cache key.
+LabelSelector = tuple[tuple[str, str], ...]
+
+
+_DNS = frozenset({Resolution.DNS, Resolution.DNS_ROUND_ROBIN})
 
 
 def _spec(config: Config) -> Any:
@@ -26,6 +33,9 @@ class SnapshotIndex:
 
     def __init__(self, by_kind: Mapping[str, tuple[Config, ...]], services: ServiceModel) -> None:
         self._services = services
+        self._by_kind = by_kind
+        self._selectors: tuple[LabelSelector, ...] | None = None
+        self._dns: bool | None = None
         self._by_address: dict[str, list[tuple[Service, Endpoint]]] | None = None
         self._entries_at: dict[tuple[str, str], Config] = {}
         for entry in by_kind.get("WorkloadEntry", ()):
@@ -97,6 +107,41 @@ class SnapshotIndex:
     def workload_entry_at(self, namespace: str, address: str) -> Config | None:
         """The first WorkloadEntry (by name) of `namespace` with `address`."""
         return self._entries_at.get((namespace, address))
+
+    def label_selectors(self) -> tuple[LabelSelector, ...]:
+        """Every distinct non-empty label selector that generation tests a proxy's labels
+        against: Sidecar and DestinationRule workload selectors, Gateway selectors and the
+        `sourceLabels` of VirtualService matches. A proxy's labels reach its outbound config only
+        through these tests, so proxies that match the same selectors share that config
+        (`Proxy.outbound_key`) whatever their other labels."""
+        if self._selectors is None:
+            found: dict[LabelSelector, None] = {}
+
+            def add(labels: Mapping[str, str]) -> None:
+                if labels:
+                    found.setdefault(tuple(sorted(labels.items())), None)
+
+            for config in self._by_kind.get("Sidecar", ()):
+                add(selector_labels(_spec(config)))
+            for config in self._by_kind.get("DestinationRule", ()):
+                add(selector_labels(_spec(config)))
+            for config in self._by_kind.get("Gateway", ()):
+                add(_spec(config).selector)
+            for config in self._by_kind.get("VirtualService", ()):
+                spec = _spec(config)
+                for route in (*spec.http, *spec.tcp, *spec.tls):
+                    for match in route.match:
+                        add(match.source_labels)
+            self._selectors = tuple(found)
+        return self._selectors
+
+    @property
+    def has_dns_services(self) -> bool:
+        """Whether any service resolves by DNS: only such clusters carry endpoints in CDS, the
+        one place a proxy's own locality shapes its outbound config (locality priorities)."""
+        if self._dns is None:
+            self._dns = any(s.resolution in _DNS for s in self._services.services.values())
+        return self._dns
 
     def endpoints_at(self, address: str) -> list[tuple[Service, Endpoint]]:
         """Every (service, endpoint) whose endpoint has `address`, by service hostname: how a

@@ -70,9 +70,7 @@ class Snapshot:
         return self.configs.get(ConfigKey(kind, namespace, name))
 
 
-def build_snapshot(
-    configs: Iterable[Config], services: ServiceModel, mesh: MeshSettings | None = None
-) -> Snapshot:
+def build_snapshot(configs: Iterable[Config], services: ServiceModel, mesh: MeshSettings | None = None) -> Snapshot:
     """A frozen snapshot of `configs` and `services`; the version is a hash of their content,
     so two replicas fed the same inputs give Envoy the same versions."""
     mesh = mesh or MeshSettings()

@@ -18,6 +18,7 @@ from typing import Any
 
 from meshctl.errors import NodeIdError
 from meshctl.registry.model import Endpoint, Service
+from meshctl.snapshot.index import LabelSelector
 from meshctl.snapshot.model import Snapshot, spec
 
 
@@ -107,6 +108,10 @@ class Proxy:
     instances: tuple[ServiceInstance, ...] = ()
     #: Whether the proxy's own address can appear in its config (see `generation_key`).
     address_in_config: bool = True
+    #: The snapshot's label selectors its labels match (`SnapshotIndex.label_selectors`).
+    selectors: tuple[LabelSelector, ...] = ()
+    #: Its workload's locality where outbound config depends on it (DNS clusters), else "".
+    outbound_locality: str = ""
 
     @property
     def id(self) -> str:
@@ -130,7 +135,8 @@ class Proxy:
 
     def generation_key(self) -> tuple[object, ...]:
         """Everything about the proxy that generation reads: proxies with equal keys get the
-        same config from the same snapshot, so it is generated once for all of them.
+        same config from the same snapshot. It is the key of the proxy's inbound config and of
+        its whole view; the outbound part, most of the config, has the coarser `outbound_key`.
 
         The replicas of one service (same labels, same ports) share a key, as long as their own
         address appears nowhere in their config: it does with iptables (Istio's listeners per
@@ -149,9 +155,39 @@ class Proxy:
             self.node.domain,
             tuple(sorted(self.labels.items())),
             self.node.interception,
-            self.node.ip if self.address_in_config else ("v6" if ":" in self.node.ip else "v4"),
+            self.node.ip if self.address_in_config else _family(self.node.ip),
             inbound,
         )
+
+    def outbound_key(self) -> tuple[object, ...]:
+        """What outbound generation (the clusters, listeners and routes for the services the
+        proxy calls) reads of the proxy: far less than `generation_key`, so a whole namespace of
+        VMs serving different services usually shares one outbound config.
+
+        - labels only through the selectors they match (Sidecar and DestinationRule workload
+          selectors, Gateways, VirtualService `sourceLabels`), not their values;
+        - of its workload: the ports its app listens on (a proxy without iptables binds no
+          outbound listener there) and, when the mesh has DNS clusters, its locality (their
+          inline endpoints get locality priorities);
+        - its address only when traffic is redirected (listeners per endpoint skip its own),
+          else only its family.
+        """
+        app_ports = tuple(sorted({p for i in self.instances for p in i.endpoint.ports.values()}))
+        redirected = self.node.interception is not InterceptionMode.NONE
+        return (
+            self.node.type,
+            self.node.namespace,
+            self.node.domain,
+            self.selectors,
+            self.node.interception,
+            self.node.ip if redirected else _family(self.node.ip),
+            self.outbound_locality,
+            app_ports,
+        )
+
+
+def _family(ip: str) -> str:
+    return "v6" if ":" in ip else "v4"
 
 
 def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
@@ -174,7 +210,18 @@ def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
             workload = workload or (f"{ep.namespace}/{ep.name}" if ep.name else ep.address)
     labels.update(node.labels)
     address_in_config = node.interception is not InterceptionMode.NONE or _any_sidecar_ingress(snapshot)
-    return Proxy(node, MappingProxyType(labels), workload, tuple(instances), address_in_config)
+    index = snapshot.index
+    selectors = tuple(s for s in index.label_selectors() if all(labels.get(k) == v for k, v in s))
+    locality = next((i.endpoint.locality for i in instances if i.endpoint.locality), "")
+    return Proxy(
+        node,
+        MappingProxyType(labels),
+        workload,
+        tuple(instances),
+        address_in_config,
+        selectors,
+        locality if index.has_dns_services else "",
+    )
 
 
 def _any_sidecar_ingress(snapshot: Snapshot) -> bool:

@@ -55,8 +55,6 @@ class MergedDestinationRule:
         return None
 
 
-
-
 def parse_egress_hosts(hosts: Iterable[str], sidecar_namespace: str) -> tuple[EgressHost, ...]:
     out = []
     for entry in hosts:

@@ -75,30 +75,45 @@ _PASSTHROUGH_IDLE_SECONDS: Final = 300
 
 def build_clusters(scope: ProxyScope) -> list[cluster_pb2.Cluster]:
     """Every cluster for the scope's proxy, sorted by name."""
+    return merge_clusters(build_outbound_clusters(scope), build_inbound_clusters(scope))
+
+
+def merge_clusters(*parts: Iterable[cluster_pb2.Cluster]) -> list[cluster_pb2.Cluster]:
+    """Clusters of several parts sorted by name; the first of a name wins."""
     out: dict[str, cluster_pb2.Cluster] = {}
-
-    def add(clusters: Iterable[cluster_pb2.Cluster]) -> None:
-        for c in clusters:
+    for part in parts:
+        for c in part:
             out.setdefault(c.name, c)
-
-    for service in scope.services:
-        for port in service.ports:
-            if port.protocol is not Protocol.UDP:
-                add(_outbound(scope, service, port))
-    timeout = scope.snapshot.mesh.connect_timeout_seconds
-    add([_blackhole(timeout)])
-    if scope.proxy.type is ProxyType.SIDECAR:
-        add([_passthrough(names.PASSTHROUGH_CLUSTER, timeout)])
-        add(_inbound(scope))
-        if scope.proxy.interception is not InterceptionMode.NONE:
-            inbound = _passthrough(INBOUND_PASSTHROUGH_CLUSTER, timeout)
-            inbound.upstream_bind_config.source_address.address = INBOUND_PASSTHROUGH_BIND
-            inbound.upstream_bind_config.source_address.port_value = 0
-            add([inbound])
     return [out[name] for name in sorted(out)]
 
 
-# -- outbound ------------------------------------------------------------------------------
+def build_outbound_clusters(scope: ProxyScope) -> list[cluster_pb2.Cluster]:
+    """The clusters of the services the proxy may call, and the catch-alls (BlackHoleCluster,
+    PassthroughCluster): what `Proxy.outbound_key` decides."""
+    out: list[cluster_pb2.Cluster] = []
+    for service in scope.services:
+        for port in service.ports:
+            if port.protocol is not Protocol.UDP:
+                out.extend(_outbound(scope, service, port))
+    timeout = scope.snapshot.mesh.connect_timeout_seconds
+    out.append(_blackhole(timeout))
+    if scope.proxy.type is ProxyType.SIDECAR:
+        out.append(_passthrough(names.PASSTHROUGH_CLUSTER, timeout))
+    return merge_clusters(out)
+
+
+def build_inbound_clusters(scope: ProxyScope) -> list[cluster_pb2.Cluster]:
+    """A sidecar's clusters to its own workload (`inbound|PORT||`, InboundPassthroughCluster)."""
+    if scope.proxy.type is not ProxyType.SIDECAR:
+        return []
+    out = _inbound(scope)
+    if scope.proxy.interception is not InterceptionMode.NONE:
+        timeout = scope.snapshot.mesh.connect_timeout_seconds
+        inbound = _passthrough(INBOUND_PASSTHROUGH_CLUSTER, timeout)
+        inbound.upstream_bind_config.source_address.address = INBOUND_PASSTHROUGH_BIND
+        inbound.upstream_bind_config.source_address.port_value = 0
+        out.append(inbound)
+    return merge_clusters(out)
 
 
 def _discovery_type(scope: ProxyScope, service: Service) -> int:

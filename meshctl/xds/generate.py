@@ -4,6 +4,11 @@ Each xDS type has its own module of pure functions over a `ProxyScope` (itself a
 of the snapshot and the proxy). The server, `meshctl dump` and `meshctl diff` all come through
 here, so what a command prints is what the server sends.
 
+A proxy's config has two parts with their own inputs: outbound (the services it calls, most of
+the config, the same for a whole namespace of VMs as a rule: `Proxy.outbound_key`) and inbound
+(its own workload: `Proxy.generation_key`). The server generates and shares each part on its
+own key; `generate_config` joins them, so every caller sees the same whole.
+
 Endpoints are the exception to per-proxy generation: a ClusterLoadAssignment depends only on the
 snapshot and the cluster's name, so the server builds each once (`load_assignment`) and shares it
 across every proxy, and rebuilds only those whose service's endpoints changed.
@@ -21,9 +26,9 @@ from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import Proxy
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
-from meshctl.xds.clusters import build_clusters
+from meshctl.xds.clusters import build_inbound_clusters, build_outbound_clusters, merge_clusters
 from meshctl.xds.endpoints import build_load_assignment
-from meshctl.xds.listeners import build_listeners
+from meshctl.xds.listeners import build_inbound_listeners, build_outbound_listeners, sort_listeners
 from meshctl.xds.names import eds_cluster_names
 from meshctl.xds.routes import build_routes
 
@@ -33,11 +38,48 @@ Generated = Mapping[str, tuple[Message, ...]]
 def generate_config(snapshot: Snapshot, proxy: Proxy) -> Generated:
     """Clusters, listeners and routes for `proxy` (everything but endpoints), by type URL."""
     scope = ProxyScope(snapshot, proxy)
+    return merge_config(_outbound(scope), _inbound(scope))
+
+
+def generate_outbound(snapshot: Snapshot, proxy: Proxy) -> Generated:
+    """The part of `generate_config` for the services the proxy calls (a router: its Gateways),
+    decided by `Proxy.outbound_key`; the server shares it between proxies with equal keys."""
+    return _outbound(ProxyScope(snapshot, proxy))
+
+
+def generate_inbound(snapshot: Snapshot, proxy: Proxy) -> Generated:
+    """The part of `generate_config` for the proxy's own workload: inbound clusters and
+    listeners, per `Proxy.generation_key`."""
+    return _inbound(ProxyScope(snapshot, proxy))
+
+
+def merge_config(outbound: Generated, inbound: Generated) -> Generated:
+    """One proxy's config from its two parts, each type sorted by name as the parts are."""
     return MappingProxyType(
         {
-            types.CLUSTER: tuple(build_clusters(scope)),
-            types.LISTENER: tuple(build_listeners(scope)),
+            types.CLUSTER: tuple(merge_clusters(outbound[types.CLUSTER], inbound[types.CLUSTER])),
+            types.LISTENER: tuple(sort_listeners([*outbound[types.LISTENER], *inbound[types.LISTENER]])),
+            types.ROUTE: outbound[types.ROUTE] + inbound[types.ROUTE],
+        }
+    )
+
+
+def _outbound(scope: ProxyScope) -> Generated:
+    return MappingProxyType(
+        {
+            types.CLUSTER: tuple(build_outbound_clusters(scope)),
+            types.LISTENER: tuple(build_outbound_listeners(scope)),
             types.ROUTE: tuple(build_routes(scope)),
+        }
+    )
+
+
+def _inbound(scope: ProxyScope) -> Generated:
+    return MappingProxyType(
+        {
+            types.CLUSTER: tuple(build_inbound_clusters(scope)),
+            types.LISTENER: tuple(build_inbound_listeners(scope)),
+            types.ROUTE: (),
         }
     )
 
@@ -58,4 +100,3 @@ def generate(snapshot: Snapshot, proxy: Proxy) -> Generated:
         types.ROUTE: config[types.ROUTE],
     }
     return MappingProxyType(out)
-

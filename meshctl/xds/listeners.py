@@ -29,8 +29,22 @@ from meshctl.xds.listeners_outbound import build_outbound
 
 def build_listeners(scope: ProxyScope) -> list[listener_pb2.Listener]:
     """Every listener for the scope's proxy, sorted by name."""
+    return sort_listeners([*build_outbound_listeners(scope), *build_inbound_listeners(scope)])
+
+
+def build_outbound_listeners(scope: ProxyScope) -> list[listener_pb2.Listener]:
+    """A sidecar's outbound listeners, or a router's Gateway listeners."""
     if scope.proxy.type is ProxyType.ROUTER:
-        listeners = build_gateway(scope)
-    else:
-        listeners = build_outbound(scope) + build_inbound(scope)
+        return sort_listeners(build_gateway(scope))
+    return sort_listeners(build_outbound(scope))
+
+
+def build_inbound_listeners(scope: ProxyScope) -> list[listener_pb2.Listener]:
+    """A sidecar's listeners for its own workload."""
+    if scope.proxy.type is ProxyType.ROUTER:
+        return []
+    return sort_listeners(build_inbound(scope))
+
+
+def sort_listeners(listeners: list[listener_pb2.Listener]) -> list[listener_pb2.Listener]:
     return sorted(listeners, key=lambda listener: str(listener.name))
