@@ -315,20 +315,38 @@ def test_unchanged_files_are_not_parsed_again(root: Path, store: ConfigStore) ->
     assert timeout_of(store, "r3") == 7
 
 
+def test_a_tree_written_just_before_start_is_not_parsed_again_on_the_first_change(
+    root: Path, store: ConfigStore
+) -> None:
+    """Files changed within the racy window are compared by content, not re-parsed: a server
+    started on a freshly written tree must not parse all of it again when one file changes."""
+    for i in range(20):
+        (root / f"vs{i}.yaml").write_text(vs(f"r{i}"))
+    watcher = DirectoryWatcher([root], store)
+    assert watcher.reload_now().parsed == 20
+    (root / "vs3.yaml").write_text(vs("r3", timeout="7s"))  # the same size, at once
+    result = watcher.reload_now()
+    assert (result.parsed, result.reused) == (1, 19)
+    assert timeout_of(store, "r3") == 7
+    (root / "vs3.yaml").write_text(vs("r3", timeout="8s"))
+    assert watcher.reload_now().parsed == 1
+    assert timeout_of(store, "r3") == 8
+
+
 def test_a_failing_reload_is_reported_and_the_watcher_keeps_going(
     root: Path, store: ConfigStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (root / "reviews.yaml").write_text(vs("reviews", timeout="5s"))
-    real_load = watcher_module.load_file
+    real_merge = watcher_module.merge_files
     failures = [RuntimeError("disk on fire")]
 
-    def flaky_load(*args: object, **kwargs: object) -> object:
+    def flaky_merge(*args: object, **kwargs: object) -> object:
         if failures:
             raise failures.pop()
-        return real_load(*args, **kwargs)  # type: ignore[arg-type]
+        return real_merge(*args, **kwargs)  # type: ignore[arg-type]
 
     with DirectoryWatcher([root], store, FAST) as watcher:
-        monkeypatch.setattr(watcher_module, "load_file", flaky_load)
+        monkeypatch.setattr(watcher_module, "merge_files", flaky_merge)
         result = watcher.reload_now()
         assert [e.message for e in result.errors] == [
             "reload failed, keeping the config loaded before: RuntimeError('disk on fire')"

@@ -124,9 +124,18 @@ def load_file(path: Path, options: LoadOptions | None = None) -> FileResult:
     except YamlError as exc:
         return FileResult(display, findings=(_file_error(display, exc.message),))
     except OSError as exc:
-        return FileResult(
-            display, findings=(_file_error(display, f"cannot read file: {exc.strerror or exc}"),)
-        )
+        return FileResult(display, findings=(_file_error(display, f"cannot read file: {exc.strerror or exc}"),))
+    return load_bytes(raw, display, options)
+
+
+def load_bytes(raw: bytes, display: str, options: LoadOptions | None = None) -> FileResult:
+    """Load a file's bytes, read by the caller (the watcher keeps a digest of exactly what it
+    loaded)."""
+    options = options or LoadOptions()
+    try:
+        yamlsource.check_size(len(raw), options.max_file_bytes)
+    except YamlError as exc:
+        return FileResult(display, findings=(_file_error(display, exc.message),))
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -191,9 +200,7 @@ def _load_document(
         accepted = ", ".join(f"{NETWORKING_GROUP}/{v}" for v in ACCEPTED_VERSIONS)
         return None, [finding(f"unknown apiVersion {api_version}: use one of {accepted}", ("apiVersion",))]
     if kind not in KINDS:
-        return None, [
-            finding(f"skipped {api_version} {kind}: kind not supported", ("kind",), Severity.WARNING)
-        ]
+        return None, [finding(f"skipped {api_version} {kind}: kind not supported", ("kind",), Severity.WARNING)]
 
     metadata = data.get("metadata")
     if not isinstance(metadata, dict):
@@ -208,9 +215,7 @@ def _load_document(
         namespace = options.default_namespace
     if not isinstance(namespace, str) or not _LABEL.fullmatch(namespace) or len(namespace) > 63:
         problems.append(
-            finding(
-                f"invalid namespace {namespace!r}: must be a DNS label (RFC 1123)", ("metadata", "namespace")
-            )
+            finding(f"invalid namespace {namespace!r}: must be a DNS label (RFC 1123)", ("metadata", "namespace"))
         )
         namespace = options.default_namespace
     key = ConfigKey(kind, namespace, name)

@@ -26,6 +26,7 @@ through a symlink inside the tree is read but not watched (re-point the link, or
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import stat
@@ -42,7 +43,7 @@ from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver, ObservedWatch
 
 from meshctl.config.findings import Finding, Severity
-from meshctl.config.loader import YAML_SUFFIXES, FileResult, LoadOptions, discover, load_file, merge_files
+from meshctl.config.loader import YAML_SUFFIXES, FileResult, LoadOptions, discover, load_bytes, load_file, merge_files
 from meshctl.config.store import ConfigChange, ConfigStore, EventKind, FileStatus
 
 logger = logging.getLogger("meshctl.config.watcher")
@@ -93,9 +94,12 @@ class ReloadResult:
 
 @dataclass(frozen=True, slots=True)
 class _Cached:
-    #: (inode, device, size, mtime, ctime); None when changed too recently to trust.
+    #: (inode, device, size, mtime, ctime); None when the file could not be stat'ed.
     signature: tuple[int, ...] | None
     result: FileResult
+    #: A digest of the bytes loaded, kept while the file changed too recently for its signature
+    #: alone to prove it unchanged (a write in the same clock tick keeps size and times).
+    racy_digest: bytes | None = None
 
 
 class _Scan:
@@ -331,22 +335,42 @@ class DirectoryWatcher:
 
     def _load(self, path: str, scan: _Scan) -> FileResult:
         """Reuse the previous result when the file's stat signature is unchanged; re-parsing a
-        tree of a few hundred files on every event would make each save cost a full load."""
+        tree of a few hundred files on every event would make each save cost a full load.
+
+        A signature read within `_RACY_NS` of the file's last change proves nothing (a second
+        write in the same clock tick keeps it), so such a file's bytes are compared to a digest
+        of what was loaded instead: still cheap next to parsing, and it means a tree written just
+        before the server started is not parsed again on the first change after it."""
         now = time.time_ns()
         try:  # stat before reading: a write in between then shows up as a change next time
             st = os.stat(path)
             signature: tuple[int, ...] | None = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         except OSError:
             signature = None
+        # ctime is in the signature because it catches a rewrite that restored the mtime (`cp -p`).
+        settled = signature is not None and max(signature[3], signature[4]) < now - _RACY_NS
         cached = scan.previous_cache.get(path)
-        if signature is not None and cached is not None and cached.signature == signature:
+        same = signature is not None and cached is not None and cached.signature == signature
+        if same and cached is not None and cached.racy_digest is None:
             scan.cache[path] = cached
             scan.reused += 1
             return cached.result
-        result = load_file(Path(path), self._options.load)
-        # ctime is in the signature because it catches a rewrite that restored the mtime (`cp -p`).
-        settled = signature is not None and max(signature[3], signature[4]) < now - _RACY_NS
-        scan.cache[path] = _Cached(signature if settled else None, result)
+        try:
+            raw = Path(path).read_bytes() if signature is not None else None
+        except OSError:
+            raw = None
+        if raw is None:
+            result = load_file(Path(path), self._options.load)  # reports why it cannot be read
+            scan.cache[path] = _Cached(None, result)
+            scan.parsed += 1
+            return result
+        digest = hashlib.blake2b(raw, digest_size=16).digest()
+        if same and cached is not None and cached.racy_digest == digest:
+            scan.cache[path] = _Cached(signature, cached.result, None if settled else digest)
+            scan.reused += 1
+            return cached.result
+        result = load_bytes(raw, path, self._options.load)
+        scan.cache[path] = _Cached(signature, result, None if settled else digest)
         scan.parsed += 1
         return result
 
