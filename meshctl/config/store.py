@@ -225,7 +225,8 @@ class ConfigStore:
 
 def _diff(old: Mapping[ConfigKey, Config], new: Mapping[ConfigKey, Config]) -> tuple[ConfigEvent, ...]:
     events: list[ConfigEvent] = []
-    for key in sorted(old.keys() | new.keys()):
+    # Sorting only what changed: the whole tree's keys would cost more than comparing them.
+    for key in old.keys() | new.keys():
         before, after = old.get(key), new.get(key)
         if before is None:
             events.append(ConfigEvent(EventKind.CREATED, key, None, after))
@@ -233,4 +234,5 @@ def _diff(old: Mapping[ConfigKey, Config], new: Mapping[ConfigKey, Config]) -> t
             events.append(ConfigEvent(EventKind.DELETED, key, before, None))
         elif not after.same_content(before):
             events.append(ConfigEvent(EventKind.UPDATED, key, before, after))
+    events.sort(key=lambda e: e.key)
     return tuple(events)

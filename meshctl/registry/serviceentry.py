@@ -42,9 +42,11 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from sys import intern
+from typing import TYPE_CHECKING, Any, Final
 
 from meshctl.api.networking.v1alpha3 import service_entry_pb2, workload_entry_pb2, workload_group_pb2
+from meshctl.config.hosts import is_ip
 from meshctl.config.labels import labels_match
 from meshctl.config.model import Config, ConfigKey
 from meshctl.registry.aggregate import model_change
@@ -93,8 +95,8 @@ class _Workload:
     name: str
     namespace: str
     address: str
-    ports: Mapping[str, int] = field(default_factory=dict)
-    labels: Mapping[str, str] = field(default_factory=dict)
+    ports: Mapping[str, int] = field(default_factory=lambda: frozen(None))
+    labels: Mapping[str, str] = field(default_factory=lambda: frozen(None))
     service_account: str = ""
     network: str = ""
     locality: str = ""
@@ -107,11 +109,11 @@ class _Workload:
     @property
     def dns_only(self) -> bool:
         """Not an IP: only Envoy's DNS clusters can use it (Istio's `DNSServiceEntryOnly`)."""
-        try:
-            ipaddress.ip_address(self.address)
-        except ValueError:
-            return True
-        return False
+        return not is_ip(self.address)
+
+
+#: What a WorkloadEntry starts from when it belongs to no WorkloadGroup.
+_NO_TEMPLATE: Final = _Workload(name="", namespace="", address="")
 
 
 class _WorkloadIndex:
@@ -149,9 +151,35 @@ class _WorkloadIndex:
         return [w for w in min(buckets, key=len) if labels_match(selector, w.labels)]
 
 
-def build_file_model(configs: Iterable[Config]) -> ServiceModel:
+class BuildMemo:
+    """What an earlier build converted, for the next build to reuse; a registry keeps one.
+
+    Configs are immutable, so the same WorkloadEntry config object with the same group template
+    converts to the same workload, and the same ServiceEntry config object selecting the very
+    same workloads has the same services and endpoints. A change to one file of ten thousand
+    then converts one entry instead of all of them.
+    """
+
+    __slots__ = ("entries", "workloads")
+
+    def __init__(self) -> None:
+        #: WorkloadEntry key -> (config, its group's template, the workload)
+        self.workloads: dict[ConfigKey, tuple[Config, _Workload | None, _Workload]] = {}
+        #: ServiceEntry key -> (config, the workloads it selected, its services, their endpoints)
+        self.entries: dict[ConfigKey, tuple[Config, Sequence[_Workload], list[Service], dict[str, list[Endpoint]]]] = {}
+
+
+def _config_order(pair: tuple[Config, Any]) -> tuple[str, str, str]:
+    key = pair[0].key
+    return (key.kind, key.namespace, key.name)  # ConfigKey's order, compared as a plain tuple
+
+
+def build_file_model(configs: Iterable[Config], memo: BuildMemo | None = None) -> ServiceModel:
     """The services and endpoints that ServiceEntry, WorkloadEntry and WorkloadGroup configs
-    define; other kinds are ignored. Deterministic: the same configs give the same model."""
+    define; other kinds are ignored. Deterministic: the same configs give the same model.
+
+    With `memo`, entries unchanged since the build that filled it are not converted again; the
+    memo is updated to hold exactly this build's."""
     entries: list[tuple[Config, _SE]] = []
     workload_entries: list[tuple[Config, _WE]] = []
     groups: dict[tuple[str, str], _WG] = {}
@@ -166,35 +194,54 @@ def build_file_model(configs: Iterable[Config]) -> ServiceModel:
 
     notes: list[str] = []
     templates: dict[tuple[str, str], _Workload] = {}
-    index = _WorkloadIndex(
-        _workload_from_config(config, entry, groups, templates, notes)
-        for config, entry in sorted(workload_entries, key=lambda pair: pair[0].key)
-    )
+    fresh: dict[ConfigKey, tuple[Config, _Workload | None, _Workload]] = {}
+    for config, entry in sorted(workload_entries, key=_config_order):
+        template = _template_of(config, groups, templates, notes)
+        known = memo.workloads.get(config.key) if memo is not None else None
+        if known is not None and known[0] is config and known[1] == template:
+            workload = known[2]
+        else:
+            workload = _workload_from_message(entry, config.name, config.namespace, config.labels, template)
+        fresh[config.key] = (config, template, workload)
+    index = _WorkloadIndex(w for _, _, w in fresh.values())
 
     services: dict[str, Service] = {}
     owners: dict[str, ConfigKey] = {}
     endpoints: dict[str, list[Endpoint]] = {}
-    for config, spec in sorted(entries, key=lambda pair: pair[0].key):
-        converted = convert_services(config)
+    converted_entries: dict[
+        ConfigKey, tuple[Config, Sequence[_Workload], list[Service], dict[str, list[Endpoint]]]
+    ] = {}
+    for config, spec in sorted(entries, key=_config_order):
+        # Every host of the entry has the same selector, so the workloads are looked up once.
+        selected: Sequence[_Workload] = ()
+        if spec.HasField("workload_selector"):
+            selected = index.select(config.namespace, dict(spec.workload_selector.labels))
+        seen = memo.entries.get(config.key) if memo is not None else None
+        if seen is not None and seen[0] is config and _same_workloads(seen[1], selected):
+            converted, entry_endpoints = seen[2], seen[3]
+        else:
+            converted = convert_services(config)
+            entry_endpoints = {s.hostname: _endpoints(spec, s, selected) for s in converted}
+        converted_entries[config.key] = (config, selected, converted, entry_endpoints)
         if not converted and spec.hosts:
             resolution = _SE.Resolution.Name(spec.resolution)
             notes.append(f"{config.key} is ignored: resolution {resolution} is not supported")
-        # Every host of the entry has the same selector, so the workloads are looked up once.
-        selected: Sequence[_Workload] = ()
-        if converted and spec.HasField("workload_selector"):
-            selected = index.select(config.namespace, dict(spec.workload_selector.labels))
         for service in converted:
             owner = owners.get(service.hostname)
             if owner is not None:
                 if owner != config.key:
-                    notes.append(
-                        f"host {service.hostname} is defined by {owner} and {config.key}; using {owner}"
-                    )
+                    notes.append(f"host {service.hostname} is defined by {owner} and {config.key}; using {owner}")
                 continue
             owners[service.hostname] = config.key
             services[service.hostname] = service
-            endpoints[service.hostname] = _endpoints(spec, service, selected)
+            endpoints[service.hostname] = entry_endpoints[service.hostname]
+    if memo is not None:
+        memo.workloads, memo.entries = fresh, converted_entries
     return make_model(services.values(), endpoints, notes)
+
+
+def _same_workloads(a: Sequence[_Workload], b: Sequence[_Workload]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def convert_services(config: Config) -> list[Service]:
@@ -258,30 +305,52 @@ def _normalize_address(address: str) -> str:
 def _endpoints(spec: _SE, service: Service, selected: Iterable[_Workload]) -> list[Endpoint]:
     """`selected` holds the workloads the entry's `workloadSelector` picks, when it has one."""
     dns = service.resolution in _DNS_RESOLUTIONS
+    ports = _EntryPorts(spec)
     if spec.HasField("workload_selector"):
-        return [_endpoint(spec, w) for w in selected if dns or not w.dns_only]
+        return [_endpoint(ports, w) for w in selected if dns or not w.dns_only]
     if spec.endpoints:
-        return [_endpoint(spec, _workload_from_message(e, "", service.namespace)) for e in spec.endpoints]
+        return [_endpoint(ports, _workload_from_message(e, "", service.namespace)) for e in spec.endpoints]
     if dns:
-        ports = {p.number: p.target_port or p.number for p in spec.ports}
-        return [Endpoint(service.hostname, ports, namespace=service.namespace)]
+        return [Endpoint(service.hostname, ports.default, namespace=service.namespace)]
     return []
 
 
-def _endpoint(spec: _SE, workload: _Workload) -> Endpoint:
-    address = workload.address
-    ports: dict[int, int] = {}
-    for port in spec.ports:
+class _EntryPorts:
+    """A ServiceEntry's ports, read once for all its endpoints, and the port maps they share.
+
+    Most endpoints of an entry listen where the entry says (`targetPort`, else the port itself),
+    so they all get one read-only map (`default`) instead of a dict each: at ten endpoints per
+    service that is most of what the endpoints' ports would cost."""
+
+    __slots__ = ("_sockets", "default", "ports")
+
+    def __init__(self, spec: _SE) -> None:
+        #: (name, number, target port) of each port
+        self.ports = tuple((p.name, p.number, p.target_port) for p in spec.ports)
+        self.default: Mapping[int, int] = frozen({number: target or number for _, number, target in self.ports})
+        self._sockets: Mapping[int, int] | None = None
+
+    def of(self, workload: _Workload) -> Mapping[int, int]:
+        """Where `workload` listens for each port: a `unix://` socket has no port (0); a port
+        the workload names in its `ports` is its own."""
         if workload.is_socket:
-            ports[port.number] = 0
-        else:
-            ports[port.number] = workload.ports.get(port.name) or port.target_port or port.number
+            if self._sockets is None:
+                self._sockets = frozen(dict.fromkeys(self.default, 0))
+            return self._sockets
+        own = workload.ports
+        if not own or not any(name in own for name, _, _ in self.ports):
+            return self.default
+        return frozen({number: own.get(name) or target or number for name, number, target in self.ports})
+
+
+def _endpoint(ports: _EntryPorts, workload: _Workload) -> Endpoint:
+    address = workload.address
     if workload.is_socket:
         address = address.removeprefix(_UNIX_PREFIX)
     tls_mode = TlsMode.ISTIO if workload.labels.get(TLS_MODE_LABEL) == TlsMode.ISTIO.value else TlsMode.DISABLED
     return Endpoint(
         address=address,
-        ports=ports,
+        ports=ports.of(workload),
         labels=workload.labels,
         locality=workload.locality,
         weight=workload.weight,
@@ -301,51 +370,60 @@ def _workload_from_message(
     template: _Workload | None = None,
 ) -> _Workload:
     """A WorkloadEntry spec (a file's or one inline in a ServiceEntry) as a workload; labels are
-    layered template < spec < `extra_labels` (the metadata labels), as Istio merges them."""
-    base = template or _Workload(name="", namespace="", address="")
-    labels = dict(sorted({**base.labels, **entry.labels, **(extra_labels or {})}.items()))
-    ports = {**base.ports, **{k: v for k, v in entry.ports.items() if v > 0}}
-    locality = entry.locality or base.locality
+    layered template < spec < `extra_labels` (the metadata labels), as Istio merges them.
+
+    The spec is read through `ListFields`: with upb, merely reading a map field that is not set
+    (`entry.ports` of nearly every WorkloadEntry) gives the message an empty map for good, about
+    370 bytes each. Label keys and values, service accounts, networks and localities are
+    interned: ten thousand endpoints carry a few hundred distinct ones, and each string read
+    from a message is a new object."""
+    base = template or _NO_TEMPLATE
+    fields = {f.name: value for f, value in entry.ListFields()}
+    merged = {**base.labels, **fields.get("labels", {}), **(extra_labels or {})}
+    labels = frozen({intern(k): intern(v) for k, v in sorted(merged.items())})
+    own_ports = {intern(k): v for k, v in fields.get("ports", {}).items() if v > 0}
+    ports = frozen({**base.ports, **own_ports}) if own_ports else base.ports
+    locality = fields.get("locality") or base.locality
     if not locality and labels.get(LOCALITY_LABEL):
         locality = labels[LOCALITY_LABEL].replace(".", "/")
     return _Workload(
         name=name,
         namespace=namespace,
-        address=entry.address,
+        address=fields.get("address", ""),
         ports=ports,
         labels=labels,
-        service_account=entry.service_account or base.service_account,
-        network=entry.network or base.network or labels.get(NETWORK_LABEL, ""),
-        locality=locality,
-        weight=entry.weight or base.weight,
+        service_account=intern(fields.get("service_account") or base.service_account),
+        network=intern(fields.get("network") or base.network or labels.get(NETWORK_LABEL, "")),
+        locality=intern(locality),
+        weight=fields.get("weight") or base.weight,
     )
 
 
-def _workload_from_config(
+def _template_of(
     config: Config,
-    spec: _WE,
     groups: Mapping[tuple[str, str], _WG],
     templates: dict[tuple[str, str], _Workload],
     notes: list[str],
-) -> _Workload:
-    """`templates` keeps each group's template once converted: a group may have thousands of
-    members, and they all start from the same one."""
-    template: _Workload | None = None
+) -> _Workload | None:
+    """The template of the WorkloadGroup a WorkloadEntry names, if any. `templates` keeps each
+    group's template once converted: a group may have thousands of members, and they all start
+    from the same one."""
     group_name = config.annotations.get(GROUP_ANNOTATION, "")
-    if group_name:
-        group_key = (config.namespace, group_name)
-        group = groups.get(group_key)
-        if group is None:
-            notes.append(
-                f"{config.key} names WorkloadGroup {config.namespace}/{group_name} "
-                f"({GROUP_ANNOTATION}), which does not exist"
-            )
-        else:
-            template = templates.get(group_key)
-            if template is None:
-                template = _workload_from_message(group.template, "", "", dict(group.metadata.labels))
-                templates[group_key] = template
-    return _workload_from_message(spec, config.name, config.namespace, config.labels, template)
+    if not group_name:
+        return None
+    group_key = (config.namespace, group_name)
+    group = groups.get(group_key)
+    if group is None:
+        notes.append(
+            f"{config.key} names WorkloadGroup {config.namespace}/{group_name} "
+            f"({GROUP_ANNOTATION}), which does not exist"
+        )
+        return None
+    template = templates.get(group_key)
+    if template is None:
+        template = _workload_from_message(group.template, "", "", dict(group.metadata.labels))
+        templates[group_key] = template
+    return template
 
 
 class FileRegistry:
@@ -361,7 +439,8 @@ class FileRegistry:
         self._name = name
         self._lock = threading.Lock()
         self._configs: dict[ConfigKey, Config] = {c.key: c for c in configs if c.kind in KINDS}
-        self._model = build_file_model(self._configs.values())
+        self._memo = BuildMemo()
+        self._model = build_file_model(self._configs.values(), self._memo)
         self._listeners: list[Listener] = []
 
     @property
@@ -420,7 +499,7 @@ class FileRegistry:
         if _same_configs(self._configs, configs):
             self._configs = configs  # newer Source positions, same content
             return None
-        new = build_file_model(configs.values())
+        new = build_file_model(configs.values(), self._memo)
         change = model_change(self._model, new)
         self._configs, self._model = configs, new
         if change is not None:
