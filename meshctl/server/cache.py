@@ -66,6 +66,8 @@ def to_resource(message: Message, type_url: str) -> Resource:
     return Resource(resource_name(message), version, encode_any(type_url, value))
 
 
+_CONFIG_TYPES = (types.CLUSTER, types.LISTENER, types.ROUTE)
+
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -171,11 +173,7 @@ class ResourceCache:
             return cached
         outbound = self._part(snapshot, proxy, ("out", *proxy.outbound_key()), self._outbound)
         inbound = self._part(snapshot, proxy, ("in", *key), self._inbound)
-        # Inbound first: on a name in both parts, outbound wins, as in `generate_config`.
-        by_type = {
-            t: self._set(t, [*inbound.by_type[t].ordered, *outbound.by_type[t].ordered])
-            for t in (types.CLUSTER, types.LISTENER, types.ROUTE)
-        }
+        by_type = {t: self._join(t, outbound.by_type[t], inbound.by_type[t]) for t in _CONFIG_TYPES}
         result = _Config(MappingProxyType(by_type), tuple(sorted({*outbound.eds_names, *inbound.eds_names})))
         with self._lock:
             self._config.put(snapshot.config_version, key, result)
@@ -189,7 +187,7 @@ class ResourceCache:
         generated = generator(snapshot, proxy)
         by_type = {
             t: self._set(t, (to_resource(m, t) for m in generated.get(t, ())))
-            for t in (types.CLUSTER, types.LISTENER, types.ROUTE)
+            for t in _CONFIG_TYPES
         }
         result = _Config(MappingProxyType(by_type), tuple(sorted(eds_cluster_names(generated.get(types.CLUSTER, ())))))
         with self._lock:
@@ -202,11 +200,22 @@ class ResourceCache:
                 self._eds = {c: e for c, e in self._eds.items() if c in kept}
         return result
 
-    def _set(self, type_url: str, resources: Iterable[Resource]) -> ResourceSet:
+    def _join(self, type_url: str, outbound: ResourceSet, inbound: ResourceSet) -> ResourceSet:
+        """One set of both parts' resources (on a name in both, outbound wins, as in
+        `generate_config`); a part alone is shared as it is."""
+        if not inbound:
+            return outbound
+        if not outbound:
+            return inbound
+        # Inbound first, so outbound's resource is the one kept under a shared name. Both parts'
+        # resources are interned already.
+        return self._set(type_url, [*inbound.ordered, *outbound.ordered], interned=True)
+
+    def _set(self, type_url: str, resources: Iterable[Resource], *, interned: bool = False) -> ResourceSet:
         """The set of `resources`, each interned, and the set itself interned."""
         serialized = list(resources)
         with self._lock:
-            fresh = ResourceSet(self._intern(type_url, r) for r in serialized)
+            fresh = ResourceSet(serialized if interned else (self._intern(type_url, r) for r in serialized))
             found = self._sets.get((type_url, fresh.version))
             if found is not None and found.ordered == fresh.ordered:
                 return found

@@ -81,13 +81,13 @@ class Nack:
 
 def set_version(resources: Iterable[Resource]) -> str:
     """The version of a set of resources: a hash of names and versions, the same on every replica."""
-    h = hashlib.blake2b(digest_size=8)
-    for r in sorted(resources, key=lambda r: r.name):
-        h.update(r.name.encode())
-        h.update(b"\0")
-        h.update(r.version.encode())
-        h.update(b"\0")
-    return h.hexdigest()
+    return _sorted_set_version(sorted(resources, key=lambda r: r.name))
+
+
+def _sorted_set_version(ordered: Iterable[Resource]) -> str:
+    # One string hashed at once: feeding the hash name by name costs more than the hashing.
+    text = "".join([f"{r.name}\0{r.version}\0" for r in ordered])
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 #: How many older sets `ResourceSet.changed_since` remembers its answer for.
@@ -106,7 +106,7 @@ class ResourceSet(Mapping[str, Resource]):
         self._by_name = {r.name: r for r in resources}
         #: the resources sorted by name, as a state-of-the-world response lists them
         self.ordered = tuple(self._by_name[n] for n in sorted(self._by_name))
-        self.version = set_version(self.ordered)
+        self.version = _sorted_set_version(self.ordered)
         self._changes: dict[str, tuple[Resource, ...]] = {}
 
     def changed_since(self, older: ResourceSet) -> tuple[Resource, ...]:
