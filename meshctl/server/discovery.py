@@ -128,7 +128,7 @@ class Discovery:
         stream to generate pays for it."""
         snapshot = self.build()
         if snapshot.version != current:
-            _ = snapshot.index
+            snapshot.index.endpoints_at("")  # builds the index and its lookup by address
         return snapshot
 
     async def _build_off_loop(self) -> Snapshot:
