@@ -126,6 +126,48 @@ def test_a_route_change_rebuilds_no_assignment() -> None:
     assert new.of(types.ROUTE) != old.of(types.ROUTE)
 
 
+def test_a_route_change_regenerates_outbound_config_only_and_a_rule_change_inbound_too() -> None:
+    before = snapshot_from_yaml(MESH)
+    routed = snapshot_from_yaml(MESH + SOURCE_LABELS)
+    assert before.inbound_version == routed.inbound_version != ""
+    cache = ResourceCache()
+    clients = [node("reviews-v1-vm", "10.10.0.41"), node("details-v1-vm", "10.10.0.21")]
+    for client in clients:
+        cache.resources(before, proxy_for(before, client))
+    generations, outbound = cache.generations, cache.outbound_generations
+    for client in clients:
+        cache.resources(routed, proxy_for(routed, client))
+    assert cache.generations - generations == cache.outbound_generations - outbound == 2
+    pooled = snapshot_from_yaml(MESH + SOURCE_LABELS + DETAILS_POOL)
+    assert pooled.inbound_version != routed.inbound_version
+    generations = cache.generations
+    view = cache.resources(pooled, proxy_for(pooled, clients[1]))
+    assert cache.generations - generations == 2  # both parts: the rule applies to its inbound cluster
+    assert b"\x08\x07" in view.of(types.CLUSTER)["inbound|8080||"].body  # max_connections 7
+    assert (
+        view.of(types.CLUSTER)["inbound|8080||"].body
+        == to_resource(
+            next(
+                c for c in generate(pooled, proxy_for(pooled, clients[1]))[types.CLUSTER] if c.name == "inbound|8080||"
+            ),
+            types.CLUSTER,
+        ).body
+    )
+
+
+DETAILS_POOL = """
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: details-pool, namespace: bookinfo}
+spec:
+  host: details.bookinfo.mesh
+  trafficPolicy:
+    connectionPool:
+      tcp: {maxConnections: 7}
+"""
+
+
 def test_with_iptables_a_proxys_own_address_is_part_of_its_config() -> None:
     snapshot = snapshot_from_yaml(MESH + SECOND_V1)
     cache = ResourceCache()

@@ -5,7 +5,8 @@ Three levels of sharing, from the most to the least expensive to redo:
 - clusters, listeners and routes are generated in two parts, each once per snapshot config
   version and the part's own key: the outbound part (the services a proxy calls, nearly all of
   its config) per `Proxy.outbound_key`, which a namespace of VMs serving different services
-  usually shares, and the inbound part (its own workload) per `Proxy.generation_key`. An
+  usually shares, and the inbound part (its own workload) per `Proxy.generation_key` and the
+  snapshot's `inbound_version` (a VirtualService change regenerates no inbound part). An
   endpoint-only change (same config version) regenerates nothing of them;
 - a ClusterLoadAssignment is built once per cluster and its own inputs (the service's endpoints,
   ports and resolution, and the subset's labels) and shared by every proxy with the cluster, so
@@ -133,9 +134,10 @@ class ResourceCache:
         self._inbound = inbound_generator or generate_inbound
         self._endpoints = endpoint_generator or load_assignment
         self._lock = threading.Lock()
-        #: whole configs by generation key, and their parts by ("out"|"in", part key)
+        #: whole configs by generation key; their parts by their own keys and input versions
         self._config: _Recent[tuple[object, ...], _Config] = _Recent(keep_versions)
-        self._parts: _Recent[tuple[object, ...], _Config] = _Recent(keep_versions)
+        self._outbound_parts: _Recent[tuple[object, ...], _Config] = _Recent(keep_versions)
+        self._inbound_parts: _Recent[tuple[object, ...], _Config] = _Recent(keep_versions)
         #: cluster -> (the assignment's inputs, resource)
         self._eds: dict[str, tuple[tuple[object, ...], Resource]] = {}
         #: endpoints digest per host, for the snapshot version in `_digest_version`
@@ -171,32 +173,58 @@ class ResourceCache:
             cached = self._config.get(snapshot.config_version, key)
         if cached is not None:
             return cached
-        outbound = self._part(snapshot, proxy, ("out", *proxy.outbound_key()), self._outbound)
-        inbound = self._part(snapshot, proxy, ("in", *key), self._inbound)
+        outbound = self._part(
+            self._outbound_parts,
+            version=snapshot.config_version,
+            snapshot=snapshot,
+            proxy=proxy,
+            key=proxy.outbound_key(),
+            generator=self._outbound,
+        )
+        inbound = self._part(
+            self._inbound_parts,
+            version=snapshot.inbound_version,
+            snapshot=snapshot,
+            proxy=proxy,
+            key=key,
+            generator=self._inbound,
+        )
         by_type = {t: self._join(t, outbound.by_type[t], inbound.by_type[t]) for t in _CONFIG_TYPES}
         result = _Config(MappingProxyType(by_type), tuple(sorted({*outbound.eds_names, *inbound.eds_names})))
         with self._lock:
             self._config.put(snapshot.config_version, key, result)
         return result
 
-    def _part(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...], generator: PartGenerator) -> _Config:
+    def _part(
+        self,
+        parts: _Recent[tuple[object, ...], _Config],
+        *,
+        version: str,
+        snapshot: Snapshot,
+        proxy: Proxy,
+        key: tuple[object, ...],
+        generator: PartGenerator,
+    ) -> _Config:
+        """A part of a config, generated once per (the version of the part's inputs, its key)."""
         with self._lock:
-            cached = self._parts.get(snapshot.config_version, key)
+            cached = parts.get(version, key)
         if cached is not None:
             return cached
         generated = generator(snapshot, proxy)
-        by_type = {
-            t: self._set(t, (to_resource(m, t) for m in generated.get(t, ())))
-            for t in _CONFIG_TYPES
-        }
+        by_type = {t: self._set(t, (to_resource(m, t) for m in generated.get(t, ()))) for t in _CONFIG_TYPES}
         result = _Config(MappingProxyType(by_type), tuple(sorted(eds_cluster_names(generated.get(types.CLUSTER, ())))))
         with self._lock:
             self.generations += 1
-            if key[0] == "out":
+            if parts is self._outbound_parts:
                 self.outbound_generations += 1
-            if self._parts.put(snapshot.config_version, key, result):
+            if parts.put(version, key, result):
                 # Assignments of clusters no kept config has would otherwise stay forever.
-                kept = {n for part in self._parts.values() for n in part.eds_names}
+                kept = {
+                    n
+                    for store in (self._outbound_parts, self._inbound_parts)
+                    for p in store.values()
+                    for n in p.eds_names
+                }
                 self._eds = {c: e for c, e in self._eds.items() if c in kept}
         return result
 

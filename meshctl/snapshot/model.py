@@ -26,6 +26,8 @@ DEFAULT_ROOT_NAMESPACE: Final = "istio-system"
 #: Kinds that reach generation only through the registry model (services and endpoints), so a
 #: new WorkloadEntry changes the config version only if it changes a service, not just endpoints.
 _REGISTRY_KINDS: Final = frozenset(("ServiceEntry", "WorkloadEntry", "WorkloadGroup"))
+#: Kinds inbound generation reads (the Sidecar's ingress, the workload's DestinationRule).
+_INBOUND_KINDS: Final = frozenset(("Sidecar", "DestinationRule"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,10 @@ class Snapshot:
     #: A hash of everything but the endpoints of EDS (STATIC) services: when only those change,
     #: clusters, listeners and routes stay the same and only EDS is pushed.
     config_version: str = ""
+    #: A hash of what a proxy's inbound config can depend on besides the proxy itself (Sidecars,
+    #: DestinationRules, mesh settings, service definitions): a VirtualService or Gateway change
+    #: leaves every inbound config as it was.
+    inbound_version: str = ""
     _index: SnapshotIndex | None = None
 
     @property
@@ -78,20 +84,28 @@ def build_snapshot(configs: Iterable[Config], services: ServiceModel, mesh: Mesh
     grouped: dict[str, list[Config]] = defaultdict(list)
     for key in sorted(by_key):
         grouped[key.kind].append(by_key[key])
+    keys = sorted(by_key)
+    digests = {key: by_key[key].content_digest().encode() for key in keys}
+    definitions = services.digest(endpoints_of=lambda s: s.resolution is not Resolution.STATIC).encode()
     h = hashlib.blake2b(digest_size=12)
-    for key in sorted(by_key):
+    inbound = hashlib.blake2b(digest_size=12)
+    for key in keys:
         if key.kind not in _REGISTRY_KINDS:
-            h.update(by_key[key].content_digest().encode())
-    h.update(repr(mesh).encode())
-    h.update(services.digest(endpoints_of=lambda s: s.resolution is not Resolution.STATIC).encode())
+            h.update(digests[key])
+        if key.kind in _INBOUND_KINDS:
+            inbound.update(digests[key])
+    for part in (repr(mesh).encode(), definitions):
+        h.update(part)
+        inbound.update(part)
     config_version = h.hexdigest()
-    for key in sorted(by_key):
+    for key in keys:
         if key.kind in _REGISTRY_KINDS:
-            h.update(by_key[key].content_digest().encode())
+            h.update(digests[key])
     h.update(services.digest().encode())
     return Snapshot(
         version=h.hexdigest(),
         config_version=config_version,
+        inbound_version=inbound.hexdigest(),
         configs=MappingProxyType(by_key),
         services=services,
         mesh=mesh,
