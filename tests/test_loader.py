@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from meshctl.api.networking.v1alpha3.workload_entry_pb2 import WorkloadEntry
 from meshctl.config.findings import Severity
 from meshctl.config.loader import LoadOptions, load_file, load_paths, load_text, merge_files
-from meshctl.config.model import ConfigKey
+from meshctl.config.model import ConfigKey, make_config
 
 VS = """apiVersion: networking.istio.io/{version}
 kind: VirtualService
@@ -172,3 +173,65 @@ def test_size_limit_and_non_utf8(tmp_path: Path) -> None:
 def test_missing_path_is_reported(tmp_path: Path) -> None:
     result = load_paths([tmp_path / "nope"])
     assert "no such file" in result.findings[0].message
+
+
+WE = """apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata:
+  name: {name}
+  namespace: shop
+spec:
+  address: 10.0.0.{n}
+  labels: {{app: reviews, version: v1}}
+  serviceAccount: reviews
+"""
+
+
+def test_workload_entries_are_kept_packed_and_read_as_typed_specs() -> None:
+    result = load_text(WE.format(name="vm-1", n=1) + "---\n" + VS.format(version="v1", name="r"), "f.yaml")
+    assert result.ok, result.findings
+    entry, route = result.configs
+    assert entry.packed and not route.packed
+    spec = entry.spec
+    assert isinstance(spec, WorkloadEntry)
+    assert (spec.address, spec.service_account) == ("10.0.0.1", "reviews")
+    assert dict(spec.labels) == {"app": "reviews", "version": "v1"}
+    assert entry.spec == spec and entry.spec is not spec  # parsed again on every read
+    assert entry.spec_wire() == spec.SerializeToString(deterministic=True)
+
+
+def test_packed_and_unpacked_configs_of_the_same_content_are_the_same() -> None:
+    (entry,) = load_text(WE.format(name="vm-1", n=1), "f.yaml").configs
+    unpacked = make_config("WorkloadEntry", "vm-1", "shop", entry.spec)
+    assert unpacked.content_digest() == entry.content_digest()
+    assert unpacked.same_content(entry) and entry.same_content(unpacked)
+    (moved,) = load_text("# moved\n" + WE.format(name="vm-1", n=1), "g.yaml").configs
+    assert moved.same_content(entry) and moved.source.line == 2
+    (changed,) = load_text(WE.format(name="vm-1", n=2), "f.yaml").configs
+    assert not changed.same_content(entry) and changed.content_digest() != entry.content_digest()
+
+
+def test_strings_every_document_repeats_are_shared() -> None:
+    text = VS.format(version="v1", name="a") + "---\n" + VS.format(version="v1", name="b")
+    a, b = load_text(text, "f.yaml").configs
+    assert a.key.kind is b.key.kind and a.key.namespace is b.key.namespace and a.api_version is b.api_version
+    ((key_a, value_a),), ((key_b, value_b),) = a.labels.items(), b.labels.items()
+    assert key_a is key_b and value_a is value_b
+    assert a.annotations is b.annotations  # no annotations: one shared empty mapping
+
+
+def test_worker_processes_give_the_same_configs(tmp_path: Path) -> None:
+    for i in range(70):
+        text = WE.format(name=f"vm-{i}", n=i) + "---\n" + VS.format(version="v1", name=f"r{i}")
+        (tmp_path / f"vm-{i:02}.yaml").write_text(text)
+    alone = load_paths([tmp_path], LoadOptions(workers=1))
+    forked = load_paths([tmp_path], LoadOptions(workers=2))
+    pairs = [
+        (a, b)
+        for x, y in zip(alone.files.values(), forked.files.values(), strict=True)
+        for a, b in zip(x.configs, y.configs, strict=True)
+    ]
+    assert len(pairs) == 140
+    for a, b in pairs:
+        assert a.key == b.key and a.packed == b.packed and a.source == b.source
+        assert a.same_content(b) and a.content_digest() == b.content_digest()

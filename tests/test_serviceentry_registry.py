@@ -3,6 +3,8 @@ converts them, and the file registry's change events."""
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -647,3 +649,38 @@ def test_status_counts_services_and_endpoints_and_shows_notes() -> None:
     status = registry.status()
     assert (status.name, status.healthy, status.services, status.endpoints) == ("files", True, 1, 2)
     assert "reviews.shop.mesh" in status.message
+
+
+# -- memory: what thousands of endpoints share ----------------------------------------------------
+
+
+def test_endpoints_share_equal_labels_and_their_entrys_ports() -> None:
+    ports = "[{number: 9080, name: http, protocol: HTTP, targetPort: 8080}]"
+    text = (
+        se(ports=ports, extra=SELECT_REVIEWS)
+        + we("v1-a", "10.0.0.1", "{app: reviews, version: v1}")
+        + we("v1-b", "10.0.0.2", "{version: v1, app: reviews}")
+        + we("v2", "10.0.0.3", "{app: reviews, version: v2}")
+        + we("own-port", "10.0.0.4", "{app: reviews, version: v1}", spec="  ports: {http: 7070}\n")
+    )
+    a, b, c, own = model_of(text).endpoints_of("reviews.shop.mesh")
+    assert a.labels is b.labels is own.labels and dict(a.labels) == {"app": "reviews", "version": "v1"}
+    assert c.labels is not a.labels and dict(c.labels) == {"app": "reviews", "version": "v2"}
+    assert a.ports is b.ports is c.ports and dict(a.ports) == {9080: 8080}
+    assert dict(own.ports) == {9080: 7070}
+
+
+def test_label_strings_are_interned() -> None:
+    text = se(extra=SELECT_REVIEWS) + we("vm-1", "10.0.0.1", "{app: reviews}")
+    text += we("vm-2", "10.0.0.2", "{app: reviews, x: y}")
+    first, second = model_of(text).endpoints_of("reviews.shop.mesh")
+    (key_1, value_1), (key_2, value_2) = next(iter(first.labels.items())), next(iter(second.labels.items()))
+    assert key_1 is key_2 and value_1 is value_2
+
+
+def test_a_read_only_mapping_is_taken_as_is_and_empty_ones_are_one() -> None:
+    labels = MappingProxyType({"app": "reviews"})
+    assert Endpoint("10.0.0.1", {9080: 9080}, labels).labels is labels
+    assert Endpoint("10.0.0.1", {}).ports is Endpoint("10.0.0.2", {}, {}).labels
+    copied = Endpoint("10.0.0.1", {9080: 9080}, {"app": "reviews"}).labels
+    assert isinstance(copied, MappingProxyType) and copied == {"app": "reviews"}

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache, partial
 from pathlib import Path
-from typing import Any, Final
+from sys import intern
+from typing import TYPE_CHECKING, Any, Final
 
 from meshctl.config import yamlsource
 from meshctl.config.findings import FieldPath, Finding, Severity, format_path, has_errors
@@ -33,6 +34,9 @@ from meshctl.config.model import (
 from meshctl.config.schema import parse_spec
 from meshctl.config.validation import import_rules, validate_spec
 from meshctl.errors import YamlError
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 YAML_SUFFIXES: Final = (".yaml", ".yml")
 
@@ -175,6 +179,8 @@ def load_text(text: str, display: str, options: LoadOptions | None = None) -> Fi
 def _load_document(
     doc: yamlsource.Document, display: str, options: LoadOptions, locator: _Locator
 ) -> tuple[Config | None, list[Finding]]:
+    """One document to a Config. The kind, apiVersion and namespace are interned: each is
+    written in thousands of documents and each document's copy would be a string of its own."""
     source = Source(display, doc.line, doc.column, doc.index)
     data = doc.data
 
@@ -202,6 +208,7 @@ def _load_document(
     if kind not in KINDS:
         return None, [finding(f"skipped {api_version} {kind}: kind not supported", ("kind",), Severity.WARNING)]
 
+    kind, api_version = intern(kind), intern(api_version)
     metadata = data.get("metadata")
     if not isinstance(metadata, dict):
         path: FieldPath = ("metadata",) if "metadata" in data else ()
@@ -218,7 +225,7 @@ def _load_document(
             finding(f"invalid namespace {namespace!r}: must be a DNS label (RFC 1123)", ("metadata", "namespace"))
         )
         namespace = options.default_namespace
-    key = ConfigKey(kind, namespace, name)
+    key = ConfigKey(kind, intern(namespace), name)
     if not _SUBDOMAIN.fullmatch(name) or len(name) > 253:
         problems.append(
             finding(
@@ -235,12 +242,27 @@ def _load_document(
     if options.validate and not issues:
         problems.extend(finding(i.message, i.path, i.severity, key) for i in validate_spec(kind, spec))
 
-    config = Config(key, api_version, spec, labels, annotations, source)
+    kept = spec.SerializeToString(deterministic=True) if kind in _PACKED_KINDS else _compact(spec)
+    config = Config(key, api_version, kept, labels=labels, annotations=annotations, source=source)
     return config, problems
 
 
 #: `spec_class` imports on every call; the loader asks once per document.
 _spec_class = cache(spec_class)
+
+
+def _compact(spec: Message) -> Message:
+    """A copy of `spec` made from its wire form, to keep instead of it. With protobuf's upb
+    backend a message only grows: building it field by field leaves slack, and reading a map
+    field that is not set (validation does, for every rule that looks at one) adds an empty map
+    to it for good, some 370 bytes each. The copy holds only what the spec says."""
+    return type(spec).FromString(spec.SerializeToString())
+
+
+#: Kinds whose specs are kept as their wire form (see `Config`): a mesh has WorkloadEntries by
+#: the ten thousand, and once the registry has made them endpoints they are read one at a time
+#: (binding a proxy to its workload), where parsing fifty bytes again costs nothing.
+_PACKED_KINDS: Final = frozenset({"WorkloadEntry"})
 
 
 def _string_map(
@@ -395,7 +417,7 @@ def _load_packed(paths: list[Path], options: LoadOptions) -> list[_PackedFile]:
             (
                 (c.key.kind, c.key.namespace, c.key.name),
                 c.api_version,
-                c.spec.SerializeToString(),
+                c.spec_wire(),
                 dict(c.labels),
                 dict(c.annotations),
                 (c.source.file, c.source.line, c.source.column, c.source.document),
@@ -424,8 +446,15 @@ def _unpack(packed: _PackedFile) -> FileResult:
     return FileResult(
         path,
         tuple(
-            Config(ConfigKey(*key), api, _spec_class(key[0]).FromString(spec), labels, annotations, Source(*src))
-            for key, api, spec, labels, annotations, src in configs
+            Config(
+                ConfigKey(intern(kind), intern(namespace), name),
+                intern(api),
+                spec if kind in _PACKED_KINDS else _spec_class(kind).FromString(spec),
+                labels=labels,
+                annotations=annotations,
+                source=Source(*src),
+            )
+            for (kind, namespace, name), api, spec, labels, annotations, src in configs
         ),
         tuple(
             Finding(Severity(severity), message, file, line, column, None if key is None else ConfigKey(*key), at, code)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, NamedTuple
 
@@ -42,6 +44,10 @@ def spec_class(kind: str) -> type[Message]:
     module = importlib.import_module(f"meshctl.api.networking.v1alpha3.{module_name}")
     cls: type[Message] = getattr(module, message)
     return cls
+
+
+#: `spec_class` imports on every call; packed specs ask on every read.
+_spec_class = cache(spec_class)
 
 
 def is_istio_kind(api_version: str, kind: str) -> bool:
@@ -78,24 +84,71 @@ class Source:
         return f"{self.file}:{self.line}:{self.column}"
 
 
+#: The one empty mapping shared by every Config without labels (or annotations): most have none.
+_EMPTY: Final[Mapping[str, str]] = MappingProxyType({})
+
+
 def _frozen(mapping: Mapping[str, str] | None) -> Mapping[str, str]:
-    return MappingProxyType(dict(mapping or {}))
+    """A read-only copy with its keys and values interned: a mesh repeats the same few label
+    keys and values in thousands of resources, and each read from YAML is a string of its own."""
+    if not mapping:
+        return _EMPTY
+    return MappingProxyType({_intern(k): _intern(v) for k, v in mapping.items()})
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+def _intern(text: str) -> str:
+    # sys.intern takes exact str only; a subclass (possible from code, never from YAML) stays as is.
+    return sys.intern(text) if type(text) is str else text
+
+
+@dataclass(frozen=True, slots=True, eq=False, init=False)
 class Config:
-    """One Istio resource: Kubernetes envelope, typed spec, and where it came from."""
+    """One Istio resource: Kubernetes envelope, typed spec, and where it came from.
+
+    The spec may be given as its wire form (`SerializeToString(deterministic=True)`, as bytes),
+    and is then kept so and parsed again on each read of `spec`. That is for the kinds a mesh has
+    by the ten thousand and reads rarely once loaded (the loader packs WorkloadEntries, which the
+    registry turns into endpoints): a WorkloadEntry message costs about a kilobyte with upb, its
+    wire form some fifty bytes. A packed spec is a new message on every read, so read it once
+    per use rather than field by field.
+    """
 
     key: ConfigKey
     api_version: str
-    spec: Message
-    labels: Mapping[str, str] = field(default_factory=lambda: _frozen(None))
-    annotations: Mapping[str, str] = field(default_factory=lambda: _frozen(None))
-    source: Source = field(default_factory=lambda: Source(file="<memory>"))
+    #: The spec message, or a packed spec's wire form.
+    _spec: Message | bytes = field(repr=False)
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    source: Source
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "labels", _frozen(self.labels))
-        object.__setattr__(self, "annotations", _frozen(self.annotations))
+    def __init__(
+        self,
+        key: ConfigKey,
+        api_version: str,
+        spec: Message | bytes,
+        *,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        source: Source | None = None,
+    ) -> None:
+        object.__setattr__(self, "key", key)
+        object.__setattr__(self, "api_version", api_version)
+        object.__setattr__(self, "_spec", spec)
+        object.__setattr__(self, "labels", _frozen(labels))
+        object.__setattr__(self, "annotations", _frozen(annotations))
+        object.__setattr__(self, "source", source if source is not None else Source(file="<memory>"))
+
+    @property
+    def spec(self) -> Message:
+        spec = self._spec
+        if isinstance(spec, bytes):
+            return _spec_class(self.key.kind).FromString(spec)
+        return spec
+
+    @property
+    def packed(self) -> bool:
+        """True when the spec is kept as its wire form (see the class docstring)."""
+        return isinstance(self._spec, bytes)
 
     @property
     def kind(self) -> str:
@@ -118,7 +171,7 @@ class Config:
             h.update(f"l\0{k}\0{v}\0".encode())
         for k, v in sorted(self.annotations.items()):
             h.update(f"a\0{k}\0{v}\0".encode())
-        h.update(self.spec.SerializeToString(deterministic=True))
+        h.update(self.spec_wire())
         return h.hexdigest()
 
     def same_content(self, other: Config) -> bool:
@@ -127,8 +180,21 @@ class Config:
             self.key == other.key
             and dict(self.labels) == dict(other.labels)
             and dict(self.annotations) == dict(other.annotations)
-            and self.spec == other.spec
+            and self._same_spec(other)
         )
+
+    def spec_wire(self) -> bytes:
+        """The spec's deterministic wire form (what a packed Config keeps)."""
+        spec = self._spec
+        return spec if isinstance(spec, bytes) else spec.SerializeToString(deterministic=True)
+
+    def _same_spec(self, other: Config) -> bool:
+        a, b = self._spec, other._spec
+        if isinstance(a, bytes) and isinstance(b, bytes):
+            # Deterministic wire forms of one message type differ only where the messages do
+            # (or for -0.0 against 0.0, where a needless update is the worst that can happen).
+            return a == b
+        return self.spec == other.spec
 
 
 def make_config(
@@ -147,7 +213,7 @@ def make_config(
         key=ConfigKey(kind, namespace, name),
         api_version=api_version,
         spec=spec,
-        labels=_frozen(labels),
-        annotations=_frozen(annotations),
-        source=source or Source(file="<memory>"),
+        labels=labels,
+        annotations=annotations,
+        source=source,
     )

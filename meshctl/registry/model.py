@@ -16,7 +16,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final, TypeVar
 
 
 class Protocol(enum.StrEnum):
@@ -93,8 +93,26 @@ class TlsMode(enum.StrEnum):
     DISABLED = "disabled"
 
 
-def _frozen(mapping: Mapping[str, str] | None) -> Mapping[str, str]:
-    return MappingProxyType(dict(mapping or {}))
+K = TypeVar("K")
+V = TypeVar("V")
+
+#: The one empty mapping every endpoint without labels (or ports) shares.
+_EMPTY: Final[Mapping[Any, Any]] = MappingProxyType({})
+
+
+def frozen(mapping: Mapping[K, V] | None) -> Mapping[K, V]:
+    """A read-only copy of `mapping`, or `mapping` itself when it is already read-only.
+
+    A mesh has tens of thousands of endpoints and most of their labels and port maps are equal
+    (every endpoint of a service usually has the same ports): the builders make one read-only
+    mapping and hand it to each, and a copy per endpoint would undo that. So a `MappingProxyType`
+    is taken as is; whoever builds one must not change the dict behind it afterwards.
+    """
+    if type(mapping) is MappingProxyType:
+        return mapping
+    if not mapping:
+        return _EMPTY
+    return MappingProxyType(dict(mapping))
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +167,7 @@ class Endpoint:
 
     address: str
     ports: Mapping[int, int]
-    labels: Mapping[str, str] = field(default_factory=lambda: _frozen(None))
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     locality: str = ""  # region/zone/subzone
     weight: int = 0  # 0: unset (Envoy's default of 1)
     health: Health = Health.HEALTHY
@@ -160,8 +178,8 @@ class Endpoint:
     namespace: str = ""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "labels", _frozen(self.labels))
-        object.__setattr__(self, "ports", MappingProxyType(dict(self.ports)))
+        object.__setattr__(self, "labels", frozen(self.labels))
+        object.__setattr__(self, "ports", frozen(self.ports))
 
     def sort_key(self) -> tuple[str, str, str]:
         return (self.address, self.namespace, self.name)

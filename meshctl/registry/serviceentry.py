@@ -62,6 +62,7 @@ from meshctl.registry.model import (
     ServiceModel,
     ServicePort,
     TlsMode,
+    frozen,
     make_model,
 )
 
@@ -112,6 +113,10 @@ class _Workload:
         return not is_ip(self.address)
 
 
+#: Label sets already made read-only in one build, by their sorted items.
+_LabelPool = dict[tuple[tuple[str, str], ...], Mapping[str, str]]
+#: `exportTo` unset: visible from every namespace (shared by every such service).
+_PUBLIC: Final = frozenset({"*"})
 #: What a WorkloadEntry starts from when it belongs to no WorkloadGroup.
 _NO_TEMPLATE: Final = _Workload(name="", namespace="", address="")
 
@@ -181,27 +186,36 @@ def build_file_model(configs: Iterable[Config], memo: BuildMemo | None = None) -
     With `memo`, entries unchanged since the build that filled it are not converted again; the
     memo is updated to hold exactly this build's."""
     entries: list[tuple[Config, _SE]] = []
-    workload_entries: list[tuple[Config, _WE]] = []
+    workload_entries: list[Config] = []
     groups: dict[tuple[str, str], _WG] = {}
     for config in configs:
+        if config.kind == "WorkloadEntry":
+            # Its spec is read below, one at a time and only when the memo lacks it: the loader
+            # keeps WorkloadEntry specs packed (see `Config`), so each read parses.
+            workload_entries.append(config)
+            continue
         spec = config.spec
         if config.kind == "ServiceEntry" and isinstance(spec, _SE):
             entries.append((config, spec))
-        elif config.kind == "WorkloadEntry" and isinstance(spec, _WE):
-            workload_entries.append((config, spec))
         elif config.kind == "WorkloadGroup" and isinstance(spec, _WG):
             groups[(config.namespace, config.name)] = spec
 
     notes: list[str] = []
     templates: dict[tuple[str, str], _Workload] = {}
+    shared_labels: _LabelPool = {}
     fresh: dict[ConfigKey, tuple[Config, _Workload | None, _Workload]] = {}
-    for config, entry in sorted(workload_entries, key=_config_order):
+    for config in sorted(workload_entries, key=lambda c: tuple(c.key)):
         template = _template_of(config, groups, templates, notes)
         known = memo.workloads.get(config.key) if memo is not None else None
         if known is not None and known[0] is config and known[1] == template:
             workload = known[2]
         else:
-            workload = _workload_from_message(entry, config.name, config.namespace, config.labels, template)
+            entry = config.spec
+            if not isinstance(entry, _WE):
+                continue
+            workload = _workload_from_message(
+                entry, config.name, config.namespace, config.labels, template, shared_labels=shared_labels
+            )
         fresh[config.key] = (config, template, workload)
     index = _WorkloadIndex(w for _, _, w in fresh.values())
 
@@ -262,7 +276,7 @@ def convert_services(config: Config) -> list[Service]:
     if resolution is None:
         return []
     location = Location(_SE.Location.Name(spec.location))
-    export_to = frozenset(spec.export_to) or frozenset({"*"})
+    export_to = frozenset(spec.export_to) or _PUBLIC
     addresses = tuple(a for a in (_normalize_address(a) for a in spec.addresses) if a)
     seen: set[str] = set()
     out: list[Service] = []
@@ -368,6 +382,8 @@ def _workload_from_message(
     namespace: str,
     extra_labels: Mapping[str, str] | None = None,
     template: _Workload | None = None,
+    *,
+    shared_labels: _LabelPool | None = None,
 ) -> _Workload:
     """A WorkloadEntry spec (a file's or one inline in a ServiceEntry) as a workload; labels are
     layered template < spec < `extra_labels` (the metadata labels), as Istio merges them.
@@ -376,11 +392,17 @@ def _workload_from_message(
     (`entry.ports` of nearly every WorkloadEntry) gives the message an empty map for good, about
     370 bytes each. Label keys and values, service accounts, networks and localities are
     interned: ten thousand endpoints carry a few hundred distinct ones, and each string read
-    from a message is a new object."""
+    from a message is a new object. Equal label sets are one mapping through `shared_labels`
+    (every endpoint of a service version has the same labels), which the endpoints share too."""
     base = template or _NO_TEMPLATE
     fields = {f.name: value for f, value in entry.ListFields()}
     merged = {**base.labels, **fields.get("labels", {}), **(extra_labels or {})}
-    labels = frozen({intern(k): intern(v) for k, v in sorted(merged.items())})
+    items = tuple((intern(k), intern(v)) for k, v in sorted(merged.items()))
+    labels = shared_labels.get(items) if shared_labels is not None else None
+    if labels is None:
+        labels = frozen(dict(items))
+        if shared_labels is not None:
+            shared_labels[items] = labels
     own_ports = {intern(k): v for k, v in fields.get("ports", {}).items() if v > 0}
     ports = frozen({**base.ports, **own_ports}) if own_ports else base.ports
     locality = fields.get("locality") or base.locality
