@@ -133,6 +133,16 @@ class Proxy:
     def interception(self) -> InterceptionMode:
         return self.node.interception
 
+    @property
+    def locality(self) -> str:
+        """Its workload's locality, as the registry knows it ("" when none)."""
+        return _locality(self.instances)
+
+    @property
+    def instance_ports(self) -> frozenset[int]:
+        """The ports its workload's app listens on as an endpoint of its services."""
+        return frozenset(p for i in self.instances for p in i.endpoint.ports.values())
+
     def generation_key(self) -> tuple[object, ...]:
         """Everything about the proxy that generation reads: proxies with equal keys get the
         same config from the same snapshot. It is the key of the proxy's inbound config and of
@@ -172,7 +182,7 @@ class Proxy:
         - its address only when traffic is redirected (listeners per endpoint skip its own),
           else only its family.
         """
-        app_ports = tuple(sorted({p for i in self.instances for p in i.endpoint.ports.values()}))
+        app_ports = tuple(sorted(self.instance_ports))
         redirected = self.node.interception is not InterceptionMode.NONE
         return (
             self.node.type,
@@ -184,6 +194,10 @@ class Proxy:
             self.outbound_locality,
             app_ports,
         )
+
+
+def _locality(instances: tuple[ServiceInstance, ...]) -> str:
+    return next((i.endpoint.locality for i in instances if i.endpoint.locality), "")
 
 
 def _family(ip: str) -> str:
@@ -212,7 +226,7 @@ def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
     address_in_config = node.interception is not InterceptionMode.NONE or _any_sidecar_ingress(snapshot)
     index = snapshot.index
     selectors = tuple(s for s in index.label_selectors() if all(labels.get(k) == v for k, v in s))
-    locality = next((i.endpoint.locality for i in instances if i.endpoint.locality), "")
+    locality = _locality(tuple(instances))
     return Proxy(
         node,
         MappingProxyType(labels),

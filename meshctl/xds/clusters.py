@@ -127,11 +127,6 @@ def _discovery_type(scope: ProxyScope, service: Service) -> int:
     return int(_Cluster.EDS)
 
 
-def _proxy_locality(scope: ProxyScope) -> str:
-    """The proxy's locality: its workload's, as the registry knows it."""
-    return next((i.endpoint.locality for i in scope.proxy.instances if i.endpoint.locality), "")
-
-
 def _outbound(scope: ProxyScope, service: Service, port: ServicePort) -> list[cluster_pb2.Cluster]:
     rule = scope.destination_rule(service.hostname)
     kind = _discovery_type(scope, service)
@@ -242,7 +237,7 @@ def _apply_traffic_policy(scope: ProxyScope, draft: ClusterDraft, policy: Policy
     apply_connection_pool(draft, policy.connection_pool, scope.snapshot.mesh.connect_timeout_seconds)
     apply_h2_upgrade(draft, policy.connection_pool)
     apply_outlier_detection(draft.cluster, policy.outlier_detection)
-    apply_load_balancer(draft.cluster, policy.load_balancer, _proxy_locality(scope))
+    apply_load_balancer(draft.cluster, policy.load_balancer, scope.proxy.locality)
     apply_tls(draft, policy.tls)
     if draft.cluster.type == _Cluster.ORIGINAL_DST:
         draft.cluster.lb_policy = _Cluster.CLUSTER_PROVIDED

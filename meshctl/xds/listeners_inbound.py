@@ -143,7 +143,7 @@ def app_ports(scope: ProxyScope) -> frozenset[int]:
     """Ports the workload's app itself listens on: the targets of its service endpoints, and
     the ports of Sidecar ingress `defaultEndpoint`s. A proxy without iptables must not bind
     outbound listeners on them."""
-    ports = {p for inst in scope.proxy.instances for p in inst.endpoint.ports.values()}
+    ports = set(scope.proxy.instance_ports)
     sidecar = scope.sidecar
     if sidecar is not None:
         for ing in spec(sidecar).ingress:
