@@ -34,15 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from envoy.service.discovery.v3 import discovery_pb2
 
 from bench.fleet import Fleet, FleetSpec
+from meshctl.server.ads import ads_handlers
 from meshctl.server.connection import PARTIAL_SOTW_TYPES
 from meshctl.server.encode import encode_delta, encode_sotw
 from meshctl.server.subscription import Push, Resource, set_version
 from meshctl.xds import types
-
-SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,21 +153,7 @@ class Floor:
         self.streams: set[_Stream] = set()
 
     def handlers(self) -> grpc.GenericRpcHandler[Any, Any]:
-        return grpc.method_handlers_generic_handler(
-            SERVICE,
-            {
-                "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
-                    self._sotw,
-                    request_deserializer=discovery_pb2.DiscoveryRequest.FromString,
-                    response_serializer=bytes,
-                ),
-                "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
-                    self._delta,
-                    request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString,
-                    response_serializer=bytes,
-                ),
-            },
-        )
+        return ads_handlers(self._sotw, self._delta)
 
     async def _sotw(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[bytes]:
         async for data in self._serve(_Stream(delta=False), requests):

@@ -94,22 +94,7 @@ class AdsServicer:
         self._blocks = BlockCache()
 
     def handlers(self) -> grpc.GenericRpcHandler[Any, Any]:
-        identity: Callable[[bytes], bytes] = bytes
-        return grpc.method_handlers_generic_handler(
-            SERVICE,
-            {
-                "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
-                    self.stream_sotw,
-                    request_deserializer=discovery_pb2.DiscoveryRequest.FromString,
-                    response_serializer=identity,
-                ),
-                "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
-                    self.stream_delta,
-                    request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString,
-                    response_serializer=identity,
-                ),
-            },
-        )
+        return ads_handlers(self.stream_sotw, self.stream_delta)
 
     async def stream_sotw(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> None:
         await self._serve(requests, context, delta=False)
@@ -252,3 +237,24 @@ class AdsServicer:
                 if stream.change_seen is None:
                     stream.change_seen = seen
                 stream.wake.set()
+
+
+def ads_handlers(sotw: Callable[..., Any], delta: Callable[..., Any]) -> grpc.GenericRpcHandler[Any, Any]:
+    """The ADS service's two streaming methods, taking requests as protobuf and sending
+    responses as bytes already encoded (`encode.py`)."""
+    identity: Callable[[bytes], bytes] = bytes
+    return grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
+                sotw,
+                request_deserializer=discovery_pb2.DiscoveryRequest.FromString,
+                response_serializer=identity,
+            ),
+            "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
+                delta,
+                request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString,
+                response_serializer=identity,
+            ),
+        },
+    )
