@@ -77,3 +77,60 @@ def test_locate_walks_paths_and_falls_back_to_the_nearest_ancestor() -> None:
     assert locate(text, 1, ("spec", "http", 0, "route", 0, "weight")) == (6, 7)
     assert locate(text, 1, ("spec", "http", 0, "missing")) == (5, 5)
     assert locate(text, 7, ("spec",)) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 30_000,  # flow sequences
+        "{a: " * 30_000,  # flow mappings
+        "- " * 30_000 + "x\n",  # compact block sequences on one line
+        "? " * 30_000 + "x\n",  # complex keys
+        "a:\n" + "".join(" " * i + "b:\n" for i in range(1, 300)),  # block mappings by indentation
+    ],
+    ids=["flow-seq", "flow-map", "block-seq", "complex-key", "indented"],
+)
+def test_deep_nesting_is_refused_before_anything_recurses(text: str) -> None:
+    """Composing these by recursion overflowed the C stack and killed the process (exit 139)."""
+    with pytest.raises(YamlError, match="nesting deeper than 100 levels") as err:
+        parse_documents(text)
+    assert err.value.line >= 1 and err.value.column >= 1
+    assert locate(text, 0, ("a",)) == (0, 0)  # positions are bounded the same way
+
+
+def test_nesting_up_to_the_limit_is_accepted() -> None:
+    (doc,) = parse_documents("[" * 100 + "]" * 100)
+    depth, value = 0, doc.data
+    while value:
+        depth, value = depth + 1, value[0]
+    assert depth == 99
+
+
+def test_an_alias_cannot_carry_nesting_past_the_limit() -> None:
+    deep = "[" * 60 + "x" + "]" * 60
+    with pytest.raises(YamlError, match="nesting deeper"):
+        parse_documents(f"a: &d {deep}\nb: {'[' * 50}*d{']' * 50}\n")
+
+
+def test_documents_per_file_are_bounded_while_parsing() -> None:
+    with pytest.raises(YamlError, match="more than 1000 YAML documents") as err:
+        parse_documents("---\n" * 900_000, max_documents=1000)
+    assert err.value.line == 1001
+    assert len(parse_documents("{}\n---\n" * 999, max_documents=1000)) == 999
+
+
+def test_each_alias_is_a_copy_of_its_anchor() -> None:
+    (doc,) = parse_documents("a: &x {b: [1]}\nc: *x\n")
+    assert doc.data["a"] == doc.data["c"]
+    assert doc.data["a"] is not doc.data["c"] and doc.data["a"]["b"] is not doc.data["c"]["b"]
+
+
+def test_undefined_alias_is_an_error_with_its_position() -> None:
+    with pytest.raises(YamlError, match=r"undefined alias \*nope") as err:
+        parse_documents("a: 1\nb: *nope\n")
+    assert (err.value.line, err.value.column) == (2, 4)
+
+
+def test_explicit_tags_and_merge_lists() -> None:
+    (doc,) = parse_documents("a: !!str 5\nb: ! 6\nc: {<<: [{x: 1}, {x: 2, y: 3}], y: 4}\nd: '<<'\n")
+    assert doc.data == {"a": "5", "b": "6", "c": {"x": 1, "y": 4}, "d": "<<"}

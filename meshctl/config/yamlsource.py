@@ -1,33 +1,47 @@
 """YAML text to plain Python data, fast, bounded, and with positions on demand.
 
-Istio YAML is parsed with libyaml's C parser (through ruamel.yaml) into nodes, then turned into
-dicts and lists by our own small builder instead of ruamel's constructor. The builder is what
-makes loading safe and quick:
+Istio YAML is parsed by libyaml's C parser (through ruamel.yaml), whose events are turned into
+dicts and lists by our own small builder instead of ruamel's composer and constructor. The
+builder is what makes loading safe and quick:
 
-- it counts every value it builds, so an alias bomb ("billion laughs") stops at a budget
-  instead of expanding into gigabytes, and recursive aliases stop at a depth limit;
+- it keeps its own stack instead of recursing, and refuses nesting past `MAX_DEPTH` as it grows:
+  composing a file of 30,000 `[` by recursion overflows the C stack and kills the process;
+- it counts every value it builds, an alias as many values as it stands for, so an alias bomb
+  ("billion laughs") stops at a budget instead of expanding into gigabytes;
+- it builds one document at a time and stops at `DEFAULT_MAX_DOCUMENTS`, so a file of a million
+  empty documents costs neither memory nor a line of log per document;
 - it rejects duplicate mapping keys (Kubernetes rejects them too) with both positions;
 - it keeps only each document's starting position, so loading 10,000 resources stays cheap.
 
-Most of the time goes into ruamel's node objects (libyaml itself is quick); ruamel's resolver,
-which types each scalar with Python code and regexes, is short-circuited for the values that can
-only be strings (`_Loader`).
+ruamel's resolver, which types each scalar with Python code and regexes, is short-circuited for
+the values that can only be strings (`_Loader`).
 
 Positions of individual fields are found again only when there is something to report:
-`Positions` composes a file once more, on the first question, and walks the node tree along a
-field path for each finding.
+`Positions` parses a file once more, on the first question, into a tree of marks (under the
+same bounds), and walks it along a field path for each finding.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ruamel.yaml.cyaml import CSafeLoader
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
-from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from ruamel.yaml.error import MarkedYAMLError, StreamMark, YAMLError
+from ruamel.yaml.events import (
+    AliasEvent,
+    DocumentEndEvent,
+    DocumentStartEvent,
+    MappingEndEvent,
+    MappingStartEvent,
+    ScalarEvent,
+    SequenceEndEvent,
+    SequenceStartEvent,
+    StreamEndEvent,
+)
+from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 from ruamel.yaml.resolver import BaseResolver, Resolver
 
 from meshctl.errors import YamlError
@@ -36,8 +50,14 @@ from meshctl.errors import YamlError
 DEFAULT_MAX_FILE_BYTES: Final = 8 * 1024 * 1024
 #: Values one document may expand to, aliases included. A legitimate resource has hundreds.
 DEFAULT_MAX_VALUES: Final = 200_000
-#: Nesting deeper than this is not config; it also stops recursive aliases.
+#: Nesting deeper than this is not config (an Istio resource nests some 15 levels); it is
+#: refused as it grows, before anything recurses.
 MAX_DEPTH: Final = 100
+#: Documents one file may hold, empty ones included. A generated file of WorkloadEntries has
+#: thousands; a million empty documents is an attack on memory and on the log.
+DEFAULT_MAX_DOCUMENTS: Final = 50_000
+#: A position in the text, as libyaml reports it (0-based line and column).
+Mark = StreamMark
 
 _TAG = "tag:yaml.org,2002:"
 _STR, _INT, _FLOAT, _BOOL, _NULL = (_TAG + t for t in ("str", "int", "float", "bool", "null"))
@@ -113,90 +133,168 @@ class Document:
 
 
 _TOO_MANY = "document expands to too many values (alias bomb?)"
-_TOO_DEEP = f"nesting deeper than {MAX_DEPTH} levels (recursive alias?)"
+_TOO_DEEP = f"nesting deeper than {MAX_DEPTH} levels"
+
+#: Marks a mapping that waits for its next key (no key can be this object).
+_NO_KEY: Final = object()
+#: The key `<<` of a merge: what follows is merged, not stored.
+_MERGE_KEY: Final = object()
 
 
-class _Builder:
-    """Turns composed nodes into plain data within a value budget.
+class _Frame:
+    """A collection being built: its value so far, and what the next child completes."""
 
-    Strings, most of any config, take a short path (by their shared tag) that counts the same
-    budget and depth as every other value.
+    __slots__ = ("anchor", "budget", "height", "is_map", "key", "mark", "merged", "seen", "value")
+
+    def __init__(self, value: Any, is_map: bool, mark: Mark, anchor: str | None, budget: int) -> None:
+        self.value = value
+        self.is_map = is_map
+        self.mark = mark
+        self.anchor = anchor
+        self.budget = budget  # the document's budget when it started: its size is the difference
+        self.height = 0
+        self.key: Any = _NO_KEY
+        self.seen: dict[Any, Mark] = {}
+        self.merged: dict[Any, Any] | None = None
+
+
+class _DocumentBuilder:
+    """Builds one document's data from libyaml's events, in a loop with its own stack.
+
+    libyaml's parser is iterative, but composing its events into a tree by recursion (as ruamel's
+    C composer does) overflows the C stack on a file of 30,000 `[` and kills the process. Here the
+    nesting is counted as it grows and refused past `MAX_DEPTH`, before anything recurses.
+
+    Every value counts against a budget, an alias as many values as it stands for, so an alias
+    bomb ("billion laughs") stops at the budget instead of expanding into gigabytes; an alias
+    takes a copy, so no two places of the data are one object. Duplicate keys are refused with
+    both positions, as Kubernetes refuses them.
     """
 
-    __slots__ = ("budget",)
+    __slots__ = ("anchors", "budget", "open_anchors", "resolve")
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, resolve: Any, budget: int) -> None:
+        self.resolve = resolve
         self.budget = budget
+        #: anchor -> (value, values it counts for, height)
+        self.anchors: dict[str, tuple[Any, int, int]] = {}
+        self.open_anchors: set[str] = set()
 
-    def build(self, node: Node, depth: int = 0) -> Any:
-        self.budget -= 1
-        if self.budget < 0:
-            raise _error(_TOO_MANY, node)
-        if depth > MAX_DEPTH:
-            raise _error(_TOO_DEEP, node)
-        if isinstance(node, ScalarNode):
-            return node.value if node.ctag is _STR_TAG else _scalar(node)
-        if isinstance(node, MappingNode):
-            return self._mapping(node, depth)
-        if isinstance(node, SequenceNode):
-            return [self.build(child, depth + 1) for child in node.value]
-        raise _error(f"unexpected YAML node {type(node).__name__}", node)  # pragma: no cover
-
-    def _mapping(self, node: MappingNode, depth: int) -> dict[Any, Any]:
-        out: dict[Any, Any] = {}
-        seen: dict[Any, Node] = {}
-        merged: dict[Any, Any] = {}
-        child_depth = depth + 1
-        for key_node, value_node in node.value:
-            if key_node.ctag is _STR_TAG and type(key_node) is ScalarNode:
+    def build(self, next_event: Any) -> tuple[Any, Mark | None]:
+        """The document's root value and its mark, consuming events up to the document's end."""
+        stack: list[_Frame] = []
+        root: Any = None
+        root_mark: Mark | None = None
+        while True:
+            event = next_event()
+            cls = type(event)
+            if cls is ScalarEvent:
+                mark = event.start_mark
                 self.budget -= 1
                 if self.budget < 0:
-                    raise _error(_TOO_MANY, key_node)
-                if child_depth > MAX_DEPTH:
-                    raise _error(_TOO_DEEP, key_node)
-                key = key_node.value
-            else:
-                if key_node.tag == _MERGE:
-                    merged.update(self._merge_sources(value_node, depth))
-                    continue
-                key = self.build(key_node, child_depth)
-                if isinstance(key, (dict, list)):
-                    raise _error("a mapping key must be a scalar", key_node)
-            if key in seen:
-                first = seen[key].start_mark
-                raise _error(
-                    f'duplicate key "{key}" (first defined at line {first.line + 1}, '
-                    f"column {first.column + 1})",
-                    key_node,
-                )
-            seen[key] = key_node
-            if value_node.ctag is _STR_TAG and type(value_node) is ScalarNode:
+                    raise _error(_TOO_MANY, mark)
+                if len(stack) > MAX_DEPTH:
+                    raise _error(_TOO_DEEP, mark)
+                tag = event.tag
+                if tag is None:
+                    tag = self.resolve(ScalarNode, event.value, event.implicit)
+                elif tag == "!":
+                    tag = _STR_TAG
+                value = event.value if tag is _STR_TAG else _scalar(tag, event.value)
+                if event.anchor is not None:
+                    self.anchors[event.anchor] = (value, 1, 0)
+                height = 0
+                if tag == _MERGE and stack and stack[-1].is_map and stack[-1].key is _NO_KEY:
+                    value = _MERGE_KEY
+            elif cls is MappingStartEvent or cls is SequenceStartEvent:
+                mark = event.start_mark
                 self.budget -= 1
                 if self.budget < 0:
-                    raise _error(_TOO_MANY, value_node)
-                if child_depth > MAX_DEPTH:
-                    raise _error(_TOO_DEEP, value_node)
-                out[key] = value_node.value
+                    raise _error(_TOO_MANY, mark)
+                if len(stack) >= MAX_DEPTH:
+                    raise _error(_TOO_DEEP, mark)
+                is_map = cls is MappingStartEvent
+                if event.anchor is not None:
+                    self.open_anchors.add(event.anchor)
+                stack.append(_Frame({} if is_map else [], is_map, mark, event.anchor, self.budget + 1))
+                continue
+            elif cls is MappingEndEvent or cls is SequenceEndEvent:
+                frame = stack.pop()
+                mark, value, height = frame.mark, frame.value, frame.height
+                if frame.merged:
+                    value = {**frame.merged, **value}  # explicit keys win, as the merge-key spec says
+                if frame.anchor is not None:
+                    self.open_anchors.discard(frame.anchor)
+                    self.anchors[frame.anchor] = (value, frame.budget - self.budget, height)
+            elif cls is AliasEvent:
+                mark, name = event.start_mark, event.anchor
+                if name in self.open_anchors:
+                    raise _error(f"recursive alias *{name}: nesting without end", mark)
+                found = self.anchors.get(name)
+                if found is None:
+                    raise _error(f"found undefined alias *{name}", mark)
+                value, size, height = found
+                self.budget -= size
+                if self.budget < 0:
+                    raise _error(_TOO_MANY, mark)
+                if len(stack) + height > MAX_DEPTH:
+                    raise _error(_TOO_DEEP, mark)
+                value = _copy(value)
+            elif cls is DocumentEndEvent:
+                return root, root_mark
+            else:  # pragma: no cover - libyaml sends nothing else inside a document
+                raise _error(f"unexpected YAML event {cls.__name__}", event.start_mark)
+
+            if not stack:
+                root, root_mark = value, mark
+                continue
+            top = stack[-1]
+            if height >= top.height:
+                top.height = height + 1
+            if not top.is_map:
+                top.value.append(value)
+            elif top.key is _NO_KEY:
+                if isinstance(value, (dict, list)):
+                    raise _error("a mapping key must be a scalar", mark)
+                if value is not _MERGE_KEY:
+                    first = top.seen.get(value)
+                    if first is not None:
+                        raise _error(
+                            f'duplicate key "{value}" (first defined at line {first.line + 1}, '
+                            f"column {first.column + 1})",
+                            mark,
+                        )
+                    top.seen[value] = mark
+                top.key = value
+            elif top.key is _MERGE_KEY:
+                top.merged = {**(top.merged or {}), **_merge_sources(value, mark)}
+                top.key = _NO_KEY
             else:
-                out[key] = self.build(value_node, child_depth)
-        if merged:
-            # Explicit keys win over merged ones, as the YAML merge-key spec says.
-            return {**merged, **out}
-        return out
-
-    def _merge_sources(self, node: Node, depth: int) -> dict[Any, Any]:
-        sources = node.value if isinstance(node, SequenceNode) else [node]
-        out: dict[Any, Any] = {}
-        for source in reversed(sources):
-            value = self.build(source, depth + 1)
-            if not isinstance(value, dict):
-                raise _error("a merge key (<<) takes a mapping or a list of mappings", source)
-            out.update(value)
-        return out
+                top.value[top.key] = value
+                top.key = _NO_KEY
 
 
-def _scalar(node: ScalarNode) -> Any:
-    tag, value = node.tag, node.value
+def _merge_sources(value: Any, mark: Mark) -> dict[Any, Any]:
+    """What a merge key (`<<`) brings: a mapping, or a list of them where the first wins."""
+    sources = value if isinstance(value, list) else [value]
+    out: dict[Any, Any] = {}
+    for source in reversed(sources):
+        if not isinstance(source, dict):
+            raise _error("a merge key (<<) takes a mapping or a list of mappings", mark)
+        out.update(source)
+    return out
+
+
+def _copy(value: Any) -> Any:
+    """A copy of an anchored value for one of its aliases (its depth is bounded already)."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+def _scalar(tag: str, value: str) -> Any:
     if tag == _STR:
         return value
     try:
@@ -225,8 +323,7 @@ def _scalar(node: ScalarNode) -> Any:
     return value
 
 
-def _error(message: str, node: Node) -> YamlError:
-    mark = node.start_mark
+def _error(message: str, mark: Mark) -> YamlError:
     return YamlError(message, mark.line + 1, mark.column + 1)
 
 
@@ -246,32 +343,35 @@ def _yaml_error(exc: YAMLError) -> YamlError:
     return YamlError(str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid YAML")
 
 
-def _compose(text: str) -> list[Node]:
+def parse_documents(
+    text: str, *, max_values: int = DEFAULT_MAX_VALUES, max_documents: int = DEFAULT_MAX_DOCUMENTS
+) -> list[Document]:
+    """Every non-empty document of `text`, as plain data. Raises YamlError on the first problem:
+    a file is accepted whole or not at all, so the store never holds half of it. Documents are
+    built one at a time as libyaml parses them, so a file of a million empty documents stops at
+    `max_documents` instead of holding them all."""
     loader = _Loader(text)
-    nodes: list[Node] = []
+    next_event = loader.get_event
+    docs: list[Document] = []
+    index = 0
     try:
-        while loader.check_node():
-            node = loader.get_node()
-            if node is not None:
-                nodes.append(node)
+        while True:
+            event = next_event()
+            cls = type(event)
+            if cls is StreamEndEvent:
+                return docs
+            if cls is not DocumentStartEvent:
+                continue
+            if index >= max_documents:
+                raise _error(f"more than {max_documents} YAML documents in one file", event.start_mark)
+            data, mark = _DocumentBuilder(loader.resolve, max_values).build(next_event)
+            if data is not None and mark is not None:  # None: an empty document between two '---'
+                docs.append(Document(index=index, line=mark.line + 1, column=mark.column + 1, data=data))
+            index += 1
     except YAMLError as exc:
         raise _yaml_error(exc) from None
     except (ValueError, TypeError) as exc:  # libyaml reader errors on bad characters
         raise YamlError(f"cannot read YAML: {exc}") from None
-    return nodes
-
-
-def parse_documents(text: str, *, max_values: int = DEFAULT_MAX_VALUES) -> list[Document]:
-    """Every non-empty document of `text`, as plain data. Raises YamlError on the first problem:
-    a file is accepted whole or not at all, so the store never holds half of it."""
-    docs: list[Document] = []
-    for index, node in enumerate(_compose(text)):
-        if isinstance(node, ScalarNode) and node.tag == _NULL:
-            continue  # an empty document between two '---'
-        data = _Builder(max_values).build(node)
-        mark = node.start_mark
-        docs.append(Document(index=index, line=mark.line + 1, column=mark.column + 1, data=data))
-    return docs
 
 
 def check_size(size: int, limit: int = DEFAULT_MAX_FILE_BYTES) -> None:
@@ -288,45 +388,104 @@ def locate(text: str, document: int, path: Sequence[str | int]) -> tuple[int, in
     return Positions(text).locate(document, path)
 
 
+@dataclass(slots=True)
+class _Placed:
+    """Where a value is written: its mark, a scalar's text (keys are matched by it), and a
+    collection's items (a mapping's as (key, value) pairs)."""
+
+    mark: Mark
+    is_map: bool = False
+    text: str | None = None
+    items: list[Any] = field(default_factory=list)
+
+
+def _place(text: str) -> list[_Placed | None]:
+    """Each document's position tree, empty documents included (they keep their index), built
+    from events with the same nesting bound as the data. Aliases share the anchored tree."""
+    loader = _Loader(text)
+    roots: list[_Placed | None] = []
+    while True:
+        event = loader.get_event()
+        cls = type(event)
+        if cls is StreamEndEvent:
+            return roots
+        if cls is not DocumentStartEvent:
+            continue
+        if len(roots) >= DEFAULT_MAX_DOCUMENTS:
+            return roots
+        anchors: dict[str, _Placed] = {}
+        stack: list[tuple[_Placed, list[_Placed]]] = []  # a collection, and a mapping's pending key
+        root: _Placed | None = None
+        while (event := loader.get_event()) and type(event) is not DocumentEndEvent:
+            cls = type(event)
+            if cls is MappingStartEvent or cls is SequenceStartEvent:
+                if len(stack) >= MAX_DEPTH:
+                    raise _error(_TOO_DEEP, event.start_mark)
+                placed = _Placed(event.start_mark, cls is MappingStartEvent)
+                if event.anchor is not None:
+                    anchors[event.anchor] = placed
+                stack.append((placed, []))
+                continue
+            if cls is MappingEndEvent or cls is SequenceEndEvent:
+                placed = stack.pop()[0]
+            elif cls is AliasEvent:
+                placed = anchors.get(event.anchor) or _Placed(event.start_mark)
+            else:
+                placed = _Placed(event.start_mark, text=event.value)
+                if event.anchor is not None:
+                    anchors[event.anchor] = placed
+            if not stack:
+                root = placed
+                continue
+            parent, key = stack[-1]
+            if not parent.is_map:
+                parent.items.append(placed)
+            elif key:
+                parent.items.append((key.pop(), placed))
+            else:
+                key.append(placed)
+        roots.append(root)
+
+
 class Positions:
-    """Field positions in one text, which is composed once, on the first question: a file with
+    """Field positions in one text, which is parsed once, on the first question: a file with
     many findings costs one more parse, not one per finding."""
 
-    __slots__ = ("_nodes", "_text")
+    __slots__ = ("_roots", "_text")
 
     def __init__(self, text: str) -> None:
         self._text = text
-        self._nodes: list[Node] | None = None
+        self._roots: list[_Placed | None] | None = None
 
     def locate(self, document: int, path: Sequence[str | int]) -> tuple[int, int]:
         """As `locate()`; (0, 0) when the text does not parse or has no such document."""
-        if self._nodes is None:
+        if self._roots is None:
             try:
-                self._nodes = _compose(self._text)
-            except YamlError:
-                self._nodes = []
+                self._roots = _place(self._text)
+            except (YAMLError, YamlError, ValueError, TypeError):
+                self._roots = []
         # Empty documents are skipped by parse_documents but keep their index in the stream.
-        if document >= len(self._nodes):
+        node = self._roots[document] if document < len(self._roots) else None
+        if node is None:
             return (0, 0)
-        node: Node = self._nodes[document]
-        at: Node = node
+        at = node
         for part in path:
             found = _child(node, part)
             if found is None:
                 break
             # A field is shown at its key (where a person reads the name); a list item at the item.
             at, node = found
-        return at.start_mark.line + 1, at.start_mark.column + 1
+        return at.mark.line + 1, at.mark.column + 1
 
 
-def _child(node: Node, part: str | int) -> tuple[Node, Node] | None:
-    if isinstance(part, int) and isinstance(node, SequenceNode):
-        if 0 <= part < len(node.value):
-            item: Node = node.value[part]
+def _child(node: _Placed, part: str | int) -> tuple[_Placed, _Placed] | None:
+    if not node.is_map:
+        if isinstance(part, int) and 0 <= part < len(node.items):
+            item: _Placed = node.items[part]
             return item, item
         return None
-    if isinstance(node, MappingNode):
-        for key_node, value_node in node.value:
-            if isinstance(key_node, ScalarNode) and key_node.value == str(part):
-                return key_node, value_node
+    for key, value in node.items:
+        if key.text is not None and key.text == str(part):
+            return key, value
     return None
+
