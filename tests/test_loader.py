@@ -235,3 +235,34 @@ def test_worker_processes_give_the_same_configs(tmp_path: Path) -> None:
     for a, b in pairs:
         assert a.key == b.key and a.packed == b.packed and a.source == b.source
         assert a.same_content(b) and a.content_digest() == b.content_digest()
+
+
+def test_findings_alike_in_one_file_are_reported_once_with_a_count() -> None:
+    """A file of thousands of broken documents is one finding, not thousands of lines."""
+    result = load_text("{}\n---\n" * 5000 + VS.format(version="v1", name="r"), "junk.yaml")
+    assert not result.ok and result.configs == ()
+    assert [(f.severity, f.message, f.line) for f in result.findings] == [
+        (Severity.ERROR, "missing kind (and 4,999 more like it in this file)", 1)
+    ]
+
+
+def test_findings_per_file_are_bounded_and_the_rest_counted() -> None:
+    skipped = "\n---\n".join(f"apiVersion: v1\nkind: Kind{i}\nmetadata: {{name: x}}" for i in range(250))
+    result = load_text(skipped, "k8s.yaml", LoadOptions(max_findings_per_file=100))
+    assert result.ok  # warnings only
+    assert len(result.findings) == 101
+    assert result.findings[99].message == "skipped v1 Kind99: not Istio networking config"
+    assert (result.findings[-1].severity, result.findings[-1].message) == (
+        Severity.WARNING,
+        "150 more findings in this file not shown",
+    )
+
+
+def test_an_error_among_the_findings_not_shown_still_rejects_the_file() -> None:
+    skipped = "".join(f"apiVersion: v1\nkind: Kind{i}\nmetadata: {{name: x}}\n---\n" for i in range(5))
+    result = load_text(skipped + "- not a mapping\n", "k8s.yaml", LoadOptions(max_findings_per_file=5))
+    assert not result.ok and result.configs == ()
+    assert (result.findings[-1].severity, result.findings[-1].message) == (
+        Severity.ERROR,
+        "1 more finding in this file not shown",
+    )

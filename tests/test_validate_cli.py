@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from meshctl.cli.app import app
+from meshctl.config.yamlsource import DEFAULT_MAX_FILE_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "configs"
@@ -126,3 +127,45 @@ def test_valid_input_prints_no_findings(fmt: str) -> None:
     result = runner.invoke(app, ["validate", "-o", fmt, str(EXAMPLES)])
     assert result.exit_code == 0
     assert result.stdout.strip() in ("", "[]")
+
+
+def test_endless_stdin_is_read_only_up_to_the_size_limit() -> None:
+    """`yes | meshctl validate -` once read until memory ran out; now it stops past the limit."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "meshctl", "validate", "-o", "json", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=0,
+    )
+    assert proc.stdin is not None
+    written, chunk = 0, b"#" * 65536
+    try:
+        while written < 8 * DEFAULT_MAX_FILE_BYTES:  # a regression reads it all, and fails below
+            proc.stdin.write(chunk)
+            written += len(chunk)
+    except BrokenPipeError:  # meshctl stopped reading and exited, as it should
+        pass
+    stdout, stderr = proc.communicate(timeout=60)  # closes stdin: EOF for a meshctl still reading
+    assert proc.returncode == 1, stderr
+    assert [(f["file"], f["message"]) for f in json.loads(stdout)] == [
+        ("<stdin>", f"file is over the {DEFAULT_MAX_FILE_BYTES}-byte limit for a config file")
+    ]
+    assert written < 2 * DEFAULT_MAX_FILE_BYTES
+
+
+def test_stdin_over_the_limit_does_not_stop_the_files_being_checked(tmp_path: Path) -> None:
+    (tmp_path / "vs.yaml").write_text(BAD_VS)
+    too_big = b"#" * (DEFAULT_MAX_FILE_BYTES + 1)
+    result = runner.invoke(app, ["validate", "-o", "json", str(tmp_path), "-"], input=too_big)
+    assert result.exit_code == 1
+    assert {(f["file"], f["code"]) for f in json.loads(result.stdout)} == {
+        ("<stdin>", None),
+        (str(tmp_path / "vs.yaml"), "IST0101"),
+    }
+
+
+def test_stdin_that_is_not_utf8_is_a_finding_not_an_internal_error() -> None:
+    result = runner.invoke(app, ["validate", "-"], input=b"kind: \xff\xfe\n")
+    assert result.exit_code == 1
+    assert "error <stdin>: file is not UTF-8 text" in result.stdout

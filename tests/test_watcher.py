@@ -12,9 +12,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from meshctl.config import files as files_module
 from meshctl.config import watcher as watcher_module
 from meshctl.config.model import Config, ConfigKey
 from meshctl.config.store import ConfigChange, ConfigStore
@@ -440,3 +442,98 @@ def test_with_several_directories_the_first_given_wins_a_duplicate(tmp_path: Pat
     assert hosts_of(store.get(vs_key("reviews"))) == ["team.shop.mesh"]
     assert store.get(vs_key("ratings")) is not None
     assert [e.file for e in result.errors] == [str(second / "reviews.yaml")]
+
+
+# -- a file still being written --
+
+
+def no_inotify(*args: object, **kwargs: object) -> object:
+    """An Observer that cannot start (out of inotify instances): the watcher polls instead."""
+    raise OSError(24, "Too many open files")
+
+
+def test_a_file_seen_changing_while_read_keeps_its_old_version_and_is_read_again(
+    root: Path, store: ConfigStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reload (SIGHUP here) in the middle of a save must not load half of the file; it looks
+    again soon by itself, with no event (there is no inotify here) and no poll due for a minute."""
+    path = root / "reviews.yaml"
+    path.write_text(vs("reviews", timeout="5s"))
+    monkeypatch.setattr(watcher_module, "Observer", no_inotify)
+    options = WatchOptions(debounce=0.1, max_delay=5.0, retry_interval=60.0)
+    with DirectoryWatcher([root], store, options) as watcher:
+        new = vs("reviews", timeout="6s")
+        path.write_text(new[:100])  # the writer's first write
+        real_read, rest = files_module.read_bounded, [new[100:]]
+
+        def read_while_the_rest_is_written(*args: Any, **kwargs: Any) -> bytes:
+            data = real_read(*args, **kwargs)
+            if rest:
+                with path.open("a") as f:
+                    f.write(rest.pop())
+            return data
+
+        monkeypatch.setattr(files_module, "read_bounded", read_while_the_rest_is_written)
+        result = watcher.reload_now()
+        assert (result.deferred, result.change) == ((str(path),), None)
+        assert timeout_of(store, "reviews") == 5
+        assert [e.file for e in store.errors()] == [str(root)]  # only "cannot watch": nothing about the file
+        wait_for(lambda: timeout_of(store, "reviews") == 6, "the retry to load the whole file", timeout=5.0)
+        assert [e.file for e in store.errors()] == [str(root)]
+
+
+def test_a_slow_writer_is_not_loaded_half_way_by_a_polling_reload(
+    root: Path, store: ConfigStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Polling (or a reload forced by max_delay) can come in the middle of a save: a file that
+    changed less than `debounce` ago waits, so neither file is ever seen with half its documents."""
+    shop, new = root / "shop.yaml", root / "new.yaml"
+    shop.write_text(documents(vs("a", timeout="1s"), vs("b", timeout="1s"), se("c", "c.shop.mesh")))
+    monkeypatch.setattr(watcher_module, "Observer", no_inotify)
+    options = WatchOptions(debounce=1.0, max_delay=10.0, retry_interval=0.05)
+    with DirectoryWatcher([root], store, options):
+        changes = Changes(store)
+        shop.write_text(documents(vs("a", timeout="2s"), vs("b", timeout="2s")) + "---\n")  # c comes later
+        new.write_text(vs("x") + "---\n")
+        time.sleep(0.4)  # a few polls
+        shop.write_text(documents(vs("a", timeout="2s"), vs("b", timeout="2s"), se("c", "c.shop.mesh", 9090)))
+        new.write_text(documents(vs("x"), vs("y")))
+        wait_for(lambda: changes.items, "the finished files")
+    (change,) = changes.items
+    assert sorted((e.kind.value, e.key.name) for e in change.events) == [
+        ("created", "x"),
+        ("created", "y"),
+        ("updated", "a"),
+        ("updated", "b"),
+        ("updated", "c"),
+    ]
+
+
+def test_a_file_truncated_by_a_writer_keeps_its_resources_until_it_is_written(
+    root: Path, store: ConfigStore, watching: DirectoryWatcher
+) -> None:
+    """`kubectl get ... > reviews.yaml`: the shell empties the file before kubectl has written
+    anything; the fleet must not lose the file's routes in between."""
+    path = root / "reviews.yaml"
+    path.write_text(documents(vs("reviews", timeout="5s"), se("ratings", "ratings.shop.mesh")))
+    wait_for(lambda: timeout_of(store, "reviews") == 5, "the first version")
+    changes = Changes(store)
+    with path.open("w") as f:  # truncated now
+        time.sleep(1.0)  # ten times the debounce
+        f.write(documents(vs("reviews", timeout="6s"), se("ratings", "ratings.shop.mesh")))
+    wait_for(lambda: timeout_of(store, "reviews") == 6, "the written file")
+    assert [(e.kind.value, e.key.name) for c in changes.items for e in c.events] == [("updated", "reviews")]
+
+
+def test_a_file_emptied_on_purpose_is_applied_after_max_delay_or_at_once_by_reload_now(
+    root: Path, store: ConfigStore
+) -> None:
+    (root / "a.yaml").write_text(vs("a"))
+    (root / "b.yaml").write_text(vs("b"))
+    options = WatchOptions(debounce=0.1, max_delay=0.5, retry_interval=0.2)
+    with DirectoryWatcher([root], store, options) as watcher:
+        (root / "a.yaml").write_text("")
+        wait_for(lambda: store.get(vs_key("a")) is None, "the empty file to be applied", timeout=5.0)
+        (root / "b.yaml").write_text("")
+        assert watcher.reload_now().change is not None  # SIGHUP: the files are as meant
+        assert not store.configs and store.errors() == []

@@ -5,9 +5,12 @@ from __future__ import annotations
 import enum
 import gc
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from meshctl.config.findings import Finding
 
 EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
 
@@ -42,7 +45,7 @@ def validate(
 
     from meshctl.cli import output as out
     from meshctl.config.check import check
-    from meshctl.config.findings import Severity
+    from meshctl.config.findings import Severity, sort_findings
     from meshctl.config.loader import LoadOptions, spare_cpus
 
     missing = [p for p in paths if p != "-" and not Path(p).exists()]
@@ -54,14 +57,16 @@ def validate(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        stdin_text = sys.stdin.read() if "-" in paths else None
+        options = LoadOptions(default_namespace=namespace, workers=jobs or spare_cpus())
+        stdin_text, refused = _read_stdin(options.max_file_bytes) if "-" in paths else (None, [])
         findings = check(
-            paths,
-            LoadOptions(default_namespace=namespace, workers=jobs or spare_cpus()),
+            [p for p in paths if p != "-" or not refused],
+            options,
             stdin_text=stdin_text,
             known_hosts=known_host or (),
             analysis=analyze,
         )
+        findings = sort_findings([*findings, *refused]) if refused else findings
     except Exception as exc:  # an internal error must not look like invalid input
         out.error(f"internal error: {type(exc).__name__}: {exc}")
         raise typer.Exit(EXIT_ERROR) from exc
@@ -73,3 +78,16 @@ def validate(
         out.summary(findings)
     failing = {Severity.ERROR, Severity.WARNING} if strict else {Severity.ERROR}
     raise typer.Exit(EXIT_INVALID if any(f.severity in failing for f in findings) else EXIT_OK)
+
+
+def _read_stdin(limit: int) -> tuple[str | None, list[Finding]]:
+    """Stdin as text, or the finding that refuses it as a file's would be: never more than
+    `limit` bytes and one are read, so `yes | meshctl validate -` ends, and at once."""
+    from meshctl.config.files import decode_text, read_bounded
+    from meshctl.config.findings import Finding, Severity
+    from meshctl.errors import ConfigError
+
+    try:
+        return decode_text(read_bounded(sys.stdin.buffer.read, limit)), []
+    except ConfigError as exc:
+        return None, [Finding(Severity.ERROR, str(exc), "<stdin>")]

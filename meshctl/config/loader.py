@@ -14,13 +14,14 @@ import os
 import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache, partial
 from pathlib import Path
 from sys import intern
 from typing import TYPE_CHECKING, Any, Final
 
 from meshctl.config import yamlsource
+from meshctl.config.files import decode_text, read_config_file, walk_yaml
 from meshctl.config.findings import FieldPath, Finding, Severity, format_path, has_errors
 from meshctl.config.model import (
     ACCEPTED_VERSIONS,
@@ -33,12 +34,11 @@ from meshctl.config.model import (
 )
 from meshctl.config.schema import parse_spec
 from meshctl.config.validation import import_rules, validate_spec
-from meshctl.errors import YamlError
+from meshctl.errors import ConfigError, YamlError
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
-YAML_SUFFIXES: Final = (".yaml", ".yml")
 
 # Kubernetes object names: RFC 1123 subdomain; namespaces: RFC 1123 label.
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -56,6 +56,8 @@ class LoadOptions:
     max_file_bytes: int = yamlsource.DEFAULT_MAX_FILE_BYTES
     max_values: int = yamlsource.DEFAULT_MAX_VALUES
     validate: bool = True
+    #: Distinct findings reported for one file; the rest are counted in one last finding.
+    max_findings_per_file: int = 100
     #: Processes that load files side by side when there are many (see `load_paths`); 1 loads
     #: everything in this process, as a server must (it runs threads, and workers are forked).
     workers: int = 1
@@ -100,36 +102,27 @@ class _Locator:
 
 
 def discover(paths: Iterable[Path]) -> list[Path]:
-    """YAML files under `paths` in a stable order; hidden files and folders (.git, ..data) are skipped.
-    A path given as a file is taken whatever its suffix."""
-    found: list[Path] = []
-    for path in paths:
-        if path.is_dir():
-            for dirpath, dirnames, filenames in os.walk(path, followlinks=True):
-                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-                found.extend(
-                    Path(dirpath) / name
-                    for name in sorted(filenames)
-                    if name.endswith(YAML_SUFFIXES) and not name.startswith(".")
-                )
-        else:
-            found.append(path)
-    return found
+    """YAML files under `paths` in a stable order (see `files.walk_yaml`, which also says what it
+    skipped); hidden files and folders (.git, ..data) are skipped, and each directory is read once
+    however many links lead to it. A path given as a file is taken whatever its suffix."""
+    return walk_yaml(paths).files
 
 
 def load_file(path: Path, options: LoadOptions | None = None) -> FileResult:
-    """Read and load one file; I/O errors become findings, never exceptions."""
+    """Read and load one file; I/O errors become findings, never exceptions. Only a regular
+    file is read, never more than the size limit, and nothing it can be makes this block."""
     options = options or LoadOptions()
-    display = str(path)
     try:
-        size = path.stat().st_size
-        yamlsource.check_size(size, options.max_file_bytes)
-        raw = path.read_bytes()
-    except YamlError as exc:
-        return FileResult(display, findings=(_file_error(display, exc.message),))
-    except OSError as exc:
-        return FileResult(display, findings=(_file_error(display, f"cannot read file: {exc.strerror or exc}"),))
-    return load_bytes(raw, display, options)
+        raw = read_config_file(path, options.max_file_bytes).data
+    except (ConfigError, OSError) as exc:
+        return unreadable(str(path), exc)
+    return load_bytes(raw, str(path), options)
+
+
+def unreadable(display: str, exc: ConfigError | OSError) -> FileResult:
+    """The result of a file that could not be read, with a finding that says why."""
+    message = f"cannot read file: {exc.strerror or exc}" if isinstance(exc, OSError) else str(exc)
+    return FileResult(display, findings=(_file_error(display, message),))
 
 
 def load_bytes(raw: bytes, display: str, options: LoadOptions | None = None) -> FileResult:
@@ -138,12 +131,9 @@ def load_bytes(raw: bytes, display: str, options: LoadOptions | None = None) -> 
     options = options or LoadOptions()
     try:
         yamlsource.check_size(len(raw), options.max_file_bytes)
-    except YamlError as exc:
-        return FileResult(display, findings=(_file_error(display, exc.message),))
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        return FileResult(display, findings=(_file_error(display, f"file is not UTF-8 text: {exc.reason}"),))
+        text = decode_text(raw)
+    except ConfigError as exc:
+        return FileResult(display, findings=(_file_error(display, str(exc)),))
     return load_text(text, display, options)
 
 
@@ -158,7 +148,7 @@ def load_text(text: str, display: str, options: LoadOptions | None = None) -> Fi
 
     locator = _Locator(text)
     configs: list[Config] = []
-    findings: list[Finding] = []
+    findings = _FileFindings(display, options.max_findings_per_file)
     seen: dict[ConfigKey, Source] = {}
     for doc in documents:
         config, doc_findings = _load_document(doc, display, options, locator)
@@ -167,13 +157,54 @@ def load_text(text: str, display: str, options: LoadOptions | None = None) -> Fi
             continue
         first = seen.get(config.key)
         if first is not None:
-            findings.append(_duplicate(config, first))
+            findings.extend([_duplicate(config, first)])
             continue
         seen[config.key] = config.source
         configs.append(config)
-    if has_errors(findings):
-        return FileResult(display, (), tuple(findings))
-    return FileResult(display, tuple(configs), tuple(findings))
+    if findings.has_errors:
+        return FileResult(display, (), findings.result())
+    return FileResult(display, tuple(configs), findings.result())
+
+
+class _FileFindings:
+    """One file's findings, bounded: a file of a million broken documents must not become a
+    million log lines and a gigabyte of findings, in the server or in CI.
+
+    Findings alike (same severity, message and field) are kept as the first of them, which says
+    how many more there were; after `limit` distinct ones, the rest are only counted, and one
+    last finding says how many were left out, as an error if any of them was one, so a file with
+    errors is still rejected whole."""
+
+    def __init__(self, display: str, limit: int) -> None:
+        self._display, self._limit = display, limit
+        self._first: dict[tuple[Severity, str, str], Finding] = {}
+        self._count: dict[tuple[Severity, str, str], int] = {}
+        self._dropped: dict[Severity, int] = {}
+        self.has_errors = False
+
+    def extend(self, findings: Iterable[Finding]) -> None:
+        for finding in findings:
+            self.has_errors = self.has_errors or finding.severity is Severity.ERROR
+            key = (finding.severity, finding.message, finding.field)
+            if key in self._first:
+                self._count[key] += 1
+            elif len(self._first) < self._limit:
+                self._first[key], self._count[key] = finding, 1
+            else:
+                self._dropped[finding.severity] = self._dropped.get(finding.severity, 0) + 1
+
+    def result(self) -> tuple[Finding, ...]:
+        out = [_with_more(finding, self._count[key] - 1) for key, finding in self._first.items()]
+        if self._dropped:
+            worst = next(s for s in Severity if s in self._dropped)  # ERROR, WARNING, INFO: worst first
+            dropped = sum(self._dropped.values())
+            message = f"{dropped:,} more finding{'s' if dropped > 1 else ''} in this file not shown"
+            out.append(Finding(worst, message, self._display))
+        return tuple(out)
+
+
+def _with_more(finding: Finding, more: int) -> Finding:
+    return replace(finding, message=f"{finding.message} (and {more:,} more like it in this file)") if more else finding
 
 
 def _load_document(
@@ -326,7 +357,9 @@ def load_paths(paths: Sequence[Path], options: LoadOptions | None = None) -> Loa
             existing.append(path)
         else:
             tree_findings.append(_file_error(str(path), "no such file or directory"))
-    found = discover(existing)
+    walk = walk_yaml(existing)
+    tree_findings.extend(walk.findings)
+    found = walk.files
     files = {str(p): result for p, result in zip(found, _load_files(found, options), strict=True)}
     return LoadResult(files, tuple(tree_findings))
 

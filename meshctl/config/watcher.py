@@ -16,7 +16,24 @@ What survives a bad reload, and why:
 - a resource defined in two files comes from the first file in path order, the other is an error;
 - a watched directory that is missing or unreadable deletes nothing (an unmounted volume is not
   an instruction to empty the mesh); the error is reported and the directory is picked up again
-  when it comes back.
+  when it comes back;
+- a name that leads to no regular file (a FIFO, a device), a file over the size limit, and links
+  that lead back into the tree are refused with a finding and never block a reload (`files`).
+
+A file still being written is not loaded half-way: it keeps, for that round, what the previous
+reload had from it (its last result, so its last good resources), and a reload is due soon after
+even if no event comes. A file counts as being written when
+- its stat changed while it was read (size, times), in any reload;
+- in a background reload (events, `max_delay`, the timer while watches are down), it changed
+  less than `debounce` ago, the quiet time that counts as a save being done (a reload after
+  quiet finds every file older than that; one forced by `max_delay`, or by polling, may not);
+- in a background reload, it is empty and last gave resources: `cmd > file.yaml` truncates the
+  file before `cmd` has written anything, and a running fleet must not lose the file's routes
+  meanwhile. Such a file is held for up to `max_delay`, then taken as it is.
+No file is held for longer than `max_delay`, so a writer that never stops still gets its changes
+applied. A file seen for the first time is held in the same way (it contributes nothing yet).
+`reload_now` (start-up, SIGHUP, an explicit reload) is an instruction that the files are ready:
+it holds back only a file seen changing while it was read.
 
 Hidden files and directories (.git, editor swap files) are ignored, except the `..data` symlink
 that Kubernetes swaps to update a mounted ConfigMap, whose rename is the only event such an
@@ -34,7 +51,7 @@ import threading
 import time
 import types
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
@@ -42,9 +59,11 @@ from watchdog import events as ev
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver, ObservedWatch
 
+from meshctl.config.files import YAML_SUFFIXES, FileBytes, Signature, read_config_file, signature, walk_yaml
 from meshctl.config.findings import Finding, Severity
-from meshctl.config.loader import YAML_SUFFIXES, FileResult, LoadOptions, discover, load_bytes, load_file, merge_files
+from meshctl.config.loader import FileResult, LoadOptions, load_bytes, merge_files, unreadable
 from meshctl.config.store import ConfigChange, ConfigStore, EventKind, FileStatus
+from meshctl.errors import ConfigError
 
 logger = logging.getLogger("meshctl.config.watcher")
 
@@ -58,6 +77,9 @@ _EVENT_FILTER: Final[list[type[ev.FileSystemEvent]]] = [
 #: A file changed this recently may change again within the file system's timestamp granularity
 #: (1-2 s on some file systems) without its signature changing, so it is re-read next time.
 _RACY_NS: Final = 2_000_000_000
+
+#: A file held back as still being written is looked at again this soon at the earliest.
+_MIN_RETRY: Final = 0.05
 
 #: The symlink kubelet renames into place to update a ConfigMap or Secret volume.
 _KUBERNETES_DATA_LINK: Final = "..data"
@@ -84,18 +106,20 @@ class WatchOptions:
 @dataclass(frozen=True, slots=True)
 class ReloadResult:
     """What one reload did: the change applied (None when nothing changed), every error still
-    standing, and how many files were parsed or reused unchanged from the previous reload."""
+    standing, how many files were parsed or reused unchanged from the previous reload, and the
+    files held back as still being written (they keep what the reload before had from them)."""
 
     change: ConfigChange | None
     errors: tuple[Finding, ...]
     parsed: int = 0
     reused: int = 0
+    deferred: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class _Cached:
-    #: (inode, device, size, mtime, ctime); None when the file could not be stat'ed.
-    signature: tuple[int, ...] | None
+    #: (inode, device, size, mtime, ctime); None when the file could not be read.
+    signature: Signature | None
     result: FileResult
     #: A digest of the bytes loaded, kept while the file changed too recently for its signature
     #: alone to prove it unchanged (a write in the same clock tick keeps size and times).
@@ -106,13 +130,48 @@ class _Scan:
     """One reload's working state; the watcher adopts it only once the store has the result, so
     a reload that fails half-way cannot make the next one forget a file's last good contents."""
 
-    def __init__(self, cache: Mapping[str, _Cached], good: Mapping[str, FileResult]) -> None:
-        self.previous_cache, self.previous_good = cache, good
+    def __init__(
+        self,
+        cache: Mapping[str, _Cached],
+        good: Mapping[str, FileResult],
+        deferred: Mapping[str, float],
+        background: bool,
+    ) -> None:
+        self.previous_cache, self.previous_good, self.previous_deferred = cache, good, deferred
+        self.background = background
+        self.started = time.monotonic()
         self.cache: dict[str, _Cached] = {}
         self.good: dict[str, FileResult] = {}
         self.status: dict[str, list[Finding]] = {}
         self.order: dict[str, tuple[int, tuple[tuple[int, str], ...]]] = {}
         self.parsed = self.reused = 0
+        #: Files held back as still being written -> when they were first held (monotonic).
+        self.deferred: dict[str, float] = {}
+        self.retry_at: float | None = None
+
+    def reuse(self, path: str, cached: _Cached) -> FileResult:
+        self.cache[path] = cached
+        self.reused += 1
+        return cached.result
+
+    def parse(self, path: str, cached: _Cached) -> FileResult:
+        self.cache[path] = cached
+        self.parsed += 1
+        return cached.result
+
+    def defer(self, path: str, since: float, retry_at: float) -> None:
+        """Hold `path` back this round; the watcher looks again at `retry_at` even if no event comes."""
+        self.deferred[path] = since
+        self.retry_at = retry_at if self.retry_at is None else min(self.retry_at, retry_at)
+
+    def keep_file(self, path: str) -> None:
+        """`path` as the previous reload had it: its cached result, status and last good contents."""
+        cached = self.previous_cache.get(path)
+        if cached is not None:
+            self.cache[path] = cached
+            self.status[path] = list(cached.result.findings)  # its own; duplicates are found again
+        if path in self.previous_good:
+            self.good[path] = self.previous_good[path]
 
     def keep_root(self, index: int, root: str, problem: str) -> None:
         """A root that cannot be read: everything last loaded from under it stays, as it was."""
@@ -122,10 +181,7 @@ class _Scan:
         self.status.setdefault(root, []).append(Finding(Severity.ERROR, message, root))
         for path in kept:
             self.order[path] = (index, _walk_key(root, path))
-            self.cache[path] = cached = self.previous_cache[path]
-            self.status[path] = list(cached.result.findings)  # its own; duplicates are found again
-            if path in self.previous_good:
-                self.good[path] = self.previous_good[path]
+            self.keep_file(path)
 
     def in_path_order(self) -> list[str]:
         return sorted(self.order, key=self.order.__getitem__)
@@ -155,10 +211,12 @@ class DirectoryWatcher:
         self._first_event: float | None = None
         self._last_event = self._last_reload = 0.0
         self._degraded = self._stopping = False
+        self._retry_at: float | None = None  # when to look again at files held back as being written
         self._stale_roots: set[str] = set()
         self._reload_lock = threading.Lock()  # one reload at a time; guards everything below
         self._cache: Mapping[str, _Cached] = {}
         self._good: Mapping[str, FileResult] = {}
+        self._deferred: Mapping[str, float] = {}
         self._reported: set[str] = set()
         self._failing: set[str] = set()
         self._observer: BaseObserver | None = None
@@ -217,9 +275,15 @@ class DirectoryWatcher:
         self.stop()
 
     def reload_now(self) -> ReloadResult:
-        """Reload synchronously (SIGHUP, start-up); never raises for bad input or a failed reload."""
+        """Reload synchronously (SIGHUP, start-up); never raises for bad input or a failed reload.
+
+        It is an instruction that the files are ready: a file changed a moment ago is loaded as
+        it is, and only one seen changing while it was read is held back (see the module doc)."""
+        return self._reload_reporting(background=False)
+
+    def _reload_reporting(self, *, background: bool) -> ReloadResult:
         try:
-            return self._reload()
+            return self._reload(background)
         except Exception as exc:
             # Whatever went wrong, the store keeps what it has and the watcher keeps running.
             logger.exception("reloading config from %s failed", ", ".join(self._roots))
@@ -258,6 +322,8 @@ class DirectoryWatcher:
             due.append(min(self._last_event + self._options.debounce, self._first_event + self._options.max_delay))
         if self._degraded:
             due.append(self._last_reload + self._options.retry_interval)
+        if self._retry_at is not None:
+            due.append(self._retry_at)
         return min(due, default=None)
 
     def _run(self) -> None:
@@ -271,20 +337,20 @@ class DirectoryWatcher:
                 if self._stopping:
                     return
             try:
-                self.reload_now()
-            except Exception:  # reload_now reports its own failures; this thread must outlive anything
+                self._reload_reporting(background=True)
+            except Exception:  # _reload_reporting reports its own failures; this thread must outlive anything
                 logger.exception("config watcher: unexpected error, still watching")
 
     # -- reloading --
 
-    def _reload(self) -> ReloadResult:
+    def _reload(self, background: bool) -> ReloadResult:
         with self._reload_lock:
             with self._cond:
                 # Events from here on are not covered by this reload's reads: they schedule the next.
-                self._first_event = None
+                self._first_event = self._retry_at = None
                 self._last_reload = time.monotonic()
                 stale, self._stale_roots = self._stale_roots, set()
-            scan = _Scan(self._cache, self._good)
+            scan = _Scan(self._cache, self._good, self._deferred, background)
             degraded = self._arm(stale, scan.status)
             for index, root in enumerate(self._roots):
                 problem = _root_problem(root)
@@ -299,15 +365,17 @@ class DirectoryWatcher:
             files = [FileStatus(path, tuple(findings)) for path, findings in scan.status.items()]
             change = self._store.replace_all(merged.values(), files=files)
             # Only a reload that reached the store replaces what later reloads fall back on.
-            self._cache, self._good = scan.cache, scan.good
+            self._cache, self._good, self._deferred = scan.cache, scan.good, scan.deferred
             with self._cond:
-                self._degraded = degraded
+                self._degraded, self._retry_at = degraded, scan.retry_at
+                self._cond.notify_all()  # the watcher thread may be waiting for a later time
             errors = self._log_outcome(change, files)
-            return ReloadResult(change, errors, scan.parsed, scan.reused)
+            return ReloadResult(change, errors, scan.parsed, scan.reused, tuple(scan.deferred))
 
     def _scan_root(self, index: int, root: str, scan: _Scan) -> bool:
         """Read every file under `root` into `scan`; False when the root was kept as it was."""
-        paths = [str(p) for p in discover([Path(root)])]
+        walk = walk_yaml([Path(root)])
+        paths = [str(p) for p in walk.files]
         if not paths and any(_is_under(p, root) and r.configs for p, r in scan.previous_good.items()):
             # A directory that suddenly holds no YAML at all is far more often an unmounted volume
             # or a checkout half-way than a mesh meant to be empty: keep serving what it held.
@@ -318,23 +386,35 @@ class DirectoryWatcher:
                 "mesh on purpose, leave an empty .yaml file in it",
             )
             return False
-        found = set(paths)
+        for finding in walk.findings:
+            scan.status.setdefault(finding.file or root, []).append(finding)
+        found, skipped = set(paths), [str(p) for p in walk.skipped]
         # A file the walk did not list but that still exists sits in a directory that could not
-        # be listed: read it directly rather than deleting what it defines.
-        paths += [p for p in scan.previous_good if _is_under(p, root) and p not in found and _exists(p)]
+        # be listed: read it directly rather than deleting what it defines. Not so in a directory
+        # the walk skipped as one it had read by another path: its files were read there.
+        paths += [
+            p
+            for p in scan.previous_good
+            if _is_under(p, root) and p not in found and not any(_is_under(p, s) for s in skipped) and _exists(p)
+        ]
         for path in paths:
             if path in scan.order:
                 continue  # already read under an earlier root that contains this one
             scan.order[path] = (index, _walk_key(root, path))
             result = self._load(path, scan)
+            if result is None:  # still being written: as the previous reload had it
+                scan.keep_file(path)
+                continue
             scan.status[path] = list(result.findings)
             good = result if result.ok else scan.previous_good.get(path)
             if good is not None:
                 scan.good[path] = good
         return True
 
-    def _load(self, path: str, scan: _Scan) -> FileResult:
-        """Reuse the previous result when the file's stat signature is unchanged; re-parsing a
+    def _load(self, path: str, scan: _Scan) -> FileResult | None:
+        """The file's result, or None when it is still being written (see `_hold`).
+
+        Reuse the previous result when the file's stat signature is unchanged; re-parsing a
         tree of a few hundred files on every event would make each save cost a full load.
 
         A signature read within `_RACY_NS` of the file's last change proves nothing (a second
@@ -342,37 +422,49 @@ class DirectoryWatcher:
         of what was loaded instead: still cheap next to parsing, and it means a tree written just
         before the server started is not parsed again on the first change after it."""
         now = time.time_ns()
-        try:  # stat before reading: a write in between then shows up as a change next time
-            st = os.stat(path)
-            signature: tuple[int, ...] | None = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        except OSError:
-            signature = None
-        # ctime is in the signature because it catches a rewrite that restored the mtime (`cp -p`).
-        settled = signature is not None and max(signature[3], signature[4]) < now - _RACY_NS
         cached = scan.previous_cache.get(path)
-        same = signature is not None and cached is not None and cached.signature == signature
+        stat_signature = _stat_signature(path)
+        same = stat_signature is not None and cached is not None and cached.signature == stat_signature
         if same and cached is not None and cached.racy_digest is None:
-            scan.cache[path] = cached
-            scan.reused += 1
-            return cached.result
+            return scan.reuse(path, cached)
         try:
-            raw = Path(path).read_bytes() if signature is not None else None
-        except OSError:
-            raw = None
-        if raw is None:
-            result = load_file(Path(path), self._options.load)  # reports why it cannot be read
-            scan.cache[path] = _Cached(None, result)
-            scan.parsed += 1
-            return result
-        digest = hashlib.blake2b(raw, digest_size=16).digest()
-        if same and cached is not None and cached.racy_digest == digest:
-            scan.cache[path] = _Cached(signature, cached.result, None if settled else digest)
-            scan.reused += 1
-            return cached.result
-        result = load_bytes(raw, path, self._options.load)
-        scan.cache[path] = _Cached(signature, result, None if settled else digest)
-        scan.parsed += 1
-        return result
+            read = read_config_file(path, self._options.load.max_file_bytes)
+        except ConfigError as exc:  # not a regular file, or too big: the same until it changes
+            return scan.parse(path, _Cached(stat_signature, unreadable(path, exc)))
+        except OSError as exc:  # may pass (a permission fixed): tried again on every reload
+            return scan.parse(path, _Cached(None, unreadable(path, exc)))
+        digest = hashlib.blake2b(read.data, digest_size=16).digest()
+        racy = max(read.after[3], read.after[4]) >= now - _RACY_NS
+        if cached is not None and cached.signature == read.after and cached.racy_digest == digest:
+            return scan.reuse(path, replace(cached, racy_digest=digest if racy else None))
+        if self._hold(path, read, scan, now):
+            return None
+        result = load_bytes(read.data, path, self._options.load)
+        return scan.parse(path, _Cached(read.after, result, digest if racy else None))
+
+    def _hold(self, path: str, read: FileBytes, scan: _Scan, now_ns: int) -> bool:
+        """Whether `path` is still being written, so that it keeps this round what the previous
+        reload had from it, and a reload is due later even if no event comes (the rule is in the
+        module doc). Never for longer than `max_delay`: a writer that never stops still counts."""
+        debounce, max_delay = self._options.debounce, self._options.max_delay
+        since = scan.previous_deferred.get(path, scan.started)
+        if scan.started - since >= max_delay:
+            return False
+        retry_at = scan.started + max(debounce, _MIN_RETRY)
+        changed_ns = max(read.after[3], read.after[4])
+        if read.changing:
+            reason = "it changed while it was read"
+        elif scan.background and abs(now_ns - changed_ns) < debounce * 1e9:
+            reason = f"it changed less than {debounce:g}s ago"
+        elif scan.background and not read.data and (last := scan.previous_good.get(path)) and last.configs:
+            reason, retry_at = "it is empty (truncated by a writer not done yet?)", since + max_delay
+        else:
+            return False
+        if path not in scan.previous_deferred:
+            wait = retry_at - scan.started
+            logger.info("%s: %s; keeping what it gave before, looking again in %.2gs", path, reason, wait)
+        scan.defer(path, since, retry_at)
+        return True
 
     def _arm(self, stale: set[str], status: dict[str, list[Finding]]) -> bool:
         """Make the watches match the tree: each directory root recursively, and each root's
@@ -484,6 +576,13 @@ def _dir_identity(path: str) -> tuple[int, int, str] | None:
     except OSError:
         return None
     return (st.st_dev, st.st_ino, os.path.realpath(path)) if stat.S_ISDIR(st.st_mode) else None
+
+
+def _stat_signature(path: str) -> Signature | None:
+    try:
+        return signature(os.stat(path))
+    except OSError:
+        return None
 
 
 def _exists(path: str) -> bool:
