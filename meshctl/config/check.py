@@ -10,9 +10,11 @@ from pathlib import Path
 
 from meshctl.config import yamlsource
 from meshctl.config.analysis import analyze
+from meshctl.config.files import decode_text, read_config_file
 from meshctl.config.findings import Finding, format_path, sort_findings
 from meshctl.config.loader import FileResult, LoadOptions, load_paths, load_text, merge_files
 from meshctl.config.model import Config, Source
+from meshctl.errors import ConfigError
 
 
 class Positions:
@@ -28,10 +30,12 @@ class Positions:
         self._composed: tuple[str, yamlsource.Positions] | None = None
 
     def _text(self, file: str) -> str | None:
+        """The file's text, read by the same rules as when it was loaded (`read_config_file`):
+        it may have been swapped for a FIFO or a huge file since."""
         if file not in self._texts:
             try:
-                self._texts[file] = Path(file).read_text(encoding="utf-8-sig")
-            except (OSError, UnicodeDecodeError):
+                self._texts[file] = decode_text(read_config_file(file, yamlsource.DEFAULT_MAX_FILE_BYTES).data)
+            except (OSError, ConfigError):
                 return None
         return self._texts[file]
 
