@@ -6,6 +6,7 @@
     ├── RegistryError          a service registry that cannot be read (Consul down, bad answer)
     ├── CredentialError        a certificate, key, CA or token file that cannot be used
     ├── NodeIdError            an Envoy node id that is not Istio's TYPE~IP~NAME.NAMESPACE~DOMAIN
+    ├── SubscriptionLimitError a stream asking the server to hold more names of one type than it allows
     └── UsageError             a command called with arguments that make no sense
 
 Bad input is normally reported as a `Finding` and never raised past the loader; these exceptions
@@ -43,6 +44,16 @@ class CredentialError(MeshctlError):
 
 class NodeIdError(MeshctlError):
     """An Envoy node id that is not Istio's `TYPE~IP~NAME.NAMESPACE~DOMAIN` (or bad metadata)."""
+
+
+class SubscriptionLimitError(MeshctlError):
+    """A stream whose request would make the server hold more names of one type than it allows
+    (`subscription.MAX_NAMES`): the request is not applied, and the stream should end."""
+
+    def __init__(self, message: str, *, type_url: str, limit: int) -> None:
+        super().__init__(message)
+        self.type_url = type_url
+        self.limit = limit
 
 
 class UsageError(MeshctlError):

@@ -39,6 +39,17 @@ _HANDLER_NAME = "meshctl"
 _RECORD_FIELDS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
 
 
+def untrusted(text: str, limit: int = 160) -> str:
+    """What a client sent (a node id, a NACK's message, a type URL), made safe for a log line or
+    an error: escaped as Python's repr escapes it (without its quotes), so no control character,
+    line break or terminal escape reaches the log, and cut to `limit` characters, saying how many
+    were left out. A well-formed node id reads as it is."""
+    shown = repr(text[:limit])[1:-1]
+    if len(text) <= limit:
+        return shown
+    return f"{shown}... ({len(text) - limit} more characters)"
+
+
 def under_journald(stream: TextIO, environ: Mapping[str, str]) -> bool:
     """Whether `stream` is the journal stream systemd connected, per `$JOURNAL_STREAM` (systemd.exec(5))."""
     device, sep, inode = environ.get("JOURNAL_STREAM", "").partition(":")

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from types import MappingProxyType
+from typing import Any
 
+import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 from google.rpc import status_pb2
 
+from meshctl.errors import SubscriptionLimitError
 from meshctl.server.cache import ProxyResources
 from meshctl.server.connection import Connection
-from meshctl.server.subscription import Push, Resource
+from meshctl.server.subscription import Push, RequestKind, Resource
 from meshctl.xds import types
 
 CDS, EDS, LDS, RDS = types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE
@@ -242,3 +245,74 @@ def test_a_new_sotw_stream_starts_from_the_whole_set() -> None:
     conn.handle(EDS, request(EDS, ["a", "b"]))
     conn.update(state)
     assert names_sent(conn.pushes()) == [("CDS", ["a", "b"]), ("EDS", ["a", "b"])]
+
+
+# -- what one stream can make the server hold -----------------------------------------------------
+
+
+def test_the_name_limit_reaches_every_subscription_and_a_refused_one_is_not_kept() -> None:
+    for delta in (False, True):
+        conn = Connection("c1", delta=delta, max_names=2)
+        conn.handle(CDS, delta_or_sotw(delta, CDS, []))
+        with pytest.raises(SubscriptionLimitError, match="the 2 one stream"):
+            conn.handle(EDS, delta_or_sotw(delta, EDS, ["a", "b", "c"]))
+        assert set(conn.subscriptions) == {CDS}
+        conn.handle(EDS, delta_or_sotw(delta, EDS, ["a", "b"]))
+        with pytest.raises(SubscriptionLimitError):
+            conn.handle(EDS, delta_or_sotw(delta, EDS, ["a", "b", "c"]))
+        assert set(conn.subscriptions) == {CDS, EDS} and conn.subscriptions[EDS].names == {"a", "b"}
+
+
+def delta_or_sotw(delta: bool, type_url: str, names: list[str]) -> Any:
+    if delta:
+        return discovery_pb2.DeltaDiscoveryRequest(type_url=type_url, resource_names_subscribe=names)
+    return request(type_url, names)
+
+
+def test_only_the_types_served_get_a_subscription() -> None:
+    conn = Connection("c1", delta=False)
+    with pytest.raises(ValueError, match="not a type this server serves"):
+        conn.handle("type.googleapis.com/made.Up", request("type.googleapis.com/made.Up"))
+    assert conn.subscriptions == {}
+
+
+def test_a_repeated_nack_is_passed_on_and_counted_once() -> None:
+    conn = Connection("c1", delta=False)
+    subscribed(conn, ["a"], [])
+    conn.update(resources("v1", cds=[res("a", "bad")], eds=[res("a")]))
+    cds = next(p for p in conn.pushes() if p.type_url == CDS)
+    first = conn.handle(CDS, request(CDS, None, cds, error="bad cluster"))
+    again = conn.handle(CDS, request(CDS, None, cds, error="bad cluster"))
+    assert not first.repeated and again.repeated and again.kind is RequestKind.NACK
+    assert conn.nacks == 1
+
+
+def test_a_node_that_never_acks_keeps_a_bounded_record_of_what_it_was_sent() -> None:
+    conn = Connection("c1", delta=False)
+    conn.handle(CDS, request(CDS))
+    for i in range(200):
+        conn.update(resources(f"v{i}", cds=[res("a", str(i))]))
+        (last,) = conn.pushes()
+    assert len(conn._sent_generation[CDS]) <= 64
+    # The newest are the ones kept: an ACK of the latest still moves the acknowledged generation.
+    conn.handle(CDS, request(CDS, None, last))
+    assert conn._acked_generation[CDS] == 200
+
+
+def test_retained_clusters_are_bounded_when_routes_are_never_acked() -> None:
+    conn = Connection("c1", delta=False, max_names=3)
+    subscribed(conn, [], ["r"])
+    for i in range(10):
+        conn.update(resources(f"v{i}", cds=[res(f"c{i}")], lds=[res("l")], rds=[res("r", str(i))]))
+        conn.pushes()
+    assert conn.retained_clusters == {"c6", "c7", "c8"}  # the newest removed
+
+
+def test_changed_clusters_are_forgotten_once_gone_without_eds() -> None:
+    conn = Connection("c1", delta=False)
+    conn.handle(CDS, request(CDS))
+    for i in range(50):
+        conn.update(resources(f"v{i}a", cds=[res(f"c{i}"), res("keep")]))
+        conn.update(resources(f"v{i}b", cds=[res(f"c{i}", "2"), res("keep")]))
+        conn.pushes()
+    assert conn._changed_clusters == {"c49"}

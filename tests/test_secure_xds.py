@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +37,13 @@ from meshctl.server.auth import (
     PeerIdentity,
     SpiffeId,
     XdsTls,
+    authorize_node,
     check_identity,
     parse_spiffe_id,
     workload_service_accounts,
 )
 from meshctl.server.discovery import DebounceSettings
-from meshctl.snapshot.proxy import parse_node_id
+from meshctl.snapshot.proxy import bind_proxy, parse_node_id
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.builders import snapshot_from_yaml
 from meshctl.testing.envoy import EnvoyProcess, envoy_binary, free_port, validate_config
@@ -52,8 +53,10 @@ from meshctl.xds import types
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
 REVIEWS = "sidecar~10.10.0.41~reviews-v1-vm.bookinfo~bookinfo.svc.cluster.local"
 PRODUCTPAGE = "sidecar~10.10.0.11~productpage-v1-vm.bookinfo~bookinfo.svc.cluster.local"
-#: A VM in bookinfo with no WorkloadEntry: no service account is known for it.
+#: A VM in bookinfo that the mesh does not know: no WorkloadEntry, no endpoint at its IP.
 ADHOC = "sidecar~10.10.9.9~adhoc.bookinfo~bookinfo.svc.cluster.local"
+#: A workload that does not exist, claiming reviews' IP.
+GHOST = "sidecar~10.10.0.41~ghost.bookinfo~bookinfo.svc.cluster.local"
 
 needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI to make certificates")
 
@@ -411,8 +414,6 @@ def test_a_certificate_naming_another_workload_is_refused_and_logged(
                 error = await refused(server, node_id, secure_channel(server, pki.ca.cert, cert))
                 assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error
                 assert "does not name workload" in (error.details() or "")
-            # Without a WorkloadEntry no service account is known: the namespace is enough.
-            await gets_config(server, ADHOC, secure_channel(server, pki.ca.cert, pki.reviews_spiffe))
 
     with caplog.at_level(logging.WARNING, logger="meshctl.server.ads"):
         run(test)
@@ -626,3 +627,97 @@ def test_envoy_from_meshctl_bootstrap_gets_its_config_over_mutual_tls(
         with urllib.request.urlopen(request, timeout=10) as response:
             syncz = json.loads(response.read())
         assert sorted((p["proxy"], p["delta"]) for p in syncz) == [(client_id, False), (client_id, True)]
+
+
+# -- what a certificate proves bounds what the node gets ----------------------------------------
+
+SHOP_WORKLOADS = WORKLOADS + """
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: edge, namespace: shop}
+spec: {address: 10.0.0.20, labels: {istio: ingressgateway}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: billing-1, namespace: billing}
+spec: {address: 10.0.0.30, serviceAccount: billing-sa, labels: {app: billing}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("node_id", "sans", "refused_because"),
+    [
+        # The certificate is for a workload the mesh does not have: binding it by IP would hand
+        # it the config of whatever workload has that address.
+        ("sidecar~10.0.0.8~ghost.shop~shop.svc.cluster.local", ["DNS:ghost.shop"], "has no workload"),
+        ("sidecar~10.0.0.99~ghost.shop~shop.svc.cluster.local", ["DNS:ghost.shop"], "names no workload"),
+        # Another namespace's workload at that IP is not the node's.
+        ("sidecar~10.0.0.30~ghost.shop~shop.svc.cluster.local", ["URI:spiffe://td/ns/shop/sa/x"], "names no workload"),
+        ("sidecar~10.0.0.30~billing-1.shop~shop.svc.cluster.local", ["DNS:billing-1.shop"], "names no workload"),
+        # A service account from the right namespace, but not the one the workload runs as.
+        ("sidecar~10.0.0.8~cart-1.shop~shop.svc.cluster.local", ["URI:spiffe://td/ns/shop/sa/ratings-sa"], "does not"),
+        ("sidecar~10.0.0.8~cart-1.shop~shop.svc.cluster.local", ["DNS:cart-1.shop"], None),
+        ("sidecar~10.0.0.8~vm-host.shop~shop.svc.cluster.local", ["URI:spiffe://td/ns/shop/sa/cart-sa"], None),
+        ("sidecar~10.0.0.30~billing-1.billing~billing.svc.cluster.local", ["DNS:billing-1.billing"], None),
+    ],
+)
+def test_a_certificate_must_name_a_workload_the_mesh_has(
+    node_id: str, sans: list[str], refused_because: str | None
+) -> None:
+    refusal = authorize_node(parse_node_id(node_id), peer(*sans), snapshot_from_yaml(SHOP_WORKLOADS))
+    if refused_because is None:
+        assert refusal is None
+    else:
+        assert refusal is not None and refused_because in refusal, refusal
+
+
+def test_an_attested_nodes_labels_are_its_workloads_whatever_its_metadata_says() -> None:
+    snapshot = snapshot_from_yaml(SHOP_WORKLOADS)
+    claim = {"LABELS": {"istio": "ingressgateway", "app": "billing"}, "NAMESPACE": "shop"}
+    node = parse_node_id("router~10.0.0.8~cart-1.shop~shop.svc.cluster.local", claim)
+    assert bind_proxy(node, snapshot).labels["istio"] == "ingressgateway"  # without a certificate
+    attested = bind_proxy(replace(node, attested=True), snapshot)
+    assert attested.workload == "shop/cart-1"
+    assert "istio" not in attested.labels and "app" not in attested.labels
+
+
+@pytest.fixture(scope="module")
+def more_certs(pki: Pki) -> dict[str, KeyPair]:
+    return {
+        "ghost": issue(pki.ca, pki.dir, "ghost-dns", "DNS:ghost.bookinfo"),
+        "adhoc": issue(pki.ca, pki.dir, "adhoc-dns", "DNS:adhoc.bookinfo"),
+    }
+
+
+@pytest.mark.slow
+def test_two_certificates_a_missing_workload_is_refused_and_labels_cannot_borrow_a_gateway(
+    mesh: Path, pki: Pki, more_certs: dict[str, KeyPair]
+) -> None:
+    """Against the real server over mutual TLS: certificates for workloads the mesh lacks are
+    refused, and reviews' own certificate with a gateway's labels in its metadata still gets
+    reviews' config, not the gateway's listener on 8080."""
+    gateway_claim = {"LABELS": {"istio": "ingressgateway"}}
+    as_router = REVIEWS.replace("sidecar~", "router~")
+
+    async def test() -> None:
+        async with serving(mesh, mutual(pki)) as server:
+            for node_id, cert in ((GHOST, more_certs["ghost"]), (ADHOC, more_certs["adhoc"])):
+                error = await refused(server, node_id, secure_channel(server, pki.ca.cert, cert))
+                assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error
+            channel = secure_channel(server, pki.ca.cert, pki.reviews_spiffe)
+            address = f"127.0.0.1:{server.xds_port}"
+            async with AdsClient(address, as_router, metadata=gateway_claim, channel=channel) as client:
+                await client.wait_for(lambda c: c.complete(), timeout=20)
+                assert "0.0.0.0_8080" not in client.names(types.LISTENER)
+                assert "http.8080" not in client.names(types.ROUTE)
+            await channel.close(None)
+        # The same node without client certificates is taken at its word, as Istio does.
+        async with serving(mesh, XdsTls(pki.server.cert, pki.server.key)) as server:
+            channel = secure_channel(server, pki.ca.cert, None)
+            address = f"127.0.0.1:{server.xds_port}"
+            async with AdsClient(address, as_router, metadata=gateway_claim, channel=channel) as client:
+                await client.wait_for(lambda c: "0.0.0.0_8080" in c.names(types.LISTENER), timeout=20)
+            await channel.close(None)
+
+    run(test)

@@ -17,30 +17,35 @@ free; each stream applies only results newer than the ones it has.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import json_format
 
-from meshctl.errors import NodeIdError
+from meshctl.errors import NodeIdError, SubscriptionLimitError
+from meshctl.logs import untrusted
 from meshctl.server.cache import ProxyResources, ResourceCache
 from meshctl.server.connection import Connection
 from meshctl.server.encode import BlockCache, encode_delta, encode_sotw
 from meshctl.server.subscription import Push, RequestKind
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import Proxy, ProxyNode, bind_proxy, parse_node_id
+from meshctl.snapshot.proxy import METADATA_KEYS, Proxy, ProxyNode, bind_proxy, parse_node_id
 from meshctl.xds import types
 
 logger = logging.getLogger("meshctl.server.ads")
 
 SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
+
+#: Unsupported type URLs logged per stream; a client asking for more is not worth more lines.
+_UNSUPPORTED_LOGGED = 8
 
 
 @dataclass(eq=False)
@@ -49,11 +54,17 @@ class Stream:
 
     connection: Connection
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The node as its first request named it (attested when a client certificate proved it).
+    node: ProxyNode | None = None
     proxy: Proxy | None = None
     #: When the change being pushed was first seen (for pilot_proxy_convergence_time).
     change_seen: float | None = None
     #: The publication the stream's resources come from: older results are not applied.
     epoch: int = -1
+    #: The node id as logs show it: escaped and shortened (`untrusted`).
+    label: str = ""
+    #: Unsupported type URLs already logged for this stream (at most `_UNSUPPORTED_LOGGED`).
+    unsupported: set[str] = field(default_factory=set)
 
 
 class PushObserver:
@@ -69,7 +80,8 @@ class PushObserver:
 
 
 #: Decides whether a stream may ask for a node's config: None to allow, else why not (the
-#: stream is then refused with PERMISSION_DENIED and the reason is logged).
+#: stream is then refused with PERMISSION_DENIED and the reason is logged). A node an authorizer
+#: allowed is bound as attested (`ProxyNode.attested`).
 Authorizer = Callable[[ProxyNode, "grpc.aio.ServicerContext[Any, Any]"], str | None]
 
 
@@ -82,11 +94,14 @@ class AdsServicer:
         snapshot: Callable[[], Snapshot | None],
         observer: PushObserver | None = None,
         authorize: Authorizer | None = None,
+        admit: Callable[[], str | None] | None = None,
     ) -> None:
         self._cache = cache
         self._snapshot = snapshot
         self._observer = observer or PushObserver()
         self._authorize = authorize
+        #: None when a new stream may be served, else why not (it is refused with UNAVAILABLE).
+        self._admission = admit
         self._ids = itertools.count(1)
         self.streams: dict[str, Stream] = {}
         self._epoch = 0
@@ -107,6 +122,10 @@ class AdsServicer:
     async def _serve(
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any], *, delta: bool
     ) -> None:
+        refusal = self._admission() if self._admission is not None else None
+        if refusal is not None:
+            logger.debug("refused a stream from %s: %s", context.peer(), refusal)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
         conn_id = f"{context.peer()}-{next(self._ids)}"
         stream = Stream(Connection(conn_id, delta=delta))
         reader = asyncio.create_task(self._read(stream, requests, context))
@@ -119,65 +138,87 @@ class AdsServicer:
                     reader.result()  # raises what ended the reader (an abort), else the client left
                     return
                 stream.wake.clear()
-                await self._flush(stream, context)
+                # A client that stops reading blocks the writes for good: the reader ending (the
+                # stream aborted for abuse, or the client gone) must still end the stream.
+                flush = asyncio.ensure_future(self._flush(stream, context))
+                await asyncio.wait((flush, reader), return_when=asyncio.FIRST_COMPLETED)
+                if not flush.done():
+                    flush.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await flush
+                    reader.result()
+                    return
+                flush.result()
         finally:
             reader.cancel()
             if self.streams.pop(conn_id, None) is not None:
                 self._observer.connected(len(self.streams))
-                logger.info("proxy %s disconnected", stream.connection.node_id or conn_id)
+                logger.info("proxy %s disconnected", stream.label or conn_id)
 
     async def _read(
         self, stream: Stream, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         conn = stream.connection
         async for request in requests:
-            if not conn.node_id:
-                if not request.HasField("node") or not request.node.id:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first request must carry node.id")
-                metadata = json_format.MessageToDict(request.node.metadata) if request.node.HasField("metadata") else {}
-                try:
-                    node = parse_node_id(request.node.id, metadata)
-                except NodeIdError as exc:
-                    logger.warning("refused a stream from %s: %s", context.peer(), exc)
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-                refusal = self._authorize(node, context) if self._authorize is not None else None
-                if refusal is not None:
-                    logger.warning("refused node %s from %s: %s", node.id, context.peer(), refusal)
-                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
-                conn.node_id = node.id
-                conn.node_metadata = metadata
-                self.streams[conn.id] = stream
-                self._observer.connected(len(self.streams))
-                logger.info("proxy %s connected (%s)", node.id, "delta" if conn.delta else "sotw")
-                try:
-                    await self._bind(stream, self._snapshot())
-                except Exception:
-                    logger.exception("generating config for %s failed", node.id)
-                    await context.abort(grpc.StatusCode.INTERNAL, "config generation failed; see the server log")
+            if stream.node is None:
+                await self._admit(stream, request, context)
             type_url = request.type_url
             if type_url not in types.SHORT_NAMES:
-                logger.warning("proxy %s asked for unsupported type %s", conn.node_id, type_url)
+                if len(stream.unsupported) < _UNSUPPORTED_LOGGED and type_url not in stream.unsupported:
+                    stream.unsupported.add(type_url)
+                    logger.warning("proxy %s asked for unsupported type %s", stream.label, untrusted(type_url))
                 continue
-            outcome = conn.handle(type_url, request)
-            if outcome.kind is RequestKind.NACK:
-                logger.warning("proxy %s rejected %s: %s", conn.node_id, types.SHORT_NAMES[type_url], outcome.error)
+            try:
+                outcome = conn.handle(type_url, request)
+            except SubscriptionLimitError as exc:
+                logger.warning("ended the stream of proxy %s: %s", stream.label, exc)
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            if outcome.kind is RequestKind.NACK and not outcome.repeated:
+                short = types.SHORT_NAMES[type_url]
+                logger.warning("proxy %s rejected %s: %s", stream.label, short, untrusted(outcome.error, 2000))
                 self._observer.rejected(stream, type_url, outcome.error)
             stream.wake.set()
 
-    async def _bind(self, stream: Stream, snapshot: Snapshot | None) -> None:
+    async def _admit(self, stream: Stream, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """The first request: parse and authorize its node, then bind it and generate its config."""
+        if not request.HasField("node") or not request.node.id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first request must carry node.id")
+        try:
+            node = parse_node_id(request.node.id, _metadata(request.node.metadata))
+        except NodeIdError as exc:
+            logger.warning("refused a stream from %s: %s", context.peer(), exc)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        stream.label = untrusted(node.id)
+        if self._authorize is not None:
+            refusal = self._authorize(node, context)
+            if refusal is not None:
+                logger.warning("refused node %s from %s: %s", stream.label, context.peer(), refusal)
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
+            node = replace(node, attested=True)
         conn = stream.connection
-        if snapshot is None or not conn.node_id:
+        stream.node = node
+        conn.node_id = node.id
+        self.streams[conn.id] = stream
+        self._observer.connected(len(self.streams))
+        logger.info("proxy %s connected (%s)", stream.label, "delta" if conn.delta else "sotw")
+        try:
+            await self._bind(stream, self._snapshot())
+        except Exception:
+            logger.exception("generating config for %s failed", stream.label)
+            await context.abort(grpc.StatusCode.INTERNAL, "config generation failed; see the server log")
+
+    async def _bind(self, stream: Stream, snapshot: Snapshot | None) -> None:
+        node = stream.node
+        if snapshot is None or node is None:
             return
         epoch = self._epoch
         loop = asyncio.get_running_loop()
-        proxy, resources = await loop.run_in_executor(
-            self._worker, self._resolve, conn.node_id, conn.node_metadata, snapshot
-        )
+        proxy, resources = await loop.run_in_executor(self._worker, self._resolve, node, snapshot)
         self._apply(stream, epoch, proxy, resources)
 
-    def _resolve(self, node_id: str, metadata: Mapping[str, Any], snapshot: Snapshot) -> tuple[Proxy, ProxyResources]:
+    def _resolve(self, node: ProxyNode, snapshot: Snapshot) -> tuple[Proxy, ProxyResources]:
         """On the worker thread: the node bound in `snapshot`, and its resources."""
-        proxy = bind_proxy(parse_node_id(node_id, metadata), snapshot)
+        proxy = bind_proxy(node, snapshot)
         return proxy, self._cache.resources(snapshot, proxy)
 
     def _resolve_many(
@@ -186,7 +227,8 @@ class AdsServicer:
         out: list[tuple[Proxy, ProxyResources] | BaseException] = []
         for stream in streams:
             try:
-                out.append(self._resolve(stream.connection.node_id, stream.connection.node_metadata, snapshot))
+                assert stream.node is not None  # only admitted streams are in self.streams
+                out.append(self._resolve(stream.node, snapshot))
             except Exception as exc:
                 out.append(exc)
         return out
@@ -227,9 +269,7 @@ class AdsServicer:
                 if isinstance(result, BaseException):
                     # One proxy whose config cannot be generated must not stop the others' pushes.
                     logger.error(
-                        "generating config for %s failed; it keeps its last config",
-                        stream.connection.node_id,
-                        exc_info=result,
+                        "generating config for %s failed; it keeps its last config", stream.label, exc_info=result
                     )
                     continue
                 if not self._apply(stream, epoch, *result):
@@ -237,6 +277,16 @@ class AdsServicer:
                 if stream.change_seen is None:
                     stream.change_seen = seen
                 stream.wake.set()
+
+
+def _metadata(struct: Any) -> dict[str, Any]:
+    """The node metadata keys meshctl reads, as plain values; the rest is the node's business and
+    is neither converted nor kept. Raises NodeIdError for values JSON cannot hold (Infinity)."""
+    fields = struct.fields
+    try:
+        return {k: json_format.MessageToDict(fields[k]) for k in METADATA_KEYS if k in fields}
+    except (ValueError, TypeError) as exc:
+        raise NodeIdError(f"node metadata cannot be read: {exc}") from None
 
 
 def ads_handlers(sotw: Callable[..., Any], delta: Callable[..., Any]) -> grpc.GenericRpcHandler[Any, Any]:

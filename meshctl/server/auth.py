@@ -20,8 +20,12 @@ allowed when the client certificate has
   SANs name no single workload and never match), for plain VM setups without SPIFFE.
 
 Any one matching SAN is enough, and the trust domain is not compared: the client CA decides which
-trust domains are accepted, as istiod does (`checkConnectionIdentity`). The rule is checked once,
-when the stream names its node, against the snapshot of that moment. A refused stream ends with
+trust domains are accepted, as istiod does (`checkConnectionIdentity`). The workload must exist:
+a WorkloadEntry of the node's namespace named by the node id or at its IP, or a registry endpoint
+of that namespace at its IP; a DNS SAN also needs it to be the one named. The rule is checked once,
+when the stream names its node, against the snapshot of that moment; from then on the node is
+bound as attested (`ProxyNode.attested`): only within its namespace, with its workload's labels and
+never those its metadata claims, so what the certificate proves bounds what the node is sent. A refused stream ends with
 PERMISSION_DENIED and the reason is logged (`AdsServicer`). SANs are read from gRPC's auth context,
 where gRPC core has already split them by type (`peer_uri`, `peer_dns`) from the verified leaf
 certificate, so no certificate parsing happens here: a DNS SAN can never pass for a URI one.
@@ -41,13 +45,14 @@ import logging
 import os
 import ssl
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from meshctl.errors import CredentialError
+from meshctl.logs import untrusted
 from meshctl.server.ads import Authorizer
 from meshctl.snapshot.model import Snapshot, spec
 from meshctl.snapshot.proxy import ProxyNode, bind_proxy
@@ -207,11 +212,15 @@ class PeerIdentity:
         return ", ".join(names) or "no URI or DNS SAN"
 
 
-def check_identity(node: ProxyNode, peer: PeerIdentity, service_accounts: Iterable[str] = ()) -> str | None:
+def check_identity(
+    node: ProxyNode, peer: PeerIdentity, service_accounts: Iterable[str] = (), *, bound_by_name: bool = True
+) -> str | None:
     """None when `peer`'s certificate names the workload `node` claims (the rule in this module's
     docstring), else the reason to refuse, naming what was presented and what was expected.
 
     `service_accounts` are those the mesh gives the node's workload; empty means any.
+    `bound_by_name` says the workload the node binds to is the one its id names (not one found at
+    its IP): a DNS SAN names one workload, so it proves nothing about another one at that IP.
     """
     if not peer.has_certificate:
         return "no client certificate (the server requires one signed by its --client-ca)"
@@ -224,45 +233,84 @@ def check_identity(node: ProxyNode, peer: PeerIdentity, service_accounts: Iterab
         if accounts and identity.service_account not in accounts:
             continue
         return None
-    if any(not d.startswith("*") and d.lower() == workload.lower() for d in peer.dns):
+    dns_match = any(not d.startswith("*") and d.lower() == workload.lower() for d in peer.dns)
+    if dns_match and bound_by_name:
         return None
+    if dns_match:
+        return (
+            f"the client certificate ({peer.describe()}) names workload {workload}, but the mesh has no "
+            f"workload {untrusted(node.name)} in namespace {untrusted(node.namespace)}: the node would bind "
+            f"to another workload at {untrusted(node.ip)}"
+        )
     sa = "|".join(sorted(accounts)) or "SERVICE_ACCOUNT"
     return (
-        f"the client certificate ({peer.describe()}) does not name workload {workload}: "
+        f"the client certificate ({peer.describe()}) does not name workload {untrusted(workload)}: "
         f"expected URI SAN spiffe://TRUST_DOMAIN/ns/{node.namespace}/sa/{sa} or DNS SAN {workload}"
     )
 
 
-def workload_service_accounts(node: ProxyNode, snapshot: Snapshot) -> frozenset[str]:
-    """The service accounts the mesh says `node`'s workload runs as (usually one, often none).
+@dataclass(frozen=True, slots=True)
+class BoundWorkload:
+    """The workload an attested node binds to, as the identity rule sees it."""
 
-    The bound WorkloadEntry's own `serviceAccount`, and that of the registry endpoints the node is
-    bound to (which carry WorkloadGroup defaults and Consul or inline ServiceEntry endpoints).
+    #: `namespace/name` (or a nameless registry endpoint's address), as `Proxy.workload`
+    key: str
+    #: its name: the node's own when it was found by the name in the node id
+    name: str
+    #: the service accounts the mesh says it runs as (usually one, often none)
+    service_accounts: frozenset[str]
+
+
+def bound_workload(node: ProxyNode, snapshot: Snapshot) -> BoundWorkload | None:
+    """The workload `node` binds to once attested (only its own namespace counts, see
+    `bind_proxy`), or None when the mesh has none for it.
+
+    The service accounts are the bound WorkloadEntry's own `serviceAccount`, and those of the
+    registry endpoints the node is bound to (which carry WorkloadGroup defaults and Consul or
+    inline ServiceEntry endpoints).
     """
-    proxy = bind_proxy(node, snapshot)
+    proxy = bind_proxy(replace(node, attested=True), snapshot)
+    if not proxy.workload:
+        return None
     accounts = {i.endpoint.service_account for i in proxy.instances if i.endpoint.service_account}
     namespace, _, name = proxy.workload.partition("/")
     entry = snapshot.get("WorkloadEntry", namespace, name) if name else None
-    # `workload` may name a registry endpoint; only an entry bind_proxy could have chosen counts.
-    if (
-        entry is not None
-        and entry.namespace == node.namespace
-        and (entry.name == node.name or spec(entry).address == node.ip)
-    ):
+    if entry is not None:
         account = str(spec(entry).service_account)
         if account:
             accounts.add(account)
-    return frozenset(accounts)
+    return BoundWorkload(proxy.workload, name, frozenset(accounts))
+
+
+def workload_service_accounts(node: ProxyNode, snapshot: Snapshot) -> frozenset[str]:
+    """The service accounts the mesh says `node`'s workload runs as (see `bound_workload`)."""
+    workload = bound_workload(node, snapshot)
+    return workload.service_accounts if workload is not None else frozenset()
+
+
+def authorize_node(node: ProxyNode, peer: PeerIdentity, snapshot: Snapshot | None) -> str | None:
+    """The whole identity rule for a stream: the certificate must name the node's workload, and
+    that workload must exist in the mesh (a certificate for a workload that does not exist would
+    otherwise bind, by the node's IP, to whatever workload has it)."""
+    if not peer.has_certificate:
+        return check_identity(node, peer)
+    if snapshot is None:
+        return "the server has not loaded its config yet"
+    workload = bound_workload(node, snapshot)
+    if workload is None:
+        return (
+            f"node {untrusted(node.id)} names no workload of the mesh: no WorkloadEntry "
+            f"{untrusted(node.name)} in namespace {untrusted(node.namespace)}, and no WorkloadEntry or "
+            f"registry endpoint of that namespace at {untrusted(node.ip)}"
+        )
+    return check_identity(node, peer, workload.service_accounts, bound_by_name=workload.name == node.name)
 
 
 def identity_authorizer(snapshot: Callable[[], Snapshot | None]) -> Authorizer:
     """The `AdsServicer` hook enforcing the identity rule against the current snapshot."""
 
     def authorize(node: ProxyNode, context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
-        peer = PeerIdentity.from_auth_context(context.auth_context())
-        current = snapshot()
-        accounts = workload_service_accounts(node, current) if current is not None else frozenset()
-        return check_identity(node, peer, accounts)
+        return authorize_node(node, PeerIdentity.from_auth_context(context.auth_context()), snapshot())
 
     return authorize
 

@@ -14,18 +14,26 @@ resources with `update`; `pushes()` then says what to send, in make-before-break
    leaves out. CDS and LDS responses are always the complete set, as the protocol requires:
    Envoy removes any cluster or listener a response does not name.
 
+What one stream makes the server hold is bounded, whatever its client sends: `max_names` names
+per type (`subscription`), subscriptions of the types the server serves only, at most
+`max_names` retained clusters, the last `_SENT_VERSIONS_KEPT` versions sent per type, and
+changed clusters only while they exist or are retained.
+
 Everything here is driven directly by tests, with no gRPC and no clock.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from meshctl.errors import SubscriptionLimitError
 from meshctl.server.cache import ProxyResources
 from meshctl.server.subscription import (
+    MAX_NAMES,
     DeltaSubscription,
     Push,
     RequestKind,
@@ -40,6 +48,10 @@ Subscription = SotwSubscription | DeltaSubscription
 #: State-of-the-world types whose responses may leave out what the node already holds.
 PARTIAL_SOTW_TYPES = frozenset((types.ENDPOINT, types.ROUTE))
 
+#: How many versions sent per type are remembered until the node ACKs one (a node that never
+#: ACKs would otherwise make a long-lived stream keep one per push).
+_SENT_VERSIONS_KEPT = 64
+
 
 @dataclass(frozen=True, slots=True)
 class TypeStatus:
@@ -53,11 +65,15 @@ class TypeStatus:
 
 
 class Connection:
-    """The state of one ADS stream: its node, one subscription per type, and what it was sent."""
+    """The state of one ADS stream: its node, one subscription per type, and what it was sent.
 
-    def __init__(self, conn_id: str, *, delta: bool) -> None:
+    `max_names` bounds the names each subscription may have (`SubscriptionLimitError`) and the
+    clusters kept for the routes that still name them."""
+
+    def __init__(self, conn_id: str, *, delta: bool, max_names: int = MAX_NAMES) -> None:
         self.id = conn_id
         self.delta = delta
+        self.max_names = max_names
         self.node_id = ""
         self.node_metadata: Mapping[str, Any] = {}
         self.connected_at = time.time()
@@ -77,33 +93,58 @@ class Connection:
     # -- requests ----------------------------------------------------------------------------
 
     def subscription(self, type_url: str) -> Subscription:
+        """The subscription of `type_url`, one the server serves (`types.SHORT_NAMES`): the
+        caller drops requests of other types, so a client cannot make a stream hold one per
+        type URL it invents. Raises ValueError for another type."""
         found = self.subscriptions.get(type_url)
         if found is not None:
             return found
+        short = types.SHORT_NAMES.get(type_url)
+        if short is None:
+            raise ValueError(f"not a type this server serves: {type_url[:200]!r}")
         wildcard = type_url in types.WILDCARD_TYPES
-        prefix = f"{types.SHORT_NAMES.get(type_url, 'X')[0].lower()}"
+        prefix = short[0].lower()
         sub: Subscription
         if self.delta:
-            sub = DeltaSubscription(type_url, wildcard_when_empty=wildcard, nonce_prefix=prefix)
+            sub = DeltaSubscription(
+                type_url, wildcard_when_empty=wildcard, nonce_prefix=prefix, max_names=self.max_names
+            )
         else:
-            partial = type_url in PARTIAL_SOTW_TYPES
-            sub = SotwSubscription(type_url, wildcard_when_empty=wildcard, nonce_prefix=prefix, partial=partial)
+            sub = SotwSubscription(
+                type_url,
+                wildcard_when_empty=wildcard,
+                nonce_prefix=prefix,
+                partial=type_url in PARTIAL_SOTW_TYPES,
+                max_names=self.max_names,
+            )
         self.subscriptions[type_url] = sub
         return sub
 
     def handle(self, type_url: str, request: Any) -> RequestOutcome:
-        """Apply one DiscoveryRequest or DeltaDiscoveryRequest of `type_url`."""
+        """Apply one DiscoveryRequest or DeltaDiscoveryRequest of `type_url`.
+
+        Raises `SubscriptionLimitError` for a request that would pass `max_names`, leaving the
+        connection as it was (the servicer ends the stream); ValueError for a type not served.
+        A `repeated` NACK is not counted in `nacks` again."""
+        new = type_url not in self.subscriptions
         sub = self.subscription(type_url)
-        outcome = sub.handle(request)
+        try:
+            outcome = sub.handle(request)
+        except SubscriptionLimitError:
+            if new:
+                del self.subscriptions[type_url]
+            raise
         if outcome.kind is RequestKind.NACK:
-            self.nacks += 1
+            if not outcome.repeated:
+                self.nacks += 1
         elif outcome.kind is RequestKind.ACK and sub.acked_version is not None:
             sent = self._sent_generation.get(type_url, {})
             generation = sent.get(sub.acked_version)
             if generation is not None:
                 acked = self._acked_generation[type_url] = max(self._acked_generation.get(type_url, 0), generation)
                 # What was sent before the acknowledged version can no longer move anything:
-                # forgotten, or a stream that lives for weeks keeps one entry per push it got.
+                # forgotten, or a stream that lives for weeks keeps one entry per push it got
+                # (and one that never ACKs keeps the last `_SENT_VERSIONS_KEPT`, see `pushes`).
                 self._sent_generation[type_url] = {v: g for v, g in sent.items() if g >= acked}
             self._release_retained()
         return outcome
@@ -119,8 +160,14 @@ class Connection:
             # The cache hands out the very same set when clusters did not change (an endpoint
             # change, or a change outside this proxy's scope): nothing to compare then.
             same = old_clusters is new_clusters
-            removed = {} if same else {n: r for n, r in old_clusters.items() if n not in new_clusters}
-            removed.update({n: r for n, r in self._retained.items() if n not in new_clusters})
+            # The clusters still retained, then those removed now: the newest last.
+            removed = {n: r for n, r in self._retained.items() if n not in new_clusters}
+            if not same:
+                removed.update((n, r) for n, r in old_clusters.items() if n not in new_clusters)
+            # A node that never ACKs its routes would keep every cluster ever removed: it keeps
+            # the newest `max_names`, as many as it may subscribe to.
+            if len(removed) > self.max_names:
+                removed = dict(itertools.islice(removed.items(), len(removed) - self.max_names, None))
             self._retained = removed if self._routes_subscribed() else {}
             if self._retained:
                 old_eds = {**self._retained_eds, **old.of(types.ENDPOINT)}
@@ -130,7 +177,10 @@ class Connection:
             if removed:
                 self._removal_generation = self._generation
             if not same:
-                self._changed_clusters = self._changed_clusters | frozenset(
+                # Only clusters the node may still be sent: a stream without EDS never sends
+                # their endpoints, and would otherwise keep every cluster that ever changed.
+                kept = {n for n in self._changed_clusters if n in new_clusters or n in self._retained}
+                self._changed_clusters = frozenset(kept).union(
                     n for n, r in new_clusters.items() if n in old_clusters and old_clusters[n].version != r.version
                 )
         self.resources = resources
@@ -175,7 +225,11 @@ class Connection:
             push = sub.next_push(available)
             if push is not None:
                 out.append(push)
-                self._sent_generation.setdefault(type_url, {})[push.version] = self._generation
+                sent = self._sent_generation.setdefault(type_url, {})
+                sent.pop(push.version, None)  # the newest last, so the oldest go first
+                sent[push.version] = self._generation
+                while len(sent) > _SENT_VERSIONS_KEPT:
+                    del sent[next(iter(sent))]
                 cds_pushed = cds_pushed or type_url == types.CLUSTER
             elif not sub.awaiting_ack:
                 self._acked_generation[type_url] = self._generation

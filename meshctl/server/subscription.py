@@ -15,6 +15,13 @@ lives here, so it is tested by driving these objects directly (no gRPC, no clock
   on a stale nonce; it may start with the versions it already has (`initial_resource_versions`,
   after a reconnect); the server sends only what changed and names what was removed.
 
+What one stream can make the server hold is bounded, so a proxy that misbehaves (or a client that
+means harm) costs the others little: at most `MAX_NAMES` names per type (subscribed, or in
+`initial_resource_versions`; a request that would pass it raises `SubscriptionLimitError` and is
+not applied, and the servicer ends the stream), and at most `_UNANSWERED_KEPT` unanswered
+responses tracked per type. Everything else a subscription keeps is a subset of those names or of
+the resources the server offers.
+
 A `Resource` is a name, a content version and its bytes, serialized once as a
 `google.protobuf.Any` and shared by every stream that sends it. A `ResourceSet` is an immutable
 set of them with its set version computed once: the cache hands the same set to every proxy that
@@ -32,7 +39,18 @@ from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
 
+from meshctl.errors import SubscriptionLimitError
+
 WILDCARD = "*"
+
+#: The most names of one type one stream may subscribe to (or claim in initial_resource_versions).
+#: Far more than any proxy needs (a sidecar watches one assignment per cluster), far less than
+#: the millions a client could send to make the server hold them.
+MAX_NAMES = 100_000
+
+#: In `DeltaSubscription.known`: the node may hold the resource, at a version not known (it
+#: rejected or may have partly applied a response): it is sent again, and its removal told.
+_UNKNOWN = ""
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)
@@ -59,6 +77,9 @@ class RequestOutcome:
     kind: RequestKind
     subscription_changed: bool = False
     error: str = ""
+    #: a NACK that says again what the stream's current NACK said, of the same version: worth
+    #: logging and counting once (see `SotwSubscription.handle`, `DeltaSubscription.handle`)
+    repeated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +114,8 @@ def _sorted_set_version(ordered: Iterable[Resource]) -> str:
 #: How many older sets `ResourceSet.changed_since` remembers its answer for.
 _CHANGES_KEPT = 4
 
-#: How many unanswered responses a partial subscription keeps track of (`SotwSubscription`).
+#: How many unanswered responses a subscription keeps track of (partial `SotwSubscription`,
+#: `DeltaSubscription`): a node that leaves more unanswered makes it forget the oldest.
 _UNANSWERED_KEPT = 64
 
 
@@ -157,6 +179,12 @@ def _version_of(available: Mapping[str, Resource]) -> str:
     return available.version if isinstance(available, ResourceSet) else set_version(available.values())
 
 
+def _too_many(type_url: str, count: int, what: str, limit: int) -> SubscriptionLimitError:
+    return SubscriptionLimitError(
+        f"{type_url}: {count} {what}, more than the {limit} one stream may have", type_url=type_url, limit=limit
+    )
+
+
 class _Nonces:
     """Nonces unique within a stream: a counter, readable in logs and debug pages."""
 
@@ -202,13 +230,23 @@ class SotwSubscription:
       endpoints has an empty assignment, which is a change like any other).
     - A new stream holds nothing, so its first response is the whole set; a reconnect whose
       request carries the current version holds this very set and gets nothing.
+
+    A request naming more than `max_names` names (the wildcard aside) raises
+    `SubscriptionLimitError`, whatever its nonce, and changes nothing.
     """
 
     def __init__(
-        self, type_url: str, *, wildcard_when_empty: bool, nonce_prefix: str = "", partial: bool = False
+        self,
+        type_url: str,
+        *,
+        wildcard_when_empty: bool,
+        nonce_prefix: str = "",
+        partial: bool = False,
+        max_names: int = MAX_NAMES,
     ) -> None:
         self.type_url = type_url
         self._wildcard_when_empty = wildcard_when_empty
+        self._max_names = max_names
         self._nonces = _Nonces(nonce_prefix)
         self.partial = partial
         self.started = False
@@ -233,7 +271,11 @@ class SotwSubscription:
         self._resumed = False
 
     def handle(self, request: discovery_pb2.DiscoveryRequest) -> RequestOutcome:
+        """Apply one request. A NACK of the version already rejected (the node says it again, as
+        Envoy does when it changes its names after a NACK) is `repeated`."""
         names = frozenset(request.resource_names)
+        if len(names) - (WILDCARD in names) > self._max_names:
+            raise _too_many(self.type_url, len(names) - (WILDCARD in names), "names requested", self._max_names)
         if not self.started:
             self.started = True
             self._subscribe(names)
@@ -249,8 +291,10 @@ class SotwSubscription:
         changed = self._subscribe(names)
         if request.HasField("error_detail"):
             message = request.error_detail.message or "rejected"
-            self.nack = Nack(self.sent_version or "", request.response_nonce, message)
-            return RequestOutcome(RequestKind.NACK, changed, message)
+            version = self.sent_version or ""
+            repeated = self.nack is not None and self.nack.version == version
+            self.nack = Nack(version, request.response_nonce, message)
+            return RequestOutcome(RequestKind.NACK, changed, message, repeated)
         self.acked_version = request.version_info
         self.nack = None
         return RequestOutcome(RequestKind.ACK, changed)
@@ -370,21 +414,49 @@ class SotwSubscription:
         return fresh
 
 
-class DeltaSubscription:
-    """Incremental xDS for one type on one stream."""
+#: A delta response until it is answered: its set version, what it carried, what it said removed.
+_Sent = tuple[str, tuple[Resource, ...], tuple[str, ...]]
 
-    def __init__(self, type_url: str, *, wildcard_when_empty: bool, nonce_prefix: str = "") -> None:
+
+class DeltaSubscription:
+    """Incremental xDS for one type on one stream.
+
+    `known` is what the node holds, name -> version, as far as we know: from its
+    `initial_resource_versions`, and from what it is sent, as soon as it is sent. A NACK makes
+    what the rejected response carried or removed unknown (`_UNKNOWN`), since Envoy may apply
+    part of a response it rejects: such a resource is sent again with its next change (the
+    content rejected is not sent again unchanged), and its removal is told again if it is gone.
+
+    Responses are tracked until answered, the newest `_UNANSWERED_KEPT` of them. A NACK of a
+    response no longer tracked, once some were forgotten, may be of any of them: then no version
+    the node holds is known, and the next push sends everything it watches again. A NACK of the
+    response the stream's current NACK names, once more, changes nothing and is `repeated`.
+
+    A request that would leave more than `max_names` names subscribed, or a first request with
+    more than `max_names` initial versions, raises `SubscriptionLimitError` and changes nothing.
+    """
+
+    def __init__(
+        self, type_url: str, *, wildcard_when_empty: bool, nonce_prefix: str = "", max_names: int = MAX_NAMES
+    ) -> None:
         self.type_url = type_url
         self._wildcard_when_empty = wildcard_when_empty
+        self._max_names = max_names
         self._nonces = _Nonces(nonce_prefix)
         self.started = False
         self.wildcard = False
         self.names: set[str] = set()
-        #: What the node holds, name -> version, as far as we know.
+        #: What the node holds, name -> version, as far as we know (`_UNKNOWN`: some version).
         self.known: dict[str, str] = {}
+        #: watched names told absent (in `removed`) while they do not exist: a subset of `names`
         self._absent_told: set[str] = set()
+        #: name -> the version the node rejected, not sent again: a subset of `known`
         self._nacked: dict[str, str] = {}
-        self._in_flight: dict[str, tuple[Resource, ...]] = {}
+        #: nonce -> what the response carried, oldest first, until the node answers it
+        self._in_flight: dict[str, _Sent] = {}
+        #: `_in_flight` was cut short: a NACK of a nonce it lacks may be of a forgotten one
+        self._untracked = False
+        self._sent_nonce: str | None = None
         self.sent_version: str | None = None
         self.acked_version: str | None = None
         self.nack: Nack | None = None
@@ -392,6 +464,7 @@ class DeltaSubscription:
         self._settled: ResourceSet | None = None
 
     def handle(self, request: discovery_pb2.DeltaDiscoveryRequest) -> RequestOutcome:
+        self._check_limits(request)
         self._settled = None
         changed = False
         kind = RequestKind.UPDATE
@@ -408,9 +481,9 @@ class DeltaSubscription:
                 self.wildcard = True
                 continue
             self.names.add(name)
-            if kind is not RequestKind.INITIAL:
+            if kind is not RequestKind.INITIAL and name in self.known:
                 # An explicit subscribe asks for the resource even if the node had it before.
-                self.known.pop(name, None)
+                self.known[name] = _UNKNOWN
             self._absent_told.discard(name)
         for name in request.resource_names_unsubscribe:
             changed = True
@@ -419,25 +492,71 @@ class DeltaSubscription:
                 continue
             self.names.discard(name)
             self.known.pop(name, None)
+            self._nacked.pop(name, None)
             self._absent_told.discard(name)
+        if not request.response_nonce:
+            return RequestOutcome(kind, changed)
+        return self._answered(request, kind, changed)
 
-        error = ""
-        if request.response_nonce:
-            sent = self._in_flight.pop(request.response_nonce, None)
-            if request.HasField("error_detail"):
-                kind = RequestKind.NACK
-                error = request.error_detail.message or "rejected"
-                self.nack = Nack(self.sent_version or "", request.response_nonce, error)
-                for r in sent or ():
-                    # The node did not apply these: forget them, and never resend this content.
-                    self._nacked[r.name] = r.version
-                    if self.known.get(r.name) == r.version:
-                        del self.known[r.name]
-            elif sent is not None:
+    def _check_limits(self, request: discovery_pb2.DeltaDiscoveryRequest) -> None:
+        """Raise before anything changes if the request would pass `max_names`."""
+        limit = self._max_names
+        if not self.started and len(request.initial_resource_versions) > limit:
+            count = len(request.initial_resource_versions)
+            raise _too_many(self.type_url, count, "initial resource versions", limit)
+        subscribe = request.resource_names_subscribe
+        if len(self.names) + len(subscribe) <= limit:
+            return
+        unsubscribe = set(request.resource_names_unsubscribe)
+        adding = {n for n in subscribe if n != WILDCARD and n not in self.names and n not in unsubscribe}
+        count = len(self.names) - len(unsubscribe & self.names) + len(adding)
+        if count > limit:
+            raise _too_many(self.type_url, count, "names subscribed", limit)
+
+    def _answered(
+        self, request: discovery_pb2.DeltaDiscoveryRequest, kind: RequestKind, changed: bool
+    ) -> RequestOutcome:
+        """The node answered a response: an ACK, a NACK, or (a nonce not in flight, no error) neither."""
+        nonce = request.response_nonce
+        sent = self._in_flight.pop(nonce, None)
+        untracked = self._untracked
+        if not self._in_flight:
+            self._untracked = False  # every response sent is answered: none is unknown
+        if not request.HasField("error_detail"):
+            if sent is not None:
                 kind = RequestKind.ACK
                 self.nack = None
-                self.acked_version = self.sent_version
-        return RequestOutcome(kind, changed, error)
+                self.acked_version = sent[0]
+            return RequestOutcome(kind, changed)
+        error = request.error_detail.message or "rejected"
+        repeated = False
+        if sent is not None:
+            version = sent[0]
+            self._rejected(sent)
+        elif self.nack is not None and nonce == self.nack.nonce:
+            version, repeated = self.nack.version, True  # the very same NACK: acted on already
+        else:
+            version = self.sent_version or ""
+            repeated = self.nack is not None and self.nack.version == version
+            if untracked:
+                # Perhaps of a response forgotten: whatever it carried, the node may lack.
+                self.known = dict.fromkeys(self.known, _UNKNOWN)
+                self._absent_told.clear()
+        self.nack = Nack(version, nonce, error)
+        return RequestOutcome(RequestKind.NACK, changed, error, repeated)
+
+    def _rejected(self, sent: _Sent) -> None:
+        """The node rejected this response, and may have applied any part of it."""
+        _, resources, removed = sent
+        for r in resources:
+            if not self.wants(r.name):
+                continue  # no longer watched: the node dropped it
+            self._nacked[r.name] = r.version
+            if self.known.get(r.name, r.version) == r.version:  # unless a later response sent another
+                self.known[r.name] = _UNKNOWN
+        for name in removed:
+            if name not in self.known and self.wants(name):
+                self.known[name] = _UNKNOWN
 
     def wants(self, name: str) -> bool:
         return self.wildcard or name in self.names
@@ -446,12 +565,13 @@ class DeltaSubscription:
         """Send these resources again even if the node holds their version (see SotwSubscription)."""
         self._settled = None
         for name in names:
-            if self.wants(name):
-                self.known.pop(name, None)
+            if name in self.known and self.wants(name):
+                self.known[name] = _UNKNOWN
 
     @property
     def awaiting_ack(self) -> bool:
-        return bool(self._in_flight)
+        """The latest response is not answered yet (Envoy answers them in order)."""
+        return self._sent_nonce in self._in_flight
 
     def next_push(self, available: Mapping[str, Resource]) -> Push | None:
         if not self.started or available is self._settled:
@@ -469,7 +589,7 @@ class DeltaSubscription:
             n for n in self.names if n not in available and n not in self.known and n not in self._absent_told
         )
         if not to_send and not removed and not absent:
-            if not self._in_flight:
+            if not self.awaiting_ack:
                 # The node holds every current version (after a reconnect it may have sent
                 # them all in initial_resource_versions): it is in sync, though nothing was sent.
                 self.sent_version = self.acked_version = _version_of(available)
@@ -481,8 +601,15 @@ class DeltaSubscription:
             self._nacked.pop(r.name, None)
         for n in removed:
             del self.known[n]
+            self._nacked.pop(n, None)
+            if n in self.names:
+                self._absent_told.add(n)  # told, as an absent name is: not again while it is gone
         self._absent_told.update(absent)
-        nonce = self._nonces.next()
-        self._in_flight[nonce] = tuple(to_send)
+        resources, gone = tuple(to_send), tuple(removed + absent)
+        nonce = self._sent_nonce = self._nonces.next()
         self.sent_version = _version_of(available)
-        return Push(self.type_url, self.sent_version, nonce, tuple(to_send), tuple(removed + absent))
+        self._in_flight[nonce] = (self.sent_version, resources, gone)
+        while len(self._in_flight) > _UNANSWERED_KEPT:
+            del self._in_flight[next(iter(self._in_flight))]
+            self._untracked = True
+        return Push(self.type_url, self.sent_version, nonce, resources, gone)

@@ -6,6 +6,14 @@ reviews-v1-vm.bookinfo~bookinfo.svc.cluster.local`, `router~...` for a gateway) 
 (the WorkloadEntry named by the id, else the one with its IP, else a registry endpoint with that
 IP); the workload's labels select the Sidecar, Gateways and DestinationRules that apply to it,
 and the services it is an endpoint of give its inbound listeners.
+
+A node whose identity a client certificate proved (`ProxyNode.attested`, set by the server when it
+requires client certificates) is bound more strictly, because everything else in its request is
+the client's word: only to a workload of its own namespace, and with its workload's labels alone
+(node metadata cannot add a label that would select another workload's Sidecar or a Gateway).
+
+What a node sends is untrusted and kept small: a node id longer than `MAX_NODE_ID` is refused,
+and of the metadata only the keys read here are kept.
 """
 
 from __future__ import annotations
@@ -17,9 +25,18 @@ from types import MappingProxyType
 from typing import Any
 
 from meshctl.errors import NodeIdError
+from meshctl.logs import untrusted
 from meshctl.registry.model import Endpoint, Service
 from meshctl.snapshot.index import LabelSelector
 from meshctl.snapshot.model import Snapshot, spec
+
+#: Istio's node ids are a few hundred characters at most (a Kubernetes name, a namespace, an IP
+#: and a domain); a longer one is not a proxy's.
+MAX_NODE_ID = 1024
+#: Labels a node may claim in its metadata (`LABELS`).
+MAX_NODE_LABELS = 256
+#: The node metadata keys meshctl reads; the rest is not kept.
+METADATA_KEYS = ("NAMESPACE", "LABELS", "INTERCEPTION_MODE")
 
 
 class ProxyType(enum.StrEnum):
@@ -49,33 +66,42 @@ class ProxyNode:
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     interception: InterceptionMode = InterceptionMode.NONE
     metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    #: Its identity was proven by a client certificate: bound strictly (see the module docstring).
+    attested: bool = False
 
 
 def parse_node_id(node_id: str, metadata: Mapping[str, Any] | None = None) -> ProxyNode:
-    """Parse Istio's node id and the metadata keys meshctl reads; raises NodeIdError."""
-    metadata = dict(metadata or {})
+    """Parse Istio's node id and the metadata keys meshctl reads; raises NodeIdError, whose
+    message quotes what the node sent escaped and shortened (`untrusted`)."""
+    metadata = {k: metadata[k] for k in METADATA_KEYS if k in metadata} if metadata else {}
+    if len(node_id) > MAX_NODE_ID:
+        raise NodeIdError(f"node id {untrusted(node_id)} is longer than {MAX_NODE_ID} characters")
     parts = node_id.split("~")
     if len(parts) != 4:
         raise NodeIdError(
-            f"node id {node_id!r} is not TYPE~IP~NAME.NAMESPACE~DOMAIN "
+            f"node id {untrusted(node_id)} is not TYPE~IP~NAME.NAMESPACE~DOMAIN "
             "(e.g. sidecar~10.0.0.5~reviews-v1.bookinfo~bookinfo.svc.cluster.local)"
         )
     kind, ip, workload, domain = parts
     try:
         proxy_type = ProxyType(kind)
     except ValueError:
-        raise NodeIdError(f"node id {node_id!r}: type must be sidecar or router, not {kind!r}") from None
+        raise NodeIdError(
+            f"node id {untrusted(node_id)}: type must be sidecar or router, not {untrusted(kind)}"
+        ) from None
     if not ip:
-        raise NodeIdError(f"node id {node_id!r} has no IP")
+        raise NodeIdError(f"node id {untrusted(node_id)} has no IP")
     name, _, namespace = workload.partition(".")
     namespace = str(metadata.get("NAMESPACE") or namespace or "default")
     raw_labels = metadata.get("LABELS") or {}
+    if isinstance(raw_labels, Mapping) and len(raw_labels) > MAX_NODE_LABELS:
+        raise NodeIdError(f"node {untrusted(node_id)} claims {len(raw_labels)} LABELS, over {MAX_NODE_LABELS}")
     labels = {str(k): str(v) for k, v in raw_labels.items()} if isinstance(raw_labels, Mapping) else {}
     mode_text = str(metadata.get("INTERCEPTION_MODE") or InterceptionMode.NONE.value).upper()
     try:
         mode = InterceptionMode(mode_text)
     except ValueError:
-        raise NodeIdError(f"INTERCEPTION_MODE {mode_text!r} is not NONE, REDIRECT or TPROXY") from None
+        raise NodeIdError(f"INTERCEPTION_MODE {untrusted(mode_text)} is not NONE, REDIRECT or TPROXY") from None
     return ProxyNode(
         id=node_id,
         type=proxy_type,
@@ -206,7 +232,8 @@ def _family(ip: str) -> str:
 
 def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
     """Bind `node` to its workload in `snapshot`: labels come from the workload, overlaid by the
-    node's own `LABELS` metadata (what the node says about itself wins)."""
+    node's own `LABELS` metadata (what the node says about itself wins) unless it is attested,
+    when they come from the workload alone and only its own namespace's endpoints count."""
     labels: dict[str, str] = {}
     workload = ""
     entry = _workload_entry(node, snapshot)
@@ -218,11 +245,14 @@ def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
     for service, ep in snapshot.index.endpoints_at(node.ip):
         if entry is not None and ep.name and (ep.namespace, ep.name) != (entry.namespace, entry.name):
             continue
+        if node.attested and ep.namespace != node.namespace:
+            continue
         instances.append(ServiceInstance(service, ep))
         if entry is None:
             labels = {**ep.labels, **labels}
             workload = workload or (f"{ep.namespace}/{ep.name}" if ep.name else ep.address)
-    labels.update(node.labels)
+    if not node.attested:
+        labels.update(node.labels)
     address_in_config = node.interception is not InterceptionMode.NONE or _any_sidecar_ingress(snapshot)
     index = snapshot.index
     selectors = tuple(s for s in index.label_selectors() if all(labels.get(k) == v for k, v in s))
