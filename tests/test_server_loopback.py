@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -244,5 +246,30 @@ def test_broken_file_keeps_the_last_good_config_and_metrics_move(mesh: Path) -> 
             assert isinstance(configz, dict) and any("services.yaml" in e["file"] for e in configz["errors"])
             metrics = (await admin_get(server, "/metrics")).decode()
             assert 'pilot_xds_pushes{type="cds"}' in metrics and "pilot_xds 1" in metrics
+
+    run(test)
+
+
+def test_config_dump_of_a_connected_proxy_is_what_it_was_sent(mesh: Path) -> None:
+    """`/debug/config_dump?proxyID=` answers for a connected proxy with Envoy's dump format, and
+    holds the very clusters and routes the proxy received over ADS."""
+
+    async def test() -> None:
+        async with serving(mesh) as server, AdsClient(f"127.0.0.1:{server.xds_port}", PRODUCTPAGE) as c:
+            await c.wait_for(lambda c: c.complete())
+            quoted = urllib.parse.quote(PRODUCTPAGE, safe="")
+            dump = await admin_json(server, f"/debug/config_dump?proxyID={quoted}")
+            assert isinstance(dump, dict)
+            sections = {s["@type"].rsplit(".", 1)[-1]: s for s in dump["configs"]}
+            kinds = ("Clusters", "Endpoints", "Listeners", "Routes")
+            assert set(sections) == {f"{kind}ConfigDump" for kind in kinds}
+            clusters = {d["cluster"]["name"] for d in sections["ClustersConfigDump"]["dynamic_active_clusters"]}
+            assert clusters == c.names(types.CLUSTER)
+            routes = {d["route_config"]["name"] for d in sections["RoutesConfigDump"]["dynamic_route_configs"]}
+            assert c.names(types.ROUTE) <= routes
+            with pytest.raises(urllib.error.HTTPError) as err:
+                await admin_get(server, "/debug/config_dump?proxyID=sidecar~1.2.3.4~nobody.x~x")
+            err.value.close()
+            assert err.value.code == 404
 
     run(test)

@@ -54,14 +54,15 @@ class ServerStatus:
         return out
 
     def config_dump(self, proxy_id: str) -> dict[str, Any] | None:
-        from meshctl.xds.config_dump import config_dump_dict
+        """The connected proxy's config as `meshctl dump -o json` prints it: Envoy's
+        `/config_dump?include_eds` of everything generated for it from the current snapshot."""
+        from meshctl.xds.config_dump import build_config_dump, config_dump_dict
         from meshctl.xds.generate import generate
 
         snapshot = self._server.discovery.snapshot
         for stream in self._server.ads.streams.values():
             if stream.connection.node_id == proxy_id and stream.proxy is not None and snapshot is not None:
-                dump: dict[str, Any] = config_dump_dict(generate(snapshot, stream.proxy))
-                return dump
+                return config_dump_dict(build_config_dump(generate(snapshot, stream.proxy)))
         return None
 
     def registryz(self) -> dict[str, Any]:
