@@ -71,11 +71,41 @@ def test_non_istio_kinds_are_skipped_with_a_warning() -> None:
     assert "skipped v1 Service" in warning.message and warning.line == 2
 
 
-def test_security_kinds_are_skipped_with_a_warning() -> None:
+def test_security_kinds_fail_unless_the_risk_is_accepted() -> None:
+    """A deny policy silently unenforced is worse than a failed build."""
     text = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: x\n"
-    result = load_text(text, "a.yaml")
+    (refused,) = load_text(text, "a.yaml").findings
+    assert refused.severity is Severity.ERROR and "not enforced" in refused.message
+    assert "--allow-unenforced-security" in refused.message
+    result = load_text(text, "a.yaml", LoadOptions(unenforced_security=True))
     assert result.ok and not result.configs
-    assert "not supported yet" in result.findings[0].message
+    assert result.findings[0].severity is Severity.WARNING
+
+
+@pytest.mark.parametrize(
+    ("api_version", "kind", "message"),
+    [
+        ("networking.istio.io/v1", "VirtualSevice", "unknown kind VirtualSevice in networking.istio.io; did you mean"),
+        ("networking.istio.io/v1beta1", "Destinationrule", "did you mean DestinationRule?"),
+        ("security.istio.io/v1", "AuthPolicy", "did you mean AuthorizationPolicy?"),
+        ("telemetry.istio.io/v1", "Nonsense", "unknown kind Nonsense in telemetry.istio.io (its kinds: Telemetry)"),
+    ],
+)
+def test_an_unknown_kind_in_an_istio_group_is_an_error_with_the_kind_meant(
+    api_version: str, kind: str, message: str
+) -> None:
+    (finding,) = load_text(f"apiVersion: {api_version}\nkind: {kind}\nmetadata: {{name: x}}\n", "t.yaml").findings
+    assert finding.severity is Severity.ERROR and message in finding.message
+    assert (finding.line, finding.field) == (2, "kind")
+
+
+@pytest.mark.parametrize(
+    ("api_version", "kind"),
+    [("networking.istio.io/v1alpha3", "EnvoyFilter"), ("telemetry.istio.io/v1", "Telemetry"), ("v1", "Service")],
+)
+def test_kinds_meshctl_does_not_serve_outside_security_are_warnings(api_version: str, kind: str) -> None:
+    result = load_text(f"apiVersion: {api_version}\nkind: {kind}\nmetadata: {{name: x}}\n", "t.yaml")
+    assert result.ok and result.findings[0].severity is Severity.WARNING
 
 
 @pytest.mark.parametrize(

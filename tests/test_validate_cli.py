@@ -169,3 +169,10 @@ def test_stdin_that_is_not_utf8_is_a_finding_not_an_internal_error() -> None:
     result = runner.invoke(app, ["validate", "-"], input=b"kind: \xff\xfe\n")
     assert result.exit_code == 1
     assert "error <stdin>: file is not UTF-8 text" in result.stdout
+
+
+def test_a_directory_without_yaml_fails_instead_of_checking_nothing(tmp_path: Path) -> None:
+    (tmp_path / "README.md").write_text("not config\n")
+    result = CliRunner().invoke(app, ["validate", str(tmp_path)])
+    assert result.exit_code == 1
+    assert f"no YAML files (*.yaml, *.yml) in {tmp_path}: nothing to check" in result.output

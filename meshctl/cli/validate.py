@@ -33,6 +33,15 @@ def validate(
         typer.Option("--known-host", help="A host another registry (Consul) provides; repeatable, * allowed."),
     ] = None,
     analyze: Annotated[bool, typer.Option(help="Run cross-resource analysis (IST codes).")] = True,
+    allow_unenforced_security: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unenforced-security",
+            help="Accept security.istio.io policies (AuthorizationPolicy, PeerAuthentication, "
+            "RequestAuthentication) although meshctl does not enforce them yet: the traffic they "
+            "deny flows. Without it, a file holding one is an error.",
+        ),
+    ] = False,
     jobs: Annotated[
         int, typer.Option("--jobs", "-j", min=0, help="Processes loading files side by side; 0: one per idle CPU.")
     ] = 0,
@@ -57,7 +66,9 @@ def validate(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        options = LoadOptions(default_namespace=namespace, workers=jobs or spare_cpus())
+        options = LoadOptions(
+            default_namespace=namespace, workers=jobs or spare_cpus(), unenforced_security=allow_unenforced_security
+        )
         stdin_text, refused = _read_stdin(options.max_file_bytes) if "-" in paths else (None, [])
         findings = check(
             [p for p in paths if p != "-" or not refused],

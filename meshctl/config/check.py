@@ -11,7 +11,7 @@ from pathlib import Path
 from meshctl.config import yamlsource
 from meshctl.config.analysis import analyze
 from meshctl.config.files import decode_text, read_config_file
-from meshctl.config.findings import Finding, format_path, sort_findings
+from meshctl.config.findings import Finding, Severity, format_path, sort_findings
 from meshctl.config.loader import FileResult, LoadOptions, load_paths, load_text, merge_files
 from meshctl.config.model import Config, Source
 from meshctl.errors import ConfigError
@@ -67,6 +67,12 @@ def check(
         texts["<stdin>"] = stdin_text or ""
         files.append(load_text(stdin_text or "", "<stdin>", options))
     findings = list(result.findings)
+    for path in file_paths:
+        # A directory with nothing to check is a mistake (a wrong path, a missing checkout), not
+        # a pass: CI would stay green while checking nothing.
+        if path.is_dir() and not any(_is_under(f, str(path)) for f in result.files):
+            message = f"no YAML files (*.yaml, *.yml) in {path}: nothing to check"
+            findings.append(Finding(Severity.ERROR, message, str(path)))
     for f in files:
         findings.extend(f.findings)
     configs, duplicate_findings = merge_files(files)
@@ -74,6 +80,10 @@ def check(
     if analysis:
         findings.extend(analysis_findings(configs.values(), known_hosts, Positions(texts)))
     return sort_findings(findings)
+
+
+def _is_under(file: str, directory: str) -> bool:
+    return file.startswith(directory.rstrip("/") + "/")
 
 
 def analysis_findings(

@@ -1,15 +1,18 @@
 """Files of Istio YAML to `Config` objects and findings.
 
 A file is the unit of loading: it is accepted whole or rejected whole (any error in any of its
-documents rejects it), so a half-edited multi-document file never reaches the store. Kinds that
-are not Istio networking config (a Kubernetes Service next to a VirtualService, say) are skipped
-with a warning, the way a Kubernetes manifest directory is usually organised.
+documents rejects it), so a half-edited multi-document file never reaches the store. Kinds of
+other API groups (a Kubernetes Service next to a VirtualService, say) are skipped with a warning,
+the way a Kubernetes manifest directory is usually organised; in Istio's own groups an unknown
+kind is a typo and an error, and a security policy meshctl does not enforce is an error unless
+the user accepts the risk (`_not_served`).
 
 Parsing is fast (see `yamlsource`); field positions are computed only for findings.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import threading
@@ -25,8 +28,10 @@ from meshctl.config.files import decode_text, read_config_file, walk_yaml
 from meshctl.config.findings import FieldPath, Finding, Severity, format_path, has_errors
 from meshctl.config.model import (
     ACCEPTED_VERSIONS,
+    ISTIO_KINDS,
     KINDS,
     NETWORKING_GROUP,
+    SECURITY_GROUP,
     Config,
     ConfigKey,
     Source,
@@ -44,8 +49,6 @@ if TYPE_CHECKING:
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
-#: Istio groups whose kinds meshctl does not serve yet: skipped with a warning naming the kind.
-_OTHER_ISTIO_GROUPS: Final = ("security.istio.io", "telemetry.istio.io", "extensions.istio.io")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,9 @@ class LoadOptions:
     validate: bool = True
     #: Distinct findings reported for one file; the rest are counted in one last finding.
     max_findings_per_file: int = 100
+    #: Load files holding security.istio.io policies (which meshctl does not enforce yet) with a
+    #: warning instead of refusing them: the user accepts that those policies do nothing.
+    unenforced_security: bool = False
     #: Processes that load files side by side when there are many (see `load_paths`); 1 loads
     #: everything in this process, as a server must (it runs threads, and workers are forked).
     workers: int = 1
@@ -230,14 +236,12 @@ def _load_document(
         return None, [finding(f"{kind} has no apiVersion", ("apiVersion",) if "apiVersion" in data else ())]
 
     group, _, version = api_version.partition("/")
-    if group != NETWORKING_GROUP:
-        what = "not supported yet" if group in _OTHER_ISTIO_GROUPS else "not Istio networking config"
-        return None, [finding(f"skipped {api_version} {kind}: {what}", ("kind",), Severity.WARNING)]
+    if group != NETWORKING_GROUP or kind not in KINDS:
+        message, severity = _not_served(group, api_version, kind, options)
+        return None, [finding(message, ("kind",), severity)]
     if version not in ACCEPTED_VERSIONS:
         accepted = ", ".join(f"{NETWORKING_GROUP}/{v}" for v in ACCEPTED_VERSIONS)
         return None, [finding(f"unknown apiVersion {api_version}: use one of {accepted}", ("apiVersion",))]
-    if kind not in KINDS:
-        return None, [finding(f"skipped {api_version} {kind}: kind not supported", ("kind",), Severity.WARNING)]
 
     kind, api_version = intern(kind), intern(api_version)
     metadata = data.get("metadata")
@@ -276,6 +280,32 @@ def _load_document(
     kept = spec.SerializeToString(deterministic=True) if kind in _PACKED_KINDS else _compact(spec)
     config = Config(key, api_version, kept, labels=labels, annotations=annotations, source=source)
     return config, problems
+
+
+def _not_served(group: str, api_version: str, kind: str, options: LoadOptions) -> tuple[str, Severity]:
+    """Why a document of a kind meshctl does not serve is skipped, and how bad that is:
+
+    - a kind no Istio group has, in an Istio group, is a typo: an error, with the kind meant;
+    - a security kind is an error (a policy silently unenforced is worse than a failed build)
+      unless the user accepted the risk with `--allow-unenforced-security`;
+    - another Istio kind (EnvoyFilter, Telemetry) and every other group's kind are warnings.
+    """
+    known = ISTIO_KINDS.get(group)
+    if known is not None and kind not in known:
+        close = difflib.get_close_matches(kind, sorted(known), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else f" (its kinds: {', '.join(sorted(known))})"
+        return f"unknown kind {kind} in {group}{hint}", Severity.ERROR
+    if group == SECURITY_GROUP:
+        if options.unenforced_security:
+            return f"skipped {api_version} {kind}: not enforced (--allow-unenforced-security)", Severity.WARNING
+        return (
+            f"{api_version} {kind} is not enforced by meshctl yet: the traffic it restricts would flow; "
+            "remove it, or pass --allow-unenforced-security to load the rest anyway",
+            Severity.ERROR,
+        )
+    if known is not None:
+        return f"skipped {api_version} {kind}: not supported yet", Severity.WARNING
+    return f"skipped {api_version} {kind}: not Istio networking config", Severity.WARNING
 
 
 #: `spec_class` imports on every call; the loader asks once per document.

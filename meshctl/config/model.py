@@ -37,6 +37,18 @@ _KINDS: Final[Mapping[str, tuple[str, str]]] = {
 
 KINDS: Final = tuple(_KINDS)
 
+#: Every kind of Istio's own API groups, served or not: a kind of these groups that is in none of
+#: them is a typo (`VirtualSevice`) that Kubernetes would refuse too, not someone else's config.
+ISTIO_KINDS: Final[Mapping[str, frozenset[str]]] = {
+    NETWORKING_GROUP: frozenset({*_KINDS, "EnvoyFilter", "ProxyConfig"}),
+    "security.istio.io": frozenset({"AuthorizationPolicy", "PeerAuthentication", "RequestAuthentication"}),
+    "telemetry.istio.io": frozenset({"Telemetry"}),
+    "extensions.istio.io": frozenset({"WasmPlugin"}),
+}
+#: The group whose kinds decide who may call whom: one that meshctl does not enforce is an
+#: error, unless the user accepts the risk (`LoadOptions.unenforced_security`).
+SECURITY_GROUP: Final = "security.istio.io"
+
 
 def spec_class(kind: str) -> type[Message]:
     """The protobuf message class for a kind's `spec`, imported on first use."""
