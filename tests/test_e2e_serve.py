@@ -17,7 +17,7 @@ import os
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -150,8 +150,8 @@ class Mesh:
     def consul(self) -> FakeConsul:
         return self._stack.enter_context(FakeConsul())
 
-    def serve(self, *, consul: str | None = None) -> ServeProcess:
-        server = ServeProcess([self.dir], consul=consul)
+    def serve(self, *, consul: str | None = None, extra_args: Sequence[str] = ()) -> ServeProcess:
+        server = ServeProcess([self.dir], consul=consul, extra_args=extra_args)
         self._stack.enter_context(server)
         self._stack.callback(lambda: print(f"--- meshctl serve log:\n{server.log()[-6000:]}"))
         return server
@@ -499,6 +499,40 @@ def test_consul_instances_registered_and_deregistered_reach_envoy(mesh: Mesh) ->
         wait_for(lambda: envoy_hosts(envoy, cluster) == {"127.0.0.52"}, "Envoy drops vm-1", CONVERGE)
         assert answers(port, host, 20) == Counter({"orders-2": 20})
     assert loop.failures == []
+
+
+def test_a_restart_while_consul_is_down_keeps_envoys_consul_clusters_until_consul_returns(mesh: Mesh) -> None:
+    """Restarted during a Consul outage, the server refuses Envoy's reconnects (UNAVAILABLE, as
+    istiod does) instead of sending it a mesh without Consul's services; Envoy keeps serving
+    what it had, and gets the whole mesh once Consul is back."""
+    port = free_port()
+    mesh.backend("billing-1", "127.0.0.61", port)
+    consul = mesh.consul()
+    consul.register(
+        {
+            "Node": "vm-1",
+            "Address": "127.0.0.61",
+            "Service": {"ID": "billing-1", "Service": "billing", "Port": port, "Meta": {"protocol": "http"}},
+        }
+    )
+    server = mesh.serve(consul=consul.address, extra_args=["--registry-sync-timeout", "120"])
+    envoy = mesh.envoy(server)
+    host, cluster = "billing.service.consul", f"outbound|{port}||billing.service.consul"
+    wait_for(served_by(port, host, {"billing-1"}), "the Consul instance serves")
+
+    consul.stop()
+    server.restart(ready=False)
+    time.sleep(3)  # Envoy retries meanwhile; each retry is refused
+    assert not server.ready()
+    assert envoy_stats(envoy, "control_plane.connected_state") == {"control_plane.connected_state": 0}
+    assert envoy_hosts(envoy, cluster) == {"127.0.0.61"}
+    assert answers(port, host, 5) == Counter({"billing-1": 5})
+
+    consul.start()
+    wait_for(server.ready, "the server ready once Consul synced", CONVERGE)
+    wait_for(lambda: synced(server), "Envoy back in sync", CONVERGE)
+    assert envoy_hosts(envoy, cluster) == {"127.0.0.61"}
+    assert answers(port, host, 5) == Counter({"billing-1": 5})
 
 
 def test_a_config_envoy_rejects_is_an_error_and_the_last_good_config_keeps_serving(mesh: Mesh) -> None:

@@ -88,6 +88,26 @@ def serve(
             "workload of its node id (the identity rule above). Needs --tls-cert.",
         ),
     ] = None,
+    allow_unenforced_security: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unenforced-security",
+            envvar="MESHCTL_ALLOW_UNENFORCED_SECURITY",
+            help="Accept security.istio.io policies (AuthorizationPolicy, PeerAuthentication, "
+            "RequestAuthentication) although meshctl does not enforce them yet: the traffic they "
+            "deny flows. Without it, a file holding one is an error.",
+        ),
+    ] = False,
+    registry_sync_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar="MESHCTL_REGISTRY_SYNC_TIMEOUT",
+            metavar="SECONDS",
+            help="New proxies are refused (UNAVAILABLE, Envoy retries) until Consul has synced once, so "
+            "none gets a mesh without Consul's services after a restart; after this long they get what "
+            "the server has, and the log says so.",
+        ),
+    ] = 30.0,
     admin_token_file: Annotated[
         Path | None,
         typer.Option(
@@ -155,6 +175,8 @@ def serve(
         tls=tls,
         admin_token_file=admin_token_file,
         notify=NotifySettings.from_environ(os.environ, os.getpid()),
+        registry_sync_timeout=max(0.0, registry_sync_timeout),
+        allow_unenforced_security=allow_unenforced_security,
     )
     try:
         asyncio.run(Server(settings).run())

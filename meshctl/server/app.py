@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from meshctl.registry.consul import ConsulOptions, ConsulRegistry
 from meshctl.registry.serviceentry import FileRegistry
 from meshctl.server.admin import AdminServer
 from meshctl.server.ads import AdsServicer
-from meshctl.server.auth import BearerToken, XdsTls, identity_authorizer
+from meshctl.server.auth import BearerToken, XdsTls, identity_authorizer, is_loopback
 from meshctl.server.cache import ResourceCache
 from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
 from meshctl.server.metrics import Metrics
@@ -42,6 +43,9 @@ from meshctl.snapshot.model import MeshSettings, Snapshot
 
 logger = logging.getLogger("meshctl.server")
 
+#: What a proxy is told while the server cannot serve a complete mesh yet (istiod's words).
+NOT_READY = "server is not ready to serve discovery information"
+
 
 def split_address(address: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
     """`host:port`, `[v6]:port` or `:port` -> (host, port); raises ValueError with the reason."""
@@ -49,6 +53,27 @@ def split_address(address: str, default_host: str = "127.0.0.1") -> tuple[str, i
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"{address!r} is not HOST:PORT")
     return (host.strip("[]") or default_host), int(port)
+
+
+def check_bindable(host: str, port: int) -> None:
+    """Raise OSError saying why `host:port` cannot be listened on (a name that does not resolve,
+    an address not of this host, a port in use), by binding it once as a listener would.
+
+    gRPC only says "Failed to bind" (and logs its own line on stderr); this says why, before gRPC
+    tries. Port 0 checks the address alone.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OSError(f"cannot resolve {host}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+            probe.listen()
+        except OSError as exc:
+            raise OSError(f"{host}:{port}: {exc.strerror or exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +97,12 @@ class ServeSettings:
     notify: NotifySettings = field(default_factory=NotifySettings)
     #: Called once the server is up, with the (xds, admin) ports chosen.
     on_ready: Callable[[int, int], None] | None = None
+    #: Load security.istio.io policies, which meshctl does not enforce yet, instead of refusing
+    #: their files (the operator accepts that they do nothing).
+    allow_unenforced_security: bool = False
+    #: How long new proxies wait for every registry's first sync before the server gives them
+    #: what it has (see `Server.admission`): long enough for a Consul restart.
+    registry_sync_timeout: float = 30.0
 
 
 class Server:
@@ -80,7 +111,9 @@ class Server:
     def __init__(self, settings: ServeSettings) -> None:
         self.settings = settings
         self.store = ConfigStore()
-        load = LoadOptions(default_namespace=settings.default_namespace)
+        load = LoadOptions(
+            default_namespace=settings.default_namespace, unenforced_security=settings.allow_unenforced_security
+        )
         self.watcher = DirectoryWatcher(list(settings.config_dirs), self.store, WatchOptions(load=load))
         self.files = FileRegistry()
         self.consul = ConsulRegistry(settings.consul) if settings.consul is not None else None
@@ -96,7 +129,9 @@ class Server:
         self.discovery.on_debounced = self._debounced
         tls = settings.tls
         authorize = identity_authorizer(lambda: self.discovery.snapshot) if tls and tls.client_ca_file else None
-        self.ads = AdsServicer(self.cache, lambda: self.discovery.snapshot, self.metrics, authorize=authorize)
+        self.ads = AdsServicer(
+            self.cache, lambda: self.discovery.snapshot, self.metrics, authorize=authorize, admit=self.admission
+        )
         self.status = ServerStatus(self)
         self.notify = SystemdNotifier(settings.notify, lambda: service_status(self))
         self._grpc: grpc.aio.Server | None = None
@@ -105,6 +140,8 @@ class Server:
         self.xds_port = 0
         self.admin_port = 0
         self.started_at = time.time()
+        self._sync_deadline = time.monotonic() + settings.registry_sync_timeout
+        self._sync_timer: asyncio.TimerHandle | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -113,6 +150,8 @@ class Server:
         tls = self.settings.tls
         credentials = tls.server_credentials() if tls is not None else None
         token = BearerToken(self.settings.admin_token_file) if self.settings.admin_token_file else None
+        # Then the xDS address: a busy or foreign one is said at once, before minutes of loading.
+        check_bindable(*split_address(self.settings.xds_address))
         loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         first = await loop.run_in_executor(None, self.watcher.start)
@@ -124,8 +163,14 @@ class Server:
         snapshot = await self.discovery.start()
         self._observe(snapshot)
 
+        self._sync_deadline = time.monotonic() + self.settings.registry_sync_timeout
+        if self.consul is not None and not self.consul.wait_synced(0):
+            self._sync_timer = loop.call_later(self.settings.registry_sync_timeout, self._sync_overdue)
         self._grpc = grpc.aio.server(
             options=[
+                # One server per xDS address: with the port shared (gRPC's default), a second
+                # meshctl would start without error and the kernel would split the fleet.
+                ("grpc.so_reuseport", 0),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
                 ("grpc.max_receive_message_length", 16 * 1024 * 1024),
                 ("grpc.keepalive_time_ms", 30_000),
@@ -139,18 +184,29 @@ class Server:
         self._grpc.add_generic_rpc_handlers((self.ads.handlers(),))
         host, port = split_address(self.settings.xds_address)
         listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            if credentials is None:
+                self.xds_port = self._grpc.add_insecure_port(listen)
+            else:
+                self.xds_port = self._grpc.add_secure_port(listen, credentials)
+        except RuntimeError:  # lost a race for the port since check_bindable
+            self.xds_port = 0
+        if self.xds_port == 0:
+            raise OSError(f"cannot listen for xDS on {self.settings.xds_address}")
         if credentials is None:
-            self.xds_port = self._grpc.add_insecure_port(listen)
+            if not is_loopback(host):
+                logger.warning(
+                    "xDS on %s is plaintext: any host that reaches it can ask for any proxy's config and "
+                    "read it on the wire; give --tls-cert, --tls-key and --client-ca (docs/vm-setup.md)",
+                    self.settings.xds_address,
+                )
         else:
-            self.xds_port = self._grpc.add_secure_port(listen, credentials)
             logger.info(
                 "xDS uses TLS%s",
                 "; proxies must present a client certificate naming their workload"
                 if tls is not None and tls.client_ca_file
                 else " (no client certificates: any proxy may ask for any node's config)",
             )
-        if self.xds_port == 0:
-            raise OSError(f"cannot listen for xDS on {self.settings.xds_address}")
         await self._grpc.start()
         admin_host, admin_port = split_address(self.settings.admin_address)
         self._admin = AdminServer(self.status, admin_host, admin_port, token)
@@ -206,6 +262,8 @@ class Server:
             self.notify.ready()  # even after a failure: systemd would otherwise wait out its timeout
 
     async def stop(self) -> None:
+        if self._sync_timer is not None:
+            self._sync_timer.cancel()
         await self.discovery.stop()
         if self._grpc is not None:
             await self._grpc.stop(self.settings.drain_seconds)
@@ -233,10 +291,34 @@ class Server:
             if count:
                 self.metrics.triggers.inc(name, by=count)
 
-    def ready(self) -> bool:
+    def admission(self) -> str | None:
+        """None when a proxy connecting now gets a complete mesh, else why it must wait.
+
+        Until the first snapshot is built and every registry has synced once, new ADS streams are
+        refused with UNAVAILABLE (Envoy retries) in Istio's words (istio#25495): a proxy that
+        reconnects after a restart while Consul is down keeps its last config rather than being
+        sent a mesh without Consul's services. After `registry_sync_timeout` the server serves
+        what it has, and has said so in the log (`_sync_overdue`). Open streams are not affected.
+        """
         if self.discovery.snapshot is None:
-            return False
-        return self.consul is None or self.consul.wait_synced(0)
+            return NOT_READY
+        if self.consul is None or self.consul.wait_synced(0) or time.monotonic() >= self._sync_deadline:
+            return None
+        return NOT_READY
+
+    def _sync_overdue(self) -> None:
+        self._sync_timer = None
+        if self.consul is not None and not self.consul.wait_synced(0):
+            logger.error(
+                "Consul has not synced %gs after start-up (%s): serving proxies the mesh without Consul's "
+                "services until it does (--registry-sync-timeout)",
+                self.settings.registry_sync_timeout,
+                self.consul.status().message,
+            )
+
+    def ready(self) -> bool:
+        """What `/ready` says: whether a proxy connecting now is served (`admission`)."""
+        return self.admission() is None
 
     def describe(self) -> dict[str, Any]:
         snapshot = self.discovery.snapshot

@@ -95,8 +95,9 @@ class ServeProcess:
             cmd += ["--consul", self.consul]
         return [*cmd, *self.extra_args]
 
-    def start(self, *, timeout: float = 60.0) -> None:
-        """Start and wait until the log names the ports and `/ready` answers 200."""
+    def start(self, *, timeout: float = 60.0, ready: bool = True) -> None:
+        """Start and wait until the log names the ports and (with `ready`) `/ready` answers 200:
+        a server whose registries have not synced serves no proxy yet, and says so there."""
         if self._proc is not None:
             raise ServeError("already running")
         self.runs += 1
@@ -110,7 +111,7 @@ class ServeProcess:
             if time.monotonic() > deadline:
                 raise ServeError(f"no 'serving xDS on' line after {timeout}s:\n{self.log()[-3000:]}")
             time.sleep(0.05)
-        while not self.ready():
+        while ready and not self.ready():
             self._check_alive()
             if time.monotonic() > deadline:
                 raise ServeError(f"/ready not 200 after {timeout}s:\n{self.log()[-3000:]}")
@@ -152,10 +153,10 @@ class ServeProcess:
                 ) from None
         return proc.returncode
 
-    def restart(self, *, timeout: float = 60.0) -> None:
+    def restart(self, *, timeout: float = 60.0, ready: bool = True) -> None:
         """Stop with SIGTERM and start a new process on the same xDS and admin ports."""
         self.stop()
-        self.start(timeout=timeout)
+        self.start(timeout=timeout, ready=ready)
 
     def reload(self) -> None:
         """SIGHUP: the server reads its config directories at once."""

@@ -1,0 +1,102 @@
+"""When the server lets a proxy in: not before it can serve a complete mesh (every registry synced
+once, or `--registry-sync-timeout` passed), and only one server per xDS address."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import grpc
+import pytest
+
+from meshctl.registry.consul import ConsulOptions
+from meshctl.server.app import NOT_READY, Server, ServeSettings
+from meshctl.server.discovery import DebounceSettings
+from meshctl.testing.ads_client import AdsClient
+from meshctl.testing.envoy import free_port
+from meshctl.testing.serve_process import ServeProcess, meshctl_command
+from meshctl.xds import types
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
+PRODUCTPAGE = "sidecar~10.10.0.11~productpage-v1-vm.bookinfo~bookinfo.svc.cluster.local"
+
+pytestmark = pytest.mark.slow
+
+
+@asynccontextmanager
+async def serving(config_dir: Path, consul: str, sync_timeout: float) -> AsyncIterator[Server]:
+    server = Server(
+        ServeSettings(
+            config_dirs=(config_dir,),
+            xds_address="127.0.0.1:0",
+            admin_address="127.0.0.1:0",
+            consul=ConsulOptions.from_env(address=consul, environ={}),
+            debounce=DebounceSettings(0.05, 5.0),
+            drain_seconds=0.2,
+            registry_sync_timeout=sync_timeout,
+        )
+    )
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def test_with_consul_unreachable_proxies_wait_then_get_what_the_server_has(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    mesh = tmp_path / "mesh"
+    shutil.copytree(EXAMPLES, mesh)
+    nobody = f"127.0.0.1:{free_port()}"  # no Consul listens there
+
+    async def test() -> None:
+        async with serving(mesh, nobody, sync_timeout=1.5) as server:
+            address = f"127.0.0.1:{server.xds_port}"
+            async with AdsClient(address, PRODUCTPAGE) as refused:
+                with pytest.raises(ConnectionError):
+                    await refused.wait_for(lambda c: c.complete(), timeout=1)
+                assert isinstance(refused.closed, grpc.aio.AioRpcError)
+                assert refused.closed.code() == grpc.StatusCode.UNAVAILABLE
+                assert refused.closed.details() == NOT_READY
+            assert not server.ready()
+            await asyncio.sleep(1.5)
+            assert server.ready()
+            async with AdsClient(address, PRODUCTPAGE) as served:
+                await served.wait_for(lambda c: c.complete(), timeout=20)
+                assert "outbound|9080|v1|reviews.bookinfo.mesh" in served.names(types.CLUSTER)
+
+    with caplog.at_level(logging.WARNING, logger="meshctl.server"):
+        asyncio.run(asyncio.wait_for(test(), 60))
+    loud = [r for r in caplog.records if "has not synced" in r.getMessage()]
+    assert len(loud) == 1 and loud[0].levelno == logging.ERROR
+    assert nobody in loud[0].getMessage() and "--registry-sync-timeout" in loud[0].getMessage()
+
+
+def test_a_second_serve_on_a_busy_xds_address_exits_2_with_one_line(tmp_path: Path) -> None:
+    mesh = tmp_path / "mesh"
+    shutil.copytree(EXAMPLES, mesh)
+    with ServeProcess([mesh]) as first:
+        for address, reason in (
+            (first.xds_address, "Address already in use"),
+            ("192.0.2.1:15010", "Cannot assign requested address"),  # TEST-NET-1: not this host's
+            ("no-such-host.invalid:15010", "cannot resolve no-such-host.invalid"),
+        ):
+            flags = ["-c", str(mesh), "--xds-address", address, "--admin-address", "127.0.0.1:0"]
+            proc = subprocess.run(
+                [*meshctl_command(), "serve", *flags],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert proc.returncode == 2, proc.stderr
+            assert proc.stdout == ""
+            (line,) = proc.stderr.strip().splitlines()  # one line: no traceback, no gRPC C-core log
+            assert line.startswith("error: cannot serve: ") and reason in line, proc.stderr
+        assert first.ready()
