@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+
+class BootstrapFormat(enum.StrEnum):
+    yaml = "yaml"
+    json = "json"
 
 
 def bootstrap(
@@ -44,7 +50,7 @@ def bootstrap(
             "(default: the --xds-address host, as a DNS or IP SAN)."
         ),
     ] = None,
-    output: Annotated[str, typer.Option("--output", "-o", help="yaml or json.")] = "yaml",
+    output: Annotated[BootstrapFormat, typer.Option("--output", "-o", help="yaml or json.")] = BootstrapFormat.yaml,
 ) -> None:
     """Print a complete Envoy bootstrap for a VM proxy: `meshctl bootstrap ... > envoy.yaml && envoy -c envoy.yaml`."""
     import json
@@ -52,11 +58,15 @@ def bootstrap(
 
     from meshctl.bootstrap import BootstrapOptions, XdsClientTls, build_bootstrap
     from meshctl.cli import output as out
+    from meshctl.config.hosts import is_ip
     from meshctl.errors import NodeIdError
     from meshctl.server.app import split_address
     from meshctl.snapshot.proxy import parse_node_id
 
     node_id = proxy
+    if ip is not None and not is_ip(ip):
+        out.error(f"--ip {ip!r} is not an IPv4 or IPv6 address")
+        raise typer.Exit(2)
     if "~" not in proxy:
         if not ip or "." not in proxy:
             out.error("--proxy NAME.NAMESPACE needs --ip ADDRESS (or give the full node id)")
@@ -76,6 +86,9 @@ def bootstrap(
     except (NodeIdError, ValueError) as exc:
         out.error(str(exc))
         raise typer.Exit(2) from exc
+    if not is_ip(node.ip):
+        out.error(f"the node id's IP {node.ip!r} is not an IPv4 or IPv6 address")
+        raise typer.Exit(2)
     if (xds_cert is None) != (xds_key is None):
         out.error("--xds-cert and --xds-key go together")
         raise typer.Exit(2)
@@ -87,7 +100,7 @@ def bootstrap(
         node,
         BootstrapOptions(xds_host=host, xds_port=port, delta=delta, admin_port=admin_port, labels=labels, tls=tls),
     )
-    if output == "json":
+    if output is BootstrapFormat.json:
         json.dump(config, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:

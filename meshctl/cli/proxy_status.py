@@ -42,22 +42,16 @@ def proxy_status(
     """One row per connected proxy with CDS, LDS, EDS and RDS each SYNCED, STALE, NOT SENT or ERROR."""
     import json
     import sys
-    import urllib.error
-    import urllib.request
 
     from meshctl.cli import output as out
+    from meshctl.cli.admin_client import get_json
+    from meshctl.errors import UsageError
 
-    url = admin if "://" in admin else f"http://{admin}"
-    request = urllib.request.Request(f"{url}/debug/syncz")
     try:
-        if admin_token_file:
-            with open(admin_token_file, encoding="utf-8") as f:
-                request.add_header("Authorization", f"Bearer {f.read().strip()}")
-        with urllib.request.urlopen(request, timeout=10) as response:
-            entries: list[dict[str, Any]] = json.load(response)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        out.error(f"cannot read {url}/debug/syncz: {exc}")
-        raise typer.Exit(2) from exc
+        entries: list[dict[str, Any]] = get_json(admin, "/debug/syncz", admin_token_file)
+    except UsageError as exc:
+        out.error(str(exc))
+        raise typer.Exit(2) from None
     rows = []
     for e in entries:
         states = {t: sync_state(e["types"].get(t)) for t in TYPES}
