@@ -8,6 +8,7 @@ only used by the tests that need them.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import socket
 import subprocess
@@ -332,6 +333,25 @@ def test_an_outage_keeps_every_endpoint_and_recovery_resumes_where_it_stopped(
     fake.register(instance("svc0", "10.1.0.3", 8000))
     wait_for(lambda: len(addresses(registry, "svc0.service.consul")) == 3, "a write after recovery")
     assert sorted(addresses(registry, "svc0.service.consul")) == ["10.1.0.1", "10.1.0.2", "10.1.0.3"]
+
+
+@pytest.mark.slow
+def test_an_outage_and_its_recovery_are_each_one_log_line(
+    fake: FakeConsul, registries: Callable[..., ConsulRegistry], caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.register(instance("svc", "10.2.0.1", 8000))
+    with caplog.at_level(logging.INFO, logger="meshctl.registry.consul"):
+        registry = registries(fake.address, backoff_min=0.2, backoff_max=1.0)
+        assert registry.wait_synced(5)
+        fake.stop()
+        wait_for(lambda: any(r.levelno == logging.WARNING for r in caplog.records), "the outage in the log")
+        time.sleep(3)  # retries keep failing meanwhile: no more lines
+        fake.start()
+        wait_for(lambda: any("answers again" in r.getMessage() for r in caplog.records), "the recovery in the log", 10)
+    lines = [r for r in caplog.records if r.name == "meshctl.registry.consul" and "index" not in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.WARNING, logging.INFO], [r.getMessage() for r in lines]
+    assert fake.address in lines[0].getMessage() and "is failing" in lines[0].getMessage()
+    assert fake.address in lines[1].getMessage()
 
 
 def test_a_hundred_idle_services_cost_almost_no_requests(

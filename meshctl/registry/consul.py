@@ -420,6 +420,7 @@ class ConsulRegistry:
         self._settled: set[str] = set()  # services whose watch has answered or failed once
         self._errors: dict[str, str] = {}  # path -> last error
         self._acl_filtered = False
+        self._failing_logged = False  # the log last said Consul is failing
 
     @property
     def name(self) -> str:
@@ -538,8 +539,29 @@ class ConsulRegistry:
     def _on_catalog_error(self, message: str) -> None:
         with self._lock:
             self._errors[CATALOG_PATH] = message
+        self._note_health()
+
+    def _note_health(self) -> None:
+        """Say in the log when Consul stops answering and when it answers again: one line per
+        change of state (an hour-long outage is two lines), with the address and the reason, so an
+        outage is seen without reading /debug/registryz."""
+        with self._lock:
+            if self._stopped or bool(self._errors) == self._failing_logged:
+                return
+            self._failing_logged = bool(self._errors)
+            errors, queries = sorted(self._errors.items()), len(self._watches) + 1
+        where = f"consul at {self._options.url}"
+        if errors:
+            path, error = errors[0]
+            logger.warning(
+                "%s is failing (%d of %d queries; %s: %s): keeping every endpoint last read from it",
+                where, len(errors), queries, path, error,
+            )  # fmt: skip
+        else:
+            logger.info("%s answers again", where)
 
     def _publish(self) -> None:
+        self._note_health()
         with self._publish_lock:
             with self._lock:
                 if self._stopped or not self._catalog_read:
