@@ -6,6 +6,7 @@ did NOT happen (a second change) first wait for the watcher to go quiet.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -210,8 +211,9 @@ def test_one_broken_document_keeps_the_old_version_of_every_document_in_the_file
 
 
 def test_a_vanished_directory_deletes_nothing_and_is_picked_up_when_it_returns(
-    root: Path, store: ConfigStore, watching: DirectoryWatcher
+    root: Path, store: ConfigStore, watching: DirectoryWatcher, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="meshctl.config.watcher")
     (root / "reviews.yaml").write_text(vs("reviews", timeout="5s"))
     wait_for(lambda: timeout_of(store, "reviews") == 5, "the first version")
     changes = Changes(store)
@@ -229,6 +231,9 @@ def test_a_vanished_directory_deletes_nothing_and_is_picked_up_when_it_returns(
     # Watching resumed on the new directory, not just one reload.
     (root / "more.yaml").write_text(vs("more"))
     wait_for(lambda: store.get(vs_key("more")) is not None, "a file added to the recreated directory")
+    # The log said so once when it went, and once when it came back.
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if str(root) in r.getMessage()]
+    assert [level for level, message in said if "revision" not in message] == [logging.ERROR, logging.INFO], said
 
 
 def test_a_directory_emptied_of_yaml_keeps_its_resources_until_a_file_says_otherwise(
