@@ -2,11 +2,19 @@
 
 A deliberately small implementation of the text exposition format (counters, gauges and
 histograms with labels); the server has a handful of metrics and no need for a client library.
+
+Every series a dashboard or alert reads exists from start-up, at 0: `increase()` over a counter
+that appears with its first event misses that event (the first NACK of a fleet would alert no
+one). The `type` label takes Istio's values (`cds`, `eds`, `lds`, `rds`) on every metric that has
+it. The `process_*` metrics are those every Prometheus client exports (resident memory, CPU
+seconds, open file descriptors, start time), read from /proc at each scrape.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import resource
 import threading
 from collections.abc import Sequence
 from typing import Final
@@ -53,9 +61,12 @@ class _Metric:
 class Counter(_Metric):
     kind = "counter"
 
-    def __init__(self, name: str, help_text: str, labels: Sequence[str] = ()) -> None:
+    def __init__(
+        self, name: str, help_text: str, labels: Sequence[str] = (), initial: Sequence[LabelValues] = ((),)
+    ) -> None:
+        """`initial` are the series that exist at 0 from the start (by default the unlabeled one)."""
         super().__init__(name, help_text, labels)
-        self._values: dict[LabelValues, float] = {}
+        self._values: dict[LabelValues, float] = {k: 0.0 for k in initial if len(k) == len(self.label_names)}
 
     def inc(self, *labels: str, by: float = 1.0) -> None:
         with self._lock:
@@ -81,10 +92,19 @@ class Gauge(Counter):
 class Histogram(_Metric):
     kind = "histogram"
 
-    def __init__(self, name: str, help_text: str, buckets: Sequence[float], labels: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        name: str,
+        help_text: str,
+        buckets: Sequence[float],
+        labels: Sequence[str] = (),
+        initial: Sequence[LabelValues] = ((),),
+    ) -> None:
         super().__init__(name, help_text, labels)
         self.buckets = tuple(buckets)
-        self._series: dict[LabelValues, tuple[list[int], list[float]]] = {}
+        self._series: dict[LabelValues, tuple[list[int], list[float]]] = {
+            k: ([0] * (len(self.buckets) + 1), [0.0]) for k in initial if len(k) == len(self.label_names)
+        }
 
     def observe(self, value: float, *labels: str) -> None:
         with self._lock:
@@ -112,19 +132,30 @@ class Histogram(_Metric):
         return out
 
 
+#: Istio's values of the `type` label (`v3.GetMetricType`), one series each from the start.
+_TYPES: Final = tuple((short.lower(),) for short in sorted(types.SHORT_NAMES.values()))
+_TRIGGERS: Final = (("config",), ("endpoint",), ("service",))
+
+
+def _type_label(type_url: str) -> str:
+    return types.SHORT_NAMES.get(type_url, "other").lower()
+
+
 class Metrics(PushObserver):
     """The server's metrics; also the ADS servicer's observer."""
 
     def __init__(self) -> None:
         self.xds = Gauge("pilot_xds", "Number of endpoints connected to this pilot using XDS.")
-        self.pushes = Counter("pilot_xds_pushes", "Pilot build and send errors for lds, rds, cds and eds.", ["type"])
+        self.pushes = Counter(
+            "pilot_xds_pushes", "Pilot build and send errors for lds, rds, cds and eds.", ["type"], _TYPES
+        )
         self.convergence = Histogram(
             "pilot_proxy_convergence_time",
             "Delay in seconds between config change and a proxy receiving all required configuration.",
             _CONVERGENCE_BUCKETS,
         )
         self.rejects = Counter(
-            "pilot_total_xds_rejects", "Total number of XDS responses from pilot rejected by proxy.", ["type"]
+            "pilot_total_xds_rejects", "Total number of XDS responses from pilot rejected by proxy.", ["type"], _TYPES
         )
         self.debounce = Histogram(
             "pilot_debounce_time",
@@ -135,6 +166,7 @@ class Metrics(PushObserver):
             "pilot_push_triggers",
             "Total number of times a push was triggered, labeled by reason for the push.",
             ["type"],
+            _TRIGGERS,
         )
         self.services = Gauge("pilot_services", "Total services known to pilot.")
         self.config_size = Histogram(
@@ -142,6 +174,7 @@ class Metrics(PushObserver):
             "Distribution of configuration sizes pushed to clients",
             _SIZE_BUCKETS,
             ["type"],
+            _TYPES,
         )
         self._all: tuple[Counter | Histogram, ...] = (
             self.xds,
@@ -156,22 +189,80 @@ class Metrics(PushObserver):
 
     # PushObserver
     def pushed(self, stream: Stream, push: Push, size: int) -> None:
-        short = types.SHORT_NAMES.get(push.type_url, "other").lower()
-        self.pushes.inc(short)
-        self.config_size.observe(size, types.SHORT_NAMES.get(push.type_url, "other"))
+        label = _type_label(push.type_url)
+        self.pushes.inc(label)
+        self.config_size.observe(size, label)
 
     def converged(self, stream: Stream, seconds: float) -> None:
         self.convergence.observe(max(0.0, seconds))
 
     def rejected(self, stream: Stream, type_url: str, error: str) -> None:
-        self.rejects.inc(types.SHORT_NAMES.get(type_url, "other").lower())
+        self.rejects.inc(_type_label(type_url))
 
     def connected(self, count: int) -> None:
         self.xds.set(count)
 
     def render(self) -> str:
         lines: list[str] = []
-        for metric in self._all:
+        for metric in (*self._all, *process_metrics()):
             lines.extend(metric.header())
             lines.extend(metric.render())
         return "\n".join(lines) + "\n"
+
+
+_PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_TICKS: Final = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_metrics() -> list[Counter]:
+    """The process metrics every Prometheus client exports, with their names and help, read now.
+    Each is left out where the system does not say (no /proc)."""
+    times = os.times()
+    cpu = Counter("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.")
+    cpu.inc(by=times.user + times.system)
+    gauges = (
+        ("process_resident_memory_bytes", "Resident memory size in bytes.", _statm(1)),
+        ("process_virtual_memory_bytes", "Virtual memory size in bytes.", _statm(0)),
+        ("process_start_time_seconds", "Start time of the process since unix epoch in seconds.", _start_time()),
+        ("process_open_fds", "Number of open file descriptors.", _open_fds()),
+        ("process_max_fds", "Maximum number of open file descriptors.", _max_fds()),
+    )
+    out: list[Counter] = [cpu]
+    for name, help_text, value in gauges:
+        if value is not None:
+            gauge = Gauge(name, help_text)
+            gauge.set(value)
+            out.append(gauge)
+    return out
+
+
+def _statm(field: int) -> float | None:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[field]) * _PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _start_time() -> float | None:
+    """From /proc: the process's start in clock ticks after boot, plus the boot time."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / _TICKS
+
+
+def _open_fds() -> float | None:
+    try:
+        return float(len(os.listdir("/proc/self/fd")))
+    except OSError:
+        return None
+
+
+def _max_fds() -> float | None:
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return None if soft == resource.RLIM_INFINITY else float(soft)
