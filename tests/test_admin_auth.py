@@ -30,6 +30,9 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
 class State:
     """Admin pages over fixed data, so what a page shows is known."""
 
+    def version(self) -> dict[str, Any]:
+        return {"version": "test", "snapshot": ""}
+
     def ready(self) -> bool:
         return True
 

@@ -144,7 +144,7 @@ def test_json_is_envoys_config_dump_with_istio_names() -> None:
 
 
 def test_a_client_gets_its_outbound_listener_and_the_route_config_it_names(with_client: Path) -> None:
-    sections = parse(dumped("--proxy", "sleep-vm.bookinfo", config_dir=with_client).stdout)
+    sections = parse(dumped("-o", "json", "--proxy", "sleep-vm.bookinfo", config_dir=with_client).stdout)
     assert "127.0.0.1_9080" in names_and_versions(sections["listeners"], "listeners")
     assert set(names_and_versions(sections["routes"], "routes")) == {"9080"}
 
@@ -158,13 +158,13 @@ def test_route_configs_no_listener_names_are_left_out_as_envoy_never_asks(tmp_pa
     workloads.write_text(
         workloads.read_text().replace("  address: 10.10.0.41\n", "  address: 10.10.0.41\n  ports: {http: 9080}\n")
     )
-    result = dumped("--proxy", REVIEWS_V1, config_dir=tmp_path)
+    result = dumped("-o", "json", "--proxy", REVIEWS_V1, config_dir=tmp_path)
     assert names_and_versions(parse(result.stdout)["routes"], "routes") == {}
     assert "route config(s) 9080 left out" in result.stderr
 
 
 def test_versions_are_the_ones_the_server_sends(with_client: Path) -> None:
-    sections = parse(dumped("--proxy", SLEEP, config_dir=with_client).stdout)
+    sections = parse(dumped("-o", "json", "--proxy", SLEEP, config_dir=with_client).stdout)
     tree = load_tree(with_client)
     served = ResourceCache().resources(tree.snapshot, resolve_proxy(tree, SLEEP))
     for type_url, (_, key) in zip((types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE), SECTIONS, strict=True):
@@ -175,13 +175,13 @@ def test_versions_are_the_ones_the_server_sends(with_client: Path) -> None:
 
 
 def test_inline_endpoints_of_dns_clusters_are_listed_without_a_version() -> None:
-    sections = parse(dumped("--proxy", REVIEWS_V1).stdout)
+    sections = parse(dumped("-o", "json", "--proxy", REVIEWS_V1).stdout)
     endpoints = names_and_versions(sections["endpoints"], "endpoints")
     assert endpoints["outbound|443||www.googleapis.com"] == ""
 
 
 def test_json_matches_envoys_field_names() -> None:
-    data = json.loads(dumped("--proxy", REVIEWS_V1, "--type", "clusters").stdout)
+    data = json.loads(dumped("-o", "json", "--proxy", REVIEWS_V1, "--type", "clusters").stdout)
     (section,) = data["configs"]
     assert section["@type"] == "type.googleapis.com/envoy.admin.v3.ClustersConfigDump"
     first = section["dynamic_active_clusters"][0]
@@ -191,13 +191,13 @@ def test_json_matches_envoys_field_names() -> None:
 
 @pytest.mark.parametrize("section", ["clusters", "endpoints", "listeners", "routes"])
 def test_type_selects_one_section(section: str) -> None:
-    data = json.loads(dumped("--proxy", REVIEWS_V1, "--type", section).stdout)
+    data = json.loads(dumped("-o", "json", "--proxy", REVIEWS_V1, "--type", section).stdout)
     (config,) = data["configs"]
     assert config["@type"].lower().endswith(f".{section}configdump")
 
 
 def test_yaml_has_the_same_content_as_json() -> None:
-    as_json = json.loads(dumped("--proxy", REVIEWS_V1).stdout)
+    as_json = json.loads(dumped("-o", "json", "--proxy", REVIEWS_V1).stdout)
     text = dumped("--proxy", REVIEWS_V1, "-o", "yaml").stdout
     assert "!!" not in text  # plain mappings, no Python-specific tags
     assert YAML(typ="safe", pure=True).load(io.StringIO(text)) == as_json
@@ -212,9 +212,9 @@ def test_a_workload_name_and_its_node_id_give_the_same_output() -> None:
 
 
 def test_a_workload_selected_by_a_gateway_is_a_router() -> None:
-    result = dumped("--proxy", "ingressgateway-vm.bookinfo", "--type", "routes")
+    result = dumped("-o", "json", "--proxy", "ingressgateway-vm.bookinfo", "--type", "routes")
     assert GATEWAY in result.stderr
-    assert result.stdout == dumped("--proxy", GATEWAY, "--type", "routes").stdout
+    assert result.stdout == dumped("-o", "json", "--proxy", GATEWAY, "--type", "routes").stdout
     routes = names_and_versions(parse_section(result.stdout, config_dump_shared_pb2.RoutesConfigDump), "routes")
     assert "http.8080" in routes
 
@@ -279,7 +279,7 @@ def test_consul_services_are_dumped_beside_the_files() -> None:
                 "Service": {"Service": "payments", "ID": "payments-1", "Port": 9000},
             }
         )
-        result = dumped("--proxy", GATEWAY, "--consul", consul.address, "--type", "clusters")
+        result = dumped("-o", "json", "--proxy", GATEWAY, "--consul", consul.address, "--type", "clusters")
     clusters = names_and_versions(parse_section(result.stdout, config_dump_shared_pb2.ClustersConfigDump), "clusters")
     assert "outbound|9000||payments.service.consul" in clusters
     assert "outbound|9080||reviews.bookinfo.mesh" in clusters
@@ -321,7 +321,7 @@ def test_broken_input_is_refused_with_its_findings(tmp_path: Path) -> None:
 
 
 def test_a_node_id_that_matches_no_workload_is_dumped_with_a_note() -> None:
-    result = dumped("--proxy", "sidecar~10.99.0.1~client.bookinfo~bookinfo.svc.cluster.local", "--type", "clusters")
+    result = dumped("-o", "json", "--proxy", "sidecar~10.99.0.1~client.bookinfo~bookinfo.svc.cluster.local", "--type", "clusters")
     assert "no workload" in result.stderr
     assert "outbound|9080|v1|reviews.bookinfo.mesh" in result.stdout
 

@@ -1,10 +1,21 @@
-"""The `meshctl` command: one typer app, each command in a module of its own."""
+"""The `meshctl` command: one typer app, each command in a module of its own.
+
+The conventions istioctl, kubectl and kumactl users expect hold for every command, set here once:
+`-h` as well as `--help`, `meshctl --version`, option values named for what they are (`ADDR`,
+`PATH`, `NODE_ID`; `_name_values`) rather than for their Python type, and help paragraphs that
+reflow to the terminal's width (`_reflow`) instead of keeping the docstrings' line breaks.
+"""
 
 from __future__ import annotations
 
+import inspect
 import os
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
+from typer.models import OptionInfo
 
 from meshctl import __version__
 from meshctl.cli import bootstrap as bootstrap_cmd
@@ -21,60 +32,184 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-app.command(
+#: What each option's value is, by its long name, as help shows it.
+_VALUE_NAMES = {
+    "--config-dir": "PATH",
+    "--xds-address": "ADDR",
+    "--admin-address": "ADDR",
+    "--admin": "ADDR",
+    "--server": "ADDR",
+    "--consul": "ADDR",
+    "--consul-token": "TOKEN",
+    "--consul-ca-file": "PATH",
+    "--consul-datacenter": "NAME",
+    "--namespace": "NAMESPACE",
+    "--debounce": "SECONDS",
+    "--debounce-max": "SECONDS",
+    "--tls-cert": "PATH",
+    "--tls-key": "PATH",
+    "--client-ca": "PATH",
+    "--admin-token-file": "PATH",
+    "--known-host": "HOST",
+    "--jobs": "N",
+    "--proxy": "NODE_ID",
+    "--ip": "IP",
+    "--interception": "MODE",
+    "--admin-port": "PORT",
+    "--label": "KEY=VALUE",
+    "--xds-ca": "PATH",
+    "--xds-cert": "PATH",
+    "--xds-key": "PATH",
+    "--xds-sni": "NAME",
+    "--output": "FORMAT",
+    "--type": "TYPE",
+    "--log-level": "LEVEL",
+    "--log-format": "FORMAT",
+}
+
+
+def _name_values(command: Callable[..., Any]) -> None:
+    """Give each option of `command` the value name help shows (`_VALUE_NAMES`; none for a
+    flag), unless it names one itself. The commands' modules postpone annotations, which are
+    evaluated afresh at each look, so the evaluated ones replace them."""
+    hints = typing.get_type_hints(command, include_extras=True)
+    command.__annotations__.update(hints)
+    for name, hint in hints.items():
+        if typing.get_origin(hint) is not Annotated:
+            continue
+        base, *extras = typing.get_args(hint)
+        for info in extras:
+            if not isinstance(info, OptionInfo) or info.metavar is not None:
+                continue
+            # Under Annotated, typer takes the first name given to Option() as its `default`.
+            given = (info.default, *(info.param_decls or ()))
+            decls = [d for d in given if isinstance(d, str) and d.startswith("--")]
+            long_name = decls[0] if decls else "--" + name.replace("_", "-")
+            info.metavar = "" if base is bool else _VALUE_NAMES.get(long_name)
+
+
+def _reflow(doc: str | None) -> str | None:
+    """A docstring's paragraphs each as one line, for the terminal to wrap; indented lines
+    (examples) keep their breaks."""
+    if not doc:
+        return doc
+    paragraphs = []
+    for block in inspect.cleandoc(doc).split("\n\n"):
+        lines = block.split("\n")
+        paragraphs.append(block if any(line.startswith(" ") for line in lines) else " ".join(lines))
+    return "\n\n".join(paragraphs)
+
+
+def _command(name: str, function: Callable[..., Any], epilog: str) -> None:
+    _name_values(function)
+    app.command(name, help=_reflow(function.__doc__), epilog=epilog)(function)
+
+
+_command(
     "validate",
-    epilog="Examples:\n\n  meshctl validate examples/configs/\n\n"
+    validate_cmd.validate,
+    "Examples:\n\n  meshctl validate examples/configs/\n\n"
     "  meshctl validate -o github configs/   # annotations on a pull request\n\n"
     "  cat vs.yaml | meshctl validate -",
-)(validate_cmd.validate)
+)
 
 
-app.command(
+_command(
     "serve",
-    epilog="Examples:\n\n  meshctl serve --config-dir examples/configs\n\n"
+    serve_cmd.serve,
+    "Examples:\n\n  meshctl serve --config-dir examples/configs\n\n"
     "  meshctl serve -c /etc/meshctl/mesh --consul 127.0.0.1:8500 --xds-address 0.0.0.0:15010\n\n"
     "  MESHCTL_CONFIG_DIR=/etc/meshctl/mesh MESHCTL_LOG_FORMAT=json meshctl serve"
     "   # every flag has a MESHCTL_ variable",
-)(serve_cmd.serve)
-
-app.command(
-    "services",
-    epilog="Examples:\n\n  meshctl services --config-dir examples/configs\n\n"
-    "  meshctl services --consul 127.0.0.1:8500 -o json",
-)(services_cmd.services)
-
-app.command(
-    "dump",
-    epilog="Examples:\n\n  meshctl dump --config-dir examples/configs --proxy reviews-v1-vm.bookinfo\n\n"
-    "  meshctl dump --config-dir configs/ --proxy ingressgateway-vm.bookinfo -o short --type routes",
-)(dump_cmd.dump)
-
-app.command(
-    "diff",
-    epilog="Examples:\n\n  meshctl diff old/ new/ --proxy reviews-v3-vm.bookinfo\n\n"
-    "  meshctl diff main/ pr/ --all-proxies -o json",
-)(diff_cmd.diff)
-
-app.command(
-    "bootstrap",
-    epilog="Examples:\n\n  meshctl bootstrap --proxy reviews-v1-vm.bookinfo --ip 10.10.0.41"
-    " --xds-address 10.10.0.1:15010 > envoy.yaml && envoy -c envoy.yaml",
-)(bootstrap_cmd.bootstrap)
-
-app.command(
-    "proxy-status",
-    epilog="Examples:\n\n  meshctl proxy-status\n\n  meshctl proxy-status --admin 10.10.0.1:15014 --errors",
-)(proxy_status_cmd.proxy_status)
-
-
-@app.command(
-    "version", epilog="Examples:\n\n  meshctl version\n\n  meshctl --install-completion   # then restart the shell"
 )
-def version() -> None:
-    """Print meshctl's version."""
-    typer.echo(__version__)
+
+_command(
+    "services",
+    services_cmd.services,
+    "Examples:\n\n  meshctl services --config-dir examples/configs\n\n"
+    "  meshctl services --consul 127.0.0.1:8500 -o json",
+)
+
+_command(
+    "dump",
+    dump_cmd.dump,
+    "Examples:\n\n  meshctl dump --config-dir examples/configs --proxy reviews-v1-vm.bookinfo\n\n"
+    "  meshctl dump --config-dir configs/ --proxy ingressgateway-vm.bookinfo -o short --type routes",
+)
+
+_command(
+    "diff",
+    diff_cmd.diff,
+    "Examples:\n\n  meshctl diff old/ new/ --proxy reviews-v3-vm.bookinfo\n\n"
+    "  meshctl diff main/ pr/ --all-proxies -o json",
+)
+
+_command(
+    "bootstrap",
+    bootstrap_cmd.bootstrap,
+    "Examples:\n\n  meshctl bootstrap --proxy reviews-v1-vm.bookinfo --ip 10.10.0.41"
+    " --xds-address 10.10.0.1:15010 > envoy.yaml && envoy -c envoy.yaml",
+)
+
+_command(
+    "proxy-status",
+    proxy_status_cmd.proxy_status,
+    "Examples:\n\n  meshctl proxy-status\n\n  meshctl proxy-status --admin 10.10.0.1:15014 --errors",
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print meshctl's version and exit."),
+    ] = False,
+) -> None:
+    """Istio's traffic API for Envoy on VMs and bare metal: Istio YAML in, xDS out."""
+
+
+def version(
+    server: Annotated[
+        str | None,
+        typer.Option(help="Also ask the meshctl serve at this admin address for its version and snapshot."),
+    ] = None,
+    admin_token_file: Annotated[
+        str | None, typer.Option(help="File holding the admin bearer token.", envvar="MESHCTL_ADMIN_TOKEN_FILE")
+    ] = None,
+) -> None:
+    """Print meshctl's version, and with --server the running server's version and the snapshot
+    version it serves."""
+    if server is None:
+        typer.echo(__version__)
+        return
+    from meshctl.cli import output as out
+    from meshctl.cli.admin_client import get_json
+    from meshctl.errors import UsageError
+
+    try:
+        remote = get_json(server, "/version", admin_token_file)
+    except UsageError as exc:
+        out.error(str(exc))
+        raise typer.Exit(2) from None
+    typer.echo(f"client: {__version__}")
+    typer.echo(f"server: {remote.get('version', '?')} (snapshot {remote.get('snapshot') or 'none yet'})")
+
+
+_command(
+    "version",
+    version,
+    "Examples:\n\n  meshctl version\n\n  meshctl version --server 10.10.0.1:15014\n\n"
+    "  meshctl --install-completion   # then restart the shell",
+)
 
 
 def main() -> None:

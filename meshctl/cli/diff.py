@@ -211,16 +211,22 @@ SUMMARY_COLUMNS = ("PROXY", "TYPE", "ADDED", "REMOVED", "CHANGED")
 
 
 def _print_text(changes: list[ResourceChange], *, summary: bool) -> None:
+    """Each proxy's diffs under its `# NODE_ID` header; proxies whose diffs are identical (the
+    replicas of a service, a namespace's sidecars after a route change) share one block, headed by
+    each of their ids, so a change to fifty proxies reads once."""
     from meshctl.cli.output import TableData, print_diff, print_tables
 
-    lines: list[str] = []
-    current = ""
+    by_proxy: dict[str, list[str]] = {}
     for c in changes:
-        if c.proxy != current:
-            current = c.proxy
-            lines.append(f"# {current}")
-        lines.extend(unified_diff(c))
-    print_diff(lines)
+        by_proxy.setdefault(c.proxy, []).extend(unified_diff(c))
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for proxy, lines in by_proxy.items():
+        groups.setdefault(tuple(lines), []).append(proxy)
+    text: list[str] = []
+    for block, proxies in groups.items():
+        text.extend(f"# {p}" for p in proxies)
+        text.extend(block)
+    print_diff(text)
     if summary and changes:
         sys.stdout.write("\n")
         print_tables([TableData("Summary", SUMMARY_COLUMNS, summary_rows(changes))])

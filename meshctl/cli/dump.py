@@ -74,8 +74,11 @@ def dump(
     ] = None,
     section: Annotated[Section, typer.Option("--type", "-t", help="Which resources to print.")] = Section.all,
     output: Annotated[
-        Format, typer.Option("--output", "-o", help="json or yaml (Envoy's /config_dump), short (tables).")
-    ] = Format.json,
+        Format,
+        typer.Option(
+            "--output", "-o", help="short (tables, as istioctl proxy-config), json or yaml (Envoy's /config_dump)."
+        ),
+    ] = Format.short,
     namespace: Annotated[
         str,
         typer.Option("--namespace", "-n", help="Namespace of resources that name none, and of a bare --proxy NAME."),

@@ -103,13 +103,17 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> 
 
 
 def print_listing(columns: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO | None = None) -> None:
-    """Rows of cells, a cell's lines separated by newlines: a table on a terminal, else plain text."""
+    """Rows of cells, a cell's lines separated by newlines: a table on a terminal wide enough to
+    show every cell whole, else aligned plain text."""
     out = out or sys.stdout
     console = Console(file=out, highlight=False)
-    if console.is_terminal:
+    # A table only when every cell fits unbroken: a node id folded mid-word cannot be copied.
+    widest = [max((len(line) for row in rows for line in row[i].split("\n")), default=0) for i in range(len(columns))]
+    needed = sum(max(w, len(c)) for w, c in zip(widest, columns, strict=True)) + 3 * len(columns) + 1
+    if console.is_terminal and needed <= console.width:
         table = Table(show_lines=True)
         for column in columns:
-            table.add_column(column, overflow="fold")
+            table.add_column(column, no_wrap=True)
         for row in rows:
             table.add_row(*(escape(cell) for cell in row))
         console.print(table)

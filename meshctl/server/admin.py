@@ -6,13 +6,14 @@ all weight. Pages are computed from the server's state on request; nothing here 
 for long.
 
     /ready                      200 once config and registries have loaded, else 503
+    /version                    meshctl's version and the snapshot version being served
     /metrics                    Prometheus text, Istio's metric names
     /debug/syncz                per proxy and type: sent and acked versions, nonce, NACK
     /debug/config_dump?proxyID= the proxy's config, as `meshctl dump -o json`
     /debug/registryz            services and endpoints, and each registry's status
     /debug/configz              loaded resources and the errors of files that failed to load
 
-Access: `/ready` and `/metrics` are always open (health checks and Prometheus hold no secret).
+Access: `/ready`, `/version` and `/metrics` are always open (health checks and Prometheus hold no secret).
 The `/debug` pages show every proxy's config and the whole registry, so with a bearer token
 (`--admin-token-file`) they answer 401 unless the request carries `Authorization: Bearer TOKEN`;
 without one they are open only when the server listens on loopback, and answer 403 otherwise
@@ -66,6 +67,8 @@ class AdminState(Protocol):
 
     def ready(self) -> bool: ...
 
+    def version(self) -> dict[str, Any]: ...
+
     def metrics_text(self) -> str: ...
 
     def syncz(self) -> list[dict[str, Any]]: ...
@@ -81,6 +84,8 @@ def route(state: AdminState, path: str, query: Mapping[str, list[str]]) -> Respo
     """The response for one GET, from the server's state."""
     if path == "/ready":
         return Response.text("ready\n") if state.ready() else Response.text("not ready\n", 503)
+    if path == "/version":
+        return Response.json(state.version())
     if path == "/metrics":
         return Response.text(state.metrics_text(), content_type="text/plain; version=0.0.4; charset=utf-8")
     if path == "/debug/syncz":
@@ -100,6 +105,7 @@ def route(state: AdminState, path: str, query: Mapping[str, list[str]]) -> Respo
     if path in ("/", "/debug"):
         pages = [
             "/ready",
+            "/version",
             "/metrics",
             "/debug/syncz",
             "/debug/config_dump?proxyID=",

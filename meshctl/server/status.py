@@ -24,6 +24,13 @@ class ServerStatus:
     def ready(self) -> bool:
         return self._server.ready()
 
+    def version(self) -> dict[str, Any]:
+        """The build serving, and the snapshot it serves (replicas fed the same input agree)."""
+        from meshctl import __version__
+
+        snapshot = self._server.discovery.snapshot
+        return {"version": __version__, "snapshot": snapshot.version if snapshot else ""}
+
     def metrics_text(self) -> str:
         return self._server.metrics.render()
 
