@@ -321,7 +321,8 @@ def test_broken_input_is_refused_with_its_findings(tmp_path: Path) -> None:
 
 
 def test_a_node_id_that_matches_no_workload_is_dumped_with_a_note() -> None:
-    result = dumped("-o", "json", "--proxy", "sidecar~10.99.0.1~client.bookinfo~bookinfo.svc.cluster.local", "--type", "clusters")
+    client = "sidecar~10.99.0.1~client.bookinfo~bookinfo.svc.cluster.local"
+    result = dumped("-o", "json", "--proxy", client, "--type", "clusters")
     assert "no workload" in result.stderr
     assert "outbound|9080|v1|reviews.bookinfo.mesh" in result.stdout
 
