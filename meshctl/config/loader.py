@@ -18,6 +18,7 @@ import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from functools import cache, partial
 from pathlib import Path
 from sys import intern
@@ -271,6 +272,10 @@ def _load_document(
         )
     labels = _string_map(metadata, "labels", key, problems, finding)
     annotations = _string_map(metadata, "annotations", key, problems, finding)
+    created = _creation_time(metadata.get("creationTimestamp"))
+    if created is _INVALID:
+        message = "metadata.creationTimestamp must be an RFC 3339 time (2024-05-01T12:00:00Z)"
+        problems.append(finding(message, ("metadata", "creationTimestamp"), key=key))
 
     spec, issues = parse_spec(data.get("spec"), _spec_class(kind))
     problems.extend(finding(i.message, i.path, key=key) for i in issues)
@@ -278,7 +283,15 @@ def _load_document(
         problems.extend(finding(i.message, i.path, i.severity, key) for i in validate_spec(kind, spec))
 
     kept = spec.SerializeToString(deterministic=True) if kind in _PACKED_KINDS else _compact(spec)
-    config = Config(key, api_version, kept, labels=labels, annotations=annotations, source=source)
+    config = Config(
+        key,
+        api_version,
+        kept,
+        labels=labels,
+        annotations=annotations,
+        source=source,
+        created=created if isinstance(created, float) else None,
+    )
     return config, problems
 
 
@@ -348,6 +361,27 @@ def _string_map(
             continue
         out[k] = v
     return out
+
+
+#: What `_creation_time` says of a value that is no time.
+_INVALID: Final = object()
+
+
+def _creation_time(value: Any) -> float | object | None:
+    """`metadata.creationTimestamp` as seconds since the epoch; None when absent (or null, as
+    `kubectl get -o yaml` of an unsaved object writes it); `_INVALID` when it is no RFC 3339 time."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        return _INVALID
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return _INVALID
+    if when.tzinfo is None:
+        return _INVALID
+    seconds: float = when.timestamp()
+    return seconds
 
 
 def _kind_of(data: Any) -> str:
@@ -427,7 +461,9 @@ _CHUNKS_PER_WORKER: Final = 4
 #: A FileResult as it crosses from a worker, in builtin types only, which pickle in C: a spec as
 #: its wire bytes, keys and sources as tuples. (A Config also wraps its labels in a read-only
 #: mapping that cannot be pickled at all.)
-_PackedConfig = tuple[tuple[str, str, str], str, bytes, dict[str, str], dict[str, str], tuple[str, int, int, int]]
+_PackedConfig = tuple[
+    tuple[str, str, str], str, bytes, dict[str, str], dict[str, str], tuple[str, int, int, int], float | None
+]
 _PackedFinding = tuple[str, str, str | None, int, int, tuple[str, str, str] | None, str, str]
 _PackedFile = tuple[str, tuple[_PackedConfig, ...], tuple[_PackedFinding, ...]]
 
@@ -484,6 +520,7 @@ def _load_packed(paths: list[Path], options: LoadOptions) -> list[_PackedFile]:
                 dict(c.labels),
                 dict(c.annotations),
                 (c.source.file, c.source.line, c.source.column, c.source.document),
+                c.created,
             )
             for c in result.configs
         )
@@ -516,8 +553,9 @@ def _unpack(packed: _PackedFile) -> FileResult:
                 labels=labels,
                 annotations=annotations,
                 source=Source(*src),
+                created=created,
             )
-            for (kind, namespace, name), api, spec, labels, annotations, src in configs
+            for (kind, namespace, name), api, spec, labels, annotations, src, created in configs
         ),
         tuple(
             Finding(Severity(severity), message, file, line, column, None if key is None else ConfigKey(*key), at, code)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -132,6 +133,9 @@ class Config:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     source: Source
+    #: `metadata.creationTimestamp` in seconds since the epoch, when the YAML gives one (copied
+    #: from a cluster): Istio lets the oldest of two conflicting resources win (`istio_order`).
+    created: float | None
 
     def __init__(
         self,
@@ -142,6 +146,7 @@ class Config:
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
         source: Source | None = None,
+        created: float | None = None,
     ) -> None:
         object.__setattr__(self, "key", key)
         object.__setattr__(self, "api_version", api_version)
@@ -149,6 +154,13 @@ class Config:
         object.__setattr__(self, "labels", _frozen(labels))
         object.__setattr__(self, "annotations", _frozen(annotations))
         object.__setattr__(self, "source", source if source is not None else Source(file="<memory>"))
+        object.__setattr__(self, "created", created)
+
+    def istio_order(self) -> tuple[float, str, str]:
+        """Where Istio puts this resource among conflicting ones (`sortConfigByCreationTime`):
+        the oldest first, a resource without a creation time (Kubernetes' zero time) before any
+        with one, then by name, then by namespace."""
+        return (self.created if self.created is not None else -math.inf, self.key.name, self.key.namespace)
 
     @property
     def spec(self) -> Message:
@@ -183,6 +195,8 @@ class Config:
             h.update(f"l\0{k}\0{v}\0".encode())
         for k, v in sorted(self.annotations.items()):
             h.update(f"a\0{k}\0{v}\0".encode())
+        if self.created is not None:
+            h.update(f"c\0{self.created!r}\0".encode())
         h.update(self.spec_wire())
         return h.hexdigest()
 
@@ -190,6 +204,7 @@ class Config:
         """True when replacing `other` by `self` would change nothing a proxy can see."""
         return (
             self.key == other.key
+            and self.created == other.created
             and dict(self.labels) == dict(other.labels)
             and dict(self.annotations) == dict(other.annotations)
             and self._same_spec(other)
@@ -219,6 +234,7 @@ def make_config(
     labels: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
     source: Source | None = None,
+    created: float | None = None,
 ) -> Config:
     """Build a Config in code (tests, registries); the loader builds them from YAML."""
     return Config(
@@ -228,4 +244,5 @@ def make_config(
         labels=labels,
         annotations=annotations,
         source=source,
+        created=created,
     )

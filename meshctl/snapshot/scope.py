@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from meshctl.config.hosts import host_matches
+from meshctl.config.hosts import host_matches, hosts_overlap
 from meshctl.config.labels import labels_match, selector_labels
 from meshctl.config.model import Config, ConfigKey
 from meshctl.registry.model import Service
@@ -36,6 +36,14 @@ class EgressHost:
         if self.namespace not in ("*", namespace):
             return False
         return host_matches(self.host, host)
+
+    def overlaps(self, namespace: str, host: str) -> bool:
+        """Whether a VirtualService host of `namespace` is imported: as Istio's
+        `selectVirtualServices` does with `host.Name.Matches`, either side may be the wildcard,
+        so `*.bookinfo.mesh` is kept for an egress host `bookinfo/reviews.bookinfo.mesh`."""
+        if self.namespace == "~" or self.namespace not in ("*", namespace):
+            return False
+        return hosts_overlap(self.host, host)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +171,7 @@ class ProxyScope:
             if (
                 MESH_GATEWAY in wanted
                 and self.proxy.type is ProxyType.SIDECAR
-                and not any(self.imports(vs.namespace, h) for h in self.resolved_hosts(vs))
+                and not any(e.overlaps(vs.namespace, h) for h in self.resolved_hosts(vs) for e in self.egress_hosts)
             ):
                 continue
             out.append(vs)
@@ -176,11 +184,12 @@ class ProxyScope:
     @cached_property
     def _mesh_vs_by_host(self) -> dict[str, Config]:
         """For each service host, the mesh VirtualService that routes it: the most specific host
-        match; on a tie, the first in (namespace, name) order (Istio takes the oldest)."""
+        match; on a tie, the oldest as Istio orders them (`Config.istio_order`: creation time,
+        then name, then namespace)."""
         out: dict[str, Config] = {}
         best: dict[str, int] = {}
         service_hosts = self.service_hosts
-        for vs in self.virtual_services((MESH_GATEWAY,)):
+        for vs in sorted(self.virtual_services((MESH_GATEWAY,)), key=Config.istio_order):
             for pattern in self.resolved_hosts(vs):
                 if pattern.startswith("*"):
                     matched = [h for h in service_hosts if host_matches(pattern, h)]
