@@ -3,6 +3,18 @@
 With it a VM needs only `meshctl bootstrap ... > envoy.yaml && envoy -c envoy.yaml`: everything
 else (listeners, clusters, routes, endpoints) arrives over ADS.
 
+Beyond that it carries what Istio's bootstrap gives every proxy (`tools/packaging/common/
+envoy_bootstrap.json`, filled in by `pkg/bootstrap/config.go`), so that config which works under
+Istio works here:
+
+- a runtime layer (`RUNTIME`) with Istio's values, among them the RE2 program size limit that
+  `meshctl validate` checks regexes against (`RE2_MAX_PROGRAM_SIZE`), and an admin layer so that
+  `/runtime_modify` works;
+- no limit on downstream connections, said the way Envoy 1.40 wants it (`overload_manager`);
+- Istio's Prometheus listener (15090): `/stats/prometheus` on every address, handed to the admin
+  API through the static cluster `prometheus_stats`, and nothing else of the admin API, which
+  stays on loopback.
+
 With `XdsClientTls` the ADS connection is TLS: Envoy checks the server's certificate against a CA
 and a SAN (the `sni` name, else the xDS host: a DNS SAN for a name, an IP SAN for an address, as
 any TLS client checks the host it dialled; a chain check alone would accept any certificate the
@@ -18,10 +30,54 @@ from pathlib import Path
 from typing import Any
 
 from meshctl.config.hosts import is_ip
+from meshctl.config.validation.regex_program import RE2_MAX_PROGRAM_SIZE
 from meshctl.snapshot.proxy import ProxyNode
 
 XDS_CLUSTER = "xds-grpc"
+#: Istio's names for the Prometheus listener's cluster and port (`envoy_bootstrap.json`).
+STATS_CLUSTER = "prometheus_stats"
+STATS_PORT = 15090
+STATS_PATH = "/stats/prometheus"
 _UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+_HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+_ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+_DOWNSTREAM_CONNECTIONS = (
+    "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig"
+)
+
+#: The static runtime layer: what Istio's `extractRuntimeFlags` (`pkg/bootstrap/config.go`) sets,
+#: as far as Envoy 1.40 still knows it. Not carried over, and why:
+#: - `overload.global_downstream_max_connections: 2147483647` (no limit, and no start-up warning
+#:   that there is none): Envoy 1.40 logs the key as deprecated and warns about the missing limit
+#:   all the same; `_overload_manager()` sets the same no-limit the way Envoy asks for.
+#: - `envoy.deprecated_features:envoy.config.listener.v3.Listener.hidden_envoy_deprecated_use_original_dst`:
+#:   allows a deprecated field that Envoy 1.40's Listener no longer has (`use_original_dst`, which
+#:   `virtualOutbound` sets, is the current field and needs no override).
+#: - `envoy.reloadable_features.google_grpc_disable_tls_13` (Istio's FIPS policy only; meshctl's
+#:   xDS client is `envoy_grpc`) and `http_strip_fragment_from_path_unsafe_if_disabled` (only with
+#:   `HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED=false`; the flag is gone from Envoy 1.40).
+#: Istio sets no `re2.max_program_size.warn_level`, so neither does this.
+RUNTIME: Mapping[str, Any] = {
+    # Istio's pkg/bootstrap/config.go: Envoy's default limit, 100, refuses ordinary VirtualService
+    # regexes (`(a|b|c){20,40}` is 144), and one refused regex NACKs the whole route
+    # configuration. `meshctl validate` checks regexes against this very constant.
+    "re2.max_program_size.error_level": RE2_MAX_PROGRAM_SIZE,
+    # Istio's pkg/bootstrap/config.go: Envoy answers 400 to a request whose path has a
+    # `#fragment`; with this off it strips the fragment and routes the request, as under Istio.
+    "envoy.reloadable_features.http_reject_path_with_fragment": False,
+}
+
+
+def _overload_manager() -> dict[str, Any]:
+    """Istio's "no limit" on downstream connections (`overload.global_downstream_max_connections`
+    2147483647 in pkg/bootstrap/config.go), as Envoy 1.40 takes it: a resource monitor, which also
+    keeps Envoy from warning at start-up that no limit is configured."""
+    monitor = {"@type": _DOWNSTREAM_CONNECTIONS, "max_active_downstream_connections": 2147483647}
+    return {
+        "resource_monitors": [
+            {"name": "envoy.resource_monitors.global_downstream_max_connections", "typed_config": monitor}
+        ]
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +100,8 @@ class BootstrapOptions:
     admin_port: int = 15000
     labels: Mapping[str, str] = field(default_factory=dict)
     tls: XdsClientTls | None = None
+    #: The Prometheus listener's port on every address (IPv4, or IPv6 for an IPv6 node); 0: none.
+    stats_port: int = STATS_PORT
 
 
 def _filename(path: Path) -> dict[str, str]:
@@ -84,6 +142,13 @@ def build_bootstrap(node: ProxyNode, options: BootstrapOptions) -> dict[str, Any
     if labels:
         metadata["LABELS"] = dict(labels)
     ads = {"ads": {}, "resource_api_version": "V3"}
+    static: dict[str, Any] = {"clusters": [xds_cluster(options)]}
+    if options.stats_port:
+        problem = stats_port_problem(options)
+        if problem is not None:
+            raise ValueError(problem)
+        static["clusters"].append(stats_cluster(options))
+        static["listeners"] = [stats_listener(options.stats_port, ipv6=":" in node.ip)]
     return {
         "node": {
             "id": node.id,
@@ -93,6 +158,15 @@ def build_bootstrap(node: ProxyNode, options: BootstrapOptions) -> dict[str, Any
         "admin": {
             "address": {"socket_address": {"address": options.admin_address, "port_value": options.admin_port}},
         },
+        # Istio's two layers (envoy_bootstrap.json): its values, then the admin API's
+        # /runtime_modify, which needs a layer to write to.
+        "layered_runtime": {
+            "layers": [
+                {"name": "global config", "static_layer": dict(RUNTIME)},
+                {"name": "admin", "admin_layer": {}},
+            ]
+        },
+        "overload_manager": _overload_manager(),
         "dynamic_resources": {
             "ads_config": {
                 "api_type": "DELTA_GRPC" if options.delta else "GRPC",
@@ -103,8 +177,64 @@ def build_bootstrap(node: ProxyNode, options: BootstrapOptions) -> dict[str, Any
             "cds_config": ads,
             "lds_config": ads,
         },
-        "static_resources": {"clusters": [xds_cluster(options)]},
+        "static_resources": static,
     }
+
+
+def stats_port_problem(options: BootstrapOptions) -> str | None:
+    """Why the Prometheus listener cannot be built with `options`, or None."""
+    if not 0 < options.stats_port < 65536:
+        return f"the stats port {options.stats_port} is not a TCP port (1-65535, or 0 for none)"
+    if options.admin_port == 0:
+        return "the stats listener forwards to the admin port, which must then be a fixed port, not 0"
+    if options.stats_port == options.admin_port:
+        return f"the stats port and the admin port are both {options.admin_port}"
+    return None
+
+
+def stats_cluster(options: BootstrapOptions) -> dict[str, Any]:
+    """`prometheus_stats`: the admin API, as the Prometheus listener's upstream (Istio's cluster)."""
+    # An admin API on every address is still reached on loopback.
+    address = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(options.admin_address, options.admin_address)
+    return {
+        "name": STATS_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "0.250s",
+        "load_assignment": _load_assignment(STATS_CLUSTER, address, options.admin_port),
+    }
+
+
+def stats_listener(port: int, *, ipv6: bool = False) -> dict[str, Any]:
+    """Istio's Prometheus listener (15090): `/stats/prometheus` on every address goes to the
+    admin API; any other path is a 404 from this listener and never reaches the admin API."""
+    # The path alone (Istio matches it as a prefix, which the admin API then refuses); the query
+    # string is not part of it, so `?usedonly` and `?filter=` work as on the admin port.
+    route = {"match": {"path": STATS_PATH}, "route": {"cluster": STATS_CLUSTER}}
+    manager = {
+        "@type": _HCM,
+        "codec_type": "AUTO",
+        "stat_prefix": "stats",
+        # `/stats/prometheus/../config_dump` is `/config_dump` before routing, and so a 404.
+        "normalize_path": True,
+        "route_config": {
+            "name": STATS_CLUSTER,
+            "virtual_hosts": [{"name": "backend", "domains": ["*"], "routes": [route]}],
+        },
+        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}}],
+    }
+    return {
+        "name": STATS_CLUSTER,
+        "address": {"socket_address": {"address": "::" if ipv6 else "0.0.0.0", "port_value": port}},
+        "filter_chains": [
+            {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}]}
+        ],
+    }
+
+
+def _load_assignment(cluster: str, host: str, port: int) -> dict[str, Any]:
+    """One endpoint, `host:port`, for a static or DNS cluster."""
+    address = {"socket_address": {"address": host, "port_value": port}}
+    return {"cluster_name": cluster, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address}}]}]}
 
 
 def xds_cluster(options: BootstrapOptions) -> dict[str, Any]:
@@ -123,22 +253,7 @@ def xds_cluster(options: BootstrapOptions) -> dict[str, Any]:
                 },
             }
         },
-        "load_assignment": {
-            "cluster_name": XDS_CLUSTER,
-            "endpoints": [
-                {
-                    "lb_endpoints": [
-                        {
-                            "endpoint": {
-                                "address": {
-                                    "socket_address": {"address": options.xds_host, "port_value": options.xds_port}
-                                }
-                            }
-                        }
-                    ]
-                }
-            ],
-        },
+        "load_assignment": _load_assignment(XDS_CLUSTER, options.xds_host, options.xds_port),
     }
     if options.tls is not None:
         cluster["transport_socket"] = xds_transport_socket(options.tls, options.xds_host)

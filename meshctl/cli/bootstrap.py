@@ -28,6 +28,16 @@ def bootstrap(
     interception: Annotated[str, typer.Option(help="NONE (no iptables, the VM default) or REDIRECT.")] = "NONE",
     delta: Annotated[bool, typer.Option(help="Use incremental (delta) xDS.")] = False,
     admin_port: Annotated[int, typer.Option(help="Envoy's admin port on 127.0.0.1.")] = 15000,
+    stats_port: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Serve Envoy's Prometheus metrics (GET /stats/prometheus, and nothing else of the admin "
+            "API) on this port of every address, as Istio's 15090; 0 for none. Give each proxy on one "
+            "host its own.",
+        ),
+    ] = 15090,
     label: Annotated[
         list[str] | None, typer.Option(help="A workload label KEY=VALUE sent in node metadata; repeatable.")
     ] = None,
@@ -56,7 +66,7 @@ def bootstrap(
     import json
     import sys
 
-    from meshctl.bootstrap import BootstrapOptions, XdsClientTls, build_bootstrap
+    from meshctl.bootstrap import BootstrapOptions, XdsClientTls, build_bootstrap, stats_port_problem
     from meshctl.cli import output as out
     from meshctl.config.hosts import is_ip
     from meshctl.errors import NodeIdError
@@ -96,10 +106,14 @@ def bootstrap(
         out.error("--xds-cert, --xds-key and --xds-sni need --xds-ca: TLS without checking the server is not offered")
         raise typer.Exit(2)
     tls = XdsClientTls(xds_ca, xds_cert, xds_key, xds_sni) if xds_ca is not None else None
-    config = build_bootstrap(
-        node,
-        BootstrapOptions(xds_host=host, xds_port=port, delta=delta, admin_port=admin_port, labels=labels, tls=tls),
+    options = BootstrapOptions(
+        xds_host=host, xds_port=port, delta=delta, admin_port=admin_port, labels=labels, tls=tls, stats_port=stats_port
     )
+    problem = stats_port_problem(options) if stats_port else None
+    if problem is not None:
+        out.error(f"--stats-port {stats_port}: {problem} (--stats-port 0 for no stats listener)")
+        raise typer.Exit(2)
+    config = build_bootstrap(node, options)
     if output is BootstrapFormat.json:
         json.dump(config, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -22,6 +22,7 @@ import re2
 from meshctl.config.findings import FieldPath, Severity
 from meshctl.config.hosts import is_ip
 from meshctl.config.validation import Issue
+from meshctl.config.validation.regex_program import program_size_problem
 
 UNIX_PREFIX: Final = "unix://"
 MESH_GATEWAY: Final = "mesh"
@@ -33,7 +34,12 @@ _WILDCARD_LABEL = re.compile(r"\*|(\*-?)?[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?"
 _QUALIFIED_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
 _LABEL_KEY = re.compile(rf"(?P<prefix>{_DNS_LABEL.pattern}(\.{_DNS_LABEL.pattern})*/)?(?P<name>{_QUALIFIED_NAME})")
 _LABEL_VALUE = re.compile(rf"({_QUALIFIED_NAME})?")
-_HEADER_NAME = re.compile(r"[-_A-Za-z0-9]+")
+# Header names are RFC 7230 tokens (Istio's `validHeaderNameRegex`); probe headers follow
+# Kubernetes, letters, digits and "-" only (Istio's `ValidateProbeHeaderName`).
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~A-Za-z0-9]+")
+_PROBE_HEADER_NAME = re.compile(r"[-A-Za-z0-9]+")
+# The HTTP/2 pseudo-headers a route may match on (Istio's `pseudoHeaders`).
+_PSEUDO_HEADERS: Final = frozenset((":method", ":scheme", ":authority", ":path", ":status"))
 _HEADER_VALUE_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _JWT_CLAIM_HEADER = re.compile(r"@request\.auth\.claims(\.[^.\[\]]+|\[[^\[\]]+\])+")
 _MAX_REGEX_LENGTH: Final = 1024
@@ -227,6 +233,13 @@ def duration_problem(duration: Any) -> str | None:
     return None
 
 
+def crd_duration_problem(duration: Any) -> str | None:
+    """The rule Istio's CRD schema puts on a duration that its Go validation does not check
+    (`duration(self) >= duration('1ms')`): at least 1ms, any precision."""
+    nanos = duration.seconds * 1_000_000_000 + duration.nanos
+    return None if nanos >= 1_000_000 else f"duration {duration.ToJsonString()} must be at least 1ms"
+
+
 def percent_problem(value: int) -> str | None:
     return None if 0 <= value <= 100 else f"percentage {value} must be in the range 0..100"
 
@@ -245,11 +258,11 @@ def regex_problem(pattern: str) -> str | None:
     if len(pattern) > _MAX_REGEX_LENGTH:
         return f"regex is too long ({len(pattern)} characters, at most {_MAX_REGEX_LENGTH})"
     try:
-        re2.compile(pattern, _RE2_OPTIONS)
+        compiled = re2.compile(pattern, _RE2_OPTIONS)
     except re2.error as exc:
         reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
         return f"invalid regex {pattern!r}: {reason} (Istio uses RE2 syntax)"
-    return None
+    return program_size_problem(compiled)
 
 
 # --- labels and selectors ------------------------------------------------------------------
@@ -329,13 +342,24 @@ def port_name_problem(name: str) -> str | None:
     return None if is_dns_label(name) else f'invalid port name "{name}": must be a DNS label (e.g. "http-web")'
 
 
-def header_name_problem(name: str, *, jwt_claims: bool = False) -> str | None:
+def header_name_problem(name: str, *, jwt_claims: bool = False, pseudo: bool = False) -> str | None:
+    """An RFC 7230 token (Istio's `ValidateCORSHTTPHeaderName`); a route match also takes a JWT
+    claim and a pseudo-header such as `:path` (`ValidateHTTPHeaderNameOrJwtClaimRoute`)."""
     if not name:
         return "header name must not be empty"
-    if jwt_claims and is_jwt_claim_header(name):
+    if (jwt_claims and is_jwt_claim_header(name)) or (pseudo and name in _PSEUDO_HEADERS):
         return None
     if not _HEADER_NAME.fullmatch(name):
-        return f'invalid header name "{name}": use letters, digits, "-" and "_"'
+        return f'invalid header name "{name}": use letters, digits and !#$%&\'*+-.^_`|~ (an RFC 7230 token)'
+    return None
+
+
+def probe_header_name_problem(name: str) -> str | None:
+    """A probe's header name, as Kubernetes takes it (Istio's `ValidateProbeHeaderName`)."""
+    if not name:
+        return "header name must not be empty"
+    if not _PROBE_HEADER_NAME.fullmatch(name):
+        return f'invalid header name "{name}": a probe header takes letters, digits and "-" only'
     return None
 
 

