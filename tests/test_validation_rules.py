@@ -1302,12 +1302,6 @@ endpoint port "https" is not a port of this ServiceEntry
     - address: a1.example.com
       ports: {https: 8443}  # <-
 
-[se-dynamic-dns] spec.resolution
-resolution DYNAMIC_DNS is not supported
-    hosts: [a.example.com]
-    ports: [{number: 443, name: tls, protocol: TLS}]
-    resolution: DYNAMIC_DNS  # <-
-
 [se-hosts-tcp] spec.ports[0].protocol
 several hosts on a port that is neither HTTP nor TLS
     hosts: [a.example.com, b.example.com]

@@ -134,3 +134,98 @@ def test_undefined_alias_is_an_error_with_its_position() -> None:
 def test_explicit_tags_and_merge_lists() -> None:
     (doc,) = parse_documents("a: !!str 5\nb: ! 6\nc: {<<: [{x: 1}, {x: 2, y: 3}], y: 4}\nd: '<<'\n")
     assert doc.data == {"a": "5", "b": "6", "c": {"x": 1, "y": 4}, "d": "<<"}
+
+
+# --- a ":" inside a plain scalar of a flow collection, read as Go (and so Istio) reads it -------
+
+
+@pytest.mark.parametrize(
+    ("text", "data"),
+    [
+        ("addresses: [1.2.3.4, 2001:db8::]\n", {"addresses": ["1.2.3.4", "2001:db8::"]}),
+        ("a: [2001:db8::1, b, fe80::1, c]", {"a": ["2001:db8::1", "b", "fe80::1", "c"]}),
+        ("a: {x: 2001:db8::, y: 10.0.0.1:80}", {"a": {"x": "2001:db8::", "y": "10.0.0.1:80"}}),
+        ("a: {2001:db8::1: v, k: 1}", {"a": {"2001:db8::1": "v", "k": 1}}),  # ": " ends a key
+        ("a: [x:, http://h/p]", {"a": ["x:", "http://h/p"]}),
+        ("a: [a b:c, d]", {"a": ["a b:c", "d"]}),  # blanks inside a plain scalar
+        ("a: [x:y # note\n]", {"a": ["x:y"]}),  # a comment ends it
+        ("a: [[x:y, z:w], {p: q:r}]", {"a": [["x:y", "z:w"], {"p": "q:r"}]}),
+        ("a: [&x 2001:db8::1, *x, !!str fe80::1]", {"a": ["2001:db8::1", "2001:db8::1", "fe80::1"]}),
+        ("a: [-1, 8080, true, x:y, -z:w]", {"a": [-1, 8080, True, "x:y", "-z:w"]}),
+        ("a: ['it''s', x:y, \"q\\\"x\", p:q]", {"a": ["it's", "x:y", 'q"x', "p:q"]}),
+        ("a: [\n  1.2.3.4, # one\n  # two\n  2001:db8::1, fe80::1,\n  fe80::2\n  ]\n",
+         {"a": ["1.2.3.4", "2001:db8::1", "fe80::1", "fe80::2"]}),
+        # Go ends a plain scalar at ":" before a line break too: this one is a key, as in Istio.
+        ("a: [\n  1.2.3.4,\n  2001:db8::\n]\n", {"a": ["1.2.3.4", {"2001:db8:": None}]}),
+        ("\ufeffa: [x:y, y:z]", {"a": ["x:y", "y:z"]}),  # a BOM does not shift columns
+        ("a: [x:y]\r\nb: [c:d]\r\n", {"a": ["x:y"], "b": ["c:d"]}),
+    ],
+)  # fmt: skip
+def test_plain_scalars_with_a_colon_in_flow_collections_read_as_go_reads_them(text: str, data: object) -> None:
+    (doc,) = parse_documents(text)
+    assert doc.data == data
+
+
+def test_colons_in_strings_comments_and_block_scalars_keep_their_meaning() -> None:
+    """The quoting never reaches a ":" that is not in a plain scalar of a flow collection."""
+    text = (
+        "a: [x:y]\n"
+        "b: 'c: [d:e]'\n"
+        'f: "g: [h:i]"\n'
+        "j: |\n  k: [l:m]\n  [n:o]\n"
+        "# p: [q:r]\n"
+        "s: t:u\n"
+        "v: [w:x, 'y:z', \"1:2\", 3:4]\n"
+    )
+    (doc,) = parse_documents(text)
+    assert doc.data == {
+        "a": ["x:y"],
+        "b": "c: [d:e]",
+        "f": "g: [h:i]",
+        "j": "k: [l:m]\n[n:o]\n",
+        "s": "t:u",
+        "v": ["w:x", "y:z", "1:2", "3:4"],
+    }
+
+
+def test_quoting_keeps_columns_for_positions_and_later_errors() -> None:
+    text = "a: 1\n---\nspec:\n  addresses: [1.2.3.4, 2001:db8::, fe80::1]\n  z: [a:b, c:d, 'x:y', {k: v:w}]\n"
+    docs = parse_documents(text)
+    assert docs[1].data["spec"]["z"] == ["a:b", "c:d", "x:y", {"k": "v:w"}]
+    line4, line5 = text.splitlines()[3], text.splitlines()[4]
+    assert locate(text, 1, ("spec", "addresses", 1)) == (4, line4.index("2001") + 1)
+    assert locate(text, 1, ("spec", "addresses", 2)) == (4, line4.index("fe80") + 1)
+    assert locate(text, 1, ("spec", "z", 2)) == (5, line5.index("'x:y'") + 1)
+    assert locate(text, 1, ("spec", "z", 3, "k")) == (5, line5.index("k:") + 1)
+    dup = "m: {k: x:y, k: z:w}\n"
+    with pytest.raises(YamlError, match='duplicate key "k"') as err:
+        parse_documents(dup)
+    assert (err.value.line, err.value.column) == (1, dup.rindex("k:") + 1)
+    broken = "a: [2001:db8::1, fe80::1]\nb: [1, 2\nc: 3\n"
+    with pytest.raises(YamlError, match="flow sequence") as err:
+        parse_documents(broken)
+    assert err.value.line >= 2
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a: [x:y?z]\n",  # Go would end it at "?", libyaml would not
+        "a: [x:y\n  z]\n",  # a plain scalar over two lines
+        "a: [x:y'z]\n",  # a quote inside
+    ],
+)
+def test_scalars_go_and_libyaml_could_read_differently_stay_an_error_with_a_hint(text: str) -> None:
+    with pytest.raises(YamlError, match="found unexpected ':'") as err:
+        parse_documents(text)
+    assert (err.value.line, err.value.column) == (1, 6)
+    assert "quote the value" in err.value.message
+
+
+def test_many_documents_and_collections_are_quoted_without_a_parse_each() -> None:
+    docs = "".join(f"---\nkind: X\nspec:\n  addresses: [10.0.0.{i % 250}, 2001:db8::{i:x}]\n" for i in range(2000))
+    parsed = parse_documents(docs)
+    assert len(parsed) == 2000 and parsed[-1].data["spec"]["addresses"][1] == "2001:db8::7cf"
+    one = "a:\n" + "".join(f"  k{i}: [x:{i}, {{p: q:{i}}}]\n  d{i}: |\n    [y:{i}]\n" for i in range(3000))
+    (doc,) = parse_documents(one)
+    assert doc.data["a"]["k2999"] == ["x:2999", {"p": "q:2999"}] and doc.data["a"]["d7"] == "[y:7]\n"

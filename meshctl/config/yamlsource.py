@@ -16,6 +16,10 @@ builder is what makes loading safe and quick:
 ruamel's resolver, which types each scalar with Python code and regexes, is short-circuited for
 the values that can only be strings (`_Loader`).
 
+Where Go's parser (and so Istio) and libyaml disagree, Go's reading wins: a plain scalar holding
+":" in a flow collection (`addresses: [10.0.0.1, 2001:db8::]`) fails in libyaml, and the text is
+then parsed with such scalars quoted, positions and values unchanged (`flowquotes`).
+
 Positions of individual fields are found again only when there is something to report:
 `Positions` parses a file once more, on the first question, into a tree of marks (under the
 same bounds), and walks it along a field path for each finding.
@@ -24,9 +28,9 @@ same bounds), and walks it along a field path for each finding.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from ruamel.yaml.cyaml import CSafeLoader
 from ruamel.yaml.error import MarkedYAMLError, StreamMark, YAMLError
@@ -44,6 +48,7 @@ from ruamel.yaml.events import (
 from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 from ruamel.yaml.resolver import BaseResolver, Resolver
 
+from meshctl.config.flowquotes import FlowQuotes, is_flow_colon
 from meshctl.errors import YamlError
 
 #: Files larger than this are refused before parsing (a config file is kilobytes).
@@ -343,6 +348,25 @@ def _yaml_error(exc: YAMLError) -> YamlError:
     return YamlError(str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid YAML")
 
 
+#: Full parses of a quoted copy of a text (see `flowquotes`) before giving up; each one that
+#: fails on another such scalar quotes at least one more.
+_MAX_REPARSES: Final = 16
+
+
+def _hinted(exc: YAMLError) -> YamlError:
+    error = _yaml_error(exc)
+    if is_flow_colon(exc):
+        error.message += ' (quote the value, e.g. "2001:db8::1")'
+        error.args = (error.message,)
+    return error
+
+
+def _scan(text: str) -> None:
+    loader = _Loader(text)
+    while type(loader.get_event()) is not StreamEndEvent:
+        pass
+
+
 def parse_documents(
     text: str, *, max_values: int = DEFAULT_MAX_VALUES, max_documents: int = DEFAULT_MAX_DOCUMENTS
 ) -> list[Document]:
@@ -350,28 +374,78 @@ def parse_documents(
     a file is accepted whole or not at all, so the store never holds half of it. Documents are
     built one at a time as libyaml parses them, so a file of a million empty documents stops at
     `max_documents` instead of holding them all."""
-    loader = _Loader(text)
-    next_event = loader.get_event
-    docs: list[Document] = []
-    index = 0
+
+    def run(next_event: Callable[[], Any], resolve: Any) -> list[Document]:
+        return _documents(next_event, resolve, max_values, max_documents)
+
     try:
-        while True:
-            event = next_event()
-            cls = type(event)
-            if cls is StreamEndEvent:
-                return docs
-            if cls is not DocumentStartEvent:
-                continue
-            if index >= max_documents:
-                raise _error(f"more than {max_documents} YAML documents in one file", event.start_mark)
-            data, mark = _DocumentBuilder(loader.resolve, max_values).build(next_event)
-            if data is not None and mark is not None:  # None: an empty document between two '---'
-                docs.append(Document(index=index, line=mark.line + 1, column=mark.column + 1, data=data))
-            index += 1
+        return _parse(text, run)
     except YAMLError as exc:
         raise _yaml_error(exc) from None
     except (ValueError, TypeError) as exc:  # libyaml reader errors on bad characters
         raise YamlError(f"cannot read YAML: {exc}") from None
+
+
+def _documents(next_event: Callable[[], Any], resolve: Any, max_values: int, max_documents: int) -> list[Document]:
+    docs: list[Document] = []
+    index = 0
+    while True:
+        event = next_event()
+        cls = type(event)
+        if cls is StreamEndEvent:
+            return docs
+        if cls is not DocumentStartEvent:
+            continue
+        if index >= max_documents:
+            raise _error(f"more than {max_documents} YAML documents in one file", event.start_mark)
+        data, mark = _DocumentBuilder(resolve, max_values).build(next_event)
+        if data is not None and mark is not None:  # None: an empty document between two '---'
+            docs.append(Document(index=index, line=mark.line + 1, column=mark.column + 1, data=data))
+        index += 1
+
+
+_T = TypeVar("_T")
+
+
+def _parse(text: str, run: Callable[[Callable[[], Any], Any], _T]) -> _T:
+    """`run(next_event, resolve)` over libyaml's events for `text`. When libyaml stops at a plain
+    scalar holding ":" in a flow collection (`[10.0.0.1, 2001:db8::]`), which Go's parser and so
+    Istio read as a string, over the events of a copy with such scalars quoted instead, with the
+    text's positions and values (see `flowquotes`); first with guessed candidates, then, if
+    those do not hold, with only the scalars libyaml reports."""
+    loader = _Loader(text)
+    try:
+        return run(loader.get_event, loader.resolve)
+    except YAMLError as exc:
+        if not is_flow_colon(exc):
+            raise
+        first = exc
+    for guess in (True, False):
+        quotes = FlowQuotes(text, guess=guess)
+        if not quotes.add(first):
+            raise _hinted(first) from None
+        quotes.discover(_scan)
+        for _ in range(_MAX_REPARSES):
+            loader = _Loader(quotes.quoted_text())
+            try:
+                result = run(quotes.events(loader.get_event), loader.resolve)
+            except YAMLError as exc:
+                if exc is quotes.mismatch:
+                    break
+                quotes.unquote_marks(exc)
+                if is_flow_colon(exc) and quotes.add(exc):
+                    continue
+                if guess:
+                    break  # perhaps a wrong guess: try again without guesses
+                raise
+            except YamlError:
+                if guess:
+                    break
+                raise
+            if quotes.all_seen():
+                return result
+            break
+    raise _hinted(first) from None
 
 
 def check_size(size: int, limit: int = DEFAULT_MAX_FILE_BYTES) -> None:
@@ -402,10 +476,13 @@ class _Placed:
 def _place(text: str) -> list[_Placed | None]:
     """Each document's position tree, empty documents included (they keep their index), built
     from events with the same nesting bound as the data. Aliases share the anchored tree."""
-    loader = _Loader(text)
+    return _parse(text, lambda next_event, _resolve: _place_events(next_event))
+
+
+def _place_events(next_event: Callable[[], Any]) -> list[_Placed | None]:
     roots: list[_Placed | None] = []
     while True:
-        event = loader.get_event()
+        event = next_event()
         cls = type(event)
         if cls is StreamEndEvent:
             return roots
@@ -416,7 +493,7 @@ def _place(text: str) -> list[_Placed | None]:
         anchors: dict[str, _Placed] = {}
         stack: list[tuple[_Placed, list[_Placed]]] = []  # a collection, and a mapping's pending key
         root: _Placed | None = None
-        while (event := loader.get_event()) and type(event) is not DocumentEndEvent:
+        while (event := next_event()) and type(event) is not DocumentEndEvent:
             cls = type(event)
             if cls is MappingStartEvent or cls is SequenceStartEvent:
                 if len(stack) >= MAX_DEPTH:
@@ -488,4 +565,3 @@ def _child(node: _Placed, part: str | int) -> tuple[_Placed, _Placed] | None:
         if key.text is not None and key.text == str(part):
             return key, value
     return None
-

@@ -18,6 +18,7 @@ from meshctl.config.validation.common import (
     check_export_to,
     check_labels,
     check_selector,
+    crd_duration_problem,
     duration_problem,
     enum_name,
     fqdn_problem,
@@ -83,6 +84,8 @@ def check_traffic_policy(report: Report, path: FieldPath, policy: Any) -> None:
     if policy.HasField("tunnel") and policy.HasField("proxy_protocol"):
         report.error(path, '"tunnel" and "proxyProtocol" cannot be set together')
     _policy_fields(report, path, policy)
+    if policy.HasField("retry_budget"):
+        _retry_budget(report, (*path, "retryBudget"), policy.retry_budget)
     for i, port_policy in enumerate(policy.port_level_settings):
         at = (*path, "portLevelSettings", i)
         if not port_policy.HasField("port"):
@@ -148,6 +151,11 @@ def check_connection_pool(report: Report, path: FieldPath, pool: Any) -> None:
             report.error((*at, "idleTimeout"), duration_problem(http.idle_timeout))
         if enum_name(http, "h2_upgrade_policy") == "UPGRADE" and http.use_client_protocol:
             report.error((*at, "useClientProtocol"), "useClientProtocol cannot be true when h2UpgradePolicy is UPGRADE")
+        if http.HasField("http2_keep_alive"):
+            keep_alive = http.http2_keep_alive
+            for field in ("interval", "timeout"):
+                if keep_alive.HasField(field):
+                    report.error((*at, "http2KeepAlive", field), crd_duration_problem(getattr(keep_alive, field)))
     if pool.HasField("tcp"):
         tcp, at = pool.tcp, (*path, "tcp")
         if tcp.max_connections < 0:
@@ -176,8 +184,8 @@ def _is_prime(n: int) -> bool:
 def _load_balancer(report: Report, path: FieldPath, lb: Any, outlier: Any | None) -> None:
     if lb.HasField("consistent_hash"):
         ch, at = lb.consistent_hash, (*path, "consistentHash")
-        if ch.HasField("http_cookie") and not ch.http_cookie.name:
-            report.error((*at, "httpCookie"), "httpCookie needs a name")
+        if ch.HasField("http_cookie"):
+            _http_cookie(report, (*at, "httpCookie"), ch.http_cookie)
         if ch.minimum_ring_size:
             report.warn((*at, "minimumRingSize"), 'minimumRingSize is deprecated: use "ringHash.minimumRingSize"')
             if ch.WhichOneof("hash_algorithm"):
@@ -192,6 +200,8 @@ def _load_balancer(report: Report, path: FieldPath, lb: Any, outlier: Any | None
                 )
     if lb.HasField("locality_lb_setting"):
         _locality(report, (*path, "localityLbSetting"), lb.locality_lb_setting, outlier)
+    if lb.HasField("zone_aware_lb_setting"):
+        _zone_aware(report, path, lb)
     if lb.HasField("warmup_duration_secs"):
         report.error((*path, "warmupDurationSecs"), duration_problem(lb.warmup_duration_secs))
     if lb.HasField("warmup"):
@@ -204,6 +214,37 @@ def _load_balancer(report: Report, path: FieldPath, lb: Any, outlier: Any | None
             report.error((*at, "minimumPercent"), "minimumPercent must be at most 100")
         if warmup.HasField("aggression") and warmup.aggression.value < 1:
             report.error((*at, "aggression"), "aggression must be at least 1")
+
+
+def _http_cookie(report: Report, path: FieldPath, cookie: Any) -> None:
+    if not cookie.name:
+        report.error(path, "httpCookie needs a name")
+    # Istio's API marks an attribute's name REQUIRED (its CRD schema refuses one without), and
+    # Envoy refuses an empty attribute name.
+    for i, attribute in enumerate(cookie.attributes):
+        if not attribute.name:
+            report.error((*path, "attributes", i), "a cookie attribute needs a name (e.g. SameSite)")
+
+
+def _zone_aware(report: Report, path: FieldPath, lb: Any) -> None:
+    """Zone-aware load balancing (Istio 1.31, istio/api#3733): it replaces locality load
+    balancing, and always partitions by region and zone, so priorities cannot name them."""
+    at = (*path, "zoneAwareLbSetting")
+    if lb.HasField("locality_lb_setting"):
+        report.error(at, '"zoneAwareLbSetting" and "localityLbSetting" cannot be set together')
+    for i, label in enumerate(lb.zone_aware_lb_setting.failover_priority):
+        if label in _TOPOLOGY_LABELS:
+            report.error(
+                (*at, "failoverPriority", i),
+                f'"{label}" cannot be in a zone-aware failoverPriority: zone-aware load balancing '
+                "already partitions by region and zone",
+            )
+
+
+def _retry_budget(report: Report, path: FieldPath, budget: Any) -> None:
+    """The CRD schema bounds the percentage (Minimum=0, Maximum=100, istio/api#3512)."""
+    if budget.HasField("percent") and not 0 <= budget.percent.value <= 100:
+        report.error((*path, "percent"), f"retry budget percent {budget.percent.value:g} must be in the range 0..100")
 
 
 def _locality(report: Report, path: FieldPath, setting: Any, outlier: Any | None) -> None:

@@ -34,6 +34,11 @@ from meshctl.config.validation.common import (
 )
 from meshctl.config.validation.workload_entry import check_workload_entry
 
+_DYNAMIC_DNS_SKIPPED = (
+    "resolution DYNAMIC_DNS (Envoy's dynamic forward proxy) is valid Istio, but meshctl does not serve it yet: "
+    "the entry is left out of the mesh, and its hosts get no cluster, listener or route"
+)
+
 
 def validate(spec: Message) -> list[Issue]:
     entry: Any = spec
@@ -69,6 +74,10 @@ def validate(spec: Message) -> list[Issue]:
         _dns(report, entry, resolution, port_names)
         if selector:
             report.warn(("spec", "workloadSelector"), f"workloadSelector has no effect with resolution {resolution}")
+    elif resolution == "DYNAMIC_DNS":
+        # Istio accepts it (Envoy's dynamic forward proxy, for wildcard hosts); meshctl's
+        # registry has no model for it and leaves the entry out of the mesh.
+        report.warn(("spec", "resolution"), _DYNAMIC_DNS_SKIPPED)
     else:
         report.error(("spec", "resolution"), f"resolution {resolution} is not supported")
     if resolution != "NONE" and len(entry.hosts) > 1:

@@ -23,6 +23,7 @@ from meshctl.config.validation.common import (
     fqdn_problem,
     ip_problem,
     is_http,
+    is_tls,
     namespace_host_problems,
     port_name_problem,
     port_problem,
@@ -91,9 +92,19 @@ def _ingress(report: Report, path: FieldPath, listener: Any, ports: set[int]) ->
             report.error((*at, "httpsRedirect"), "httpsRedirect is not supported on a Sidecar ingress")
         if tls.credential_name:
             report.error((*at, "credentialName"), "credentialName is not supported on a Sidecar ingress")
+        if tls.credential_names:
+            report.error((*at, "credentialNames"), "credentialNames is not supported on a Sidecar ingress")
+        if tls.tls_certificates:
+            report.error((*at, "tlsCertificates"), "tlsCertificates is not supported on a Sidecar ingress")
         mode = enum_name(tls, "mode")
         if mode in ("ISTIO_MUTUAL", "AUTO_PASSTHROUGH"):
             report.error((*at, "mode"), f"mode {mode} is not supported on a Sidecar ingress")
+        if not is_tls(port.protocol):
+            report.error(
+                at,
+                f"port {port.number} has protocol {port.protocol or '(unset)'}: "
+                "an ingress listener with tls settings needs protocol HTTPS or TLS",
+            )
         check_server_tls(report, at, tls)
     if listener.HasField("connection_pool"):
         check_connection_pool(report, (*path, "connectionPool"), listener.connection_pool)

@@ -47,7 +47,8 @@ _RETRY_ON: Final = frozenset(
         "unavailable",
     )
 )  # fmt: skip
-_HTTP_METHODS: Final = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CONNECT", "OPTIONS", "TRACE"))
+# CORS methods Istio accepts (its supportedCORSMethods): Go's method names, and "*" for any.
+_CORS_METHODS: Final = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CONNECT", "OPTIONS", "TRACE", "*"))
 _GRPC_STATUSES: Final = frozenset(
     (
         "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
@@ -208,7 +209,7 @@ def _http_match(report: Report, path: FieldPath, match: Any, gateway_only: bool)
     for field, json_name in (("headers", "headers"), ("without_headers", "withoutHeaders")):
         for name, header in sorted(getattr(match, field).items()):
             at = (*path, json_name, name)
-            report.error(at, header_name_problem(name, jwt_claims=True))
+            report.error(at, header_name_problem(name, jwt_claims=True, pseudo=True))
             if is_jwt_claim_header(name) and not gateway_only:
                 report.error(at, f'routing on a JWT claim ("{name}") is only supported for gateways')
             # In withoutHeaders a regex of "*" means "header present", not an RE2 pattern.
@@ -281,7 +282,7 @@ def _cors(report: Report, path: FieldPath, cors: Any) -> None:
         elif kind == "regex":
             report.error((*path, "allowOrigins", i, "regex"), regex_problem(origin.regex))
     for i, method in enumerate(cors.allow_methods):
-        if method not in _HTTP_METHODS:
+        if method not in _CORS_METHODS:
             report.error((*path, "allowMethods", i), f'"{method}" is not a supported HTTP method')
     for field, json_name in (("allow_headers", "allowHeaders"), ("expose_headers", "exposeHeaders")):
         for i, name in enumerate(getattr(cors, field)):
@@ -356,6 +357,8 @@ def _retries(report: Report, path: FieldPath, retries: Any) -> None:
         report.error((*path, "attempts"), "retries are disabled (attempts is 0) but other retry settings are set")
     if retries.HasField("per_try_timeout"):
         report.error((*path, "perTryTimeout"), duration_problem(retries.per_try_timeout))
+    if retries.HasField("backoff"):  # Envoy's base retry interval: Istio's ValidateDuration bounds
+        report.error((*path, "backoff"), duration_problem(retries.backoff))
     if retries.retry_on:
         for policy in retries.retry_on.split(","):
             if (policy.isdigit() and int(policy) in _HTTP_STATUS_CODES) or policy in _RETRY_ON:

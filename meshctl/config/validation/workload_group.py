@@ -15,9 +15,9 @@ from meshctl.config.validation import Issue
 from meshctl.config.validation.common import (
     Report,
     check_labels,
-    header_name_problem,
     port_name_problem,
     port_problem,
+    probe_header_name_problem,
 )
 
 _PROBE_COUNTS = (
@@ -67,7 +67,7 @@ def _probe(report: Report, path: FieldPath, probe: Any) -> None:
         if http.scheme and http.scheme not in ("HTTP", "HTTPS"):
             report.error((*at, "scheme"), f'httpGet scheme "{http.scheme}" must be HTTP or HTTPS')
         for i, header in enumerate(http.http_headers):
-            report.error((*at, "httpHeaders", i, "name"), header_name_problem(header.name))
+            report.error((*at, "httpHeaders", i, "name"), probe_header_name_problem(header.name))
     elif method == "tcp_socket":
         report.error((*path, "tcpSocket", "port"), port_problem(probe.tcp_socket.port))
     elif method == "exec":

@@ -1,0 +1,379 @@
+"""Rules that follow a newer Istio, each case named after the Istio function (or API change) it
+follows, so that a later Istio change points at the case to revisit.
+
+Sources: Istio's `pkg/config/validation` (validation.go: ValidateSidecar, validateTLSOptions,
+validateConnectionPool, validateLoadBalancer, validateHTTPRetry, validateCORSHTTPMethod,
+ValidateHTTPHeaderNameOrJwtClaimRoute, ValidateCORSHTTPHeaderName, ValidateProbeHeaderName,
+ValidateServiceEntry; agent/validation.go: ValidateNamespaceSlashWildcardHostname), and for
+fields whose Go validation could not be read, the API change that added them (its CRD schema
+rules, which `istioctl validate` applies too): istio/api#3512 (retryBudget), #3523 (cookie
+attributes), #3733 (zoneAwareLbSetting).
+
+Every case failed before its rule was changed, except three that guard behaviour which already
+matched Istio (a lone `~` egress namespace, `~ns` refused, a backoff with attempts 0 accepted)
+and the valid DestinationRule with the newer fields, which guards the new rules against
+refusing what Istio accepts.
+
+The case format is `tests/test_validation_rules.py`'s: a line marked `# <-` is where the finding
+must point.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from meshctl.config.findings import Finding, Severity
+from meshctl.config.loader import load_text
+
+MARK = "# <-"
+VS, DR, SE, WG, SC = "VirtualService", "DestinationRule", "ServiceEntry", "WorkloadGroup", "Sidecar"
+
+
+def document(kind: str, spec: str) -> str:
+    body = textwrap.indent(textwrap.dedent(spec).strip("\n"), "  ")
+    head = f"apiVersion: networking.istio.io/v1\nkind: {kind}\nmetadata:\n  name: example\n  namespace: shop\n"
+    return f"{head}spec:\n{body}\n"
+
+
+def load(kind: str, spec: str) -> tuple[str, list[Finding]]:
+    text = document(kind, spec)
+    return text, list(load_text(text, "parity.yaml").findings)
+
+
+def marked_line(text: str) -> int:
+    lines = text.splitlines()
+    marked = [n for n, line in enumerate(lines, 1) if line.rstrip().endswith(MARK)]
+    return marked[0] if marked else lines.index("spec:") + 1
+
+
+def case(kind: str, case_id: str, field: str, message: str, spec: str) -> object:
+    return pytest.param(kind, spec, field, message, id=case_id)
+
+
+ERRORS = [
+    case(
+        SC,
+        "ValidateSidecar-ingress-tls-credentialNames",
+        "spec.ingress[0].tls.credentialNames",
+        "credentialNames is not supported on a Sidecar ingress",
+        """
+        ingress:
+        - port: {number: 9443, protocol: HTTPS}
+          tls:
+            mode: SIMPLE
+            credentialNames: [rsa, ecdsa]  # <-
+        """,
+    ),
+    case(
+        SC,
+        "ValidateSidecar-ingress-tls-tlsCertificates",
+        "spec.ingress[0].tls.tlsCertificates",
+        "tlsCertificates is not supported on a Sidecar ingress",
+        """
+        ingress:
+        - port: {number: 9443, protocol: HTTPS}
+          tls:
+            mode: SIMPLE
+            tlsCertificates:  # <-
+            - {serverCertificate: /c.pem, privateKey: /k.pem}
+        """,
+    ),
+    case(
+        SC,
+        "ValidateSidecar-ingress-tls-needs-a-TLS-port",
+        "spec.ingress[0].tls",
+        "needs protocol HTTPS or TLS",
+        """
+        ingress:
+        - port: {number: 9080, protocol: HTTP}
+          tls: {mode: SIMPLE, serverCertificate: /c.pem, privateKey: /k.pem}  # <-
+        """,
+    ),
+    case(
+        VS,
+        "validateHTTPRetry-backoff-below-1ms",
+        "spec.http[0].retries.backoff",
+        "must be at least 1ms",
+        """
+        hosts: [r.shop.mesh]
+        http:
+        - route: [{destination: {host: r.shop.mesh}}]
+          retries:
+            attempts: 3
+            backoff: 500us  # <-
+        """,
+    ),
+    case(
+        VS,
+        "validateHTTPRetry-backoff-ms-precision",
+        "spec.http[0].retries.backoff",
+        "finer than the supported 1ms precision",
+        """
+        hosts: [r.shop.mesh]
+        http:
+        - route: [{destination: {host: r.shop.mesh}}]
+          retries:
+            attempts: 3
+            backoff: 1500us  # <-
+        """,
+    ),
+    case(
+        DR,
+        "validateLoadBalancer-cookie-attribute-needs-a-name",
+        "spec.trafficPolicy.loadBalancer.consistentHash.httpCookie.attributes[1]",
+        "a cookie attribute needs a name",
+        """
+        host: r.shop.mesh
+        trafficPolicy:
+          loadBalancer:
+            consistentHash:
+              httpCookie:
+                name: session
+                ttl: 0s
+                attributes:
+                - {name: SameSite, value: Strict}
+                - {value: Lax}  # <-
+        """,
+    ),
+    case(
+        DR,
+        "validateConnectionPool-http2KeepAlive-interval-below-1ms",
+        "spec.trafficPolicy.connectionPool.http.http2KeepAlive.interval",
+        "must be at least 1ms",
+        """
+        host: r.shop.mesh
+        trafficPolicy:
+          connectionPool:
+            http:
+              http2KeepAlive:
+                interval: 0s  # <-
+                timeout: 5s
+        """,
+    ),
+    case(
+        DR,
+        "validateConnectionPool-http2KeepAlive-timeout-below-1ms",
+        "spec.subsets[0].trafficPolicy.connectionPool.http.http2KeepAlive.timeout",
+        "must be at least 1ms",
+        """
+        host: r.shop.mesh
+        subsets:
+        - name: v1
+          labels: {version: v1}
+          trafficPolicy:
+            connectionPool:
+              http:
+                http2KeepAlive: {interval: 30s, timeout: 100us}  # <-
+        """,
+    ),
+    case(
+        DR,
+        "validateTrafficPolicy-retryBudget-percent-over-100",
+        "spec.trafficPolicy.retryBudget.percent",
+        "retry budget percent 150 must be in the range 0..100",
+        """
+        host: r.shop.mesh
+        trafficPolicy:
+          retryBudget:
+            percent: 150  # <-
+        """,
+    ),
+    case(
+        DR,
+        "validateLoadBalancer-zoneAware-and-locality",
+        "spec.trafficPolicy.loadBalancer.zoneAwareLbSetting",
+        '"zoneAwareLbSetting" and "localityLbSetting" cannot be set together',
+        """
+        host: r.shop.mesh
+        trafficPolicy:
+          loadBalancer:
+            simple: ROUND_ROBIN
+            localityLbSetting: {enabled: true}
+            zoneAwareLbSetting: {enabled: true}  # <-
+        """,
+    ),
+    case(
+        DR,
+        "validateLoadBalancer-zoneAware-failoverPriority-topology-label",
+        "spec.trafficPolicy.portLevelSettings[0].loadBalancer.zoneAwareLbSetting.failoverPriority[1]",
+        "cannot be in a zone-aware failoverPriority",
+        """
+        host: r.shop.mesh
+        trafficPolicy:
+          portLevelSettings:
+          - port: {number: 9080}
+            loadBalancer:
+              zoneAwareLbSetting:
+                enabled: true
+                failoverPriority:
+                - topology.istio.io/network
+                - topology.kubernetes.io/zone  # <-
+        """,
+    ),
+    case(
+        WG,
+        "ValidateProbeHeaderName-no-underscore",
+        "spec.probe.httpGet.httpHeaders[0].name",
+        'invalid header name "x_probe": a probe header takes letters, digits and "-" only',
+        """
+        template: {serviceAccount: reviews}
+        probe:
+          httpGet:
+            port: 9080
+            httpHeaders: [{name: x_probe, value: "1"}]  # <-
+        """,
+    ),
+]
+
+WARNINGS = [
+    case(
+        SE,
+        "ValidateServiceEntry-DYNAMIC_DNS-is-valid-but-not-served",
+        "spec.resolution",
+        "resolution DYNAMIC_DNS (Envoy's dynamic forward proxy) is valid Istio, but meshctl does not serve it yet",
+        """
+        hosts: ["*.wikipedia.org"]
+        ports: [{number: 443, name: tls, protocol: TLS}]
+        location: MESH_EXTERNAL
+        resolution: DYNAMIC_DNS  # <-
+        """,
+    ),
+]
+
+VALID = [
+    pytest.param(
+        VS,
+        """
+        hosts: [r.shop.mesh]
+        http:
+        - match:
+          - headers:
+              x.custom~id: {exact: a}
+              ":path": {prefix: /api}
+            withoutHeaders:
+              x-debug!: {regex: "*"}
+          route: [{destination: {host: r.shop.mesh}}]
+        """,
+        id="ValidateHTTPHeaderNameOrJwtClaimRoute-token-characters-and-pseudo-headers",
+    ),
+    pytest.param(
+        VS,
+        """
+        hosts: [r.shop.mesh]
+        http:
+        - route: [{destination: {host: r.shop.mesh}}]
+          corsPolicy:
+            allowOrigins: [{exact: https://shop.example.com}]
+            allowMethods: ["*"]
+            allowHeaders: [x.request.id, "*"]
+            exposeHeaders: [x.trace~id]
+        """,
+        id="validateCORSHTTPMethod-star-and-ValidateCORSHTTPHeaderName-tokens",
+    ),
+    pytest.param(
+        DR,
+        """
+        host: r.shop.mesh
+        trafficPolicy:
+          retryBudget: {percent: 20, minRetryConcurrency: 3, budgetInterval: 10s}
+          connectionPool:
+            http:
+              http2KeepAlive: {interval: 30s, timeout: 1500us}
+          loadBalancer:
+            consistentHash:
+              httpCookie:
+                name: session
+                path: /
+                ttl: 0s
+                attributes: [{name: SameSite, value: Strict}, {name: Secure}, {name: Partitioned}]
+        subsets:
+        - name: v1
+          labels: {version: v1}
+          trafficPolicy:
+            loadBalancer:
+              simple: LEAST_REQUEST
+              zoneAwareLbSetting:
+                enabled: true
+                minClusterSize: 3
+                failover: [{from: us-east, to: eu-west}]
+                failoverPriority: [topology.istio.io/network]
+        """,
+        id="newer-DestinationRule-fields-istio-api-3512-3523-3733",
+    ),
+    pytest.param(
+        SC,
+        """
+        egress:
+        - hosts: ["~/*", "./*", "*/api.example.com"]
+        """,
+        id="ValidateNamespaceSlashWildcardHostname-tilde-namespace",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "spec", "field", "message"), ERRORS)
+def test_rule_is_an_error_as_in_istio(kind: str, spec: str, field: str, message: str) -> None:
+    text, findings = load(kind, spec)
+    found = [f for f in findings if f.field == field and message in f.message]
+    assert found, "\n".join(map(str, findings))
+    assert found[0].severity is Severity.ERROR
+    assert found[0].line == marked_line(text), str(found[0])
+
+
+@pytest.mark.parametrize(("kind", "spec", "field", "message"), WARNINGS)
+def test_rule_is_a_warning(kind: str, spec: str, field: str, message: str) -> None:
+    text, findings = load(kind, spec)
+    found = [f for f in findings if f.field == field and message in f.message]
+    assert found, "\n".join(map(str, findings))
+    assert found[0].severity is Severity.WARNING
+    assert found[0].line == marked_line(text), str(found[0])
+    assert load_text(text, "parity.yaml").ok, "a warning alone must not reject the file"
+
+
+@pytest.mark.parametrize(("kind", "spec"), VALID)
+def test_istio_accepts_it_so_meshctl_does(kind: str, spec: str) -> None:
+    _, findings = load(kind, spec)
+    assert findings == [], "\n".join(map(str, findings))
+
+
+@pytest.mark.parametrize("namespace", ["~ns", "~~"])
+def test_ValidateNamespaceSlashWildcardHostname_only_a_lone_tilde(namespace: str) -> None:
+    """`~` alone is a Sidecar egress namespace (none); `~ns` is not a namespace at all."""
+    _, findings = load(SC, f"egress:\n- hosts: ['{namespace}/*']\n")
+    assert [f.message for f in findings] == [f'host "{namespace}/*": invalid namespace "{namespace}"']
+
+
+def test_validateHTTPRetry_backoff_does_not_count_as_a_retry_setting() -> None:
+    """Istio refuses retry settings with attempts 0 for perTryTimeout, retryOn and
+    retryRemoteLocalities only; a backoff with retries switched off is accepted."""
+    spec = (
+        "hosts: [r.shop.mesh]\nhttp:\n- route: [{destination: {host: r.shop.mesh}}]\n"
+        "  retries: {attempts: 0, backoff: 25ms}\n"
+    )
+    _, findings = load(VS, spec)
+    assert findings == []
+
+
+def test_service_entry_addresses_in_a_flow_list_with_ipv6_ending_in_double_colon() -> None:
+    """Go's YAML parser (Istio's) reads `[1.2.3.4, 2001:db8::]`; libyaml alone would not."""
+    spec = (
+        "hosts: [db.shop.mesh]\naddresses: [10.0.0.9, 2001:db8::]\n"
+        "ports: [{number: 5432, name: tcp, protocol: TCP}]\nresolution: STATIC\n"
+        "endpoints: [{address: 2001:db8::5}, {address: 'fe80::1'}]\n"
+    )
+    result = load_text(document(SE, spec), "parity.yaml")
+    assert result.ok and list(result.findings) == [], "\n".join(map(str, result.findings))
+    (config,) = result.configs
+    assert list(config.spec.addresses) == ["10.0.0.9", "2001:db8::"]
+    assert [e.address for e in config.spec.endpoints] == ["2001:db8::5", "fe80::1"]
+
+
+@pytest.mark.parametrize("where", ["directResponse: {status: 600}", "fault: {abort: {httpStatus: 600}}"])
+def test_validateHTTPStatus_600_stays_an_error_on_purpose(where: str) -> None:
+    """Istio's validateHTTPStatus lets 600 through (`status > 600`); Envoy refuses it, so meshctl
+    stays stricter here (docs/validation.md)."""
+    route = "" if "directResponse" in where else "route: [{destination: {host: r.shop.mesh}}]\n  "
+    _, findings = load(VS, f"hosts: [r.shop.mesh]\nhttp:\n- {route}{where}\n")
+    assert [f.severity for f in findings if "600 must be in the range 200..599" in f.message] == [Severity.ERROR]
