@@ -59,6 +59,7 @@ _VALUE_NAMES = {
     "--ip": "IP",
     "--interception": "MODE",
     "--admin-port": "PORT",
+    "--stats-port": "PORT",
     "--label": "KEY=VALUE",
     "--xds-ca": "PATH",
     "--xds-cert": "PATH",
