@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.extensions.clusters.common.dns.v3 import dns_pb2
+from envoy.extensions.clusters.dns.v3 import dns_cluster_pb2
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import json_format
@@ -24,6 +26,7 @@ from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 from meshctl.testing.envoy import bootstrap, validate_config
 from meshctl.testing.golden import assert_golden
 from meshctl.xds import types
+from meshctl.xds.cluster_dns import DNS_CLUSTER, discovery_type
 from meshctl.xds.cluster_policy import HTTP_PROTOCOL_OPTIONS
 from meshctl.xds.clusters import build_clusters
 from meshctl.xds.endpoints import build_endpoints
@@ -506,7 +509,7 @@ def test_golden_inbound() -> None:
 
 def test_names_and_types_follow_resolution() -> None:
     clusters, endpoints = generate(REVIEWS + "---" + EXTERNAL)
-    kinds = {c.name: _C.DiscoveryType.Name(c.type) for c in clusters}
+    kinds = {c.name: discovery_type(c) for c in clusters}
     assert kinds == {
         "BlackHoleCluster": "STATIC",
         "PassthroughCluster": "ORIGINAL_DST",
@@ -526,6 +529,27 @@ def test_names_and_types_follow_resolution() -> None:
     eds = named(clusters, "outbound|9080||reviews.bookinfo.mesh").eds_cluster_config
     assert eds.service_name == "outbound|9080||reviews.bookinfo.mesh"
     assert eds.eds_config.HasField("ads")
+
+
+@pytest.mark.parametrize(
+    ("node_id", "family"),
+    [(CLIENT, dns_pb2.V4_ONLY), ("sidecar~fd00::9~client.default~default.svc.cluster.local", dns_pb2.V6_ONLY)],
+)
+def test_dns_clusters_use_the_dns_cluster_extension(node_id: str, family: int) -> None:
+    """Istio's STRICT_DNS/LOGICAL_DNS settings, on Envoy's DNS cluster extension rather than the
+    cluster fields Envoy deprecates (dns_refresh_rate, respect_dns_ttl)."""
+    clusters, _ = generate(EXTERNAL, node_id)
+    for name, logical in [("outbound|5432||db.example.com", False), ("outbound|8080||legacy.example.com", True)]:
+        cluster = named(clusters, name)
+        assert cluster.WhichOneof("cluster_discovery_type") == "cluster_type"
+        assert cluster.cluster_type.name == DNS_CLUSTER
+        config = dns_cluster_pb2.DnsCluster()
+        assert cluster.cluster_type.typed_config.Unpack(config)
+        assert config.all_addresses_in_single_endpoint is logical
+        assert config.dns_refresh_rate.ToSeconds() == 60 and config.respect_dns_ttl
+        assert config.dns_lookup_family == family
+        assert not cluster.HasField("dns_refresh_rate") and not cluster.respect_dns_ttl
+        assert cluster.dns_lookup_family == _C.AUTO, "unset: Envoy reads the extension's family"
 
 
 def test_dns_clusters_carry_endpoints_inline() -> None:

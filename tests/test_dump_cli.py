@@ -340,3 +340,9 @@ def test_output_does_not_depend_on_hash_seeds() -> None:
         )
         outputs.add(proc.stdout)
     assert len(outputs) == 1
+
+
+def test_short_names_dns_clusters_by_their_resolution() -> None:
+    """DNS clusters travel as Envoy's DNS cluster extension; the table still says how they resolve."""
+    out = dumped("--proxy", REVIEWS_V1, "-o", "short", "--type", "clusters").stdout
+    assert ["www.googleapis.com", "443", "-", "outbound", "STRICT_DNS"] in [line.split() for line in out.splitlines()]

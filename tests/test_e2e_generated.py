@@ -8,7 +8,9 @@ WorkloadEntry of its own (`127.0.0.9`), so Envoy has only outbound listeners, bo
 
 Backends are small HTTP servers on their own loopback addresses (127.0.0.x, as each VM has its
 own) on ports the kernel picks, wired in through WorkloadEntry `ports`; each names itself in an
-`x-backend` header, counts what it is sent, and can be told to fail or to answer slowly.
+`x-backend` header, counts what it is sent, and can be told to fail or to answer slowly. DNS
+services name their endpoint `localhost`, for Envoy to resolve. gRPC timeouts need a gRPC
+backend and a GRPC service port, so two gRPC services share a second port.
 
 Nothing sleeps a fixed time: Envoy is waited for with a deadline, and the split is checked
 against binomial bounds that a correct config misses about once in a billion runs.
@@ -22,11 +24,13 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import grpc
 import pytest
 
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
@@ -125,6 +129,48 @@ class Backend:
         self._server.server_close()
 
 
+class GrpcBackend:
+    """A gRPC server on `address` (a port the kernel picks) whose one method sleeps for the
+    seconds it is sent, then answers with the deadline it was given: `deadline SECONDS`, or
+    `none` without one."""
+
+    METHOD = "/e2e.Sleeper/Sleep"
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._server = grpc.server(ThreadPoolExecutor(4))
+        handler = grpc.unary_unary_rpc_method_handler(self._sleep)
+        self._server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("e2e.Sleeper", {"Sleep": handler})])
+        self.port: int = self._server.add_insecure_port(f"{address}:0")
+
+    @staticmethod
+    def _sleep(request: bytes, context: grpc.ServicerContext) -> bytes:
+        remaining = context.time_remaining()
+        time.sleep(float(request.decode()))
+        # Without a deadline grpcio reports one about 292 years away.
+        return b"none" if remaining is None or remaining > 1e6 else f"deadline {remaining:.1f}".encode()
+
+    def __enter__(self) -> GrpcBackend:
+        self._server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.stop(0)
+
+
+def grpc_call(port: int, host: str, seconds: float, deadline: float | None = None) -> tuple[str, float]:
+    """One unary call through Envoy's listener on `port`, authority `host`: the answer, or the
+    status code's name, and how long it took."""
+    options = [("grpc.default_authority", host)]
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+        start = time.monotonic()
+        try:
+            answer = channel.unary_unary(GrpcBackend.METHOD)(str(seconds).encode(), timeout=deadline).decode()
+        except grpc.RpcError as exc:
+            answer = exc.code().name
+        return answer, time.monotonic() - start
+
+
 @dataclass(frozen=True)
 class Reply:
     status: int
@@ -158,6 +204,7 @@ BACKENDS = {
     "retry": ("127.0.0.24", "v1", 0.0),
     "noretry": ("127.0.0.25", "v1", 0.0),
     "slow": ("127.0.0.26", "v1", SLOW_SECONDS),
+    "dns": ("127.0.0.1", "v1", 0.0),
 }
 #: service -> the backends that are its endpoints (`app` label = service name)
 SERVICES = {
@@ -170,13 +217,66 @@ SERVICES = {
 }
 
 
+#: DNS services (resolution -> service), their one endpoint named `localhost`: the `dns` backend
+DNS_SERVICES = {"DNS": "strict-dns", "DNS_ROUND_ROBIN": "logical-dns"}
+#: gRPC services, all served by one gRPC backend on GRPC_ADDRESS: service -> VirtualService timeout
+GRPC_SERVICES = {"grpc": None, "grpc-timeout": TIMEOUT_SECONDS}
+GRPC_ADDRESS = "127.0.0.27"
+
+
 def host(service: str) -> str:
     return f"{service}.{NS}.mesh"
 
 
-def mesh_yaml(port: int, backends: dict[str, Backend]) -> str:
-    """Every service on `port`, its endpoints, and one VirtualService per feature."""
+def grpc_yaml(port: int, backend: GrpcBackend) -> list[str]:
     docs = []
+    for service, timeout in GRPC_SERVICES.items():
+        docs.append(f"""apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: {service}, namespace: {NS}}}
+spec:
+  hosts: [{host(service)}]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{{number: {port}, name: grpc, protocol: GRPC}}]
+  workloadSelector: {{labels: {{app: {service}}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: {service}, namespace: {NS}}}
+spec:
+  address: {backend.address}
+  ports: {{grpc: {backend.port}}}
+  labels: {{app: {service}}}
+""")
+        if timeout is not None:
+            docs.append(f"""apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: {service}, namespace: {NS}}}
+spec:
+  hosts: [{host(service)}]
+  http:
+  - timeout: {int(timeout * 1000)}ms
+    route: [{{destination: {{host: {host(service)}}}}}]
+""")
+    return docs
+
+
+def mesh_yaml(port: int, backends: dict[str, Backend], grpc_port: int, grpc_backend: GrpcBackend) -> str:
+    """Every HTTP service on `port` and gRPC service on `grpc_port`, their endpoints, and one
+    VirtualService per feature."""
+    docs = grpc_yaml(grpc_port, grpc_backend)
+    for resolution, service in DNS_SERVICES.items():
+        docs.append(f"""apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: {service}, namespace: {NS}}}
+spec:
+  hosts: [{host(service)}]
+  location: MESH_EXTERNAL
+  resolution: {resolution}
+  ports: [{{number: {port}, name: http, protocol: HTTP}}]
+  endpoints: [{{address: localhost, ports: {{http: {backends["dns"].port}}}}}]
+""")
     for service, members in SERVICES.items():
         docs.append(f"""apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -277,6 +377,10 @@ class Mesh:
     port: int
     envoy: EnvoyProcess
     backends: dict[str, Backend]
+    grpc_port: int
+
+    def grpc(self, service: str, seconds: float, deadline: float | None = None) -> tuple[str, float]:
+        return grpc_call(self.grpc_port, host(service), seconds, deadline)
 
     def send(self, service: str, path: str = "/", headers: dict[str, str] | None = None) -> Reply:
         return send(self.port, host(service), path, headers)
@@ -321,13 +425,14 @@ def mesh() -> Iterator[Mesh]:
             name: stack.enter_context(Backend(name, address, delay=delay))
             for name, (address, _, delay) in BACKENDS.items()
         }
-        port = free_port()
-        snapshot = snapshot_from_yaml(mesh_yaml(port, backends), namespace=NS)
+        grpc_backend = stack.enter_context(GrpcBackend(GRPC_ADDRESS))
+        port, grpc_port = free_port(), free_port()
+        snapshot = snapshot_from_yaml(mesh_yaml(port, backends, grpc_port, grpc_backend), namespace=NS)
         resources = generate(snapshot, proxy_for(snapshot, CLIENT))
         envoy = stack.enter_context(EnvoyProcess(bootstrap(resources, node_id=CLIENT)))
         stack.callback(lambda: print(f"--- envoy log:\n{envoy.log()[-6000:]}"))
         wait_until_routing(port, "redirect")
-        yield Mesh(port, envoy, backends)
+        yield Mesh(port, envoy, backends, grpc_port)
 
 
 # -- the tests ----------------------------------------------------------------------------------
@@ -401,3 +506,35 @@ def test_timeout(mesh: Mesh) -> None:
     # The request did reach the backend, once: Istio's default retries do not retry a timeout.
     wait_for(lambda: backend.requests > 0, "the slow backend to see the request")
     assert backend.requests == 1
+
+
+@pytest.mark.parametrize("service", DNS_SERVICES.values())
+def test_dns_services_resolve_their_endpoints(mesh: Mesh, service: str) -> None:
+    """STRICT_DNS and LOGICAL_DNS clusters, on Envoy's DNS cluster extension, resolve names."""
+    wait_for(lambda: mesh.send(service).status == 200, f"{service} to resolve localhost")
+    assert mesh.send(service).backend == "dns"
+
+
+def test_grpc_timeout(mesh: Mesh) -> None:
+    """A VirtualService timeout ends gRPC calls too, whether or not the caller set a longer
+    deadline (the route's own `timeout`; a `max_stream_duration` on the route would switch it
+    off for every request); a caller's shorter deadline ends the call first."""
+    for deadline in (None, DEADLINE):
+        answer, took = mesh.grpc("grpc-timeout", SLOW_SECONDS, deadline)
+        # Envoy's "upstream request timeout" is UNAVAILABLE; a server told of the timeout in its
+        # `grpc-timeout` (as Istio's deprecated max_grpc_timeout did) answers DEADLINE_EXCEEDED.
+        assert answer in ("UNAVAILABLE", "DEADLINE_EXCEEDED"), deadline
+        assert TIMEOUT_SECONDS * 0.9 <= took < SLOW_SECONDS, deadline
+    answer, took = mesh.grpc("grpc-timeout", SLOW_SECONDS, TIMEOUT_SECONDS / 5)
+    assert answer == "DEADLINE_EXCEEDED" and took < TIMEOUT_SECONDS
+
+
+def test_grpc_without_a_timeout_passes_the_callers_deadline_on(mesh: Mesh) -> None:
+    """No VirtualService timeout: none from Envoy either, and the caller's `grpc-timeout` reaches
+    the server unchanged (Istio's `max_grpc_timeout: 0s`)."""
+    assert mesh.grpc("grpc", 0.0)[0] == "none"
+    answer, _ = mesh.grpc("grpc", 0.0, DEADLINE)
+    # The header carries the deadline in whole units, so it may round up by a little.
+    assert answer.startswith("deadline ") and DEADLINE - 5 < float(answer.split()[1]) < DEADLINE + 1
+    answer, took = mesh.grpc("grpc", 2 * TIMEOUT_SECONDS, 4 * TIMEOUT_SECONDS)
+    assert answer.startswith("deadline ") and took >= 2 * TIMEOUT_SECONDS

@@ -257,6 +257,7 @@ def test_default_route_has_istio_retry_policy_and_no_timeout() -> None:
     assert route.route.cluster == "outbound|9080||reviews.bookinfo.mesh"
     assert route.route.timeout.ToTimedelta().total_seconds() == 0
     assert route.route.HasField("timeout"), "0s must be explicit: unset means Envoy's 15 s"
+    assert route.route.max_stream_duration.HasField("grpc_timeout_header_max")
     retry = route.route.retry_policy
     assert retry.num_retries.value == 2
     assert retry.retry_on == "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
@@ -289,10 +290,23 @@ def test_retry_on_status_codes_only() -> None:
 
 
 def test_timeout_is_passed_through() -> None:
+    """A timeout is the route's own, for gRPC requests too: any `max_stream_duration` would
+    make Envoy ignore it (see set_timeout)."""
     http = "  - timeout: 1.5s\n    route:\n    - destination: {host: reviews.bookinfo.mesh}\n"
     action = only_route(routes_for(SERVICE + vs(http))).route
     assert action.timeout.ToTimedelta().total_seconds() == 1.5
-    assert action.max_grpc_timeout == action.timeout
+    assert not action.HasField("max_stream_duration")
+
+
+def test_no_timeout_holds_grpc_requests_to_their_own_deadline() -> None:
+    """Without a timeout, `grpc-timeout` headers apply uncapped, as Istio's deprecated
+    `max_grpc_timeout: 0s` made them."""
+    http = "  - route:\n    - destination: {host: reviews.bookinfo.mesh}\n"
+    action = only_route(routes_for(SERVICE + vs(http))).route
+    assert action.HasField("timeout") and action.timeout.ToNanoseconds() == 0
+    assert action.max_stream_duration.HasField("grpc_timeout_header_max")
+    assert action.max_stream_duration.grpc_timeout_header_max.ToNanoseconds() == 0
+    assert not action.max_stream_duration.HasField("max_stream_duration")
 
 
 def test_weighted_split_keeps_weights_and_drops_zero() -> None:

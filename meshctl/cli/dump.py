@@ -163,18 +163,13 @@ def describe_config(metadata: Any) -> str:
 
 def cluster_rows(clusters: Iterable[Message]) -> list[list[str]]:
     """SERVICE FQDN, PORT, SUBSET, DIRECTION, TYPE, DESTINATION RULE; sorted as istioctl sorts."""
-    from envoy.config.cluster.v3 import cluster_pb2
-
+    from meshctl.xds.cluster_dns import discovery_type
     from meshctl.xds.names import parse_cluster_name
 
     rows: list[tuple[tuple[str, str, int, str], list[str]]] = []
     for c in clusters:
         cluster: Any = c
-        kind = (
-            cluster.cluster_type.name
-            if cluster.HasField("cluster_type")
-            else cluster_pb2.Cluster.DiscoveryType.Name(cluster.type)
-        )
+        kind = discovery_type(cluster)
         rule = describe_config(cluster.metadata)
         parsed = parse_cluster_name(cluster.name)
         if parsed is None:

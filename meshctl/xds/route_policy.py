@@ -84,10 +84,34 @@ def zero_duration() -> duration_pb2.Duration:
 
 
 def set_timeout(action: rc.RouteAction, timeout: duration_pb2.Duration | None) -> None:
-    """Istio's setTimeout: the VirtualService's timeout, else `0s` (no timeout, where Envoy would
-    default to 15 s); gRPC's `grpc-timeout` header is capped by the same value."""
-    action.timeout.CopyFrom(timeout if timeout is not None else zero_duration())
-    action.max_grpc_timeout.CopyFrom(action.timeout)
+    """Istio's setTimeout, without the `max_grpc_timeout` Envoy deprecates: the VirtualService's
+    timeout T, else `0s` (no timeout, where Envoy would default to 15 s).
+
+    Istio also sets `max_grpc_timeout: T` (`0s` for none), so that gRPC requests follow their
+    `grpc-timeout` header capped at T. Its replacement, `max_stream_duration.grpc_timeout_header_max`,
+    is no drop-in: with any `max_stream_duration` on a route, Envoy (1.40 included) ignores the
+    route's `timeout` for every request on it, so T would be lost for plain HTTP and for gRPC
+    calls without a deadline (Envoy issue 32948; the "regressions" Istio cites for keeping the
+    old field). So it is set only where there is no timeout to lose:
+
+    - No timeout: `max_stream_duration.grpc_timeout_header_max: 0s` as well, which does what
+      `max_grpc_timeout: 0s` did. Plain requests have no timeout; a gRPC request is held to its
+      own `grpc-timeout`, uncapped, and the header goes upstream; without one it has no timeout.
+      (Envoy now times that deadline from the request's start, as gRPC does, not its end.)
+    - A timeout T: `timeout: T` alone. Every request, gRPC ones included, times out T after it
+      was received, as before when the caller's deadline is T or later or absent; a shorter
+      deadline still ends the call first, enforced by the gRPC client and by the server it is
+      forwarded to. What changes: Envoy no longer writes T into the `grpc-timeout` it sends
+      upstream, so the server is not told of T, and at T the caller gets Envoy's UNAVAILABLE
+      ("upstream request timeout") where the server may have answered DEADLINE_EXCEEDED first.
+      Keeping that with `max_stream_duration: T` would instead time every request from its
+      first byte: slow uploads would fail and websockets and gRPC streams be cut at T.
+    """
+    if timeout is not None and timeout.ToNanoseconds() > 0:
+        action.timeout.CopyFrom(timeout)
+        return
+    action.timeout.CopyFrom(zero_duration())
+    action.max_stream_duration.grpc_timeout_header_max.CopyFrom(zero_duration())
 
 
 def _previous_hosts() -> rc.RetryPolicy.RetryHostPredicate:
