@@ -52,3 +52,23 @@ def test_proxy_status_with_a_missing_token_file_names_it(serve: ServeProcess, tm
     missing = tmp_path / "token"
     line = one_error_line(meshctl("proxy-status", "--admin", serve.admin_address, "--admin-token-file", str(missing)))
     assert str(missing) in line
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--proxy", "a.b", "--ip", "10.0.0.300"], "--ip '10.0.0.300' is not an IPv4 or IPv6 address"),
+        (["--proxy", "sidecar~not-an-ip~a.b~b.svc.cluster.local"], "is not an IPv4 or IPv6 address"),
+        (["--proxy", "a.b", "--ip", "10.0.0.3", "-o", "xml"], "'xml' is not one of"),
+    ],
+)
+def test_bootstrap_refuses_what_envoy_could_not_use(args: list[str], says: str) -> None:
+    proc = meshctl("bootstrap", *args)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert says in " ".join(proc.stderr.split()), proc.stderr
+
+
+def test_services_with_an_unreachable_consul_is_one_line() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    line = one_error_line(meshctl("services", "--config-dir", str(EXAMPLES), "--consul", address))
+    assert f"cannot read consul at http://{address}" in line
