@@ -530,7 +530,9 @@ def test_a_restart_while_consul_is_down_keeps_envoys_consul_clusters_until_consu
 
     consul.start()
     wait_for(server.ready, "the server ready once Consul synced", CONVERGE)
-    wait_for(lambda: synced(server), "Envoy back in sync", CONVERGE)
+    # Envoy backs off between refused reconnects (up to 30 s by default), so its next try may
+    # come a while after the server is ready again.
+    wait_for(lambda: synced(server), "Envoy back in sync", 45)
     assert envoy_hosts(envoy, cluster) == {"127.0.0.61"}
     assert answers(port, host, 5) == Counter({"billing-1": 5})
 
