@@ -310,6 +310,16 @@ VALID = [
         """,
         id="ValidateNamespaceSlashWildcardHostname-tilde-namespace",
     ),
+    pytest.param(
+        VS,
+        """
+        hosts: [r.shop.mesh]
+        http:
+        - match: [{uri: {prefix: /old}}]
+          redirect: {prefixRewrite: /new}
+        """,
+        id="validateHTTPRedirect-prefixRewrite-alone",
+    ),
 ]
 
 

@@ -449,7 +449,7 @@ mirror percentage -1 must be in the range 0..100
         percentage: {value: -1}  # <-
 
 [redirect-empty] spec.http[0].redirect
-a redirect needs at least one of uri, authority, scheme or port
+a redirect needs at least one of uri, authority, scheme, port or prefixRewrite
     hosts: [r.shop.mesh]
     http:
     - redirect: {redirectCode: 301}  # <-

@@ -326,8 +326,15 @@ def _mirror_percentage(report: Report, path: FieldPath, value: float) -> None:
 
 
 def _redirect(report: Report, path: FieldPath, redirect: Any) -> None:
-    if not (redirect.uri or redirect.authority or redirect.scheme or redirect.WhichOneof("redirect_port")):
-        report.error(path, "a redirect needs at least one of uri, authority, scheme or port")
+    # Istio's validateHTTPRedirect: any one of these makes a redirect (prefixRewrite alone too).
+    if not (
+        redirect.uri
+        or redirect.authority
+        or redirect.scheme
+        or redirect.prefix_rewrite
+        or redirect.WhichOneof("redirect_port")
+    ):
+        report.error(path, "a redirect needs at least one of uri, authority, scheme, port or prefixRewrite")
     if redirect.redirect_code and not 300 <= redirect.redirect_code <= 399:
         report.error((*path, "redirectCode"), f"redirectCode {redirect.redirect_code} must be a 3xx code")
     if redirect.scheme and redirect.scheme not in ("http", "https"):
