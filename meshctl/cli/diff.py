@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from meshctl.cli.offline import INTERCEPTION_HELP, Interception
+
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
@@ -81,6 +83,9 @@ def diff(
         str,
         typer.Option("--namespace", "-n", help="Namespace of resources that name none, and of a bare --proxy NAME."),
     ] = "default",
+    interception: Annotated[
+        Interception, typer.Option(case_sensitive=False, help=INTERCEPTION_HELP)
+    ] = Interception.NONE,
 ) -> None:
     """Show how the Envoy config of a proxy (or of every proxy) changes from OLD to NEW.
 
@@ -95,7 +100,10 @@ def diff(
     try:
         before = offline.load_tree(old, namespace=namespace)
         after = offline.load_tree(new, namespace=namespace)
-        pairs = all_pairs(before, after) if proxy is None else [proxy_pair(before, after, proxy, namespace)]
+        mode = interception.value
+        pairs = (
+            all_pairs(before, after, mode) if proxy is None else [proxy_pair(before, after, proxy, namespace, mode)]
+        )
     except offline.OfflineError as exc:
         offline.fail(exc)
     offline.report(after)  # the tree being proposed; the old one's warnings are history
@@ -113,12 +121,14 @@ def diff(
     raise typer.Exit(offline.EXIT_CHANGED if changes else offline.EXIT_OK)
 
 
-def proxy_pair(before: LoadedTree, after: LoadedTree, ref: str, namespace: str) -> ProxyPair:
+def proxy_pair(
+    before: LoadedTree, after: LoadedTree, ref: str, namespace: str, interception: str = "NONE"
+) -> ProxyPair:
     """The proxy `ref` names, in each tree; an error when it names nothing in either."""
     from meshctl.cli import offline
 
-    old = offline.find_proxy(before.snapshot, ref, namespace)
-    new = offline.find_proxy(after.snapshot, ref, namespace)
+    old = offline.find_proxy(before.snapshot, ref, namespace, interception)
+    new = offline.find_proxy(after.snapshot, ref, namespace, interception)
     if old is None and new is None:
         raise offline.OfflineError(
             f"--proxy {ref!r} names no WorkloadEntry in {before.path} or {after.path}; "
@@ -128,7 +138,7 @@ def proxy_pair(before: LoadedTree, after: LoadedTree, ref: str, namespace: str) 
     return ProxyPair(label, old, new)
 
 
-def all_pairs(before: LoadedTree, after: LoadedTree) -> list[ProxyPair]:
+def all_pairs(before: LoadedTree, after: LoadedTree, interception: str = "NONE") -> list[ProxyPair]:
     """A pair for every WorkloadEntry of either tree, by (namespace, name); each side bound with
     the node id its own tree gives (a new IP or a new Gateway changes the id)."""
     from meshctl.cli import offline
@@ -137,7 +147,7 @@ def all_pairs(before: LoadedTree, after: LoadedTree) -> list[ProxyPair]:
     pairs = []
     for ns, name in refs:
         ref = f"{name}.{ns}"
-        pairs.append(proxy_pair(before, after, ref, ns))
+        pairs.append(proxy_pair(before, after, ref, ns, interception))
     return pairs
 
 

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from meshctl.cli.offline import INTERCEPTION_HELP, Interception
+
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
@@ -83,6 +85,9 @@ def dump(
         str,
         typer.Option("--namespace", "-n", help="Namespace of resources that name none, and of a bare --proxy NAME."),
     ] = "default",
+    interception: Annotated[
+        Interception, typer.Option(case_sensitive=False, help=INTERCEPTION_HELP)
+    ] = Interception.NONE,
 ) -> None:
     """Print what the server would send a proxy, in Envoy's /config_dump format or as tables.
 
@@ -95,11 +100,13 @@ def dump(
 
     try:
         tree = offline.load_tree(config_dir, consul=consul, namespace=namespace)
-        target = offline.resolve_proxy(tree, proxy, namespace)
+        target = offline.resolve_proxy(tree, proxy, namespace, interception.value)
     except offline.OfflineError as exc:
         offline.fail(exc)
     offline.report(tree)
     _stderr(offline.proxy_note(target))
+    for note in offline.hidden_port_notes(tree.snapshot, target):
+        _stderr(f"note: {note}")
     try:
         resources, unrequested = subscribed(generate(tree.snapshot, target))
     except Exception as exc:  # a generator bug is not the user's input: say so, exit 2

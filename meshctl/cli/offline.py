@@ -18,6 +18,7 @@ the workload's labels (the VM runs a gateway, not a sidecar).
 
 from __future__ import annotations
 
+import enum
 import io
 import sys
 from collections.abc import Mapping, Sequence
@@ -37,6 +38,17 @@ if TYPE_CHECKING:
     from meshctl.snapshot.proxy import Proxy
 
 EXIT_OK, EXIT_CHANGED, EXIT_ERROR = 0, 1, 2
+
+
+class Interception(enum.StrEnum):
+    """How traffic reaches the proxy, as its node metadata says (`INTERCEPTION_MODE`)."""
+
+    NONE = "NONE"
+    REDIRECT = "REDIRECT"
+    TPROXY = "TPROXY"
+
+
+INTERCEPTION_HELP = "NONE (no iptables, the VM default), REDIRECT or TPROXY: what the proxy's bootstrap says."
 
 
 class OfflineError(MeshctlError):
@@ -140,10 +152,13 @@ def is_node_id(ref: str) -> bool:
     return "~" in ref
 
 
-def find_proxy(snapshot: Snapshot, ref: str, namespace: str = "default") -> Proxy | None:
+def find_proxy(
+    snapshot: Snapshot, ref: str, namespace: str = "default", interception: str = "NONE"
+) -> Proxy | None:
     """The proxy `ref` names in `snapshot`: a full node id always names one (the server serves any
-    node), a WorkloadEntry reference only when the entry exists. Raises OfflineError for a node
-    id that is not Istio's format."""
+    node), a WorkloadEntry reference only when the entry exists. `interception` is what the
+    proxy's node metadata says (`INTERCEPTION_MODE`, as `meshctl bootstrap --interception` writes
+    it). Raises OfflineError for a node id that is not Istio's format."""
     from meshctl.errors import NodeIdError
     from meshctl.snapshot.proxy import bind_proxy, parse_node_id
 
@@ -155,14 +170,14 @@ def find_proxy(snapshot: Snapshot, ref: str, namespace: str = "default") -> Prox
             return None
         node_id = node_id_for(snapshot, entry)
     try:
-        return bind_proxy(parse_node_id(node_id), snapshot)
+        return bind_proxy(parse_node_id(node_id, {"INTERCEPTION_MODE": interception}), snapshot)
     except NodeIdError as exc:
         raise OfflineError(str(exc)) from exc
 
 
-def resolve_proxy(tree: LoadedTree, ref: str, namespace: str = "default") -> Proxy:
+def resolve_proxy(tree: LoadedTree, ref: str, namespace: str = "default", interception: str = "NONE") -> Proxy:
     """`find_proxy`, or an OfflineError that lists the proxies the tree does describe."""
-    proxy = find_proxy(tree.snapshot, ref, namespace)
+    proxy = find_proxy(tree.snapshot, ref, namespace, interception)
     if proxy is None:
         raise OfflineError(f"--proxy {ref!r} names no WorkloadEntry in {tree.path}; {known_proxies(tree.snapshot)}")
     return proxy
@@ -173,6 +188,31 @@ def known_proxies(snapshot: Snapshot) -> str:
     if not names:
         return "it has none: give a full node id (TYPE~IP~NAME.NAMESPACE~DOMAIN)"
     return "known: " + ", ".join(names)
+
+
+def hidden_port_notes(snapshot: Snapshot, proxy: Proxy) -> list[str]:
+    """Why the proxy has no outbound listener on a port its own app listens on, for each such
+    port of a service it may call: the words `meshctl validate` says (MC0001)."""
+    from meshctl.config.analysis import hidden_port_message
+    from meshctl.snapshot.proxy import InterceptionMode, ProxyType
+    from meshctl.snapshot.scope import ProxyScope
+    from meshctl.xds.listeners_inbound import app_ports
+
+    if proxy.type is not ProxyType.SIDECAR or proxy.interception is not InterceptionMode.NONE:
+        return []
+    scope = ProxyScope(snapshot, proxy)
+    own = {i.service.hostname for i in proxy.instances}
+    notes = []
+    for port in sorted(app_ports(scope)):
+        called = sorted(
+            s.hostname for s in scope.services if s.hostname not in own and any(p.number == port for p in s.ports)
+        )
+        if called:
+            served = next(
+                (i.service.hostname for i in proxy.instances if port in i.endpoint.ports.values()), "a Sidecar ingress"
+            )
+            notes.append(hidden_port_message(proxy.workload or proxy.id, port, served, called))
+    return notes
 
 
 def proxy_note(proxy: Proxy) -> str:

@@ -9,6 +9,11 @@
 | IST0145 | error    | two Gateways select the same workload and claim one port and host    |
 | IST0173 | warning  | a DestinationRule subset selects no endpoint of its host             |
 | IST0174 | warning  | a DestinationRule host matches no service                            |
+| MC0001  | warning  | a VM's app listens on a port of a service it may call (no iptables)  |
+
+MC0001 is meshctl's own: without iptables (INTERCEPTION_MODE NONE, the VM default) a proxy serves
+outbound traffic on 127.0.0.1:PORT, which it cannot bind where the workload's own app listens
+(bookinfo as Istio writes it: every app on 9080, calling the others on 9080).
 
 Analysis reads only configs (and hosts a registry vouches for, passed in as `known_hosts`); it is
 what `meshctl validate` runs after every file has loaded. Each issue names the field path so the
@@ -210,7 +215,65 @@ def analyze(configs: Sequence[Config], known_hosts: Collection[str] = ()) -> lis
     issues.extend(_gateway_hosts(index))
     issues.extend(_gateway_conflicts(index))
     issues.extend(_destination_rules(index))
+    issues.extend(_app_ports_hiding_calls(index))
     return issues
+
+
+def hidden_port_message(workload: str, port: int, served: str, called: Sequence[str]) -> str:
+    """Why a proxy without iptables gets no outbound listener on `port`, and the two fixes; the
+    words `meshctl validate` and `meshctl dump` both say."""
+    shown = ", ".join(called[:3]) + (f" and {len(called) - 3} more" if len(called) > 3 else "")
+    return (
+        f"without iptables the proxy of workload {workload} binds no outbound listener on 127.0.0.1:{port}: "
+        f"its app listens on port {port} (as an endpoint of {served}), so its calls to {shown} on port {port} "
+        "cannot go through the proxy; give the ServiceEntry port a targetPort so the app listens on another port, or "
+        "give its Sidecar an egress listener with a port and bind of its own"
+    )
+
+
+def _visible_from(config: Config, namespace: str) -> bool:
+    """A ServiceEntry's exportTo, as Istio reads it: empty is everywhere, `.` its own namespace."""
+    spec: Any = config.spec
+    export = spec.export_to
+    if not export or "*" in export or namespace in export:
+        return True
+    return "." in export and config.namespace == namespace
+
+
+def _app_ports_hiding_calls(index: _Index) -> Iterator[AnalysisIssue]:
+    """MC0001: a WorkloadEntry whose app port is the port of another service it may call."""
+    specs: dict[ConfigKey, Any] = {se.key: se.spec for se in index.by_kind["ServiceEntry"]}
+    by_port: dict[int, list[Config]] = defaultdict(list)
+    selecting: dict[str, list[Config]] = defaultdict(list)
+    for se in index.by_kind["ServiceEntry"]:
+        for port in specs[se.key].ports:
+            by_port[port.number].append(se)
+        if specs[se.key].HasField("workload_selector"):
+            selecting[se.namespace].append(se)
+    for we in index.by_kind["WorkloadEntry"]:
+        spec: Any = we.spec
+        labels = {**we.labels, **dict(spec.labels)}
+        mine = [
+            se for se in selecting[we.namespace] if labels_match(dict(specs[se.key].workload_selector.labels), labels)
+        ]
+        own_hosts = {h for se in mine for h in specs[se.key].hosts}
+        reported: set[int] = set()
+        for se in mine:
+            for port in specs[se.key].ports:
+                app = spec.ports.get(port.name) or port.target_port or port.number
+                called = sorted(
+                    {
+                        h
+                        for other in by_port.get(app, ())
+                        if _visible_from(other, we.namespace)
+                        for h in specs[other.key].hosts
+                        if h not in own_hosts
+                    }
+                )
+                if called and app not in reported:
+                    reported.add(app)
+                    message = hidden_port_message(f"{we.namespace}/{we.name}", app, specs[se.key].hosts[0], called)
+                    yield AnalysisIssue(we.key, ("spec",), message, Severity.WARNING, "MC0001")
 
 
 def _gateway_key(ref: str, namespace: str) -> tuple[str, str]:

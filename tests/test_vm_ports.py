@@ -1,0 +1,75 @@
+"""A VM without iptables whose app listens on the port of a service it calls (bookinfo as Istio
+writes it: every app on 9080) gets no outbound listener there. `validate` warns, `dump` explains,
+in the same words; both name the workload, the port and the two fixes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from meshctl.cli.app import app
+
+runner = CliRunner()
+
+
+def service(name: str, target_port: int | None = None) -> str:
+    target = f", targetPort: {target_port}" if target_port else ""
+    return f"""apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: {name}, namespace: bookinfo}}
+spec:
+  hosts: [{name}.bookinfo.mesh]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{{number: 9080, name: http, protocol: HTTP{target}}}]
+  workloadSelector: {{labels: {{app: {name}}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: {name}-vm, namespace: bookinfo}}
+spec: {{address: 10.0.0.{len(name)}, labels: {{app: {name}}}}}
+---
+"""
+
+
+@pytest.fixture
+def bookinfo_on_9080(tmp_path: Path) -> Path:
+    (tmp_path / "mesh.yaml").write_text(service("productpage") + service("reviews"))
+    return tmp_path
+
+
+def test_validate_warns_naming_the_workload_the_port_and_the_fixes(bookinfo_on_9080: Path) -> None:
+    result = runner.invoke(app, ["validate", str(bookinfo_on_9080)])
+    assert result.exit_code == 0, result.output  # a warning: the mesh works with iptables
+    lines = [line for line in result.stdout.splitlines() if "MC0001" in line]
+    assert len(lines) == 2
+    productpage = next(line for line in lines if "bookinfo/productpage-vm" in line)
+    for words in ("127.0.0.1:9080", "reviews.bookinfo.mesh on port 9080", "targetPort", "egress listener"):
+        assert words in productpage, productpage
+
+
+def test_a_target_port_clears_the_warning(tmp_path: Path) -> None:
+    (tmp_path / "mesh.yaml").write_text(service("productpage", 8080) + service("reviews", 8080))
+    result = runner.invoke(app, ["validate", str(tmp_path)])
+    assert result.exit_code == 0 and "MC0001" not in result.output
+
+
+def test_dump_explains_the_missing_listener_and_redirect_mode_has_it(bookinfo_on_9080: Path) -> None:
+    args = ["dump", "--config-dir", str(bookinfo_on_9080), "--proxy", "productpage-vm.bookinfo", "--type", "listeners"]
+    plain = runner.invoke(app, args)
+    assert plain.exit_code == 0, plain.output
+    assert "binds no outbound listener on 127.0.0.1:9080" in plain.stderr
+    assert "127.0.0.1     9080" not in plain.stdout
+    redirected = runner.invoke(app, [*args, "--interception", "REDIRECT"])
+    assert redirected.exit_code == 0, redirected.output
+    assert "binds no outbound listener" not in redirected.stderr
+    assert "Route: 9080" in redirected.stdout  # the outbound HTTP listener an iptables VM gets
+
+
+def test_diff_takes_the_interception_mode(bookinfo_on_9080: Path) -> None:
+    result = runner.invoke(
+        app, ["diff", str(bookinfo_on_9080), str(bookinfo_on_9080), "--all-proxies", "--interception", "TPROXY"]
+    )
+    assert result.exit_code == 0, result.output
