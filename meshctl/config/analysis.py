@@ -36,8 +36,7 @@ from meshctl.config.findings import FieldPath, Severity
 from meshctl.config.hosts import host_matches, hosts_overlap
 from meshctl.config.labels import labels_match, selector_labels
 from meshctl.config.model import Config, ConfigKey
-
-MESH_GATEWAY = "mesh"
+from meshctl.config.references import MESH_GATEWAY, resolve_gateway_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,8 +276,8 @@ def _app_ports_hiding_calls(index: _Index) -> Iterator[AnalysisIssue]:
 
 
 def _gateway_key(ref: str, namespace: str) -> tuple[str, str]:
-    ns, _, name = ref.rpartition("/")
-    return (ns or namespace, name)
+    ns, _, name = resolve_gateway_name(ref, namespace).partition("/")
+    return (ns, name)
 
 
 def _destinations(spec: Any) -> Iterator[tuple[FieldPath, Any]]:

@@ -16,12 +16,14 @@ from typing import Any
 from meshctl.config.hosts import host_matches, hosts_overlap
 from meshctl.config.labels import labels_match, selector_labels
 from meshctl.config.model import Config, ConfigKey
+from meshctl.config.references import MESH_GATEWAY as _MESH
+from meshctl.config.references import resolve_gateway_name
 from meshctl.registry.model import Service
 from meshctl.snapshot.model import Snapshot, spec
 from meshctl.snapshot.proxy import Proxy, ProxyType
 
-MESH_GATEWAY = "mesh"
-
+#: The generators read it here, with the rest of the scope.
+MESH_GATEWAY = _MESH
 
 @dataclass(frozen=True, slots=True)
 class EgressHost:
@@ -165,7 +167,7 @@ class ProxyScope:
         for vs in self.snapshot.of_kind("VirtualService"):
             if not self.snapshot.index.exported_to(vs, self.proxy.namespace):
                 continue
-            bound = {_gateway_ref(g, vs.namespace) for g in spec(vs).gateways} or {MESH_GATEWAY}
+            bound = {resolve_gateway_name(g, vs.namespace) for g in spec(vs).gateways} or {MESH_GATEWAY}
             if not bound & wanted:
                 continue
             if (
@@ -255,20 +257,6 @@ class ProxyScope:
             for gw in self.snapshot.of_kind("Gateway")
             if spec(gw).selector and labels_match(spec(gw).selector, self.proxy.labels)
         )
-
-
-def _gateway_ref(ref: str, namespace: str) -> str:
-    """A VirtualService's gateway reference as `namespace/name`: `name` and `./name` are in the
-    VirtualService's namespace; Istio's legacy `name.namespace.svc.cluster.local` is understood."""
-    if ref == MESH_GATEWAY:
-        return ref
-    ns, sep, name = ref.partition("/")
-    if sep:
-        return f"{namespace if ns == '.' else ns}/{name}"
-    if ref.endswith(".svc.cluster.local") and ref.count(".") >= 4:
-        name, gw_ns = ref.split(".")[:2]
-        return f"{gw_ns}/{name}"
-    return f"{namespace}/{ref}"
 
 
 def gateway_ref(config: Config) -> str:

@@ -18,7 +18,8 @@ from envoy.config.listener.v3 import listener_components_pb2
 from meshctl.config.hosts import hosts_overlap
 from meshctl.config.labels import labels_match
 from meshctl.config.model import Config
-from meshctl.snapshot.scope import MESH_GATEWAY, ProxyScope
+from meshctl.config.references import resolve_gateway_name
+from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds.listener_filters import TcpSettings, tcp_proxy_filter
 from meshctl.xds.names import outbound_cluster
 
@@ -26,14 +27,9 @@ Filters = list[listener_components_pb2.Filter]
 
 
 def gateway_refs(refs: Iterable[str], namespace: str) -> set[str]:
-    """`gateways` of a VirtualService or match as `namespace/name` (or `mesh`)."""
-    out = set()
-    for ref in refs:
-        if ref == MESH_GATEWAY or "/" in ref:
-            out.add(ref)
-        else:
-            out.add(f"{namespace}/{ref}")
-    return out
+    """`gateways` of a VirtualService or match as `namespace/name` (or `mesh`), by Istio's rules
+    (`resolve_gateway_name`): the legacy `name.ns.svc.cluster.local` form binds too."""
+    return {resolve_gateway_name(ref, namespace) for ref in refs}
 
 
 def static_match(match: Any, *, scope: ProxyScope, gateways: set[str], port: int, vs_namespace: str) -> bool:

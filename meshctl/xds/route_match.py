@@ -19,6 +19,7 @@ from google.protobuf import wrappers_pb2
 
 from meshctl.api.networking.v1alpha3 import virtual_service_pb2 as vs_pb2
 from meshctl.config.labels import labels_match
+from meshctl.config.references import resolve_gateway_name
 
 MESH_GATEWAY: Final = "mesh"
 
@@ -29,18 +30,9 @@ _SCHEME: Final = ":scheme"
 
 
 def normalize_gateway(ref: str, namespace: str) -> str:
-    """A gateway named in a VirtualService (written in `namespace`) as `ns/name`, the one form
-    meshctl compares: `name` is in the VirtualService's namespace, `./name` too, and the legacy
-    `name.ns.svc.cluster.local` means `ns/name` (Istio's resolveGatewayName)."""
-    if ref == MESH_GATEWAY:
-        return ref
-    ns, sep, name = ref.partition("/")
-    if sep:
-        return f"{namespace}/{name}" if ns == "." else ref
-    short, dot, rest = ref.partition(".")
-    if not dot:
-        return f"{namespace}/{ref}"
-    return f"{rest.partition('.')[0]}/{short}"
+    """A gateway named in a VirtualService (written in `namespace`) as `ns/name`
+    (`resolve_gateway_name`, Istio's rules)."""
+    return resolve_gateway_name(ref, namespace)
 
 
 def applies_to(

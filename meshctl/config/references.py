@@ -1,0 +1,29 @@
+"""How one Istio resource names another, read once for every reader.
+
+A VirtualService names Gateways in three forms that all mean `namespace/name`; validation,
+analysis, the Sidecar scope and the generators must read them alike, or a form that validates
+binds nothing (a TCP route bound by the legacy FQDN form once got no gateway listener).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: The reserved gateway name of every sidecar in the mesh.
+MESH_GATEWAY: Final = "mesh"
+
+
+def resolve_gateway_name(ref: str, namespace: str) -> str:
+    """A gateway reference written in a resource of `namespace`, as `namespace/name`, following
+    Istio's resolveGatewayName: `name` and `./name` are in `namespace`; `ns/name` is as written;
+    a dotted name is the legacy FQDN form, `name.ns[.svc.cluster.local]` -> `ns/name`. `mesh`
+    stays `mesh`."""
+    if ref == MESH_GATEWAY:
+        return ref
+    ns, slash, name = ref.partition("/")
+    if slash:
+        return f"{namespace}/{name}" if ns == "." else ref
+    short, dot, rest = ref.partition(".")
+    if not dot:
+        return f"{namespace}/{ref}"
+    return f"{rest.partition('.')[0]}/{short}"
