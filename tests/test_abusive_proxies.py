@@ -8,8 +8,6 @@ import asyncio
 import contextlib
 import logging
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,10 +20,9 @@ from google.rpc import status_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meshctl.server.app import Server, ServeSettings
-from meshctl.server.discovery import DebounceSettings
 from meshctl.server.subscription import MAX_NAMES
 from meshctl.testing.ads_client import AdsClient
+from meshctl.testing.server import run, serving
 from meshctl.xds import types
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
@@ -33,28 +30,6 @@ PRODUCTPAGE = "sidecar~10.10.0.11~productpage-v1-vm.bookinfo~bookinfo.svc.cluste
 METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/"
 
 pytestmark = pytest.mark.slow
-
-
-@asynccontextmanager
-async def serving(config_dir: Path) -> AsyncIterator[Server]:
-    server = Server(
-        ServeSettings(
-            config_dirs=(config_dir,),
-            xds_address="127.0.0.1:0",
-            admin_address="127.0.0.1:0",
-            debounce=DebounceSettings(0.05, 5.0),
-            drain_seconds=0.2,
-        )
-    )
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
-def run(test: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(test(), 120))
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,6 @@ import os
 import shutil
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from meshctl.errors import CredentialError
 from meshctl.server.admin import AdminServer
 from meshctl.server.app import Server, ServeSettings
 from meshctl.server.auth import BearerToken, is_loopback
+from meshctl.testing.server import run, serving
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
 
@@ -140,28 +139,6 @@ def test_a_token_file_without_one_token_is_refused(tmp_path: Path, content: str)
 # -- the real server --------------------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def serving(config_dir: Path, token_file: Path) -> AsyncIterator[Server]:
-    server = Server(
-        ServeSettings(
-            config_dirs=(config_dir,),
-            xds_address="127.0.0.1:0",
-            admin_address="127.0.0.1:0",
-            drain_seconds=0.5,
-            admin_token_file=token_file,
-        )
-    )
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
-def run(test: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(test(), 60))
-
-
 def _get(url: str, token: str | None) -> tuple[int, dict[str, str], bytes]:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
@@ -182,7 +159,7 @@ def test_the_running_server_asks_for_the_token_on_debug_pages_only(tmp_path: Pat
     shutil.copytree(EXAMPLES, mesh)
 
     async def test() -> None:
-        async with serving(mesh, token_file) as server:
+        async with serving(mesh, admin_token_file=token_file) as server:
             status, headers, _ = await get(server, "/debug/configz")
             assert status == 401
             assert headers["WWW-Authenticate"].startswith("Bearer ")

@@ -7,45 +7,23 @@ import asyncio
 import logging
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import grpc
 import pytest
 
 from meshctl.registry.consul import ConsulOptions
-from meshctl.server.app import NOT_READY, Server, ServeSettings
-from meshctl.server.discovery import DebounceSettings
+from meshctl.server.app import NOT_READY
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.envoy import free_port
 from meshctl.testing.serve_process import ServeProcess, meshctl_command
+from meshctl.testing.server import serving
 from meshctl.xds import types
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
 PRODUCTPAGE = "sidecar~10.10.0.11~productpage-v1-vm.bookinfo~bookinfo.svc.cluster.local"
 
 pytestmark = pytest.mark.slow
-
-
-@asynccontextmanager
-async def serving(config_dir: Path, consul: str, sync_timeout: float) -> AsyncIterator[Server]:
-    server = Server(
-        ServeSettings(
-            config_dirs=(config_dir,),
-            xds_address="127.0.0.1:0",
-            admin_address="127.0.0.1:0",
-            consul=ConsulOptions.from_env(address=consul, environ={}),
-            debounce=DebounceSettings(0.05, 5.0),
-            drain_seconds=0.2,
-            registry_sync_timeout=sync_timeout,
-        )
-    )
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 def test_with_consul_unreachable_proxies_wait_then_get_what_the_server_has(
@@ -56,7 +34,8 @@ def test_with_consul_unreachable_proxies_wait_then_get_what_the_server_has(
     nobody = f"127.0.0.1:{free_port()}"  # no Consul listens there
 
     async def test() -> None:
-        async with serving(mesh, nobody, sync_timeout=1.5) as server:
+        consul = ConsulOptions.from_env(address=nobody, environ={})
+        async with serving(mesh, consul=consul, registry_sync_timeout=1.5) as server:
             address = f"127.0.0.1:{server.xds_port}"
             async with AdsClient(address, PRODUCTPAGE) as refused:
                 with pytest.raises(ConnectionError):

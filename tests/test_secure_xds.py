@@ -9,7 +9,6 @@ to a `meshctl serve` process with every TLS flag set.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -19,8 +18,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,7 @@ from typer.testing import CliRunner
 from meshctl.bootstrap import BootstrapOptions, XdsClientTls, build_bootstrap
 from meshctl.cli.app import app
 from meshctl.errors import CredentialError
-from meshctl.server.app import Server, ServeSettings
+from meshctl.server.app import Server
 from meshctl.server.auth import (
     PeerIdentity,
     SpiffeId,
@@ -42,12 +40,12 @@ from meshctl.server.auth import (
     parse_spiffe_id,
     workload_service_accounts,
 )
-from meshctl.server.discovery import DebounceSettings
 from meshctl.snapshot.proxy import bind_proxy, parse_node_id
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.builders import snapshot_from_yaml
 from meshctl.testing.envoy import EnvoyProcess, envoy_binary, free_port, validate_config
 from meshctl.testing.serve_process import ServeProcess
+from meshctl.testing.server import run, serving
 from meshctl.xds import types
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
@@ -300,29 +298,6 @@ def mesh(tmp_path: Path) -> Path:
     return target
 
 
-@asynccontextmanager
-async def serving(config_dir: Path, tls: XdsTls) -> AsyncIterator[Server]:
-    server = Server(
-        ServeSettings(
-            config_dirs=(config_dir,),
-            xds_address="127.0.0.1:0",
-            admin_address="127.0.0.1:0",
-            debounce=DebounceSettings(0.05, 5.0),
-            drain_seconds=0.5,
-            tls=tls,
-        )
-    )
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
-def run(test: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(test(), 60))
-
-
 def secure_channel(server: Server, ca: Path, client: KeyPair | None) -> grpc.aio.Channel:
     credentials = grpc.ssl_channel_credentials(
         ca.read_bytes(),
@@ -362,7 +337,7 @@ def mutual(pki: Pki) -> XdsTls:
 @pytest.mark.slow
 def test_a_proxy_with_a_certificate_naming_its_workload_gets_its_config(mesh: Path, pki: Pki) -> None:
     async def test() -> None:
-        async with serving(mesh, mutual(pki)) as server:
+        async with serving(mesh, tls=mutual(pki)) as server:
             for cert in (pki.reviews_spiffe, pki.reviews_dns):
                 client = await gets_config(server, REVIEWS, secure_channel(server, pki.ca.cert, cert))
                 assert "outbound|9080|v1|reviews.bookinfo.mesh" in client.names(types.CLUSTER)
@@ -378,7 +353,7 @@ def test_a_proxy_with_a_certificate_naming_its_workload_gets_its_config(mesh: Pa
 @pytest.mark.slow
 def test_a_plaintext_client_cannot_reach_the_tls_port(mesh: Path, pki: Pki) -> None:
     async def test() -> None:
-        async with serving(mesh, mutual(pki)) as server:
+        async with serving(mesh, tls=mutual(pki)) as server:
             channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.xds_port}")
             error = await refused(server, REVIEWS, channel)
             assert error.code() == grpc.StatusCode.UNAVAILABLE
@@ -389,7 +364,7 @@ def test_a_plaintext_client_cannot_reach_the_tls_port(mesh: Path, pki: Pki) -> N
 @pytest.mark.slow
 def test_a_client_without_a_trusted_certificate_fails_the_handshake(mesh: Path, pki: Pki) -> None:
     async def test() -> None:
-        async with serving(mesh, mutual(pki)) as server:
+        async with serving(mesh, tls=mutual(pki)) as server:
             for cert in (None, pki.foreign):
                 error = await refused(server, REVIEWS, secure_channel(server, pki.ca.cert, cert))
                 assert error.code() == grpc.StatusCode.UNAVAILABLE
@@ -409,7 +384,7 @@ def test_a_certificate_naming_another_workload_is_refused_and_logged(
     ]
 
     async def test() -> None:
-        async with serving(mesh, mutual(pki)) as server:
+        async with serving(mesh, tls=mutual(pki)) as server:
             for node_id, cert in cases:
                 error = await refused(server, node_id, secure_channel(server, pki.ca.cert, cert))
                 assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error
@@ -427,7 +402,7 @@ def test_a_certificate_naming_another_workload_is_refused_and_logged(
 @pytest.mark.slow
 def test_tls_without_a_client_ca_serves_any_proxy(mesh: Path, pki: Pki) -> None:
     async def test() -> None:
-        async with serving(mesh, XdsTls(pki.server.cert, pki.server.key)) as server:
+        async with serving(mesh, tls=XdsTls(pki.server.cert, pki.server.key)) as server:
             await gets_config(server, PRODUCTPAGE, secure_channel(server, pki.ca.cert, None))
 
     run(test)
@@ -443,7 +418,7 @@ def test_rotated_certificate_files_are_used_by_new_connections(mesh: Path, pki: 
     rotated = issue(pki.foreign_ca, tmp_path, "rotated", "IP:127.0.0.1")
 
     async def test() -> None:
-        async with serving(mesh, XdsTls(live.cert, live.key, pki.ca.cert)) as server:
+        async with serving(mesh, tls=XdsTls(live.cert, live.key, pki.ca.cert)) as server:
             error = await refused(server, REVIEWS, secure_channel(server, pki.foreign_ca.cert, pki.reviews_dns))
             assert error.code() == grpc.StatusCode.UNAVAILABLE
             # A half-done rotation (new certificate, old key) is not applied.
@@ -701,7 +676,7 @@ def test_two_certificates_a_missing_workload_is_refused_and_labels_cannot_borrow
     as_router = REVIEWS.replace("sidecar~", "router~")
 
     async def test() -> None:
-        async with serving(mesh, mutual(pki)) as server:
+        async with serving(mesh, tls=mutual(pki)) as server:
             for node_id, cert in ((GHOST, more_certs["ghost"]), (ADHOC, more_certs["adhoc"])):
                 error = await refused(server, node_id, secure_channel(server, pki.ca.cert, cert))
                 assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error
@@ -713,7 +688,7 @@ def test_two_certificates_a_missing_workload_is_refused_and_labels_cannot_borrow
                 assert "http.8080" not in client.names(types.ROUTE)
             await channel.close(None)
         # The same node without client certificates is taken at its word, as Istio does.
-        async with serving(mesh, XdsTls(pki.server.cert, pki.server.key)) as server:
+        async with serving(mesh, tls=XdsTls(pki.server.cert, pki.server.key)) as server:
             channel = secure_channel(server, pki.ca.cert, None)
             address = f"127.0.0.1:{server.xds_port}"
             async with AdsClient(address, as_router, metadata=gateway_claim, channel=channel) as client:

@@ -8,15 +8,14 @@ import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
-from meshctl.server.app import Server, ServeSettings
+from meshctl.server.app import Server
 from meshctl.server.discovery import DebounceSettings
 from meshctl.testing.ads_client import AdsClient
+from meshctl.testing.server import run, serving
 from meshctl.xds import types
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
@@ -24,28 +23,6 @@ REVIEWS = "sidecar~10.10.0.41~reviews-v1-vm.bookinfo~bookinfo.svc.cluster.local"
 PRODUCTPAGE = "sidecar~10.10.0.11~productpage-v1-vm.bookinfo~bookinfo.svc.cluster.local"
 
 pytestmark = pytest.mark.slow
-
-
-@asynccontextmanager
-async def serving(config_dir: Path, quiet: float = 0.05) -> AsyncIterator[Server]:
-    server = Server(
-        ServeSettings(
-            config_dirs=(config_dir,),
-            xds_address="127.0.0.1:0",
-            admin_address="127.0.0.1:0",
-            debounce=DebounceSettings(quiet, 5.0),
-            drain_seconds=0.5,
-        )
-    )
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
-def run(test: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(test(), 60))
 
 
 @pytest.fixture
@@ -92,7 +69,8 @@ def test_proxy_gets_a_complete_config_with_istio_names(mesh: Path, delta: bool) 
 
 def test_a_burst_of_file_writes_is_one_push(mesh: Path) -> None:
     async def test() -> None:
-        async with serving(mesh, quiet=0.3) as server, AdsClient(f"127.0.0.1:{server.xds_port}", PRODUCTPAGE) as c:
+        quiet = DebounceSettings(0.3, 5.0)
+        async with serving(mesh, debounce=quiet) as server, AdsClient(f"127.0.0.1:{server.xds_port}", PRODUCTPAGE) as c:
             await c.wait_for(lambda c: c.complete())
             await asyncio.sleep(0.5)
             before = len([r for r in c.log if r.type_url == types.ROUTE])
