@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import proxy_protocol_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.extensions.clusters.common.dns.v3 import dns_pb2
 from envoy.extensions.clusters.dns.v3 import dns_cluster_pb2
+from envoy.extensions.transport_sockets.proxy_protocol.v3 import upstream_proxy_protocol_pb2
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import json_format
@@ -268,15 +270,17 @@ CONNECTION_POOL = dr(
         maxRetries: 14
         idleTimeout: 60s
         maxConcurrentStreams: 15
+        http2KeepAlive: {interval: 30s, timeout: 5s}
+    retryBudget: {percent: 25, minRetryConcurrency: 4}
 """,
 ) + dr(
     "api",
     "api.example.com",
     """  trafficPolicy:
-    connectionPool: {http: {h2UpgradePolicy: UPGRADE}}
+    connectionPool: {http: {h2UpgradePolicy: UPGRADE, maxConcurrentStreams: 100, http2KeepAlive: {interval: 10s}}}
     portLevelSettings:
     - port: {number: 81}
-      connectionPool: {http: {useClientProtocol: true}}
+      connectionPool: {http: {useClientProtocol: true, http2KeepAlive: {interval: 15s, timeout: 3s}}}
 """,
     "default",
 )
@@ -700,6 +704,83 @@ def test_connection_pool_settings() -> None:
     assert client.HasField("use_downstream_protocol_config")
 
 
+def test_http2_keepalive_and_upgrade() -> None:
+    """applyConnectionPool after applyH2Upgrade (istio/istio#57583): an upgraded cluster gets its
+    HTTP/2 settings, `http2KeepAlive` (istio/istio#60436) included, as Envoy's HTTP/2
+    `connection_keepalive`; an HTTP/1.1 cluster has no HTTP/2 options to put it in."""
+    clusters, _ = generate(REVIEWS + API_TWO_PORTS + CONNECTION_POOL)
+    grpc = http_options(named(clusters, "outbound|9090||reviews.bookinfo.mesh"))
+    keepalive = grpc.explicit_http_config.http2_protocol_options.connection_keepalive
+    assert (keepalive.interval.seconds, keepalive.timeout.seconds) == (30, 5)
+    http1 = http_options(named(clusters, "outbound|9080||reviews.bookinfo.mesh"))
+    assert not http1.explicit_http_config.HasField("http2_protocol_options")
+    upgraded = http_options(named(clusters, "outbound|80||api.example.com")).explicit_http_config.http2_protocol_options
+    assert upgraded.max_concurrent_streams.value == 100
+    # Envoy requires a PING timeout: an interval alone waits gRPC's default 20 s for the answer.
+    assert (upgraded.connection_keepalive.interval.seconds, upgraded.connection_keepalive.timeout.seconds) == (10, 20)
+    # Following the client's protocol, HTTP/2 clients' connections get the keepalive.
+    client = http_options(named(clusters, "outbound|81||api.example.com")).use_downstream_protocol_config
+    assert (
+        client.http2_protocol_options.connection_keepalive.interval.seconds,
+        client.http2_protocol_options.connection_keepalive.timeout.seconds,
+    ) == (15, 3)
+
+
+RETRY_BUDGET = dr(
+    "reviews",
+    "reviews.bookinfo.mesh",
+    """  trafficPolicy:
+    retryBudget: {minRetryConcurrency: 5}
+    portLevelSettings:
+    - port: {number: 9090}
+      loadBalancer: {simple: RANDOM}
+  subsets:
+  - name: v1
+    labels: {version: v1}
+  - name: v2
+    labels: {version: v2}
+    trafficPolicy:
+      retryBudget: {percent: 50}
+  - name: v3
+    labels: {version: v3}
+    trafficPolicy:
+      portLevelSettings:
+      - port: {number: 9080}
+        connectionPool: {tcp: {maxConnections: 7}}
+""",
+)
+
+
+def test_retry_budget() -> None:
+    """applyRetryBudget: the rule's budget on every cluster of its host, 20% and 3 retries by
+    default (istio/istio#59505); a subset's own budget replaces it (mergeTrafficPolicy); a
+    port-level entry, which has no budget, replaces the whole policy and so drops it
+    (GetPortLevelTrafficPolicy); a subset's port-level entry keeps the rule's."""
+    clusters, _ = generate(REVIEWS + RETRY_BUDGET)
+
+    def budget(name: str) -> tuple[float, int] | None:
+        threshold = named(clusters, name).circuit_breakers.thresholds[0]
+        if not threshold.HasField("retry_budget"):
+            return None
+        return threshold.retry_budget.budget_percent.value, threshold.retry_budget.min_retry_concurrency.value
+
+    assert budget("outbound|9080||reviews.bookinfo.mesh") == (20.0, 5)
+    assert budget("outbound|9080|v1|reviews.bookinfo.mesh") == (20.0, 5)
+    assert budget("outbound|9080|v2|reviews.bookinfo.mesh") == (50.0, 3)
+    assert budget("outbound|9080|v3|reviews.bookinfo.mesh") == (20.0, 5)
+    assert (
+        named(clusters, "outbound|9080|v3|reviews.bookinfo.mesh").circuit_breakers.thresholds[0].max_connections.value
+        == 7
+    )
+    assert budget("outbound|9090||reviews.bookinfo.mesh") is None
+    assert budget("outbound|9090|v2|reviews.bookinfo.mesh") == (50.0, 3)
+    # The other circuit breakers stay at Istio's maximum beside the budget.
+    assert (
+        named(clusters, "outbound|9080||reviews.bookinfo.mesh").circuit_breakers.thresholds[0].max_retries.value
+        == 4294967295
+    )
+
+
 def test_load_balancer_policies() -> None:
     clusters, _ = generate(LB_SERVICE + LB_RULE)
     by_port = {c.name.split("|")[1]: c for c in clusters if c.name.startswith("outbound|")}
@@ -949,3 +1030,51 @@ def test_clusters_are_deterministic() -> None:
     assert [c.SerializeToString(deterministic=True) for c in first] == [
         c.SerializeToString(deterministic=True) for c in second
     ]
+
+
+PROXY_PROTOCOL = dr(
+    "reviews",
+    "reviews.bookinfo.mesh",
+    """  trafficPolicy:
+    proxyProtocol: {version: V2}
+    portLevelSettings:
+    - port: {number: 9090}
+      loadBalancer: {simple: RANDOM}
+  subsets:
+  - name: v1
+    labels: {version: v1}
+    trafficPolicy:
+      tls: {mode: SIMPLE, insecureSkipVerify: true}
+  - name: v2
+    labels: {version: v2}
+    trafficPolicy:
+      proxyProtocol: {}
+""",
+)
+
+
+def test_proxy_protocol() -> None:
+    """applyUpstreamProxyProtocol: the PROXY protocol header (V2 here, V1 by default) wraps the
+    cluster's transport socket, TLS when the cluster originates it (after applyUpstreamTLSSettings),
+    raw bytes otherwise; like the retry budget, it belongs to the rule or subset as a whole, so a
+    port-level entry drops it. Envoy loads the result."""
+    clusters, endpoints = generate(REVIEWS + PROXY_PROTOCOL)
+
+    def wrapper(name: str) -> upstream_proxy_protocol_pb2.ProxyProtocolUpstreamTransport | None:
+        socket = named(clusters, name).transport_socket
+        if socket.name != "envoy.transport_sockets.upstream_proxy_protocol":
+            return None
+        out = upstream_proxy_protocol_pb2.ProxyProtocolUpstreamTransport()
+        assert socket.typed_config.Unpack(out)
+        return out
+
+    plain = wrapper("outbound|9080||reviews.bookinfo.mesh")
+    assert plain is not None and plain.config.version == proxy_protocol_pb2.ProxyProtocolConfig.V2
+    assert plain.transport_socket.name == "envoy.transport_sockets.raw_buffer"
+    tls = wrapper("outbound|9080|v1|reviews.bookinfo.mesh")
+    assert tls is not None and tls.transport_socket.name == "envoy.transport_sockets.tls"
+    v2 = wrapper("outbound|9080|v2|reviews.bookinfo.mesh")
+    assert v2 is not None and v2.config.version == proxy_protocol_pb2.ProxyProtocolConfig.V1
+    assert wrapper("outbound|9090||reviews.bookinfo.mesh") is None
+    assert wrapper("outbound|9090|v2|reviews.bookinfo.mesh") is not None
+    validate_config(bootstrap({types.CLUSTER: clusters, types.ENDPOINT: endpoints}))

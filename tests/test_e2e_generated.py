@@ -62,7 +62,8 @@ class Backend:
     """An HTTP/1.1 server on `address` (a port the kernel picks) that answers with its name.
 
     `fail_next(n)` makes the next n requests answer 503; `delay` makes every answer wait. The
-    number of requests it was sent is `requests`, so a test can tell retries happened upstream.
+    number of requests it was sent is `requests`, so a test can tell retries happened upstream,
+    and `last_headers` holds the (lower-cased) headers of the last one.
     """
 
     def __init__(self, name: str, address: str, *, delay: float = 0.0) -> None:
@@ -70,6 +71,7 @@ class Backend:
         self.address = address
         self.delay = delay
         self.requests = 0
+        self.last_headers: dict[str, str] = {}
         self._failures = 0
         self._lock = threading.Lock()
         backend = self
@@ -79,7 +81,15 @@ class Backend:
             # Headers and body go out in two writes; with Nagle the second waits for a delayed ACK.
             disable_nagle_algorithm = True
 
+            def do_POST(self) -> None:
+                # Reading the body is what makes the server answer `100 Continue` first
+                # (BaseHTTPRequestHandler.handle_expect_100) when the request asks for it.
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.do_GET()
+
             def do_GET(self) -> None:
+                with backend._lock:
+                    backend.last_headers = {k.lower(): v for k, v in self.headers.items()}
                 status = backend._next_status()
                 if backend.delay:
                     time.sleep(backend.delay)
@@ -205,6 +215,8 @@ BACKENDS = {
     "noretry": ("127.0.0.25", "v1", 0.0),
     "slow": ("127.0.0.26", "v1", SLOW_SECONDS),
     "dns": ("127.0.0.1", "v1", 0.0),
+    "norules": ("127.0.0.28", "v1", 0.0),
+    "routed": ("127.0.0.29", "v1", 0.0),
 }
 #: service -> the backends that are its endpoints (`app` label = service name)
 SERVICES = {
@@ -214,6 +226,10 @@ SERVICES = {
     "retry": ["retry"],
     "noretry": ["noretry"],
     "slow": ["slow"],
+    # No VirtualService: the default route (BuildDefaultHTTPOutboundRoute).
+    "norules": ["norules"],
+    # A VirtualService route without `retries`.
+    "routed": ["routed"],
 }
 
 
@@ -368,6 +384,14 @@ spec:
   http:
   - timeout: {int(TIMEOUT_SECONDS * 1000)}ms
     route: [{{destination: {{host: {host("slow")}}}}}]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: routed, namespace: {NS}}}
+spec:
+  hosts: [{host("routed")}]
+  http:
+  - route: [{{destination: {{host: {host("routed")}}}}}]
 """)
     return "---\n".join(docs)
 
@@ -477,6 +501,7 @@ def test_fault_abort(mesh: Mesh) -> None:
 
 
 def test_retry_on_503_reaches_the_client_as_200(mesh: Mesh) -> None:
+    """retry.ConvertPolicy: `retries: {attempts: 3, retryOn: 5xx}` retries the backend's 503."""
     backend = mesh.backends["retry"]
     backend.reset()
     backend.fail_next(1)
@@ -494,6 +519,53 @@ def test_attempts_zero_disables_retries(mesh: Mesh) -> None:
     assert backend.requests == 1
     # The failure was the backend's own, once: the next request succeeds.
     assert mesh.send("noretry").status == 200
+
+
+@pytest.mark.parametrize("service", ["norules", "routed"])
+def test_a_503_without_retries_reaches_the_caller(mesh: Mesh, service: str) -> None:
+    """retry.DefaultPolicy retries connection failures only (EXCLUDE_UNSAFE_503_FROM_DEFAULT_RETRY):
+    a backend's 503, on the default route (BuildDefaultHTTPOutboundRoute) or a VirtualService
+    route without `retries`, is the caller's answer and the backend is asked once."""
+    backend = mesh.backends[service]
+    backend.reset()
+    backend.fail_next(1)
+    reply = mesh.send(service)
+    assert (reply.status, reply.backend) == (503, service)
+    assert backend.requests == 1
+    assert mesh.send(service).status == 200
+
+
+def test_host_header_with_any_port_routes(mesh: Mesh) -> None:
+    """buildSidecarOutboundHTTPRouteConfig sets IgnorePortInHostMatching: a Host naming another
+    port (gRPC clients always send one; a client may reach the service on another port) and the
+    absolute FQDN (EnableAbsoluteFqdnVhostDomain) reach the service's virtual host."""
+    for authority in (f"{host('norules')}:12345", f"{host('norules')}:{mesh.port}", f"{host('norules')}."):
+        reply = send(mesh.port, authority)
+        assert (reply.status, reply.backend) == (200, "norules"), authority
+    # A VirtualService host too.
+    assert send(mesh.port, f"{host('split')}:12345", headers={"x-canary": "yes"}).backend == "split-v2"
+
+
+def test_expect_100_continue_reaches_the_upstream(mesh: Mesh) -> None:
+    """Istio's HCM sets proxy_100_continue (features.Enable100ContinueHeaders): the upstream gets
+    `Expect: 100-continue` and answers it, where Envoy would answer 100 itself and strip it."""
+    backend = mesh.backends["norules"]
+    backend.reset()
+    conn = http.client.HTTPConnection("127.0.0.1", mesh.port, timeout=DEADLINE)
+    try:
+        body = b"hello"
+        conn.request(
+            "POST",
+            "/upload",
+            body=body,
+            headers={"Host": host("norules"), "Expect": "100-continue", "Content-Length": str(len(body))},
+        )
+        response = conn.getresponse()
+        response.read()
+        assert response.status == 200
+    finally:
+        conn.close()
+    assert backend.last_headers.get("expect") == "100-continue"
 
 
 def test_timeout(mesh: Mesh) -> None:

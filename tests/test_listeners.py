@@ -20,11 +20,14 @@ from typing import Any
 import pytest
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.http.grpc_stats.v3 import config_pb2 as grpc_stats_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
+from envoy.extensions.request_id.uuid.v3 import uuid_pb2
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 
 from meshctl.api.networking.v1alpha3 import gateway_pb2
+from meshctl.registry.model import Protocol
 from meshctl.snapshot.model import MeshSettings
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
@@ -35,6 +38,7 @@ from meshctl.xds.clusters import build_clusters
 from meshctl.xds.listener_filters import HCM, TCP_PROXY, TLS_INSPECTOR
 from meshctl.xds.listener_tls import unsupported_reason
 from meshctl.xds.listeners import build_listeners
+from meshctl.xds.listeners_inbound import inbound_route_config
 from meshctl.xds.routes import build_routes
 
 GOLDEN = Path(__file__).parent / "golden" / "listeners"
@@ -432,8 +436,6 @@ def test_sidecar_none_l4_routes_golden() -> None:
     golden("sidecar_none_l4_routes", build_listeners(scope_for(SERVICES + "---" + SHARED_PORTS + "---" + L4_ROUTES)))
 
 
-
-
 def test_sidecar_egress_and_ingress_ports_golden(tls_files: dict[str, str] | None) -> None:
     listeners = build_listeners(scope_for(SERVICES + "---" + SIDECAR_PORTS, REVIEWS_VM))
     golden("sidecar_egress_ingress_ports", listeners, tls_files)
@@ -574,12 +576,25 @@ def test_virtual_service_l4_routes() -> None:
 
 
 def test_http_connection_manager_defaults() -> None:
+    """buildHTTPConnectionManager with buildSidecarOutboundHTTPListenerOpts: grpc_stats, fault,
+    cors and router (xdsfilters.GrpcStats/Fault/Cors; Istio's mx, alpn and stats filters exist
+    only in istio-proxy), `Expect: 100-continue` proxied (features.Enable100ContinueHeaders), a
+    UUID request id (requestidextension), and Envoy's own server name on outbound listeners
+    (GetProxyHeaders for ListenerClassSidecarOutbound)."""
     hcm = hcm_of(by_name(build_listeners(scope_for(SERVICES)))["127.0.0.1_9080"].filter_chains[0])
     assert [f.name for f in hcm.http_filters] == [
+        "envoy.filters.http.grpc_stats",
         "envoy.filters.http.fault",
         "envoy.filters.http.cors",
         "envoy.filters.http.router",
     ]
+    grpc_stats = unpack(hcm.http_filters[0].typed_config, grpc_stats_pb2.FilterConfig)
+    assert grpc_stats.emit_filter_state and grpc_stats.HasField("stats_for_all_methods")
+    assert grpc_stats.stats_for_all_methods.value is False
+    assert hcm.proxy_100_continue is True
+    assert hcm.server_name == ""
+    uuid = unpack(hcm.request_id_extension.typed_config, uuid_pb2.UuidRequestIdConfig)
+    assert uuid.use_request_id_for_trace_sampling.value is True
     assert hcm.rds.route_config_name == "9080"
     assert hcm.rds.config_source.HasField("ads")
     assert hcm.stat_prefix == "outbound_127.0.0.1_9080"
@@ -610,6 +625,33 @@ def test_redirect_mode_listeners() -> None:
     assert hcm_of(by_port[8080]).route_config.name == "inbound|8080||"
     assert tcp_clusters(by_port[15006]) == ["BlackHoleCluster"]
     assert tcp_clusters(inbound.filter_chains[2]) == ["InboundPassthroughCluster"]
+
+
+def test_inbound_http_connection_manager_and_default_route() -> None:
+    """buildSidecarInboundHTTPOpts and BuildDefaultHTTPInboundRoute: responses named
+    `istio-envoy`, `Expect: 100-continue` proxied, no timeout of any kind (not even a gRPC
+    caller's `grpc-timeout`), and a request reset before it was sent retried twice
+    (EnableInboundRetryPolicy: an app closing an idle keep-alive connection causes no 503)."""
+    listeners = by_name(build_listeners(scope_for(SERVICES, REVIEWS_VM, REDIRECT)))
+    chains = [
+        c for c in listeners["virtualInbound"].filter_chains if c.filter_chain_match.destination_port.value == 8080
+    ]
+    hcm = hcm_of(chains[0])
+    assert (hcm.server_name, hcm.proxy_100_continue) == ("istio-envoy", True)
+    assert hcm.forward_client_cert_details == hcm_pb2.HttpConnectionManager.APPEND_FORWARD
+    (route,) = hcm.route_config.virtual_hosts[0].routes
+    action = route.route
+    assert (route.name, action.cluster, action.timeout.ToNanoseconds()) == ("default", "inbound|8080||", 0)
+    assert action.max_stream_duration.HasField("max_stream_duration")
+    assert action.max_stream_duration.HasField("grpc_timeout_header_max")
+    assert (action.retry_policy.retry_on, action.retry_policy.num_retries.value) == ("reset-before-request", 2)
+    assert not action.retry_policy.retriable_status_codes
+    # "reset-before-request" does not suit gRPC streams: no retries for gRPC ports.
+    for protocol in (Protocol.GRPC, Protocol.GRPC_WEB):
+        grpc = inbound_route_config("inbound|9090||", "svc", 9090, protocol).virtual_hosts[0].routes[0].route
+        assert not grpc.HasField("retry_policy"), protocol
+    h2 = inbound_route_config("inbound|9090||", "svc", 9090, Protocol.HTTP2).virtual_hosts[0].routes[0].route
+    assert h2.retry_policy.retry_on == "reset-before-request"
 
 
 def test_registry_only_sends_unknown_traffic_to_blackhole() -> None:
@@ -658,6 +700,8 @@ def test_gateway_listeners_and_sni_chains() -> None:
     http = hcm_of(listeners["0.0.0.0_8080"].filter_chains[0])
     assert http.rds.route_config_name == "http.8080"
     assert http.use_remote_address.value is True
+    # buildGatewayConnectionManager: ProxyHeaders of ListenerClassGateway, Enable100ContinueHeaders.
+    assert (http.server_name, http.proxy_100_continue) == ("istio-envoy", True)
     https = listeners["0.0.0.0_8443"]
     assert [f.name for f in https.listener_filters] == [TLS_INSPECTOR]
     routes = {tuple(c.filter_chain_match.server_names): hcm_of(c).rds.route_config_name for c in https.filter_chains}

@@ -39,7 +39,7 @@ from meshctl.testing.envoy import EnvoyProcess, bootstrap, envoy_binary, free_po
 from meshctl.testing.golden import assert_golden
 from meshctl.xds import types
 from meshctl.xds.route_delegate import merge_matches
-from meshctl.xds.route_domains import alt_hosts
+from meshctl.xds.route_domains import NO_PORT, alt_hosts
 from meshctl.xds.route_gateway import intersect_hosts
 from meshctl.xds.route_policy import CORS_FILTER, FAULT_FILTER
 from meshctl.xds.routes import build_routes, destination_cluster
@@ -252,6 +252,8 @@ def only_route(configs: list[route_pb2.RouteConfiguration], port: str = "9080") 
 
 
 def test_default_route_has_istio_retry_policy_and_no_timeout() -> None:
+    """BuildDefaultHTTPOutboundRoute with retry.DefaultPolicy: connection-level retries, and no
+    status code (EXCLUDE_UNSAFE_503_FROM_DEFAULT_RETRY): a backend's 503 is the caller's."""
     route = only_route(routes_for(SERVICE))
     assert route.name == "default"
     assert route.route.cluster == "outbound|9080||reviews.bookinfo.mesh"
@@ -261,16 +263,30 @@ def test_default_route_has_istio_retry_policy_and_no_timeout() -> None:
     retry = route.route.retry_policy
     assert retry.num_retries.value == 2
     assert retry.retry_on == "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
-    assert list(retry.retriable_status_codes) == [503]
+    assert list(retry.retriable_status_codes) == []
     assert [p.name for p in retry.retry_host_predicate] == ["envoy.retry_host_predicates.previous_hosts"]
     assert retry.host_selection_retry_max_attempts == 5
     assert route.decorator.operation == "reviews.bookinfo.mesh:9080/*"
 
 
 def test_virtual_service_route_without_retries_gets_the_default() -> None:
+    """retry.ConvertPolicy(nil): retry.DefaultPolicy, which retries no status code."""
     route = only_route(routes_for(SERVICE + vs("  - route:\n    - destination: {host: reviews.bookinfo.mesh}\n")))
     assert route.route.retry_policy.num_retries.value == 2
     assert route.route.retry_policy.retry_on.startswith("connect-failure,")
+    assert not route.route.retry_policy.retriable_status_codes
+
+
+def test_retries_without_retry_on_keep_the_default_conditions() -> None:
+    """retry.ConvertPolicy: attempts and perTryTimeout override the default, whose conditions
+    (and empty status codes) stay."""
+    http = (
+        "  - retries: {attempts: 4, perTryTimeout: 2s}\n    route:\n    - destination: {host: reviews.bookinfo.mesh}\n"
+    )
+    retry = only_route(routes_for(SERVICE + vs(http))).route.retry_policy
+    assert (retry.num_retries.value, retry.per_try_timeout.seconds) == (4, 2)
+    assert retry.retry_on == "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
+    assert not retry.retriable_status_codes
 
 
 def test_attempts_zero_disables_retries() -> None:
@@ -406,15 +422,14 @@ def test_gateway_server_host_namespaces() -> None:
     assert "other" not in {r.name for vh in https.virtual_hosts for r in vh.routes}
     plain = configs["http.80"]
     assert "other" in {r.name for r in vhost(plain, "*.example.com:80").routes}
-    # Hosts routed alike share a virtual host, named after the first of them.
+    # Hosts routed alike share a virtual host, named after the first of them; no domain carries
+    # a port (buildGatewayHTTPRouteConfig sets IgnorePortInHostMatching).
     assert list(vhost(plain, "admin.example.com:80").domains) == [
         "admin.example.com",
-        "admin.example.com:80",
         "shop.example.com",
-        "shop.example.com:80",
         "www.example.com",
-        "www.example.com:80",
     ]
+    assert all(c.ignore_port_in_host_matching for c in configs.values())
 
 
 def test_gateway_catch_all_routes_go_last() -> None:
@@ -455,8 +470,18 @@ def test_destination_cluster_ports() -> None:
 
 
 def test_alt_hosts_follow_the_proxy_domain() -> None:
+    """GenerateAltVirtualHosts: the absolute FQDN (EnableAbsoluteFqdnVhostDomain), then the short
+    forms the proxy's DNS domain resolves, with and without the port (without it for NO_PORT)."""
     host = "reviews.bookinfo.svc.cluster.local"
+    assert alt_hosts(host, NO_PORT, "bookinfo.svc.cluster.local") == [
+        f"{host}.",
+        "reviews",
+        "reviews.bookinfo.svc",
+        "reviews.bookinfo",
+    ]
     assert alt_hosts(host, 9080, "bookinfo.svc.cluster.local") == [
+        f"{host}.",
+        f"{host}.:9080",
         "reviews",
         "reviews:9080",
         "reviews.bookinfo.svc",
@@ -465,14 +490,19 @@ def test_alt_hosts_follow_the_proxy_domain() -> None:
         "reviews.bookinfo:9080",
     ]
     assert alt_hosts(host, 9080, "other.svc.cluster.local") == [
+        f"{host}.",
+        f"{host}.:9080",
         "reviews.bookinfo",
         "reviews.bookinfo:9080",
         "reviews.bookinfo.svc",
         "reviews.bookinfo.svc:9080",
     ]
-    assert alt_hosts("reviews.bookinfo.mesh", 9080, "bookinfo.svc.cluster.local") == []
-    assert alt_hosts("db.prod.corp.example", 5432, "prod.corp.example") == ["db", "db:5432"]
+    assert alt_hosts("reviews.bookinfo.mesh", NO_PORT, "bookinfo.svc.cluster.local") == ["reviews.bookinfo.mesh."]
+    assert alt_hosts("db.prod.corp.example", NO_PORT, "prod.corp.example") == ["db.prod.corp.example.", "db"]
+    assert alt_hosts("10.1.2.3", NO_PORT, "prod.corp.example") == []
     assert alt_hosts("db.prod.corp.example", 5432, "dev.corp.example") == [
+        "db.prod.corp.example.",
+        "db.prod.corp.example.:5432",
         "db.prod",
         "db.prod:5432",
         "db.prod.corp",

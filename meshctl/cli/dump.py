@@ -314,6 +314,8 @@ def describe_domains(domains: Sequence[str]) -> str:
     if len(domains) <= 1:
         return domains[0] if domains else ""
     plain = [d for d in domains if ":" not in d or (d.count(":") > 2 and d.endswith("]"))]
+    # The absolute form (`reviews.bookinfo.mesh.`) is the same host as the name beside it.
+    plain = [d for d in plain if not (d.endswith(".") and d[:-1] in plain)]
     shown = [
         d
         for d in plain

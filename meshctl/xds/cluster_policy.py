@@ -10,7 +10,13 @@ to meshctl sees the same clusters:
   subset port-level entry replaces all four.
 - Circuit breakers are always set, at the maximum unless the connection pool lowers them
   (Envoy's own defaults, 1024 connections and 3 retries, break busy services); the connect
-  timeout is the mesh's unless the pool sets one.
+  timeout is the mesh's unless the pool sets one. A `retryBudget` caps concurrent retries at a
+  share of the active requests instead (Envoy then ignores `maxRetries`); it belongs to the
+  rule or subset as a whole, so a port-level entry, which has none, drops it.
+- The connection pool reaches Envoy whole: TCP keepalive on the upstream socket, idle timeout,
+  connection duration and requests per connection in the HTTP protocol options, and, on clusters
+  that speak HTTP/2, the concurrent-stream limit and the HTTP/2 PING keepalive. `h2UpgradePolicy`
+  is applied first, so that an upgraded cluster gets its HTTP/2 settings too (istio/istio#57583).
 - Outlier detection sets only the kinds of ejection that were written, enforcing them at 100%,
   and always turns success-rate ejection off. Its `minHealthPercent` becomes Envoy's healthy panic
   threshold (0 when unset, as in Istio). Clusters without outlier detection get a panic threshold
@@ -24,8 +30,13 @@ to meshctl sees the same clusters:
   locality are applied only to load assignments carried in the cluster itself (DNS clusters):
   EDS load assignments are shared by every proxy, so they carry each locality with the sum of
   its endpoints' weights and no proxy-relative priority. See `apply_locality`.
+- `proxyProtocol` sends a PROXY protocol header first on every upstream connection, around TLS
+  if the cluster originates it; like the retry budget it belongs to the rule or subset.
 
-TLS origination lives in `cluster_tls`.
+Not generated yet, though validation accepts them: `zoneAwareLbSetting` (Istio 1.31), which only
+works with a bootstrap that declares the proxy's own `local_cluster` (Istio's
+ISTIO_META_ENABLE_SELF_DISCOVERY), so the default locality load balancing stays in force; and
+`tunnel`, a tcp_proxy setting rather than a cluster one. TLS origination lives in `cluster_tls`.
 """
 
 from __future__ import annotations
@@ -34,6 +45,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2, outlier_detection_pb2
+from envoy.config.core.v3 import proxy_protocol_pb2
+from envoy.extensions.transport_sockets.proxy_protocol.v3 import upstream_proxy_protocol_pb2
+from envoy.extensions.transport_sockets.raw_buffer.v3 import raw_buffer_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import duration_pb2
 
@@ -42,7 +56,16 @@ from meshctl.registry.model import Protocol
 from meshctl.xds.locality import apply_locality
 
 HTTP_PROTOCOL_OPTIONS: Final = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+UPSTREAM_PROXY_PROTOCOL: Final = "envoy.transport_sockets.upstream_proxy_protocol"
+RAW_BUFFER: Final = "envoy.transport_sockets.raw_buffer"
 MAX_UINT32: Final = 4294967295
+#: Istio's applyRetryBudget defaults: 20% of active requests (istio/istio#59505 fixed a 0.2%),
+#: and 3 retries whatever the share gives (Envoy's own defaults too).
+RETRY_BUDGET_PERCENT: Final = 20.0
+RETRY_BUDGET_MIN_CONCURRENCY: Final = 3
+#: Envoy requires a PING timeout; an `http2KeepAlive` with an interval alone waits this long for
+#: the answer (gRPC's default keepalive timeout).
+H2_KEEPALIVE_TIMEOUT_SECONDS: Final = 20
 
 _Cluster = cluster_pb2.Cluster
 _LB = dr_pb2.LoadBalancerSettings
@@ -57,18 +80,29 @@ class Policy:
     outlier_detection: dr_pb2.OutlierDetection | None = None
     load_balancer: dr_pb2.LoadBalancerSettings | None = None
     tls: dr_pb2.ClientTLSSettings | None = None
+    #: Only a TrafficPolicy has these two; a port-level entry (and so the policy it replaces) has none.
+    retry_budget: dr_pb2.TrafficPolicy.RetryBudget | None = None
+    proxy_protocol: dr_pb2.TrafficPolicy.ProxyProtocol | None = None
 
 
 def _part(message: Any, field: str) -> Any:
     return getattr(message, field) if message.HasField(field) else None
 
 
+def _top_level_part(message: Any, field: str) -> Any:
+    return _part(message, field) if field in message.DESCRIPTOR.fields_by_name else None
+
+
 def _parts(message: Any) -> Policy:
+    """Istio's ShallowCopyTrafficPolicy of a TrafficPolicy, or shadowCopyPortTrafficPolicy of a
+    port-level entry (which has no retry budget or PROXY protocol)."""
     return Policy(
         connection_pool=_part(message, "connection_pool"),
         outlier_detection=_part(message, "outlier_detection"),
         load_balancer=_part(message, "load_balancer"),
         tls=_part(message, "tls"),
+        retry_budget=_top_level_part(message, "retry_budget"),
+        proxy_protocol=_top_level_part(message, "proxy_protocol"),
     )
 
 
@@ -91,7 +125,8 @@ def policy_for_subset(
     policy: dr_pb2.TrafficPolicy | None, subset_policy: dr_pb2.TrafficPolicy | None, port: int
 ) -> Policy | None:
     """Istio's MergeSubsetTrafficPolicy: subset parts override the rule's; a subset port-level
-    entry replaces every part, unset ones included."""
+    entry replaces every part, unset ones included, but the retry budget and PROXY protocol,
+    which a subset's replace only when it has them (mergeTrafficPolicy)."""
     original = policy_for_port(policy, port)
     if subset_policy is None:
         return original
@@ -104,6 +139,8 @@ def policy_for_subset(
         outlier_detection=_pick(subset.outlier_detection, original.outlier_detection, port_level),
         load_balancer=_pick(subset.load_balancer, original.load_balancer, port_level),
         tls=_pick(subset.tls, original.tls, port_level),
+        retry_budget=_pick(subset.retry_budget, original.retry_budget, False),
+        proxy_protocol=_pick(subset.proxy_protocol, original.proxy_protocol, False),
     )
 
 
@@ -142,6 +179,18 @@ class ClusterDraft:
             and o.explicit_http_config.HasField("http2_protocol_options")
         )
 
+    def http2_options(self) -> list[Any]:
+        """The HTTP/2 protocol options the cluster's connections may use: the explicit ones, or
+        those for clients that speak HTTP/2 when the cluster follows the downstream protocol."""
+        o = self.options
+        if o is None:
+            return []
+        if o.HasField("explicit_http_config") and o.explicit_http_config.HasField("http2_protocol_options"):
+            return [o.explicit_http_config.http2_protocol_options]
+        if o.HasField("use_downstream_protocol_config"):
+            return [o.use_downstream_protocol_config.http2_protocol_options]
+        return []
+
     def use_http2(self) -> None:
         self.http_options().explicit_http_config.http2_protocol_options.SetInParent()
 
@@ -175,18 +224,37 @@ def default_thresholds() -> circuit_breaker_pb2.CircuitBreakers.Thresholds:
     return t
 
 
+def apply_retry_budget(
+    threshold: circuit_breaker_pb2.CircuitBreakers.Thresholds, budget: dr_pb2.TrafficPolicy.RetryBudget | None
+) -> None:
+    """Istio's applyRetryBudget: the share of active requests that may be retries, at least
+    `minRetryConcurrency` of them. `budgetInterval` (Istio 1.31) has no field in the Envoy API
+    meshctl builds with (xds-protos 1.85), so it is not sent: Envoy counts the active requests
+    only, which is Istio's behaviour for the default 0ms too."""
+    if budget is None:
+        return
+    out = threshold.retry_budget
+    out.budget_percent.value = budget.percent.value if budget.HasField("percent") else RETRY_BUDGET_PERCENT
+    out.min_retry_concurrency.value = budget.min_retry_concurrency or RETRY_BUDGET_MIN_CONCURRENCY
+
+
 def apply_connection_pool(
-    draft: ClusterDraft, pool: dr_pb2.ConnectionPoolSettings | None, connect_timeout: float
+    draft: ClusterDraft,
+    pool: dr_pb2.ConnectionPoolSettings | None,
+    connect_timeout: float,
+    retry_budget: dr_pb2.TrafficPolicy.RetryBudget | None = None,
 ) -> None:
     """Circuit breakers, timeouts, keepalive and per-connection HTTP limits (Istio's
     applyConnectionPool; zero means unset, as it does there)."""
     settings = pool if pool is not None else dr_pb2.ConnectionPoolSettings()
     cluster = draft.cluster
     threshold = default_thresholds()
+    apply_retry_budget(threshold, retry_budget)
     idle_timeout: duration_pb2.Duration | None = None
     max_connection_duration: duration_pb2.Duration | None = None
     max_requests_per_connection = 0
     max_concurrent_streams = 0
+    keepalive: Any = None
     http = _part(settings, "http")
     if http is not None:
         if http.http2_max_requests > 0:
@@ -198,6 +266,7 @@ def apply_connection_pool(
         idle_timeout = _part(http, "idle_timeout")
         max_requests_per_connection = http.max_requests_per_connection
         max_concurrent_streams = http.max_concurrent_streams
+        keepalive = _part(http, "http2_keep_alive")
 
     cluster.connect_timeout.CopyFrom(duration(connect_timeout))
     tcp = _part(settings, "tcp")
@@ -234,9 +303,27 @@ def apply_connection_pool(
             h2.max_concurrent_streams.value = max_concurrent_streams
     if http is not None and http.use_client_protocol:
         draft.use_downstream_protocol()
+    if keepalive is not None:
+        # Last, once the cluster's HTTP/2 options are final (useClientProtocol replaces them).
+        for h2 in draft.http2_options():
+            _apply_h2_keepalive(h2, keepalive)
+
+
+def _apply_h2_keepalive(h2: Any, keepalive: Any) -> None:
+    """`http2KeepAlive` (Istio 1.31, istio/istio#60436) as Envoy's HTTP/2 `connection_keepalive`:
+    a PING every `interval`, the connection closed when one is not answered within `timeout`."""
+    out = h2.connection_keepalive
+    if keepalive.HasField("interval"):
+        out.interval.CopyFrom(keepalive.interval)
+    if keepalive.HasField("timeout"):
+        out.timeout.CopyFrom(keepalive.timeout)
+    else:
+        out.timeout.CopyFrom(duration(H2_KEEPALIVE_TIMEOUT_SECONDS))
 
 
 def _apply_keepalive(cluster: cluster_pb2.Cluster, keepalive: Any) -> None:
+    """Istio's applyTCPKeepalive (setKeepAliveSettings): SO_KEEPALIVE on upstream sockets, with
+    the probes, idle time and interval that are set (whole seconds, as Envoy takes them)."""
     out = cluster.upstream_connection_options.tcp_keepalive
     out.SetInParent()
     if keepalive.probes > 0:
@@ -248,9 +335,13 @@ def _apply_keepalive(cluster: cluster_pb2.Cluster, keepalive: Any) -> None:
 
 
 def apply_h2_upgrade(draft: ClusterDraft, pool: dr_pb2.ConnectionPoolSettings | None) -> None:
-    """`h2UpgradePolicy: UPGRADE` makes the cluster HTTP/2 whatever the port's protocol; the mesh
-    default (Istio's DO_NOT_UPGRADE) leaves it alone."""
-    if pool is not None and pool.HasField("http") and pool.http.h2_upgrade_policy == _H2.UPGRADE:
+    """Istio's applyH2Upgrade (shouldH2Upgrade): `h2UpgradePolicy: UPGRADE` makes the cluster
+    HTTP/2 whatever the port's protocol, unless it keeps the client's protocol; the mesh default
+    (Istio's DO_NOT_UPGRADE) leaves it alone. Call it before apply_connection_pool, whose HTTP/2
+    settings need the HTTP/2 options in place."""
+    if pool is None or not pool.HasField("http") or pool.http.use_client_protocol:
+        return
+    if pool.http.h2_upgrade_policy == _H2.UPGRADE:
         draft.use_http2()
 
 
@@ -260,6 +351,30 @@ def apply_upstream_protocol(draft: ClusterDraft, protocol: Protocol) -> None:
     are TCP), so it does not."""
     if protocol.is_http2:
         draft.use_http2()
+
+
+def apply_proxy_protocol(
+    cluster: cluster_pb2.Cluster, proxy_protocol: dr_pb2.TrafficPolicy.ProxyProtocol | None
+) -> None:
+    """Istio's applyUpstreamProxyProtocol: a PROXY protocol header (v1 or v2) before anything
+    else on each upstream connection, wrapping the TLS transport socket if the cluster has one,
+    else plain bytes. Call after apply_tls."""
+    if proxy_protocol is None:
+        return
+    wrapper = upstream_proxy_protocol_pb2.ProxyProtocolUpstreamTransport()
+    wrapper.config.version = (
+        proxy_protocol_pb2.ProxyProtocolConfig.V2
+        if proxy_protocol.version == dr_pb2.TrafficPolicy.ProxyProtocol.V2
+        else proxy_protocol_pb2.ProxyProtocolConfig.V1
+    )
+    if cluster.HasField("transport_socket"):
+        wrapper.transport_socket.CopyFrom(cluster.transport_socket)
+    else:
+        wrapper.transport_socket.name = RAW_BUFFER
+        wrapper.transport_socket.typed_config.Pack(raw_buffer_pb2.RawBuffer())
+    cluster.transport_socket.Clear()
+    cluster.transport_socket.name = UPSTREAM_PROXY_PROTOCOL
+    cluster.transport_socket.typed_config.Pack(wrapper)
 
 
 def apply_outlier_detection(cluster: cluster_pb2.Cluster, outlier: dr_pb2.OutlierDetection | None) -> None:

@@ -51,6 +51,7 @@ from meshctl.xds.cluster_policy import (
     apply_h2_upgrade,
     apply_load_balancer,
     apply_outlier_detection,
+    apply_proxy_protocol,
     apply_upstream_protocol,
     default_thresholds,
     duration,
@@ -223,11 +224,15 @@ def _outbound_base(
 def _apply_traffic_policy(scope: ProxyScope, draft: ClusterDraft, policy: Policy | None) -> None:
     """Istio's applyTrafficPolicy for an outbound cluster, in its order."""
     policy = policy or Policy()
-    apply_connection_pool(draft, policy.connection_pool, scope.snapshot.mesh.connect_timeout_seconds)
+    # Upgrade first, so that the pool's HTTP/2 settings reach an upgraded cluster (istio/istio#57583).
     apply_h2_upgrade(draft, policy.connection_pool)
+    apply_connection_pool(
+        draft, policy.connection_pool, scope.snapshot.mesh.connect_timeout_seconds, policy.retry_budget
+    )
     apply_outlier_detection(draft.cluster, policy.outlier_detection)
     apply_load_balancer(draft.cluster, policy.load_balancer, scope.proxy.locality)
     apply_tls(draft, policy.tls)
+    apply_proxy_protocol(draft.cluster, policy.proxy_protocol)
     if draft.cluster.type == _Cluster.ORIGINAL_DST:
         draft.cluster.lb_policy = _Cluster.CLUSTER_PROVIDED
 

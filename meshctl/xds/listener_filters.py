@@ -4,9 +4,15 @@ filters, downstream TLS, and the filter chain options listeners are merged from.
 Sidecar, inbound and gateway listeners differ in which pieces they combine, not in the pieces, so
 the pieces are built once here with Istio's defaults (`pilot/pkg/networking/core/
 listener_builder.go`, `networkfilter.go`, `listener.go`): an HCM with websocket upgrades, no
-stream idle timeout, path normalization and RDS over ADS; `fault`, `cors` and `router` HTTP filters
-(the route configs carry per-route fault and CORS config under those filter names); tcp_proxy with
-the idle timeout and connection duration of the DestinationRule.
+stream idle timeout, path normalization, `Expect: 100-continue` passed to the upstream, a UUID
+request id and RDS over ADS; `grpc_stats`, `fault`, `cors` and `router` HTTP filters (the route
+configs carry per-route fault and CORS config under those filter names); tcp_proxy with the idle
+timeout and connection duration of the DestinationRule.
+
+What Istio's buildHTTPConnectionManager adds beyond this needs Istio's own Envoy build or its
+telemetry: the `istio.metadata_exchange`, `istio.alpn` and `istio.stats` filters exist only in
+istio-proxy, and access logs and tracing follow MeshConfig and Telemetry resources meshctl does
+not read.
 
 `ChainOpts` is Istio's `filterChainOpts`: a chain's match criteria and filters, kept apart until
 every service on a port has been seen, because two chains with the same match make Envoy reject
@@ -25,6 +31,7 @@ from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.http.cors.v3 import cors_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
+from envoy.extensions.filters.http.grpc_stats.v3 import config_pb2 as grpc_stats_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.listener.http_inspector.v3 import http_inspector_pb2
 from envoy.extensions.filters.listener.original_dst.v3 import original_dst_pb2
@@ -32,6 +39,7 @@ from envoy.extensions.filters.listener.original_src.v3 import original_src_pb2
 from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
+from envoy.extensions.request_id.uuid.v3 import uuid_pb2
 from envoy.type.v3 import hash_policy_pb2, range_pb2
 from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
 from google.protobuf.message import Message
@@ -42,10 +50,14 @@ TLS_INSPECTOR: Final = "envoy.filters.listener.tls_inspector"
 HTTP_INSPECTOR: Final = "envoy.filters.listener.http_inspector"
 ORIGINAL_DST: Final = "envoy.filters.listener.original_dst"
 ORIGINAL_SRC: Final = "envoy.filters.listener.original_src"
-#: HTTP filter names: route configs refer to the first two in `typed_per_filter_config`.
+GRPC_STATS_FILTER: Final = "envoy.filters.http.grpc_stats"
+#: HTTP filter names: route configs refer to these two in `typed_per_filter_config`.
 FAULT_FILTER: Final = "envoy.filters.http.fault"
 CORS_FILTER: Final = "envoy.filters.http.cors"
 ROUTER_FILTER: Final = "envoy.filters.http.router"
+#: Istio's EnvoyServerName: the `server` header of responses from inbound and gateway listeners
+#: (outbound ones keep Envoy's own `envoy`, a leftover Istio keeps for compatibility).
+ISTIO_SERVER_NAME: Final = "istio-envoy"
 TLS_TRANSPORT_SOCKET: Final = "envoy.transport_sockets.tls"
 
 RAW_BUFFER: Final = "raw_buffer"
@@ -92,9 +104,14 @@ def network_filter(name: str, message: Message) -> listener_components_pb2.Filte
 
 
 def http_filters() -> list[hcm_pb2.HttpFilter]:
-    """fault and cors before the router: routes carry their per-route config under these names,
-    and Envoy needs the filter in the chain for that config to take effect."""
+    """Istio's buildHTTPConnectionManager filter chain as far as upstream Envoy has the filters:
+    grpc_stats (xdsfilters.GrpcStats: gRPC status counters per cluster, and the filter state
+    access logs read), then fault and cors before the router: routes carry their per-route config
+    under these names, and Envoy needs the filter in the chain for that config to take effect."""
+    grpc_stats = grpc_stats_pb2.FilterConfig(emit_filter_state=True)
+    grpc_stats.stats_for_all_methods.value = False
     return [
+        hcm_pb2.HttpFilter(name=GRPC_STATS_FILTER, typed_config=typed(grpc_stats)),
         hcm_pb2.HttpFilter(name=FAULT_FILTER, typed_config=typed(fault_pb2.HTTPFault())),
         hcm_pb2.HttpFilter(name=CORS_FILTER, typed_config=typed(cors_pb2.Cors())),
         hcm_pb2.HttpFilter(name=ROUTER_FILTER, typed_config=typed(router_pb2.Router())),
@@ -114,15 +131,25 @@ def ads_rds(route_config_name: str) -> hcm_pb2.Rds:
     )
 
 
+def request_id_extension() -> hcm_pb2.RequestIDExtension:
+    """Istio's requestidextension.UUIDRequestIDExtension: UUID request ids, also used to decide
+    trace sampling (what Envoy does without it too; Istio spells it out)."""
+    config = uuid_pb2.UuidRequestIdConfig(use_request_id_for_trace_sampling=wrappers_pb2.BoolValue(value=True))
+    return hcm_pb2.RequestIDExtension(typed_config=typed(config))
+
+
 def http_connection_manager(
     *,
     stat_prefix: str,
     rds: str = "",
     route_config: route_pb2.RouteConfiguration | None = None,
     use_remote_address: bool = False,
+    server_name: str = "",
 ) -> hcm_pb2.HttpConnectionManager:
     """Istio's `buildHTTPConnectionManager` defaults. `use_remote_address` is true only on
-    gateways, where the client address is the real one; sidecars keep the app's trusted headers."""
+    gateways, where the client address is the real one; sidecars keep the app's trusted headers.
+    `server_name` is Istio's ProxyHeaders server name (`istio-envoy` on inbound and gateway
+    listeners, Envoy's default on outbound ones)."""
     hcm = hcm_pb2.HttpConnectionManager(
         codec_type=hcm_pb2.HttpConnectionManager.AUTO,
         stat_prefix=stat_prefix,
@@ -132,6 +159,11 @@ def http_connection_manager(
         upgrade_configs=[hcm_pb2.HttpConnectionManager.UpgradeConfig(upgrade_type="websocket")],
         stream_idle_timeout=zero_duration(),
         http_filters=http_filters(),
+        request_id_extension=request_id_extension(),
+        # features.Enable100ContinueHeaders (on by default): the upstream sees the client's
+        # `Expect: 100-continue` and answers it, where Envoy would answer 100 itself and strip it.
+        proxy_100_continue=True,
+        server_name=server_name,
     )
     if rds:
         hcm.rds.CopyFrom(ads_rds(rds))

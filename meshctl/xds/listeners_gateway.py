@@ -210,9 +210,12 @@ def _may_join(port: MergedPort, srv: GatewayServer, route_names: set[str]) -> bo
 
 
 def _gateway_hcm(stat_prefix: str, rds: str) -> hcm_pb2.HttpConnectionManager:
-    """Istio's `buildGatewayConnectionManager`: the client address is the real one, and client
-    certificate details are sanitized and set from the connection."""
-    hcm = lf.http_connection_manager(stat_prefix=stat_prefix, rds=rds, use_remote_address=True)
+    """Istio's `buildGatewayConnectionManager`: the client address is the real one, client
+    certificate details are sanitized and set from the connection, and responses name the
+    server `istio-envoy` (ProxyHeaders of ListenerClassGateway)."""
+    hcm = lf.http_connection_manager(
+        stat_prefix=stat_prefix, rds=rds, use_remote_address=True, server_name=lf.ISTIO_SERVER_NAME
+    )
     hcm.forward_client_cert_details = hcm_pb2.HttpConnectionManager.SANITIZE_SET
     details = hcm.set_current_client_cert_details
     details.subject.value = True

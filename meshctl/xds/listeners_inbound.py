@@ -4,8 +4,8 @@ The inbound ports are the distinct endpoint ports of the services the workload i
 (Istio's service targets), plus the ports of the Sidecar's `ingress` listeners, which take
 precedence on a port both name (Istio with `ENABLE_SIDECAR_SERVICE_INBOUND_LISTENER_MERGE`). Each
 goes to the cluster `inbound|PORT||`: HTTP through an HCM with Istio's inline inbound route
-config (virtual host `inbound|http|SERVICEPORT`, every domain, no timeout), anything else through
-tcp_proxy.
+config (virtual host `inbound|http|SERVICEPORT`, every domain, no timeout, a retry of requests
+reset before they were sent), anything else through tcp_proxy.
 
 How traffic arrives decides the listener:
 
@@ -161,15 +161,25 @@ def _after_termination(protocol: Protocol) -> Protocol:
     return protocol
 
 
+#: BuildDefaultHTTPInboundRoute's retries: a request Envoy could not even start to send (the
+#: app closed an idle keep-alive connection just as it was picked) is sent again, twice at most.
+INBOUND_RETRY_ON: Final = "reset-before-request"
+INBOUND_RETRY_ATTEMPTS: Final = 2
+
+
 def inbound_route_config(
     cluster: str, hostname: str, service_port: int, protocol: Protocol
 ) -> route_pb2.RouteConfiguration:
-    """Istio's `buildSidecarInboundHTTPRouteConfig`: everything to the app, never timing out
-    (the caller's sidecar owns timeouts)."""
+    """Istio's `buildSidecarInboundHTTPRouteConfig` with BuildDefaultHTTPInboundRoute:
+    everything to the app, never timing out (the caller's sidecar owns timeouts; a gRPC caller's
+    `grpc-timeout` is not applied here either), and retried when it was reset before it was sent
+    (features.EnableInboundRetryPolicy), except for gRPC, whose streams that retry does not suit."""
     action = route_components_pb2.RouteAction(cluster=cluster, timeout=lf.zero_duration())
     action.max_stream_duration.max_stream_duration.CopyFrom(lf.zero_duration())
-    if protocol.is_http2:
-        action.max_stream_duration.grpc_timeout_header_max.CopyFrom(lf.zero_duration())
+    action.max_stream_duration.grpc_timeout_header_max.CopyFrom(lf.zero_duration())
+    if protocol not in (Protocol.GRPC, Protocol.GRPC_WEB):
+        action.retry_policy.retry_on = INBOUND_RETRY_ON
+        action.retry_policy.num_retries.value = INBOUND_RETRY_ATTEMPTS
     route = route_components_pb2.Route(
         name="default",
         match=route_components_pb2.RouteMatch(prefix="/"),
@@ -183,7 +193,12 @@ def inbound_route_config(
 
 
 def _inbound_hcm(stat_prefix: str, route_config: route_pb2.RouteConfiguration, http2: bool) -> Any:
-    hcm = lf.http_connection_manager(stat_prefix=stat_prefix, route_config=route_config)
+    """Istio's buildSidecarInboundHTTPOpts: client certificate details appended and forwarded,
+    responses named `istio-envoy` (ProxyHeaders of ListenerClassSidecarInbound), HTTP/2 options
+    for HTTP/2 and gRPC ports."""
+    hcm = lf.http_connection_manager(
+        stat_prefix=stat_prefix, route_config=route_config, server_name=lf.ISTIO_SERVER_NAME
+    )
     hcm.forward_client_cert_details = hcm_pb2.HttpConnectionManager.APPEND_FORWARD
     details = hcm.set_current_client_cert_details
     details.subject.value = True

@@ -28,13 +28,17 @@ MAX_DIRECT_RESPONSE_BODY_BYTES: Final = 1024 * 1024
 
 
 def route_configuration(name: str, virtual_hosts: Sequence[rc.VirtualHost]) -> route_pb2.RouteConfiguration:
-    """A route configuration as Istio shapes it: clusters are not validated (a route may name
-    a cluster that is not there yet, or never will be; Envoy answers 503 for it)."""
+    """A route configuration as Istio shapes it (buildSidecarOutboundHTTPRouteConfig,
+    buildGatewayHTTPRouteConfig): clusters are not validated (a route may name a cluster that is
+    not there yet, or never will be; Envoy answers 503 for it), and the port of the Host header is
+    ignored when picking the virtual host (`IgnorePortInHostMatching`: gRPC clients always send
+    `host:port`, and a client may reach a service through a port other than the listener's)."""
     return route_pb2.RouteConfiguration(
         name=name,
         virtual_hosts=virtual_hosts,
         validate_clusters=wrappers_pb2.BoolValue(value=False),
         max_direct_response_body_size_bytes=wrappers_pb2.UInt32Value(value=MAX_DIRECT_RESPONSE_BODY_BYTES),
+        ignore_port_in_host_matching=True,
     )
 
 

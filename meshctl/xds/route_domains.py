@@ -6,6 +6,12 @@ resolver with search domains accepts (`name`, `name.ns`, `name.ns.svc`). Istio g
 from the proxy's DNS domain (the last part of its node id), and so does meshctl, so a VM that
 resolves `reviews` through a search path reaches the same virtual host as a pod would.
 
+Route configurations set `ignore_port_in_host_matching`, as Istio's do (a gRPC client always
+sends `host:port`, and a client may call a service on another port than the listener's), so Envoy
+matches the Host without its port and domains carry no port (Istio's SidecarIgnorePort and
+portNoAppendPortSuffix); each name also answers as an absolute FQDN (`reviews.bookinfo.mesh.`,
+Istio's PILOT_ENABLE_ABSOLUTE_FQDN_VHOST_DOMAIN, on by default).
+
 Envoy rejects a route configuration in which two virtual hosts share a domain, so domains are
 handed out first come, first served; an expanded short form never takes a name that is itself a
 known service's full hostname.
@@ -15,6 +21,10 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Collection, Iterable
+from typing import Final
+
+#: Istio's portNoAppendPortSuffix: a port of 0 asks for the names without `:PORT`.
+NO_PORT: Final = 0
 
 
 def ipv6_compliant(host: str) -> str:
@@ -28,7 +38,27 @@ def domain_name(host: str, port: int) -> str:
 
 
 def with_port(host: str, port: int) -> list[str]:
+    """Istio's appendDomainPort: the host, and `host:port` unless `port` is NO_PORT."""
+    if port == NO_PORT:
+        return [ipv6_compliant(host)]
     return [ipv6_compliant(host), domain_name(host, port)]
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _absolute_fqdn(hostname: str, port: int) -> list[str]:
+    """`host.` (and `host.:port` with a port): Istio adds the absolute form of every name but an
+    IP address (GenerateAltVirtualHosts, EnableAbsoluteFqdnVhostDomain, istio/istio#56007)."""
+    out = [] if _is_ip(hostname) else [f"{hostname}."]
+    if port != NO_PORT:
+        out.append(domain_name(f"{hostname}.", port))
+    return out
 
 
 def _kubernetes_alt_hosts(hostname: str, port: int, proxy_domain: str) -> list[str]:
@@ -48,11 +78,14 @@ def _kubernetes_alt_hosts(hostname: str, port: int, proxy_domain: str) -> list[s
 
 
 def alt_hosts(hostname: str, port: int, proxy_domain: str) -> list[str]:
-    """Istio's GenerateAltVirtualHosts: the shorter names of `hostname` that resolve from a
-    proxy whose DNS domain is `proxy_domain`, each with and without the port."""
+    """Istio's GenerateAltVirtualHosts: the absolute FQDN of `hostname`, then the shorter names
+    that resolve from a proxy whose DNS domain is `proxy_domain`, each with and without the port
+    (without it for NO_PORT)."""
+    absolute = _absolute_fqdn(hostname, port)
     if ".svc." in proxy_domain:
         suffix = proxy_domain[proxy_domain.find(".svc.") :]
-        return _kubernetes_alt_hosts(hostname, port, proxy_domain) if hostname.endswith(suffix) else []
+        kube = _kubernetes_alt_hosts(hostname, port, proxy_domain) if hostname.endswith(suffix) else []
+        return [*absolute, *kube]
     host_parts = hostname.split(".")
     domain_parts = proxy_domain.split(".") if proxy_domain else []
     shared = 0
@@ -62,9 +95,9 @@ def alt_hosts(hostname: str, port: int, proxy_domain: str) -> list[str]:
         shared += 1
     unique = host_parts[: len(host_parts) - shared]
     if not shared or not unique:
-        return []
+        return absolute
     short = ".".join(unique)
-    out = with_port(short, port)
+    out = [*absolute, *with_port(short, port)]
     if len(unique) == 2:
         out.extend(with_port(f"{short}.{domain_parts[len(domain_parts) - shared]}", port))
     return out
@@ -86,7 +119,8 @@ def _address_host(address: str) -> str | None:
 def service_domains(
     hostname: str, addresses: Iterable[str], port: int, proxy_domain: str
 ) -> tuple[list[str], list[str]]:
-    """All domains of a service on `port`, and which of them are expanded short forms."""
+    """Istio's generateVirtualHostDomains: all domains of a service on `port` (NO_PORT for the
+    names alone), and which of them are alternative forms of its hostname."""
     alts = alt_hosts(hostname, port, proxy_domain)
     domains = [*with_port(hostname, port), *alts]
     for address in addresses:

@@ -9,7 +9,8 @@ whichever comes first keeps it, as in Istio. Passthrough TLS and TCP servers hav
 
 A virtual host exists for each host that a server exposes and a VirtualService bound to that
 Gateway routes: the more specific of the two when a wildcard meets a name (`*.example.com` on
-the server and `api.example.com` in the VirtualService give `api.example.com`). Requests for
+the server and `api.example.com` in the VirtualService give `api.example.com`), with any port in
+the Host header (the route configuration ignores it, as Istio's does). Requests for
 other hosts get Envoy's 404, since there is no catch-all; a server with `httpsRedirect` answers
 every host it exposes with a redirect to HTTPS.
 """
@@ -141,10 +142,10 @@ def intersect_hosts(server: Sequence[str], virtual_service: Sequence[str]) -> li
     return out
 
 
-def gateway_domains(host: str, port: int) -> list[str]:
-    """A gateway virtual host answers to the host with and without the port (`*` is already
-    every authority)."""
-    return [host] if host == "*" else [host, domain_name(host, port)]
+def gateway_domains(host: str) -> list[str]:
+    """Istio's buildGatewayHTTPRouteConfig: a gateway virtual host answers to the host alone; the
+    route configuration ignores the Host header's port (IgnorePortInHostMatching)."""
+    return [host]
 
 
 @dataclass
@@ -177,9 +178,7 @@ def _route_config(scope: ProxyScope, name: str, group: _ServerGroup) -> route_pb
             for host in matched:
                 vh = vhosts.get(host)
                 if vh is None:
-                    vhosts[host] = _VirtualHost(
-                        domain_name(host, port), gateway_domains(host, port), list(routes), redirect
-                    )
+                    vhosts[host] = _VirtualHost(domain_name(host, port), gateway_domains(host), list(routes), redirect)
                 else:
                     vh.routes.extend(routes)
                     vh.require_tls = vh.require_tls or redirect
@@ -189,7 +188,7 @@ def _route_config(scope: ProxyScope, name: str, group: _ServerGroup) -> route_pb
                 if host in vhosts:
                     vhosts[host].require_tls = True
                 else:
-                    vhosts[host] = _VirtualHost(domain_name(host, port), gateway_domains(host, port), [], True)
+                    vhosts[host] = _VirtualHost(domain_name(host, port), gateway_domains(host), [], True)
     if not vhosts:
         # Istio's placeholder: a virtual host that matches everything and routes nothing (404).
         blackhole = rc.VirtualHost(name=domain_name("blackhole", group.port), domains=["*"])

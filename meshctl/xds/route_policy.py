@@ -2,9 +2,10 @@
 header rewrites, mirroring percentages and consistent-hash keys, with Istio's defaults.
 
 The defaults matter more than the translations: a route with no `retries` still retries twice on
-connection failures (Istio's default policy), a route with no `timeout` has none (Envoy's own 15 s
-default is switched off with `0s`), and a mirror without a percentage mirrors everything. Users
-moving from Istio rely on each of these, so they are spelled out here once and tested.
+connection failures, but not on any status code (Istio's default policy: a backend's 503 reaches
+the caller), a route with no `timeout` has none (Envoy's own 15 s default is switched off with
+`0s`), and a mirror without a percentage mirrors everything. Users moving from Istio rely on each
+of these, so they are spelled out here once and tested.
 """
 
 from __future__ import annotations
@@ -32,9 +33,12 @@ from meshctl.xds.route_match import string_matchers
 FAULT_FILTER: Final = "envoy.filters.http.fault"
 CORS_FILTER: Final = "envoy.filters.http.cors"
 
+#: Istio's retry.DefaultPolicy. `retriable-status-codes` stays in the list, but with no codes it
+#: matches nothing (but the `x-envoy-retriable-status-codes` a caller may send); Istio dropped its
+#: default 503 (EXCLUDE_UNSAFE_503_FROM_DEFAULT_RETRY, now always on): a 503 from a backend that
+#: already did the work must not make it do the work again.
 DEFAULT_RETRY_ON: Final = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
 DEFAULT_RETRY_ATTEMPTS: Final = 2
-DEFAULT_RETRIABLE_STATUS_CODES: Final = (503,)
 HOST_SELECTION_RETRY_MAX_ATTEMPTS: Final = 5
 PREVIOUS_HOSTS: Final = "envoy.retry_host_predicates.previous_hosts"
 PREVIOUS_PRIORITIES: Final = "envoy.retry_priorities.previous_priorities"
@@ -121,12 +125,13 @@ def _previous_hosts() -> rc.RetryPolicy.RetryHostPredicate:
 
 
 def default_retry_policy(*, consistent_hash: bool = False) -> rc.RetryPolicy:
-    """Istio's default: two retries on connection-level failures and 503, on another host
-    (unless the route hashes to a host, where moving defeats the purpose)."""
+    """Istio's retry.DefaultPolicy (DefaultConsistentHashPolicy when the route hashes): two
+    retries on connection-level failures (connect-failure, refused-stream, unavailable,
+    cancelled) and no status code, on another host (unless the route hashes to a host, where
+    moving defeats the purpose)."""
     out = rc.RetryPolicy(
         retry_on=DEFAULT_RETRY_ON,
         num_retries=wrappers_pb2.UInt32Value(value=DEFAULT_RETRY_ATTEMPTS),
-        retriable_status_codes=DEFAULT_RETRIABLE_STATUS_CODES,
         host_selection_retry_max_attempts=HOST_SELECTION_RETRY_MAX_ATTEMPTS,
     )
     if not consistent_hash:

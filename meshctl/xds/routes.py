@@ -2,7 +2,8 @@
 
 A sidecar gets one route configuration per HTTP service port it can call, named by the port
 (`9080`); its outbound listener on that port names it. In it, every service with that port gets
-a virtual host `HOST:PORT` answering to the service's names and addresses, routed by the
+a virtual host `HOST:PORT` answering to the service's names and addresses (with any port in the
+Host header: route configurations ignore it, as Istio's do), routed by the
 VirtualService that claims the host or, without one, by a default route to the service's
 cluster (with Istio's default retries and no timeout). A catch-all virtual host comes last:
 `allow_any` to PassthroughCluster when the outbound policy is ALLOW_ANY, `block_all` (502)
@@ -43,7 +44,7 @@ from meshctl.xds.route_context import (
     virtual_service_hosts,
 )
 from meshctl.xds.route_delegate import effective_http
-from meshctl.xds.route_domains import DomainAllocator, domain_name, service_domains, with_port
+from meshctl.xds.route_domains import NO_PORT, DomainAllocator, domain_name, ipv6_compliant, service_domains
 from meshctl.xds.route_gateway import build_gateway_routes
 
 __all__ = ["build_routes", "destination_cluster", "route_configuration"]
@@ -225,7 +226,10 @@ def _default_route(scope: ProxyScope, svc: Service, port: int) -> rc.Route:
 
 def _virtual_hosts(scope: ProxyScope, port: int, groups: Sequence[_HostGroup]) -> list[rc.VirtualHost]:
     """One virtual host per service and per other VirtualService host, named `HOST:PORT`,
-    with each domain given to the first that asks (Envoy refuses duplicates)."""
+    with each domain given to the first that asks (Envoy refuses duplicates). The route
+    configuration ignores the port of the Host header, so domains carry none (Istio's
+    BuildSidecarOutboundVirtualHosts with SidecarIgnorePort: a VirtualService host alone, a
+    service's names and addresses from generateVirtualHostDomains without a port)."""
     proxy_domain = scope.proxy.node.domain or f"{scope.proxy.namespace}.svc.cluster.local"
     known = {h for g in groups for s in g.services for h in (s.hostname, domain_name(s.hostname, port))}
     allocator = DomainAllocator(known)
@@ -238,9 +242,9 @@ def _virtual_hosts(scope: ProxyScope, port: int, groups: Sequence[_HostGroup]) -
             return
         names.add(name)
         if svc is None:
-            domains = allocator.claim(with_port(host, port))
+            domains = allocator.claim([ipv6_compliant(host)])
         else:
-            wanted, expanded = service_domains(host, svc.addresses, port, proxy_domain)
+            wanted, expanded = service_domains(host, svc.addresses, NO_PORT, proxy_domain)
             domains = allocator.claim(wanted, expanded)
         if domains:
             out.append(rc.VirtualHost(name=name, domains=domains, routes=routes, include_request_attempt_count=True))
