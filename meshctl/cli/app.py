@@ -38,6 +38,7 @@ app = typer.Typer(
 #: What each option's value is, by its long name, as help shows it.
 _VALUE_NAMES = {
     "--config-dir": "PATH",
+    "--mesh-config": "PATH",
     "--xds-address": "ADDR",
     "--admin-address": "ADDR",
     "--admin": "ADDR",

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from meshctl.cli.offline import INTERCEPTION_HELP, Interception
+from meshctl.cli.offline import INTERCEPTION_HELP, MESH_CONFIG_HELP, Interception
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -86,6 +86,7 @@ def diff(
     interception: Annotated[
         Interception, typer.Option(case_sensitive=False, help=INTERCEPTION_HELP)
     ] = Interception.NONE,
+    mesh_config: Annotated[Path | None, typer.Option(help=MESH_CONFIG_HELP)] = None,
 ) -> None:
     """Show how the Envoy config of a proxy (or of every proxy) changes from OLD to NEW.
 
@@ -98,8 +99,9 @@ def diff(
         out.error("give either --proxy NODE_ID or --all-proxies")
         raise typer.Exit(offline.EXIT_ERROR)
     try:
-        before = offline.load_tree(old, namespace=namespace)
-        after = offline.load_tree(new, namespace=namespace)
+        mesh = offline.mesh_from(mesh_config)
+        before = offline.load_tree(old, namespace=namespace, mesh=mesh)
+        after = offline.load_tree(new, namespace=namespace, mesh=mesh)
         mode = interception.value
         pairs = (
             all_pairs(before, after, mode) if proxy is None else [proxy_pair(before, after, proxy, namespace, mode)]

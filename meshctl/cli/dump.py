@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from meshctl.cli.offline import INTERCEPTION_HELP, Interception
+from meshctl.cli.offline import INTERCEPTION_HELP, MESH_CONFIG_HELP, Interception
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -88,6 +88,7 @@ def dump(
     interception: Annotated[
         Interception, typer.Option(case_sensitive=False, help=INTERCEPTION_HELP)
     ] = Interception.NONE,
+    mesh_config: Annotated[Path | None, typer.Option(help=MESH_CONFIG_HELP)] = None,
 ) -> None:
     """Print what the server would send a proxy, in Envoy's /config_dump format or as tables.
 
@@ -99,7 +100,7 @@ def dump(
     from meshctl.xds.generate import generate
 
     try:
-        tree = offline.load_tree(config_dir, consul=consul, namespace=namespace)
+        tree = offline.load_tree(config_dir, consul=consul, namespace=namespace, mesh=offline.mesh_from(mesh_config))
         target = offline.resolve_proxy(tree, proxy, namespace, interception.value)
     except offline.OfflineError as exc:
         offline.fail(exc)

@@ -48,6 +48,23 @@ class Interception(enum.StrEnum):
     TPROXY = "TPROXY"
 
 
+MESH_CONFIG_HELP = "Istio's MeshConfig YAML, as serve --mesh-config reads it."
+
+
+def mesh_from(path: Path | None) -> MeshSettings | None:
+    """The settings of a MeshConfig file (None without one); OfflineError when it does not load."""
+    if path is None:
+        return None
+    from meshctl.config.findings import Severity
+    from meshctl.config.mesh import load_mesh_config
+
+    settings, findings = load_mesh_config(path)
+    errors = [str(f) for f in findings if f.severity is Severity.ERROR]
+    if settings is None:
+        raise OfflineError("; ".join(errors) or f"{path}: not a MeshConfig")
+    return settings
+
+
 INTERCEPTION_HELP = "NONE (no iptables, the VM default), REDIRECT or TPROXY: what the proxy's bootstrap says."
 
 

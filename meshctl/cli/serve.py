@@ -98,6 +98,14 @@ def serve(
             "deny flows. Without it, a file holding one is an error.",
         ),
     ] = False,
+    mesh_config: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="MESHCTL_MESH_CONFIG",
+            help="Istio's MeshConfig YAML (the mesh key of istiod's ConfigMap, or the whole ConfigMap): "
+            "rootNamespace, outboundTrafficPolicy, connectTimeout, trustDomain; followed for changes.",
+        ),
+    ] = None,
     registry_sync_timeout: Annotated[
         float,
         typer.Option(
@@ -142,9 +150,9 @@ def serve(
     from meshctl.server.notify import NotifySettings
 
     configure_logging(log_level, log_format, environ=os.environ)
-    missing = [str(p) for p in config_dir if not p.exists()]
+    missing = [str(p) for p in (*config_dir, *([mesh_config] if mesh_config else [])) if not p.exists()]
     if missing:
-        out.error(f"no such config directory: {', '.join(missing)}")
+        out.error(f"no such file or directory: {', '.join(missing)}")
         raise typer.Exit(2)
     try:
         split_address(xds_address)
@@ -177,6 +185,7 @@ def serve(
         notify=NotifySettings.from_environ(os.environ, os.getpid()),
         registry_sync_timeout=max(0.0, registry_sync_timeout),
         allow_unenforced_security=allow_unenforced_security,
+        mesh_config=mesh_config,
     )
     try:
         asyncio.run(Server(settings).run())

@@ -42,6 +42,9 @@ def validate(
             "deny flows. Without it, a file holding one is an error.",
         ),
     ] = False,
+    mesh_config: Annotated[
+        str | None, typer.Option(help="Also check Istio's MeshConfig YAML, as serve --mesh-config reads it.")
+    ] = None,
     jobs: Annotated[
         int, typer.Option("--jobs", "-j", min=0, help="Processes loading files side by side; 0: one per idle CPU.")
     ] = 0,
@@ -78,6 +81,10 @@ def validate(
             analysis=analyze,
         )
         findings = sort_findings([*findings, *refused]) if refused else findings
+        if mesh_config is not None:
+            from meshctl.config.mesh import load_mesh_config
+
+            findings = sort_findings([*findings, *load_mesh_config(Path(mesh_config))[1]])
     except Exception as exc:  # an internal error must not look like invalid input
         out.error(f"internal error: {type(exc).__name__}: {exc}")
         raise typer.Exit(EXIT_ERROR) from exc

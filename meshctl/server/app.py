@@ -36,6 +36,7 @@ from meshctl.server.ads import AdsServicer
 from meshctl.server.auth import BearerToken, XdsTls, identity_authorizer, is_loopback
 from meshctl.server.cache import ResourceCache
 from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
+from meshctl.server.mesh_config import MeshConfigFile
 from meshctl.server.metrics import Metrics
 from meshctl.server.notify import NotifySettings, SystemdNotifier, service_status
 from meshctl.server.status import ServerStatus
@@ -97,6 +98,8 @@ class ServeSettings:
     notify: NotifySettings = field(default_factory=NotifySettings)
     #: Called once the server is up, with the (xds, admin) ports chosen.
     on_ready: Callable[[int, int], None] | None = None
+    #: Istio's MeshConfig YAML (`--mesh-config`), followed for changes; settings override `mesh`.
+    mesh_config: Path | None = None
     #: Load security.istio.io policies, which meshctl does not enforce yet, instead of refusing
     #: their files (the operator accepts that they do nothing).
     allow_unenforced_security: bool = False
@@ -123,9 +126,9 @@ class Server:
         self.registry = AggregateRegistry(members)
         self.metrics = Metrics()
         self.cache = ResourceCache()
-        self.discovery = Discovery(
-            self.store, self.registry, self._publish, mesh=settings.mesh, debounce=settings.debounce
-        )
+        self.mesh_config = MeshConfigFile(settings.mesh_config, settings.mesh) if settings.mesh_config else None
+        mesh = self.mesh_config.settings if self.mesh_config is not None else settings.mesh
+        self.discovery = Discovery(self.store, self.registry, self._publish, mesh=mesh, debounce=settings.debounce)
         self.discovery.on_debounced = self._debounced
         tls = settings.tls
         authorize = identity_authorizer(lambda: self.discovery.snapshot) if tls and tls.client_ca_file else None
@@ -142,6 +145,7 @@ class Server:
         self.started_at = time.time()
         self._sync_deadline = time.monotonic() + settings.registry_sync_timeout
         self._sync_timer: asyncio.TimerHandle | None = None
+        self._mesh_timer: asyncio.TimerHandle | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -161,6 +165,8 @@ class Server:
         if self.consul is not None:
             self.consul.start()
         snapshot = await self.discovery.start()
+        if self.mesh_config is not None:
+            self._follow_mesh_config()
         self._observe(snapshot)
 
         self._sync_deadline = time.monotonic() + self.settings.registry_sync_timeout
@@ -261,7 +267,19 @@ class Server:
         finally:
             self.notify.ready()  # even after a failure: systemd would otherwise wait out its timeout
 
+    def _follow_mesh_config(self) -> None:
+        """Look at the MeshConfig file once a second (a stat); a change that loads is pushed."""
+        follower = self.mesh_config
+        if follower is None or self._stopping is None or self._stopping.is_set():
+            return
+        changed = follower.check()
+        if changed is not None:
+            self.discovery.set_mesh(changed)
+        self._mesh_timer = asyncio.get_running_loop().call_later(1.0, self._follow_mesh_config)
+
     async def stop(self) -> None:
+        if self._mesh_timer is not None:
+            self._mesh_timer.cancel()
         if self._sync_timer is not None:
             self._sync_timer.cancel()
         await self.discovery.stop()

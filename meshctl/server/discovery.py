@@ -95,6 +95,11 @@ class Discovery:
     def config_changed(self, _change: ConfigChange) -> None:
         self._notify(Trigger(config=1))
 
+    def set_mesh(self, mesh: MeshSettings) -> None:
+        """New mesh-wide settings (a MeshConfig file changed): the next snapshot uses them."""
+        self._mesh = mesh
+        self._notify(Trigger(config=1))
+
     def registry_changed(self, change: RegistryChange) -> None:
         self._notify(Trigger(endpoint=1) if change.endpoint_only else Trigger(service=1))
 

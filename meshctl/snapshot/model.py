@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
+from meshctl.config import mesh as mesh_config
 from meshctl.config.model import Config, ConfigKey
 from meshctl.registry.model import Resolution, ServiceModel
 from meshctl.snapshot.index import SnapshotIndex
 
-#: Istio's root namespace: a Sidecar or DestinationRule here applies mesh-wide as a fallback.
-DEFAULT_ROOT_NAMESPACE: Final = "istio-system"
+#: Mesh-wide settings live with the MeshConfig they are read from; generators find them here.
+MeshSettings = mesh_config.MeshSettings
+DEFAULT_ROOT_NAMESPACE: Final = mesh_config.DEFAULT_ROOT_NAMESPACE
 
 
 #: Kinds that reach generation only through the registry model (services and endpoints), so a
@@ -28,18 +30,6 @@ DEFAULT_ROOT_NAMESPACE: Final = "istio-system"
 _REGISTRY_KINDS: Final = frozenset(("ServiceEntry", "WorkloadEntry", "WorkloadGroup"))
 #: Kinds inbound generation reads (the Sidecar's ingress, the workload's DestinationRule).
 _INBOUND_KINDS: Final = frozenset(("Sidecar", "DestinationRule"))
-
-
-@dataclass(frozen=True, slots=True)
-class MeshSettings:
-    """Mesh-wide settings (Istio's MeshConfig subset that generation reads)."""
-
-    root_namespace: str = DEFAULT_ROOT_NAMESPACE
-    #: ALLOW_ANY (PassthroughCluster) or REGISTRY_ONLY (BlackHoleCluster) when no Sidecar says.
-    outbound_traffic_policy: str = "ALLOW_ANY"
-    connect_timeout_seconds: float = 10.0
-    #: Trust domain for SPIFFE identities in endpoint metadata.
-    trust_domain: str = "cluster.local"
 
 
 @dataclass(frozen=True, slots=True, eq=False)

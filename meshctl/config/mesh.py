@@ -1,0 +1,171 @@
+"""Mesh-wide settings, and Istio's MeshConfig YAML they are read from (`--mesh-config FILE`).
+
+Users keep Istio's MeshConfig as they have it: the `mesh` key of istiod's ConfigMap (the whole
+ConfigMap, or just the text under `mesh:`), or the MeshConfig document itself. meshctl reads the
+fields its generators use and says, as a finding, what it does not apply yet, so nothing in the
+file is silently ignored:
+
+| MeshConfig field                 | meshctl                                                    |
+|----------------------------------|------------------------------------------------------------|
+| rootNamespace                    | the namespace of mesh-wide Sidecars and DestinationRules   |
+| outboundTrafficPolicy.mode       | ALLOW_ANY or REGISTRY_ONLY when no Sidecar says            |
+| connectTimeout                   | every cluster's connect timeout                            |
+| trustDomain                      | the SPIFFE trust domain of workload identities             |
+| defaultConfig.holdApplicationUntilProxyStarts | ignored: a VM has no pod start order         |
+| anything else Istio has          | a warning: read by Istio, not applied by meshctl yet       |
+
+A file that does not load keeps the settings last loaded from it (as a config file does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from meshctl.config import yamlsource
+from meshctl.config.files import decode_text, read_config_file
+from meshctl.config.findings import Finding, Severity
+from meshctl.config.schema import parse_duration
+from meshctl.errors import ConfigError, YamlError
+
+#: Istio's root namespace: a Sidecar or DestinationRule here applies mesh-wide as a fallback.
+DEFAULT_ROOT_NAMESPACE: Final = "istio-system"
+
+
+@dataclass(frozen=True, slots=True)
+class MeshSettings:
+    """Mesh-wide settings (Istio's MeshConfig subset that generation reads)."""
+
+    root_namespace: str = DEFAULT_ROOT_NAMESPACE
+    #: ALLOW_ANY (PassthroughCluster) or REGISTRY_ONLY (BlackHoleCluster) when no Sidecar says.
+    outbound_traffic_policy: str = "ALLOW_ANY"
+    connect_timeout_seconds: float = 10.0
+    #: Trust domain for SPIFFE identities in endpoint metadata.
+    trust_domain: str = "cluster.local"
+
+
+#: MeshConfig fields Istio reads that meshctl does not apply yet: each one present is a warning.
+_NOT_APPLIED: Final = frozenset(
+    {
+        "accessLogFile",
+        "accessLogEncoding",
+        "accessLogFormat",
+        "enableAutoMtls",
+        "localityLbSetting",
+        "defaultServiceExportTo",
+        "defaultVirtualServiceExportTo",
+        "defaultDestinationRuleExportTo",
+        "enableTracing",
+        "extensionProviders",
+        "defaultProviders",
+        "protocolDetectionTimeout",
+        "h2UpgradePolicy",
+        "tcpKeepalive",
+        "inboundClusterStatName",
+        "outboundClusterStatName",
+        "dnsRefreshRate",
+        "discoverySelectors",
+        "meshNetworks",
+        "ingressClass",
+        "ingressService",
+        "ingressControllerMode",
+        "ingressSelector",
+        "serviceSettings",
+        "trustDomainAliases",
+        "caCertificates",
+        "defaultHttpRetryPolicy",
+        "pathNormalization",
+        "verifyCertificateAtClient",
+    }
+)
+_READ: Final = frozenset({"rootNamespace", "outboundTrafficPolicy", "connectTimeout", "trustDomain", "defaultConfig"})
+
+
+def load_mesh_config(
+    path: Path, limit: int = yamlsource.DEFAULT_MAX_FILE_BYTES
+) -> tuple[MeshSettings | None, list[Finding]]:
+    """The settings `path` holds, or None when it cannot be used; and every finding about it."""
+    display = str(path)
+    try:
+        text = decode_text(read_config_file(path, limit).data)
+        docs = yamlsource.parse_documents(text)
+    except YamlError as exc:
+        return None, [Finding(Severity.ERROR, exc.message, display, exc.line, exc.column)]
+    except ConfigError as exc:
+        return None, [Finding(Severity.ERROR, str(exc), display)]
+    except OSError as exc:
+        return None, [Finding(Severity.ERROR, f"cannot read file: {exc.strerror or exc}", display)]
+    data: Any = docs[0].data if docs else {}
+    try:
+        data = _mesh_document(data)
+    except YamlError as exc:
+        return None, [Finding(Severity.ERROR, exc.message, display, exc.line, exc.column)]
+    return mesh_settings(data, display)
+
+
+def _mesh_document(data: Any) -> Any:
+    """The MeshConfig mapping of a ConfigMap (`data.mesh`), of a `mesh:` key, or the document."""
+    if isinstance(data, Mapping) and data.get("kind") == "ConfigMap":
+        data = (data.get("data") or {}).get("mesh", "")
+    elif isinstance(data, Mapping) and set(data) == {"mesh"}:
+        data = data["mesh"]
+    if isinstance(data, str):
+        docs = yamlsource.parse_documents(data)
+        data = docs[0].data if docs else {}
+    return data
+
+
+def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettings | None, list[Finding]]:
+    """MeshSettings from a MeshConfig mapping, with Istio's defaults for what it leaves out."""
+    findings: list[Finding] = []
+
+    def problem(message: str, severity: Severity = Severity.ERROR) -> None:
+        findings.append(Finding(severity, message, display))
+
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        return None, [Finding(Severity.ERROR, "a MeshConfig must be a mapping", display)]
+    defaults = MeshSettings()
+    root = data.get("rootNamespace", defaults.root_namespace)
+    if not isinstance(root, str) or not root:
+        problem("rootNamespace must be a namespace name")
+        root = defaults.root_namespace
+    policy = defaults.outbound_traffic_policy
+    outbound = data.get("outboundTrafficPolicy")
+    if outbound is not None:
+        mode = outbound.get("mode") if isinstance(outbound, Mapping) else None
+        if mode not in ("ALLOW_ANY", "REGISTRY_ONLY"):
+            problem("outboundTrafficPolicy.mode must be ALLOW_ANY or REGISTRY_ONLY")
+        else:
+            policy = mode
+    timeout = defaults.connect_timeout_seconds
+    if "connectTimeout" in data:
+        seconds = _duration(data["connectTimeout"])
+        if seconds is None or seconds <= 0:
+            problem("connectTimeout must be a positive duration (10s, 500ms)")
+        else:
+            timeout = seconds
+    trust = data.get("trustDomain", defaults.trust_domain)
+    if not isinstance(trust, str) or not trust:
+        problem("trustDomain must be a domain name")
+        trust = defaults.trust_domain
+    default_config = data.get("defaultConfig")
+    if isinstance(default_config, Mapping) and "holdApplicationUntilProxyStarts" in default_config:
+        problem("defaultConfig.holdApplicationUntilProxyStarts is ignored: a VM has no pod start order", Severity.INFO)
+    for key in sorted(k for k in data if isinstance(k, str)):
+        if key in _NOT_APPLIED:
+            problem(f"{key} is Istio's, not applied by meshctl yet", Severity.WARNING)
+        elif key not in _READ:
+            problem(f"{key} is not a MeshConfig field meshctl knows", Severity.WARNING)
+    if any(f.severity is Severity.ERROR for f in findings):
+        return None, findings
+    return MeshSettings(root, policy, timeout, trust), findings
+
+
+def _duration(value: Any) -> float | None:
+    """Seconds of a duration as MeshConfig writes it (Go's syntax: `10s`, `1.5s`, `500ms`)."""
+    nanos = parse_duration(value) if isinstance(value, str) else None
+    return None if nanos is None else nanos / 1e9
