@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import http.client
 import math
+import re
+import socket
+import socketserver
 import threading
 import time
 from collections import Counter
@@ -610,3 +613,137 @@ def test_grpc_without_a_timeout_passes_the_callers_deadline_on(mesh: Mesh) -> No
     assert answer.startswith("deadline ") and DEADLINE - 5 < float(answer.split()[1]) < DEADLINE + 1
     answer, took = mesh.grpc("grpc", 2 * TIMEOUT_SECONDS, 4 * TIMEOUT_SECONDS)
     assert answer.startswith("deadline ") and took >= 2 * TIMEOUT_SECONDS
+
+
+# -- protocol sniffing: a service port without a protocol -----------------------------------------
+
+SNIFFED_BACKENDS = {"sniffed-v1": ("127.0.0.31", "v1"), "sniffed-v2": ("127.0.0.32", "v2")}
+HTTP_REQUEST_LINE = re.compile(rb"^[A-Z]+ \S+ HTTP/1\.[01]\r?\n$")
+
+
+class LineOrHttpBackend:
+    """A TCP server on `address` that answers an HTTP/1.1 request with its name (in `x-backend`
+    and the body) and echoes any other line back as is; `http_requests` and `echoed` count each."""
+
+    def __init__(self, name: str, address: str) -> None:
+        self.name = name
+        self.address = address
+        self.http_requests = 0
+        self.echoed = 0
+        backend = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                while line := self.rfile.readline():
+                    if not HTTP_REQUEST_LINE.match(line):
+                        backend.echoed += 1
+                        self.wfile.write(line)
+                        continue
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass  # headers; Envoy sends GETs without a body
+                    backend.http_requests += 1
+                    body = f"{backend.name}\n".encode()
+                    head = f"HTTP/1.1 200 OK\r\n{BACKEND_HEADER}: {backend.name}\r\nContent-Length: {len(body)}\r\n\r\n"
+                    self.wfile.write(head.encode() + body)
+
+        self._server = socketserver.ThreadingTCPServer((address, 0), Handler)
+        self._server.daemon_threads = True
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"backend-{name}", daemon=True
+        )
+
+    def __enter__(self) -> LineOrHttpBackend:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def sniffed_yaml(port: int, backends: dict[str, LineOrHttpBackend]) -> str:
+    """`sniffed` on `port` named `web` with no protocol: Istio sniffs HTTP on it."""
+    docs = [
+        f"""apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: sniffed, namespace: {NS}}}
+spec:
+  hosts: [{host("sniffed")}]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{{number: {port}, name: web}}]
+  workloadSelector: {{labels: {{app: sniffed}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {{name: sniffed, namespace: {NS}}}
+spec:
+  host: {host("sniffed")}
+  subsets:
+  - {{name: v1, labels: {{version: v1}}}}
+  - {{name: v2, labels: {{version: v2}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: sniffed, namespace: {NS}}}
+spec:
+  hosts: [{host("sniffed")}]
+  http:
+  - match: [{{headers: {{x-canary: {{exact: "yes"}}}}}}]
+    route: [{{destination: {{host: {host("sniffed")}, subset: v2}}}}]
+  - route: [{{destination: {{host: {host("sniffed")}, subset: v1}}}}]
+"""
+    ]
+    for name, (_, version) in SNIFFED_BACKENDS.items():
+        docs.append(f"""apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: {name}, namespace: {NS}}}
+spec:
+  address: {backends[name].address}
+  ports: {{web: {backends[name].port}}}
+  labels: {{app: sniffed, version: {version}}}
+""")
+    return "---\n".join(docs)
+
+
+@dataclass
+class SniffedMesh:
+    port: int
+    backends: dict[str, LineOrHttpBackend]
+
+
+@pytest.fixture(scope="module")
+def sniffed() -> Iterator[SniffedMesh]:
+    with ExitStack() as stack:
+        backends = {
+            name: stack.enter_context(LineOrHttpBackend(name, address))
+            for name, (address, _) in SNIFFED_BACKENDS.items()
+        }
+        port = free_port()
+        snapshot = snapshot_from_yaml(sniffed_yaml(port, backends), namespace=NS)
+        resources = generate(snapshot, proxy_for(snapshot, CLIENT))
+        envoy = stack.enter_context(EnvoyProcess(bootstrap(resources, node_id=CLIENT)))
+        stack.callback(lambda: print(f"--- envoy log:\n{envoy.log()[-6000:]}"))
+        wait_until_routing(port, "sniffed")
+        yield SniffedMesh(port, backends)
+
+
+def test_sniffed_port_applies_http_rules(sniffed: SniffedMesh) -> None:
+    """HTTP on a port without a protocol goes through the HCM: the VirtualService's header match
+    picks v2, its default route v1 (a plain TCP proxy would spread both over the two)."""
+    for _ in range(10):
+        assert send(sniffed.port, host("sniffed"), headers={"x-canary": "yes"}).backend == "sniffed-v2"
+        assert send(sniffed.port, host("sniffed")).backend == "sniffed-v1"
+
+
+def test_sniffed_port_still_carries_raw_tcp(sniffed: SniffedMesh) -> None:
+    """Bytes the HTTP inspector does not take for HTTP go to the tcp_proxy chain, to either
+    endpoint, and come back echoed; a second line on the same connection too."""
+    before = sum(b.echoed for b in sniffed.backends.values())
+    with socket.create_connection(("127.0.0.1", sniffed.port), timeout=DEADLINE) as conn:
+        reader = conn.makefile("rb")
+        for text in (b"hello through a sniffed port\n", b"and another line\n"):
+            conn.sendall(text)
+            assert reader.readline() == text
+    assert sum(b.echoed for b in sniffed.backends.values()) == before + 2

@@ -25,6 +25,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from envoy.extensions.request_id.uuid.v3 import uuid_pb2
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
 from meshctl.api.networking.v1alpha3 import gateway_pb2
 from meshctl.registry.model import Protocol
@@ -34,8 +35,9 @@ from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 from meshctl.testing.envoy import bootstrap, envoy_binary, validate_config
 from meshctl.testing.golden import assert_golden
 from meshctl.xds import types
+from meshctl.xds.cluster_policy import HTTP_PROTOCOL_OPTIONS
 from meshctl.xds.clusters import build_clusters
-from meshctl.xds.listener_filters import HCM, TCP_PROXY, TLS_INSPECTOR
+from meshctl.xds.listener_filters import HCM, HTTP_INSPECTOR, TCP_PROXY, TLS_INSPECTOR
 from meshctl.xds.listener_tls import unsupported_reason
 from meshctl.xds.listeners import build_listeners
 from meshctl.xds.listeners_inbound import inbound_route_config
@@ -833,3 +835,126 @@ def test_listeners_are_sorted_and_unique() -> None:
     ):
         names = [lis.name for lis in build_listeners(scope)]
         assert names == sorted(set(names))
+
+
+# -- protocol sniffing (ports with no protocol) -----------------------------------------------
+
+SNIFFED = """
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: legacy}
+spec:
+  hosts: [legacy.default.mesh]
+  addresses: [240.240.0.30]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 7000, name: web}]
+  workloadSelector: {labels: {app: legacy}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: legacy-v1, labels: {app: legacy, version: v1}}
+spec:
+  address: 10.0.0.30
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: legacy}
+spec:
+  host: legacy.default.mesh
+  subsets: [{name: v1, labels: {version: v1}}, {name: v2, labels: {version: v2}}]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: legacy}
+spec:
+  hosts: [legacy.default.mesh]
+  http:
+  - match: [{headers: {x-canary: {exact: "yes"}}}]
+    route: [{destination: {host: legacy.default.mesh, subset: v2}}]
+  - route: [{destination: {host: legacy.default.mesh, subset: v1}}]
+"""
+
+
+def test_sidecar_sniffed_port_golden() -> None:
+    golden("sidecar_sniffed", build_listeners(scope_for(SNIFFED)))
+
+
+@pytest.mark.parametrize(
+    ("metadata", "name", "bind_to_port"),
+    [(None, "127.0.0.1_7000", True), (REDIRECT, "240.240.0.30_7000", False)],
+    ids=["none", "redirect"],
+)
+def test_port_without_protocol_is_sniffed(metadata: Mapping[str, Any] | None, name: str, bind_to_port: bool) -> None:
+    """Istio's outbound protocol sniffing: the HTTP inspector sends plaintext HTTP/1.1 and h2c to
+    the HCM of route config `7000`, everything else to the tcp_proxy of the default chain."""
+    assert Protocol.from_port_name("web").is_sniffed
+    scope = scope_for(SNIFFED, metadata=metadata)
+    listener = by_name(build_listeners(scope))[name]
+    assert listener.HasField("bind_to_port") is not bind_to_port
+    assert [f.name for f in listener.listener_filters] == [TLS_INSPECTOR, HTTP_INSPECTOR]
+    assert not any(f.HasField("filter_disabled") for f in listener.listener_filters)
+    # Istio's default protocolDetectionTimeout (0s: none), and a timeout would fall back to TCP.
+    assert listener.listener_filters_timeout.ToNanoseconds() == 0
+    assert listener.HasField("listener_filters_timeout")
+    assert listener.continue_on_listener_filters_timeout is True
+    (http,) = listener.filter_chains
+    assert http.filter_chain_match.transport_protocol == "raw_buffer"
+    assert list(http.filter_chain_match.application_protocols) == ["http/1.1", "h2c"]
+    assert hcm_of(http).rds.route_config_name == "7000"
+    assert tcp_clusters(listener.default_filter_chain) == ["outbound|7000||legacy.default.mesh"]
+    assert hcm_of(listener.default_filter_chain) is None
+
+    routes = {r.name: r for r in build_routes(scope)}
+    (vhost,) = [vh for vh in routes["7000"].virtual_hosts if "legacy.default.mesh" in vh.domains]
+    assert [r.route.cluster for r in vhost.routes] == [
+        "outbound|7000|v2|legacy.default.mesh",
+        "outbound|7000|v1|legacy.default.mesh",
+    ]
+    clusters = {c.name: c for c in build_clusters(scope)}
+    for cluster_name in ("outbound|7000||legacy.default.mesh", "outbound|7000|v2|legacy.default.mesh"):
+        options = unpack(
+            clusters[cluster_name].typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS],
+            http_protocol_options_pb2.HttpProtocolOptions,
+        )
+        assert options.WhichOneof("upstream_protocol_options") == "use_downstream_protocol_config", cluster_name
+
+
+def test_sniffed_port_shares_a_loopback_listener_with_tcp_and_http_services() -> None:
+    """A TCP service first on 127.0.0.1:7000 keeps the TCP default chain; the sniffed service adds
+    the HTTP chain (Istio's AutoOverTCP); a later HTTP service on the port rides on route `7000`."""
+    extra = """
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: aaa-tcp}
+spec:
+  hosts: [aaa-tcp.default.mesh]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 7000, name: tcp, protocol: TCP}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: zzz-http}
+spec:
+  hosts: [zzz-http.default.mesh]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 7000, name: http, protocol: HTTP}]
+"""
+    scope = scope_for(SNIFFED + "---" + extra)
+    listener = by_name(build_listeners(scope))["127.0.0.1_7000"]
+    (http,) = listener.filter_chains
+    assert hcm_of(http).rds.route_config_name == "7000"
+    assert tcp_clusters(listener.default_filter_chain) == ["outbound|7000||aaa-tcp.default.mesh"]
+    domains = {d for vh in {r.name: r for r in build_routes(scope)}["7000"].virtual_hosts for d in vh.domains}
+    assert {"legacy.default.mesh", "zzz-http.default.mesh"} <= domains
+    envoy_validate([listener])
+
+
+def test_declared_tcp_port_is_not_sniffed() -> None:
+    listener = by_name(build_listeners(scope_for(SNIFFED.replace("name: web}", "name: web, protocol: TCP}"))))[
+        "127.0.0.1_7000"
+    ]
+    assert list(listener.listener_filters) == []
+    assert tcp_clusters(listener.filter_chains[0]) == ["outbound|7000||legacy.default.mesh"]

@@ -45,9 +45,16 @@ class Protocol(enum.StrEnum):
         """Needs HTTP/2 to the upstream (gRPC is HTTP/2)."""
         return self in (Protocol.HTTP2, Protocol.GRPC, Protocol.GRPC_WEB)
 
+    @property
+    def is_sniffed(self) -> bool:
+        """Neither declared nor implied by the port name (Istio's `IsUnsupported`): a sidecar's
+        outbound listener tells HTTP from other traffic by its first bytes (protocol sniffing);
+        inbound and on gateways the port is TCP."""
+        return self is Protocol.UNSUPPORTED
+
     @classmethod
     def parse(cls, text: str) -> Protocol:
-        """Istio's case-insensitive protocol names; anything unknown is UNSUPPORTED (treated as TCP)."""
+        """Istio's case-insensitive protocol names; anything unknown is UNSUPPORTED (see `is_sniffed`)."""
         return _BY_LOWER.get(text.strip().lower(), Protocol.UNSUPPORTED)
 
     @classmethod

@@ -345,12 +345,14 @@ def apply_h2_upgrade(draft: ClusterDraft, pool: dr_pb2.ConnectionPoolSettings | 
         draft.use_http2()
 
 
-def apply_upstream_protocol(draft: ClusterDraft, protocol: Protocol) -> None:
-    """HTTP/2 to the upstream for HTTP2 and gRPC ports. Istio also sets `use_downstream_protocol`
-    on unnamed ports of sidecars, for its protocol sniffing; meshctl does no sniffing (such ports
-    are TCP), so it does not."""
+def apply_upstream_protocol(draft: ClusterDraft, protocol: Protocol, *, sniffed: bool = False) -> None:
+    """Istio's setUpstreamProtocol: HTTP/2 to the upstream for HTTP2 and gRPC ports; with
+    `sniffed` (a sidecar's outbound cluster of a sniffed port) the client's protocol, HTTP/1.1 or
+    HTTP/2, as the outbound listener detected it (USE_DOWNSTREAM_PROTOCOL; tcp_proxy ignores it)."""
     if protocol.is_http2:
         draft.use_http2()
+    elif sniffed and protocol.is_sniffed:
+        draft.use_downstream_protocol()
 
 
 def apply_proxy_protocol(

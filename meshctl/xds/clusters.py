@@ -216,7 +216,8 @@ def _outbound_base(
         cluster.load_assignment.cluster_name = name
         cluster.load_assignment.endpoints.extend(locality_lb_endpoints(endpoints, port.number))
     draft = ClusterDraft(cluster)
-    apply_upstream_protocol(draft, port.protocol)
+    # Inbound sniffing is not generated, so only outbound clusters follow the client's protocol.
+    apply_upstream_protocol(draft, port.protocol, sniffed=scope.proxy.type is ProxyType.SIDECAR)
     _istio_metadata(cluster).update({"services": [_service_metadata(service)], "default_original_port": port.number})
     return draft
 

@@ -11,8 +11,9 @@ Listeners name route configs (`9080`, `http.8080`, `https.443.https.gw.ns`) and 
 `PassthroughCluster`, `InboundPassthroughCluster`) by Istio's names, which the route and cluster
 generators produce for the same scope.
 
-Protocol sniffing is not generated: a port whose protocol is not declared (and not implied by its
-name) is treated as TCP, and Mongo, MySQL and Redis ports get a plain tcp_proxy, as Istio does
+A port whose protocol is not declared (and not implied by its name) is sniffed on a sidecar's
+outbound listeners (`listeners_outbound`), as in Istio; inbound and on gateways such a port is
+TCP (Istio sniffs inbound too). Mongo, MySQL and Redis ports get a plain tcp_proxy, as Istio does
 with their protocol filters turned off.
 """
 

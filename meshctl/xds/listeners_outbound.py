@@ -11,7 +11,17 @@ Istio's `buildSidecarOutboundListeners`, for the two ways traffic reaches a side
 
 Per listener: HTTP ports get an HCM with RDS route config `PORT` (all HTTP services of the port
 share it); TCP and TLS ports get tcp_proxy chains from VirtualService `tcp`/`tls` routes or to the
-service's cluster. Services meeting on one listener are merged as in Istio: a later chain whose
+service's cluster. A port whose protocol is neither declared nor implied by its name is sniffed
+(Istio's `ListenerProtocolAuto`): it is bound like a TCP port and gets both, the TCP chains plus an
+HCM chain matching what the HTTP inspector reports for plaintext HTTP/1.1 and h2c, so
+VirtualService `http` rules apply to HTTP clients and everything else still reaches the TCP
+chains. Istio names a sniffed port's route config `HOST:PORT` on a non-wildcard bind (one virtual
+host, domains `*`); meshctl keeps `PORT`, shared with the port's HTTP services, so HTTP whose
+`Host` names no service (`127.0.0.1:7000`) meets the catch-all virtual host. The listener filter
+timeout stays at Istio's default `protocolDetectionTimeout` of 0s (none): a server-first protocol
+on a sniffed port waits for the client forever, so declare such ports (`protocol: TCP`).
+
+Services meeting on one listener are merged as in Istio: a later chain whose
 match equals an earlier one's is dropped. On a loopback listener nothing tells plain TCP services
 apart (Istio needs a VIP for that), so the first service in hostname order wins; TLS services
 sharing a port are told apart by SNI (meshctl's addition: Istio matches SNI only on wildcard
@@ -97,6 +107,8 @@ class _Entry:
 def _kind(protocol: Protocol) -> str:
     if protocol.is_http:
         return "http"
+    if protocol.is_sniffed:
+        return "auto"
     if protocol in (Protocol.TLS, Protocol.HTTPS):
         return "tls"
     return "tcp"
@@ -210,6 +222,9 @@ class _OutboundBuilder:
             chains = self._tls_chains(svc, port, egress, bind=bind, cidr=cidr, by_sni=shared and egress.bind_to_port)
         else:
             chains = self._tcp_chains(svc, port, cidr, egress)
+            if kind == "auto" and (entry is None or not entry.has_http):
+                # Istio's sniffing: TCP chains first, then HTTP for what the inspector recognises.
+                chains.append(self._http_chain(bind, port.number, sniffed=True))
         if entry is None:
             self.entries[key] = _Entry(bind, port.number, egress.bind_to_port, port.protocol, chains)
             return
@@ -251,18 +266,19 @@ class _OutboundBuilder:
             return False
         return True
 
-    def _http_chain(self, bind: str, port: int) -> lf.ChainOpts:
+    def _http_chain(self, bind: str, port: int, *, sniffed: bool = False) -> lf.ChainOpts:
         name = listener_name(bind, port)
         hcm = lf.http_connection_manager(stat_prefix=f"outbound_{name}", rds=str(port))
-        # On a wildcard listener HTTP shares the port with everything else iptables sends there:
-        # only what the HTTP inspector recognises goes to the HCM.
-        wildcard = bind == WILDCARD
+        # On a wildcard listener HTTP shares the port with everything else iptables sends there,
+        # and on a sniffed port with the port's TCP chains: only what the HTTP inspector
+        # recognises goes to the HCM.
+        inspected = sniffed or bind == WILDCARD
         return lf.ChainOpts(
             filters=[lf.hcm_filter(hcm)],
-            application_protocols=lf.PLAINTEXT_HTTP_ALPNS if wildcard else (),
-            transport_protocol=lf.RAW_BUFFER if wildcard else "",
+            application_protocols=lf.PLAINTEXT_HTTP_ALPNS if inspected else (),
+            transport_protocol=lf.RAW_BUFFER if inspected else "",
             kind="http",
-            origin=f"HTTP port {port}",
+            origin=f"{'sniffed' if sniffed else 'HTTP'} port {port}",
         )
 
     def _default_cluster(self, svc: Service, port: ServicePort) -> str:
@@ -362,6 +378,8 @@ class _OutboundBuilder:
             name=listener_name(entry.bind, entry.port),
             address=lf.socket_address(entry.bind, entry.port),
             traffic_direction=base_pb2.TrafficDirection.OUTBOUND,
+            # Istio's buildListenerFromEntry: with the HTTP inspector the timeout is MeshConfig's
+            # protocolDetectionTimeout, whose default is 0s as well (none; older Istio had 100ms).
             continue_on_listener_filters_timeout=True,
             listener_filters_timeout=lf.zero_duration(),
         )

@@ -64,7 +64,7 @@ def build_routes(scope: ProxyScope) -> list[route_pb2.RouteConfiguration]:
 
 
 def build_sidecar_routes(scope: ProxyScope) -> list[route_pb2.RouteConfiguration]:
-    ports = sorted({p.number for s in scope.services for p in s.ports if p.protocol.is_http})
+    ports = sorted({p.number for s in scope.services for p in s.ports if _has_routes(p.protocol)})
     virtual_services = scope.virtual_services((MESH_GATEWAY,))
     configs = [
         _sidecar_route_config(scope, port, virtual_services, {s.hostname: s for s in scope.services if s.port(port)})
@@ -86,8 +86,13 @@ def _egress_route_configs(
     out = []
     for listener in spec(sidecar).egress:
         number = listener.port.number
-        protocol = Protocol.parse(listener.port.protocol) if listener.port.protocol else Protocol.UNSUPPORTED
-        if not number or number in taken or not protocol.is_http:
+        # As the listener decides it: declared, else implied by the name, else sniffed.
+        protocol = (
+            Protocol.parse(listener.port.protocol)
+            if listener.port.protocol
+            else Protocol.from_port_name(listener.port.name)
+        )
+        if not number or number in taken or not _has_routes(protocol):
             continue
         taken.add(number)
         hosts = parse_egress_hosts(listener.hosts, scope.proxy.namespace)
@@ -170,9 +175,14 @@ def _serving_port(svc: Service, port: int) -> int:
     return own.number if own is not None else svc.ports[0].number
 
 
+def _has_routes(protocol: Protocol) -> bool:
+    """HTTP ports, and sniffed ports, whose outbound listeners send what is HTTP to an HCM."""
+    return protocol.is_http or protocol.is_sniffed
+
+
 def _is_http(svc: Service, port: int) -> bool:
     p = svc.port(port) or (svc.ports[0] if len(svc.ports) == 1 else None)
-    return p is not None and p.protocol.is_http
+    return p is not None and _has_routes(p.protocol)
 
 
 def _claimed_hosts(
