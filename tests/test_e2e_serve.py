@@ -412,8 +412,10 @@ def test_workload_entries_added_and_removed_reach_envoy(mesh: Mesh) -> None:
 
 def cluster_stats(envoy: EnvoyProcess, clusters: list[str], stat: str) -> dict[str, int]:
     """One of Envoy's per-cluster stats, by cluster (`update_attempt`: the EDS updates a cluster
-    was given, one per response that carried its assignment)."""
-    return dict(zip(clusters, envoy_stats(envoy, *(f"cluster.{c}.{stat}" for c in clusters)).values(), strict=True))
+    was given, one per response that carried its assignment). Stats are named `cluster.NAME;.`
+    as Istio names them (`alt_stat_name`)."""
+    names = [f"cluster.{c};.{stat}" for c in clusters]
+    return dict(zip(clusters, envoy_stats(envoy, *names).values(), strict=True))
 
 
 def test_an_endpoint_change_sends_envoy_that_assignment_alone_and_it_keeps_the_others(mesh: Mesh) -> None:

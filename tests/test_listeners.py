@@ -599,7 +599,7 @@ def test_http_connection_manager_defaults() -> None:
     assert uuid.use_request_id_for_trace_sampling.value is True
     assert hcm.rds.route_config_name == "9080"
     assert hcm.rds.config_source.HasField("ads")
-    assert hcm.stat_prefix == "outbound_127.0.0.1_9080"
+    assert hcm.stat_prefix == "outbound_127.0.0.1_9080;"  # ended by `;` for the bootstrap's tag extractors
     assert hcm.use_remote_address.value is False
     assert [u.upgrade_type for u in hcm.upgrade_configs] == ["websocket"]
 

@@ -100,7 +100,7 @@ def build_outbound_clusters(scope: ProxyScope) -> list[cluster_pb2.Cluster]:
     out.append(_blackhole(timeout))
     if scope.proxy.type is ProxyType.SIDECAR:
         out.append(_passthrough(names.PASSTHROUGH_CLUSTER, timeout))
-    return merge_clusters(out)
+    return merge_clusters(_delimited_stats(out))
 
 
 def build_inbound_clusters(scope: ProxyScope) -> list[cluster_pb2.Cluster]:
@@ -114,7 +114,16 @@ def build_inbound_clusters(scope: ProxyScope) -> list[cluster_pb2.Cluster]:
         inbound.upstream_bind_config.source_address.address = INBOUND_PASSTHROUGH_BIND
         inbound.upstream_bind_config.source_address.port_value = 0
         out.append(inbound)
-    return merge_clusters(out)
+    return merge_clusters(_delimited_stats(out))
+
+
+def _delimited_stats(clusters: list[cluster_pb2.Cluster]) -> list[cluster_pb2.Cluster]:
+    """Istio's ClusterBuilder.buildCluster (`util.DelimitedStatsPrefix`): stats under the
+    cluster's name ended by `;`, so the bootstrap's `cluster_name` tag extractor takes the whole
+    name (`outbound|9080|v1|reviews.bookinfo.mesh`) as a label instead of cutting it at a dot."""
+    for cluster in clusters:
+        cluster.alt_stat_name = f"{cluster.name};"
+    return clusters
 
 
 def _discovery_type(scope: ProxyScope, service: Service) -> int:

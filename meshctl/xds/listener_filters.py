@@ -152,7 +152,8 @@ def http_connection_manager(
     listeners, Envoy's default on outbound ones)."""
     hcm = hcm_pb2.HttpConnectionManager(
         codec_type=hcm_pb2.HttpConnectionManager.AUTO,
-        stat_prefix=stat_prefix,
+        # Ended by `;` as Istio's DelimitedStatsPrefix, for the bootstrap's tag extractors.
+        stat_prefix=stat_prefix if stat_prefix.endswith(";") else f"{stat_prefix};",
         normalize_path=wrappers_pb2.BoolValue(value=True),
         path_with_escaped_slashes_action=hcm_pb2.HttpConnectionManager.KEEP_UNCHANGED,
         use_remote_address=wrappers_pb2.BoolValue(value=use_remote_address),
