@@ -5,15 +5,29 @@ else (listeners, clusters, routes, endpoints) arrives over ADS.
 
 Beyond that it carries what Istio's bootstrap gives every proxy (`tools/packaging/common/
 envoy_bootstrap.json`, filled in by `pkg/bootstrap/config.go`), so that config which works under
-Istio works here:
+Istio works here, and Envoy runs as it runs under Istio:
 
 - a runtime layer (`RUNTIME`) with Istio's values, among them the RE2 program size limit that
   `meshctl validate` checks regexes against (`RE2_MAX_PROGRAM_SIZE`), and an admin layer so that
   `/runtime_modify` works;
 - no limit on downstream connections, said the way Envoy 1.40 wants it (`overload_manager`);
+- no giving up on the first config: CDS and LDS wait for meshctl however long it takes
+  (`initial_fetch_timeout: 0s`), so an Envoy started while meshctl is down stays not ready
+  (`/ready` answers 503) instead of going LIVE with no listeners after 15 s;
+- Istio's stat names (`stats_config`): tag extractors that make `cluster_name`, `listener_address`,
+  `http_conn_manager_prefix`, ... Prometheus labels, reading names Istio ends with `;`
+  (`outbound|9080|v1|reviews.bookinfo.mesh;`) so that a host's dots do not split them; stats
+  created only when first used (`deferred_stat_options`); and, when asked, Istio's
+  proxyStatsMatcher: only the stats named by an inclusion list (`StatsInclusion`);
 - Istio's Prometheus listener (15090): `/stats/prometheus` on every address, handed to the admin
   API through the static cluster `prometheus_stats`, and nothing else of the admin API, which
-  stays on loopback.
+  stays on loopback;
+- Istio's health listener (15021, routers only by default): `/healthz/ready` on every address,
+  answered by Envoy's own readiness (the admin API's `/ready`: 200 `LIVE` once Envoy has its
+  config, 503 `DRAINING` once its health checks are failed, as the Envoy unit's stop does first;
+  like every static listener it opens with the first config). Under Istio pilot-agent answers
+  it; a VM runs no agent, so the listener asks Envoy directly, through the static cluster
+  `envoy_ready`.
 
 With `XdsClientTls` the ADS connection is TLS: Envoy checks the server's certificate against a CA
 and a SAN (the `sni` name, else the xDS host: a DNS SAN for a name, an IP SAN for an address, as
@@ -24,20 +38,32 @@ CA ever signed), and presents its own certificate when one is given, which `mesh
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from meshctl.config.hosts import is_ip
+from meshctl.config.validation.common import regex_problem
 from meshctl.config.validation.regex_program import RE2_MAX_PROGRAM_SIZE
-from meshctl.snapshot.proxy import ProxyNode
+from meshctl.snapshot.proxy import ProxyNode, ProxyType
 
 XDS_CLUSTER = "xds-grpc"
 #: Istio's names for the Prometheus listener's cluster and port (`envoy_bootstrap.json`).
 STATS_CLUSTER = "prometheus_stats"
 STATS_PORT = 15090
 STATS_PATH = "/stats/prometheus"
+#: Istio's health port and path (`envoy_bootstrap.json`, the `agent` listener); the cluster is
+#: ours: Istio's `agent` cluster is pilot-agent, this one is Envoy's admin API.
+HEALTH_CLUSTER = "envoy_ready"
+HEALTH_PORT = 15021
+HEALTH_PATH = "/healthz/ready"
+READY_PATH = "/ready"
+#: What Istio ends a stat name with (`constants.StatPrefixDelimiter`, `util.DelimitedStatsPrefix`
+#: in pilot/pkg/networking/util): a cluster's `alt_stat_name` is `NAME;`, an HTTP connection
+#: manager's `stat_prefix` `PREFIX;`, so a tag extractor can find the end of a name with dots.
+STAT_PREFIX_DELIMITER = ";"
+
 _UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 _ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
@@ -67,6 +93,53 @@ RUNTIME: Mapping[str, Any] = {
     "envoy.reloadable_features.http_reject_path_with_fragment": False,
 }
 
+#: The clusters of this bootstrap, which keep their plain names in Envoy's stats (`cluster.xds-grpc.
+#: upstream_cx_active`, as `/stats?filter=` and Istio's own inclusion prefix `cluster.xds-grpc`
+#: name them) and are still tagged `cluster_name` by `STATS_TAGS`.
+_STATIC_CLUSTERS = (XDS_CLUSTER, STATS_CLUSTER, HEALTH_CLUSTER)
+
+#: Istio's tag extractors (`stats_config.stats_tags` of envoy_bootstrap.json, as of Istio 1.23's
+#: `;`-delimited stat names, istio/istio#51861), in Istio's order: each turns part of a stat name
+#: into a Prometheus label (`envoy_cluster_upstream_rq_total{cluster_name="outbound|9080|v1|
+#: reviews.bookinfo.mesh"}` rather than `envoy_cluster_bookinfo_mesh_upstream_rq_total{cluster_name=
+#: "outbound|9080|v1|reviews"}`). Envoy removes the first group from the name; the second is the
+#: value. One change from Istio: `cluster_name` also reads `_STATIC_CLUSTERS` by name, where Istio
+#: gives its static clusters an `alt_stat_name` ending in `;` instead (which would rename the
+#: `cluster.xds-grpc.*` stats that tools and tests read).
+STATS_TAGS: Sequence[Mapping[str, str]] = (
+    {"tag_name": "cluster_name", "regex": r"^cluster(\.(.+(?=;)|" + "|".join(_STATIC_CLUSTERS) + r")(?:;|(?=\.)))"},
+    {
+        "tag_name": "http_conn_manager_prefix",
+        "regex": r"^http\.(((?:[_.[:digit:]\w]*|[_\[\]aAbBcCdDeEfF[:digit:]\w\:]*));\.)",
+    },
+    {"tag_name": "thread_name", "regex": r"^server(\.(.+))\.watchdog"},
+    {"tag_name": "tcp_prefix", "regex": r"^tcp\.((.*?)\.)\w+?$"},
+    {"tag_name": "response_code", "regex": r"_rq(_(\d{3}))$"},
+    {"tag_name": "response_code_class", "regex": r"_rq(_(\dxx))$"},
+    {
+        "tag_name": "http_conn_manager_listener_prefix",
+        "regex": r"^listener(?=\.).*?\.http\.(((?:[_.[:digit:]]*|[_\[\]aAbBcCdDeEfF[:digit:]]*))\.)",
+    },
+    {"tag_name": "listener_address", "regex": r"^listener\.(((?:[_.[:digit:]]*|[_\[\]aAbBcCdDeEfF[:digit:]]*))\.)"},
+    {"tag_name": "mongo_prefix", "regex": r"^mongo\.(.+?)\.(collection|cmd|cx_|op_|delays_|decoding_)(.*?)$"},
+    {"tag_name": "cache", "regex": r"(cache\.(.+?)\.)"},
+    {"tag_name": "component", "regex": r"(component\.(.+?)\.)"},
+    {"tag_name": "tag", "regex": r"(tag\.(.+?);\.)"},
+    {"tag_name": "wasm_filter", "regex": r"(wasm_filter\.(.+?)\.)"},
+    {"tag_name": "authz_enforce_result", "regex": r"rbac(\.(allowed|denied))"},
+    {"tag_name": "authz_dry_run_action", "regex": r"(\.istio_dry_run_(allow|deny)_)"},
+    {"tag_name": "authz_dry_run_result", "regex": r"(\.shadow_(allowed|denied))"},
+)
+
+#: The stats Istio always keeps when it filters them (`stats_matcher.inclusion_list` of
+#: envoy_bootstrap.json, and `required*EnvoyStatsMatcherInclusion*` in pkg/bootstrap/config.go:
+#: what readiness and xDS health need, RBAC results, VirtualService route stats, and Istio's
+#: own `reporter=`, `component` and `istio` names, which meshctl's Envoy does not produce).
+REQUIRED_INCLUSION_PREFIXES = ("reporter=", "cluster_manager", "listener_manager", "server", "cluster.xds-grpc", "wasm")
+REQUIRED_INCLUSION_SUFFIXES = ("rbac.allowed", "rbac.denied", "shadow_allowed", "shadow_denied")
+REQUIRED_INCLUSION_REGEXES = (r"vhost\..*\.route\..*",)
+_ALWAYS_INCLUDED_PREFIXES = ("component", "istio")
+
 
 def _overload_manager() -> dict[str, Any]:
     """Istio's "no limit" on downstream connections (`overload.global_downstream_max_connections`
@@ -92,6 +165,29 @@ class XdsClientTls:
 
 
 @dataclass(frozen=True, slots=True)
+class StatsInclusion:
+    """Istio's proxyStatsMatcher (ProxyConfig `inclusionPrefixes`, `inclusionSuffixes`,
+    `inclusionRegexps`; the `sidecar.istio.io/statsInclusion*` annotations): when any is given,
+    Envoy keeps only the stats they name, and the ones Istio always keeps. Empty: every stat."""
+
+    prefixes: tuple[str, ...] = ()
+    suffixes: tuple[str, ...] = ()
+    regexes: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.prefixes or self.suffixes or self.regexes)
+
+    def problem(self) -> str | None:
+        """Why Envoy would refuse this list, or None: a regex RE2 does not take, an empty pattern."""
+        for regex in self.regexes:
+            if (problem := regex_problem(regex)) is not None:
+                return problem
+        if any(not pattern for pattern in (*self.prefixes, *self.suffixes)):
+            return "an inclusion prefix or suffix must not be empty"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class BootstrapOptions:
     xds_host: str
     xds_port: int
@@ -102,6 +198,17 @@ class BootstrapOptions:
     tls: XdsClientTls | None = None
     #: The Prometheus listener's port on every address (IPv4, or IPv6 for an IPv6 node); 0: none.
     stats_port: int = STATS_PORT
+    #: The health listener's port on every address; 0: none; None: Istio's default for the node's
+    #: type (`HEALTH_PORT` for a router, none for a sidecar: a VM's app is health-checked itself).
+    health_port: int | None = None
+    stats_inclusion: StatsInclusion = StatsInclusion()
+
+
+def health_port(node: ProxyNode, options: BootstrapOptions) -> int:
+    """The health listener's port for `node` (0: none)."""
+    if options.health_port is not None:
+        return options.health_port
+    return HEALTH_PORT if node.type is ProxyType.ROUTER else 0
 
 
 def _filename(path: Path) -> dict[str, str]:
@@ -132,8 +239,34 @@ def xds_transport_socket(tls: XdsClientTls, xds_host: str) -> dict[str, Any]:
     return {"name": "envoy.transport_sockets.tls", "typed_config": context}
 
 
+def _ads_source() -> dict[str, Any]:
+    """CDS and LDS over ADS, as Istio's envoy_bootstrap.json (`dynamic_resources`) gives them:
+    `initial_fetch_timeout: 0s` waits for the first response however long meshctl takes. Envoy's
+    default (15 s) would then mark the resource initialized without any, and report LIVE with no
+    listeners: a proxy that load balancers and `systemctl` take for ready and that drops every
+    connection."""
+    return {"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"}
+
+
+def stats_config(inclusion: StatsInclusion = StatsInclusion()) -> dict[str, Any]:
+    """Istio's `stats_config` (envoy_bootstrap.json): its tag extractors alone (no Envoy default
+    tags, which would split names at every dot), and, with an inclusion list, Istio's stats
+    matcher: the patterns Istio always keeps, then the given ones (pkg/bootstrap/config.go
+    `getStatsOptions`, which appends its required patterns to the ProxyConfig's)."""
+    config: dict[str, Any] = {"use_all_default_tags": False, "stats_tags": [dict(tag) for tag in STATS_TAGS]}
+    if inclusion:
+        patterns: list[dict[str, Any]] = []
+        patterns += [{"prefix": p} for p in (*REQUIRED_INCLUSION_PREFIXES, *inclusion.prefixes)]
+        patterns += [{"suffix": s} for s in (*REQUIRED_INCLUSION_SUFFIXES, *inclusion.suffixes)]
+        patterns += [{"safe_regex": {"regex": r}} for r in (*REQUIRED_INCLUSION_REGEXES, *inclusion.regexes)]
+        patterns += [{"prefix": p} for p in _ALWAYS_INCLUDED_PREFIXES]
+        config["stats_matcher"] = {"inclusion_list": {"patterns": patterns}}
+    return config
+
+
 def build_bootstrap(node: ProxyNode, options: BootstrapOptions) -> dict[str, Any]:
-    """The bootstrap as plain data (YAML or JSON for Envoy's `-c`)."""
+    """The bootstrap as plain data (YAML or JSON for Envoy's `-c`); raises ValueError for options
+    Envoy could not run with (`port_problem`, `StatsInclusion.problem`)."""
     metadata: dict[str, Any] = {
         "NAMESPACE": node.namespace,
         "INTERCEPTION_MODE": node.interception.value,
@@ -141,14 +274,19 @@ def build_bootstrap(node: ProxyNode, options: BootstrapOptions) -> dict[str, Any
     labels = {**node.labels, **options.labels}
     if labels:
         metadata["LABELS"] = dict(labels)
-    ads = {"ads": {}, "resource_api_version": "V3"}
-    static: dict[str, Any] = {"clusters": [xds_cluster(options)]}
+    problem = port_problem(node, options) or options.stats_inclusion.problem()
+    if problem is not None:
+        raise ValueError(problem)
+    ipv6 = ":" in node.ip
+    static: dict[str, Any] = {"clusters": [xds_cluster(options)], "listeners": []}
     if options.stats_port:
-        problem = stats_port_problem(options)
-        if problem is not None:
-            raise ValueError(problem)
-        static["clusters"].append(stats_cluster(options))
-        static["listeners"] = [stats_listener(options.stats_port, ipv6=":" in node.ip)]
+        static["clusters"].append(admin_cluster(STATS_CLUSTER, options))
+        static["listeners"].append(stats_listener(options.stats_port, ipv6=ipv6))
+    if port := health_port(node, options):
+        static["clusters"].append(admin_cluster(HEALTH_CLUSTER, options))
+        static["listeners"].append(health_listener(port, ipv6=ipv6))
+    if not static["listeners"]:
+        del static["listeners"]
     return {
         "node": {
             "id": node.id,
@@ -167,6 +305,12 @@ def build_bootstrap(node: ProxyNode, options: BootstrapOptions) -> dict[str, Any
             ]
         },
         "overload_manager": _overload_manager(),
+        "stats_config": stats_config(options.stats_inclusion),
+        # Istio's envoy_bootstrap.json `deferred_stat_options` (ENABLE_DEFERRED_STATS_CREATION,
+        # istio/istio#52654, always on since #56252): a cluster's traffic stats are created when
+        # the cluster first carries a request. A sidecar holds a cluster per service and subset
+        # of the mesh and talks to a few of them.
+        "deferred_stat_options": {"enable_deferred_creation_stats": True},
         "dynamic_resources": {
             "ads_config": {
                 "api_type": "DELTA_GRPC" if options.delta else "GRPC",
@@ -174,8 +318,8 @@ def build_bootstrap(node: ProxyNode, options: BootstrapOptions) -> dict[str, Any
                 "set_node_on_first_message_only": True,
                 "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}],
             },
-            "cds_config": ads,
-            "lds_config": ads,
+            "cds_config": _ads_source(),
+            "lds_config": _ads_source(),
         },
         "static_resources": static,
     }
@@ -183,25 +327,50 @@ def build_bootstrap(node: ProxyNode, options: BootstrapOptions) -> dict[str, Any
 
 def stats_port_problem(options: BootstrapOptions) -> str | None:
     """Why the Prometheus listener cannot be built with `options`, or None."""
-    if not 0 < options.stats_port < 65536:
-        return f"the stats port {options.stats_port} is not a TCP port (1-65535, or 0 for none)"
+    return _listener_port_problem("stats", options.stats_port, options)
+
+
+def health_port_problem(node: ProxyNode, options: BootstrapOptions) -> str | None:
+    """Why the health listener cannot be built for `node` with `options`, or None."""
+    port = health_port(node, options)
+    if port and port == options.stats_port:
+        return f"the health port and the stats port are both {port}"
+    return _listener_port_problem("health", port, options)
+
+
+def port_problem(node: ProxyNode, options: BootstrapOptions) -> str | None:
+    """Why the stats or the health listener cannot be built, or None."""
+    return (stats_port_problem(options) if options.stats_port else None) or (
+        health_port_problem(node, options) if health_port(node, options) else None
+    )
+
+
+def _listener_port_problem(what: str, port: int, options: BootstrapOptions) -> str | None:
+    if not 0 < port < 65536:
+        return f"the {what} port {port} is not a TCP port (1-65535, or 0 for none)"
     if options.admin_port == 0:
-        return "the stats listener forwards to the admin port, which must then be a fixed port, not 0"
-    if options.stats_port == options.admin_port:
-        return f"the stats port and the admin port are both {options.admin_port}"
+        return f"the {what} listener forwards to the admin port, which must then be a fixed port, not 0"
+    if port == options.admin_port:
+        return f"the {what} port and the admin port are both {options.admin_port}"
     return None
+
+
+def admin_cluster(name: str, options: BootstrapOptions) -> dict[str, Any]:
+    """A static cluster to the admin API: `prometheus_stats` (Istio's, envoy_bootstrap.json) for
+    the Prometheus listener, `envoy_ready` for the health listener."""
+    # An admin API on every address is still reached on loopback.
+    address = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(options.admin_address, options.admin_address)
+    return {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "0.250s",
+        "load_assignment": _load_assignment(name, address, options.admin_port),
+    }
 
 
 def stats_cluster(options: BootstrapOptions) -> dict[str, Any]:
     """`prometheus_stats`: the admin API, as the Prometheus listener's upstream (Istio's cluster)."""
-    # An admin API on every address is still reached on loopback.
-    address = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(options.admin_address, options.admin_address)
-    return {
-        "name": STATS_CLUSTER,
-        "type": "STATIC",
-        "connect_timeout": "0.250s",
-        "load_assignment": _load_assignment(STATS_CLUSTER, address, options.admin_port),
-    }
+    return admin_cluster(STATS_CLUSTER, options)
 
 
 def stats_listener(port: int, *, ipv6: bool = False) -> dict[str, Any]:
@@ -210,21 +379,45 @@ def stats_listener(port: int, *, ipv6: bool = False) -> dict[str, Any]:
     # The path alone (Istio matches it as a prefix, which the admin API then refuses); the query
     # string is not part of it, so `?usedonly` and `?filter=` work as on the admin port.
     route = {"match": {"path": STATS_PATH}, "route": {"cluster": STATS_CLUSTER}}
+    return _admin_listener(STATS_CLUSTER, port, route, stat_prefix="stats", ipv6=ipv6)
+
+
+def health_listener(port: int, *, ipv6: bool = False) -> dict[str, Any]:
+    """Istio's health listener (15021, envoy_bootstrap.json's second listener): `/healthz/ready`
+    on every address answers from Envoy's readiness, the admin API's `/ready` (200 `LIVE`, 503
+    `DRAINING`; Envoy opens its static listeners with its first config, so before that nothing
+    answers); any other path is a 404. A load balancer health-checks a gateway VM here as it
+    checks an Istio gateway pod."""
+    route = {
+        "match": {"path": HEALTH_PATH},
+        # The whole path, query string aside: `/healthz/ready` is asked as `/ready`.
+        "route": {"cluster": HEALTH_CLUSTER, "prefix_rewrite": READY_PATH},
+    }
+    # Istio's stat prefix for this listener (pilot-agent's); its stats read `http.agent.*`.
+    return _admin_listener(HEALTH_CLUSTER, port, route, stat_prefix="agent", ipv6=ipv6)
+
+
+def _admin_listener(name: str, port: int, route: dict[str, Any], *, stat_prefix: str, ipv6: bool) -> dict[str, Any]:
+    """A listener on every address whose one route goes to an admin API cluster."""
     manager = {
         "@type": _HCM,
         "codec_type": "AUTO",
-        "stat_prefix": "stats",
+        "stat_prefix": stat_prefix,
         # `/stats/prometheus/../config_dump` is `/config_dump` before routing, and so a 404.
         "normalize_path": True,
         "route_config": {
-            "name": STATS_CLUSTER,
+            "name": name,
             "virtual_hosts": [{"name": "backend", "domains": ["*"], "routes": [route]}],
         },
         "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}}],
     }
     return {
-        "name": STATS_CLUSTER,
+        "name": name,
         "address": {"socket_address": {"address": "::" if ipv6 else "0.0.0.0", "port_value": port}},
+        # Istio's static listeners (BYPASS_OVERLOAD_MANAGER_FOR_STATIC_LISTENERS): scrapes and
+        # health checks are answered when a connection limit or overload turns traffic away.
+        "ignore_global_conn_limit": True,
+        "bypass_overload_manager": True,
         "filter_chains": [
             {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}]}
         ],

@@ -1,5 +1,5 @@
-"""`meshctl bootstrap`: Istio's runtime layer, the Prometheus listener, and the RE2 limit they share
-with `meshctl validate`.
+"""`meshctl bootstrap`: Istio's runtime layer, CDS and LDS that wait for meshctl, the Prometheus and
+health listeners, and the RE2 limit the runtime layer shares with `meshctl validate`.
 
 Unit tests of the bootstrap's shape, the CLI's refusals, and Envoy's own verdict in validate mode
 (`envoy --mode validate`, a tenth of a second): the generated bootstrap is accepted, and a regex is
@@ -20,6 +20,10 @@ from ruamel.yaml import YAML
 from typer.testing import CliRunner
 
 from meshctl.bootstrap import (
+    HEALTH_CLUSTER,
+    HEALTH_PATH,
+    HEALTH_PORT,
+    READY_PATH,
     RUNTIME,
     STATS_CLUSTER,
     STATS_PATH,
@@ -36,6 +40,7 @@ from meshctl.testing.envoy import EnvoyError, envoy_binary, validate_config
 
 NODE = "sidecar~10.10.0.41~orders-vm.shop~shop.svc.cluster.local"
 NODE6 = "sidecar~fd00::41~orders-vm.shop~shop.svc.cluster.local"
+ROUTER = "router~10.10.0.2~edge-vm.shop~shop.svc.cluster.local"
 
 #: Works under Istio (program size 1336), refused by Envoy's default limit of 100.
 ISTIO_REGEX = "^/(alpha|beta|gamma|delta|epsilon){20,40}/[a-z0-9]{1,64}$"
@@ -52,8 +57,8 @@ def bootstrap(node_id: str = NODE, **options: Any) -> dict[str, Any]:
     return build_bootstrap(parse_node_id(node_id), BootstrapOptions("10.10.0.1", 15010, **options))
 
 
-def cli_bootstrap(*args: str) -> dict[str, Any]:
-    result = runner.invoke(app, ["bootstrap", "--proxy", NODE, "--xds-address", "10.10.0.1:15010", *args])
+def cli_bootstrap(*args: str, node_id: str = NODE) -> dict[str, Any]:
+    result = runner.invoke(app, ["bootstrap", "--proxy", node_id, "--xds-address", "10.10.0.1:15010", *args])
     assert result.exit_code == 0, result.output
     loaded: dict[str, Any] = YAML(typ="safe").load(result.stdout)
     return loaded
@@ -94,6 +99,123 @@ def test_the_runtime_layer_is_a_copy_per_bootstrap() -> None:
     first = bootstrap()
     static_layer(first)["re2.max_program_size.error_level"] = 1
     assert static_layer(bootstrap())["re2.max_program_size.error_level"] == RE2_MAX_PROGRAM_SIZE
+
+
+# -- waiting for the first config -------------------------------------------------------------------
+
+
+def test_cds_and_lds_wait_for_meshctl_however_long_it_takes() -> None:
+    """Istio's envoy_bootstrap.json `dynamic_resources`: initial_fetch_timeout 0s, over ADS, V3."""
+    dynamic = bootstrap()["dynamic_resources"]
+    for source in ("cds_config", "lds_config"):
+        assert dynamic[source] == {"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"}
+    assert dynamic["cds_config"] is not dynamic["lds_config"]  # no YAML anchors in the output
+    assert "&id" not in runner.invoke(app, ["bootstrap", "--proxy", NODE]).stdout
+
+
+# -- the health listener ------------------------------------------------------------------------------
+
+
+def listeners(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {li["name"]: li for li in config["static_resources"].get("listeners", [])}
+
+
+def clusters(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in config["static_resources"]["clusters"]}
+
+
+def test_a_router_answers_health_checks_from_envoys_readiness() -> None:
+    config = bootstrap(ROUTER, admin_port=15001)
+    listener = listeners(config)[HEALTH_CLUSTER]
+    assert listener["address"] == {"socket_address": {"address": "0.0.0.0", "port_value": HEALTH_PORT}}
+    assert (HEALTH_PORT, HEALTH_PATH, READY_PATH) == (15021, "/healthz/ready", "/ready")
+    manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    assert manager["normalize_path"] is True
+    assert manager["stat_prefix"] == "agent"  # Istio's, for this listener
+    (vhost,) = manager["route_config"]["virtual_hosts"]
+    assert vhost["routes"] == [
+        {"match": {"path": HEALTH_PATH}, "route": {"cluster": HEALTH_CLUSTER, "prefix_rewrite": READY_PATH}}
+    ]
+    (endpoint,) = clusters(config)[HEALTH_CLUSTER]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert endpoint["endpoint"]["address"] == {"socket_address": {"address": "127.0.0.1", "port_value": 15001}}
+    # Istio's static listeners answer when a connection limit or overload turns traffic away.
+    for name in (HEALTH_CLUSTER, STATS_CLUSTER):
+        assert listeners(config)[name]["ignore_global_conn_limit"] is True
+        assert listeners(config)[name]["bypass_overload_manager"] is True
+
+
+def test_a_sidecar_has_no_health_listener_unless_given_a_port() -> None:
+    assert HEALTH_CLUSTER not in listeners(bootstrap())
+    assert HEALTH_CLUSTER not in clusters(bootstrap())
+    config = bootstrap(health_port=16021)
+    assert listeners(config)[HEALTH_CLUSTER]["address"]["socket_address"]["port_value"] == 16021
+
+
+def test_health_port_zero_means_none_for_a_router_too() -> None:
+    config = bootstrap(ROUTER, health_port=0)
+    assert HEALTH_CLUSTER not in listeners(config)
+    assert HEALTH_CLUSTER not in clusters(config)
+
+
+def test_health_listener_on_ipv6_node_binds_the_ipv6_wildcard() -> None:
+    config = bootstrap(NODE6, admin_address="::", health_port=16021)
+    assert listeners(config)[HEALTH_CLUSTER]["address"]["socket_address"]["address"] == "::"
+    address = clusters(config)[HEALTH_CLUSTER]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+    assert address["endpoint"]["address"]["socket_address"]["address"] == "::1"
+
+
+@pytest.mark.parametrize(
+    ("node_id", "options", "problem"),
+    [
+        (ROUTER, {"admin_port": 15021}, "the health port and the admin port are both 15021"),
+        (ROUTER, {"stats_port": 15021}, "the health port and the stats port are both 15021"),
+        (ROUTER, {"admin_port": 0, "stats_port": 0}, "the health listener forwards to the admin port"),
+        (NODE, {"health_port": 70000}, "the health port 70000 is not a TCP port"),
+    ],
+)
+def test_build_bootstrap_refuses_a_health_listener_it_cannot_build(
+    node_id: str, options: dict[str, int], problem: str
+) -> None:
+    with pytest.raises(ValueError, match=problem):
+        bootstrap(node_id, **options)
+
+
+def test_cli_health_port() -> None:
+    def health_ports(config: dict[str, Any]) -> list[int]:
+        return [
+            li["address"]["socket_address"]["port_value"]
+            for li in listeners(config).values()
+            if li["name"] == HEALTH_CLUSTER
+        ]
+
+    assert health_ports(cli_bootstrap()) == []
+    assert health_ports(cli_bootstrap(node_id=ROUTER)) == [15021]
+    assert health_ports(cli_bootstrap("--health-port", "0", node_id=ROUTER)) == []
+    assert health_ports(cli_bootstrap("--health-port", "16021")) == [16021]
+    result = runner.invoke(app, ["bootstrap", "--proxy", "edge-vm.shop", "--ip", "10.10.0.2", "--router"])
+    assert result.exit_code == 0
+    assert f"name: {HEALTH_CLUSTER}" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--health-port", "15000"], "--health-port 15000: the health port and the admin port are both 15000"),
+        (["--health-port", "15090"], "the health port and the stats port are both 15090"),
+        (["--health-port", "65536"], "--health-port"),
+    ],
+)
+def test_cli_refuses_a_health_port_envoy_could_not_serve(args: list[str], says: str) -> None:
+    result = runner.invoke(app, ["bootstrap", "--proxy", ROUTER, *args])
+    assert result.exit_code == 2
+    assert says in " ".join(result.output.split())
+
+
+def test_cli_names_the_default_health_port_of_a_router_when_it_clashes() -> None:
+    result = runner.invoke(app, ["bootstrap", "--proxy", ROUTER, "--admin-port", "15021"])
+    assert result.exit_code == 2
+    assert "--health-port 15021: the health port and the admin port are both 15021" in result.output
+    assert "--health-port 0" in result.output
 
 
 # -- the Prometheus listener ----------------------------------------------------------------------
@@ -181,10 +303,17 @@ def test_cli_refuses_a_stats_port_envoy_could_not_serve(args: list[str], says: s
         [],
         ["--stats-port", "0"],
         ["--delta", "--admin-port", "15001", "--stats-port", "16090"],
+        ["--health-port", "16021", "--stats-inclusion-prefix", "cluster.outbound"],
+        ["--stats-inclusion-suffix", "rq_timeout", "--stats-inclusion-regex", r"vhost\..*\.route\..*_5xx"],
     ],
 )
 def test_envoy_accepts_the_bootstrap(args: list[str]) -> None:
     validate_config(cli_bootstrap(*args))
+
+
+@needs_envoy
+def test_envoy_accepts_the_router_bootstrap() -> None:
+    validate_config(cli_bootstrap(node_id=ROUTER))
 
 
 @needs_envoy

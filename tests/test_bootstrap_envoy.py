@@ -11,12 +11,20 @@ port of its own: the Prometheus listener forwards to the admin port the bootstra
   refused without the runtime layer.
 - The stats port answers `/stats/prometheus` with Envoy's stats, and 404 for the rest of the
   admin API, however the path is dressed up.
+- Istio's tag extractors make names Prometheus labels: `cluster_name="xds-grpc"`,
+  `listener_address="127.0.0.1_PORT"`, and for a generated cluster, once its stats name it as
+  Istio does (`alt_stat_name: "outbound|PORT||HOST;"`), `cluster_name="outbound|PORT||HOST"`
+  whole, dots and all. A static bootstrap of generated resources named that way shows it; the
+  Envoy fed by `meshctl serve` shows it once meshctl/xds names its clusters so (until then its
+  test is an expected failure). Traffic stats of a cluster that carried no request are not
+  created (Istio's deferred stat creation).
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import re
 import subprocess
 import tempfile
 import time
@@ -28,9 +36,13 @@ from typing import Any
 
 import pytest
 
+from meshctl.bootstrap import BootstrapOptions, build_bootstrap
+from meshctl.snapshot.proxy import parse_node_id
 from meshctl.testing.backends import Backend, send
-from meshctl.testing.envoy import envoy_binary, free_port
+from meshctl.testing.builders import proxy_for, snapshot_from_yaml
+from meshctl.testing.envoy import envoy_binary, free_port, static_resources
 from meshctl.testing.serve_process import ServeProcess
+from meshctl.xds.generate import generate
 
 pytestmark = [
     pytest.mark.e2e,
@@ -266,3 +278,108 @@ def test_stats_port_does_not_reach_the_rest_of_the_admin_api(mesh: Mesh, method:
     # The same request on the admin port does reach it (the 404 is the stats listener's).
     if method == "GET" and path in ("/clusters", "/config_dump"):
         assert "xds-grpc" in mesh.envoy.admin(path.lstrip("/"))
+
+
+# -- Istio's stat names ---------------------------------------------------------------------------
+
+
+def prometheus(port: int) -> list[str]:
+    """The stats port's samples, comments left out."""
+    status, body = get(port, "/stats/prometheus")
+    assert status == 200
+    return [line for line in body.splitlines() if line and not line.startswith("#")]
+
+
+def test_stats_port_labels_the_static_clusters_and_listeners(mesh: Mesh) -> None:
+    wait_for(lambda: send(mesh.service_port, HOST, path=MATCHING).ok, "the catalog answering", mesh.envoy.log)
+    samples = prometheus(mesh.stats_port)
+    assert any(re.fullmatch(r'envoy_cluster_upstream_cx_total\{cluster_name="xds-grpc"\} [1-9]\d*', s) for s in samples)
+    assert any(f'listener_address="127.0.0.1_{mesh.service_port}"' in s for s in samples)
+    # The stats keep their plain names on the admin API, where tools filter them by name.
+    assert "cluster.xds-grpc.upstream_cx_total: " in mesh.envoy.admin("stats?filter=upstream_cx_total")
+    # Not split at the dash or read as part of the metric's name.
+    assert not [s for s in samples if s.startswith("envoy_cluster_xds_grpc")]
+
+
+def generated_cluster_label(port: int) -> str:
+    return f'cluster_name="outbound|{port}||{HOST}"'
+
+
+def test_stats_port_labels_a_generated_cluster_with_its_whole_name(mesh: Mesh) -> None:
+    wait_for(lambda: send(mesh.service_port, HOST, path=MATCHING).ok, "the catalog answering", mesh.envoy.log)
+    samples = prometheus(mesh.stats_port)
+    label = generated_cluster_label(mesh.service_port)
+    assert any(s.startswith("envoy_cluster_upstream_rq_total{") and label in s for s in samples)
+    assert not [s for s in samples if "e2e_boot" in s.split("{")[0]]
+
+
+UNUSED_HOST = f"unused.{NS}.mesh"
+
+
+def unused_service_yaml(port: int) -> str:
+    return f"""---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: unused, namespace: {NS}}}
+spec:
+  hosts: [{UNUSED_HOST}]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{{number: {port}, name: http, protocol: HTTP}}]
+  workloadSelector: {{labels: {{app: unused}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: unused-1, namespace: {NS}}}
+spec: {{address: 127.0.0.34, labels: {{app: unused}}}}
+"""
+
+
+def delimited(name: str) -> str:
+    """`name` ended with Istio's `;` (once: meshctl/xds may already end it so)."""
+    return name if name.endswith(";") else name + ";"
+
+
+def named_as_istio(node: Any) -> Any:
+    """Generated resources with Istio's stat names: every cluster's `alt_stat_name` and every HTTP
+    connection manager's `stat_prefix` end with `;` (what meshctl/xds is asked to generate)."""
+    if isinstance(node, dict):
+        node = {k: named_as_istio(v) for k, v in node.items()}
+        if str(node.get("@type", "")).endswith("HttpConnectionManager"):
+            node["stat_prefix"] = delimited(node["stat_prefix"])
+        return node
+    if isinstance(node, list):
+        return [named_as_istio(v) for v in node]
+    return node
+
+
+def test_istios_stat_names_become_whole_labels_and_unused_clusters_have_no_traffic_stats() -> None:
+    """The bootstrap's stats settings, run by Envoy on the generated config named as Istio names
+    it, static (no meshctl serve): the cluster and the connection manager are labels, whole."""
+    service_port, admin_port, stats_port = free_port(), free_port(), free_port()
+    snapshot = snapshot_from_yaml(mesh_yaml(service_port) + unused_service_yaml(free_port()), namespace=NS)
+    generated = static_resources(generate(snapshot, proxy_for(snapshot, CLIENT)))
+    for cluster in generated["clusters"]:
+        cluster["alt_stat_name"] = delimited(cluster.get("alt_stat_name", cluster["name"]))
+    options = BootstrapOptions("127.0.0.1", 1, admin_port=admin_port, stats_port=stats_port)
+    config = build_bootstrap(parse_node_id(CLIENT), options)
+    del config["dynamic_resources"]
+    config["static_resources"]["clusters"] += generated["clusters"]
+    config["static_resources"]["listeners"] += named_as_istio(generated["listeners"])
+
+    with Backend("catalog", BACKEND, service_port), BootstrappedEnvoy(config, admin_port) as envoy:
+        wait_for(lambda: send(service_port, HOST, path=MATCHING).ok, "the catalog answering", envoy.log)
+        samples = prometheus(stats_port)
+        label = generated_cluster_label(service_port)
+        assert f"envoy_cluster_upstream_rq_total{{{label}}} 1" in samples
+        assert any(
+            s.startswith("envoy_http_downstream_rq_total{")
+            and f'http_conn_manager_prefix="outbound_127.0.0.1_{service_port}"' in s
+            for s in samples
+        )
+        assert not [s for s in samples if "e2e_boot" in s.split("{")[0]]
+        # Deferred stat creation: the cluster that carried no request has its membership stats
+        # and no traffic stats.
+        unused = [line for line in envoy.admin("stats").splitlines() if f"||{UNUSED_HOST};." in line]
+        assert any(".membership_total: 1" in line for line in unused), unused
+        assert not [line for line in unused if ".upstream_rq_total" in line or ".upstream_cx_total" in line]

@@ -83,9 +83,9 @@ def documented_settings(path: Path) -> dict[str, str]:
     return settings
 
 
-def expand_specifiers(text: str, runtime: Path) -> str:
+def expand_specifiers(text: str, runtime: Path, instance: str = INSTANCE) -> str:
     """The specifiers the units use (systemd.unit(5)); any other one fails the test, to be added here."""
-    values = {"i": INSTANCE, "t": str(runtime), "%": "%"}
+    values = {"i": instance, "t": str(runtime), "%": "%"}
     return re.sub(r"%(.)", lambda m: values[m.group(1)], text)
 
 
@@ -106,8 +106,11 @@ def command_line(line: str, environ: Mapping[str, str]) -> list[str]:
 
 
 def referenced_variables(path: Path) -> set[str]:
+    """The environment variables the Exec*= lines read: `$NAME`, `${NAME}` and the shell's `$${NAME}`,
+    but not a variable a shell script of theirs sets itself (`version=v4; ... $$version`)."""
     text = " ".join(v for key, values in service(path).items() if key.startswith("Exec") for v in values)
-    return set(re.findall(r"\$\$?\{?([A-Za-z_][A-Za-z0-9_]*)", text))
+    local = set(re.findall(r"(?:^|[\s;'])([A-Za-z_][A-Za-z0-9_]*)=", text))
+    return set(re.findall(r"\$\$?\{?([A-Za-z_][A-Za-z0-9_]*)", text)) - local
 
 
 # -- the CLI the units run ----------------------------------------------------------------------
@@ -309,15 +312,58 @@ def test_envoy_unit_directive(key: str, value: str) -> None:
     assert one(ENVOY_UNIT, key) == value
 
 
+def envoy_command(tmp_path: Path, environ: Mapping[str, str]) -> list[str]:
+    """The envoy command line ExecStart= runs: its shell script, run with `environ` up to its
+    `exec`, which prints the command instead (specifiers expanded, `$$` as systemd makes it `$`)."""
+    start = command_line(expand_specifiers(one(ENVOY_UNIT, "ExecStart"), tmp_path), environ)
+    assert start[:2] == ["/bin/sh", "-c"]
+    script = start[2].replace("exec /usr/local/bin/envoy", "exec /usr/bin/env printf '%s\\n' /usr/local/bin/envoy")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **environ}
+    out = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True, check=True, timeout=30)
+    return out.stdout.splitlines()
+
+
+def flag(argv: list[str], name: str) -> str:
+    assert argv.count(name) == 1, f"{name} once in {argv}"
+    return argv[argv.index(name) + 1]
+
+
 def test_envoy_unit_writes_the_bootstrap_envoy_reads(tmp_path: Path) -> None:
     pre = command_line(expand_specifiers(one(ENVOY_UNIT, "ExecStartPre"), tmp_path), {})
-    start = command_line(expand_specifiers(one(ENVOY_UNIT, "ExecStart"), tmp_path), {})
+    start = envoy_command(tmp_path, {})
     bootstrap = tmp_path / f"envoy-{INSTANCE}" / "envoy.yaml"
     assert pre[:2] == ["/bin/sh", "-c"]
     assert pre[2].endswith(f'> "{bootstrap}"')
     assert start[0] == "/usr/local/bin/envoy"
-    assert start[start.index("-c") + 1] == str(bootstrap)
+    assert flag(start, "-c") == str(bootstrap)
     assert expand_specifiers(one(ENVOY_UNIT, "RuntimeDirectory"), tmp_path) == bootstrap.parent.name
+    # The stop finds the admin API where Envoy writes its address, beside the bootstrap.
+    assert flag(start, "--admin-address-path") == str(bootstrap.parent / "admin.address")
+    assert str(bootstrap.parent / "admin.address") in expand_specifiers(one(ENVOY_UNIT, "ExecStop"), tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("environ", "drain", "version"),
+    [
+        ({}, "45", "v4"),
+        ({"MESHCTL_VM_IP": "10.10.0.41", "MESHCTL_DRAIN_DURATION": "30"}, "30", "v4"),
+        ({"MESHCTL_VM_IP": "fd00::41"}, "45", "v6"),
+    ],
+)
+def test_envoy_unit_starts_envoy_with_istios_flags(
+    tmp_path: Path, environ: dict[str, str], drain: str, version: str
+) -> None:
+    """pilot-agent's flags (pkg/envoy/proxy.go `args`): the drain time (ProxyConfig drainDuration,
+    45 s by default), immediate drain, the local address version of the proxy's address, a
+    one-second access log flush, no hot restart; then ENVOY_ARGS, word by word."""
+    start = envoy_command(tmp_path, {**environ, "ENVOY_ARGS": "--concurrency 2  --log-level info"})
+    assert flag(start, "--drain-time-s") == drain
+    assert flag(start, "--drain-strategy") == "immediate"
+    assert flag(start, "--local-address-ip-version") == version
+    assert flag(start, "--file-flush-interval-msec") == "1000"
+    assert "--disable-hot-restart" in start
+    assert flag(start, "--log-format") == "[%l][%n] %v"
+    assert start[-4:] == ["--concurrency", "2", "--log-level", "info"]
 
 
 def test_envoy_unit_bootstrap_flags_are_ones_meshctl_bootstrap_knows(tmp_path: Path) -> None:
@@ -344,10 +390,20 @@ def _envoy_binary() -> str:
     return found
 
 
-def _run_start_pre(tmp_path: Path, environ: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+def _envoy_start(tmp_path: Path, environ: Mapping[str, str], instance: str = INSTANCE) -> list[str]:
+    """ExecStart= as systemd runs it, with the Envoy of this venv in place of /usr/local/bin/envoy."""
+    argv = command_line(expand_specifiers(one(ENVOY_UNIT, "ExecStart"), tmp_path, instance), environ)
+    assert "exec /usr/local/bin/envoy " in argv[2]
+    argv[2] = argv[2].replace("exec /usr/local/bin/envoy ", f"exec {shlex.quote(_envoy_binary())} ")
+    return argv
+
+
+def _run_start_pre(
+    tmp_path: Path, environ: Mapping[str, str], instance: str = INSTANCE
+) -> subprocess.CompletedProcess[str]:
     """ExecStartPre= as systemd runs it, with the CLI of this venv in place of /usr/local/bin/meshctl."""
-    (tmp_path / f"envoy-{INSTANCE}").mkdir(exist_ok=True)
-    argv = command_line(expand_specifiers(one(ENVOY_UNIT, "ExecStartPre"), tmp_path), environ)
+    (tmp_path / f"envoy-{instance}").mkdir(exist_ok=True)
+    argv = command_line(expand_specifiers(one(ENVOY_UNIT, "ExecStartPre"), tmp_path, instance), environ)
     argv[2] = argv[2].replace("/usr/local/bin/meshctl", f"{shlex.quote(sys.executable)} -m meshctl")
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **environ}
     return subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=120)
@@ -363,12 +419,13 @@ def test_envoy_unit_commands_run_as_documented(tmp_path: Path) -> None:
     assert bootstrap["node"]["id"] == NODE_ID
     assert bootstrap["admin"]["address"]["socket_address"]["port_value"] == 15001
 
-    argv = command_line(expand_specifiers(one(ENVOY_UNIT, "ExecStart"), tmp_path), environ)
-    assert argv[0] == "/usr/local/bin/envoy"
-    argv[0] = _envoy_binary()
     # Envoy checks the bootstrap and every flag, including ENVOY_ARGS, without serving.
-    checked = subprocess.run([*argv, "--mode", "validate"], capture_output=True, text=True, check=False, timeout=120)
+    validating = {**environ, "ENVOY_ARGS": environ["ENVOY_ARGS"] + " --mode validate"}
+    argv = _envoy_start(tmp_path, validating)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **validating}
+    checked = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=120)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "OK" in checked.stdout + checked.stderr
 
 
 @pytest.mark.slow

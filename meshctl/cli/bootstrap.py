@@ -38,6 +38,36 @@ def bootstrap(
             "host its own.",
         ),
     ] = 15090,
+    health_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            metavar="PORT",
+            show_default=False,
+            help="Answer GET /healthz/ready on this port of every address from Envoy's readiness (200 once it "
+            "has its config, 503 once it is stopping), as Istio's 15021, for load balancers' health checks; "
+            "0 for none. Default: 15021 for a gateway (--router or a router~ node id), none for a sidecar.",
+        ),
+    ] = None,
+    stats_inclusion_prefix: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="PREFIX",
+            help="Keep only the Envoy stats named by --stats-inclusion-* (and those Istio always keeps: "
+            "server, cluster_manager, listener_manager, cluster.xds-grpc, ...), as Istio's "
+            "proxyStatsMatcher; this one keeps stats whose name starts with PREFIX (cluster.outbound). "
+            "Repeatable. Default: every stat.",
+        ),
+    ] = None,
+    stats_inclusion_suffix: Annotated[
+        list[str] | None,
+        typer.Option(metavar="SUFFIX", help="Keep stats whose name ends with SUFFIX (rq_timeout); repeatable."),
+    ] = None,
+    stats_inclusion_regex: Annotated[
+        list[str] | None,
+        typer.Option(metavar="RE2", help="Keep stats whose whole name matches the RE2 regex; repeatable."),
+    ] = None,
     label: Annotated[
         list[str] | None, typer.Option(help="A workload label KEY=VALUE sent in node metadata; repeatable.")
     ] = None,
@@ -66,7 +96,17 @@ def bootstrap(
     import json
     import sys
 
-    from meshctl.bootstrap import BootstrapOptions, XdsClientTls, build_bootstrap, stats_port_problem
+    from meshctl.bootstrap import (
+        BootstrapOptions,
+        StatsInclusion,
+        XdsClientTls,
+        build_bootstrap,
+        health_port_problem,
+        stats_port_problem,
+    )
+    from meshctl.bootstrap import (
+        health_port as effective_health_port,
+    )
     from meshctl.cli import output as out
     from meshctl.config.hosts import is_ip
     from meshctl.errors import NodeIdError
@@ -106,12 +146,30 @@ def bootstrap(
         out.error("--xds-cert, --xds-key and --xds-sni need --xds-ca: TLS without checking the server is not offered")
         raise typer.Exit(2)
     tls = XdsClientTls(xds_ca, xds_cert, xds_key, xds_sni) if xds_ca is not None else None
+    inclusion = StatsInclusion(
+        tuple(stats_inclusion_prefix or ()), tuple(stats_inclusion_suffix or ()), tuple(stats_inclusion_regex or ())
+    )
     options = BootstrapOptions(
-        xds_host=host, xds_port=port, delta=delta, admin_port=admin_port, labels=labels, tls=tls, stats_port=stats_port
+        xds_host=host,
+        xds_port=port,
+        delta=delta,
+        admin_port=admin_port,
+        labels=labels,
+        tls=tls,
+        stats_port=stats_port,
+        health_port=health_port,
+        stats_inclusion=inclusion,
     )
     problem = stats_port_problem(options) if stats_port else None
     if problem is not None:
         out.error(f"--stats-port {stats_port}: {problem} (--stats-port 0 for no stats listener)")
+        raise typer.Exit(2)
+    problem = health_port_problem(node, options) if effective_health_port(node, options) else None
+    if problem is not None:
+        out.error(f"--health-port {effective_health_port(node, options)}: {problem} (--health-port 0 for none)")
+        raise typer.Exit(2)
+    if (problem := inclusion.problem()) is not None:
+        out.error(f"--stats-inclusion-*: {problem}")
         raise typer.Exit(2)
     config = build_bootstrap(node, options)
     if output is BootstrapFormat.json:

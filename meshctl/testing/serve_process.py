@@ -201,9 +201,10 @@ class ServeProcess:
         cmd = [*meshctl_command(), "bootstrap", "--proxy", node_id, "--xds-address", self.xds_address, "-o", "json"]
         if delta:
             cmd.append("--delta")
-        if "--stats-port" not in extra_args:
-            # Not Prometheus' fixed 15090: tests run many Envoys side by side on one host.
-            cmd += ["--stats-port", "0"]
+        # Not the fixed 15090 and 15021: tests run many Envoys side by side on one host.
+        for flag in ("--stats-port", "--health-port"):
+            if flag not in extra_args:
+                cmd += [flag, "0"]
         proc = subprocess.run([*cmd, *extra_args], capture_output=True, text=True, timeout=60, check=False)
         if proc.returncode != 0:
             raise ServeError(f"meshctl bootstrap failed ({proc.returncode}): {proc.stderr.strip()}")
