@@ -10,6 +10,7 @@ against this server, so the Envoy under test starts from what users run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -164,7 +165,14 @@ class ServeProcess:
             self._proc.send_signal(signal.SIGHUP)
 
     def __enter__(self) -> ServeProcess:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            # A server that came up but never got ready must not outlive the test.
+            with contextlib.suppress(ServeError):
+                self.stop(timeout=10)
+            self._dir.cleanup()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
