@@ -11,6 +11,7 @@ file is silently ignored:
 | outboundTrafficPolicy.mode       | ALLOW_ANY or REGISTRY_ONLY when no Sidecar says            |
 | connectTimeout                   | every cluster's connect timeout                            |
 | trustDomain                      | the SPIFFE trust domain of workload identities             |
+| accessLogFile/Encoding/Format    | Envoy's access log, Istio's default format (`xds/access_log.py`) |
 | defaultConfig.holdApplicationUntilProxyStarts | ignored: a VM has no pod start order         |
 | anything else Istio has          | a warning: read by Istio, not applied by meshctl yet       |
 
@@ -44,14 +45,16 @@ class MeshSettings:
     connect_timeout_seconds: float = 10.0
     #: Trust domain for SPIFFE identities in endpoint metadata.
     trust_domain: str = "cluster.local"
+    #: Where Envoy writes its access log ("" for none, as Istio's default), in TEXT or JSON, with
+    #: an optional text format of the user's.
+    access_log_file: str = ""
+    access_log_encoding: str = "TEXT"
+    access_log_format: str = ""
 
 
 #: MeshConfig fields Istio reads that meshctl does not apply yet: each one present is a warning.
 _NOT_APPLIED: Final = frozenset(
     {
-        "accessLogFile",
-        "accessLogEncoding",
-        "accessLogFormat",
         "enableAutoMtls",
         "localityLbSetting",
         "defaultServiceExportTo",
@@ -80,7 +83,18 @@ _NOT_APPLIED: Final = frozenset(
         "verifyCertificateAtClient",
     }
 )
-_READ: Final = frozenset({"rootNamespace", "outboundTrafficPolicy", "connectTimeout", "trustDomain", "defaultConfig"})
+_READ: Final = frozenset(
+    {
+        "rootNamespace",
+        "outboundTrafficPolicy",
+        "connectTimeout",
+        "trustDomain",
+        "defaultConfig",
+        "accessLogFile",
+        "accessLogEncoding",
+        "accessLogFormat",
+    }
+)
 
 
 def load_mesh_config(
@@ -152,6 +166,18 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
     if not isinstance(trust, str) or not trust:
         problem("trustDomain must be a domain name")
         trust = defaults.trust_domain
+    log_file = data.get("accessLogFile", "")
+    encoding = data.get("accessLogEncoding", "TEXT")
+    log_format = data.get("accessLogFormat", "")
+    if not isinstance(log_file, str):
+        problem("accessLogFile must be a path (/dev/stdout)")
+        log_file = ""
+    if encoding not in ("TEXT", "JSON"):
+        problem("accessLogEncoding must be TEXT or JSON")
+        encoding = "TEXT"
+    if not isinstance(log_format, str):
+        problem("accessLogFormat must be a format string")
+        log_format = ""
     default_config = data.get("defaultConfig")
     if isinstance(default_config, Mapping) and "holdApplicationUntilProxyStarts" in default_config:
         problem("defaultConfig.holdApplicationUntilProxyStarts is ignored: a VM has no pod start order", Severity.INFO)
@@ -162,7 +188,7 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
             problem(f"{key} is not a MeshConfig field meshctl knows", Severity.WARNING)
     if any(f.severity is Severity.ERROR for f in findings):
         return None, findings
-    return MeshSettings(root, policy, timeout, trust), findings
+    return MeshSettings(root, policy, timeout, trust, log_file, encoding, log_format), findings
 
 
 def _duration(value: Any) -> float | None:

@@ -26,6 +26,7 @@ from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import Proxy
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
+from meshctl.xds.access_log import with_access_log
 from meshctl.xds.clusters import build_inbound_clusters, build_outbound_clusters, merge_clusters
 from meshctl.xds.endpoints import build_load_assignment
 from meshctl.xds.listeners import build_inbound_listeners, build_outbound_listeners, sort_listeners
@@ -68,7 +69,7 @@ def _outbound(scope: ProxyScope) -> Generated:
     return MappingProxyType(
         {
             types.CLUSTER: tuple(build_outbound_clusters(scope)),
-            types.LISTENER: tuple(build_outbound_listeners(scope)),
+            types.LISTENER: tuple(with_access_log(build_outbound_listeners(scope), scope.snapshot.mesh)),
             types.ROUTE: tuple(build_routes(scope)),
         }
     )
@@ -78,7 +79,7 @@ def _inbound(scope: ProxyScope) -> Generated:
     return MappingProxyType(
         {
             types.CLUSTER: tuple(build_inbound_clusters(scope)),
-            types.LISTENER: tuple(build_inbound_listeners(scope)),
+            types.LISTENER: tuple(with_access_log(build_inbound_listeners(scope), scope.snapshot.mesh)),
             types.ROUTE: (),
         }
     )
