@@ -1078,3 +1078,33 @@ def test_proxy_protocol() -> None:
     assert wrapper("outbound|9090||reviews.bookinfo.mesh") is None
     assert wrapper("outbound|9090|v2|reviews.bookinfo.mesh") is not None
     validate_config(bootstrap({types.CLUSTER: clusters, types.ENDPOINT: endpoints}))
+
+
+def test_the_mesh_locality_setting_applies_where_a_rule_has_none() -> None:
+    """Istio's loadbalancer.GetLocalityLbSetting: the DestinationRule's setting, else MeshConfig's."""
+    from meshctl.config.mesh import mesh_settings
+
+    settings, findings = mesh_settings(
+        {"localityLbSetting": {"distribute": [{"from": "us-east/*", "to": {"us-east/*": 80, "us-west/*": 20}}]}}
+    )
+    assert settings is not None and findings == []
+    snapshot = snapshot_from_yaml(REVIEWS + PRODUCTPAGE + MULTI_REGION_DB, mesh=settings)
+    scope = ProxyScope(snapshot, proxy_for(snapshot, PRODUCTPAGE_NODE))
+    db = named(build_clusters(scope), "outbound|5432||db.bookinfo.mesh")
+    assert db.common_lb_config.HasField("locality_weighted_lb_config")
+    weights = {g.locality.zone: g.load_balancing_weight.value for g in db.load_assignment.endpoints}
+    assert weights["zone-c"] == 20
+    # A rule's own setting wins over the mesh's.
+    off = "  trafficPolicy:\n    loadBalancer:\n      localityLbSetting: {enabled: false}\n"
+    rule = dr("off", "*.bookinfo.mesh", off)
+    snapshot = snapshot_from_yaml(REVIEWS + PRODUCTPAGE + MULTI_REGION_DB + rule, mesh=settings)
+    scope = ProxyScope(snapshot, proxy_for(snapshot, PRODUCTPAGE_NODE))
+    db = named(build_clusters(scope), "outbound|5432||db.bookinfo.mesh")
+    assert not db.common_lb_config.HasField("locality_weighted_lb_config")
+
+
+def test_a_mesh_locality_setting_istio_would_refuse_is_an_error() -> None:
+    from meshctl.config.mesh import mesh_settings
+
+    settings, findings = mesh_settings({"localityLbSetting": {"distribute": "everywhere"}})
+    assert settings is None and findings and "localityLbSetting.distribute" in findings[0].message

@@ -12,6 +12,7 @@ file is silently ignored:
 | connectTimeout                   | every cluster's connect timeout                            |
 | trustDomain                      | the SPIFFE trust domain of workload identities             |
 | accessLogFile/Encoding/Format    | Envoy's access log, Istio's default format (`xds/access_log.py`) |
+| localityLbSetting                | every cluster's locality settings unless its DestinationRule has its own |
 | defaultConfig.holdApplicationUntilProxyStarts | ignored: a VM has no pod start order         |
 | anything else Istio has          | a warning: read by Istio, not applied by meshctl yet       |
 
@@ -25,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from meshctl.api.networking.v1alpha3.destination_rule_pb2 import LocalityLoadBalancerSetting
 from meshctl.config import yamlsource
 from meshctl.config.files import decode_text, read_config_file
-from meshctl.config.findings import Finding, Severity
-from meshctl.config.schema import parse_duration
+from meshctl.config.findings import Finding, Severity, format_path
+from meshctl.config.schema import parse_duration, parse_spec
 from meshctl.errors import ConfigError, YamlError
 
 #: Istio's root namespace: a Sidecar or DestinationRule here applies mesh-wide as a fallback.
@@ -50,13 +52,18 @@ class MeshSettings:
     access_log_file: str = ""
     access_log_encoding: str = "TEXT"
     access_log_format: str = ""
+    #: The mesh's `localityLbSetting` in its wire form (b"" for Istio's default: enabled, nothing
+    #: configured); a DestinationRule's own setting wins over it.
+    locality_lb_setting: bytes = b""
+
+    def locality_default(self) -> LocalityLoadBalancerSetting:
+        return LocalityLoadBalancerSetting.FromString(self.locality_lb_setting)
 
 
 #: MeshConfig fields Istio reads that meshctl does not apply yet: each one present is a warning.
 _NOT_APPLIED: Final = frozenset(
     {
         "enableAutoMtls",
-        "localityLbSetting",
         "defaultServiceExportTo",
         "defaultVirtualServiceExportTo",
         "defaultDestinationRuleExportTo",
@@ -93,6 +100,7 @@ _READ: Final = frozenset(
         "accessLogFile",
         "accessLogEncoding",
         "accessLogFormat",
+        "localityLbSetting",
     }
 )
 
@@ -178,6 +186,12 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
     if not isinstance(log_format, str):
         problem("accessLogFormat must be a format string")
         log_format = ""
+    locality = b""
+    if data.get("localityLbSetting") is not None:
+        setting, issues = parse_spec(data["localityLbSetting"], LocalityLoadBalancerSetting, ("localityLbSetting",))
+        for issue in issues:
+            problem(f"{format_path(issue.path)}: {issue.message}")
+        locality = setting.SerializeToString(deterministic=True)
     default_config = data.get("defaultConfig")
     if isinstance(default_config, Mapping) and "holdApplicationUntilProxyStarts" in default_config:
         problem("defaultConfig.holdApplicationUntilProxyStarts is ignored: a VM has no pod start order", Severity.INFO)
@@ -188,7 +202,7 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
             problem(f"{key} is not a MeshConfig field meshctl knows", Severity.WARNING)
     if any(f.severity is Severity.ERROR for f in findings):
         return None, findings
-    return MeshSettings(root, policy, timeout, trust, log_file, encoding, log_format), findings
+    return MeshSettings(root, policy, timeout, trust, log_file, encoding, log_format, locality), findings
 
 
 def _duration(value: Any) -> float | None:

@@ -408,25 +408,33 @@ def apply_outlier_detection(cluster: cluster_pb2.Cluster, outlier: dr_pb2.Outlie
     cluster.common_lb_config.healthy_panic_threshold.value = max(outlier.min_health_percent, 0)
 
 
-def locality_setting(lb: dr_pb2.LoadBalancerSettings | None) -> dr_pb2.LocalityLoadBalancerSetting | None:
-    """The locality setting in force: the rule's, or the mesh default (enabled, nothing
-    configured, as in Istio's default mesh config); None when the rule disables it."""
+def locality_setting(
+    lb: dr_pb2.LoadBalancerSettings | None, mesh_default: dr_pb2.LocalityLoadBalancerSetting | None = None
+) -> dr_pb2.LocalityLoadBalancerSetting | None:
+    """The locality setting in force (Istio's loadbalancer.GetLocalityLbSetting): the rule's, else
+    the mesh's `localityLbSetting` (Istio's default: enabled, nothing configured); None when the
+    one in force disables it."""
+    setting: dr_pb2.LocalityLoadBalancerSetting
     if lb is not None and lb.HasField("locality_lb_setting"):
-        setting: dr_pb2.LocalityLoadBalancerSetting = lb.locality_lb_setting
-        if setting.HasField("enabled") and not setting.enabled.value:
-            return None
-        return setting
-    return dr_pb2.LocalityLoadBalancerSetting()
+        setting = lb.locality_lb_setting
+    else:
+        setting = mesh_default if mesh_default is not None else dr_pb2.LocalityLoadBalancerSetting()
+    if setting.HasField("enabled") and not setting.enabled.value:
+        return None
+    return setting
 
 
 def apply_load_balancer(
-    cluster: cluster_pb2.Cluster, lb: dr_pb2.LoadBalancerSettings | None, proxy_locality: str
+    cluster: cluster_pb2.Cluster,
+    lb: dr_pb2.LoadBalancerSettings | None,
+    proxy_locality: str,
+    mesh_locality: dr_pb2.LocalityLoadBalancerSetting | None = None,
 ) -> None:
     """LB policy, slow start, consistent hashing and locality settings (Istio's
     applyLoadBalancer). Call after outlier detection: failover depends on it."""
     if not cluster.common_lb_config.HasField("healthy_panic_threshold"):
         cluster.common_lb_config.healthy_panic_threshold.value = 0
-    setting = locality_setting(lb)
+    setting = locality_setting(lb, mesh_locality)
     if setting is not None:
         failover = cluster.HasField("outlier_detection")
         if (failover and (setting.failover or setting.failover_priority)) or setting.distribute:

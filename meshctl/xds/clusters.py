@@ -240,7 +240,9 @@ def _apply_traffic_policy(scope: ProxyScope, draft: ClusterDraft, policy: Policy
         draft, policy.connection_pool, scope.snapshot.mesh.connect_timeout_seconds, policy.retry_budget
     )
     apply_outlier_detection(draft.cluster, policy.outlier_detection)
-    apply_load_balancer(draft.cluster, policy.load_balancer, scope.proxy.locality)
+    apply_load_balancer(
+        draft.cluster, policy.load_balancer, scope.proxy.locality, scope.snapshot.mesh.locality_default()
+    )
     apply_tls(draft, policy.tls)
     apply_proxy_protocol(draft.cluster, policy.proxy_protocol)
     if draft.cluster.type == _Cluster.ORIGINAL_DST:
