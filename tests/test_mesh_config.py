@@ -99,3 +99,27 @@ def test_the_server_follows_the_file_and_keeps_the_last_good_settings(tmp_path: 
             assert server.discovery.snapshot.mesh.connect_timeout_seconds == 5.0
 
     run(test)
+
+
+def test_the_mesh_export_defaults_hide_what_says_nothing() -> None:
+    """MeshConfig's defaultServiceExportTo / defaultVirtualServiceExportTo /
+    defaultDestinationRuleExportTo apply to resources without exportTo (Istio's
+    PushContext.initDefaultExportMaps); an explicit exportTo still wins."""
+    from meshctl.config.mesh import mesh_settings
+    from meshctl.snapshot.scope import ProxyScope
+    from meshctl.testing.builders import proxy_for, snapshot_from_yaml
+
+    text = (EXAMPLES / "bookinfo" / "services.yaml").read_text() + "\n---\n" + (
+        EXAMPLES / "bookinfo" / "traffic.yaml"
+    ).read_text()
+    other = "sidecar~10.9.9.9~client.elsewhere~elsewhere.svc.cluster.local"
+    keys = ("defaultServiceExportTo", "defaultVirtualServiceExportTo", "defaultDestinationRuleExportTo")
+    private, _ = mesh_settings(dict.fromkeys(keys, ["."]))
+    assert private is not None
+    public_scope = ProxyScope(snapshot := snapshot_from_yaml(text), proxy_for(snapshot, other))
+    private_scope = ProxyScope(hidden := snapshot_from_yaml(text, mesh=private), proxy_for(hidden, other))
+    assert "reviews.bookinfo.mesh" in public_scope.service_hosts
+    assert "reviews.bookinfo.mesh" not in private_scope.service_hosts
+    assert public_scope.virtual_services() and not private_scope.virtual_services()
+    own = ProxyScope(hidden, proxy_for(hidden, "sidecar~10.9.9.8~client.bookinfo~bookinfo.svc.cluster.local"))
+    assert "reviews.bookinfo.mesh" in own.service_hosts and own.virtual_services()

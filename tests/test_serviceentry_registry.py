@@ -167,10 +167,12 @@ def test_location() -> None:
     assert model.services["reviews.shop.mesh"].location is Location.MESH_INTERNAL
 
 
-def test_empty_export_to_is_public() -> None:
+def test_empty_export_to_takes_the_mesh_default_public_unless_said() -> None:
     service = model_of(se()).services["reviews.shop.mesh"]
-    assert service.export_to == frozenset({"*"})
+    assert service.export_to == frozenset()  # unset: MeshConfig's defaultServiceExportTo decides
     assert service.visible_from("anywhere")
+    assert service.visible_from("shop", frozenset({"."}))
+    assert not service.visible_from("anywhere", frozenset({"."}))
 
 
 def test_export_to_limits_visibility() -> None:

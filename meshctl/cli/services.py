@@ -252,7 +252,7 @@ def service_data(service: Service, endpoints: Iterable[Endpoint]) -> dict[str, A
         "origin": service.origin,
         "resolution": service.resolution.value,
         "location": service.location.value,
-        "exportTo": sorted(service.export_to),
+        "exportTo": sorted(service.export_to or {"*"}),  # unset: public, unless a MeshConfig says otherwise
         "addresses": list(service.addresses),
         "ports": [{"name": p.name, "number": p.number, "protocol": p.protocol.value} for p in service.ports],
         "endpoints": [_endpoint_data(e) for e in endpoints],

@@ -13,6 +13,7 @@ file is silently ignored:
 | trustDomain                      | the SPIFFE trust domain of workload identities             |
 | accessLogFile/Encoding/Format    | Envoy's access log, Istio's default format (`xds/access_log.py`) |
 | localityLbSetting                | every cluster's locality settings unless its DestinationRule has its own |
+| default*ExportTo                 | where services, VirtualServices, DestinationRules that say nothing are seen |
 | defaultConfig.holdApplicationUntilProxyStarts | ignored: a VM has no pod start order         |
 | anything else Istio has          | a warning: read by Istio, not applied by meshctl yet       |
 
@@ -55,6 +56,11 @@ class MeshSettings:
     #: The mesh's `localityLbSetting` in its wire form (b"" for Istio's default: enabled, nothing
     #: configured); a DestinationRule's own setting wins over it.
     locality_lb_setting: bytes = b""
+    #: MeshConfig's defaultServiceExportTo, defaultVirtualServiceExportTo and
+    #: defaultDestinationRuleExportTo: what a resource that says nothing is exported to.
+    default_service_export_to: frozenset[str] = frozenset({"*"})
+    default_virtual_service_export_to: frozenset[str] = frozenset({"*"})
+    default_destination_rule_export_to: frozenset[str] = frozenset({"*"})
 
     def locality_default(self) -> LocalityLoadBalancerSetting:
         return LocalityLoadBalancerSetting.FromString(self.locality_lb_setting)
@@ -64,9 +70,6 @@ class MeshSettings:
 _NOT_APPLIED: Final = frozenset(
     {
         "enableAutoMtls",
-        "defaultServiceExportTo",
-        "defaultVirtualServiceExportTo",
-        "defaultDestinationRuleExportTo",
         "enableTracing",
         "extensionProviders",
         "defaultProviders",
@@ -90,6 +93,12 @@ _NOT_APPLIED: Final = frozenset(
         "verifyCertificateAtClient",
     }
 )
+#: MeshConfig's export defaults and the MeshSettings field each sets.
+_EXPORT_DEFAULTS: Final = {
+    "defaultServiceExportTo": "default_service_export_to",
+    "defaultVirtualServiceExportTo": "default_virtual_service_export_to",
+    "defaultDestinationRuleExportTo": "default_destination_rule_export_to",
+}
 _READ: Final = frozenset(
     {
         "rootNamespace",
@@ -101,6 +110,7 @@ _READ: Final = frozenset(
         "accessLogEncoding",
         "accessLogFormat",
         "localityLbSetting",
+        *_EXPORT_DEFAULTS,
     }
 )
 
@@ -192,6 +202,15 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
         for issue in issues:
             problem(f"{format_path(issue.path)}: {issue.message}")
         locality = setting.SerializeToString(deterministic=True)
+    exports: dict[str, frozenset[str]] = {}
+    for key, field_name in _EXPORT_DEFAULTS.items():
+        value = data.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+            problem(f"{key} must be a list of namespaces, '.' or '*'")
+            continue
+        exports[field_name] = frozenset(value)
     default_config = data.get("defaultConfig")
     if isinstance(default_config, Mapping) and "holdApplicationUntilProxyStarts" in default_config:
         problem("defaultConfig.holdApplicationUntilProxyStarts is ignored: a VM has no pod start order", Severity.INFO)
@@ -202,7 +221,21 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
             problem(f"{key} is not a MeshConfig field meshctl knows", Severity.WARNING)
     if any(f.severity is Severity.ERROR for f in findings):
         return None, findings
-    return MeshSettings(root, policy, timeout, trust, log_file, encoding, log_format, locality), findings
+    public = frozenset({"*"})
+    settings = MeshSettings(
+        root,
+        policy,
+        timeout,
+        trust,
+        log_file,
+        encoding,
+        log_format,
+        locality,
+        default_service_export_to=exports.get("default_service_export_to", public),
+        default_virtual_service_export_to=exports.get("default_virtual_service_export_to", public),
+        default_destination_rule_export_to=exports.get("default_destination_rule_export_to", public),
+    )
+    return settings, findings
 
 
 def _duration(value: Any) -> float | None:

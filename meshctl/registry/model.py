@@ -156,11 +156,14 @@ class Service:
                 return p
         return None
 
-    def visible_from(self, namespace: str) -> bool:
-        """Istio's exportTo: `*` public, `.` (or the own namespace) private, else listed namespaces."""
-        if "*" in self.export_to or namespace in self.export_to:
+    def visible_from(self, namespace: str, default: frozenset[str] = frozenset({"*"})) -> bool:
+        """Istio's exportTo: `*` public, `.` (or the own namespace) private, else listed
+        namespaces; a service that says nothing takes `default` (MeshConfig's
+        defaultServiceExportTo, public unless the mesh says otherwise)."""
+        export = self.export_to or default
+        if "*" in export or namespace in export:
             return True
-        return namespace == self.namespace and "." in self.export_to
+        return namespace == self.namespace and "." in export
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,8 +115,6 @@ class _Workload:
 
 #: Label sets already made read-only in one build, by their sorted items.
 _LabelPool = dict[tuple[tuple[str, str], ...], Mapping[str, str]]
-#: `exportTo` unset: visible from every namespace (shared by every such service).
-_PUBLIC: Final = frozenset({"*"})
 #: What a WorkloadEntry starts from when it belongs to no WorkloadGroup.
 _NO_TEMPLATE: Final = _Workload(name="", namespace="", address="")
 
@@ -276,7 +274,8 @@ def convert_services(config: Config) -> list[Service]:
     if resolution is None:
         return []
     location = Location(_SE.Location.Name(spec.location))
-    export_to = frozenset(spec.export_to) or _PUBLIC
+    # Empty when the entry says nothing: the mesh's defaultServiceExportTo decides (`visible_from`).
+    export_to = frozenset(spec.export_to)
     addresses = tuple(a for a in (_normalize_address(a) for a in spec.addresses) if a)
     seen: set[str] = set()
     out: list[Service] = []

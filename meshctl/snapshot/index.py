@@ -14,6 +14,7 @@ from typing import Any
 
 from meshctl.config.hosts import host_matches, is_short_name
 from meshctl.config.labels import selector_labels
+from meshctl.config.mesh import MeshSettings
 from meshctl.config.model import Config, ConfigKey
 from meshctl.registry.model import Endpoint, Resolution, Service, ServiceModel
 
@@ -31,7 +32,15 @@ def _spec(config: Config) -> Any:
 class SnapshotIndex:
     """Host resolution and DestinationRule/VirtualService lookups for one snapshot."""
 
-    def __init__(self, by_kind: Mapping[str, tuple[Config, ...]], services: ServiceModel) -> None:
+    def __init__(
+        self, by_kind: Mapping[str, tuple[Config, ...]], services: ServiceModel, mesh: MeshSettings | None = None
+    ) -> None:
+        mesh = mesh or MeshSettings()
+        #: What a VirtualService or DestinationRule without exportTo is exported to (MeshConfig).
+        self._export_defaults = {
+            "VirtualService": mesh.default_virtual_service_export_to,
+            "DestinationRule": mesh.default_destination_rule_export_to,
+        }
         self._services = services
         self._by_kind = by_kind
         self._selectors: tuple[LabelSelector, ...] | None = None
@@ -53,7 +62,7 @@ class SnapshotIndex:
         for kind in ("VirtualService", "DestinationRule"):
             for config in by_kind.get(kind, ()):
                 spec = _spec(config)
-                self.export[config.key] = frozenset(spec.export_to)
+                self.export[config.key] = frozenset(spec.export_to) or self._export_defaults[kind]
                 raw = spec.hosts if kind == "VirtualService" else [spec.host]
                 resolved: list[str] = []
                 for host in raw:
@@ -79,7 +88,7 @@ class SnapshotIndex:
         listed namespaces."""
         export = self.export.get(config.key)
         if export is None:
-            export = frozenset(_spec(config).export_to)
+            export = frozenset(_spec(config).export_to) or self._export_defaults.get(config.kind, frozenset())
         if not export or "*" in export or namespace in export:
             return True
         return "." in export and namespace == config.namespace

@@ -55,7 +55,7 @@ class Snapshot:
     def index(self) -> SnapshotIndex:
         """Lookups shared by every proxy's generation, built once (on first use)."""
         if self._index is None:
-            object.__setattr__(self, "_index", SnapshotIndex(self.by_kind, self.services))
+            object.__setattr__(self, "_index", SnapshotIndex(self.by_kind, self.services, self.mesh))
         assert self._index is not None
         return self._index
 

@@ -142,7 +142,7 @@ class ProxyScope:
         model = self.snapshot.services
         for host in sorted(model.services):
             svc = model.services[host]
-            if not svc.visible_from(ns):
+            if not svc.visible_from(ns, self.snapshot.mesh.default_service_export_to):
                 continue
             if self.proxy.type is ProxyType.SIDECAR and not self.imports(svc.namespace, svc.hostname):
                 continue
