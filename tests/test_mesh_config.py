@@ -114,7 +114,7 @@ def test_the_mesh_export_defaults_hide_what_says_nothing() -> None:
     ).read_text()
     other = "sidecar~10.9.9.9~client.elsewhere~elsewhere.svc.cluster.local"
     keys = ("defaultServiceExportTo", "defaultVirtualServiceExportTo", "defaultDestinationRuleExportTo")
-    private, _ = mesh_settings(dict.fromkeys(keys, ["."]))
+    private, _ = mesh_settings({key: ["."] for key in keys})
     assert private is not None
     public_scope = ProxyScope(snapshot := snapshot_from_yaml(text), proxy_for(snapshot, other))
     private_scope = ProxyScope(hidden := snapshot_from_yaml(text, mesh=private), proxy_for(hidden, other))
