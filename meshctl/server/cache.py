@@ -41,6 +41,7 @@ from meshctl.server.subscription import Resource, ResourceSet
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import Proxy
 from meshctl.xds import types
+from meshctl.xds.eds_locality import LocalityView, eds_localities, for_view
 from meshctl.xds.endpoints import subset_labels
 from meshctl.xds.names import eds_cluster_names, parse_cluster_name, resource_name
 
@@ -140,12 +141,14 @@ class ResourceCache:
         self._inbound_parts: _Recent[tuple[object, ...], _Config] = _Recent(keep_versions)
         #: cluster -> (the assignment's inputs, resource)
         self._eds: dict[str, tuple[tuple[object, ...], Resource]] = {}
+        #: (cluster, locality view) -> (inputs, resource): the variants of proxies with a locality
+        self._eds_variants: dict[tuple[str, LocalityView], tuple[tuple[object, ...], Resource]] = {}
         #: endpoints digest per host, for the snapshot version in `_digest_version`
         self._digests: dict[str, str] = {}
         self._digest_version = ""
         self._views: _Recent[tuple[object, ...], ProxyResources] = _Recent(keep_versions)
-        #: the EDS set of each distinct list of EDS clusters, per snapshot version
-        self._eds_sets: _Recent[tuple[str, ...], ResourceSet] = _Recent(keep_versions)
+        #: the EDS set of each distinct list of EDS clusters (and locality views), per snapshot version
+        self._eds_sets: _Recent[tuple[object, ...], ResourceSet] = _Recent(keep_versions)
         # Equal resources and equal sets, shared while anything holds them.
         self._resources: weakref.WeakValueDictionary[tuple[str, str, str], Resource] = weakref.WeakValueDictionary()
         self._sets: weakref.WeakValueDictionary[tuple[str, str], ResourceSet] = weakref.WeakValueDictionary()
@@ -162,7 +165,8 @@ class ResourceCache:
             return view
         config = self._config_for(snapshot, proxy, key)
         by_type: dict[str, Mapping[str, Resource]] = dict(config.by_type)
-        by_type[types.ENDPOINT] = self._eds_set(snapshot, config.eds_names)
+        views = eds_localities(snapshot, proxy, config.eds_names) if proxy.locality else {}
+        by_type[types.ENDPOINT] = self._eds_set(snapshot, config.eds_names, views)
         view = ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
         with self._lock:
             self._views.put(snapshot.version, key, view)
@@ -226,6 +230,7 @@ class ResourceCache:
                     for n in p.eds_names
                 }
                 self._eds = {c: e for c, e in self._eds.items() if c in kept}
+                self._eds_variants = {k: e for k, e in self._eds_variants.items() if k[0] in kept}
         return result
 
     def _join(self, type_url: str, outbound: ResourceSet, inbound: ResourceSet) -> ResourceSet:
@@ -259,27 +264,36 @@ class ResourceCache:
         self._resources[key] = resource
         return resource
 
-    def _eds_set(self, snapshot: Snapshot, names: tuple[str, ...]) -> ResourceSet:
-        """The assignments of `names` at this snapshot: one set for every proxy with those clusters."""
+    def _eds_set(
+        self, snapshot: Snapshot, names: tuple[str, ...], views: Mapping[str, LocalityView] | None = None
+    ) -> ResourceSet:
+        """The assignments of `names` at this snapshot: one set for every proxy with those
+        clusters (and, where locality rules apply, the same locality views)."""
+        key: tuple[object, ...] = (names, tuple(sorted(views.items()))) if views else names
         with self._lock:
-            found = self._eds_sets.get(snapshot.version, names)
+            found = self._eds_sets.get(snapshot.version, key)
         if found is not None:
             return found
-        eds = self._set(types.ENDPOINT, [self._eds_for(snapshot, name) for name in names])
+        views = views or {}
+        eds = self._set(types.ENDPOINT, [self._eds_for(snapshot, name, views.get(name)) for name in names])
         with self._lock:
-            self._eds_sets.put(snapshot.version, names, eds)
+            self._eds_sets.put(snapshot.version, key, eds)
         return eds
 
-    def _eds_for(self, snapshot: Snapshot, cluster: str) -> Resource:
+    def _eds_for(self, snapshot: Snapshot, cluster: str, view: LocalityView | None = None) -> Resource:
         inputs = self._eds_inputs(snapshot, cluster)
         with self._lock:
-            found = self._eds.get(cluster)
+            found = self._eds.get(cluster) if view is None else self._eds_variants.get((cluster, view))
         if found is not None and found[0] == inputs:
             return found[1]
-        resource = to_resource(self._endpoints(snapshot, cluster), types.ENDPOINT)
+        assignment = self._endpoints(snapshot, cluster)
+        resource = to_resource(assignment if view is None else for_view(assignment, view), types.ENDPOINT)
         with self._lock:
             self.eds_builds += 1
-            self._eds[cluster] = (inputs, resource)
+            if view is None:
+                self._eds[cluster] = (inputs, resource)
+            else:
+                self._eds_variants[(cluster, view)] = (inputs, resource)
         return resource
 
     def _eds_inputs(self, snapshot: Snapshot, cluster: str) -> tuple[object, ...]:

@@ -2,10 +2,11 @@
 
 A load assignment depends only on the snapshot and the cluster's name, never on the proxy that
 asks: the server serializes it once per snapshot and shares the bytes with every proxy that
-subscribes to the same cluster (`build_load_assignment`). That rules out what Istio does per
-proxy in EDS (locality priorities relative to the caller, network views): localities are sent
-with the sum of their endpoints' weights and priority 0, and locality failover is applied only
-to the per-proxy load assignments of DNS clusters (see `locality`).
+subscribes to the same cluster (`build_load_assignment`). Localities are sent with the sum of
+their endpoints' weights and priority 0. Where a locality rule is in force (failover once the
+cluster has outlier detection, `distribute`), a proxy with a locality gets a variant rewritten
+relative to it (`eds_locality`), shared by the proxies of that locality; DNS clusters carry the
+same rewrite inline (see `locality`). Network views are not generated.
 
 For `outbound|PORT|SUBSET|HOST`:
 

@@ -11,7 +11,9 @@ own key; `generate_config` joins them, so every caller sees the same whole.
 
 Endpoints are the exception to per-proxy generation: a ClusterLoadAssignment depends only on the
 snapshot and the cluster's name, so the server builds each once (`load_assignment`) and shares it
-across every proxy, and rebuilds only those whose service's endpoints changed.
+across every proxy, and rebuilds only those whose service's endpoints changed. Where a locality
+rule is in force for a proxy with a locality, that proxy gets a variant for its locality
+(`eds_locality`), shared by the proxies of the same locality.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.access_log import with_access_log
 from meshctl.xds.clusters import build_inbound_clusters, build_outbound_clusters, merge_clusters
+from meshctl.xds.eds_locality import eds_localities, for_view
 from meshctl.xds.endpoints import build_load_assignment
 from meshctl.xds.listeners import build_inbound_listeners, build_outbound_listeners, sort_listeners
 from meshctl.xds.names import eds_cluster_names
@@ -93,7 +96,11 @@ def load_assignment(snapshot: Snapshot, cluster_name: str) -> endpoint_pb2.Clust
 def generate(snapshot: Snapshot, proxy: Proxy) -> Generated:
     """Every resource of every type for `proxy`, keyed by type URL, each sorted by name."""
     config = generate_config(snapshot, proxy)
-    endpoints = tuple(load_assignment(snapshot, n) for n in sorted(eds_cluster_names(config[types.CLUSTER])))
+    names = sorted(eds_cluster_names(config[types.CLUSTER]))
+    views = eds_localities(snapshot, proxy, names)
+    endpoints = tuple(
+        for_view(load_assignment(snapshot, n), views[n]) if n in views else load_assignment(snapshot, n) for n in names
+    )
     out: dict[str, tuple[Message, ...]] = {
         types.CLUSTER: config[types.CLUSTER],
         types.ENDPOINT: endpoints,
