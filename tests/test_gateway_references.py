@@ -87,3 +87,23 @@ def test_every_form_binds_tcp_and_http_routes_at_the_gateway(ref: str) -> None:
     actions = [route.route.cluster for vh in routes["http.8080"].virtual_hosts for route in vh.routes]
     assert "outbound|80||db.shop.mesh" in actions
     assert [i for i in analyze(configs_from_yaml(mesh(ref))) if i.code == "IST0101"] == []
+
+
+@pytest.mark.parametrize(
+    ("export", "owner", "seen_from", "visible"),
+    [
+        ((), "shop", "other", True),
+        (("*",), "shop", "other", True),
+        ((".",), "shop", "shop", True),
+        ((".",), "shop", "other", False),
+        (("other",), "shop", "other", True),
+        (("other",), "shop", "shop", False),
+        ((".", "other"), "shop", "third", False),
+    ],
+)
+def test_export_to_is_read_one_way(export: tuple[str, ...], owner: str, seen_from: str, visible: bool) -> None:
+    """Istio's exportTo, read by the registry, the snapshot index and analysis through one
+    function: `*` or nothing is everywhere, `.` its own namespace, else the namespaces listed."""
+    from meshctl.config.references import is_exported
+
+    assert is_exported(frozenset(export), owner, seen_from) is visible

@@ -36,7 +36,7 @@ from meshctl.config.findings import FieldPath, Severity
 from meshctl.config.hosts import host_matches, hosts_overlap
 from meshctl.config.labels import labels_match, selector_labels
 from meshctl.config.model import Config, ConfigKey
-from meshctl.config.references import MESH_GATEWAY, resolve_gateway_name
+from meshctl.config.references import MESH_GATEWAY, is_exported, resolve_gateway_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,12 +231,9 @@ def hidden_port_message(workload: str, port: int, served: str, called: Sequence[
 
 
 def _visible_from(config: Config, namespace: str) -> bool:
-    """A ServiceEntry's exportTo, as Istio reads it: empty is everywhere, `.` its own namespace."""
+    """A ServiceEntry's exportTo, as Istio reads it (`is_exported`)."""
     spec: Any = config.spec
-    export = spec.export_to
-    if not export or "*" in export or namespace in export:
-        return True
-    return "." in export and config.namespace == namespace
+    return is_exported(spec.export_to, config.namespace, namespace)
 
 
 def _app_ports_hiding_calls(index: _Index) -> Iterator[AnalysisIssue]:

@@ -1,12 +1,15 @@
-"""How one Istio resource names another, read once for every reader.
+"""How one Istio resource names or reaches another, read once for every reader.
 
 A VirtualService names Gateways in three forms that all mean `namespace/name`; validation,
 analysis, the Sidecar scope and the generators must read them alike, or a form that validates
-binds nothing (a TCP route bound by the legacy FQDN form once got no gateway listener).
+binds nothing (a TCP route bound by the legacy FQDN form once got no gateway listener). The same
+holds for `exportTo`, read by the registry (services), the snapshot index (VirtualServices and
+DestinationRules) and analysis. Short host names are resolved in `hosts.resolve_host`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Final
 
 #: The reserved gateway name of every sidecar in the mesh.
@@ -27,3 +30,12 @@ def resolve_gateway_name(ref: str, namespace: str) -> str:
     if not dot:
         return f"{namespace}/{ref}"
     return f"{rest.partition('.')[0]}/{short}"
+
+
+def is_exported(export: Collection[str], owner_namespace: str, namespace: str) -> bool:
+    """Istio's `exportTo` of a resource of `owner_namespace`, seen from `namespace`: `*` (or an
+    empty list) everywhere, `.` its own namespace, else the namespaces listed. A caller with a
+    mesh-wide default (MeshConfig's default*ExportTo) passes it for an empty list."""
+    if not export or "*" in export or namespace in export:
+        return True
+    return "." in export and namespace == owner_namespace

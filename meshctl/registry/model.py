@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
+from meshctl.config.references import is_exported
+
 
 class Protocol(enum.StrEnum):
     """Application protocol of a service port, with Istio's names."""
@@ -157,13 +159,9 @@ class Service:
         return None
 
     def visible_from(self, namespace: str, default: frozenset[str] = frozenset({"*"})) -> bool:
-        """Istio's exportTo: `*` public, `.` (or the own namespace) private, else listed
-        namespaces; a service that says nothing takes `default` (MeshConfig's
-        defaultServiceExportTo, public unless the mesh says otherwise)."""
-        export = self.export_to or default
-        if "*" in export or namespace in export:
-            return True
-        return namespace == self.namespace and "." in export
+        """Istio's exportTo (`is_exported`); a service that says nothing takes `default`
+        (MeshConfig's defaultServiceExportTo, public unless the mesh says otherwise)."""
+        return is_exported(self.export_to or default, self.namespace, namespace)
 
 
 @dataclass(frozen=True, slots=True)

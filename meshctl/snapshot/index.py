@@ -16,6 +16,7 @@ from meshctl.config.hosts import host_matches, is_short_name
 from meshctl.config.labels import selector_labels
 from meshctl.config.mesh import MeshSettings
 from meshctl.config.model import Config, ConfigKey
+from meshctl.config.references import is_exported
 from meshctl.registry.model import Endpoint, Resolution, Service, ServiceModel
 
 #: A label selector as sorted (key, value) pairs: hashable, so it can be part of a cache key.
@@ -89,9 +90,7 @@ class SnapshotIndex:
         export = self.export.get(config.key)
         if export is None:
             export = frozenset(_spec(config).export_to) or self._export_defaults.get(config.kind, frozenset())
-        if not export or "*" in export or namespace in export:
-            return True
-        return "." in export and namespace == config.namespace
+        return is_exported(export, config.namespace, namespace)
 
     def destination_rules(self, namespace: str, hostname: str) -> list[tuple[Config, str]]:
         """Rules of `namespace` whose host covers `hostname`, each with the most specific of its
