@@ -74,6 +74,9 @@ async def abuse(address: str, abuser: Abuser, hold: float = 0.3) -> grpc.StatusC
             return None
         except grpc.aio.AioRpcError as exc:
             return exc.code()
+        except asyncio.InvalidStateError:  # the server ended the call before every write was sent
+            code: grpc.StatusCode = await call.code()
+            return code
         finally:
             call.cancel()
             if drain is not None:
