@@ -35,10 +35,20 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from meshctl.server.app import Server
+    from meshctl.config.store import ConfigStore
+
+
+class ServedState(Protocol):
+    """What the status line reads of the running server (`meshctl.server.app.Server` has it)."""
+
+    store: ConfigStore
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def ready(self) -> bool: ...
 
 logger = logging.getLogger("meshctl.server.notify")
 
@@ -200,7 +210,7 @@ def _count(n: int, noun: str, plural: str = "") -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
 
 
-def service_status(server: Server) -> str:
+def service_status(server: ServedState) -> str:
     """The line `systemctl status meshctl` shows: what is served, to how many proxies, what is wrong."""
     facts = server.describe()
     text = (

@@ -7,18 +7,35 @@ being served.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from meshctl.xds import types
 
 if TYPE_CHECKING:
-    from meshctl.server.app import Server
+    from meshctl.config.store import ConfigStore
+    from meshctl.registry.aggregate import AggregateRegistry
+    from meshctl.server.ads import AdsServicer
+    from meshctl.server.discovery import Discovery
+    from meshctl.server.metrics import Metrics
+
+
+class RunningServer(Protocol):
+    """The parts of the running server the pages read (`meshctl.server.app.Server` has them);
+    a protocol, so this module needs nothing of `app` and the imports run one way."""
+
+    store: ConfigStore
+    registry: AggregateRegistry
+    discovery: Discovery
+    ads: AdsServicer
+    metrics: Metrics
+
+    def ready(self) -> bool: ...
 
 
 class ServerStatus:
-    """Implements the admin server's `AdminState` over a `Server`."""
+    """Implements the admin server's `AdminState` over the running server."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: RunningServer) -> None:
         self._server = server
 
     def ready(self) -> bool:
