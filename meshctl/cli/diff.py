@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from meshctl.cli.offline import INTERCEPTION_HELP, MESH_CONFIG_HELP, Interception
+from meshctl.cli.offline import INTERCEPTION_HELP, MESH_CONFIG_HELP
+from meshctl.snapshot.interception import InterceptionMode
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -84,8 +85,8 @@ def diff(
         typer.Option("--namespace", "-n", help="Namespace of resources that name none, and of a bare --proxy NAME."),
     ] = "default",
     interception: Annotated[
-        Interception, typer.Option(case_sensitive=False, help=INTERCEPTION_HELP)
-    ] = Interception.NONE,
+        InterceptionMode, typer.Option(case_sensitive=False, help=INTERCEPTION_HELP)
+    ] = InterceptionMode.NONE,
     mesh_config: Annotated[Path | None, typer.Option(help=MESH_CONFIG_HELP)] = None,
 ) -> None:
     """Show how the Envoy config of a proxy (or of every proxy) changes from OLD to NEW.

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from meshctl.cli.offline import INTERCEPTION_HELP, MESH_CONFIG_HELP, Interception
+from meshctl.cli.offline import INTERCEPTION_HELP, MESH_CONFIG_HELP
+from meshctl.snapshot.interception import InterceptionMode
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -86,8 +87,8 @@ def dump(
         typer.Option("--namespace", "-n", help="Namespace of resources that name none, and of a bare --proxy NAME."),
     ] = "default",
     interception: Annotated[
-        Interception, typer.Option(case_sensitive=False, help=INTERCEPTION_HELP)
-    ] = Interception.NONE,
+        InterceptionMode, typer.Option(case_sensitive=False, help=INTERCEPTION_HELP)
+    ] = InterceptionMode.NONE,
     mesh_config: Annotated[Path | None, typer.Option(help=MESH_CONFIG_HELP)] = None,
 ) -> None:
     """Print what the server would send a proxy, in Envoy's /config_dump format or as tables.

@@ -18,7 +18,6 @@ the workload's labels (the VM runs a gateway, not a sidecar).
 
 from __future__ import annotations
 
-import enum
 import io
 import sys
 from collections.abc import Mapping, Sequence
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import typer
 
 from meshctl.errors import MeshctlError
+from meshctl.snapshot.interception import InterceptionMode
 
 if TYPE_CHECKING:
     from meshctl.config.findings import Finding
@@ -38,14 +38,6 @@ if TYPE_CHECKING:
     from meshctl.snapshot.proxy import Proxy
 
 EXIT_OK, EXIT_CHANGED, EXIT_ERROR = 0, 1, 2
-
-
-class Interception(enum.StrEnum):
-    """How traffic reaches the proxy, as its node metadata says (`INTERCEPTION_MODE`)."""
-
-    NONE = "NONE"
-    REDIRECT = "REDIRECT"
-    TPROXY = "TPROXY"
 
 
 MESH_CONFIG_HELP = "Istio's MeshConfig YAML, as serve --mesh-config reads it."
@@ -211,7 +203,7 @@ def hidden_port_notes(snapshot: Snapshot, proxy: Proxy) -> list[str]:
     """Why the proxy has no outbound listener on a port its own app listens on, for each such
     port of a service it may call: the words `meshctl validate` says (MC0001)."""
     from meshctl.config.analysis import hidden_port_message
-    from meshctl.snapshot.proxy import InterceptionMode, ProxyType
+    from meshctl.snapshot.proxy import ProxyType
     from meshctl.snapshot.scope import ProxyScope
     from meshctl.xds.listeners_inbound import app_ports
 

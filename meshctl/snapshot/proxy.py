@@ -28,6 +28,7 @@ from meshctl.errors import NodeIdError
 from meshctl.logs import untrusted
 from meshctl.registry.model import Endpoint, Service
 from meshctl.snapshot.index import LabelSelector
+from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import Snapshot, spec
 
 #: Istio's node ids are a few hundred characters at most (a Kubernetes name, a namespace, an IP
@@ -42,15 +43,6 @@ METADATA_KEYS = ("NAMESPACE", "LABELS", "INTERCEPTION_MODE")
 class ProxyType(enum.StrEnum):
     SIDECAR = "sidecar"
     ROUTER = "router"
-
-
-class InterceptionMode(enum.StrEnum):
-    """How traffic reaches the proxy. NONE (no iptables) is the VM default: outbound listeners
-    bind real ports on 127.0.0.1 and inbound listeners bind the workload's own address."""
-
-    NONE = "NONE"
-    REDIRECT = "REDIRECT"
-    TPROXY = "TPROXY"
 
 
 @dataclass(frozen=True, slots=True)

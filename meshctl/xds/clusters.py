@@ -39,8 +39,9 @@ from google.protobuf import struct_pb2
 
 from meshctl.api.networking.v1alpha3 import destination_rule_pb2 as dr_pb2
 from meshctl.registry.model import Endpoint, Location, Protocol, Resolution, Service, ServicePort
+from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import spec
-from meshctl.snapshot.proxy import InterceptionMode, ProxyType
+from meshctl.snapshot.proxy import ProxyType
 from meshctl.snapshot.scope import MergedDestinationRule, ProxyScope
 from meshctl.xds import names
 from meshctl.xds.cluster_dns import is_dns_type, use_dns_extension

@@ -37,8 +37,8 @@ from google.protobuf import wrappers_pb2
 
 from meshctl.api.networking.v1alpha3 import gateway_pb2, sidecar_pb2
 from meshctl.registry.model import Protocol
+from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import spec
-from meshctl.snapshot.proxy import InterceptionMode
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import listener_filters as lf
 from meshctl.xds.listener_tls import downstream_tls_context, unsupported_reason

@@ -53,8 +53,8 @@ from meshctl.api.networking.v1alpha3 import sidecar_pb2
 from meshctl.config.hosts import is_ip
 from meshctl.config.model import Config
 from meshctl.registry.model import Protocol, Resolution, Service, ServicePort
+from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import spec
-from meshctl.snapshot.proxy import InterceptionMode
 from meshctl.snapshot.scope import MESH_GATEWAY, ProxyScope, parse_egress_hosts
 from meshctl.xds import listener_filters as lf
 from meshctl.xds.listener_l4 import configs_for_host, route_filters, single_destination_filters, static_match

@@ -29,8 +29,9 @@ from envoy.config.route.v3 import route_pb2
 from meshctl.config.hosts import hosts_overlap
 from meshctl.config.model import Config
 from meshctl.registry.model import Protocol, Service
+from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import spec
-from meshctl.snapshot.proxy import InterceptionMode, ProxyType
+from meshctl.snapshot.proxy import ProxyType
 from meshctl.snapshot.scope import MESH_GATEWAY, ProxyScope, parse_egress_hosts
 from meshctl.xds import route_policy as policy
 from meshctl.xds.names import PASSTHROUGH_CLUSTER, sidecar_route_name
