@@ -136,6 +136,8 @@ class Config:
     #: `metadata.creationTimestamp` in seconds since the epoch, when the YAML gives one (copied
     #: from a cluster): Istio lets the oldest of two conflicting resources win (`istio_order`).
     created: float | None
+    #: `content_digest`, computed on first use (configs are immutable; snapshots hash each one).
+    _digest: str | None = field(default=None, repr=False)
 
     def __init__(
         self,
@@ -155,6 +157,7 @@ class Config:
         object.__setattr__(self, "annotations", _frozen(annotations))
         object.__setattr__(self, "source", source if source is not None else Source(file="<memory>"))
         object.__setattr__(self, "created", created)
+        object.__setattr__(self, "_digest", None)
 
     def istio_order(self) -> tuple[float, str, str]:
         """Where Istio puts this resource among conflicting ones (`sortConfigByCreationTime`):
@@ -189,6 +192,8 @@ class Config:
     def content_digest(self) -> str:
         """A hash of everything that can change generated config (not the source position):
         two replicas that read the same YAML compute the same digest."""
+        if self._digest is not None:
+            return self._digest
         h = hashlib.blake2b(digest_size=16)
         h.update(f"{self.key.kind}\0{self.key.namespace}\0{self.key.name}\0".encode())
         for k, v in sorted(self.labels.items()):
@@ -198,7 +203,9 @@ class Config:
         if self.created is not None:
             h.update(f"c\0{self.created!r}\0".encode())
         h.update(self.spec_wire())
-        return h.hexdigest()
+        digest = h.hexdigest()
+        object.__setattr__(self, "_digest", digest)
+        return digest
 
     def same_content(self, other: Config) -> bool:
         """True when replacing `other` by `self` would change nothing a proxy can see."""

@@ -53,9 +53,11 @@ def _is_dns(model: ServiceModel, host: str) -> bool:
     return service is not None and service.resolution in _DNS_RESOLUTIONS
 
 
-def merge_models(members: Iterable[tuple[str, ServiceModel]]) -> ServiceModel:
+def merge_models(members: Iterable[tuple[str, ServiceModel]], previous: ServiceModel | None = None) -> ServiceModel:
     """One model from `(registry name, model)` pairs in precedence order; members' notes are kept
-    and each hostname defined twice adds one."""
+    and each hostname defined twice adds one. Digests known to the members or to the `previous`
+    merge carry over (`make_model`)."""
+    members = list(members)
     services: dict[str, Service] = {}
     owners: dict[str, str] = {}
     endpoints: dict[str, tuple[Endpoint, ...]] = {}
@@ -70,7 +72,8 @@ def merge_models(members: Iterable[tuple[str, ServiceModel]]) -> ServiceModel:
             services[host] = service
             owners[host] = registry
             endpoints[host] = model.endpoints_of(host)
-    return make_model(services.values(), endpoints, notes)
+    known = [m for _, m in members] + ([previous] if previous is not None else [])
+    return make_model(services.values(), endpoints, notes, previous=known)
 
 
 def _describe(service: Service, registry: str) -> str:
@@ -121,14 +124,14 @@ class AggregateRegistry:
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
-    def _merge(self) -> ServiceModel:
-        return merge_models((m.name, m.model()) for m in self._members)
+    def _merge(self, previous: ServiceModel | None = None) -> ServiceModel:
+        return merge_models(((m.name, m.model()) for m in self._members), previous)
 
     def _member_changed(self, _change: RegistryChange) -> None:
         # The member's own change is not enough: a host it changed may be owned by another
         # member, and a host it dropped may now fall to another. Re-merge and compare.
         with self._lock:
-            new = self._merge()
+            new = self._merge(self._model)
             change = model_change(self._model, new)
             self._model = new
             if change is None:

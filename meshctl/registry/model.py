@@ -204,6 +204,10 @@ class ServiceModel:
     services: Mapping[str, Service] = field(default_factory=lambda: MappingProxyType({}))
     endpoints: Mapping[str, tuple[Endpoint, ...]] = field(default_factory=lambda: MappingProxyType({}))
     notes: tuple[str, ...] = ()
+    #: Digests computed so far, by hostname (a model never changes, so neither do they); seeded
+    #: by `make_model` from the model before for the services and endpoints it kept as they were.
+    _service_digests: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+    _endpoint_digests: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def endpoints_of(self, hostname: str) -> tuple[Endpoint, ...]:
         return self.endpoints.get(hostname, ())
@@ -212,19 +216,28 @@ class ServiceModel:
         """A content hash: two replicas that see the same registries compute the same value.
         `endpoints_of` limits which services' endpoints count (all by default)."""
         h = hashlib.blake2b(digest_size=16)
+        known = self._service_digests
         for host in sorted(self.services):
             service = self.services[host]
-            h.update(repr(_service_tuple(service)).encode())
+            digest = known.get(host)
+            if digest is None:
+                digest = known[host] = repr(_service_tuple(service)).encode()
+            h.update(digest)
             if endpoints_of is None or endpoints_of(service):
                 h.update(self.endpoints_digest(host).encode())
         return h.hexdigest()
 
     def endpoints_digest(self, hostname: str) -> str:
-        """A content hash of one service's endpoints (EDS caches per host on it)."""
+        """A content hash of one service's endpoints (EDS caches per host on it), computed once
+        per model, and not again in the next model for endpoints it kept (`make_model`)."""
+        found = self._endpoint_digests.get(hostname)
+        if found is not None:
+            return found
         h = hashlib.blake2b(digest_size=12)
         for ep in self.endpoints.get(hostname, ()):
             h.update(repr(_endpoint_tuple(ep)).encode())
-        return h.hexdigest()
+        digest = self._endpoint_digests[hostname] = h.hexdigest()
+        return digest
 
 
 def _service_tuple(s: Service) -> tuple[object, ...]:
@@ -257,16 +270,43 @@ def _endpoint_tuple(e: Endpoint) -> tuple[object, ...]:
 
 
 def make_model(
-    services: Iterable[Service], endpoints: Mapping[str, Iterable[Endpoint]], notes: Iterable[str] = ()
+    services: Iterable[Service],
+    endpoints: Mapping[str, Iterable[Endpoint]],
+    notes: Iterable[str] = (),
+    previous: Iterable[ServiceModel] = (),
 ) -> ServiceModel:
-    """A ServiceModel with endpoints in a stable order (so versions are stable across replicas)."""
+    """A ServiceModel with endpoints in a stable order (so versions are stable across replicas).
+
+    Endpoints given as a tuple already in that order are kept as they are, so a registry that
+    hands the same tuple again for an unchanged service keeps its identity; from the `previous`
+    models, the digests of the services and endpoints kept from them are carried over instead of computed again
+    (a change to one service then hashes one service, not the mesh)."""
     by_host = {s.hostname: s for s in sorted(services, key=lambda s: s.hostname)}
-    eps = {
-        host: tuple(sorted(endpoints.get(host, ()), key=Endpoint.sort_key))
-        for host in by_host
-        if endpoints.get(host)
-    }
-    return ServiceModel(MappingProxyType(by_host), MappingProxyType(eps), tuple(notes))
+    eps: dict[str, tuple[Endpoint, ...]] = {}
+    for host in by_host:
+        given = endpoints.get(host)
+        if given:
+            eps[host] = given if type(given) is tuple and _in_order(given) else sorted_endpoints(given)
+    model = ServiceModel(MappingProxyType(by_host), MappingProxyType(eps), tuple(notes))
+    for old in previous:
+        old_services, old_endpoints = old.services, old.endpoints
+        for host, service_digest in list(old._service_digests.items()):
+            if old_services.get(host) is by_host.get(host):
+                model._service_digests.setdefault(host, service_digest)
+        for host, digest in list(old._endpoint_digests.items()):
+            if old_endpoints.get(host) is eps.get(host):
+                model._endpoint_digests.setdefault(host, digest)
+    return model
+
+
+def sorted_endpoints(endpoints: Iterable[Endpoint]) -> tuple[Endpoint, ...]:
+    """Endpoints in the order a model keeps them."""
+    return tuple(sorted(endpoints, key=Endpoint.sort_key))
+
+
+def _in_order(endpoints: tuple[Endpoint, ...]) -> bool:
+    keys = [e.sort_key() for e in endpoints]
+    return all(a <= b for a, b in zip(keys, keys[1:], strict=False))
 
 
 @dataclass(frozen=True, slots=True)

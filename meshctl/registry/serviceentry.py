@@ -64,6 +64,7 @@ from meshctl.registry.model import (
     TlsMode,
     frozen,
     make_model,
+    sorted_endpoints,
 )
 
 if TYPE_CHECKING:
@@ -163,13 +164,17 @@ class BuildMemo:
     then converts one entry instead of all of them.
     """
 
-    __slots__ = ("entries", "workloads")
+    __slots__ = ("entries", "model", "workloads")
 
     def __init__(self) -> None:
         #: WorkloadEntry key -> (config, its group's template, the workload)
         self.workloads: dict[ConfigKey, tuple[Config, _Workload | None, _Workload]] = {}
         #: ServiceEntry key -> (config, the workloads it selected, its services, their endpoints)
-        self.entries: dict[ConfigKey, tuple[Config, Sequence[_Workload], list[Service], dict[str, list[Endpoint]]]] = {}
+        self.entries: dict[
+            ConfigKey, tuple[Config, Sequence[_Workload], list[Service], dict[str, tuple[Endpoint, ...]]]
+        ] = {}
+        #: the model the last build made, whose digests the next carries over
+        self.model: ServiceModel | None = None
 
 
 def _config_order(pair: tuple[Config, Any]) -> tuple[str, str, str]:
@@ -219,9 +224,9 @@ def build_file_model(configs: Iterable[Config], memo: BuildMemo | None = None) -
 
     services: dict[str, Service] = {}
     owners: dict[str, ConfigKey] = {}
-    endpoints: dict[str, list[Endpoint]] = {}
+    endpoints: dict[str, tuple[Endpoint, ...]] = {}
     converted_entries: dict[
-        ConfigKey, tuple[Config, Sequence[_Workload], list[Service], dict[str, list[Endpoint]]]
+        ConfigKey, tuple[Config, Sequence[_Workload], list[Service], dict[str, tuple[Endpoint, ...]]]
     ] = {}
     for config, spec in sorted(entries, key=_config_order):
         # Every host of the entry has the same selector, so the workloads are looked up once.
@@ -233,7 +238,7 @@ def build_file_model(configs: Iterable[Config], memo: BuildMemo | None = None) -
             converted, entry_endpoints = seen[2], seen[3]
         else:
             converted = convert_services(config)
-            entry_endpoints = {s.hostname: _endpoints(spec, s, selected) for s in converted}
+            entry_endpoints = {s.hostname: sorted_endpoints(_endpoints(spec, s, selected)) for s in converted}
         converted_entries[config.key] = (config, selected, converted, entry_endpoints)
         if not converted and spec.hosts:
             resolution = _SE.Resolution.Name(spec.resolution)
@@ -247,9 +252,10 @@ def build_file_model(configs: Iterable[Config], memo: BuildMemo | None = None) -
             owners[service.hostname] = config.key
             services[service.hostname] = service
             endpoints[service.hostname] = entry_endpoints[service.hostname]
+    model = make_model(services.values(), endpoints, notes, previous=[memo.model] if memo and memo.model else ())
     if memo is not None:
-        memo.workloads, memo.entries = fresh, converted_entries
-    return make_model(services.values(), endpoints, notes)
+        memo.workloads, memo.entries, memo.model = fresh, converted_entries, model
+    return model
 
 
 def _same_workloads(a: Sequence[_Workload], b: Sequence[_Workload]) -> bool:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Generic, TypeVar
@@ -43,10 +43,9 @@ from meshctl.snapshot.proxy import Proxy
 from meshctl.xds import types
 from meshctl.xds.eds_locality import LocalityView, eds_localities, for_view
 from meshctl.xds.endpoints import subset_labels
+from meshctl.xds.generate import GenerationMemos, generate_inbound, generate_outbound, inbound_key, load_assignment
+from meshctl.xds.memo import GenerationMemo
 from meshctl.xds.names import eds_cluster_names, parse_cluster_name, resource_name
-
-PartGenerator = Callable[[Snapshot, Proxy], Mapping[str, tuple[Message, ...]]]
-EndpointGenerator = Callable[[Snapshot, str], Message]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -121,31 +120,22 @@ class _Config:
 class ResourceCache:
     """Shared, serialized resources for every proxy; safe to call from several threads."""
 
-    def __init__(
-        self,
-        *,
-        outbound_generator: PartGenerator | None = None,
-        inbound_generator: PartGenerator | None = None,
-        endpoint_generator: EndpointGenerator | None = None,
-        keep_versions: int = 2,
-    ) -> None:
-        from meshctl.xds.generate import generate_inbound, generate_outbound, load_assignment
-
-        self._outbound = outbound_generator or generate_outbound
-        self._inbound = inbound_generator or generate_inbound
-        self._endpoints = endpoint_generator or load_assignment
+    def __init__(self, *, keep_versions: int = 2) -> None:
+        self._memos = GenerationMemos()
+        self._memo_version = ""
         self._lock = threading.Lock()
-        #: whole configs by generation key; their parts by their own keys and input versions
+        #: whole configs by generation key, and outbound parts by their key, per config version
         self._config: _Recent[tuple[object, ...], _Config] = _Recent(keep_versions)
         self._outbound_parts: _Recent[tuple[object, ...], _Config] = _Recent(keep_versions)
-        self._inbound_parts: _Recent[tuple[object, ...], _Config] = _Recent(keep_versions)
+        #: inbound parts by `inbound_key` (which holds every input), and joined sets by their parts
+        self._inbound_parts: GenerationMemo[tuple[object, ...], _Config] = GenerationMemo()
+        self._joins: GenerationMemo[tuple[str, int, int], tuple[ResourceSet, ResourceSet, ResourceSet]] = (
+            GenerationMemo()
+        )
         #: cluster -> (the assignment's inputs, resource)
         self._eds: dict[str, tuple[tuple[object, ...], Resource]] = {}
         #: (cluster, locality view) -> (inputs, resource): the variants of proxies with a locality
         self._eds_variants: dict[tuple[str, LocalityView], tuple[tuple[object, ...], Resource]] = {}
-        #: endpoints digest per host, for the snapshot version in `_digest_version`
-        self._digests: dict[str, str] = {}
-        self._digest_version = ""
         self._views: _Recent[tuple[object, ...], ProxyResources] = _Recent(keep_versions)
         #: the EDS set of each distinct list of EDS clusters (and locality views), per snapshot version
         self._eds_sets: _Recent[tuple[object, ...], ResourceSet] = _Recent(keep_versions)
@@ -156,6 +146,11 @@ class ResourceCache:
         self.generations = 0  # outbound and inbound parts
         self.outbound_generations = 0
         self.eds_builds = 0
+
+    @property
+    def clusters_built(self) -> int:
+        """Service ports whose clusters were generated (the rest were shared from a view)."""
+        return self._memos.clusters.made
 
     def resources(self, snapshot: Snapshot, proxy: Proxy) -> ProxyResources:
         key = proxy.generation_key()
@@ -175,23 +170,23 @@ class ResourceCache:
     def _config_for(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> _Config:
         with self._lock:
             cached = self._config.get(snapshot.config_version, key)
+            if cached is None and self._memo_version != snapshot.config_version:
+                # A new config version: what no proxy asked for in the last two goes.
+                self._memo_version = snapshot.config_version
+                for memo in (self._memos, self._inbound_parts, self._joins):
+                    memo.advance()
         if cached is not None:
             return cached
-        outbound = self._part(
-            self._outbound_parts,
-            version=snapshot.config_version,
-            snapshot=snapshot,
-            proxy=proxy,
-            key=proxy.outbound_key(),
-            generator=self._outbound,
-        )
-        inbound = self._part(
-            self._inbound_parts,
-            version=snapshot.inbound_version,
-            snapshot=snapshot,
-            proxy=proxy,
-            key=key,
-            generator=self._inbound,
+        outbound_key = proxy.outbound_key()
+        with self._lock:
+            outbound = self._outbound_parts.get(snapshot.config_version, outbound_key)
+        if outbound is None:
+            outbound = self._generated(generate_outbound(snapshot, proxy, self._memos), outbound=True)
+            with self._lock:
+                if self._outbound_parts.put(snapshot.config_version, outbound_key, outbound):
+                    self._forget_assignments()
+        inbound = self._inbound_parts.get(
+            inbound_key(snapshot, proxy), lambda _key: self._generated(generate_inbound(snapshot, proxy))
         )
         by_type = {t: self._join(t, outbound.by_type[t], inbound.by_type[t]) for t in _CONFIG_TYPES}
         result = _Config(MappingProxyType(by_type), tuple(sorted({*outbound.eds_names, *inbound.eds_names})))
@@ -199,50 +194,38 @@ class ResourceCache:
             self._config.put(snapshot.config_version, key, result)
         return result
 
-    def _part(
-        self,
-        parts: _Recent[tuple[object, ...], _Config],
-        *,
-        version: str,
-        snapshot: Snapshot,
-        proxy: Proxy,
-        key: tuple[object, ...],
-        generator: PartGenerator,
-    ) -> _Config:
-        """A part of a config, generated once per (the version of the part's inputs, its key)."""
-        with self._lock:
-            cached = parts.get(version, key)
-        if cached is not None:
-            return cached
-        generated = generator(snapshot, proxy)
+    def _generated(self, generated: Mapping[str, tuple[Message, ...]], *, outbound: bool = False) -> _Config:
+        """A generated part as shared sets of serialized resources."""
         by_type = {t: self._set(t, (to_resource(m, t) for m in generated.get(t, ()))) for t in _CONFIG_TYPES}
         result = _Config(MappingProxyType(by_type), tuple(sorted(eds_cluster_names(generated.get(types.CLUSTER, ())))))
         with self._lock:
             self.generations += 1
-            if parts is self._outbound_parts:
+            if outbound:
                 self.outbound_generations += 1
-            if parts.put(version, key, result):
-                # Assignments of clusters no kept config has would otherwise stay forever.
-                kept = {
-                    n
-                    for store in (self._outbound_parts, self._inbound_parts)
-                    for p in store.values()
-                    for n in p.eds_names
-                }
-                self._eds = {c: e for c, e in self._eds.items() if c in kept}
-                self._eds_variants = {k: e for k, e in self._eds_variants.items() if k[0] in kept}
         return result
+
+    def _forget_assignments(self) -> None:
+        """Drop the assignments of clusters no kept outbound part has: they would otherwise stay
+        forever. (Inbound parts have no EDS clusters.) Called with the lock held."""
+        kept = {n for p in self._outbound_parts.values() for n in p.eds_names}
+        self._eds = {c: e for c, e in self._eds.items() if c in kept}
+        self._eds_variants = {k: e for k, e in self._eds_variants.items() if k[0] in kept}
 
     def _join(self, type_url: str, outbound: ResourceSet, inbound: ResourceSet) -> ResourceSet:
         """One set of both parts' resources (on a name in both, outbound wins, as in
-        `generate_config`); a part alone is shared as it is."""
+        `generate_config`); a part alone is shared as it is, and two parts are joined once."""
         if not inbound:
             return outbound
         if not outbound:
             return inbound
-        # Inbound first, so outbound's resource is the one kept under a shared name. Both parts'
-        # resources are interned already.
-        return self._set(type_url, [*inbound.ordered, *outbound.ordered], interned=True)
+        # Keyed by the parts' identities; the entry holds both, so neither id can be reused.
+        joined = self._joins.get(
+            (type_url, id(outbound), id(inbound)),
+            # Inbound first, so outbound's resource is the one kept under a shared name. Both
+            # parts' resources are interned already.
+            lambda _key: (outbound, inbound, self._set(type_url, [*inbound.ordered, *outbound.ordered], interned=True)),
+        )
+        return joined[2]
 
     def _set(self, type_url: str, resources: Iterable[Resource], *, interned: bool = False) -> ResourceSet:
         """The set of `resources`, each interned, and the set itself interned."""
@@ -286,7 +269,7 @@ class ResourceCache:
             found = self._eds.get(cluster) if view is None else self._eds_variants.get((cluster, view))
         if found is not None and found[0] == inputs:
             return found[1]
-        assignment = self._endpoints(snapshot, cluster)
+        assignment = load_assignment(snapshot, cluster)
         resource = to_resource(assignment if view is None else for_view(assignment, view), types.ENDPOINT)
         with self._lock:
             self.eds_builds += 1
@@ -303,13 +286,7 @@ class ResourceCache:
         parsed = parse_cluster_name(cluster)
         if parsed is None:
             return ()
-        with self._lock:
-            if self._digest_version != snapshot.version:
-                self._digests.clear()
-                self._digest_version = snapshot.version
-            digest = self._digests.get(parsed.host)
-            if digest is None:
-                digest = self._digests[parsed.host] = snapshot.services.endpoints_digest(parsed.host)
+        digest = snapshot.services.endpoints_digest(parsed.host)
         service = snapshot.services.services.get(parsed.host)
         shape = (service.ports, service.resolution) if service is not None else None
         labels = subset_labels(snapshot, parsed.host, parsed.subset) if parsed.subset else None

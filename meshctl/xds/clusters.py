@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Final
 
 from envoy.config.cluster.v3 import cluster_pb2
@@ -62,6 +63,7 @@ from meshctl.xds.cluster_policy import (
 )
 from meshctl.xds.cluster_tls import apply_tls, originates_tls
 from meshctl.xds.endpoints import ISTIO_METADATA, locality_lb_endpoints, select_endpoints, socket_address
+from meshctl.xds.memo import GenerationMemo, Ref
 
 _Cluster = cluster_pb2.Cluster
 
@@ -88,20 +90,92 @@ def merge_clusters(*parts: Iterable[cluster_pb2.Cluster]) -> list[cluster_pb2.Cl
     return [out[name] for name in sorted(out)]
 
 
-def build_outbound_clusters(scope: ProxyScope) -> list[cluster_pb2.Cluster]:
+@dataclass(frozen=True, slots=True)
+class OutboundClusterView:
+    """Everything the outbound clusters of one service port are made of (the port's cluster and
+    one per subset): the only input of `service_port_clusters`, and its cache key (`memo`).
+
+    Proxies that see a service alike share its clusters, so a change regenerates only the
+    clusters whose view changed: a VirtualService edit none, a DestinationRule edit its host's."""
+
+    service: Service
+    port: ServicePort
+    #: The DestinationRule that applies for this proxy, named by its sources' content.
+    rule: Ref[MergedDestinationRule] | None
+    #: Istio's `config` metadata path of the rule's first source.
+    rule_path: str
+    proxy_type: ProxyType
+    #: DNS clusters only: the proxy's address (its family picks the DNS lookup family), its
+    #: locality (locality priorities of inline endpoints) and the service's endpoints.
+    dns_proxy_ip: str
+    dns_locality: str
+    dns_endpoints: Ref[tuple[Endpoint, ...]] | None
+    connect_timeout: float
+    #: MeshConfig's localityLbSetting, serialized.
+    mesh_locality: bytes
+
+
+ClusterMemo = GenerationMemo[OutboundClusterView, tuple[cluster_pb2.Cluster, ...]]
+
+
+def build_outbound_clusters(scope: ProxyScope, memo: ClusterMemo | None = None) -> list[cluster_pb2.Cluster]:
     """The clusters of the services the proxy may call, and the catch-alls (BlackHoleCluster,
-    PassthroughCluster): what `Proxy.outbound_key` decides."""
+    PassthroughCluster): what `Proxy.outbound_key` decides. With `memo`, a service port's
+    clusters are made once per `OutboundClusterView` and shared (the messages must then be
+    treated as read-only)."""
     out: list[cluster_pb2.Cluster] = []
     for service in scope.services:
         for port in service.ports:
             if port.protocol is not Protocol.UDP:
-                # Last, once every step of `_outbound` has read the plain STRICT_DNS/LOGICAL_DNS type.
-                out.extend(use_dns_extension(c, scope.proxy.ip) for c in _outbound(scope, service, port))
+                view = outbound_cluster_view(scope, service, port)
+                out.extend(service_port_clusters(view) if memo is None else memo.get(view, service_port_clusters))
     timeout = scope.snapshot.mesh.connect_timeout_seconds
-    out.append(_blackhole(timeout))
+    out.append(_delimited_stats([_blackhole(timeout)])[0])
     if scope.proxy.type is ProxyType.SIDECAR:
-        out.append(_passthrough(names.PASSTHROUGH_CLUSTER, timeout))
-    return merge_clusters(_delimited_stats(out))
+        out.append(_delimited_stats([_passthrough(names.PASSTHROUGH_CLUSTER, timeout)])[0])
+    return merge_clusters(out)
+
+
+def outbound_cluster_view(scope: ProxyScope, service: Service, port: ServicePort) -> OutboundClusterView:
+    """What `service_port_clusters` reads of the snapshot and the proxy, for one service port."""
+    snapshot = scope.snapshot
+    rule_ref = destination_rule_ref(scope, service.hostname)
+    rule_path = _rule_path(scope, rule_ref.value) if rule_ref is not None else ""
+    dns = service.resolution in (Resolution.DNS, Resolution.DNS_ROUND_ROBIN)
+    endpoints: Ref[tuple[Endpoint, ...]] | None = None
+    if dns:
+        model = snapshot.services
+        endpoints = Ref(model.endpoints_digest(service.hostname), model.endpoints_of(service.hostname))
+    return OutboundClusterView(
+        service=service,
+        port=port,
+        rule=rule_ref,
+        rule_path=rule_path,
+        proxy_type=scope.proxy.type,
+        dns_proxy_ip=scope.proxy.ip if dns else "",
+        dns_locality=scope.proxy.locality if dns else "",
+        dns_endpoints=endpoints,
+        connect_timeout=snapshot.mesh.connect_timeout_seconds,
+        mesh_locality=snapshot.mesh.locality_lb_setting,
+    )
+
+
+def destination_rule_ref(scope: ProxyScope, hostname: str) -> Ref[MergedDestinationRule] | None:
+    """The DestinationRule that applies to `hostname` for the scope's proxy, named by what it is
+    merged from (its host, namespace and sources with their content digests)."""
+    rule = scope.destination_rule(hostname)
+    if rule is None:
+        return None
+    configs = scope.snapshot.configs
+    sources = tuple((key, configs[key].content_digest(), configs[key].api_version) for key in rule.sources)
+    return Ref((rule.host, rule.namespace, sources), rule)
+
+
+def service_port_clusters(view: OutboundClusterView) -> tuple[cluster_pb2.Cluster, ...]:
+    """The clusters of one service port: `outbound|PORT||HOST` and one per subset, finished
+    (DNS extension, stat names) and sorted as `build_outbound_clusters` puts them."""
+    # The DNS extension last, once every step of `_outbound` has read the plain type.
+    return tuple(_delimited_stats([use_dns_extension(c, view.dns_proxy_ip) for c in _outbound(view)]))
 
 
 def build_inbound_clusters(scope: ProxyScope) -> list[cluster_pb2.Cluster]:
@@ -127,33 +201,34 @@ def _delimited_stats(clusters: list[cluster_pb2.Cluster]) -> list[cluster_pb2.Cl
     return clusters
 
 
-def _discovery_type(scope: ProxyScope, service: Service) -> int:
-    resolution = service.resolution
+def _discovery_type(view: OutboundClusterView) -> int:
+    resolution = view.service.resolution
     if resolution is Resolution.DNS:
         return int(_Cluster.STRICT_DNS)
     if resolution is Resolution.DNS_ROUND_ROBIN:
         return int(_Cluster.LOGICAL_DNS)
-    if resolution is Resolution.NONE and scope.proxy.type is ProxyType.SIDECAR:
+    if resolution is Resolution.NONE and view.proxy_type is ProxyType.SIDECAR:
         return int(_Cluster.ORIGINAL_DST)
     return int(_Cluster.EDS)
 
 
-def _outbound(scope: ProxyScope, service: Service, port: ServicePort) -> list[cluster_pb2.Cluster]:
-    rule = scope.destination_rule(service.hostname)
-    kind = _discovery_type(scope, service)
+def _outbound(view: OutboundClusterView) -> list[cluster_pb2.Cluster]:
+    service, port = view.service, view.port
+    rule = view.rule.value if view.rule is not None else None
+    kind = _discovery_type(view)
     name = names.outbound_cluster(port.number, service.hostname)
-    draft = _outbound_base(scope, name, kind, service=service, port=port, labels=None)
+    draft = _outbound_base(view, name, kind, labels=None)
     if draft is None:
         return []
     rule_policy = traffic_policy(rule.spec) if rule is not None else None
     policy = policy_for_port(rule_policy, port.number)
-    _apply_traffic_policy(scope, draft, policy)
+    _apply_traffic_policy(view, draft, policy)
     _maybe_eds(draft.cluster)
     meta = _istio_metadata(draft.cluster)
     if service.location is Location.MESH_EXTERNAL:
         meta.update({"external": True})
     if rule is not None:
-        _rule_metadata(scope, draft.cluster, rule, policy)
+        _rule_metadata(view.rule_path, draft.cluster, policy)
     out = [draft.finish()]
     if rule is None:
         return out
@@ -162,62 +237,48 @@ def _outbound(scope: ProxyScope, service: Service, port: ServicePort) -> list[cl
         if subset.name in seen:
             continue
         seen.add(subset.name)
-        built = _subset(
-            scope,
-            rule,
-            subset=subset,
-            service=service,
-            port=port,
-            parent_type=draft.cluster.type,
-            rule_policy=rule_policy,
-        )
+        built = _subset(view, subset=subset, parent_type=draft.cluster.type, rule_policy=rule_policy)
         if built is not None:
             out.append(built)
     return out
 
 
 def _subset(
-    scope: ProxyScope,
-    rule: MergedDestinationRule,
+    view: OutboundClusterView,
     *,
     subset: dr_pb2.Subset,
-    service: Service,
-    port: ServicePort,
     parent_type: int,
     rule_policy: dr_pb2.TrafficPolicy | None,
 ) -> cluster_pb2.Cluster | None:
+    port = view.port
     policy = policy_for_subset(rule_policy, traffic_policy(subset), port.number)
     kind = parent_type
     lb = policy.load_balancer if policy is not None else None
     if lb is not None and lb.HasField("simple") and lb.simple == lb.PASSTHROUGH:
         kind = int(_Cluster.ORIGINAL_DST)
-    name = names.outbound_cluster(port.number, service.hostname, subset.name)
-    draft = _outbound_base(scope, name, kind, service=service, port=port, labels=dict(subset.labels))
+    name = names.outbound_cluster(port.number, view.service.hostname, subset.name)
+    draft = _outbound_base(view, name, kind, labels=dict(subset.labels))
     if draft is None:
         return None
-    _apply_traffic_policy(scope, draft, policy)
+    _apply_traffic_policy(view, draft, policy)
     _maybe_eds(draft.cluster)
-    _rule_metadata(scope, draft.cluster, rule, policy)
+    _rule_metadata(view.rule_path, draft.cluster, policy)
     _istio_metadata(draft.cluster).update({"subset": subset.name})
     return draft.finish()
 
 
 def _outbound_base(
-    scope: ProxyScope,
-    name: str,
-    kind: int,
-    *,
-    service: Service,
-    port: ServicePort,
-    labels: Mapping[str, str] | None,
+    view: OutboundClusterView, name: str, kind: int, *, labels: Mapping[str, str] | None
 ) -> ClusterDraft | None:
     """Istio's buildCluster: type, inline endpoints for DNS clusters, upstream protocol and
     telemetry metadata; None for a DNS cluster without endpoints."""
+    service, port = view.service, view.port
     cluster = _Cluster(name=name, type=kind)
     cluster.common_lb_config.SetInParent()
     if is_dns_type(kind):
-        endpoints = select_endpoints(scope.snapshot.services.endpoints_of(service.hostname), port.number, labels)
-        if not endpoints and labels is None and not scope.snapshot.services.endpoints_of(service.hostname):
+        known = view.dns_endpoints.value if view.dns_endpoints is not None else ()
+        endpoints = select_endpoints(known, port.number, labels)
+        if not endpoints and labels is None and not known:
             endpoints = [Endpoint(service.hostname, {port.number: port.number}, namespace=service.namespace)]
         if kind == _Cluster.LOGICAL_DNS:
             endpoints = endpoints[:1]
@@ -227,27 +288,28 @@ def _outbound_base(
         cluster.load_assignment.endpoints.extend(locality_lb_endpoints(endpoints, port.number))
     draft = ClusterDraft(cluster)
     # Inbound sniffing is not generated, so only outbound clusters follow the client's protocol.
-    apply_upstream_protocol(draft, port.protocol, sniffed=scope.proxy.type is ProxyType.SIDECAR)
+    apply_upstream_protocol(draft, port.protocol, sniffed=view.proxy_type is ProxyType.SIDECAR)
     _istio_metadata(cluster).update({"services": [_service_metadata(service)], "default_original_port": port.number})
     return draft
 
 
-def _apply_traffic_policy(scope: ProxyScope, draft: ClusterDraft, policy: Policy | None) -> None:
+def _apply_traffic_policy(view: OutboundClusterView, draft: ClusterDraft, policy: Policy | None) -> None:
     """Istio's applyTrafficPolicy for an outbound cluster, in its order."""
     policy = policy or Policy()
     # Upgrade first, so that the pool's HTTP/2 settings reach an upgraded cluster (istio/istio#57583).
     apply_h2_upgrade(draft, policy.connection_pool)
-    apply_connection_pool(
-        draft, policy.connection_pool, scope.snapshot.mesh.connect_timeout_seconds, policy.retry_budget
-    )
+    apply_connection_pool(draft, policy.connection_pool, view.connect_timeout, policy.retry_budget)
     apply_outlier_detection(draft.cluster, policy.outlier_detection)
-    apply_load_balancer(
-        draft.cluster, policy.load_balancer, scope.proxy.locality, scope.snapshot.mesh.locality_default()
-    )
+    apply_load_balancer(draft.cluster, policy.load_balancer, view.dns_locality, _mesh_locality(view.mesh_locality))
     apply_tls(draft, policy.tls)
     apply_proxy_protocol(draft.cluster, policy.proxy_protocol)
     if draft.cluster.type == _Cluster.ORIGINAL_DST:
         draft.cluster.lb_policy = _Cluster.CLUSTER_PROVIDED
+
+
+@lru_cache(maxsize=8)
+def _mesh_locality(serialized: bytes) -> dr_pb2.LocalityLoadBalancerSetting:
+    return dr_pb2.LocalityLoadBalancerSetting.FromString(serialized)
 
 
 def _maybe_eds(cluster: cluster_pb2.Cluster) -> None:
@@ -269,11 +331,9 @@ def _service_metadata(service: Service) -> dict[str, str]:
     return {"host": service.hostname, "name": service.hostname, "namespace": service.namespace}
 
 
-def _rule_metadata(
-    scope: ProxyScope, cluster: cluster_pb2.Cluster, rule: MergedDestinationRule, policy: Policy | None
-) -> None:
+def _rule_metadata(rule_path: str, cluster: cluster_pb2.Cluster, policy: Policy | None) -> None:
     meta = _istio_metadata(cluster)
-    meta.update({"config": _rule_path(scope, rule)})
+    meta.update({"config": rule_path})
     if policy is not None and originates_tls(policy.tls):
         meta.update({"alpn_override": "false"})
 

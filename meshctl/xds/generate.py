@@ -29,10 +29,17 @@ from meshctl.snapshot.proxy import Proxy
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.access_log import with_access_log
-from meshctl.xds.clusters import build_inbound_clusters, build_outbound_clusters, merge_clusters
+from meshctl.xds.clusters import (
+    ClusterMemo,
+    build_inbound_clusters,
+    build_outbound_clusters,
+    destination_rule_ref,
+    merge_clusters,
+)
 from meshctl.xds.eds_locality import eds_localities, for_view
 from meshctl.xds.endpoints import build_load_assignment
 from meshctl.xds.listeners import build_inbound_listeners, build_outbound_listeners, sort_listeners
+from meshctl.xds.memo import GenerationMemo
 from meshctl.xds.names import eds_cluster_names
 from meshctl.xds.routes import build_routes
 
@@ -45,16 +52,47 @@ def generate_config(snapshot: Snapshot, proxy: Proxy) -> Generated:
     return merge_config(_outbound(scope), _inbound(scope))
 
 
-def generate_outbound(snapshot: Snapshot, proxy: Proxy) -> Generated:
+class GenerationMemos:
+    """What the server keeps between generations: the parts made from views (`memo`), shared by
+    every proxy and every snapshot whose view of them is the same. Call `advance` on each new
+    config version, so the parts no current proxy uses go."""
+
+    def __init__(self) -> None:
+        self.clusters: ClusterMemo = GenerationMemo()
+
+    def advance(self) -> None:
+        self.clusters.advance()
+
+
+def generate_outbound(snapshot: Snapshot, proxy: Proxy, memos: GenerationMemos | None = None) -> Generated:
     """The part of `generate_config` for the services the proxy calls (a router: its Gateways),
-    decided by `Proxy.outbound_key`; the server shares it between proxies with equal keys."""
-    return _outbound(ProxyScope(snapshot, proxy))
+    decided by `Proxy.outbound_key`; the server shares it between proxies with equal keys, and
+    with `memos` each service port's clusters between outbound keys and snapshots."""
+    return _outbound(ProxyScope(snapshot, proxy), memos)
 
 
 def generate_inbound(snapshot: Snapshot, proxy: Proxy) -> Generated:
     """The part of `generate_config` for the proxy's own workload: inbound clusters and
     listeners, per `Proxy.generation_key`."""
     return _inbound(ProxyScope(snapshot, proxy))
+
+
+def inbound_key(snapshot: Snapshot, proxy: Proxy) -> tuple[object, ...]:
+    """Everything `generate_inbound` reads, as a key: the proxy (`Proxy.generation_key`), the
+    services its workload serves, the Sidecar that applies to it, the DestinationRules of its own
+    services (their connection pools and `config` paths) and the mesh settings. A change to
+    another workload's Sidecar or to another service's DestinationRule leaves it as it was, so
+    the proxy's inbound part is not generated again."""
+    scope = ProxyScope(snapshot, proxy)
+    services = {i.service.hostname: i.service for i in proxy.instances}
+    sidecar = scope.sidecar
+    return (
+        proxy.generation_key(),
+        tuple(services[h] for h in sorted(services)),
+        (sidecar.key, sidecar.content_digest()) if sidecar is not None else None,
+        tuple(destination_rule_ref(scope, h) for h in sorted(services)),
+        snapshot.mesh,
+    )
 
 
 def merge_config(outbound: Generated, inbound: Generated) -> Generated:
@@ -68,10 +106,10 @@ def merge_config(outbound: Generated, inbound: Generated) -> Generated:
     )
 
 
-def _outbound(scope: ProxyScope) -> Generated:
+def _outbound(scope: ProxyScope, memos: GenerationMemos | None = None) -> Generated:
     return MappingProxyType(
         {
-            types.CLUSTER: tuple(build_outbound_clusters(scope)),
+            types.CLUSTER: tuple(build_outbound_clusters(scope, memos.clusters if memos is not None else None)),
             types.LISTENER: tuple(with_access_log(build_outbound_listeners(scope), scope.snapshot.mesh)),
             types.ROUTE: tuple(build_routes(scope)),
         }

@@ -1,0 +1,228 @@
+"""What one change costs the server, stage by stage, as the mesh grows: no gRPC, no clients.
+
+    python bench/change_cost.py                       # 1,000 / 5,000 / 10,000 services, 1,000 proxies
+    python bench/change_cost.py --services 1000 --proxies 1000 --runs 3
+
+The mesh is the fleet benchmark's (`bench/fleet.py`), written to a temporary directory and loaded
+by the very parts `meshctl serve` runs: the directory watcher into a config store, the file
+registry, `Discovery.build`, `bind_proxy` and the `ResourceCache`. Each change of the fleet
+benchmark (a VirtualService every proxy imports, a DestinationRule one namespace imports, a
+WorkloadEntry added and removed), plus one ServiceEntry added to a file of N entries, is applied
+to the files and timed through each stage the server runs between the file write and the
+bytes a stream sends:
+
+- reload: the watcher rescans the tree, parses what changed and updates the store;
+- registry: the file registry rebuilds its service model from the store;
+- snapshot: `Discovery.build` and the snapshot's index;
+- bind + resources: every connected proxy bound to the new snapshot and its resources looked up
+  or generated (`ResourceCache.resources`): the publication's work on the generation thread;
+- streams: each stream's `Connection.update` and `pushes()`, and the responses encoded (what the
+  event loop does before `write`).
+
+The numbers are CPU seconds of this process (`time.process_time`), best of `--runs`, so they
+move little with the machine's load. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
+sys.path.insert(0, str(BENCH.parent))
+
+from bench.fleet import Fleet, FleetSpec, parse_int_list, write_atomically  # noqa: E402
+from meshctl.config.store import ConfigStore  # noqa: E402
+from meshctl.config.watcher import DirectoryWatcher  # noqa: E402
+from meshctl.registry.aggregate import AggregateRegistry  # noqa: E402
+from meshctl.registry.serviceentry import FileRegistry  # noqa: E402
+from meshctl.server.cache import ResourceCache  # noqa: E402
+from meshctl.server.connection import Connection  # noqa: E402
+from meshctl.server.discovery import Discovery  # noqa: E402
+from meshctl.server.encode import BlockCache, encode_sotw  # noqa: E402
+from meshctl.snapshot.model import Snapshot  # noqa: E402
+from meshctl.snapshot.proxy import bind_proxy, parse_node_id  # noqa: E402
+from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest  # noqa: E402
+from meshctl.xds import types  # noqa: E402
+
+STAGES = ("reload", "registry", "snapshot", "bind+resources", "streams")
+
+
+class Server:
+    """The server's pipeline, driven by hand, one stage at a time."""
+
+    def __init__(self, root: Path, node_ids: list[str]) -> None:
+        self.store = ConfigStore()
+        self.watcher = DirectoryWatcher([root], self.store)
+        self.files = FileRegistry()
+        self.registry = AggregateRegistry([self.files])
+        self.discovery = Discovery(self.store, self.registry, _no_publish)
+        self.cache = ResourceCache()
+        self.blocks = BlockCache()
+        self.nodes = [parse_node_id(n) for n in node_ids]
+        self.connections = [Connection(str(i), delta=False) for i in range(len(node_ids))]
+        self.timings: dict[str, float] = {}
+        self.snapshot: Snapshot | None = None
+        self.pushed = 0
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        started = time.process_time()
+        yield
+        self.timings[name] = self.timings.get(name, 0.0) + time.process_time() - started
+
+    def change(self) -> dict[str, float]:
+        """Run every stage once for what changed on disk since the last call."""
+        self.timings = {}
+        self.pushed = 0
+        with self.stage("reload"):
+            self.watcher.reload_now()
+        with self.stage("registry"):
+            self.files.replace(self.store.view().configs.values())
+        with self.stage("snapshot"):
+            snapshot = self.discovery.build()
+            snapshot.index.endpoints_at("")
+        with self.stage("bind+resources"):
+            views = [self.cache.resources(snapshot, bind_proxy(node, snapshot)) for node in self.nodes]
+        with self.stage("streams"):
+            for conn, view in zip(self.connections, views, strict=True):
+                conn.update(view)
+                if self.snapshot is None:
+                    _subscribe(conn, view)
+                for push in conn.pushes():
+                    encode_sotw(push, blocks=self.blocks)
+                    self.pushed += 1
+                    _ack(conn, push)
+        self.snapshot = snapshot
+        return self.timings
+
+
+async def _no_publish(_snapshot: Snapshot, _seen: float) -> None:
+    return None
+
+
+def sotw_request(type_url: str, names: list[str], *, version: str = "", nonce: str = "") -> DiscoveryRequest:
+    return DiscoveryRequest(type_url=type_url, resource_names=names, version_info=version, response_nonce=nonce)
+
+
+def _subscribe(conn: Connection, view: Any) -> None:
+    """Subscribe as Envoy does: CDS and LDS wildcard, EDS and RDS by the names they give."""
+    for type_url in (types.CLUSTER, types.LISTENER):
+        conn.handle(type_url, sotw_request(type_url, []))
+    conn.handle(types.ENDPOINT, sotw_request(types.ENDPOINT, sorted(view.of(types.ENDPOINT))))
+    conn.handle(types.ROUTE, sotw_request(types.ROUTE, sorted(view.of(types.ROUTE))))
+
+
+def _ack(conn: Connection, push: Any) -> None:
+    sub = conn.subscriptions[push.type_url]
+    names = sorted(sub.names) if not sub.wildcard else []
+    conn.handle(push.type_url, sotw_request(push.type_url, names, version=push.version, nonce=push.nonce))
+
+
+def measure(services: int, proxies: int, runs: int) -> dict[str, Any]:
+    spec = FleetSpec(services=services, endpoints=10, proxies=proxies)
+    with tempfile.TemporaryDirectory(prefix="meshctl-cost-") as tmp:
+        fleet = Fleet(spec, Path(tmp))
+        fleet.write()
+        big = _big_file(fleet)
+        server = Server(Path(tmp), [p.node_id for p in fleet.proxies])
+        cold = server.change()
+        churn = fleet.churn_path()
+
+        def add_churn(_step: int) -> None:
+            write_atomically(churn, fleet.churn_entry())
+
+        def remove_churn(_step: int) -> None:
+            churn.unlink(missing_ok=True)
+
+        # (name, do, undo): `do` is timed, from the state `undo` leaves.
+        changes: list[tuple[str, Callable[[int], None], Callable[[int], None]]] = [
+            ("VirtualService", lambda s: _write(fleet.route_change(s)), lambda s: _write(fleet.route_change(s + 50))),
+            ("DestinationRule", lambda s: _write(fleet.policy_change(s)), lambda s: _write(fleet.policy_change(s + 50))),
+            ("endpoint added", add_churn, remove_churn),
+            ("endpoint removed", remove_churn, add_churn),
+            ("ServiceEntry added to a big file", lambda s: big(True), lambda s: big(False)),
+        ]
+        results: dict[str, dict[str, float]] = {}
+        for name, do, undo in changes:
+            best: dict[str, float] | None = None
+            pushes = 0
+            for run in range(runs):
+                undo(run + 1)
+                _settle_mtime()
+                server.change()
+                do(run + 1)
+                _settle_mtime()
+                timings = server.change()
+                if best is None or sum(timings.values()) < sum(best.values()):
+                    best, pushes = timings, server.pushed
+            assert best is not None
+            results[name] = {k: round(v, 4) for k, v in best.items()} | {"pushes": pushes}
+    return {"services": services, "proxies": proxies, "cold": {k: round(v, 3) for k, v in cold.items()}, "changes": results}
+
+
+def _write(change: tuple[Any, Path, str]) -> None:
+    _, path, text = change
+    write_atomically(path, text)
+
+
+def _settle_mtime() -> None:
+    """The watcher holds a file written within its debounce of the scan (a writer may still be
+    writing): wait it out, as the server's own debounce would."""
+    time.sleep(0.12)
+
+
+def _big_file(fleet: Fleet) -> Callable[[bool], None]:
+    """One file holding as many ServiceEntries as the mesh has services (in a namespace of its
+    own); each call adds or removes one more entry at its end."""
+    from bench.fleet import SE
+
+    path = fleet.root / "catalog" / "entries.yaml"
+    path.parent.mkdir(exist_ok=True)
+    docs = [
+        SE.format(name=f"ext-{i}", ns="catalog", host=f"ext-{i}.catalog.mesh", port=9080, target=8080)
+        for i in range(len(fleet.services))
+    ]
+    write_atomically(path, "---\n".join(docs))
+
+    def edit(added: bool) -> None:
+        extra = [SE.format(name="ext-new", ns="catalog", host="ext-new.catalog.mesh", port=9080, target=8080)]
+        write_atomically(path, "---\n".join(docs + (extra if added else [])))
+
+    return edit
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--services", type=parse_int_list, default=[1000, 5000, 10000])
+    parser.add_argument("--proxies", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=2)
+    args = parser.parse_args(argv)
+    out = []
+    for n in args.services:
+        gc.collect()
+        result = measure(n, args.proxies, args.runs)
+        out.append(result)
+        print(f"\n{n:,} services, {args.proxies:,} proxies (CPU s; cold: {result['cold']})", file=sys.stderr)
+        print("| change | " + " | ".join(STAGES) + " | total | pushes |", file=sys.stderr)
+        print("|---" * (len(STAGES) + 3) + "|", file=sys.stderr)
+        for name, t in result["changes"].items():
+            total = sum(t.get(s, 0.0) for s in STAGES)
+            cells = " | ".join(f"{t.get(s, 0.0):.3f}" for s in STAGES)
+            print(f"| {name} | {cells} | {total:.3f} | {t['pushes']} |", file=sys.stderr)
+    print(json.dumps({"runs": out, "load": os.getloadavg()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
