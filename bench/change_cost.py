@@ -137,6 +137,8 @@ def measure(services: int, proxies: int, runs: int) -> dict[str, Any]:
         big = _big_file(fleet)
         server = Server(Path(tmp), [p.node_id for p in fleet.proxies])
         cold = server.change()
+        gc.collect()
+        gc.freeze()  # as `meshctl serve` does after start-up
         churn = fleet.churn_path()
 
         def add_churn(_step: int) -> None:
@@ -168,6 +170,7 @@ def measure(services: int, proxies: int, runs: int) -> dict[str, Any]:
                     best, pushes = timings, server.pushed
             assert best is not None
             results[name] = {k: round(v, 4) for k, v in best.items()} | {"pushes": pushes}
+    gc.unfreeze()
     return {"services": services, "proxies": proxies, "cold": {k: round(v, 3) for k, v in cold.items()}, "changes": results}
 
 

@@ -97,12 +97,12 @@ def test_one_member_change_is_one_event_endpoint_only_when_it_is() -> None:
     aggregate.subscribe(events.append)
 
     other.replace(load(SHARED_ELSEWHERE + we("vm-d", "10.1.0.3", "other")))
-    assert events == [RegistryChange(frozenset({"other.example.com"}), endpoint_only=True)]
+    assert events == [RegistryChange(frozenset({"other.example.com"}), endpoint_only=True, settled=True)]
     assert [e.address for e in aggregate.model().endpoints_of("other.example.com")] == ["10.1.0.2", "10.1.0.3"]
 
     moved = se("shared", "shared.example.com", selector="shared", port=81)
     files.replace(load(moved + we("vm-a", "10.0.0.1", "shared")))
-    assert events[1:] == [RegistryChange(frozenset({"shared.example.com"}), endpoint_only=False)]
+    assert events[1:] == [RegistryChange(frozenset({"shared.example.com"}), endpoint_only=False, settled=True)]
 
 
 def test_a_change_hidden_by_precedence_is_no_event() -> None:
@@ -121,7 +121,7 @@ def test_a_host_dropped_by_the_owner_falls_to_the_next_member() -> None:
     events: list[RegistryChange] = []
     aggregate.subscribe(events.append)
     files.replace([])
-    assert events == [RegistryChange(frozenset({"shared.example.com"}), endpoint_only=False)]
+    assert events == [RegistryChange(frozenset({"shared.example.com"}), endpoint_only=False, settled=True)]
     model = aggregate.model()
     assert model.services["shared.example.com"].origin == "ServiceEntry shop/shared-elsewhere"
     assert [e.address for e in model.endpoints_of("shared.example.com")] == ["10.1.0.1"]

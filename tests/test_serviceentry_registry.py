@@ -586,7 +586,7 @@ def test_a_new_workload_entry_is_an_endpoint_only_change() -> None:
     registry = FileRegistry(load(REVIEWS + VM1))
     events = recording(registry)
     registry.replace(load(REVIEWS + VM1 + VM2))
-    assert events == [RegistryChange(frozenset({"reviews.shop.mesh"}), endpoint_only=True)]
+    assert events == [RegistryChange(frozenset({"reviews.shop.mesh"}), endpoint_only=True, settled=True)]
     assert addresses(registry.model(), "reviews.shop.mesh") == ["10.0.0.1", "10.0.0.2"]
 
 
@@ -594,7 +594,7 @@ def test_a_service_entry_change_is_not_endpoint_only() -> None:
     registry = FileRegistry(load(REVIEWS + VM1))
     events = recording(registry)
     registry.replace(load(se(extra=SELECT_REVIEWS, ports="[{number: 9081, name: http, protocol: HTTP}]") + VM1))
-    assert events == [RegistryChange(frozenset({"reviews.shop.mesh"}), endpoint_only=False)]
+    assert events == [RegistryChange(frozenset({"reviews.shop.mesh"}), endpoint_only=False, settled=True)]
 
 
 def test_new_endpoints_of_a_dns_service_are_not_endpoint_only() -> None:
@@ -603,7 +603,7 @@ def test_new_endpoints_of_a_dns_service_are_not_endpoint_only() -> None:
     registry = FileRegistry(load(dns + VM1))
     events = recording(registry)
     registry.replace(load(dns + VM1 + VM2))
-    assert events == [RegistryChange(frozenset({"reviews.shop.mesh"}), endpoint_only=False)]
+    assert events == [RegistryChange(frozenset({"reviews.shop.mesh"}), endpoint_only=False, settled=True)]
 
 
 def test_unrelated_or_unchanged_configs_publish_nothing() -> None:
@@ -633,7 +633,7 @@ def test_follows_a_config_store() -> None:
     events = recording(registry)
     stop = registry.follow(store)
     assert addresses(registry.model(), "reviews.shop.mesh") == ["10.0.0.1"]
-    assert events == [RegistryChange(frozenset({"reviews.shop.mesh"}), endpoint_only=False)]
+    assert events == [RegistryChange(frozenset({"reviews.shop.mesh"}), endpoint_only=False, settled=True)]
 
     store.replace_all(load(REVIEWS + VM1 + VM2))
     assert addresses(registry.model(), "reviews.shop.mesh") == ["10.0.0.1", "10.0.0.2"]

@@ -167,8 +167,10 @@ class ConfigStore:
     ) -> ConfigChange | None:
         """Make `configs` the whole content of the store and notify listeners of the difference.
 
-        A resource whose content is unchanged (`Config.same_content`) is not an update, but the
-        new object is kept so its source position stays current. `files`, when given, replaces the
+        A resource whose content is unchanged (`Config.same_content`) is not an update: the object
+        the store held is kept when it is also where it was (same file and position), so whatever
+        was computed from it downstream (a registry's conversion, a digest) is reused by identity;
+        otherwise the new object is kept so its source position stays current. `files`, when given, replaces the
         per-file status; None leaves it as it is. Returns the change, or None when nothing changed
         (then no listener is called and the revision stays)."""
         new_configs: dict[ConfigKey, Config] = {}
@@ -178,7 +180,8 @@ class ConfigStore:
             new_configs[config.key] = config
         with self._lock:
             current = self._view
-            events = _diff(current.configs, new_configs)
+            events, kept = _diff(current.configs, new_configs)
+            new_configs.update(kept)
             revision = current.revision + 1 if events else current.revision
             status = current.files if files is None else MappingProxyType({s.path: s for s in files})
             self._view = StoreView(revision, _frozen_configs(new_configs), status)
@@ -223,8 +226,13 @@ class ConfigStore:
                 self._local.delivering = False
 
 
-def _diff(old: Mapping[ConfigKey, Config], new: Mapping[ConfigKey, Config]) -> tuple[ConfigEvent, ...]:
+def _diff(
+    old: Mapping[ConfigKey, Config], new: Mapping[ConfigKey, Config]
+) -> tuple[tuple[ConfigEvent, ...], dict[ConfigKey, Config]]:
+    """The events from `old` to `new`, and the old objects to keep in place of new ones that
+    are the same resource in the same place."""
     events: list[ConfigEvent] = []
+    kept: dict[ConfigKey, Config] = {}
     # Sorting only what changed: the whole tree's keys would cost more than comparing them.
     for key in old.keys() | new.keys():
         before, after = old.get(key), new.get(key)
@@ -232,7 +240,11 @@ def _diff(old: Mapping[ConfigKey, Config], new: Mapping[ConfigKey, Config]) -> t
             events.append(ConfigEvent(EventKind.CREATED, key, None, after))
         elif after is None:
             events.append(ConfigEvent(EventKind.DELETED, key, before, None))
+        elif before is after:
+            continue
         elif not after.same_content(before):
             events.append(ConfigEvent(EventKind.UPDATED, key, before, after))
+        elif before.source == after.source and before.api_version == after.api_version:
+            kept[key] = before
     events.sort(key=lambda e: e.key)
-    return tuple(events)
+    return tuple(events), kept

@@ -13,6 +13,7 @@ hides (Consul's endpoints of a host the files own).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Iterable, Sequence
@@ -127,7 +128,7 @@ class AggregateRegistry:
     def _merge(self, previous: ServiceModel | None = None) -> ServiceModel:
         return merge_models(((m.name, m.model()) for m in self._members), previous)
 
-    def _member_changed(self, _change: RegistryChange) -> None:
+    def _member_changed(self, member_change: RegistryChange) -> None:
         # The member's own change is not enough: a host it changed may be owned by another
         # member, and a host it dropped may now fall to another. Re-merge and compare.
         with self._lock:
@@ -136,6 +137,7 @@ class AggregateRegistry:
             self._model = new
             if change is None:
                 return
+            change = dataclasses.replace(change, settled=member_change.settled)
             # Under the lock, so that listeners see changes in the order the models were built.
             for listener in list(self._listeners):
                 try:

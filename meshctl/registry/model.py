@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -306,7 +307,7 @@ def sorted_endpoints(endpoints: Iterable[Endpoint]) -> tuple[Endpoint, ...]:
 
 def _in_order(endpoints: tuple[Endpoint, ...]) -> bool:
     keys = [e.sort_key() for e in endpoints]
-    return all(a <= b for a, b in zip(keys, keys[1:], strict=False))
+    return all(a <= b for a, b in itertools.pairwise(keys))
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +317,9 @@ class RegistryChange:
 
     hosts: frozenset[str]
     endpoint_only: bool
+    #: The change comes from inputs that were debounced already (the config files, whose watcher
+    #: waits for writes to settle), so a snapshot may be built for it without waiting again.
+    settled: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ controller.go, workloadentry.go) rule by rule:
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import threading
@@ -528,6 +529,8 @@ class FileRegistry:
             return None
         new = build_file_model(configs.values(), self._memo)
         change = model_change(self._model, new)
+        if change is not None:
+            change = dataclasses.replace(change, settled=True)  # made from the (debounced) store
         self._configs, self._model = configs, new
         if change is not None:
             for listener in list(self._listeners):

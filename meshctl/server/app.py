@@ -13,6 +13,7 @@ and a watchdog ping from the event loop, is reported over sd_notify (`meshctl.se
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import socket
@@ -168,6 +169,12 @@ class Server:
         if self.mesh_config is not None:
             self._follow_mesh_config()
         self._observe(snapshot)
+        # What start-up loaded lives as long as the server, and the collector would walk all of
+        # it on every full collection (a tenth of a second per change at a thousand services,
+        # seen in the fleet benchmark). Frozen, it is left out; it is still freed by reference
+        # counting when a change drops it.
+        gc.collect()
+        gc.freeze()
 
         self._sync_deadline = time.monotonic() + self.settings.registry_sync_timeout
         if self.consul is not None and not self.consul.wait_synced(0):

@@ -82,6 +82,8 @@ class Discovery:
         self._first: float | None = None
         self._last = 0.0
         self._pending = Trigger()
+        #: Whether a change since the last build still needs the quiet period (see `_settle`).
+        self._unsettled = False
         #: The snapshot last published; written on the event loop only.
         self.snapshot: Snapshot | None = None
         self._task: asyncio.Task[None] | None = None
@@ -93,7 +95,8 @@ class Discovery:
     # -- inputs (any thread) -----------------------------------------------------------------
 
     def config_changed(self, _change: ConfigChange) -> None:
-        self._notify(Trigger(config=1))
+        # The store changes once the watcher saw the files quiet for its own debounce.
+        self._notify(Trigger(config=1), settled=True)
 
     def set_mesh(self, mesh: MeshSettings) -> None:
         """New mesh-wide settings (a MeshConfig file changed): the next snapshot uses them."""
@@ -101,22 +104,24 @@ class Discovery:
         self._notify(Trigger(config=1))
 
     def registry_changed(self, change: RegistryChange) -> None:
-        self._notify(Trigger(endpoint=1) if change.endpoint_only else Trigger(service=1))
+        self._notify(Trigger(endpoint=1) if change.endpoint_only else Trigger(service=1), settled=change.settled)
 
-    def _notify(self, trigger: Trigger) -> None:
+    def _notify(self, trigger: Trigger, *, settled: bool = False) -> None:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
         # The loop may close between the check and the call (a registry thread outliving the
         # server); a change nobody will build is no error.
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(self._mark, trigger)
+            loop.call_soon_threadsafe(self._mark, trigger, settled)
 
-    def _mark(self, trigger: Trigger) -> None:
+    def _mark(self, trigger: Trigger, settled: bool = False) -> None:
         now = time.monotonic()
         if self._first is None:
             self._first = now
-        self._last = now
+        if not settled:
+            self._last = now
+            self._unsettled = True
         p = self._pending
         self._pending = Trigger(p.config + trigger.config, p.endpoint + trigger.endpoint, p.service + trigger.service)
         self._event.set()
@@ -170,8 +175,12 @@ class Discovery:
         self._first = time.monotonic() - self._debounce.max_delay
 
     async def _settle(self) -> None:
-        """Return once the inputs have been quiet for `quiet`, or `max_delay` after the first change."""
-        while True:
+        """Return once the inputs have been quiet for `quiet`, or `max_delay` after the first change.
+
+        Changes that arrive settled (the config files: the watcher waited for them to be quiet
+        for its own debounce, and the file registry's changes follow from them) are built at
+        once: a second quiet period would only add its length to every edit's way to Envoy."""
+        while self._unsettled:
             now = time.monotonic()
             first = self._first if self._first is not None else now
             wait = min(self._last + self._debounce.quiet - now, first + self._debounce.max_delay - now)
@@ -185,6 +194,7 @@ class Discovery:
             await self._settle()
             # Changes from here on wake the next round: the build below may or may not see them.
             self._event.clear()
+            self._unsettled = False
             trigger, self._pending = self._pending, Trigger()
             started = self._first or time.monotonic()
             self._first = None
