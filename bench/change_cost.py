@@ -41,6 +41,8 @@ BENCH = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
 sys.path.insert(0, str(BENCH.parent))
 
+from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest  # noqa: E402
+
 from bench.fleet import Fleet, FleetSpec, parse_int_list, write_atomically  # noqa: E402
 from meshctl.config.store import ConfigStore  # noqa: E402
 from meshctl.config.watcher import DirectoryWatcher  # noqa: E402
@@ -52,7 +54,6 @@ from meshctl.server.discovery import Discovery  # noqa: E402
 from meshctl.server.encode import BlockCache, encode_sotw  # noqa: E402
 from meshctl.snapshot.model import Snapshot  # noqa: E402
 from meshctl.snapshot.proxy import bind_proxy, parse_node_id  # noqa: E402
-from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest  # noqa: E402
 from meshctl.xds import types  # noqa: E402
 
 STAGES = ("reload", "registry", "snapshot", "bind+resources", "streams")
@@ -90,7 +91,7 @@ class Server:
         with self.stage("registry"):
             self.files.replace(self.store.view().configs.values())
         with self.stage("snapshot"):
-            snapshot = self.discovery.build()
+            snapshot = self.discovery.build_next()
             snapshot.index.endpoints_at("")
         with self.stage("bind+resources"):
             views = [self.cache.resources(snapshot, bind_proxy(node, snapshot)) for node in self.nodes]
@@ -150,7 +151,11 @@ def measure(services: int, proxies: int, runs: int) -> dict[str, Any]:
         # (name, do, undo): `do` is timed, from the state `undo` leaves.
         changes: list[tuple[str, Callable[[int], None], Callable[[int], None]]] = [
             ("VirtualService", lambda s: _write(fleet.route_change(s)), lambda s: _write(fleet.route_change(s + 50))),
-            ("DestinationRule", lambda s: _write(fleet.policy_change(s)), lambda s: _write(fleet.policy_change(s + 50))),
+            (
+                "DestinationRule",
+                lambda s: _write(fleet.policy_change(s)),
+                lambda s: _write(fleet.policy_change(s + 50)),
+            ),
             ("endpoint added", add_churn, remove_churn),
             ("endpoint removed", remove_churn, add_churn),
             ("ServiceEntry added to a big file", lambda s: big(True), lambda s: big(False)),
@@ -171,7 +176,12 @@ def measure(services: int, proxies: int, runs: int) -> dict[str, Any]:
             assert best is not None
             results[name] = {k: round(v, 4) for k, v in best.items()} | {"pushes": pushes}
     gc.unfreeze()
-    return {"services": services, "proxies": proxies, "cold": {k: round(v, 3) for k, v in cold.items()}, "changes": results}
+    return {
+        "services": services,
+        "proxies": proxies,
+        "cold": {k: round(v, 3) for k, v in cold.items()},
+        "changes": results,
+    }
 
 
 def _write(change: tuple[Any, Path, str]) -> None:

@@ -97,6 +97,10 @@ class StoreView:
 
 Listener = Callable[[ConfigChange], None]
 
+#: How many revisions `changed_since` can look back over (a consumer building slower than the
+#: files change falls back to a full build).
+_LOG_REVISIONS = 256
+
 
 class ConfigStore:
     """In-memory resources with a revision that goes up by one for every change that has events."""
@@ -108,6 +112,8 @@ class ConfigStore:
         self._local = threading.local()
         self._outbox: deque[ConfigChange] = deque()
         self._listeners: tuple[Listener, ...] = ()
+        #: The keys each recent revision changed, oldest first (see `changed_since`).
+        self._log: deque[tuple[int, frozenset[ConfigKey]]] = deque(maxlen=_LOG_REVISIONS)
 
     # -- reading (lock-free: a view is immutable and swapped in one assignment) --
 
@@ -126,6 +132,23 @@ class ConfigStore:
 
     def get(self, key: ConfigKey) -> Config | None:
         return self._view.configs.get(key)
+
+    def changed_since(self, revision: int) -> tuple[StoreView, frozenset[ConfigKey] | None]:
+        """The current view, and the keys changed (created, updated or deleted) after `revision`
+        up to that view's; None when the store no longer remembers that far back (a consumer
+        then takes everything as changed). Lets a consumer update what it built from the view at
+        `revision` instead of redoing it: a change then costs what it touched."""
+        with self._lock:
+            view = self._view
+            if revision == view.revision:
+                return view, frozenset()
+            if revision > view.revision or not self._log or self._log[0][0] > revision + 1:
+                return view, None
+            keys: set[ConfigKey] = set()
+            for logged, changed in self._log:
+                if logged > revision:
+                    keys.update(changed)
+            return view, frozenset(keys)
 
     def list(self, kind: str | None = None, namespace: str | None = None) -> list[Config]:
         """Resources of a kind and/or namespace, in key order (stable output for dumps and tests)."""
@@ -188,6 +211,7 @@ class ConfigStore:
             change = ConfigChange(revision, events) if events else None
             if change is not None:
                 self._outbox.append(change)
+                self._log.append((revision, change.keys))
         if change is None:
             return None
         logger.debug(

@@ -89,6 +89,8 @@ class Discovery:
         self._task: asyncio.Task[None] | None = None
         # Created here, started on first use: a Discovery that never starts costs no thread.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshctl-snapshot")
+        #: (store revision, snapshot) of the last build on the worker, which the next one updates.
+        self._base: tuple[int, Snapshot] | None = None
         #: Observers for metrics: called with (debounce seconds, trigger counts) per snapshot.
         self.on_debounced: Callable[[float, Trigger], None] = lambda _t, _tr: None
 
@@ -129,14 +131,32 @@ class Discovery:
     # -- building (the worker thread) --------------------------------------------------------
 
     def build(self) -> Snapshot:
-        """A snapshot of the inputs as they are now; safe on any thread (see the module docstring)."""
-        return build_snapshot(self._store.view().configs.values(), self._registry.model(), self._mesh)
+        """A snapshot of the inputs as they are now, built from scratch; safe on any thread (see
+        the module docstring)."""
+        return build_snapshot(self._store.view().configs, self._registry.model(), self._mesh)
+
+    def build_next(self) -> Snapshot:
+        """The snapshot of the inputs as they are now, built from the one this method built last
+        and the config keys changed since (`ConfigStore.changed_since`): the same snapshot as
+        `build`, at the cost of what changed. Called on the worker thread only (the debounce
+        task's builds, in order), which alone touches what it remembers."""
+        base = self._base
+        if base is None:
+            view, changed, previous = self._store.view(), None, None
+        else:
+            view, changed = self._store.changed_since(base[0])
+            previous = base[1]
+        snapshot = build_snapshot(
+            view.configs, self._registry.model(), self._mesh, previous=previous, changed=changed
+        )
+        self._base = (view.revision, snapshot)
+        return snapshot
 
     def _build_new(self, current: str | None) -> Snapshot:
-        """On the worker: `build`, and, for a snapshot that differs from version `current`, its
-        index, so that neither the loop (the identity check binds proxies there) nor the first
-        stream to generate pays for it."""
-        snapshot = self.build()
+        """On the worker: `build_next`, and, for a snapshot that differs from version `current`,
+        its index, so that neither the loop (the identity check binds proxies there) nor the
+        first stream to generate pays for it."""
+        snapshot = self.build_next()
         if snapshot.version != current:
             snapshot.index.endpoints_at("")  # builds the index and its lookup by address
         return snapshot

@@ -24,6 +24,8 @@ LabelSelector = tuple[tuple[str, str], ...]
 
 
 _DNS = frozenset({Resolution.DNS, Resolution.DNS_ROUND_ROBIN})
+#: Past this many changed services, the lookup by address is built anew rather than updated.
+_INCREMENTAL_HOSTS = 64
 
 
 def _spec(config: Config) -> Any:
@@ -34,8 +36,15 @@ class SnapshotIndex:
     """Host resolution and DestinationRule/VirtualService lookups for one snapshot."""
 
     def __init__(
-        self, by_kind: Mapping[str, tuple[Config, ...]], services: ServiceModel, mesh: MeshSettings | None = None
+        self,
+        by_kind: Mapping[str, tuple[Config, ...]],
+        services: ServiceModel,
+        mesh: MeshSettings | None = None,
+        previous: SnapshotIndex | None = None,
     ) -> None:
+        """With `previous` (the index of the snapshot before), each lookup whose inputs are the
+        very same objects there (the same kind's tuple, the same service model) is taken over
+        instead of built again: a change pays only for the lookups it touches."""
         mesh = mesh or MeshSettings()
         #: What a VirtualService or DestinationRule without exportTo is exported to (MeshConfig).
         self._export_defaults = {
@@ -44,22 +53,50 @@ class SnapshotIndex:
         }
         self._services = services
         self._by_kind = by_kind
+        self._mesh = mesh
         self._selectors: tuple[LabelSelector, ...] | None = None
         self._dns: bool | None = None
         self._by_address: dict[str, list[tuple[Service, Endpoint]]] | None = None
-        self._entries_at: dict[tuple[str, str], Config] = {}
-        for entry in by_kind.get("WorkloadEntry", ()):
-            self._entries_at.setdefault((entry.namespace, _spec(entry).address), entry)
-        self._short: dict[tuple[str, str], list[str]] = defaultdict(list)
-        for host in sorted(services.services):
-            parts = host.split(".")
-            if len(parts) >= 3:
-                self._short[(parts[0], parts[1])].append(host)
-        self.export: dict[ConfigKey, frozenset[str]] = {}
-        self.hosts: dict[ConfigKey, tuple[str, ...]] = {}
+        self._previous = previous
+
+        def same(*kinds: str) -> bool:
+            return previous is not None and all(previous._by_kind.get(k) is by_kind.get(k) for k in kinds)
+
+        if previous is not None and same("WorkloadEntry"):
+            self._entries_at: dict[tuple[str, str], Config] = previous._entries_at
+        else:
+            self._entries_at = {}
+            for entry in by_kind.get("WorkloadEntry", ()):
+                self._entries_at.setdefault((entry.namespace, _spec(entry).address), entry)
+        same_hosts = previous is not None and (
+            previous._services is services or previous._services.services.keys() == services.services.keys()
+        )
+        if previous is not None and same_hosts:
+            self._short: dict[tuple[str, str], list[str]] = previous._short
+        else:
+            self._short = defaultdict(list)
+            for host in sorted(services.services):
+                parts = host.split(".")
+                if len(parts) >= 3:
+                    self._short[(parts[0], parts[1])].append(host)
+        if previous is not None and same_hosts and same("VirtualService", "DestinationRule") and previous._mesh == mesh:
+            self.export: dict[ConfigKey, frozenset[str]] = previous.export
+            self.hosts: dict[ConfigKey, tuple[str, ...]] = previous.hosts
+            self._dr_exact: dict[str, dict[str, list[Config]]] = previous._dr_exact
+            self._dr_wild: dict[str, list[Config]] = previous._dr_wild
+        else:
+            self._index_rules(by_kind)
+        if previous is not None and same("Sidecar", "DestinationRule", "Gateway", "VirtualService"):
+            self._selectors = previous._selectors
+        if previous is not None and previous._services is services:
+            self._dns = previous._dns
+
+    def _index_rules(self, by_kind: Mapping[str, tuple[Config, ...]]) -> None:
+        self.export = {}
+        self.hosts = {}
         #: namespace -> exact host -> rules; namespace -> rules with a wildcard host
-        self._dr_exact: dict[str, dict[str, list[Config]]] = defaultdict(lambda: defaultdict(list))
-        self._dr_wild: dict[str, list[Config]] = defaultdict(list)
+        self._dr_exact = defaultdict(lambda: defaultdict(list))
+        self._dr_wild = defaultdict(list)
         for kind in ("VirtualService", "DestinationRule"):
             for config in by_kind.get(kind, ()):
                 spec = _spec(config)
@@ -155,10 +192,46 @@ class SnapshotIndex:
         """Every (service, endpoint) whose endpoint has `address`, by service hostname: how a
         proxy finds the services its workload serves without scanning every endpoint."""
         if self._by_address is None:
+            self._by_address = self._addresses()
+            self._previous = None  # taken over what it could; not kept alive any longer
+        return self._by_address.get(address, [])
+
+    def _addresses(self) -> dict[str, list[tuple[Service, Endpoint]]]:
+        """The lookup by address; from the previous index's, where only some services changed
+        (an endpoint added or removed), by redoing the addresses of those services alone."""
+        model = self._services
+        previous = self._previous
+        old = previous._by_address if previous is not None else None
+        if previous is None or old is None:
             by_address: dict[str, list[tuple[Service, Endpoint]]] = defaultdict(list)
-            model = self._services
             for host in sorted(model.services):
                 for ep in model.endpoints_of(host):
                     by_address[ep.address].append((model.services[host], ep))
-            self._by_address = by_address
-        return self._by_address.get(address, [])
+            return by_address
+        before = previous._services
+        changed = {
+            host
+            for host in before.services.keys() | model.services.keys()
+            if before.services.get(host) is not model.services.get(host)
+            or before.endpoints.get(host) is not model.endpoints.get(host)
+        }
+        if not changed:
+            return old
+        if len(changed) > _INCREMENTAL_HOSTS:
+            self._previous = None
+            return self._addresses()
+        touched = {ep.address for host in changed for ep in before.endpoints_of(host)}
+        touched.update(ep.address for host in changed for ep in model.endpoints_of(host))
+        by_address = dict(old)
+        for address in touched:
+            kept = [(s, ep) for s, ep in old.get(address, ()) if s.hostname not in changed]
+            for host in changed:
+                service = model.services.get(host)
+                if service is not None:
+                    kept.extend((service, ep) for ep in model.endpoints_of(host) if ep.address == address)
+            kept.sort(key=lambda pair: pair[0].hostname)
+            if kept:
+                by_address[address] = kept
+            else:
+                by_address.pop(address, None)
+        return by_address

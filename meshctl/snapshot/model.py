@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
@@ -49,13 +49,20 @@ class Snapshot:
     #: DestinationRules, mesh settings, service definitions): a VirtualService or Gateway change
     #: leaves every inbound config as it was.
     inbound_version: str = ""
+    #: A content hash of each kind's configs, which the next snapshot keeps for kinds unchanged.
+    kind_digests: Mapping[str, bytes] = field(default_factory=lambda: MappingProxyType({}))
     _index: SnapshotIndex | None = None
+    #: The snapshot this one was built from, until its index is built (which reuses parts of
+    #: the one before); then forgotten, so snapshots do not keep each other alive.
+    _previous: Snapshot | None = None
 
     @property
     def index(self) -> SnapshotIndex:
         """Lookups shared by every proxy's generation, built once (on first use)."""
         if self._index is None:
-            object.__setattr__(self, "_index", SnapshotIndex(self.by_kind, self.services, self.mesh))
+            previous = self._previous._index if self._previous is not None else None
+            object.__setattr__(self, "_index", SnapshotIndex(self.by_kind, self.services, self.mesh, previous))
+            object.__setattr__(self, "_previous", None)
         assert self._index is not None
         return self._index
 
@@ -66,41 +73,81 @@ class Snapshot:
         return self.configs.get(ConfigKey(kind, namespace, name))
 
 
-def build_snapshot(configs: Iterable[Config], services: ServiceModel, mesh: MeshSettings | None = None) -> Snapshot:
+def build_snapshot(
+    configs: Mapping[ConfigKey, Config] | Iterable[Config],
+    services: ServiceModel,
+    mesh: MeshSettings | None = None,
+    *,
+    previous: Snapshot | None = None,
+    changed: Collection[ConfigKey] | None = None,
+) -> Snapshot:
     """A frozen snapshot of `configs` and `services`; the version is a hash of their content,
-    so two replicas fed the same inputs give Envoy the same versions."""
+    so two replicas fed the same inputs give Envoy the same versions.
+
+    With `previous` and the keys `changed` since it was built (the config store's
+    `changed_since`), only the kinds that changed are grouped and hashed again; the others, and
+    the parts of the index that depend on nothing that changed, are taken from `previous`. The
+    result is the same snapshot a full build makes."""
     mesh = mesh or MeshSettings()
-    by_key = {c.key: c for c in configs}
-    grouped: dict[str, list[Config]] = defaultdict(list)
-    for key in sorted(by_key):
-        grouped[key.kind].append(by_key[key])
-    keys = sorted(by_key)
-    digests = {key: by_key[key].content_digest().encode() for key in keys}
+    if isinstance(configs, Mapping):
+        by_key: Mapping[ConfigKey, Config] = configs
+    else:
+        by_key = MappingProxyType({c.key: c for c in configs})
+    if previous is None or changed is None:
+        grouped: dict[str, list[Config]] = defaultdict(list)
+        for key in sorted(by_key):
+            grouped[key.kind].append(by_key[key])
+        by_kind = {k: tuple(v) for k, v in grouped.items()}
+        kind_digests = {k: _kind_digest(v) for k, v in by_kind.items()}
+    else:
+        by_kind = dict(previous.by_kind)
+        kind_digests = dict(previous.kind_digests)
+        for kind in {k.kind for k in changed}:
+            touched = {k for k in changed if k.kind == kind}
+            kept = [c for c in previous.by_kind.get(kind, ()) if c.key not in touched]
+            kept.extend(by_key[k] for k in touched if k in by_key)
+            kept.sort(key=lambda c: c.key)  # the kept part is sorted already: linear
+            if kept:
+                by_kind[kind] = tuple(kept)
+                kind_digests[kind] = _kind_digest(by_kind[kind])
+            else:
+                by_kind.pop(kind, None)
+                kind_digests.pop(kind, None)
     definitions = services.digest(endpoints_of=lambda s: s.resolution is not Resolution.STATIC).encode()
     h = hashlib.blake2b(digest_size=12)
     inbound = hashlib.blake2b(digest_size=12)
-    for key in keys:
-        if key.kind not in _REGISTRY_KINDS:
-            h.update(digests[key])
-        if key.kind in _INBOUND_KINDS:
-            inbound.update(digests[key])
+    for kind in sorted(kind_digests):
+        if kind not in _REGISTRY_KINDS:
+            h.update(kind_digests[kind])
+        if kind in _INBOUND_KINDS:
+            inbound.update(kind_digests[kind])
     for part in (repr(mesh).encode(), definitions):
         h.update(part)
         inbound.update(part)
     config_version = h.hexdigest()
-    for key in keys:
-        if key.kind in _REGISTRY_KINDS:
-            h.update(digests[key])
+    for kind in sorted(kind_digests):
+        if kind in _REGISTRY_KINDS:
+            h.update(kind_digests[kind])
     h.update(services.digest().encode())
     return Snapshot(
         version=h.hexdigest(),
         config_version=config_version,
         inbound_version=inbound.hexdigest(),
-        configs=MappingProxyType(by_key),
+        configs=by_key,
         services=services,
         mesh=mesh,
-        by_kind=MappingProxyType({k: tuple(v) for k, v in grouped.items()}),
+        by_kind=MappingProxyType(by_kind),
+        kind_digests=MappingProxyType(kind_digests),
+        _previous=previous,
     )
+
+
+def _kind_digest(configs: tuple[Config, ...]) -> bytes:
+    """A hash of one kind's configs, in their (sorted) order."""
+    h = hashlib.blake2b(digest_size=16)
+    for config in configs:
+        h.update(config.content_digest().encode())
+    return h.digest()
 
 
 def spec(config: Config) -> Any:
