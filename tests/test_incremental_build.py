@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from meshctl.config.store import ConfigStore
 from meshctl.registry.aggregate import AggregateRegistry
 from meshctl.registry.model import make_model
-from meshctl.registry.serviceentry import FileRegistry
+from meshctl.registry.serviceentry import FileRegistry, build_file_model
 from meshctl.server.cache import ResourceCache
 from meshctl.server.discovery import Discovery
 from meshctl.snapshot.model import Snapshot
@@ -77,7 +77,7 @@ spec:
 
 # One edit: (what, service, namespace, a number for the new content; 0 deletes it).
 edits = st.tuples(
-    st.sampled_from(("entry", "workload", "rule", "route")),
+    st.sampled_from(("entry", "workload", "workload", "workload2", "rule", "route")),
     st.sampled_from(SERVICES),
     st.sampled_from(NAMESPACES),
     st.integers(min_value=0, max_value=3),
@@ -103,6 +103,9 @@ class Tree:
             self.docs[key] = _service_entry(name, ns, 8080 + n)
         elif what == "workload":
             self.docs[key] = _workload(f"{name}-0", ns, name, _ip(name, ns, n))
+        elif what == "workload2":  # a second VM, which may move to another service
+            app = SERVICES[(SERVICES.index(name) + n) % len(SERVICES)]
+            self.docs[key] = _workload(f"{name}-1", ns, app, _ip(name, ns, n + 4))
         elif what == "rule":
             self.docs[key] = _rule(name, ns, n)
         else:
@@ -125,7 +128,7 @@ def _same(incremental: Snapshot, full: Snapshot) -> None:
     }
     for ns in NAMESPACES:
         for name in SERVICES:
-            for n in range(4):
+            for n in range(8):
                 address = _ip(name, ns, n)
                 assert [(s.hostname, e) for s, e in incremental.index.endpoints_at(address)] == [
                     (s.hostname, e) for s, e in full.index.endpoints_at(address)
@@ -162,6 +165,8 @@ def test_updated_snapshots_equal_full_builds(sequence: list[tuple[str, str, str,
         incremental = discovery.build_next()
         full = discovery.build()
         _same(incremental, full)
+        # The file registry, updated from the store's events, holds what a build from scratch makes.
+        assert files.model() == build_file_model(store.configs.values())
         # The server's cache on the updated snapshot serves what `generate` makes from scratch.
         proxy = bind_proxy(node, incremental)
         served = cache.resources(incremental, proxy)
@@ -187,8 +192,6 @@ def test_a_model_carries_over_digests_of_what_it_kept_and_only_those() -> None:
         + "---"
         + _service_entry("b", "ns1", 8080)
     )
-    from meshctl.registry.serviceentry import build_file_model
-
     first = build_file_model(configs)
     digests = {h: first.endpoints_digest(h) for h in first.services}
     kept = make_model(first.services.values(), dict(first.endpoints), previous=[first])

@@ -283,11 +283,16 @@ def make_model(
     models, the digests of the services and endpoints kept from them are carried over instead of computed again
     (a change to one service then hashes one service, not the mesh)."""
     by_host = {s.hostname: s for s in sorted(services, key=lambda s: s.hostname)}
+    previous = list(previous)
+    known = previous[0].endpoints if previous else {}
     eps: dict[str, tuple[Endpoint, ...]] = {}
     for host in by_host:
         given = endpoints.get(host)
         if given:
-            eps[host] = given if type(given) is tuple and _in_order(given) else sorted_endpoints(given)
+            if given is known.get(host):  # in order already: the model before has it
+                eps[host] = given  # type: ignore[assignment]
+            else:
+                eps[host] = given if type(given) is tuple and _in_order(given) else sorted_endpoints(given)
     model = ServiceModel(MappingProxyType(by_host), MappingProxyType(eps), tuple(notes))
     for old in previous:
         old_services, old_endpoints = old.services, old.endpoints
@@ -339,11 +344,13 @@ def diff_models(old: ServiceModel, new: ServiceModel) -> RegistryChange | None:
     services_changed = False
     for host in old.services.keys() | new.services.keys():
         a, b = old.services.get(host), new.services.get(host)
-        if a != b:
+        if a is not b and a != b:
             hosts.add(host)
             services_changed = True
-        elif old.endpoints.get(host, ()) != new.endpoints.get(host, ()):
-            hosts.add(host)
+        else:
+            before, after = old.endpoints.get(host, ()), new.endpoints.get(host, ())
+            if before is not after and before != after:
+                hosts.add(host)
     if not hosts:
         return None
     return RegistryChange(frozenset(hosts), endpoint_only=not services_changed)

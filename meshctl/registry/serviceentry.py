@@ -37,6 +37,7 @@ controller.go, workloadentry.go) rule by rule:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import ipaddress
 import logging
@@ -141,6 +142,23 @@ class _WorkloadIndex:
             for key, value in workload.labels.items():
                 self._by_label.setdefault((workload.namespace, key, value), []).append(workload)
 
+    def add(self, workload: _Workload) -> None:
+        """Add one workload where a build in key order would have put it (by name)."""
+        _insort(self._by_namespace.setdefault(workload.namespace, []), workload)
+        for key, value in workload.labels.items():
+            _insort(self._by_label.setdefault((workload.namespace, key, value), []), workload)
+
+    def remove(self, workload: _Workload) -> None:
+        for bucket in (
+            self._by_namespace.get(workload.namespace),
+            *(self._by_label.get((workload.namespace, k, v)) for k, v in workload.labels.items()),
+        ):
+            if bucket is not None:
+                for i, w in enumerate(bucket):
+                    if w is workload:
+                        del bucket[i]
+                        break
+
     def select(self, namespace: str, selector: Mapping[str, str]) -> list[_Workload]:
         """The workloads of `namespace` whose labels match `selector` (Istio's rule: a
         ServiceEntry selects only in its own namespace, and a selector without labels selects
@@ -156,6 +174,11 @@ class _WorkloadIndex:
         return [w for w in min(buckets, key=len) if labels_match(selector, w.labels)]
 
 
+def _insort(bucket: list[_Workload], workload: _Workload) -> None:
+    """Insert keeping the bucket in name order (a namespace's workloads in key order)."""
+    bisect.insort(bucket, workload, key=lambda w: w.name)
+
+
 class BuildMemo:
     """What an earlier build converted, for the next build to reuse; a registry keeps one.
 
@@ -165,7 +188,7 @@ class BuildMemo:
     then converts one entry instead of all of them.
     """
 
-    __slots__ = ("entries", "model", "workloads")
+    __slots__ = ("entries", "index", "model", "owners", "workloads")
 
     def __init__(self) -> None:
         #: WorkloadEntry key -> (config, its group's template, the workload)
@@ -176,6 +199,9 @@ class BuildMemo:
         ] = {}
         #: the model the last build made, whose digests the next carries over
         self.model: ServiceModel | None = None
+        #: the last build's workloads by namespace and label, and each hostname's ServiceEntry
+        self.index: _WorkloadIndex | None = None
+        self.owners: dict[str, ConfigKey] = {}
 
 
 def _config_order(pair: tuple[Config, Any]) -> tuple[str, str, str]:
@@ -256,7 +282,78 @@ def build_file_model(configs: Iterable[Config], memo: BuildMemo | None = None) -
     model = make_model(services.values(), endpoints, notes, previous=[memo.model] if memo and memo.model else ())
     if memo is not None:
         memo.workloads, memo.entries, memo.model = fresh, converted_entries, model
+        memo.index, memo.owners = index, owners
     return model
+
+
+def update_file_model(
+    configs: Mapping[ConfigKey, Config | None], changed: Iterable[ConfigKey], memo: BuildMemo
+) -> ServiceModel | None:
+    """The model `build_file_model(configs.values(), memo)` would make, when only the
+    WorkloadEntries `changed` (created, updated or deleted) differ from the build that filled
+    `memo`: those workloads are converted, and only the ServiceEntries that selected them before
+    or select them now are matched again. None when that does not hold (another kind changed, a
+    WorkloadEntry of a WorkloadGroup, or no build before): build the whole model then.
+
+    An endpoint joining or leaving then costs its namespace's ServiceEntries, not the mesh."""
+    model, index = memo.model, memo.index
+    if model is None or index is None:
+        return None
+    changed = list(changed)
+    if any(key.kind != "WorkloadEntry" for key in changed):
+        return None
+    replaced: list[tuple[ConfigKey, Config | None, _Workload | None, _Workload | None]] = []
+    for key in changed:
+        config = configs.get(key)
+        known = memo.workloads.get(key)
+        if config is None and known is None:
+            continue
+        if config is not None and known is not None and config is known[0]:
+            continue
+        if any(c is not None and c.annotations.get(GROUP_ANNOTATION) for c in (config, known and known[0])):
+            return None  # group templates and their notes: the whole build handles them
+        new: _Workload | None = None
+        if config is not None:
+            entry = config.spec
+            if isinstance(entry, _WE):
+                new = _workload_from_message(entry, config.name, config.namespace, config.labels, None)
+        replaced.append((key, config, known[2] if known is not None else None, new))
+    if not replaced:
+        return model
+    touched: dict[str, list[Mapping[str, str]]] = {}
+    for key, config, old, new in replaced:
+        if old is not None:
+            index.remove(old)
+            touched.setdefault(old.namespace, []).append(old.labels)
+        if new is not None and config is not None:
+            index.add(new)
+            touched.setdefault(new.namespace, []).append(new.labels)
+            memo.workloads[key] = (config, None, new)
+        else:
+            memo.workloads.pop(key, None)
+    endpoints = dict(model.endpoints)
+    for key, (config, _selected, converted, _endpoints_of) in list(memo.entries.items()):
+        labels = touched.get(config.namespace)
+        if labels is None:
+            continue
+        spec = config.spec
+        if not isinstance(spec, _SE) or not spec.HasField("workload_selector"):
+            continue
+        selector = dict(spec.workload_selector.labels)
+        if not any(labels_match(selector, found) for found in labels):
+            continue
+        selected = index.select(config.namespace, selector)
+        entry_endpoints = {s.hostname: sorted_endpoints(_endpoints(spec, s, selected)) for s in converted}
+        memo.entries[key] = (config, selected, converted, entry_endpoints)
+        for host, eps in entry_endpoints.items():
+            if memo.owners.get(host) == key:
+                if eps:
+                    endpoints[host] = eps
+                else:
+                    endpoints.pop(host, None)
+    updated = make_model(model.services.values(), endpoints, model.notes, previous=[model])
+    memo.model = updated
+    return updated
 
 
 def _same_workloads(a: Sequence[_Workload], b: Sequence[_Workload]) -> bool:
@@ -494,17 +591,40 @@ class FileRegistry:
     def follow(self, store: ConfigStore) -> Callable[[], None]:
         """Keep in step with `store` from now on; returns a function that stops following.
 
-        Each store change that touches one of our kinds rebuilds from the store's whole current
-        content, so a change delivered late or twice can never leave the model behind the store.
+        A store change that creates, updates or deletes WorkloadEntries only is applied as such
+        (`update_file_model`: their ServiceEntries' endpoints alone are redone); any other change
+        to one of our kinds rebuilds from the store's whole current content, so a change
+        delivered late or twice can never leave the model behind the store.
         """
 
         def on_change(change: ConfigChange) -> None:
-            if change.kinds & KINDS:
-                self.replace(store.configs.values())
+            if not change.kinds & KINDS:
+                return
+            if change.kinds & KINDS == {"WorkloadEntry"} and self._apply_events(change):
+                return
+            self.replace(store.configs.values())
 
         unsubscribe = store.subscribe(on_change)
         self.replace(store.configs.values())
         return unsubscribe
+
+    def _apply_events(self, change: ConfigChange) -> bool:
+        """Apply a change of WorkloadEntries only; False when it needs a whole build."""
+        events = [e for e in change.events if e.key.kind in KINDS]
+        after = {e.key: e.new for e in events}
+        with self._lock:
+            if any(self._configs.get(e.key) is not e.old for e in events):
+                return False  # not the state these events start from (delivered late or twice)
+            new = update_file_model(after, after.keys(), self._memo)
+            if new is None:
+                return False
+            for key, config in after.items():
+                if config is None:
+                    self._configs.pop(key, None)
+                else:
+                    self._configs[key] = config
+            self._publish(new)
+        return True
 
     def replace(self, configs: Iterable[Config]) -> RegistryChange | None:
         """Take `configs` as everything the files now hold; returns (and publishes) the change."""
@@ -527,11 +647,15 @@ class FileRegistry:
         if _same_configs(self._configs, configs):
             self._configs = configs  # newer Source positions, same content
             return None
-        new = build_file_model(configs.values(), self._memo)
+        self._configs = configs
+        return self._publish(build_file_model(configs.values(), self._memo))
+
+    def _publish(self, new: ServiceModel) -> RegistryChange | None:
+        """Take `new` as the model and tell listeners what changed; called with the lock held."""
         change = model_change(self._model, new)
         if change is not None:
             change = dataclasses.replace(change, settled=True)  # made from the (debounced) store
-        self._configs, self._model = configs, new
+        self._model = new
         if change is not None:
             for listener in list(self._listeners):
                 try:
