@@ -11,8 +11,8 @@ WorkloadEntry added and removed), plus one ServiceEntry added to a file of N ent
 to the files and timed through each stage the server runs between the file write and the
 bytes a stream sends:
 
-- reload: the watcher rescans the tree, parses what changed and updates the store;
-- registry: the file registry rebuilds its service model from the store;
+- reload+registry: the watcher rescans the tree, parses what changed and updates the store,
+  whose change the file registry (following the store) applies to its service model;
 - snapshot: `Discovery.build` and the snapshot's index;
 - bind + resources: every connected proxy bound to the new snapshot and its resources looked up
   or generated (`ResourceCache.resources`): the publication's work on the generation thread;
@@ -56,7 +56,7 @@ from meshctl.snapshot.model import Snapshot  # noqa: E402
 from meshctl.snapshot.proxy import bind_proxy, parse_node_id  # noqa: E402
 from meshctl.xds import types  # noqa: E402
 
-STAGES = ("reload", "registry", "snapshot", "bind+resources", "streams")
+STAGES = ("reload+registry", "snapshot", "bind+resources", "streams")
 
 
 class Server:
@@ -66,6 +66,7 @@ class Server:
         self.store = ConfigStore()
         self.watcher = DirectoryWatcher([root], self.store)
         self.files = FileRegistry()
+        self.files.follow(self.store)
         self.registry = AggregateRegistry([self.files])
         self.discovery = Discovery(self.store, self.registry, _no_publish)
         self.cache = ResourceCache()
@@ -86,10 +87,8 @@ class Server:
         """Run every stage once for what changed on disk since the last call."""
         self.timings = {}
         self.pushed = 0
-        with self.stage("reload"):
+        with self.stage("reload+registry"):
             self.watcher.reload_now()
-        with self.stage("registry"):
-            self.files.replace(self.store.view().configs.values())
         with self.stage("snapshot"):
             snapshot = self.discovery.build_next()
             snapshot.index.endpoints_at("")
