@@ -153,10 +153,20 @@ class _Worker:
             self.done.set()
 
     async def connect(self, address: str, check: Check) -> None:
+        # Proxies of one scope are sent the same resources: one decoded copy for all of them
+        # (at 10,000 services each proxy holds thousands, and a copy each took 12 GB).
+        shared: dict[tuple[str, bytes], Any] = {}
         for node_id in self.node_ids:
             channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
             self.channels.append(channel)
-            proxy = SimulatedProxy(address, node_id, delta=self.delta, channel=_WaitForReady(channel), on_hit=self.hit)  # type: ignore[arg-type]
+            proxy = SimulatedProxy(
+                address,
+                node_id,
+                delta=self.delta,
+                channel=_WaitForReady(channel),  # type: ignore[arg-type]
+                on_hit=self.hit,
+                shared=shared,
+            )
             self.proxies[node_id] = proxy
         self.arm(check, None)
         for proxy in self.proxies.values():

@@ -9,8 +9,8 @@ wildcard rule is kept apart and matched on demand), and remembers `exportTo` as 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from meshctl.config.hosts import host_matches, is_short_name
 from meshctl.config.labels import selector_labels
@@ -18,6 +18,8 @@ from meshctl.config.mesh import MeshSettings
 from meshctl.config.model import Config, ConfigKey
 from meshctl.config.references import is_exported
 from meshctl.registry.model import Endpoint, Resolution, Service, ServiceModel
+
+T = TypeVar("T")
 
 #: A label selector as sorted (key, value) pairs: hashable, so it can be part of a cache key.
 LabelSelector = tuple[tuple[str, str], ...]
@@ -90,6 +92,16 @@ class SnapshotIndex:
             self._selectors = previous._selectors
         if previous is not None and previous._services is services:
             self._dns = previous._dns
+        #: What scopes computed from the index's inputs alone, by their arguments (see `scoped`).
+        self._scoped: dict[tuple[str, Hashable], Any] = {}
+        if previous is not None and previous._mesh == mesh:
+            same_services = previous._services is services
+            same_routes = same("VirtualService") and same_services
+            self._scoped = {
+                k: v
+                for k, v in previous._scoped.items()
+                if (k[0] == "services" and same_services) or (k[0] == "virtual_services" and same_routes)
+            }
 
     def _index_rules(self, by_kind: Mapping[str, tuple[Config, ...]]) -> None:
         self.export = {}
@@ -114,6 +126,16 @@ class SnapshotIndex:
                             self._dr_wild[config.namespace].append(config)
                         else:
                             self._dr_exact[config.namespace][h].append(config)
+
+    def scoped(self, table: str, key: Hashable, make: Callable[[], T]) -> T:
+        """`make()`, remembered under `key` for this snapshot and the ones after it while their
+        inputs are the same objects: `services` (the services a namespace and egress hosts see:
+        the service model) and `virtual_services` (the VirtualServices they see: those and the
+        model). Proxies of one scope share one computation, and a change elsewhere none."""
+        found = self._scoped.get((table, key))
+        if found is None:
+            found = self._scoped[(table, key)] = make()
+        return found
 
     def resolve(self, host: str, namespace: str) -> list[str]:
         """What `host`, written in `namespace`, stands for (see `meshctl.config.hosts.resolve_host`)."""

@@ -136,7 +136,13 @@ class ProxyScope:
     @cached_property
     def services(self) -> tuple[Service, ...]:
         """Services the proxy may call, by hostname: exported to its namespace and, for a
-        sidecar, imported by its Sidecar's egress hosts."""
+        sidecar, imported by its Sidecar's egress hosts. The same for every proxy with the same
+        namespace and egress hosts, so computed once for them (`SnapshotIndex.scoped`)."""
+        sidecar = self.proxy.type is ProxyType.SIDECAR
+        key = (self.proxy.namespace, sidecar, self.egress_hosts if sidecar else ())
+        return self.snapshot.index.scoped("services", key, self._services)
+
+    def _services(self) -> tuple[Service, ...]:
         out = []
         ns = self.proxy.namespace
         model = self.snapshot.services
@@ -161,7 +167,13 @@ class ProxyScope:
 
     def virtual_services(self, gateways: Sequence[str] = (MESH_GATEWAY,)) -> tuple[Config, ...]:
         """Visible VirtualServices bound to any of `gateways` (`mesh`, or `ns/name` of Gateways),
-        in a stable order (namespace, name)."""
+        in a stable order (namespace, name); computed once per namespace, gateways and egress
+        hosts (`SnapshotIndex.scoped`)."""
+        sidecar = self.proxy.type is ProxyType.SIDECAR
+        key = (self.proxy.namespace, tuple(gateways), sidecar, self.egress_hosts if sidecar else ())
+        return self.snapshot.index.scoped("virtual_services", key, lambda: self._virtual_services(gateways))
+
+    def _virtual_services(self, gateways: Sequence[str]) -> tuple[Config, ...]:
         wanted = set(gateways)
         out = []
         for vs in self.snapshot.of_kind("VirtualService"):

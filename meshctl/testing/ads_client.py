@@ -108,8 +108,13 @@ class AdsClient:
         delta: bool = False,
         nack: NackRule | None = None,
         channel: grpc.aio.Channel | None = None,
+        shared: dict[tuple[str, bytes], Message] | None = None,
     ) -> None:
+        """`shared`, when given, holds decoded resources by their bytes for every client that
+        is given the same dict: a thousand clients in one process that are sent the same
+        cluster keep one decoded copy of it (treat what `resources` holds as read-only then)."""
         self.address, self.node_id, self.delta = address, node_id, delta
+        self._shared = shared
         self._metadata = dict(metadata or {})
         self._nack = nack
         self._own_channel = channel is None
@@ -218,6 +223,18 @@ class AdsClient:
             async with self._changed:
                 self._changed.notify_all()
 
+    def _decode(self, type_url: str, cls: type[Message], packed: Any) -> Message:
+        shared = self._shared
+        if shared is not None:
+            found = shared.get((type_url, packed.value))
+            if found is not None:
+                return found
+        m = cls()
+        packed.Unpack(m)
+        if shared is not None:
+            shared[(type_url, packed.value)] = m
+        return m
+
     def _apply(self, response: Any) -> None:
         type_url = response.type_url
         cls = _CLASSES[type_url]
@@ -225,17 +242,14 @@ class AdsClient:
         removed: tuple[str, ...] = ()
         if self.delta:
             for r in response.resources:
-                m = cls()
-                r.resource.Unpack(m)
-                decoded[r.name] = m
+                decoded[r.name] = self._decode(type_url, cls, r.resource)
             removed = tuple(response.removed_resources)
             candidate = {**self.resources[type_url], **decoded}
             for name in removed:
                 candidate.pop(name, None)
         else:
             for any_msg in response.resources:
-                m = cls()
-                any_msg.Unpack(m)
+                m = self._decode(type_url, cls, any_msg)
                 decoded[_name(m)] = m
             if type_url in PARTIAL_SOTW_TYPES:
                 # Envoy applies the names it watches, and ignores the others.
