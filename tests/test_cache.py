@@ -270,3 +270,87 @@ def test_equal_outbound_keys_mean_equal_outbound_config_and_the_cache_serves_wha
                         (r.name, r.body) for r in expected
                     ), (name, meta, type_url)
         assert cache.outbound_generations < cache.generations / 2 + 2
+
+
+def test_a_route_change_generates_no_cluster_and_a_rule_change_only_its_hosts() -> None:
+    """Clusters are made once per OutboundClusterView: a VirtualService edit regenerates the
+    proxies' routes but reuses every cluster; a DestinationRule edit regenerates the clusters of
+    its own host alone; and what is served is what `generate` makes from scratch."""
+    before = snapshot_from_yaml(MESH)
+    routed = snapshot_from_yaml(MESH + SOURCE_LABELS)
+    pooled = snapshot_from_yaml(MESH + SOURCE_LABELS + DETAILS_POOL)
+    cache = ResourceCache()
+    client = node("reviews-v1-vm", "10.10.0.41")
+    cache.resources(before, proxy_for(before, client))
+    built = cache.clusters_built
+    assert built > 3
+    cache.resources(routed, proxy_for(routed, client))
+    assert cache.clusters_built == built
+    view = cache.resources(pooled, proxy_for(pooled, client))
+    details_ports = len(pooled.services.services["details.bookinfo.mesh"].ports)
+    assert cache.clusters_built == built + details_ports
+    expected = generate(pooled, proxy_for(pooled, client))[types.CLUSTER]
+    assert {c.name: to_resource(c, types.CLUSTER).body for c in expected} == {
+        n: r.body for n, r in view.of(types.CLUSTER).items()
+    }
+
+
+def test_another_services_rule_leaves_a_proxys_inbound_part_alone() -> None:
+    """The inbound part is keyed by what inbound generation reads (`inbound_key`): a
+    DestinationRule of details regenerates details' inbound part, not reviews'."""
+    routed = snapshot_from_yaml(MESH + SOURCE_LABELS)
+    pooled = snapshot_from_yaml(MESH + SOURCE_LABELS + DETAILS_POOL)
+    cache = ResourceCache()
+    reviews, details = node("reviews-v1-vm", "10.10.0.41"), node("details-v1-vm", "10.10.0.21")
+    for client in (reviews, details):
+        cache.resources(routed, proxy_for(routed, client))
+    generations, outbound = cache.generations, cache.outbound_generations
+    for client in (reviews, details):
+        cache.resources(pooled, proxy_for(pooled, client))
+    inbound = (cache.generations - generations) - (cache.outbound_generations - outbound)
+    assert inbound == 1  # details' own: its rule applies to its inbound cluster
+
+
+def test_a_cluster_view_is_its_whole_key() -> None:
+    """Whatever `service_port_clusters` may read is a field of its view, and every field takes
+    part in the view's equality and hash (values that cannot be hashed enter as a `Ref`, named by
+    their content): adding an input to the view adds it to the key, and there is no other way in.
+    """
+    import dataclasses
+    import inspect
+
+    from meshctl.xds import clusters
+    from meshctl.xds.memo import Ref
+
+    fields = dataclasses.fields(clusters.OutboundClusterView)
+    assert fields and all(f.compare and f.hash is not False for f in fields)
+    ref_fields = dataclasses.fields(Ref)
+    assert [f.name for f in ref_fields if f.compare] == ["digest"]
+    # The cluster builders take the view, never a scope or a snapshot.
+    for name in ("service_port_clusters", "_outbound", "_subset", "_outbound_base", "_apply_traffic_policy"):
+        parameters = inspect.signature(getattr(clusters, name)).parameters
+        assert "scope" not in parameters and "snapshot" not in parameters, name
+    snapshot = snapshot_from_yaml(MESH)
+    scope_view = clusters.outbound_cluster_view
+    from meshctl.snapshot.scope import ProxyScope
+
+    scope = ProxyScope(snapshot, proxy_for(snapshot, node("reviews-v1-vm", "10.10.0.41")))
+    service = snapshot.services.services["reviews.bookinfo.mesh"]
+    a = scope_view(scope, service, service.ports[0])
+    b = scope_view(scope, service, service.ports[0])
+    assert a == b and hash(a) == hash(b)
+    assert dataclasses.replace(a, connect_timeout=a.connect_timeout + 1) != a
+
+
+def test_the_memo_keeps_what_the_last_two_config_versions_used() -> None:
+    from meshctl.xds.memo import GenerationMemo
+
+    memo: GenerationMemo[str, str] = GenerationMemo()
+    assert memo.get("a", str.upper) == "A" and memo.made == 1
+    memo.advance()
+    assert memo.get("a", lambda _k: "again") == "A"  # used by the version before: kept
+    memo.get("b", str.upper)
+    memo.advance()
+    memo.advance()  # two versions that asked for neither
+    assert len(memo) == 0
+    assert memo.get("a", lambda _k: "new") == "new" and memo.made == 3
