@@ -47,7 +47,7 @@ from bench.fleet import Fleet, FleetSpec, parse_int_list, write_atomically  # no
 from meshctl.config.store import ConfigStore  # noqa: E402
 from meshctl.config.watcher import DirectoryWatcher  # noqa: E402
 from meshctl.registry.aggregate import AggregateRegistry  # noqa: E402
-from meshctl.registry.serviceentry import FileRegistry  # noqa: E402
+from meshctl.registry.files import FileRegistry  # noqa: E402
 from meshctl.server.cache import ResourceCache  # noqa: E402
 from meshctl.server.connection import Connection  # noqa: E402
 from meshctl.server.discovery import Discovery  # noqa: E402

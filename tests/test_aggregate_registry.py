@@ -12,8 +12,8 @@ from meshctl.config.loader import LoadOptions, load_text
 from meshctl.config.model import Config
 from meshctl.registry.aggregate import AggregateRegistry, merge_models
 from meshctl.registry.consul import ConsulOptions, ConsulRegistry
+from meshctl.registry.files import FileRegistry
 from meshctl.registry.model import RegistryChange, Resolution
-from meshctl.registry.serviceentry import FileRegistry
 from meshctl.testing.fake_consul import FakeConsul
 
 

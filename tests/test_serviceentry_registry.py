@@ -15,6 +15,7 @@ from meshctl.config.labels import labels_match
 from meshctl.config.loader import LoadOptions, load_text
 from meshctl.config.model import Config, ConfigKey
 from meshctl.config.store import ConfigStore
+from meshctl.registry.files import FileRegistry
 from meshctl.registry.model import (
     Endpoint,
     Location,
@@ -24,7 +25,7 @@ from meshctl.registry.model import (
     ServiceModel,
     TlsMode,
 )
-from meshctl.registry.serviceentry import FileRegistry, build_file_model
+from meshctl.registry.serviceentry import build_file_model
 
 
 def load(text: str, *, validate: bool = True) -> list[Config]:

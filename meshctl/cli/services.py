@@ -149,7 +149,7 @@ def _watch(config_dir: Path | None, consul: ConsulOptions | None, show: Callable
         if config_dir is not None:
             from meshctl.config.store import ConfigStore
             from meshctl.config.watcher import DirectoryWatcher
-            from meshctl.registry.serviceentry import FileRegistry
+            from meshctl.registry.files import FileRegistry
 
             store = ConfigStore()
             watcher = DirectoryWatcher([config_dir], store)

@@ -1,8 +1,9 @@
 """ServiceEntry, WorkloadEntry and WorkloadGroup files to the registry model, as istiod does it.
 
-`build_file_model` is a pure function of the configs: the file registry calls it again on every
-change rather than patching indexes the way Istio's controller does, so the result can never
-drift from the files. It follows `pilot/pkg/serviceregistry/serviceentry` (conversion.go,
+`build_file_model` is a pure function of the configs (the file registry, `registry/files.py`,
+builds again on a change, reusing what its memo converted; `update_file_model` applies a change
+of WorkloadEntries alone to the last build, with the same result, which a test checks against
+a build from scratch). It follows `pilot/pkg/serviceregistry/serviceentry` (conversion.go,
 controller.go, workloadentry.go) rule by rule:
 
 - Each host of a ServiceEntry is one service in the ServiceEntry's namespace. A port's protocol
@@ -38,27 +39,20 @@ controller.go, workloadentry.go) rule by rule:
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import ipaddress
-import logging
-import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from sys import intern
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from meshctl.api.networking.v1alpha3 import service_entry_pb2, workload_entry_pb2, workload_group_pb2
 from meshctl.config.hosts import is_ip
 from meshctl.config.labels import labels_match
 from meshctl.config.model import Config, ConfigKey
-from meshctl.registry.aggregate import model_change
-from meshctl.registry.base import Listener
 from meshctl.registry.model import (
     Endpoint,
     Location,
     Protocol,
-    RegistryChange,
-    RegistryStatus,
     Resolution,
     Service,
     ServiceModel,
@@ -68,11 +62,6 @@ from meshctl.registry.model import (
     make_model,
     sorted_endpoints,
 )
-
-if TYPE_CHECKING:
-    from meshctl.config.store import ConfigChange, ConfigStore
-
-logger = logging.getLogger("meshctl.registry.serviceentry")
 
 #: The kinds this registry reads; a change to any other kind leaves its model alone.
 KINDS: Final = frozenset({"ServiceEntry", "WorkloadEntry", "WorkloadGroup"})
@@ -549,122 +538,3 @@ def _template_of(
         template = _workload_from_message(group.template, "", "", dict(group.metadata.labels))
         templates[group_key] = template
     return template
-
-
-class FileRegistry:
-    """The Registry over ServiceEntry/WorkloadEntry/WorkloadGroup configs.
-
-    It follows a config store (`follow`), or is handed the complete current set of configs
-    (`replace`) or what changed (`apply`); it rebuilds the model from scratch, compares it with
-    the last one and tells listeners what changed. Configs of other kinds are ignored, so it can
-    be fed the whole store without rebuilding for a VirtualService edit.
-    """
-
-    def __init__(self, configs: Iterable[Config] = (), *, name: str = "files") -> None:
-        self._name = name
-        self._lock = threading.Lock()
-        self._configs: dict[ConfigKey, Config] = {c.key: c for c in configs if c.kind in KINDS}
-        self._memo = BuildMemo()
-        self._model = build_file_model(self._configs.values(), self._memo)
-        self._listeners: list[Listener] = []
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    def model(self) -> ServiceModel:
-        return self._model
-
-    def status(self) -> RegistryStatus:
-        model = self._model
-        return RegistryStatus(
-            name=self._name,
-            healthy=True,
-            message="; ".join(model.notes),
-            services=len(model.services),
-            endpoints=sum(len(e) for e in model.endpoints.values()),
-        )
-
-    def subscribe(self, listener: Listener) -> None:
-        self._listeners.append(listener)
-
-    def follow(self, store: ConfigStore) -> Callable[[], None]:
-        """Keep in step with `store` from now on; returns a function that stops following.
-
-        A store change that creates, updates or deletes WorkloadEntries only is applied as such
-        (`update_file_model`: their ServiceEntries' endpoints alone are redone); any other change
-        to one of our kinds rebuilds from the store's whole current content, so a change
-        delivered late or twice can never leave the model behind the store.
-        """
-
-        def on_change(change: ConfigChange) -> None:
-            if not change.kinds & KINDS:
-                return
-            if change.kinds & KINDS == {"WorkloadEntry"} and self._apply_events(change):
-                return
-            self.replace(store.configs.values())
-
-        unsubscribe = store.subscribe(on_change)
-        self.replace(store.configs.values())
-        return unsubscribe
-
-    def _apply_events(self, change: ConfigChange) -> bool:
-        """Apply a change of WorkloadEntries only; False when it needs a whole build."""
-        events = [e for e in change.events if e.key.kind in KINDS]
-        after = {e.key: e.new for e in events}
-        with self._lock:
-            if any(self._configs.get(e.key) is not e.old for e in events):
-                return False  # not the state these events start from (delivered late or twice)
-            new = update_file_model(after, after.keys(), self._memo)
-            if new is None:
-                return False
-            for key, config in after.items():
-                if config is None:
-                    self._configs.pop(key, None)
-                else:
-                    self._configs[key] = config
-            self._publish(new)
-        return True
-
-    def replace(self, configs: Iterable[Config]) -> RegistryChange | None:
-        """Take `configs` as everything the files now hold; returns (and publishes) the change."""
-        relevant = {c.key: c for c in configs if c.kind in KINDS}
-        with self._lock:
-            return self._rebuild(relevant)
-
-    def apply(self, updated: Iterable[Config] = (), deleted: Iterable[ConfigKey] = ()) -> RegistryChange | None:
-        """Apply creates/updates and deletes to the configs held; returns (and publishes) the change."""
-        with self._lock:
-            configs = dict(self._configs)
-            for config in updated:
-                if config.kind in KINDS:
-                    configs[config.key] = config
-            for key in deleted:
-                configs.pop(key, None)
-            return self._rebuild(configs)
-
-    def _rebuild(self, configs: dict[ConfigKey, Config]) -> RegistryChange | None:
-        if _same_configs(self._configs, configs):
-            self._configs = configs  # newer Source positions, same content
-            return None
-        self._configs = configs
-        return self._publish(build_file_model(configs.values(), self._memo))
-
-    def _publish(self, new: ServiceModel) -> RegistryChange | None:
-        """Take `new` as the model and tell listeners what changed; called with the lock held."""
-        change = model_change(self._model, new)
-        if change is not None:
-            change = dataclasses.replace(change, settled=True)  # made from the (debounced) store
-        self._model = new
-        if change is not None:
-            for listener in list(self._listeners):
-                try:
-                    listener(change)
-                except Exception:
-                    # One broken consumer must not keep the others from seeing the change.
-                    logger.exception("a %s registry listener failed", self._name)
-        return change
-
-
-def _same_configs(a: Mapping[ConfigKey, Config], b: Mapping[ConfigKey, Config]) -> bool:
-    return a.keys() == b.keys() and all(b[k] is a[k] or b[k].same_content(a[k]) for k in a)

@@ -31,7 +31,7 @@ from meshctl.config.watcher import DirectoryWatcher, WatchOptions
 from meshctl.registry.aggregate import AggregateRegistry
 from meshctl.registry.base import Registry
 from meshctl.registry.consul import ConsulOptions, ConsulRegistry
-from meshctl.registry.serviceentry import FileRegistry
+from meshctl.registry.files import FileRegistry
 from meshctl.server.admin import AdminServer
 from meshctl.server.ads import AdsServicer
 from meshctl.server.auth import BearerToken, XdsTls, identity_authorizer, is_loopback
