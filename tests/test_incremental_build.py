@@ -106,7 +106,7 @@ class Tree:
             self.docs[key] = _workload(f"{name}-0", ns, name, _ip(name, ns, n))
         elif what == "workload2":  # a second VM, which may move to another service
             app = SERVICES[(SERVICES.index(name) + n) % len(SERVICES)]
-            self.docs[key] = _workload(f"{name}-1", ns, app, _ip(name, ns, n + 4))
+            self.docs[key] = _workload(f"{name}-1", ns, app, _ip(name, ns, (n + 4) % 6))  # may share an address
         elif what == "rule":
             self.docs[key] = _rule(name, ns, n)
         else:
@@ -134,6 +134,11 @@ def _same(incremental: Snapshot, full: Snapshot) -> None:
                 assert [(s.hostname, e) for s, e in incremental.index.endpoints_at(address)] == [
                     (s.hostname, e) for s, e in full.index.endpoints_at(address)
                 ]
+                found, expected = (
+                    incremental.index.workload_entry_at(ns, address),
+                    full.index.workload_entry_at(ns, address),
+                )
+                assert (found.key if found else None) == (expected.key if expected else None)
             host = f"{name}.{ns}.mesh"
             assert incremental.services.endpoints_digest(host) == full.services.endpoints_digest(host)
             for rules_ns in NAMESPACES:

@@ -126,42 +126,48 @@ def _check_regular(st: os.stat_result) -> None:
 @dataclass(slots=True)
 class Walk:
     """What a walk found: YAML files in walk order, warnings about the tree, and the directories
-    it did not enter because it had already been in them."""
+    it did not enter because it had already been in them. Paths are kept as text (the watcher
+    walks the tree on every change; a `Path` per file of ten thousand cost a tenth of a second)."""
 
-    files: list[Path] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
-    skipped: list[Path] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def files(self) -> list[Path]:
+        return [Path(p) for p in self.paths]
 
 
-def walk_yaml(paths: Iterable[Path]) -> Walk:
+def walk_yaml(paths: Iterable[Path | str]) -> Walk:
     """YAML files under `paths` in a stable order: in each directory its files by name, then its
     subdirectories by name, each walked whole before the next. Hidden files and folders (.git,
     ..data) are skipped; links are followed, into each directory once. A path given as a file is
     taken whatever its suffix."""
     walk = Walk()
-    for path in paths:
-        if path.is_dir():
+    for given in paths:
+        path = str(Path(given))  # as `Path` spells it (`./mesh/` -> `mesh`), once per root
+        if os.path.isdir(path):
             _walk_tree(path, walk)
         else:
-            walk.files.append(path)
+            walk.paths.append(path)
     return walk
 
 
-def _walk_tree(root: Path, walk: Walk) -> None:
+def _walk_tree(root: str, walk: Walk) -> None:
     try:
         st = os.stat(root)
     except OSError:
         return
-    seen: dict[tuple[int, int], Path] = {(st.st_dev, st.st_ino): root}
+    seen: dict[tuple[int, int], str] = {(st.st_dev, st.st_ino): root}
     stack = [root]
     while stack:  # a stack, not recursion: depth is whatever the tree's is
         directory = stack.pop()
         files, subdirs = _list(directory)
-        walk.files.extend(files)
+        walk.paths.extend(files)
         stack.extend(reversed(_enter(directory, subdirs, seen, walk)))
 
 
-def _list(directory: Path) -> tuple[list[Path], list[os.DirEntry[str]]]:
+def _list(directory: str) -> tuple[list[str], list[os.DirEntry[str]]]:
     """A directory's YAML files and its subdirectories (links to directories too), by name."""
     try:
         with os.scandir(directory) as entries:
@@ -169,19 +175,19 @@ def _list(directory: Path) -> tuple[list[Path], list[os.DirEntry[str]]]:
     except OSError:
         # As os.walk does: it adds nothing (the watcher then reads the files it knew there directly).
         return [], []
-    files: list[Path] = []
+    files: list[str] = []
     subdirs: list[os.DirEntry[str]] = []
     for entry in visible:
         if _is_dir(entry):
             subdirs.append(entry)
         elif entry.name.endswith(YAML_SUFFIXES):
-            files.append(directory / entry.name)
+            files.append(entry.path)
     return files, subdirs
 
 
 def _enter(
-    directory: Path, subdirs: list[os.DirEntry[str]], seen: dict[tuple[int, int], Path], walk: Walk
-) -> list[Path]:
+    directory: str, subdirs: list[os.DirEntry[str]], seen: dict[tuple[int, int], str], walk: Walk
+) -> list[str]:
     """The subdirectories to walk, by name: those not walked (or queued) already. A directory is
     claimed by its real entry before links to it in the same directory, so `alias -> team` next
     to `team` reads `team`; otherwise the first reached (the shallowest) wins."""
@@ -191,15 +197,15 @@ def _enter(
             st = entry.stat()
         except OSError:
             continue  # gone, or a link that broke meanwhile
-        path = directory / entry.name
+        path = entry.path
         first = seen.setdefault((st.st_dev, st.st_ino), path)
         if first is path:
             entered.add(entry.name)
             continue
         walk.skipped.append(path)
         message = f"not read again: it leads to {first}, already read"
-        walk.findings.append(Finding(Severity.WARNING, message, str(path)))
-    return [directory / e.name for e in subdirs if e.name in entered]
+        walk.findings.append(Finding(Severity.WARNING, message, path))
+    return [e.path for e in subdirs if e.name in entered]
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:

@@ -374,8 +374,8 @@ class DirectoryWatcher:
 
     def _scan_root(self, index: int, root: str, scan: _Scan) -> bool:
         """Read every file under `root` into `scan`; False when the root was kept as it was."""
-        walk = walk_yaml([Path(root)])
-        paths = [str(p) for p in walk.files]
+        walk = walk_yaml([root])
+        paths = list(walk.paths)
         if not paths and any(_is_under(p, root) and r.configs for p, r in scan.previous_good.items()):
             # A directory that suddenly holds no YAML at all is far more often an unmounted volume
             # or a checkout half-way than a mesh meant to be empty: keep serving what it held.
@@ -388,7 +388,7 @@ class DirectoryWatcher:
             return False
         for finding in walk.findings:
             scan.status.setdefault(finding.file or root, []).append(finding)
-        found, skipped = set(paths), [str(p) for p in walk.skipped]
+        found, skipped = set(paths), walk.skipped
         # A file the walk did not list but that still exists sits in a directory that could not
         # be listed: read it directly rather than deleting what it defines. Not so in a directory
         # the walk skipped as one it had read by another path: its files were read there.

@@ -55,14 +55,18 @@ class Snapshot:
     #: The snapshot this one was built from, until its index is built (which reuses parts of
     #: the one before); then forgotten, so snapshots do not keep each other alive.
     _previous: Snapshot | None = None
+    #: The config keys changed since `_previous` (None: unknown), likewise kept until the index.
+    _changed: frozenset[ConfigKey] | None = None
 
     @property
     def index(self) -> SnapshotIndex:
         """Lookups shared by every proxy's generation, built once (on first use)."""
         if self._index is None:
             previous = self._previous._index if self._previous is not None else None
-            object.__setattr__(self, "_index", SnapshotIndex(self.by_kind, self.services, self.mesh, previous))
+            index = SnapshotIndex(self.by_kind, self.services, self.mesh, previous, self._changed)
+            object.__setattr__(self, "_index", index)
             object.__setattr__(self, "_previous", None)
+            object.__setattr__(self, "_changed", None)
         assert self._index is not None
         return self._index
 
@@ -139,6 +143,7 @@ def build_snapshot(
         by_kind=MappingProxyType(by_kind),
         kind_digests=MappingProxyType(kind_digests),
         _previous=previous,
+        _changed=frozenset(changed) if previous is not None and changed is not None else None,
     )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Collection, Iterable
+from functools import lru_cache
 from typing import Final
 
 #: Istio's portNoAppendPortSuffix: a port of 0 asks for the names without `:PORT`.
@@ -116,18 +117,20 @@ def _address_host(address: str) -> str | None:
     return text
 
 
+@lru_cache(maxsize=1 << 16)
 def service_domains(
-    hostname: str, addresses: Iterable[str], port: int, proxy_domain: str
-) -> tuple[list[str], list[str]]:
+    hostname: str, addresses: tuple[str, ...], port: int, proxy_domain: str
+) -> tuple[tuple[str, ...], frozenset[str]]:
     """Istio's generateVirtualHostDomains: all domains of a service on `port` (NO_PORT for the
-    names alone), and which of them are alternative forms of its hostname."""
+    names alone), and which of them are alternative forms of its hostname. Remembered: every
+    route configuration of a namespace asks again for each of its services."""
     alts = alt_hosts(hostname, port, proxy_domain)
     domains = [*with_port(hostname, port), *alts]
     for address in addresses:
         host = _address_host(address)
         if host is not None:
             domains.extend(with_port(host, port))
-    return domains, alts
+    return tuple(domains), frozenset(alts)
 
 
 class DomainAllocator:
