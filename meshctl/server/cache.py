@@ -26,7 +26,6 @@ leaves a full copy of every proxy's config behind per version.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import weakref
 from collections.abc import Iterable, Mapping
@@ -36,8 +35,6 @@ from typing import Generic, TypeVar
 
 from google.protobuf.message import Message
 
-from meshctl.server.encode import encode_any
-from meshctl.server.subscription import Resource, ResourceSet
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import Proxy
 from meshctl.xds import types
@@ -45,7 +42,8 @@ from meshctl.xds.eds_locality import LocalityView, eds_localities, for_view
 from meshctl.xds.endpoints import subset_labels
 from meshctl.xds.generate import GenerationMemos, generate_inbound, generate_outbound, inbound_key, load_assignment
 from meshctl.xds.memo import GenerationMemo
-from meshctl.xds.names import eds_cluster_names, parse_cluster_name, resource_name
+from meshctl.xds.names import eds_cluster_names, parse_cluster_name
+from meshctl.xds.resources import Resource, ResourceSet, to_resource
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -58,13 +56,6 @@ class ProxyResources:
 
     def of(self, type_url: str) -> Mapping[str, Resource]:
         return self.by_type.get(type_url, MappingProxyType({}))
-
-
-def to_resource(message: Message, type_url: str) -> Resource:
-    """Serialize once: the `Any` bytes every stream sends, and a content version."""
-    value = message.SerializeToString(deterministic=True)
-    version = hashlib.blake2b(value, digest_size=8).hexdigest()
-    return Resource(resource_name(message), version, encode_any(type_url, value))
 
 
 _CONFIG_TYPES = (types.CLUSTER, types.LISTENER, types.ROUTE)

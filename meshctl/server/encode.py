@@ -9,6 +9,9 @@ cluster once and serializing it a thousand times.
 from __future__ import annotations
 
 from meshctl.server.subscription import Push, Resource
+from meshctl.xds.resources import encode_any
+
+__all__ = ["BlockCache", "encode_any", "encode_delta", "encode_sotw"]
 
 _LEN = 2  # wire type: length-delimited
 
@@ -96,8 +99,3 @@ def encode_delta(push: Push, control_plane: bytes = b"") -> bytes:
     if control_plane:
         parts.append(_field(7, control_plane))
     return b"".join(parts)
-
-
-def encode_any(type_url: str, value: bytes) -> bytes:
-    """google.protobuf.Any: type_url=1, value=2, from already-serialized message bytes."""
-    return _string(1, type_url) + _field(2, value)

@@ -22,24 +22,32 @@ not applied, and the servicer ends the stream), and at most `_UNANSWERED_KEPT` u
 responses tracked per type. Everything else a subscription keeps is a subset of those names or of
 the resources the server offers.
 
-A `Resource` is a name, a content version and its bytes, serialized once as a
-`google.protobuf.Any` and shared by every stream that sends it. A `ResourceSet` is an immutable
-set of them with its set version computed once: the cache hands the same set to every proxy that
-gets it, so deciding that an unchanged set needs no push costs a comparison, not a hash of every
-name, on each of a thousand streams.
+What is offered and sent are `Resource`s and `ResourceSet`s (`meshctl.xds.resources`, the
+resource model the cache and the offline commands share).
 """
 
 from __future__ import annotations
 
 import enum
-import hashlib
 import itertools
-from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from envoy.service.discovery.v3 import discovery_pb2
 
 from meshctl.errors import SubscriptionLimitError
+from meshctl.xds.resources import Resource, ResourceSet, set_version
+
+__all__ = [
+    "MAX_NAMES",
+    "WILDCARD",
+    "DeltaSubscription",
+    "Push",
+    "Resource",
+    "ResourceSet",
+    "SotwSubscription",
+    "set_version",
+]
 
 WILDCARD = "*"
 
@@ -51,17 +59,6 @@ MAX_NAMES = 100_000
 #: In `DeltaSubscription.known`: the node may hold the resource, at a version not known (it
 #: rejected or may have partly applied a response): it is sent again, and its removal told.
 _UNKNOWN = ""
-
-
-@dataclass(frozen=True, slots=True, weakref_slot=True)
-class Resource:
-    """One xDS resource: its name, a content version, and its serialized `Any` bytes.
-
-    Weakly referenceable so the cache can intern equal resources without keeping them alive."""
-
-    name: str
-    version: str
-    body: bytes = field(repr=False)
 
 
 class RequestKind(enum.Enum):
@@ -100,79 +97,9 @@ class Nack:
     message: str
 
 
-def set_version(resources: Iterable[Resource]) -> str:
-    """The version of a set of resources: a hash of names and versions, the same on every replica."""
-    return _sorted_set_version(sorted(resources, key=lambda r: r.name))
-
-
-def _sorted_set_version(ordered: Iterable[Resource]) -> str:
-    # One string hashed at once: feeding the hash name by name costs more than the hashing.
-    text = "".join([f"{r.name}\0{r.version}\0" for r in ordered])
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
-
-
-#: How many older sets `ResourceSet.changed_since` remembers its answer for.
-_CHANGES_KEPT = 4
-
 #: How many unanswered responses a subscription keeps track of (partial `SotwSubscription`,
 #: `DeltaSubscription`): a node that leaves more unanswered makes it forget the oldest.
 _UNANSWERED_KEPT = 64
-
-
-class ResourceSet(Mapping[str, Resource]):
-    """Resources by name, immutable, with their set version (`set_version`) computed once."""
-
-    __slots__ = ("__weakref__", "_by_name", "_changes", "ordered", "version")
-
-    def __init__(self, resources: Iterable[Resource]) -> None:
-        self._by_name = {r.name: r for r in resources}
-        #: the resources sorted by name, as a state-of-the-world response lists them
-        self.ordered = tuple(self._by_name[n] for n in sorted(self._by_name))
-        self.version = _sorted_set_version(self.ordered)
-        self._changes: dict[str, tuple[Resource, ...]] = {}
-
-    def changed_since(self, older: ResourceSet) -> tuple[Resource, ...]:
-        """The resources of this set that `older` lacks or holds at another version, by name.
-
-        Remembered for the last few older sets: every stream that moves from one set to the same
-        next one (the sidecars of a namespace, after an endpoint change) gets the very same tuple,
-        so the change is computed once and its bytes are encoded once. A set version stands for
-        its names and versions, so it is the key."""
-        found = self._changes.get(older.version)
-        if found is None:
-            before = older._by_name
-            found = tuple(r for r in self.ordered if (o := before.get(r.name)) is None or o.version != r.version)
-            if len(found) == len(self.ordered):
-                found = self.ordered
-            while len(self._changes) >= _CHANGES_KEPT:
-                del self._changes[next(iter(self._changes))]
-            self._changes[older.version] = found
-        return found
-
-    def __getitem__(self, name: str) -> Resource:
-        return self._by_name[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._by_name)
-
-    def __len__(self) -> int:
-        return len(self._by_name)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._by_name
-
-    # The dict's own views: Mapping's generic ones go through __getitem__ name by name.
-    def keys(self) -> KeysView[str]:
-        return self._by_name.keys()
-
-    def values(self) -> ValuesView[Resource]:
-        return self._by_name.values()
-
-    def items(self) -> ItemsView[str, Resource]:
-        return self._by_name.items()
-
-    def __repr__(self) -> str:
-        return f"ResourceSet({len(self)} resources, version {self.version})"
 
 
 def _version_of(available: Mapping[str, Resource]) -> str:

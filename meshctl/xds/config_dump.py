@@ -34,10 +34,9 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf import any_pb2, descriptor_pool, json_format
 from google.protobuf.message import Message
 
-from meshctl.server.cache import to_resource
-from meshctl.server.subscription import set_version
 from meshctl.xds import types
 from meshctl.xds.names import resource_name
+from meshctl.xds.resources import set_version, to_resource
 
 #: Envoy's own names for the sections (its config tracker keys), used by `--type` and in diffs.
 SECTION_NAMES: Final = {

@@ -1,0 +1,137 @@
+"""The resource model: what the generators' messages become once serialized, shared by the server's
+cache and the offline commands (`meshctl dump` prints the same versions the server sends).
+
+A `Resource` is a name, a content version and its bytes, serialized once as a
+`google.protobuf.Any` and shared by every stream that sends it. A `ResourceSet` is an immutable
+set of them with its set version computed once: the cache hands the same set to every proxy that
+gets it, so deciding that an unchanged set needs no push costs a comparison, not a hash of every
+name, on each of a thousand streams. Versions are hashes of content, so two replicas fed the same
+inputs give Envoy the same versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
+from dataclasses import dataclass, field
+
+from google.protobuf.message import Message
+
+from meshctl.xds.names import resource_name
+
+
+@dataclass(frozen=True, slots=True, weakref_slot=True)
+class Resource:
+    """One xDS resource: its name, a content version, and its serialized `Any` bytes.
+
+    Weakly referenceable so the cache can intern equal resources without keeping them alive."""
+
+    name: str
+    version: str
+    body: bytes = field(repr=False)
+
+
+def to_resource(message: Message, type_url: str) -> Resource:
+    """Serialize once: the `Any` bytes every stream sends, and a content version."""
+    value = message.SerializeToString(deterministic=True)
+    version = hashlib.blake2b(value, digest_size=8).hexdigest()
+    return Resource(resource_name(message), version, encode_any(type_url, value))
+
+
+def set_version(resources: Iterable[Resource]) -> str:
+    """The version of a set of resources: a hash of names and versions, the same on every replica."""
+    return _sorted_set_version(sorted(resources, key=lambda r: r.name))
+
+
+def _sorted_set_version(ordered: Iterable[Resource]) -> str:
+    # One string hashed at once: feeding the hash name by name costs more than the hashing.
+    text = "".join([f"{r.name}\0{r.version}\0" for r in ordered])
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+#: How many older sets `ResourceSet.changed_since` remembers its answer for.
+_CHANGES_KEPT = 4
+
+
+class ResourceSet(Mapping[str, Resource]):
+    """Resources by name, immutable, with their set version (`set_version`) computed once."""
+
+    __slots__ = ("__weakref__", "_by_name", "_changes", "ordered", "version")
+
+    def __init__(self, resources: Iterable[Resource]) -> None:
+        self._by_name = {r.name: r for r in resources}
+        #: the resources sorted by name, as a state-of-the-world response lists them
+        self.ordered = tuple(self._by_name[n] for n in sorted(self._by_name))
+        self.version = _sorted_set_version(self.ordered)
+        self._changes: dict[str, tuple[Resource, ...]] = {}
+
+    def changed_since(self, older: ResourceSet) -> tuple[Resource, ...]:
+        """The resources of this set that `older` lacks or holds at another version, by name.
+
+        Remembered for the last few older sets: every stream that moves from one set to the same
+        next one (the sidecars of a namespace, after an endpoint change) gets the very same tuple,
+        so the change is computed once and its bytes are encoded once. A set version stands for
+        its names and versions, so it is the key."""
+        found = self._changes.get(older.version)
+        if found is None:
+            before = older._by_name
+            found = tuple(r for r in self.ordered if (o := before.get(r.name)) is None or o.version != r.version)
+            if len(found) == len(self.ordered):
+                found = self.ordered
+            while len(self._changes) >= _CHANGES_KEPT:
+                del self._changes[next(iter(self._changes))]
+            self._changes[older.version] = found
+        return found
+
+    def __getitem__(self, name: str) -> Resource:
+        return self._by_name[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_name)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    # The dict's own views: Mapping's generic ones go through __getitem__ name by name.
+    def keys(self) -> KeysView[str]:
+        return self._by_name.keys()
+
+    def values(self) -> ValuesView[Resource]:
+        return self._by_name.values()
+
+    def items(self) -> ItemsView[str, Resource]:
+        return self._by_name.items()
+
+    def __repr__(self) -> str:
+        return f"ResourceSet({len(self)} resources, version {self.version})"
+
+
+_LEN = 2  # wire type: length-delimited
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def encode_any(type_url: str, value: bytes) -> bytes:
+    """google.protobuf.Any: type_url=1, value=2, from already-serialized message bytes."""
+    type_bytes = type_url.encode()
+    return (
+        _varint(1 << 3 | _LEN)
+        + _varint(len(type_bytes))
+        + type_bytes
+        + _varint(2 << 3 | _LEN)
+        + _varint(len(value))
+        + value
+    )
