@@ -363,7 +363,7 @@ class DirectoryWatcher:
             for finding in duplicates:
                 scan.status.setdefault(finding.file or "", []).append(finding)
             files = [FileStatus(path, tuple(findings)) for path, findings in scan.status.items()]
-            change = self._store.replace_all(merged.values(), files=files)
+            change = self._store.replace_all(merged, files=files)
             # Only a reload that reached the store replaces what later reloads fall back on.
             self._cache, self._good, self._deferred = scan.cache, scan.good, scan.deferred
             with self._cond:
