@@ -3,6 +3,7 @@
     python bench/run.py                  # 1,000 services x 10 endpoints, 1,000 proxies, scoped
     python bench/run.py --quick          # 100 services, 100 proxies: under a minute
     python bench/run.py --proxies-sweep 100,500,1000,2000   # and docs/convergence.svg
+    python bench/run.py --services-sweep 1000,5000,10000 --no-floor   # and docs/convergence-services.svg
     python bench/run.py --delta --no-scoping --consul ...   # other shapes (see --help)
 
 What is measured, each as p50/p99/max over the proxies concerned (see docs/benchmarks.md):
@@ -60,6 +61,7 @@ from bench.fleet import Change, Fleet, FleetSpec, parse_int_list  # noqa: E402
 from bench.plot import Goal, Series, write_svg  # noqa: E402
 
 SPAWN = multiprocessing.get_context("spawn")
+DEFAULT_SVG = BENCH.parent / "docs" / "convergence.svg"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -584,38 +586,41 @@ def public(result: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in result.items() if not k.startswith("_")}
 
 
-def sweep(options: Options, counts: Sequence[int], svg: Path) -> list[dict[str, Any]]:
+def sweep(options: Options, counts: Sequence[int], svg: Path, *, axis: str = "proxies") -> list[dict[str, Any]]:
+    """Runs at each count of `axis` (proxies, or services with the fleet's proxies), a table and a plot."""
     results = []
     for count in counts:
-        log(f"--- sweep: {count:,} proxies")
-        result = run_scenario(replace(options, spec=replace(options.spec, proxies=count)))
+        log(f"--- sweep: {count:,} {axis}")
+        result = run_scenario(replace(options, spec=replace(options.spec, **{axis: count})))
         print(table(result), flush=True)
         print(flush=True)
         results.append(result)
     series = [
-        Series("meshctl config change p99", [(r["proxies"], r["config_change_p99_s"]) for r in results]),
-        Series("meshctl endpoint change p99", [(r["proxies"], r["endpoint_change_p99_s"]) for r in results]),
+        Series("meshctl config change p99", [(r[axis], r["config_change_p99_s"]) for r in results]),
+        Series("meshctl endpoint change p99", [(r[axis], r["endpoint_change_p99_s"]) for r in results]),
     ]
     if options.floor:
         series += [
-            Series("floor config change p99", [(r["proxies"], r["floor"]["config_change_p99_s"]) for r in results],
+            Series("floor config change p99", [(r[axis], r["floor"]["config_change_p99_s"]) for r in results],
                    dashed=True),
-            Series("floor endpoint change p99", [(r["proxies"], r["floor"]["endpoint_change_p99_s"]) for r in results],
+            Series("floor endpoint change p99", [(r[axis], r["floor"]["endpoint_change_p99_s"]) for r in results],
                    dashed=True),
         ]  # fmt: skip
     first = results[0]
-    title = (
-        f"Convergence p99, {first['services']:,} services x {first['endpoints']} endpoints"
-        f"{', scoped' if first['scoped'] else ''}{', delta' if first['delta'] else ''}"
+    fixed = (
+        f"{first['services']:,} services x {first['endpoints']} endpoints"
+        if axis == "proxies"
+        else f"{first['proxies']:,} proxies, {first['endpoints']} endpoints per service"
     )
+    title = f"Convergence p99, {fixed}{', scoped' if first['scoped'] else ''}{', delta' if first['delta'] else ''}"
     goals = [Goal(1.0, "goal: config change p99 < 1 s"), Goal(0.3, "goal: endpoint change p99 < 0.3 s")]
-    write_svg(svg, title, "proxies", "seconds (log scale)", series, goals=goals)
+    write_svg(svg, title, axis, "seconds (log scale)", series, goals=goals)
     log(f"wrote {svg}")
-    print("| proxies | cold start (s) | config change p99 (s) | endpoint change p99 (s) | RSS (MB) | floor ratio |")
+    print(f"| {axis} | cold start (s) | config change p99 (s) | endpoint change p99 (s) | RSS (MB) | floor ratio |")
     print("|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(
-            f"| {r['proxies']:,} | {r['cold_start_s']} | {r['config_change_p99_s']} | {r['endpoint_change_p99_s']} "
+            f"| {r[axis]:,} | {r['cold_start_s']} | {r['config_change_p99_s']} | {r['endpoint_change_p99_s']} "
             f"| {r['rss_mb']} | {r['floor_ratio']} |"
         )
     return results
@@ -639,9 +644,14 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, O
     parser.add_argument("--debounce", type=float, default=0.1, help="meshctl serve --debounce (its default)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="longest wait for any phase, seconds")
     parser.add_argument("--proxies-sweep", type=parse_int_list, help="e.g. 100,500,1000,2000: runs and a plot")
+    parser.add_argument(
+        "--services-sweep",
+        type=parse_int_list,
+        help="e.g. 1000,5000,10000: runs and a plot (docs/convergence-services.svg)",
+    )
     parser.add_argument("--server-log", type=Path, help="keep meshctl's log here")
     parser.add_argument("--profile", type=Path, help="py-spy the server into this file (collapsed stacks)")
-    parser.add_argument("--svg", type=Path, default=BENCH.parent / "docs" / "convergence.svg")
+    parser.add_argument("--svg", type=Path, default=DEFAULT_SVG)
     args = parser.parse_args(argv)
     services = args.services or (100 if args.quick else 1000)
     proxies = args.proxies or (100 if args.quick else 1000)
@@ -672,6 +682,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, O
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, options = parse_args(argv)
+    if args.services_sweep:
+        svg = args.svg if args.svg != DEFAULT_SVG else BENCH.parent / "docs" / "convergence-services.svg"
+        results = sweep(options, args.services_sweep, svg, axis="services")
+        last = {**public(results[-1]), "sweep": [public(r) for r in results]}
+        print(json.dumps(last))
+        return 1 if any(r["failures"] for r in results) else 0
     if args.proxies_sweep:
         results = sweep(options, args.proxies_sweep, args.svg)
         last = {**public(results[-1]), "sweep": [public(r) for r in results]}
