@@ -117,6 +117,7 @@ def build_snapshot(
             else:
                 by_kind.pop(kind, None)
                 kind_digests.pop(kind, None)
+    base = previous if previous is not None and previous._index is not None else None
     definitions = services.digest(endpoints_of=lambda s: s.resolution is not Resolution.STATIC).encode()
     h = hashlib.blake2b(digest_size=12)
     inbound = hashlib.blake2b(digest_size=12)
@@ -142,8 +143,10 @@ def build_snapshot(
         mesh=mesh,
         by_kind=MappingProxyType(by_kind),
         kind_digests=MappingProxyType(kind_digests),
-        _previous=previous,
-        _changed=frozenset(changed) if previous is not None and changed is not None else None,
+        # Only an indexed snapshot is a base for the index: one never indexed (a build that
+        # changed nothing, dropped) would otherwise keep the chain of snapshots before it alive.
+        _previous=base,
+        _changed=frozenset(changed) if base is not None and changed is not None else None,
     )
 
 
