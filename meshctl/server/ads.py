@@ -1,9 +1,10 @@
 """The ADS servicer: gRPC streams in, pre-serialized responses out (grpc.aio, one task per stream).
 
-It knows nothing of Istio kinds. Each stream is a `Connection` (sans-IO state); this module only
-reads requests, binds the node to a proxy in the current snapshot, asks the shared
-`ResourceCache` for that proxy's resources, and writes what `Connection.pushes()` says, encoded
-from shared bytes (`encode`). A new snapshot wakes every stream; each stream then decides alone
+It knows nothing of Istio kinds, nor of snapshots: each stream is a `Connection` (sans-IO
+state); this module only reads requests, asks its `ConfigSource` (the shared `ResourceCache`)
+to resolve the node in the state last published (bound proxy and resources), and writes what
+`Connection.pushes()` says, encoded from shared bytes (`encode`). The published state is opaque
+here: it goes from `publish` to the source untouched. A new snapshot wakes every stream; each stream then decides alone
 whether anything changed for its proxy, so a change outside a proxy's scope sends it nothing.
 
 Binding and generation run on one worker thread, never on the event loop. Generating a large
@@ -24,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
@@ -32,12 +33,11 @@ from google.protobuf import json_format
 
 from meshctl.errors import NodeIdError, SubscriptionLimitError
 from meshctl.logs import untrusted
-from meshctl.server.cache import ProxyResources, ResourceCache
+from meshctl.server.cache import ProxyResources, Resolved
 from meshctl.server.connection import Connection
 from meshctl.server.encode import BlockCache, encode_delta, encode_sotw
 from meshctl.server.subscription import Push, RequestKind
-from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import METADATA_KEYS, Proxy, ProxyNode, bind_proxy, parse_node_id
+from meshctl.snapshot.proxy import METADATA_KEYS, Proxy, ProxyNode, parse_node_id
 from meshctl.xds import types
 
 logger = logging.getLogger("meshctl.server.ads")
@@ -85,13 +85,20 @@ class PushObserver:
 Authorizer = Callable[[ProxyNode, "grpc.aio.ServicerContext[Any, Any]"], str | None]
 
 
+class ConfigSource(Protocol):
+    """Where the servicer gets a node's config: the seam between serving and generation
+    (`ResourceCache` implements it). `state` is what was published (a snapshot), opaque here."""
+
+    def resolve(self, node: ProxyNode, state: Any) -> Resolved: ...
+
+
 class AdsServicer:
-    """Serves State-of-the-World and Delta ADS from the latest snapshot."""
+    """Serves State-of-the-World and Delta ADS from the latest published state."""
 
     def __init__(
         self,
-        cache: ResourceCache,
-        snapshot: Callable[[], Snapshot | None],
+        cache: ConfigSource,
+        snapshot: Callable[[], object | None],
         observer: PushObserver | None = None,
         authorize: Authorizer | None = None,
         admit: Callable[[], str | None] | None = None,
@@ -207,7 +214,7 @@ class AdsServicer:
             logger.exception("generating config for %s failed", stream.label)
             await context.abort(grpc.StatusCode.INTERNAL, "config generation failed; see the server log")
 
-    async def _bind(self, stream: Stream, snapshot: Snapshot | None) -> None:
+    async def _bind(self, stream: Stream, snapshot: object | None) -> None:
         node = stream.node
         if snapshot is None or node is None:
             return
@@ -216,13 +223,13 @@ class AdsServicer:
         proxy, resources = await loop.run_in_executor(self._worker, self._resolve, node, snapshot)
         self._apply(stream, epoch, proxy, resources)
 
-    def _resolve(self, node: ProxyNode, snapshot: Snapshot) -> tuple[Proxy, ProxyResources]:
+    def _resolve(self, node: ProxyNode, snapshot: object) -> tuple[Proxy, ProxyResources]:
         """On the worker thread: the node bound in `snapshot`, and its resources."""
-        proxy = bind_proxy(node, snapshot)
-        return proxy, self._cache.resources(snapshot, proxy)
+        resolved = self._cache.resolve(node, snapshot)
+        return resolved.proxy, resolved.resources
 
     def _resolve_many(
-        self, streams: Sequence[Stream], snapshot: Snapshot
+        self, streams: Sequence[Stream], snapshot: object
     ) -> list[tuple[Proxy, ProxyResources] | BaseException]:
         out: list[tuple[Proxy, ProxyResources] | BaseException] = []
         for stream in streams:
@@ -255,7 +262,7 @@ class AdsServicer:
 
     # -- snapshots ---------------------------------------------------------------------------
 
-    async def publish(self, snapshot: Snapshot, seen: float | None = None, *, batch: int = 16) -> None:
+    async def publish(self, snapshot: object, seen: float | None = None, *, batch: int = 16) -> None:
         """Give every stream the new snapshot, `batch` streams per trip to the worker thread."""
         seen = seen or time.monotonic()
         self._epoch += 1

@@ -36,7 +36,7 @@ from typing import Generic, TypeVar
 from google.protobuf.message import Message
 
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import Proxy
+from meshctl.snapshot.proxy import Proxy, ProxyNode, bind_proxy
 from meshctl.xds import types
 from meshctl.xds.eds_locality import LocalityView, eds_localities, for_view
 from meshctl.xds.endpoints import subset_labels
@@ -44,6 +44,14 @@ from meshctl.xds.generate import GenerationMemos, generate_inbound, generate_out
 from meshctl.xds.memo import GenerationMemo
 from meshctl.xds.names import eds_cluster_names, parse_cluster_name
 from meshctl.xds.resources import Resource, ResourceSet, to_resource
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Resolved:
+    """A node bound to its workload in one snapshot, and everything it may be sent there."""
+
+    proxy: Proxy
+    resources: ProxyResources
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -142,6 +150,12 @@ class ResourceCache:
     def clusters_built(self) -> int:
         """Service ports whose clusters were generated (the rest were shared from a view)."""
         return self._memos.clusters.made
+
+    def resolve(self, node: ProxyNode, snapshot: Snapshot) -> Resolved:
+        """`node` bound in `snapshot` (`bind_proxy`), and its resources: what the ADS servicer
+        asks of the cache, the one place the two meet."""
+        proxy = bind_proxy(node, snapshot)
+        return Resolved(proxy, self.resources(snapshot, proxy))
 
     def resources(self, snapshot: Snapshot, proxy: Proxy) -> ProxyResources:
         key = proxy.generation_key()
