@@ -322,8 +322,12 @@ def test_a_cluster_view_is_its_whole_key() -> None:
     from meshctl.xds import clusters
     from meshctl.xds.memo import Ref
 
-    fields = dataclasses.fields(clusters.OutboundClusterView)
-    assert fields and all(f.compare and f.hash is not False for f in fields)
+    from meshctl.xds import endpoints
+
+    for view_class in (clusters.OutboundClusterView, endpoints.AssignmentView):
+        fields = dataclasses.fields(view_class)
+        assert fields and all(f.compare and f.hash is not False for f in fields), view_class
+    assert list(inspect.signature(endpoints.build_assignment).parameters) == ["view"]
     ref_fields = dataclasses.fields(Ref)
     assert [f.name for f in ref_fields if f.compare] == ["digest"]
     # The cluster builders take the view, never a scope or a snapshot.

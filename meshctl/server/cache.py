@@ -8,9 +8,10 @@ Three levels of sharing, from the most to the least expensive to redo:
   usually shares, and the inbound part (its own workload) per `Proxy.generation_key` and the
   snapshot's `inbound_version` (a VirtualService change regenerates no inbound part). An
   endpoint-only change (same config version) regenerates nothing of them;
-- a ClusterLoadAssignment is built once per cluster and its own inputs (the service's endpoints,
-  ports and resolution, and the subset's labels) and shared by every proxy with the cluster, so
-  an endpoint change rebuilds only its service's, and a config change only those it touches;
+- a ClusterLoadAssignment is built once per `AssignmentView` (its service port, the service's
+  endpoints by digest, the subset's labels: everything `build_assignment` reads) and shared by
+  every proxy with the cluster, so an endpoint change rebuilds only its service's, and a config
+  change only those it touches;
 - a proxy's complete view (`ProxyResources`) is assembled once per (snapshot version, key).
 
 Proxies with different keys still often get equal resources (every sidecar of a namespace gets
@@ -39,10 +40,10 @@ from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import Proxy, ProxyNode, bind_proxy
 from meshctl.xds import types
 from meshctl.xds.eds_locality import LocalityView, eds_localities, for_view
-from meshctl.xds.endpoints import subset_labels
-from meshctl.xds.generate import GenerationMemos, generate_inbound, generate_outbound, inbound_key, load_assignment
+from meshctl.xds.endpoints import AssignmentView, assignment_view, build_assignment
+from meshctl.xds.generate import GenerationMemos, generate_inbound, generate_outbound, inbound_key
 from meshctl.xds.memo import GenerationMemo
-from meshctl.xds.names import eds_cluster_names, parse_cluster_name
+from meshctl.xds.names import eds_cluster_names
 from meshctl.xds.resources import Resource, ResourceSet, to_resource
 
 
@@ -131,10 +132,10 @@ class ResourceCache:
         self._joins: GenerationMemo[tuple[str, int, int], tuple[ResourceSet, ResourceSet, ResourceSet]] = (
             GenerationMemo()
         )
-        #: cluster -> (the assignment's inputs, resource)
-        self._eds: dict[str, tuple[tuple[object, ...], Resource]] = {}
-        #: (cluster, locality view) -> (inputs, resource): the variants of proxies with a locality
-        self._eds_variants: dict[tuple[str, LocalityView], tuple[tuple[object, ...], Resource]] = {}
+        #: cluster -> (the assignment's view, resource)
+        self._eds: dict[str, tuple[AssignmentView, Resource]] = {}
+        #: (cluster, locality view) -> (view, resource): the variants of proxies with a locality
+        self._eds_variants: dict[tuple[str, LocalityView], tuple[AssignmentView, Resource]] = {}
         self._views: _Recent[tuple[object, ...], ProxyResources] = _Recent(keep_versions)
         #: the EDS set of each distinct list of EDS clusters (and locality views), per snapshot version
         self._eds_sets: _Recent[tuple[object, ...], ResourceSet] = _Recent(keep_versions)
@@ -268,31 +269,21 @@ class ResourceCache:
             self._eds_sets.put(snapshot.version, key, eds)
         return eds
 
-    def _eds_for(self, snapshot: Snapshot, cluster: str, view: LocalityView | None = None) -> Resource:
-        inputs = self._eds_inputs(snapshot, cluster)
+    def _eds_for(self, snapshot: Snapshot, cluster: str, locality: LocalityView | None = None) -> Resource:
+        """The assignment of `cluster`, built once per `AssignmentView` (and locality view):
+        the view holds everything `build_assignment` reads, so a config change that touches
+        none of it (most do not) reuses the assignment as it was."""
+        view = assignment_view(snapshot, cluster)
         with self._lock:
-            found = self._eds.get(cluster) if view is None else self._eds_variants.get((cluster, view))
-        if found is not None and found[0] == inputs:
+            found = self._eds.get(cluster) if locality is None else self._eds_variants.get((cluster, locality))
+        if found is not None and found[0] == view:
             return found[1]
-        assignment = load_assignment(snapshot, cluster)
-        resource = to_resource(assignment if view is None else for_view(assignment, view), types.ENDPOINT)
+        assignment = build_assignment(view)
+        resource = to_resource(assignment if locality is None else for_view(assignment, locality), types.ENDPOINT)
         with self._lock:
             self.eds_builds += 1
-            if view is None:
-                self._eds[cluster] = (inputs, resource)
+            if locality is None:
+                self._eds[cluster] = (view, resource)
             else:
-                self._eds_variants[(cluster, view)] = (inputs, resource)
+                self._eds_variants[(cluster, locality)] = (view, resource)
         return resource
-
-    def _eds_inputs(self, snapshot: Snapshot, cluster: str) -> tuple[object, ...]:
-        """What an assignment is made of (see `meshctl.xds.endpoints.build_load_assignment`): its
-        service's endpoints, ports and resolution, and its subset's labels. A config change
-        that touches none of them (most do not) leaves the assignment as it was."""
-        parsed = parse_cluster_name(cluster)
-        if parsed is None:
-            return ()
-        digest = snapshot.services.endpoints_digest(parsed.host)
-        service = snapshot.services.services.get(parsed.host)
-        shape = (service.ports, service.resolution) if service is not None else None
-        labels = subset_labels(snapshot, parsed.host, parsed.subset) if parsed.subset else None
-        return (digest, shape, tuple(sorted(labels.items())) if labels is not None else None)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from envoy.config.cluster.v3 import cluster_pb2
@@ -47,6 +48,7 @@ from meshctl.registry.model import Endpoint, Health, Resolution, TlsMode
 from meshctl.snapshot.model import Snapshot, spec
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds.locality import locality_proto
+from meshctl.xds.memo import Ref
 from meshctl.xds.names import Direction, parse_cluster_name
 
 TRANSPORT_SOCKET_MATCH: Final = "envoy.transport_socket_match"
@@ -71,22 +73,56 @@ def build_endpoints(
     return [build_load_assignment(scope.snapshot, name) for name in names]
 
 
+@dataclass(frozen=True, slots=True)
+class AssignmentView:
+    """Everything the load assignment of one EDS cluster is made of: the only input of
+    `build_assignment` and its cache key (see `meshctl.xds.memo`). A config change that leaves
+    every field as it was (most do) leaves the assignment as it was; an endpoint change touches
+    the views of its own service alone."""
+
+    cluster_name: str
+    #: The service port the cluster is for; None for a name that has no endpoints to give (not
+    #: outbound, an unknown host or port, a DNS service whose endpoints are in the cluster).
+    port: int | None = None
+    #: The service's endpoints, named by their digest.
+    endpoints: Ref[tuple[Endpoint, ...]] | None = None
+    #: The subset's labels, as sorted pairs; None for the whole service.
+    subset_labels: tuple[tuple[str, str], ...] | None = None
+
+
+def assignment_view(snapshot: Snapshot, cluster_name: str) -> AssignmentView:
+    """What `build_assignment` reads of the snapshot for `cluster_name`."""
+    parsed = parse_cluster_name(cluster_name)
+    if parsed is None or parsed.direction is not Direction.OUTBOUND:
+        return AssignmentView(cluster_name)
+    service = snapshot.services.services.get(parsed.host)
+    if service is None or service.port(parsed.port) is None or service.resolution in _DNS:
+        return AssignmentView(cluster_name)
+    labels = subset_labels(snapshot, parsed.host, parsed.subset) if parsed.subset else None
+    model = snapshot.services
+    return AssignmentView(
+        cluster_name,
+        parsed.port,
+        Ref(model.endpoints_digest(parsed.host), model.endpoints_of(parsed.host)),
+        tuple(sorted(labels.items())) if labels is not None else None,
+    )
+
+
+def build_assignment(view: AssignmentView) -> endpoint_pb2.ClusterLoadAssignment:
+    """The load assignment a view describes; empty for a name without endpoints to give."""
+    assignment = endpoint_pb2.ClusterLoadAssignment(cluster_name=view.cluster_name)
+    if view.port is None or view.endpoints is None:
+        return assignment
+    labels = dict(view.subset_labels) if view.subset_labels is not None else None
+    endpoints = [e for e in select_endpoints(view.endpoints.value, view.port, labels) if _eds_address(e)]
+    assignment.endpoints.extend(locality_lb_endpoints(endpoints, view.port))
+    return assignment
+
+
 def build_load_assignment(snapshot: Snapshot, cluster_name: str) -> endpoint_pb2.ClusterLoadAssignment:
     """The load assignment of `cluster_name`, a pure function of the snapshot and the name, so
     its serialized bytes can be shared by every proxy. Unknown names get an empty assignment."""
-    assignment = endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name)
-    parsed = parse_cluster_name(cluster_name)
-    if parsed is None or parsed.direction is not Direction.OUTBOUND:
-        return assignment
-    service = snapshot.services.services.get(parsed.host)
-    if service is None or service.port(parsed.port) is None or service.resolution in _DNS:
-        return assignment
-    labels = subset_labels(snapshot, parsed.host, parsed.subset) if parsed.subset else None
-    endpoints = [
-        e for e in select_endpoints(snapshot.services.endpoints_of(parsed.host), parsed.port, labels) if _eds_address(e)
-    ]
-    assignment.endpoints.extend(locality_lb_endpoints(endpoints, parsed.port))
-    return assignment
+    return build_assignment(assignment_view(snapshot, cluster_name))
 
 
 def select_endpoints(endpoints: Iterable[Endpoint], port: int, labels: Mapping[str, str] | None) -> list[Endpoint]:
