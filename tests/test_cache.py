@@ -319,10 +319,8 @@ def test_a_cluster_view_is_its_whole_key() -> None:
     import dataclasses
     import inspect
 
-    from meshctl.xds import clusters
+    from meshctl.xds import clusters, endpoints
     from meshctl.xds.memo import Ref
-
-    from meshctl.xds import endpoints
 
     for view_class in (clusters.OutboundClusterView, endpoints.AssignmentView):
         fields = dataclasses.fields(view_class)
