@@ -7,13 +7,24 @@
     ├── CredentialError        a certificate, key, CA or token file that cannot be used
     ├── NodeIdError            an Envoy node id that is not Istio's TYPE~IP~NAME.NAMESPACE~DOMAIN
     ├── SubscriptionLimitError a stream asking the server to hold more names of one type than it allows
-    └── UsageError             a command called with arguments that make no sense
+    ├── UsageError             a command given flags, files or addresses it cannot work with
+    └── OfflineError           a config tree an offline command (dump, diff) cannot build a snapshot from
 
 Bad input is normally reported as a `Finding` and never raised past the loader; these exceptions
 exist for the places where a caller must stop, and each carries enough to say what and where.
+
+A command never turns one of these into an exit status itself: it raises, and the CLI's one edge
+(`meshctl.cli.exits`) prints the message as one `error:` line on stderr and exits 2. Exit 1 is
+kept for an answer ("invalid", "something changes"), which is never an exception.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from meshctl.config.findings import Finding
 
 
 class MeshctlError(Exception):
@@ -57,4 +68,16 @@ class SubscriptionLimitError(MeshctlError):
 
 
 class UsageError(MeshctlError):
-    """A command called with arguments that make no sense."""
+    """A command given flags, files or addresses it cannot work with: a malformed address, flags
+    that need each other, a missing path, a server that is not there to ask."""
+
+
+class OfflineError(MeshctlError):
+    """A config tree an offline command (`dump`, `diff`) cannot build a snapshot from, or a proxy
+    it does not describe. An offline command refuses broken input rather than show output built
+    from part of it, so `findings` carries what is wrong with the files, printed before the message."""
+
+    def __init__(self, message: str, findings: Sequence[Finding] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.findings = tuple(findings)

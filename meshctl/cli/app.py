@@ -4,6 +4,9 @@ The conventions istioctl, kubectl and kumactl users expect hold for every comman
 `-h` as well as `--help`, `meshctl --version`, option values named for what they are (`ADDR`,
 `PATH`, `NODE_ID`; `_name_values`) rather than for their Python type, and help paragraphs that
 reflow to the terminal's width (`_reflow`) instead of keeping the docstrings' line breaks.
+
+Every command ends the same way too: it raises an error of meshctl's tree and `@reported`
+(`meshctl.cli.exits`) turns it into one line on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from meshctl.cli import proxy_status as proxy_status_cmd
 from meshctl.cli import serve as serve_cmd
 from meshctl.cli import services as services_cmd
 from meshctl.cli import validate as validate_cmd
+from meshctl.cli.exits import reported
 
 app = typer.Typer(
     name="meshctl",
@@ -179,6 +183,7 @@ def _options(
     """Istio's traffic API for Envoy on VMs and bare metal: Istio YAML in, xDS out."""
 
 
+@reported
 def version(
     server: Annotated[
         str | None,
@@ -193,15 +198,9 @@ def version(
     if server is None:
         typer.echo(__version__)
         return
-    from meshctl.cli import output as out
     from meshctl.cli.admin_client import get_json
-    from meshctl.errors import UsageError
 
-    try:
-        remote = get_json(server, "/version", admin_token_file)
-    except UsageError as exc:
-        out.error(str(exc))
-        raise typer.Exit(2) from None
+    remote = get_json(server, "/version", admin_token_file)
     typer.echo(f"client: {__version__}")
     typer.echo(f"server: {remote.get('version', '?')} (snapshot {remote.get('snapshot') or 'none yet'})")
 

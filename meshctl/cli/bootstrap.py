@@ -8,12 +8,15 @@ from typing import Annotated
 
 import typer
 
+from meshctl.cli.exits import reported
+
 
 class BootstrapFormat(enum.StrEnum):
     yaml = "yaml"
     json = "json"
 
 
+@reported
 def bootstrap(
     proxy: Annotated[
         str,
@@ -107,44 +110,38 @@ def bootstrap(
     from meshctl.bootstrap import (
         health_port as effective_health_port,
     )
-    from meshctl.cli import output as out
     from meshctl.config.hosts import is_ip
-    from meshctl.errors import NodeIdError
+    from meshctl.errors import UsageError
     from meshctl.server.app import split_address
     from meshctl.snapshot.proxy import parse_node_id
 
     node_id = proxy
     if ip is not None and not is_ip(ip):
-        out.error(f"--ip {ip!r} is not an IPv4 or IPv6 address")
-        raise typer.Exit(2)
+        raise UsageError(f"--ip {ip!r} is not an IPv4 or IPv6 address")
     if "~" not in proxy:
         if not ip or "." not in proxy:
-            out.error("--proxy NAME.NAMESPACE needs --ip ADDRESS (or give the full node id)")
-            raise typer.Exit(2)
+            raise UsageError("--proxy NAME.NAMESPACE needs --ip ADDRESS (or give the full node id)")
         namespace = proxy.split(".", 1)[1]
         node_id = f"{'router' if router else 'sidecar'}~{ip}~{proxy}~{namespace}.svc.cluster.local"
     labels = {}
     for item in label or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            out.error(f"--label {item!r} is not KEY=VALUE")
-            raise typer.Exit(2)
+            raise UsageError(f"--label {item!r} is not KEY=VALUE")
         labels[key] = value
+    node = parse_node_id(node_id, {"INTERCEPTION_MODE": interception})  # a NodeIdError says what is wrong
     try:
-        node = parse_node_id(node_id, {"INTERCEPTION_MODE": interception})
         host, port = split_address(xds_address)
-    except (NodeIdError, ValueError) as exc:
-        out.error(str(exc))
-        raise typer.Exit(2) from exc
+    except ValueError as exc:  # the server's parser says what is wrong with the address
+        raise UsageError(str(exc)) from exc
     if not is_ip(node.ip):
-        out.error(f"the node id's IP {node.ip!r} is not an IPv4 or IPv6 address")
-        raise typer.Exit(2)
+        raise UsageError(f"the node id's IP {node.ip!r} is not an IPv4 or IPv6 address")
     if (xds_cert is None) != (xds_key is None):
-        out.error("--xds-cert and --xds-key go together")
-        raise typer.Exit(2)
+        raise UsageError("--xds-cert and --xds-key go together")
     if xds_ca is None and (xds_cert is not None or xds_sni is not None):
-        out.error("--xds-cert, --xds-key and --xds-sni need --xds-ca: TLS without checking the server is not offered")
-        raise typer.Exit(2)
+        raise UsageError(
+            "--xds-cert, --xds-key and --xds-sni need --xds-ca: TLS without checking the server is not offered"
+        )
     tls = XdsClientTls(xds_ca, xds_cert, xds_key, xds_sni) if xds_ca is not None else None
     inclusion = StatsInclusion(
         tuple(stats_inclusion_prefix or ()), tuple(stats_inclusion_suffix or ()), tuple(stats_inclusion_regex or ())
@@ -162,15 +159,12 @@ def bootstrap(
     )
     problem = stats_port_problem(options) if stats_port else None
     if problem is not None:
-        out.error(f"--stats-port {stats_port}: {problem} (--stats-port 0 for no stats listener)")
-        raise typer.Exit(2)
+        raise UsageError(f"--stats-port {stats_port}: {problem} (--stats-port 0 for no stats listener)")
     problem = health_port_problem(node, options) if effective_health_port(node, options) else None
     if problem is not None:
-        out.error(f"--health-port {effective_health_port(node, options)}: {problem} (--health-port 0 for none)")
-        raise typer.Exit(2)
+        raise UsageError(f"--health-port {effective_health_port(node, options)}: {problem} (--health-port 0 for none)")
     if (problem := inclusion.problem()) is not None:
-        out.error(f"--stats-inclusion-*: {problem}")
-        raise typer.Exit(2)
+        raise UsageError(f"--stats-inclusion-*: {problem}")
     config = build_bootstrap(node, options)
     if output is BootstrapFormat.json:
         json.dump(config, sys.stdout, indent=2)

@@ -7,7 +7,8 @@ unified diff of its YAML. Resources are compared by their serialized bytes, whic
 keeps deterministic, so a change that moves resources between files, reorders them or edits a
 comment shows nothing.
 
-Exit status, as `diff(1)`: 0 nothing changes, 1 something does, 2 usage or input error.
+Exit status, as `diff(1)`: 0 nothing changes, 1 something does, 2 usage or input error. A crash
+exits 2 too, never 1, which would read as "something changes" (`meshctl.cli.exits`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from meshctl.cli.exits import reported
 from meshctl.cli.offline import INTERCEPTION_HELP, MESH_CONFIG_HELP
 from meshctl.snapshot.interception import InterceptionMode
 
@@ -31,6 +33,9 @@ if TYPE_CHECKING:
 
     from meshctl.cli.offline import LoadedTree
     from meshctl.snapshot.proxy import Proxy
+
+
+EXIT_OK, EXIT_CHANGED = 0, 1  # errors exit 2, at the CLI's edge (`meshctl.cli.exits`)
 
 
 class Format(enum.StrEnum):
@@ -67,6 +72,7 @@ class ResourceChange:
         return {"proxy": self.proxy, "type": self.section, "name": self.name, "change": self.change.value}
 
 
+@reported
 def diff(
     old: Annotated[Path, typer.Argument(help="The config directory before the change.")],
     new: Annotated[Path, typer.Argument(help="The config directory after the change.")],
@@ -95,33 +101,24 @@ def diff(
     """
     from meshctl.cli import offline
     from meshctl.cli import output as out
+    from meshctl.errors import UsageError
 
     if (proxy is None) == (not all_proxies):
-        out.error("give either --proxy NODE_ID or --all-proxies")
-        raise typer.Exit(offline.EXIT_ERROR)
-    try:
-        mesh = offline.mesh_from(mesh_config)
-        before = offline.load_tree(old, namespace=namespace, mesh=mesh)
-        after = offline.load_tree(new, namespace=namespace, mesh=mesh)
-        mode = interception.value
-        pairs = (
-            all_pairs(before, after, mode) if proxy is None else [proxy_pair(before, after, proxy, namespace, mode)]
-        )
-    except offline.OfflineError as exc:
-        offline.fail(exc)
+        raise UsageError("give either --proxy NODE_ID or --all-proxies")
+    mesh = offline.mesh_from(mesh_config)
+    before = offline.load_tree(old, namespace=namespace, mesh=mesh)
+    after = offline.load_tree(new, namespace=namespace, mesh=mesh)
+    mode = interception.value
+    pairs = all_pairs(before, after, mode) if proxy is None else [proxy_pair(before, after, proxy, namespace, mode)]
     offline.report(after)  # the tree being proposed; the old one's warnings are history
-    try:
-        changes = [c for pair in pairs for c in diff_proxy(before, after, pair)]
-    except Exception as exc:  # a crash must not exit 1, which would read as "something changed"
-        out.error(f"internal error: {type(exc).__name__}: {exc}")
-        raise typer.Exit(offline.EXIT_ERROR) from exc
+    changes = [c for pair in pairs for c in diff_proxy(before, after, pair)]
     if output is Format.json:
         sys.stdout.write(json.dumps([c.as_dict() for c in changes], indent=2) + "\n")
     else:
         _print_text(changes, summary=all_proxies)
     if not changes:
         out.stderr_console().print(f"no changes for {len(pairs)} prox{'y' if len(pairs) == 1 else 'ies'}")
-    raise typer.Exit(offline.EXIT_CHANGED if changes else offline.EXIT_OK)
+    raise typer.Exit(EXIT_CHANGED if changes else EXIT_OK)
 
 
 def proxy_pair(
@@ -129,11 +126,12 @@ def proxy_pair(
 ) -> ProxyPair:
     """The proxy `ref` names, in each tree; an error when it names nothing in either."""
     from meshctl.cli import offline
+    from meshctl.errors import OfflineError
 
     old = offline.find_proxy(before.snapshot, ref, namespace, interception)
     new = offline.find_proxy(after.snapshot, ref, namespace, interception)
     if old is None and new is None:
-        raise offline.OfflineError(
+        raise OfflineError(
             f"--proxy {ref!r} names no WorkloadEntry in {before.path} or {after.path}; "
             f"{offline.known_proxies(after.snapshot)}"
         )

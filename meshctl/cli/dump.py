@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from meshctl.cli.exits import reported
 from meshctl.cli.offline import INTERCEPTION_HELP, MESH_CONFIG_HELP
 from meshctl.snapshot.interception import InterceptionMode
 
@@ -51,6 +52,7 @@ class Format(enum.StrEnum):
     short = "short"
 
 
+@reported
 def dump(
     config_dir: Annotated[
         Path,
@@ -100,19 +102,13 @@ def dump(
     from meshctl.xds.config_dump import DUMP_ORDER, TYPE_BY_SECTION, subscribed
     from meshctl.xds.generate import generate
 
-    try:
-        tree = offline.load_tree(config_dir, consul=consul, namespace=namespace, mesh=offline.mesh_from(mesh_config))
-        target = offline.resolve_proxy(tree, proxy, namespace, interception.value)
-    except offline.OfflineError as exc:
-        offline.fail(exc)
+    tree = offline.load_tree(config_dir, consul=consul, namespace=namespace, mesh=offline.mesh_from(mesh_config))
+    target = offline.resolve_proxy(tree, proxy, namespace, interception.value)
     offline.report(tree)
     _stderr(offline.proxy_note(target))
     for note in offline.hidden_port_notes(tree.snapshot, target):
         _stderr(f"note: {note}")
-    try:
-        resources, unrequested = subscribed(generate(tree.snapshot, target))
-    except Exception as exc:  # a generator bug is not the user's input: say so, exit 2
-        offline.fail(offline.OfflineError(f"internal error: {type(exc).__name__}: {exc}"))
+    resources, unrequested = subscribed(generate(tree.snapshot, target))
     if unrequested:
         _stderr(f"note: route config(s) {', '.join(unrequested)} left out: no listener names them, so Envoy never asks")
     wanted = DUMP_ORDER if section is Section.all else (TYPE_BY_SECTION[section.value],)

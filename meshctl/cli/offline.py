@@ -7,8 +7,8 @@ registry, the same merge with Consul (files win a hostname both define), the sam
 
 One difference is deliberate. The server keeps the last good contents of a file that fails to
 load; a command run on a directory has no last good contents, and output built from part of the
-input would be trusted as the whole of it. So a tree with any error is refused (exit 2) and its
-findings are printed instead.
+input would be trusted as the whole of it. So a tree with any error is refused: `OfflineError`
+carries its findings, which the CLI's edge (`meshctl.cli.exits`) prints before its one line (exit 2).
 
 A proxy is named by its full Envoy node id, or by its WorkloadEntry (`NAME.NAMESPACE`, or `NAME`
 in the `-n` namespace). The node id is then built as the VM's bootstrap would have it:
@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import io
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
-import typer
-
-from meshctl.errors import MeshctlError
+from meshctl.errors import MeshctlError, OfflineError
 from meshctl.snapshot.interception import InterceptionMode
 
 if TYPE_CHECKING:
@@ -36,9 +34,6 @@ if TYPE_CHECKING:
     from meshctl.registry.model import ServiceModel
     from meshctl.snapshot.model import MeshSettings, Snapshot
     from meshctl.snapshot.proxy import Proxy
-
-EXIT_OK, EXIT_CHANGED, EXIT_ERROR = 0, 1, 2
-
 
 MESH_CONFIG_HELP = "Istio's MeshConfig YAML, as serve --mesh-config reads it."
 
@@ -58,15 +53,6 @@ def mesh_from(path: Path | None) -> MeshSettings | None:
 
 
 INTERCEPTION_HELP = "NONE (no iptables, the VM default), REDIRECT or TPROXY: what the proxy's bootstrap says."
-
-
-class OfflineError(MeshctlError):
-    """Input an offline command cannot work from; `findings` say what is wrong with the files."""
-
-    def __init__(self, message: str, findings: Sequence[Finding] = ()) -> None:
-        super().__init__(message)
-        self.message = message
-        self.findings = tuple(findings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,16 +224,6 @@ def report(tree: LoadedTree) -> None:
         out.print_findings(tree.warnings, "text", sys.stderr)
     for note in tree.notes:
         out.stderr_console().print(f"note: {note}", markup=False, soft_wrap=True)
-
-
-def fail(exc: OfflineError) -> NoReturn:
-    """Report an OfflineError (its findings first, then the message) and exit 2."""
-    from meshctl.cli import output as out
-
-    if exc.findings:
-        out.print_findings(exc.findings, "text", sys.stderr)
-    out.error(exc.message)
-    raise typer.Exit(EXIT_ERROR) from exc
 
 
 def yaml_text(data: Any) -> str:

@@ -7,6 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
+from meshctl.cli.exits import reported
+
 TYPES = ("CDS", "LDS", "EDS", "RDS")
 
 
@@ -25,6 +27,7 @@ def sync_state(entry: dict[str, Any] | None) -> str:
     return "SYNCED" if entry.get("acked") == entry.get("sent") else "STALE"
 
 
+@reported
 def proxy_status(
     admin: Annotated[
         str, typer.Option(help="meshctl serve's admin address, HOST:PORT.", envvar="MESHCTL_ADMIN_ADDRESS")
@@ -45,13 +48,8 @@ def proxy_status(
 
     from meshctl.cli import output as out
     from meshctl.cli.admin_client import get_json
-    from meshctl.errors import UsageError
 
-    try:
-        entries: list[dict[str, Any]] = get_json(admin, "/debug/syncz", admin_token_file)
-    except UsageError as exc:
-        out.error(str(exc))
-        raise typer.Exit(2) from None
+    entries: list[dict[str, Any]] = get_json(admin, "/debug/syncz", admin_token_file)
     rows = []
     for e in entries:
         states = {t: sync_state(e["types"].get(t)) for t in TYPES}

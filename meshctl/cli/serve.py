@@ -7,9 +7,11 @@ from typing import Annotated
 
 import typer
 
+from meshctl.cli.exits import reported
 from meshctl.logs import LogFormat, LogLevel
 
 
+@reported
 def serve(
     config_dir: Annotated[
         list[Path],
@@ -140,8 +142,7 @@ def serve(
     import asyncio
     import os
 
-    from meshctl.cli import output as out
-    from meshctl.errors import CredentialError
+    from meshctl.errors import CredentialError, UsageError
     from meshctl.logs import configure_logging
     from meshctl.registry.consul import ConsulOptions
     from meshctl.server.app import Server, ServeSettings, split_address
@@ -152,21 +153,17 @@ def serve(
     configure_logging(log_level, log_format, environ=os.environ)
     missing = [str(p) for p in (*config_dir, *([mesh_config] if mesh_config else [])) if not p.exists()]
     if missing:
-        out.error(f"no such file or directory: {', '.join(missing)}")
-        raise typer.Exit(2)
+        raise UsageError(f"no such file or directory: {', '.join(missing)}")
     try:
         split_address(xds_address)
         split_address(admin_address)
-        debounce_settings = DebounceSettings(debounce, max(debounce, debounce_max))
-    except ValueError as exc:
-        out.error(str(exc))
-        raise typer.Exit(2) from exc
+    except ValueError as exc:  # the server's parser says what is wrong with the address
+        raise UsageError(str(exc)) from exc
+    debounce_settings = DebounceSettings(debounce, max(debounce, debounce_max))
     if (tls_cert is None) != (tls_key is None):
-        out.error("--tls-cert and --tls-key go together")
-        raise typer.Exit(2)
+        raise UsageError("--tls-cert and --tls-key go together")
     if client_ca is not None and tls_cert is None:
-        out.error("--client-ca needs --tls-cert and --tls-key: client certificates are checked over TLS")
-        raise typer.Exit(2)
+        raise UsageError("--client-ca needs --tls-cert and --tls-key: client certificates are checked over TLS")
     tls = XdsTls(tls_cert, tls_key, client_ca) if tls_cert is not None and tls_key is not None else None
     consul_options = (
         ConsulOptions.from_env(address=consul, token=consul_token, ca_file=consul_ca_file, datacenter=consul_datacenter)
@@ -189,6 +186,5 @@ def serve(
     )
     try:
         asyncio.run(Server(settings).run())
-    except (OSError, CredentialError) as exc:
-        out.error(f"cannot serve: {exc}")
-        raise typer.Exit(2) from exc
+    except (OSError, CredentialError) as exc:  # a busy or foreign address, unusable TLS files
+        raise UsageError(f"cannot serve: {exc}") from exc

@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from meshctl.cli.exits import reported
+
 if TYPE_CHECKING:
     from meshctl.registry.base import Registry
     from meshctl.registry.consul import ConsulOptions
     from meshctl.registry.model import Endpoint, RegistryChange, Service, ServiceModel
 
-EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
+EXIT_OK, EXIT_INVALID = 0, 1  # usage and Consul errors exit 2, at the CLI's edge (`meshctl.cli.exits`)
 
 COLUMNS = ("SERVICE", "NAMESPACE", "PORTS", "RESOLUTION", "REGISTRY", "ENDPOINTS")
 
@@ -31,6 +33,7 @@ class Format(enum.StrEnum):
     yaml = "yaml"
 
 
+@reported
 def services(
     config_dir: Annotated[
         Path | None,
@@ -63,14 +66,12 @@ def services(
     Exit status: 0 listed, 1 a file failed to load (the rest is listed), 2 usage error, missing directory or
     unreachable Consul.
     """
-    from meshctl.cli import output as out
+    from meshctl.errors import UsageError
 
     if config_dir is None and consul is None:
-        out.error("nothing to list: give --config-dir DIR, --consul ADDR, or both")
-        raise typer.Exit(EXIT_ERROR)
+        raise UsageError("nothing to list: give --config-dir DIR, --consul ADDR, or both")
     if config_dir is not None and not config_dir.exists():
-        out.error(f"no such file or directory: {config_dir}")
-        raise typer.Exit(EXIT_ERROR)
+        raise UsageError(f"no such file or directory: {config_dir}")
     consul_options = _consul_options(consul) if consul is not None else None
 
     def show(model: ServiceModel, changed: Iterable[str] | None = None) -> None:
@@ -82,14 +83,12 @@ def services(
     models: list[tuple[str, ServiceModel]] = []
     failed = False
     if config_dir is not None:
-        try:
-            file_model, failed = _read_files(config_dir)
-        except Exception as exc:  # an internal error must not look like invalid input
-            out.error(f"internal error: {type(exc).__name__}: {exc}")
-            raise typer.Exit(EXIT_ERROR) from exc
+        file_model, failed = _read_files(config_dir)
         models.append(("files", file_model))
     if consul_options is not None:
-        models.append(("consul", _read_consul(consul_options)))
+        from meshctl.registry.consul import read_consul_once
+
+        models.append(("consul", read_consul_once(consul_options)))
     from meshctl.registry.aggregate import merge_models
 
     show(merge_models(models))
@@ -97,16 +96,15 @@ def services(
 
 
 def _consul_options(address: str) -> ConsulOptions:
-    """Options for `--consul ADDR`, with Consul's own environment variables for the rest."""
-    from meshctl.cli import output as out
+    """Options for `--consul ADDR`, with Consul's own environment variables for the rest (a
+    UsageError names the one that cannot be used)."""
     from meshctl.errors import UsageError
     from meshctl.registry.consul import ConsulOptions
 
     try:
         return ConsulOptions.from_env(address=address)
-    except (UsageError, OSError) as exc:
-        out.error(str(exc))
-        raise typer.Exit(EXIT_ERROR) from exc
+    except OSError as exc:  # a file those variables name: the user's to fix, not a crash
+        raise UsageError(str(exc)) from exc
 
 
 def _read_files(config_dir: Path) -> tuple[ServiceModel, bool]:
@@ -123,18 +121,6 @@ def _read_files(config_dir: Path) -> tuple[ServiceModel, bool]:
         out.print_findings(errors, "text", sys.stderr)
         out.error(f"{len(errors)} error(s) in {config_dir}: what failed to load is not listed")
     return build_file_model(configs.values()), bool(errors)
-
-
-def _read_consul(options: ConsulOptions) -> ServiceModel:
-    from meshctl.cli import output as out
-    from meshctl.errors import RegistryError
-    from meshctl.registry.consul import read_consul_once
-
-    try:
-        return read_consul_once(options)
-    except RegistryError as exc:
-        out.error(str(exc))
-        raise typer.Exit(EXIT_ERROR) from exc
 
 
 def _watch(config_dir: Path | None, consul: ConsulOptions | None, show: Callable[..., None]) -> None:
@@ -161,15 +147,17 @@ def _watch(config_dir: Path | None, consul: ConsulOptions | None, show: Callable
             stop.append(files.follow(store))
             members.append(files)
         if consul is not None:
-            from meshctl.registry.consul import ConsulRegistry
+            from meshctl.errors import RegistryError
+            from meshctl.registry.consul import ConsulRegistry, read_consul_once
 
-            _read_consul(consul)  # fails fast, with Consul's own error, when it cannot be reached
+            read_consul_once(consul)  # fails fast, with Consul's own error, when it cannot be reached
             registry = ConsulRegistry(consul)
             registry.start()
             stop.append(registry.stop)
             if not registry.wait_synced(consul.request_timeout):
-                out.error(f"Consul did not answer within {consul.request_timeout:g}s: {registry.status().message}")
-                raise typer.Exit(EXIT_ERROR)
+                raise RegistryError(
+                    f"Consul did not answer within {consul.request_timeout:g}s: {registry.status().message}"
+                )
             members.append(registry)
         _follow(AggregateRegistry(members), show)
     except KeyboardInterrupt:

@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from meshctl.cli.exits import reported
+
 if TYPE_CHECKING:
     from meshctl.config.findings import Finding
 
-EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
+EXIT_OK, EXIT_INVALID = 0, 1  # usage and internal errors exit 2, at the CLI's edge (`meshctl.cli.exits`)
 
 
 class Format(enum.StrEnum):
@@ -21,6 +23,7 @@ class Format(enum.StrEnum):
     github = "github"
 
 
+@reported
 def validate(
     paths: Annotated[list[str], typer.Argument(help="Files or directories to check; - reads stdin.")],
     output: Annotated[Format, typer.Option("--output", "-o", help="text, json (for tools) or github.")] = Format.text,
@@ -59,11 +62,11 @@ def validate(
     from meshctl.config.check import check
     from meshctl.config.findings import Severity, sort_findings
     from meshctl.config.loader import LoadOptions, spare_cpus
+    from meshctl.errors import UsageError
 
     missing = [p for p in paths if p != "-" and not Path(p).exists()]
     if missing:
-        out.error(f"no such file or directory: {', '.join(missing)}")
-        raise typer.Exit(EXIT_ERROR)
+        raise UsageError(f"no such file or directory: {', '.join(missing)}")
     # Loading makes a few hundred thousand short-lived objects and no reference cycles, so the
     # cyclic garbage collector's passes (a seventh of a big run) would find nothing.
     collecting = gc.isenabled()
@@ -85,9 +88,6 @@ def validate(
             from meshctl.config.mesh import load_mesh_config
 
             findings = sort_findings([*findings, *load_mesh_config(Path(mesh_config))[1]])
-    except Exception as exc:  # an internal error must not look like invalid input
-        out.error(f"internal error: {type(exc).__name__}: {exc}")
-        raise typer.Exit(EXIT_ERROR) from exc
     finally:
         if collecting:
             gc.enable()
