@@ -183,6 +183,7 @@ def serve(
         registry_sync_timeout=max(0.0, registry_sync_timeout),
         allow_unenforced_security=allow_unenforced_security,
         mesh_config=mesh_config,
+        freeze_startup=True,
     )
     try:
         asyncio.run(Server(settings).run())

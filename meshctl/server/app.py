@@ -107,6 +107,11 @@ class ServeSettings:
     #: How long new proxies wait for every registry's first sync before the server gives them
     #: what it has (see `Server.admission`): long enough for a Consul restart.
     registry_sync_timeout: float = 30.0
+    #: Freeze what start-up loaded out of the cyclic garbage collector (`gc.freeze`): it lives as
+    #: long as the server, and full collections walking it cost up to a tenth of a second per
+    #: change at a thousand services. `meshctl serve` owns its process and sets it; a server
+    #: embedded in another process (tests) leaves that process's collector alone.
+    freeze_startup: bool = False
 
 
 class Server:
@@ -169,12 +174,10 @@ class Server:
         if self.mesh_config is not None:
             self._follow_mesh_config()
         self._observe(snapshot)
-        # What start-up loaded lives as long as the server, and the collector would walk all of
-        # it on every full collection (a tenth of a second per change at a thousand services,
-        # seen in the fleet benchmark). Frozen, it is left out; it is still freed by reference
-        # counting when a change drops it.
-        gc.collect()
-        gc.freeze()
+        if self.settings.freeze_startup:
+            # Frozen objects are still freed by reference counting when a change drops them.
+            gc.collect()
+            gc.freeze()
 
         self._sync_deadline = time.monotonic() + self.settings.registry_sync_timeout
         if self.consul is not None and not self.consul.wait_synced(0):
