@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from conftest import PRODUCTPAGE, examples_copy
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import struct_pb2
 from google.rpc import status_pb2
@@ -25,8 +25,6 @@ from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.server import run, serving
 from meshctl.xds import types
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
-PRODUCTPAGE = "sidecar~10.10.0.11~productpage-v1-vm.bookinfo~bookinfo.svc.cluster.local"
 METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/"
 
 pytestmark = pytest.mark.slow
@@ -34,9 +32,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    target = tmp_path_factory.mktemp("abuse") / "mesh"
-    shutil.copytree(EXAMPLES, target)
-    return target
+    return examples_copy(tmp_path_factory.mktemp("abuse"))
 
 
 @dataclass

@@ -9,21 +9,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import examples_copy
 
 from meshctl.errors import CredentialError
 from meshctl.server.admin import AdminServer
 from meshctl.server.app import Server, ServeSettings
 from meshctl.server.auth import BearerToken, is_loopback
 from meshctl.testing.server import run, serving
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
 
 
 class State:
@@ -155,8 +153,7 @@ async def get(server: Server, path: str, token: str | None = None) -> tuple[int,
 
 @pytest.mark.slow
 def test_the_running_server_asks_for_the_token_on_debug_pages_only(tmp_path: Path, token_file: Path) -> None:
-    mesh = tmp_path / "mesh"
-    shutil.copytree(EXAMPLES, mesh)
+    mesh = examples_copy(tmp_path)
 
     async def test() -> None:
         async with serving(mesh, admin_token_file=token_file) as server:

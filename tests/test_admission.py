@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import subprocess
 from pathlib import Path
 
 import grpc
 import pytest
+from conftest import PRODUCTPAGE, examples_copy
 
 from meshctl.registry.consul import ConsulOptions
 from meshctl.server.app import NOT_READY
@@ -20,17 +20,13 @@ from meshctl.testing.serve_process import ServeProcess, meshctl_command
 from meshctl.testing.server import serving
 from meshctl.xds import types
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
-PRODUCTPAGE = "sidecar~10.10.0.11~productpage-v1-vm.bookinfo~bookinfo.svc.cluster.local"
-
 pytestmark = pytest.mark.slow
 
 
 def test_with_consul_unreachable_proxies_wait_then_get_what_the_server_has(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    mesh = tmp_path / "mesh"
-    shutil.copytree(EXAMPLES, mesh)
+    mesh = examples_copy(tmp_path)
     nobody = f"127.0.0.1:{free_port()}"  # no Consul listens there
 
     async def test() -> None:
@@ -58,8 +54,7 @@ def test_with_consul_unreachable_proxies_wait_then_get_what_the_server_has(
 
 
 def test_a_second_serve_on_a_busy_xds_address_exits_2_with_one_line(tmp_path: Path) -> None:
-    mesh = tmp_path / "mesh"
-    shutil.copytree(EXAMPLES, mesh)
+    mesh = examples_copy(tmp_path)
     with ServeProcess([mesh]) as first:
         for address, reason in (
             (first.xds_address, "Address already in use"),

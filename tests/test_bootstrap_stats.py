@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from test_bootstrap import NODE, bootstrap, cli_bootstrap, runner
+from conftest import BOOTSTRAP_NODE, bootstrap, cli_bootstrap, runner
 
 from meshctl.bootstrap import STATS_TAGS, StatsInclusion
 from meshctl.cli.app import app
@@ -135,7 +135,7 @@ def test_cli_stats_inclusion_flags_repeat() -> None:
     ],
 )
 def test_an_inclusion_list_envoy_would_refuse_is_refused(kind: str, pattern: str, says: str) -> None:
-    result = runner.invoke(app, ["bootstrap", "--proxy", NODE, f"--stats-inclusion-{kind}", pattern])
+    result = runner.invoke(app, ["bootstrap", "--proxy", BOOTSTRAP_NODE, f"--stats-inclusion-{kind}", pattern])
     assert result.exit_code == 2
     assert says in result.output
     inclusion = StatsInclusion(**{f"{kind}es": (pattern,)})

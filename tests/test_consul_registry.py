@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -35,6 +34,7 @@ from meshctl.registry.consul import (
 )
 from meshctl.registry.consul_convert import ConsulMapping, assemble_model, convert_service
 from meshctl.registry.model import Health, Protocol, RegistryChange, Resolution
+from meshctl.testing.envoy import free_port
 from meshctl.testing.fake_consul import FakeConsul
 
 pytestmark = pytest.mark.consul
@@ -50,13 +50,6 @@ def wait_for(condition: Callable[[], object], what: str, timeout: float = 5.0) -
         if time.monotonic() > deadline:
             pytest.fail(f"not within {timeout} s: {what}")
         time.sleep(0.01)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

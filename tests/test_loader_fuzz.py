@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
+from conftest import EXAMPLES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshctl.config.loader import FileResult, load_text
 from meshctl.config.yamlsource import parse_documents
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
 VALID_DOCS = [
     doc.data for path in sorted(EXAMPLES.rglob("*.yaml")) for doc in parse_documents(path.read_text())
 ]

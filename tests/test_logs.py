@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,12 +15,12 @@ from pathlib import Path
 from typing import TextIO
 
 import pytest
+from conftest import EXAMPLES, examples_copy
 from typer.testing import CliRunner
 
 from meshctl.cli.app import app
 from meshctl.logs import configure_logging, under_journald
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
 TIMESTAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
 
 
@@ -166,8 +165,7 @@ def test_serve_rejects_a_bad_log_setting_from_the_environment(variable: str, val
 
 def _serve_until_serving(tmp_path: Path, env: dict[str, str], journal: bool = False) -> list[str]:
     """Run `meshctl serve` with `env` until it logs that it serves, stop it, return its stderr lines."""
-    config = tmp_path / "mesh"
-    shutil.copytree(EXAMPLES, config)
+    config = examples_copy(tmp_path)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("MESHCTL_", "JOURNAL_STREAM", "NOTIFY_SOCKET"))}
     base |= {
         "MESHCTL_CONFIG_DIR": str(config),

@@ -4,10 +4,10 @@ generated config, followed for changes by the server, and nothing in it silently
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 
 import pytest
+from conftest import EXAMPLES, PRODUCTPAGE, examples_copy
 from typer.testing import CliRunner
 
 from meshctl.cli.app import app
@@ -16,9 +16,6 @@ from meshctl.config.mesh import MeshSettings, load_mesh_config
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.server import run, serving
 from meshctl.xds import types
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
-PRODUCTPAGE = "sidecar~10.10.0.11~productpage-v1-vm.bookinfo~bookinfo.svc.cluster.local"
 
 MESH = """outboundTrafficPolicy:
   mode: REGISTRY_ONLY
@@ -75,8 +72,7 @@ def test_dump_applies_the_mesh_config(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_server_follows_the_file_and_keeps_the_last_good_settings(tmp_path: Path) -> None:
-    mesh_dir = tmp_path / "mesh"
-    shutil.copytree(EXAMPLES, mesh_dir)
+    mesh_dir = examples_copy(tmp_path)
     mesh_file = tmp_path / "meshconfig.yaml"
     mesh_file.write_text("connectTimeout: 3s\n")
 

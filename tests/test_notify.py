@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -19,12 +18,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from conftest import REVIEWS_V1, examples_copy
 
 from meshctl.server.notify import NotifySettings, SystemdNotifier, service_status, socket_address
 from meshctl.testing.ads_client import AdsClient
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
-REVIEWS = "sidecar~10.10.0.41~reviews-v1-vm.bookinfo~bookinfo.svc.cluster.local"
 
 Message = dict[str, str]
 
@@ -265,8 +262,7 @@ def _xds_port(log: Path) -> int:
 
 @pytest.mark.slow
 def test_serve_reports_its_lifecycle_to_systemd(tmp_path: Path) -> None:
-    config = tmp_path / "mesh"
-    shutil.copytree(EXAMPLES, config)
+    config = examples_copy(tmp_path)
     log = tmp_path / "serve.log"
     systemd = FakeSystemd(log)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MESHCTL_", "WATCHDOG_", "JOURNAL_STREAM"))}
@@ -285,7 +281,7 @@ def test_serve_reports_its_lifecycle_to_systemd(tmp_path: Path) -> None:
         systemd.next(lambda m: m.get("WATCHDOG") == "1", "a second WATCHDOG=1")
 
         async def with_a_proxy() -> Message:
-            async with AdsClient(f"127.0.0.1:{_xds_port(log)}", REVIEWS) as client:
+            async with AdsClient(f"127.0.0.1:{_xds_port(log)}", REVIEWS_V1) as client:
                 await client.wait_for(lambda c: c.complete(), timeout=30)
                 return await asyncio.to_thread(
                     systemd.next, lambda m: "1 proxy connected" in m.get("STATUS", ""), "a STATUS with the proxy"

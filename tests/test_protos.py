@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import ROOT
 from google.protobuf.message import Message
 from ruamel.yaml import YAML
 
 from meshctl.config.model import KINDS, spec_class
 from meshctl.config.schema import parse_spec
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_committed_generated_code_matches_the_protos() -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import envoy_log_left_open, needs_envoy
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import address_pb2, config_source_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
@@ -35,7 +36,7 @@ from meshctl.registry.serviceentry import build_file_model
 from meshctl.snapshot.model import MeshSettings, build_snapshot
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
-from meshctl.testing.envoy import EnvoyProcess, bootstrap, envoy_binary, free_port, validate_resources
+from meshctl.testing.envoy import EnvoyProcess, bootstrap, free_port, validate_resources
 from meshctl.testing.golden import assert_golden
 from meshctl.xds import types
 from meshctl.xds.route_delegate import merge_matches
@@ -191,9 +192,6 @@ def _static_cluster(name: str, port: int = 0) -> cluster_pb2.Cluster:
         endpoint.address.socket_address.address = "127.0.0.1"
         endpoint.address.socket_address.port_value = port
     return out
-
-
-needs_envoy = pytest.mark.skipif(envoy_binary() is None, reason="no envoy binary")
 
 
 @needs_envoy
@@ -666,8 +664,7 @@ def _get(port: int, path: str, headers: Mapping[str, str] | None = None) -> tupl
 
 @pytest.mark.e2e
 @needs_envoy
-# EnvoyProcess keeps its handle on Envoy's log file open; the leak is the fixture's, not the test's.
-@pytest.mark.filterwarnings(r"ignore:Exception ignored in.*envoy\.log:pytest.PytestUnraisableExceptionWarning")
+@envoy_log_left_open
 def test_envoy_routes_real_requests() -> None:
     """A real Envoy serving the generated route config answers as the VirtualService says."""
     configs = routes_for(E2E, metadata={"INTERCEPTION_MODE": "REDIRECT"})

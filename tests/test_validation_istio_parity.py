@@ -14,27 +14,17 @@ matched Istio (a lone `~` egress namespace, `~ns` refused, a backoff with attemp
 and the valid DestinationRule with the newer fields, which guards the new rules against
 refusing what Istio accepts.
 
-The case format is `tests/test_validation_rules.py`'s: a line marked `# <-` is where the finding
-must point.
+The case format is the validation rules' (`cases` in tests/conftest.py): a line marked `# <-` is
+where the finding must point.
 """
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
+from conftest import DR, MARK, SC, SE, VS, WG, document
 
 from meshctl.config.findings import Finding, Severity
 from meshctl.config.loader import load_text
-
-MARK = "# <-"
-VS, DR, SE, WG, SC = "VirtualService", "DestinationRule", "ServiceEntry", "WorkloadGroup", "Sidecar"
-
-
-def document(kind: str, spec: str) -> str:
-    body = textwrap.indent(textwrap.dedent(spec).strip("\n"), "  ")
-    head = f"apiVersion: networking.istio.io/v1\nkind: {kind}\nmetadata:\n  name: example\n  namespace: shop\n"
-    return f"{head}spec:\n{body}\n"
 
 
 def load(kind: str, spec: str) -> tuple[str, list[Finding]]:

