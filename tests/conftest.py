@@ -29,7 +29,7 @@ from ruamel.yaml import YAML
 from typer.testing import CliRunner
 
 from meshctl.bootstrap import BootstrapOptions, build_bootstrap
-from meshctl.config.findings import Finding
+from meshctl.config.findings import Finding, Severity
 from meshctl.config.loader import load_text
 from meshctl.snapshot.proxy import parse_node_id
 from meshctl.testing.envoy import envoy_binary
@@ -269,3 +269,63 @@ def cases(kind: str, text: str) -> list[object]:
         case_id, _, field = title.partition("] ")
         out.append(pytest.param(kind, "\n".join(spec), field, message, id=case_id.lstrip("[")))
     return out
+
+
+# The checks every kind's rule cases run (in conftest, pytest rewrites their asserts as in tests).
+
+
+def assert_error_at_field(kind: str, spec: str, field: str, message: str) -> None:
+    """A broken rule is an error at its field, on the marked line, and rejects the file."""
+    text, findings = load(kind, spec)
+    found = [f for f in findings if f.field == field and message in f.message]
+    assert found, "\n".join(map(str, findings))
+    assert found[0].severity is Severity.ERROR
+    assert found[0].line == marked_line(text), str(found[0])
+    assert not load_text(text, "rules.yaml").ok
+
+
+def assert_warning_at_field(kind: str, spec: str, field: str, message: str) -> None:
+    """Questionable config is a warning at its field, on the marked line, and the file loads."""
+    text, findings = load(kind, spec)
+    found = [f for f in findings if f.field == field and message in f.message]
+    assert found, "\n".join(map(str, findings))
+    assert found[0].severity is Severity.WARNING
+    assert found[0].line == marked_line(text), str(found[0])
+    assert load_text(text, "rules.yaml").ok, "a warning alone must not reject the file"
+
+
+def assert_no_findings(kind: str, spec: str) -> None:
+    """Valid config loads without a single finding."""
+    _, findings = load(kind, spec)
+    assert findings == [], "\n".join(map(str, findings))
+
+
+def rule_case_tests(
+    *, errors: list[Any] | None, warnings: list[Any] | None, valid: list[Any] | None
+) -> tuple[Callable[..., None], ...]:
+    """The tests of one kind's rule cases, named and parametrized alike in every kind's module:
+    an error at its field, a warning at its field, no finding. Returns those whose cases are
+    given, in that order, for the module to bind to their test names."""
+    out: list[Callable[..., None]] = []
+    if errors is not None:
+
+        @pytest.mark.parametrize(("kind", "spec", "field", "message"), errors)
+        def test_broken_rule_is_an_error_at_its_field(kind: str, spec: str, field: str, message: str) -> None:
+            assert_error_at_field(kind, spec, field, message)
+
+        out.append(test_broken_rule_is_an_error_at_its_field)
+    if warnings is not None:
+
+        @pytest.mark.parametrize(("kind", "spec", "field", "message"), warnings)
+        def test_questionable_config_is_a_warning_at_its_field(kind: str, spec: str, field: str, message: str) -> None:
+            assert_warning_at_field(kind, spec, field, message)
+
+        out.append(test_questionable_config_is_a_warning_at_its_field)
+    if valid is not None:
+
+        @pytest.mark.parametrize(("kind", "spec"), valid)
+        def test_valid_config_has_no_findings(kind: str, spec: str) -> None:
+            assert_no_findings(kind, spec)
+
+        out.append(test_valid_config_has_no_findings)
+    return tuple(out)

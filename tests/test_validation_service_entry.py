@@ -8,10 +8,7 @@ is wrong.
 from __future__ import annotations
 
 import pytest
-from conftest import SE, cases, load, marked_line
-
-from meshctl.config.findings import Severity
-from meshctl.config.loader import load_text
+from conftest import SE, cases, rule_case_tests
 
 ERRORS = [
     *cases(
@@ -243,27 +240,9 @@ VALID = [
 ]
 
 
-@pytest.mark.parametrize(("kind", "spec", "field", "message"), ERRORS)
-def test_broken_rule_is_an_error_at_its_field(kind: str, spec: str, field: str, message: str) -> None:
-    text, findings = load(kind, spec)
-    found = [f for f in findings if f.field == field and message in f.message]
-    assert found, "\n".join(map(str, findings))
-    assert found[0].severity is Severity.ERROR
-    assert found[0].line == marked_line(text), str(found[0])
-    assert not load_text(text, "rules.yaml").ok
-
-
-@pytest.mark.parametrize(("kind", "spec", "field", "message"), WARNINGS)
-def test_questionable_config_is_a_warning_at_its_field(kind: str, spec: str, field: str, message: str) -> None:
-    text, findings = load(kind, spec)
-    found = [f for f in findings if f.field == field and message in f.message]
-    assert found, "\n".join(map(str, findings))
-    assert found[0].severity is Severity.WARNING
-    assert found[0].line == marked_line(text), str(found[0])
-    assert load_text(text, "rules.yaml").ok, "a warning alone must not reject the file"
-
-
-@pytest.mark.parametrize(("kind", "spec"), VALID)
-def test_valid_config_has_no_findings(kind: str, spec: str) -> None:
-    _, findings = load(kind, spec)
-    assert findings == [], "\n".join(map(str, findings))
+# The three checks of every kind's cases (`conftest.rule_case_tests`).
+(
+    test_broken_rule_is_an_error_at_its_field,
+    test_questionable_config_is_a_warning_at_its_field,
+    test_valid_config_has_no_findings,
+) = rule_case_tests(errors=ERRORS, warnings=WARNINGS, valid=VALID)

@@ -10,11 +10,9 @@ is wrong.
 
 from __future__ import annotations
 
-import pytest
-from conftest import VS, cases, load, marked_line
+from conftest import VS, cases, load, rule_case_tests
 
 from meshctl.config.findings import Severity
-from meshctl.config.loader import load_text
 
 ERRORS = [
     *cases(
@@ -539,26 +537,6 @@ rule #0 takes uri prefix "/api" first
 ]
 
 
-@pytest.mark.parametrize(("kind", "spec", "field", "message"), ERRORS)
-def test_broken_rule_is_an_error_at_its_field(kind: str, spec: str, field: str, message: str) -> None:
-    text, findings = load(kind, spec)
-    found = [f for f in findings if f.field == field and message in f.message]
-    assert found, "\n".join(map(str, findings))
-    assert found[0].severity is Severity.ERROR
-    assert found[0].line == marked_line(text), str(found[0])
-    assert not load_text(text, "rules.yaml").ok
-
-
-@pytest.mark.parametrize(("kind", "spec", "field", "message"), WARNINGS)
-def test_questionable_config_is_a_warning_at_its_field(kind: str, spec: str, field: str, message: str) -> None:
-    text, findings = load(kind, spec)
-    found = [f for f in findings if f.field == field and message in f.message]
-    assert found, "\n".join(map(str, findings))
-    assert found[0].severity is Severity.WARNING
-    assert found[0].line == marked_line(text), str(found[0])
-    assert load_text(text, "rules.yaml").ok, "a warning alone must not reject the file"
-
-
 def test_a_large_direct_response_body_is_a_warning() -> None:
     body = "x" * 110_000
     spec = f"hosts: [r.shop.mesh]\nhttp:\n- directResponse:\n    status: 200\n    body:\n      string: {body}\n"
@@ -566,3 +544,9 @@ def test_a_large_direct_response_body_is_a_warning() -> None:
     (finding,) = findings
     assert (finding.severity, finding.field, finding.line) == (Severity.WARNING, "spec.http[0].directResponse.body", 11)
     assert "the body is over 100KB" in finding.message
+
+
+# The three checks of every kind's cases (`conftest.rule_case_tests`).
+test_broken_rule_is_an_error_at_its_field, test_questionable_config_is_a_warning_at_its_field = rule_case_tests(
+    errors=ERRORS, warnings=WARNINGS, valid=None
+)

@@ -9,27 +9,13 @@ cluster once and serializing it a thousand times.
 from __future__ import annotations
 
 from meshctl.server.subscription import Push, Resource
-from meshctl.xds.resources import encode_any
+from meshctl.xds.resources import encode_any, length_delimited, varint
 
 __all__ = ["BlockCache", "encode_any", "encode_delta", "encode_sotw"]
 
 _LEN = 2  # wire type: length-delimited
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | _LEN) + _varint(len(payload)) + payload
+_varint = varint
+_field = length_delimited
 
 
 def _string(number: int, text: str) -> bytes:

@@ -112,7 +112,8 @@ class ResourceSet(Mapping[str, Resource]):
 _LEN = 2  # wire type: length-delimited
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """A protobuf varint (the wire format's lengths and tags)."""
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -124,14 +125,11 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
+def length_delimited(number: int, payload: bytes) -> bytes:
+    """Field `number` holding `payload` (bytes, a string, a serialized message)."""
+    return varint(number << 3 | _LEN) + varint(len(payload)) + payload
+
+
 def encode_any(type_url: str, value: bytes) -> bytes:
     """google.protobuf.Any: type_url=1, value=2, from already-serialized message bytes."""
-    type_bytes = type_url.encode()
-    return (
-        _varint(1 << 3 | _LEN)
-        + _varint(len(type_bytes))
-        + type_bytes
-        + _varint(2 << 3 | _LEN)
-        + _varint(len(value))
-        + value
-    )
+    return length_delimited(1, type_url.encode()) + length_delimited(2, value)
