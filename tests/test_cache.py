@@ -356,3 +356,32 @@ def test_the_memo_keeps_what_the_last_two_config_versions_used() -> None:
     memo.advance()  # two versions that asked for neither
     assert len(memo) == 0
     assert memo.get("a", lambda _k: "new") == "new" and memo.made == 3
+
+
+def test_a_field_added_to_a_view_is_in_its_key() -> None:
+    """Adding an input to a generator's view, as a developer would (a new field), puts it in the
+    key by construction: views differing only in it are different keys of the memo, and each
+    gets its own generation. There is no way to add a field that the key leaves out, short of
+    `compare=False`, which the test above forbids."""
+    import dataclasses
+
+    from meshctl.snapshot.scope import ProxyScope
+    from meshctl.xds import clusters
+    from meshctl.xds.memo import GenerationMemo
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class WithNewInput(clusters.OutboundClusterView):
+        new_input: str = ""
+
+    snapshot = snapshot_from_yaml(MESH)
+    scope = ProxyScope(snapshot, proxy_for(snapshot, node("reviews-v1-vm", "10.10.0.41")))
+    service = snapshot.services.services["reviews.bookinfo.mesh"]
+    base = clusters.outbound_cluster_view(scope, service, service.ports[0])
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+    a, b = WithNewInput(**fields, new_input="a"), WithNewInput(**fields, new_input="b")
+    assert a != b and hash(a) != hash(b)
+    memo: GenerationMemo[clusters.OutboundClusterView, tuple[object, ...]] = GenerationMemo()
+    made: list[str] = []
+    for view in (a, b, a):
+        memo.get(view, lambda v: (made.append(v.new_input), ())[1])  # type: ignore[attr-defined]
+    assert made == ["a", "b"]
