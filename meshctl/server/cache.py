@@ -2,12 +2,14 @@
 
 Three levels of sharing, from the most to the least expensive to redo:
 
-- clusters, listeners and routes are generated in two parts, each once per snapshot config
-  version and the part's own key: the outbound part (the services a proxy calls, nearly all of
-  its config) per `Proxy.outbound_key`, which a namespace of VMs serving different services
-  usually shares, and the inbound part (its own workload) per `Proxy.generation_key` and the
-  snapshot's `inbound_version` (a VirtualService change regenerates no inbound part). An
-  endpoint-only change (same config version) regenerates nothing of them;
+- clusters, listeners and routes are generated in two parts: the outbound part (the services a
+  proxy calls, nearly all of its config) once per snapshot config version and
+  `Proxy.outbound_key`, which a namespace of VMs serving different services usually shares,
+  within which each service port's clusters are made once per `OutboundClusterView` and shared
+  across keys and versions (a VirtualService change builds no cluster); and the inbound part (its
+  own workload) once per `inbound_key`, which holds everything inbound generation reads (a
+  change to another workload's Sidecar or another service's DestinationRule regenerates no
+  inbound part). An endpoint-only change (same config version) regenerates nothing of them;
 - a ClusterLoadAssignment is built once per `AssignmentView` (its service port, the service's
   endpoints by digest, the subset's labels: everything `build_assignment` reads) and shared by
   every proxy with the cluster, so an endpoint change rebuilds only its service's, and a config
