@@ -21,10 +21,6 @@ kept for an answer ("invalid", "something changes"), which is never an exception
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from meshctl.config.findings import Finding
 
 
 class MeshctlError(Exception):
@@ -77,7 +73,9 @@ class OfflineError(MeshctlError):
     it does not describe. An offline command refuses broken input rather than show output built
     from part of it, so `findings` carries what is wrong with the files, printed before the message."""
 
-    def __init__(self, message: str, findings: Sequence[Finding] = ()) -> None:
+    def __init__(self, message: str, findings: Sequence[object] = ()) -> None:
+        # The findings are `meshctl.config.findings.Finding`s; this module, at the ground floor of
+        # the package, names no other module of it.
         super().__init__(message)
         self.message = message
         self.findings = tuple(findings)

@@ -70,7 +70,9 @@ def report(exc: Exception) -> int:
 
     message, status = failure(exc)
     if isinstance(exc, OfflineError) and exc.findings:
-        out.print_findings(exc.findings, "text", sys.stderr)
+        from meshctl.config.findings import Finding
+
+        out.print_findings([f for f in exc.findings if isinstance(f, Finding)], "text", sys.stderr)
     if not isinstance(exc, MeshctlError):
         logger.debug("%s", message, exc_info=exc)
     out.error(message)

@@ -74,29 +74,25 @@ def load_tree(
 ) -> LoadedTree:
     """Load `config_dir` (and Consul's catalog, read once) into a snapshot as the server would;
     raises OfflineError for a missing path, a file that fails to load, or an unreadable Consul."""
-    from meshctl.config.findings import Severity, sort_findings
-    from meshctl.config.loader import LoadOptions, load_paths, merge_files
+    from meshctl.config.loader import LoadOptions
+    from meshctl.ingest import load_files
     from meshctl.registry.aggregate import merge_models
-    from meshctl.registry.serviceentry import build_file_model
     from meshctl.snapshot.model import build_snapshot
 
     if not config_dir.exists():
         raise OfflineError(f"no such file or directory: {config_dir}")
-    result = load_paths([config_dir], LoadOptions(default_namespace=namespace))
-    configs, duplicates = merge_files(result.files.values())
-    findings = sort_findings([*result.all_findings(), *duplicates])
-    errors = [f for f in findings if f.severity is Severity.ERROR]
+    loaded = load_files([config_dir], LoadOptions(default_namespace=namespace))
+    errors = loaded.errors
     if errors:
         raise OfflineError(
             f"{len(errors)} error(s) in {config_dir}: meshctl does not build config from broken input", errors
         )
-    members: list[tuple[str, ServiceModel]] = [("files", build_file_model(configs.values()))]
+    members: list[tuple[str, ServiceModel]] = [("files", loaded.services())]
     if consul is not None:
         members.append(("consul", _read_consul(consul)))
     model = merge_models(members)
-    snapshot = build_snapshot(configs.values(), model, mesh)
-    warnings = tuple(f for f in findings if f.severity is Severity.WARNING)
-    return LoadedTree(config_dir, snapshot, warnings, tuple(model.notes))
+    snapshot = build_snapshot(loaded.configs, model, mesh)
+    return LoadedTree(config_dir, snapshot, tuple(loaded.warnings), tuple(model.notes))
 
 
 def _read_consul(address: str) -> ServiceModel:

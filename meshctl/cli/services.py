@@ -110,17 +110,14 @@ def _consul_options(address: str) -> ConsulOptions:
 def _read_files(config_dir: Path) -> tuple[ServiceModel, bool]:
     """The model of the directory's files; True when some file failed to load (reported on stderr)."""
     from meshctl.cli import output as out
-    from meshctl.config.findings import Severity
-    from meshctl.config.loader import load_paths, merge_files
-    from meshctl.registry.serviceentry import build_file_model
+    from meshctl.ingest import load_files
 
-    result = load_paths([config_dir])
-    configs, duplicates = merge_files(result.files.values())
-    errors = [f for f in [*result.all_findings(), *duplicates] if f.severity is Severity.ERROR]
+    loaded = load_files([config_dir])
+    errors = loaded.errors
     if errors:
         out.print_findings(errors, "text", sys.stderr)
         out.error(f"{len(errors)} error(s) in {config_dir}: what failed to load is not listed")
-    return build_file_model(configs.values()), bool(errors)
+    return loaded.services(), bool(errors)
 
 
 def _watch(config_dir: Path | None, consul: ConsulOptions | None, show: Callable[..., None]) -> None:
@@ -133,19 +130,14 @@ def _watch(config_dir: Path | None, consul: ConsulOptions | None, show: Callable
     stop: list[Callable[[], object]] = []
     try:
         if config_dir is not None:
-            from meshctl.config.store import ConfigStore
-            from meshctl.config.watcher import DirectoryWatcher
-            from meshctl.registry.files import FileRegistry
+            from meshctl.ingest import FollowedFiles
 
-            store = ConfigStore()
-            watcher = DirectoryWatcher([config_dir], store)
-            first = watcher.start()
-            stop.append(watcher.stop)
+            followed = FollowedFiles([config_dir])
+            first = followed.start()
+            stop.append(followed.stop)
             if first.errors:
                 out.print_findings(first.errors, "text", sys.stderr)
-            files = FileRegistry()
-            stop.append(files.follow(store))
-            members.append(files)
+            members.append(followed.registry)
         if consul is not None:
             from meshctl.errors import RegistryError
             from meshctl.registry.consul import ConsulRegistry, read_consul_once

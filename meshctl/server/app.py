@@ -26,12 +26,11 @@ from typing import Any
 import grpc
 
 from meshctl.config.loader import LoadOptions
-from meshctl.config.store import ConfigStore
-from meshctl.config.watcher import DirectoryWatcher, WatchOptions
+from meshctl.config.watcher import WatchOptions
+from meshctl.ingest import FollowedFiles
 from meshctl.registry.aggregate import AggregateRegistry
 from meshctl.registry.base import Registry
 from meshctl.registry.consul import ConsulOptions, ConsulRegistry
-from meshctl.registry.files import FileRegistry
 from meshctl.server.admin import AdminServer
 from meshctl.server.ads import AdsServicer
 from meshctl.server.auth import BearerToken, XdsTls, identity_authorizer, is_loopback
@@ -119,12 +118,12 @@ class Server:
 
     def __init__(self, settings: ServeSettings) -> None:
         self.settings = settings
-        self.store = ConfigStore()
         load = LoadOptions(
             default_namespace=settings.default_namespace, unenforced_security=settings.allow_unenforced_security
         )
-        self.watcher = DirectoryWatcher(list(settings.config_dirs), self.store, WatchOptions(load=load))
-        self.files = FileRegistry()
+        #: The files, followed: the store, its watcher and the file registry (`meshctl.ingest`).
+        self.followed = FollowedFiles(settings.config_dirs, WatchOptions(load=load))
+        self.store, self.watcher, self.files = self.followed.store, self.followed.watcher, self.followed.registry
         self.consul = ConsulRegistry(settings.consul) if settings.consul is not None else None
         members: list[Registry] = [self.files]
         if self.consul is not None:
@@ -164,10 +163,10 @@ class Server:
         check_bindable(*split_address(self.settings.xds_address))
         loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
-        first = await loop.run_in_executor(None, self.watcher.start)
+        # The first read and the registry's first build (seconds for a large tree) off the loop.
+        first = await loop.run_in_executor(None, self.followed.start)
         for finding in first.errors:
             logger.error("%s", finding)
-        self.files.follow(self.store)
         if self.consul is not None:
             self.consul.start()
         snapshot = await self.discovery.start()
@@ -300,7 +299,7 @@ class Server:
             await self._admin.stop()
             self._admin = None
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.watcher.stop)
+        await loop.run_in_executor(None, self.followed.stop)
         if self.consul is not None:
             await loop.run_in_executor(None, self.consul.stop)
 

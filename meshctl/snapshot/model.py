@@ -93,8 +93,10 @@ def build_snapshot(
     the parts of the index that depend on nothing that changed, are taken from `previous`. The
     result is the same snapshot a full build makes."""
     mesh = mesh or MeshSettings()
-    if isinstance(configs, Mapping):
+    if isinstance(configs, MappingProxyType):  # read-only already (the store's view): shared
         by_key: Mapping[ConfigKey, Config] = configs
+    elif isinstance(configs, Mapping):
+        by_key = MappingProxyType(dict(configs))
     else:
         by_key = MappingProxyType({c.key: c for c in configs})
     if previous is None or changed is None:
