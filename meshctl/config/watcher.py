@@ -63,6 +63,7 @@ from meshctl.config.files import YAML_SUFFIXES, FileBytes, Signature, read_confi
 from meshctl.config.findings import Finding, Severity
 from meshctl.config.loader import FileResult, LoadOptions, load_bytes, merge_files, unreadable
 from meshctl.config.store import ConfigChange, ConfigStore, EventKind, FileStatus
+from meshctl.debounce import Debouncer
 from meshctl.errors import ConfigError
 
 logger = logging.getLogger("meshctl.config.watcher")
@@ -208,8 +209,9 @@ class DirectoryWatcher:
         self._store = store
         self._options = options or WatchOptions()
         self._cond = threading.Condition()  # guards the scheduling state up to _stale_roots
-        self._first_event: float | None = None
-        self._last_event = self._last_reload = 0.0
+        #: The burst of file events not yet reloaded (`meshctl.debounce`).
+        self._burst = Debouncer(self._options.debounce, self._options.max_delay)
+        self._last_reload = 0.0
         self._degraded = self._stopping = False
         self._retry_at: float | None = None  # when to look again at files held back as being written
         self._stale_roots: set[str] = set()
@@ -306,9 +308,7 @@ class DirectoryWatcher:
         now = time.monotonic()
         with self._cond:
             self._stale_roots.update(p for p in paths if p in self._roots)
-            if self._first_event is None:
-                self._first_event = now
-            self._last_event = now
+            self._burst.note(now)
             self._cond.notify_all()
 
     def _as_given(self, path: str) -> str:
@@ -317,9 +317,8 @@ class DirectoryWatcher:
         return path if real is None else aliases[real] + path[len(real) :]
 
     def _next_due(self) -> float | None:
-        due: list[float] = []
-        if self._first_event is not None:
-            due.append(min(self._last_event + self._options.debounce, self._first_event + self._options.max_delay))
+        burst = self._burst.due()
+        due: list[float] = [burst] if burst is not None else []
         if self._degraded:
             due.append(self._last_reload + self._options.retry_interval)
         if self._retry_at is not None:
@@ -347,7 +346,8 @@ class DirectoryWatcher:
         with self._reload_lock:
             with self._cond:
                 # Events from here on are not covered by this reload's reads: they schedule the next.
-                self._first_event = self._retry_at = None
+                self._burst.take()
+                self._retry_at = None
                 self._last_reload = time.monotonic()
                 stale, self._stale_roots = self._stale_roots, set()
             scan = _Scan(self._cache, self._good, self._deferred, background)

@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from meshctl.config.store import ConfigChange, ConfigStore
+from meshctl.debounce import Debouncer
 from meshctl.registry.aggregate import AggregateRegistry
 from meshctl.registry.model import RegistryChange
 from meshctl.snapshot.model import MeshSettings, Snapshot, build_snapshot
@@ -79,11 +80,9 @@ class Discovery:
         self._debounce = debounce or DebounceSettings()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event = asyncio.Event()
-        self._first: float | None = None
-        self._last = 0.0
+        #: The burst of changes since the last build (`meshctl.debounce`); on the loop only.
+        self._burst = Debouncer(self._debounce.quiet, self._debounce.max_delay)
         self._pending = Trigger()
-        #: Whether a change since the last build still needs the quiet period (see `_settle`).
-        self._unsettled = False
         #: The snapshot last published; written on the event loop only.
         self.snapshot: Snapshot | None = None
         self._task: asyncio.Task[None] | None = None
@@ -118,12 +117,7 @@ class Discovery:
             loop.call_soon_threadsafe(self._mark, trigger, settled)
 
     def _mark(self, trigger: Trigger, settled: bool = False) -> None:
-        now = time.monotonic()
-        if self._first is None:
-            self._first = now
-        if not settled:
-            self._last = now
-            self._unsettled = True
+        self._burst.note(time.monotonic(), settled=settled)
         p = self._pending
         self._pending = Trigger(p.config + trigger.config, p.endpoint + trigger.endpoint, p.service + trigger.service)
         self._event.set()
@@ -192,7 +186,7 @@ class Discovery:
     def trigger_now(self) -> None:
         """Rebuild at once (SIGHUP), without waiting for the quiet period."""
         self._mark(Trigger(config=1))
-        self._first = time.monotonic() - self._debounce.max_delay
+        self._burst.force(time.monotonic())
 
     async def _settle(self) -> None:
         """Return once the inputs have been quiet for `quiet`, or `max_delay` after the first change.
@@ -200,12 +194,7 @@ class Discovery:
         Changes that arrive settled (the config files: the watcher waited for them to be quiet
         for its own debounce, and the file registry's changes follow from them) are built at
         once: a second quiet period would only add its length to every edit's way to Envoy."""
-        while self._unsettled:
-            now = time.monotonic()
-            first = self._first if self._first is not None else now
-            wait = min(self._last + self._debounce.quiet - now, first + self._debounce.max_delay - now)
-            if wait <= 0:
-                return
+        while (due := self._burst.due()) is not None and (wait := due - time.monotonic()) > 0:
             await asyncio.sleep(wait)
 
     async def _run(self) -> None:
@@ -214,10 +203,8 @@ class Discovery:
             await self._settle()
             # Changes from here on wake the next round: the build below may or may not see them.
             self._event.clear()
-            self._unsettled = False
             trigger, self._pending = self._pending, Trigger()
-            started = self._first or time.monotonic()
-            self._first = None
+            started = self._burst.take() or time.monotonic()
             try:
                 snapshot = await self._build_off_loop()
             except Exception:
