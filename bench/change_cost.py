@@ -197,7 +197,7 @@ def _settle_mtime() -> None:
 def _big_file(fleet: Fleet) -> Callable[[bool], None]:
     """One file holding as many ServiceEntries as the mesh has services (in a namespace of its
     own); each call adds or removes one more entry at its end."""
-    from bench.fleet import SE
+    from bench.meshgen import SE
 
     path = fleet.root / "catalog" / "entries.yaml"
     path.parent.mkdir(exist_ok=True)

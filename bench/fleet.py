@@ -25,6 +25,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from bench.meshgen import DR, SE, VS, WE, ip_for
+
 PORT = 9080
 #: The port the apps listen on: a sidecar without iptables binds 127.0.0.1:PORT for its app's
 #: outbound calls, so the app itself must listen elsewhere.
@@ -46,92 +48,6 @@ spec:
 {selector}  egress:
   - hosts:
 {hosts}"""
-
-SE = """apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata:
-  name: {name}
-  namespace: {ns}
-spec:
-  hosts:
-  - {host}
-  location: MESH_INTERNAL
-  ports:
-  - number: {port}
-    name: http
-    protocol: HTTP
-    targetPort: {target}
-  resolution: STATIC
-  workloadSelector:
-    labels:
-      app: {name}
-"""
-
-WE = """apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata:
-  name: {name}
-  namespace: {ns}
-spec:
-  address: {ip}
-  labels:
-    app: {app}
-    version: v{v}
-  serviceAccount: {app}
-"""
-
-DR = """apiVersion: networking.istio.io/v1
-kind: DestinationRule
-metadata:
-  name: {name}
-  namespace: {ns}
-spec:
-  host: {host}
-  trafficPolicy:
-    connectionPool:
-      tcp:
-        maxConnections: {max_connections}
-    outlierDetection:
-      consecutive5xxErrors: 5
-      interval: 10s
-      baseEjectionTime: 30s
-  subsets:
-  - name: v1
-    labels:
-      version: v1
-  - name: v2
-    labels:
-      version: v2
-"""
-
-VS = """apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata:
-  name: {name}
-  namespace: {ns}
-spec:
-  hosts:
-  - {host}
-  http:
-  - match:
-    - headers:
-        x-canary:
-          exact: "true"
-    route:
-    - destination:
-        host: {host}
-        subset: v2
-  - route:
-    - destination:
-        host: {host}
-        subset: v1
-      weight: 90
-    - destination:
-        host: {host}
-        subset: v2
-      weight: 10
-    timeout: {timeout}s
-"""
 
 CLIENT = """apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
@@ -433,10 +349,6 @@ class Fleet:
             f"{s.services:,} services x {s.endpoints} endpoints ({source}), {s.namespaces} namespaces, "
             f"{scope} (+{len(self.shared)} shared), {s.proxies:,} proxies"
         )
-
-
-def ip_for(n: int) -> str:
-    return f"10.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}"
 
 
 def cluster_name(host: str) -> str:

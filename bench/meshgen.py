@@ -1,5 +1,7 @@
 """Generate a VM mesh of any size as Istio YAML: ServiceEntries with WorkloadEntries, and
-DestinationRules and VirtualServices on a share of the services. Used by the benchmarks."""
+DestinationRules and VirtualServices on a share of the services. Used by the benchmarks; the
+templates are the fleet benchmark's too (`bench/fleet.py`), which fills in its own ports,
+timeouts and limits."""
 
 from __future__ import annotations
 
@@ -8,46 +10,47 @@ from pathlib import Path
 SE = """apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata:
-  name: svc-{i}
+  name: {name}
   namespace: {ns}
 spec:
   hosts:
-  - svc-{i}.{ns}.mesh
+  - {host}
   location: MESH_INTERNAL
   ports:
-  - number: 8080
+  - number: {port}
     name: http
     protocol: HTTP
+    targetPort: {target}
   resolution: STATIC
   workloadSelector:
     labels:
-      app: svc-{i}
+      app: {name}
 """
 
 WE = """apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
 metadata:
-  name: svc-{i}-{j}
+  name: {name}
   namespace: {ns}
 spec:
   address: {ip}
   labels:
-    app: svc-{i}
+    app: {app}
     version: v{v}
-  serviceAccount: svc-{i}
+  serviceAccount: {app}
 """
 
 DR = """apiVersion: networking.istio.io/v1
 kind: DestinationRule
 metadata:
-  name: svc-{i}
+  name: {name}
   namespace: {ns}
 spec:
-  host: svc-{i}.{ns}.mesh
+  host: {host}
   trafficPolicy:
     connectionPool:
       tcp:
-        maxConnections: 100
+        maxConnections: {max_connections}
     outlierDetection:
       consecutive5xxErrors: 5
       interval: 10s
@@ -64,11 +67,11 @@ spec:
 VS = """apiVersion: networking.istio.io/v1
 kind: VirtualService
 metadata:
-  name: svc-{i}
+  name: {name}
   namespace: {ns}
 spec:
   hosts:
-  - svc-{i}.{ns}.mesh
+  - {host}
   http:
   - match:
     - headers:
@@ -76,18 +79,18 @@ spec:
           exact: "true"
     route:
     - destination:
-        host: svc-{i}.{ns}.mesh
+        host: {host}
         subset: v2
   - route:
     - destination:
-        host: svc-{i}.{ns}.mesh
+        host: {host}
         subset: v1
       weight: 90
     - destination:
-        host: svc-{i}.{ns}.mesh
+        host: {host}
         subset: v2
       weight: 10
-    timeout: 5s
+    timeout: {timeout}s
 """
 
 
@@ -104,11 +107,16 @@ def write_mesh(
     routed_every = max(1, round(1 / routed_share)) if routed_share > 0 else 0
     for i in range(services):
         ns = f"ns-{i % namespaces}"
-        docs = [SE.format(i=i, ns=ns)]
+        name, host = f"svc-{i}", f"svc-{i}.{ns}.mesh"
+        docs = [SE.format(name=name, ns=ns, host=host, port=8080, target=8080)]
         for j in range(endpoints):
-            docs.append(WE.format(i=i, j=j, ns=ns, ip=ip_for(i * endpoints + j + 1), v=1 + j % 2))
+            ip = ip_for(i * endpoints + j + 1)
+            docs.append(WE.format(name=f"{name}-{j}", ns=ns, ip=ip, app=name, v=1 + j % 2))
         if routed_every and i % routed_every == 0:
-            docs += [DR.format(i=i, ns=ns), VS.format(i=i, ns=ns)]
+            docs += [
+                DR.format(name=name, ns=ns, host=host, max_connections=100),
+                VS.format(name=name, ns=ns, host=host, timeout=5),
+            ]
         count += len(docs)
         (root / ns).mkdir(exist_ok=True)
         (root / ns / f"svc-{i}.yaml").write_text("---\n".join(docs))
