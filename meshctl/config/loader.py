@@ -22,9 +22,9 @@ from datetime import datetime
 from functools import cache, partial
 from pathlib import Path
 from sys import intern
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from meshctl.config import yamlsource
+from meshctl.config import documents, yamlsource
 from meshctl.config.files import decode_text, read_config_file, walk_yaml
 from meshctl.config.findings import FieldPath, Finding, Severity, format_path, has_errors
 from meshctl.config.model import (
@@ -77,6 +77,9 @@ class FileResult:
     path: str
     configs: tuple[Config, ...] = ()
     findings: tuple[Finding, ...] = ()
+    #: What each document gave, kept by a load that may be followed by another of the same file
+    #: (the watcher's), so that one reuses the documents whose text did not change.
+    pieces: tuple[documents.Piece, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -96,6 +99,12 @@ class LoadResult:
         for result in self.files.values():
             out.extend(result.findings)
         return out
+
+
+class Locator(Protocol):
+    """Where a field of a document of the file is (line, column), for findings."""
+
+    def position(self, document: int, path: FieldPath) -> tuple[int, int]: ...
 
 
 class _Locator:
@@ -132,16 +141,65 @@ def unreadable(display: str, exc: ConfigError | OSError) -> FileResult:
     return FileResult(display, findings=(_file_error(display, message),))
 
 
-def load_bytes(raw: bytes, display: str, options: LoadOptions | None = None) -> FileResult:
+def load_bytes(
+    raw: bytes, display: str, options: LoadOptions | None = None, *, previous: FileResult | None = None
+) -> FileResult:
     """Load a file's bytes, read by the caller (the watcher keeps a digest of exactly what it
-    loaded)."""
+    loaded). With `previous` (the last load of the same file), documents whose text it saw are
+    not loaded again (`meshctl.config.documents`), and the result keeps its pieces for the next."""
     options = options or LoadOptions()
     try:
         yamlsource.check_size(len(raw), options.max_file_bytes)
         text = decode_text(raw)
     except ConfigError as exc:
         return FileResult(display, findings=(_file_error(display, str(exc)),))
+    if previous is not None:
+        found = _load_pieces(text, display, options, previous.pieces)
+        if found is not None:
+            return found
     return load_text(text, display, options)
+
+
+#: Files of fewer documents are loaded whole (parsing them again costs less than keeping pieces).
+_PIECES_FROM = 8
+
+
+def _load_pieces(
+    text: str, display: str, options: LoadOptions, previous: Sequence[documents.Piece]
+) -> FileResult | None:
+    """`load_text`'s result, document by document, reusing what `previous` pieces gave for the
+    documents whose text is the same; None when the text cannot be cut exactly (see the module)."""
+    cuts = documents.cut(text)
+    if cuts is None or not _PIECES_FROM <= len(cuts) <= yamlsource.DEFAULT_MAX_DOCUMENTS:
+        return None
+    known = documents.by_digest(previous)
+    findings = _FileFindings(display, options.max_findings_per_file)
+    configs: list[Config] = []
+    seen: dict[ConfigKey, Source] = {}
+    pieces: list[documents.Piece] = []
+    for cut in cuts:
+        piece = known.get(cut.digest)
+        if piece is not None:
+            piece_configs, piece_findings = documents.moved(piece, cut.line, cut.index)
+        else:
+            try:
+                docs, locator = documents.parse_piece(cut, options.max_values)
+            except YamlError:
+                return None  # the whole text, loaded whole, says where
+            loaded = [_load_document(doc, display, options, locator) for doc in docs]
+            piece_configs = tuple(c for c, _ in loaded if c is not None)
+            piece_findings = tuple(f for _, fs in loaded for f in fs)
+        pieces.append(documents.Piece(cut.digest, cut.line, cut.index, piece_configs, piece_findings))
+        findings.extend(piece_findings)
+        for config in piece_configs:
+            first = seen.get(config.key)
+            if first is not None:
+                findings.extend([_duplicate(config, first)])
+                continue
+            seen[config.key] = config.source
+            configs.append(config)
+    kept = () if findings.has_errors else tuple(configs)
+    return FileResult(display, kept, findings.result(), tuple(pieces))
 
 
 def load_text(text: str, display: str, options: LoadOptions | None = None) -> FileResult:
@@ -149,7 +207,7 @@ def load_text(text: str, display: str, options: LoadOptions | None = None) -> Fi
     options = options or LoadOptions()
     try:
         yamlsource.check_size(len(text.encode("utf-8", "surrogatepass")), options.max_file_bytes)
-        documents = yamlsource.parse_documents(text, max_values=options.max_values)
+        parsed = yamlsource.parse_documents(text, max_values=options.max_values)
     except YamlError as exc:
         return FileResult(display, findings=(_file_error(display, exc.message, exc.line, exc.column),))
 
@@ -157,7 +215,7 @@ def load_text(text: str, display: str, options: LoadOptions | None = None) -> Fi
     configs: list[Config] = []
     findings = _FileFindings(display, options.max_findings_per_file)
     seen: dict[ConfigKey, Source] = {}
-    for doc in documents:
+    for doc in parsed:
         config, doc_findings = _load_document(doc, display, options, locator)
         findings.extend(doc_findings)
         if config is None:
@@ -215,7 +273,7 @@ def _with_more(finding: Finding, more: int) -> Finding:
 
 
 def _load_document(
-    doc: yamlsource.Document, display: str, options: LoadOptions, locator: _Locator
+    doc: yamlsource.Document, display: str, options: LoadOptions, locator: Locator
 ) -> tuple[Config | None, list[Finding]]:
     """One document to a Config. The kind, apiVersion and namespace are interned: each is
     written in thousands of documents and each document's copy would be a string of its own."""

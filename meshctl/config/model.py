@@ -159,6 +159,14 @@ class Config:
         object.__setattr__(self, "created", created)
         object.__setattr__(self, "_digest", None)
 
+    def with_source(self, source: Source) -> Config:
+        """The same resource read at another place (a document that moved within its file)."""
+        out = Config.__new__(Config)
+        for name in ("key", "api_version", "_spec", "labels", "annotations", "created", "_digest"):
+            object.__setattr__(out, name, getattr(self, name))
+        object.__setattr__(out, "source", source)
+        return out
+
     def istio_order(self) -> tuple[float, str, str]:
         """Where Istio puts this resource among conflicting ones (`sortConfigByCreationTime`):
         the oldest first, a resource without a creation time (Kubernetes' zero time) before any

@@ -439,7 +439,9 @@ class DirectoryWatcher:
             return scan.reuse(path, replace(cached, racy_digest=digest if racy else None))
         if self._hold(path, read, scan, now):
             return None
-        result = load_bytes(read.data, path, self._options.load)
+        # The last load of this file, so that its unchanged documents are not loaded again.
+        before = cached.result if cached is not None else FileResult(path)
+        result = load_bytes(read.data, path, self._options.load, previous=before)
         return scan.parse(path, _Cached(read.after, result, digest if racy else None))
 
     def _hold(self, path: str, read: FileBytes, scan: _Scan, now_ns: int) -> bool:
