@@ -61,7 +61,7 @@ def _summary(result: FileResult) -> tuple[object, ...]:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     head=st.sampled_from(["", "# a catalog\n", ROUTE.format(n=99)]),
-    before=st.lists(DOCUMENTS, min_size=8, max_size=24),
+    before=st.lists(DOCUMENTS, min_size=64, max_size=80),
     edits=st.lists(st.tuples(st.integers(0, 30), DOCUMENTS, st.sampled_from(["replace", "insert", "delete"]))),
 )
 def test_a_file_loaded_piecewise_gives_what_a_whole_load_gives(

@@ -160,8 +160,9 @@ def load_bytes(
     return load_text(text, display, options)
 
 
-#: Files of fewer documents are loaded whole (parsing them again costs less than keeping pieces).
-_PIECES_FROM = 8
+#: Files of fewer documents are loaded whole: parsing each document on its own costs more than
+#: parsing the file in one go, which pays only where a file holds many documents.
+_PIECES_FROM = 64
 
 
 def _load_pieces(
