@@ -2,8 +2,8 @@
 
 One mesh for the module: `meshctl serve` on ports it picks, a backend on its own loopback address,
 and an Envoy started from `meshctl bootstrap --admin-port A --stats-port S` output as is (A and S
-free ports). The Envoy runs here rather than in `EnvoyProcess`, which moves the admin API to a
-port of its own: the Prometheus listener forwards to the admin port the bootstrap names.
+free ports). The Envoy runs the bootstrap as given (`EnvoyProcess(admin_port=A)`), admin API
+included: the Prometheus listener forwards to the admin port the bootstrap names.
 
 - The VirtualService routes with a regex whose RE2 program (1336) is over Envoy's default limit
   (100) and within Istio's (32768): Envoy takes the routes (no NACK, meshctl sees every type
@@ -25,12 +25,8 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import subprocess
-import tempfile
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,7 +36,7 @@ from meshctl.bootstrap import BootstrapOptions, build_bootstrap
 from meshctl.snapshot.proxy import parse_node_id
 from meshctl.testing.backends import Backend, send
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
-from meshctl.testing.envoy import envoy_binary, free_port, static_resources
+from meshctl.testing.envoy import EnvoyProcess, free_port, static_resources
 from meshctl.testing.serve_process import ServeProcess
 from meshctl.xds.generate import generate
 
@@ -89,69 +85,10 @@ spec:
 """
 
 
-class BootstrappedEnvoy:
-    """Envoy on a bootstrap exactly as given (its admin port included); a context manager."""
-
-    def __init__(self, config: dict[str, Any], admin_port: int) -> None:
-        binary = envoy_binary()
-        assert binary is not None
-        self.admin_port = admin_port
-        self._dir = tempfile.TemporaryDirectory(prefix="meshctl-bootstrap-envoy-")
-        path = Path(self._dir.name) / "envoy.json"
-        path.write_text(json.dumps(config))
-        self.log_path = Path(self._dir.name) / "envoy.log"
-        self._argv = [binary, "-c", str(path), "--concurrency", "1", "--log-level", "warning"]
-        self._argv += ["--base-id", str(admin_port), "--disable-hot-restart"]
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> BootstrappedEnvoy:
-        with self.log_path.open("wb") as log:
-            self._proc = subprocess.Popen(self._argv, stdout=log, stderr=subprocess.STDOUT)
-        wait_for(self.live, "Envoy's admin API says LIVE", self.log)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        print(f"--- envoy log:\n{self.log()[-4000:]}")
-        self._dir.cleanup()
-
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def live(self) -> bool:
-        if not self.running():
-            raise AssertionError(f"envoy exited:\n{self.log()[-4000:]}")
-        try:
-            return self.admin("ready").strip() == "LIVE"
-        except OSError:
-            return False
-
-    def admin(self, path: str) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/{path}", timeout=5) as r:
-            body: bytes = r.read()
-            return body.decode()
-
-    def stats(self) -> dict[str, int]:
-        pairs = (line.split(": ", 1) for line in self.admin("stats").splitlines() if ": " in line)
-        return {name: int(value) for name, value in pairs if value.isdigit()}
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-
 @dataclass(frozen=True)
 class Mesh:
     server: ServeProcess
-    envoy: BootstrappedEnvoy
+    envoy: EnvoyProcess
     service_port: int
     stats_port: int
 
@@ -168,7 +105,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
         try:
             flags = ["--admin-port", str(admin_port), "--stats-port", str(stats_port)]
             config = server.bootstrap(CLIENT, extra_args=flags)
-            with BootstrappedEnvoy(config, admin_port) as envoy:
+            with EnvoyProcess(config, admin_port=admin_port) as envoy:
                 yield Mesh(server, envoy, service_port, stats_port)
         finally:
             print(f"--- meshctl serve log:\n{server.log()[-4000:]}")
@@ -358,7 +295,7 @@ def test_istios_stat_names_become_whole_labels_and_unused_clusters_have_no_traff
     config["static_resources"]["clusters"] += generated["clusters"]
     config["static_resources"]["listeners"] += named_as_istio(generated["listeners"])
 
-    with Backend("catalog", BACKEND, service_port), BootstrappedEnvoy(config, admin_port) as envoy:
+    with Backend("catalog", BACKEND, service_port), EnvoyProcess(config, admin_port=admin_port) as envoy:
         wait_for(lambda: send(service_port, HOST, path=MATCHING).ok, "the catalog answering", envoy.log)
         samples = prometheus(stats_port)
         label = generated_cluster_label(service_port)

@@ -15,11 +15,7 @@ from __future__ import annotations
 
 import copy
 import http.client
-import json
-import subprocess
-import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +25,8 @@ from conftest import needs_envoy, wait_for
 
 from meshctl.bootstrap import HEALTH_CLUSTER
 from meshctl.testing.backends import Backend, send
-from meshctl.testing.envoy import envoy_binary, free_port
+from meshctl.testing.builders import gateway_mesh_yaml
+from meshctl.testing.envoy import EnvoyProcess, free_port
 from meshctl.testing.serve_process import ServeProcess
 
 pytestmark = [
@@ -48,93 +45,17 @@ WAIT_SECONDS = 4.0
 
 
 def mesh_yaml(service_port: int, gateway_port: int) -> str:
-    return f"""apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{name: shop, namespace: {NS}}}
-spec:
-  hosts: [shop.{NS}.mesh]
-  location: MESH_INTERNAL
-  resolution: STATIC
-  ports: [{{number: {service_port}, name: http, protocol: HTTP}}]
-  workloadSelector: {{labels: {{app: shop}}}}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{name: shop-1, namespace: {NS}}}
-spec: {{address: {BACKEND}, labels: {{app: shop}}}}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{name: edge, namespace: {NS}}}
-spec: {{address: 127.0.0.81, labels: {{istio: ready-gateway}}}}
----
-apiVersion: networking.istio.io/v1
-kind: Gateway
-metadata: {{name: edge, namespace: {NS}}}
-spec:
-  selector: {{istio: ready-gateway}}
-  servers:
-  - port: {{number: {gateway_port}, name: http, protocol: HTTP}}
-    hosts: [{HOST}]
----
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata: {{name: shop, namespace: {NS}}}
-spec:
-  hosts: [{HOST}]
-  gateways: [edge]
-  http:
-  - route:
-    - destination: {{host: shop.{NS}.mesh, port: {{number: {service_port}}}}}
-"""
-
-
-class RawEnvoy:
-    """Envoy on a bootstrap exactly as given, not waited for; a context manager."""
-
-    def __init__(self, config: dict[str, Any], admin_port: int) -> None:
-        binary = envoy_binary()
-        assert binary is not None
-        self.admin_port = admin_port
-        self._dir = tempfile.TemporaryDirectory(prefix="meshctl-readiness-")
-        path = Path(self._dir.name) / "envoy.json"
-        path.write_text(json.dumps(config))
-        self.log_path = Path(self._dir.name) / "envoy.log"
-        self._argv = [binary, "-c", str(path), "--concurrency", "1", "--log-level", "info", "--disable-hot-restart"]
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> RawEnvoy:
-        with self.log_path.open("wb") as log:
-            self._proc = subprocess.Popen(self._argv, stdout=log, stderr=subprocess.STDOUT)
-        wait_for(lambda: self.ready()[0] != 0, "Envoy's admin API answering", self.log)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        print(f"--- envoy log:\n{self.log()[-3000:]}")
-        self._dir.cleanup()
-
-    def ready(self) -> tuple[int, str]:
-        """The admin API's `/ready`: (status, body); (0, "") when it does not answer."""
-        assert self._proc is not None
-        if self._proc.poll() is not None:
-            raise AssertionError(f"envoy exited with {self._proc.returncode}:\n{self.log()[-3000:]}")
-        return get(self.admin_port, "/ready")
-
-    def admin(self, path: str, method: str = "GET") -> str:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.admin_port}/{path}", method=method)
-        with urllib.request.urlopen(request, timeout=5) as r:
-            body: bytes = r.read()
-            return body.decode()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+    return gateway_mesh_yaml(
+        namespace=NS,
+        service="shop",
+        backend_ip=BACKEND,
+        gateway="edge",
+        gateway_ip="127.0.0.81",
+        selector="ready-gateway",
+        host=HOST,
+        service_port=service_port,
+        gateway_port=gateway_port,
+    )
 
 
 def get(port: int, path: str) -> tuple[int, str]:
@@ -185,7 +106,10 @@ def test_envoy_waits_for_meshctl_not_ready_until_its_config_comes(server: tuple[
     hurried = impatient(serve.bootstrap(GATEWAY, extra_args=["--admin-port", str(other_admin), "--health-port", "0"]))
 
     # meshctl is down: the xDS address the bootstraps name has nothing listening.
-    with RawEnvoy(config, admin) as envoy, RawEnvoy(hurried, other_admin) as envoy_hurried:
+    with (
+        EnvoyProcess(config, admin_port=admin, wait_live=False, log_level="info") as envoy,
+        EnvoyProcess(hurried, admin_port=other_admin, wait_live=False, log_level="info") as envoy_hurried,
+    ):
         # The impatient one gives up and goes LIVE, with no listener: what Envoy's default
         # timeout does after 15 s per type.
         wait_for(lambda: envoy_hurried.ready() == (200, "LIVE"), "the impatient Envoy LIVE", envoy_hurried.log)
@@ -225,6 +149,6 @@ def test_a_sidecar_has_no_health_listener_unless_asked(server: tuple[ServeProces
     for flags, expected in (([], False), (["--health-port", str(free_port())], True)):
         admin = free_port()
         config = serve.bootstrap(sidecar, extra_args=["--admin-port", str(admin), *flags])
-        with RawEnvoy(config, admin) as envoy:
+        with EnvoyProcess(config, admin_port=admin, wait_live=False, log_level="info") as envoy:
             wait_for(lambda envoy=envoy: envoy.ready() == (200, "LIVE"), "Envoy LIVE", envoy.log)
             assert (f"{HEALTH_CLUSTER}::" in envoy.admin("listeners")) is expected

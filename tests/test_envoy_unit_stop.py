@@ -49,6 +49,7 @@ from ruamel.yaml import YAML
 from meshctl.bootstrap import BootstrapOptions, build_bootstrap
 from meshctl.snapshot.proxy import parse_node_id
 from meshctl.testing.backends import Backend, Reply, send
+from meshctl.testing.builders import gateway_mesh_yaml
 from meshctl.testing.envoy import free_port
 from meshctl.testing.serve_process import ServeProcess
 
@@ -206,45 +207,17 @@ IN_FLIGHT = 20
 
 
 def mesh_yaml(service_port: int, gateway_port: int) -> str:
-    return f"""apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{name: slow, namespace: {NS}}}
-spec:
-  hosts: [slow.{NS}.mesh]
-  location: MESH_INTERNAL
-  resolution: STATIC
-  ports: [{{number: {service_port}, name: http, protocol: HTTP}}]
-  workloadSelector: {{labels: {{app: slow}}}}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{name: slow-1, namespace: {NS}}}
-spec: {{address: {BACKEND_IP}, labels: {{app: slow}}}}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{name: ingress, namespace: {NS}}}
-spec: {{address: {GATEWAY_IP}, labels: {{istio: stop-gateway}}}}
----
-apiVersion: networking.istio.io/v1
-kind: Gateway
-metadata: {{name: edge, namespace: {NS}}}
-spec:
-  selector: {{istio: stop-gateway}}
-  servers:
-  - port: {{number: {gateway_port}, name: http, protocol: HTTP}}
-    hosts: [{HOST}]
----
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata: {{name: slow, namespace: {NS}}}
-spec:
-  hosts: [{HOST}]
-  gateways: [edge]
-  http:
-  - route:
-    - destination: {{host: slow.{NS}.mesh, port: {{number: {service_port}}}}}
-"""
+    return gateway_mesh_yaml(
+        namespace=NS,
+        service="slow",
+        backend_ip=BACKEND_IP,
+        gateway="ingress",
+        gateway_ip=GATEWAY_IP,
+        selector="stop-gateway",
+        host=HOST,
+        service_port=service_port,
+        gateway_port=gateway_port,
+    )
 
 
 @dataclass

@@ -37,3 +37,59 @@ def proxy_for(
     metadata: Mapping[str, Any] | None = None,
 ) -> Proxy:
     return bind_proxy(parse_node_id(node_id, metadata), snapshot)
+
+
+def gateway_mesh_yaml(
+    *,
+    namespace: str,
+    service: str,
+    backend_ip: str,
+    gateway: str,
+    gateway_ip: str,
+    selector: str,
+    host: str,
+    service_port: int,
+    gateway_port: int,
+) -> str:
+    """The smallest mesh with a gateway: one service (a ServiceEntry selecting one WorkloadEntry
+    at `backend_ip`), a gateway VM (`gateway_ip`, label `istio: SELECTOR`), a Gateway serving
+    `host` on `gateway_port`, and a VirtualService routing it to the service."""
+    return f"""apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: {service}, namespace: {namespace}}}
+spec:
+  hosts: [{service}.{namespace}.mesh]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{{number: {service_port}, name: http, protocol: HTTP}}]
+  workloadSelector: {{labels: {{app: {service}}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: {service}-1, namespace: {namespace}}}
+spec: {{address: {backend_ip}, labels: {{app: {service}}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: {gateway}, namespace: {namespace}}}
+spec: {{address: {gateway_ip}, labels: {{istio: {selector}}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {{name: edge, namespace: {namespace}}}
+spec:
+  selector: {{istio: {selector}}}
+  servers:
+  - port: {{number: {gateway_port}, name: http, protocol: HTTP}}
+    hosts: [{host}]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: {service}, namespace: {namespace}}}
+spec:
+  hosts: [{host}]
+  gateways: [edge]
+  http:
+  - route:
+    - destination: {{host: {service}.{namespace}.mesh, port: {{number: {service_port}}}}}
+"""

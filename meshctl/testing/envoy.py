@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -180,12 +181,28 @@ class EnvoyProcess:
     deprecated fields, in the bootstrap or in any config it was sent since it started; a block
     left by another exception reports that one alone."""
 
-    def __init__(self, config: Mapping[str, Any], *, log_path: Path | None = None) -> None:
-        self.admin_port = free_port()
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        log_path: Path | None = None,
+        admin_port: int | None = None,
+        wait_live: bool = True,
+        log_level: str = "warning",
+    ) -> None:
+        """With `admin_port`, the bootstrap is run exactly as given (a test of `meshctl
+        bootstrap`'s own output) and its admin API is expected on that port; otherwise one on a
+        free port is set. `start` waits for `/ready` to say LIVE, or with `wait_live=False` only
+        for the admin API to answer (a test of how Envoy becomes ready)."""
         self._config = dict(config)
-        self._config["admin"] = {
-            "address": {"socket_address": {"address": "127.0.0.1", "port_value": self.admin_port}}
-        }
+        if admin_port is None:
+            admin_port = free_port()
+            self._config["admin"] = {
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}
+            }
+        self.admin_port = admin_port
+        self._wait_live = wait_live
+        self._log_level = log_level
         self._dir = tempfile.TemporaryDirectory()
         self._log_path = log_path or Path(self._dir.name) / "envoy.log"
         self._proc: subprocess.Popen[bytes] | None = None
@@ -214,7 +231,7 @@ class EnvoyProcess:
                 "--concurrency",
                 "1",
                 "--log-level",
-                "warning",
+                self._log_level,
                 "--base-id",
                 str(self.admin_port),
                 "--disable-hot-restart",
@@ -228,20 +245,38 @@ class EnvoyProcess:
                 error = EnvoyError(f"envoy exited with {self._proc.returncode}:\n{self.log()[-3000:]}")
                 self.stop(check=False)
                 raise error
-            try:
-                if self.admin("ready").strip() == "LIVE":
-                    return
-            except OSError:
-                pass
+            status, body = self.ready()
+            if status and (body.strip() == "LIVE" or not self._wait_live):
+                return
             time.sleep(0.05)
         error = EnvoyError(f"envoy not ready after {timeout}s:\n{self.log()[-3000:]}")
         self.stop(check=False)
         raise error
 
-    def admin(self, path: str) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/{path}", timeout=5) as r:
+    def admin(self, path: str, method: str = "GET") -> str:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.admin_port}/{path}", method=method)
+        with urllib.request.urlopen(request, timeout=5) as r:
             body: bytes = r.read()
             return body.decode()
+
+    def ready(self) -> tuple[int, str]:
+        """The admin API's `/ready` as (status, body): 200 LIVE, 503 while initializing; (0, "")
+        while it does not answer."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/ready", timeout=5) as r:
+                return r.status, r.read().decode().strip()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode().strip()
+        except OSError:
+            return 0, ""
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stats(self) -> dict[str, int]:
+        """Envoy's counters and gauges, by name."""
+        pairs = (line.split(": ", 1) for line in self.admin("stats").splitlines() if ": " in line)
+        return {name: int(value) for name, value in pairs if value.isdigit()}
 
     def log(self) -> str:
         try:
