@@ -21,21 +21,10 @@ where the finding must point.
 from __future__ import annotations
 
 import pytest
-from conftest import DR, MARK, SC, SE, VS, WG, document
+from conftest import DR, SC, SE, VS, WG, document, load, marked_line
 
-from meshctl.config.findings import Finding, Severity
+from meshctl.config.findings import Severity
 from meshctl.config.loader import load_text
-
-
-def load(kind: str, spec: str) -> tuple[str, list[Finding]]:
-    text = document(kind, spec)
-    return text, list(load_text(text, "parity.yaml").findings)
-
-
-def marked_line(text: str) -> int:
-    lines = text.splitlines()
-    marked = [n for n, line in enumerate(lines, 1) if line.rstrip().endswith(MARK)]
-    return marked[0] if marked else lines.index("spec:") + 1
 
 
 def case(kind: str, case_id: str, field: str, message: str, spec: str) -> object:
