@@ -39,8 +39,9 @@ from bench.fleet import Fleet, FleetSpec
 from meshctl.server.ads import ads_handlers
 from meshctl.server.connection import PARTIAL_SOTW_TYPES
 from meshctl.server.encode import encode_delta, encode_sotw
-from meshctl.server.subscription import Push, Resource, set_version
+from meshctl.server.subscription import Push
 from meshctl.xds import types
+from meshctl.xds.resources import Resource, set_version, to_resource
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +69,7 @@ View = Mapping[str, Mapping[str, TypeSet]]
 def build_dump(spec: FleetSpec, root: Path, out: Path) -> None:
     """Write the floor's states for `spec` (mesh written under `root`) to `out`, as pickle."""
     from meshctl.cli.offline import load_tree
-    from meshctl.server.cache import ResourceCache, to_resource
+    from meshctl.server.cache import ResourceCache
     from meshctl.snapshot.proxy import bind_proxy, parse_node_id
     from meshctl.testing.fake_consul import FakeConsul
     from meshctl.xds.generate import load_assignment

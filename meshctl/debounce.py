@@ -34,10 +34,6 @@ class Debouncer:
         if not settled:
             self.last = now
 
-    @property
-    def pending(self) -> bool:
-        return self.first is not None
-
     def due(self) -> float | None:
         """When the burst should be worked on (None: no burst): `quiet` after its last change,
         at most `max_delay` after its first; at once when every change was settled."""
@@ -46,10 +42,6 @@ class Debouncer:
         if self.last is None:
             return self.first
         return min(self.last + self.quiet, self.first + self.max_delay)
-
-    def ready(self, now: float) -> bool:
-        due = self.due()
-        return due is not None and now >= due
 
     def take(self) -> float | None:
         """End the burst (its work starts now); returns when it began. Changes noted from here

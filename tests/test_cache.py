@@ -8,10 +8,11 @@ from pathlib import Path
 from envoy.config.route.v3 import route_pb2
 from google.protobuf import any_pb2
 
-from meshctl.server.cache import ProxyResources, ResourceCache, to_resource
+from meshctl.server.cache import ProxyResources, ResourceCache
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 from meshctl.xds import types
 from meshctl.xds.generate import generate, generate_outbound
+from meshctl.xds.resources import to_resource
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
 MESH = "\n---\n".join(p.read_text() for p in sorted(EXAMPLES.rglob("*.yaml")))

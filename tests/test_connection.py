@@ -12,8 +12,9 @@ from google.rpc import status_pb2
 from meshctl.errors import SubscriptionLimitError
 from meshctl.server.cache import ProxyResources
 from meshctl.server.connection import Connection
-from meshctl.server.subscription import Push, RequestKind, Resource
+from meshctl.server.subscription import Push, RequestKind
 from meshctl.xds import types
+from meshctl.xds.resources import Resource
 
 CDS, EDS, LDS, RDS = types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE
 

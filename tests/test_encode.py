@@ -13,8 +13,9 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 
 from meshctl.server import encode as encode_module
-from meshctl.server.encode import BlockCache, encode_any, encode_delta, encode_sotw
-from meshctl.server.subscription import Push, Resource
+from meshctl.server.encode import BlockCache, encode_delta, encode_sotw
+from meshctl.server.subscription import Push
+from meshctl.xds.resources import Resource, encode_any
 
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 

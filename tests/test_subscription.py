@@ -20,11 +20,9 @@ from meshctl.server.subscription import (
     DeltaSubscription,
     Push,
     RequestKind,
-    Resource,
-    ResourceSet,
     SotwSubscription,
-    set_version,
 )
+from meshctl.xds.resources import Resource, ResourceSet, set_version
 
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"

@@ -38,10 +38,10 @@ from meshctl.server.subscription import (
     Push,
     RequestKind,
     RequestOutcome,
-    Resource,
     SotwSubscription,
 )
 from meshctl.xds import types
+from meshctl.xds.resources import Resource
 
 Subscription = SotwSubscription | DeltaSubscription
 

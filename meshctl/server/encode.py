@@ -8,21 +8,17 @@ cluster once and serializing it a thousand times.
 
 from __future__ import annotations
 
-from meshctl.server.subscription import Push, Resource
-from meshctl.xds.resources import encode_any, length_delimited, varint
-
-__all__ = ["BlockCache", "encode_any", "encode_delta", "encode_sotw"]
+from meshctl.server.subscription import Push
+from meshctl.xds.resources import Resource, length_delimited, varint
 
 _LEN = 2  # wire type: length-delimited
-_varint = varint
-_field = length_delimited
 
 
 def _string(number: int, text: str) -> bytes:
-    return _field(number, text.encode()) if text else b""
+    return length_delimited(number, text.encode()) if text else b""
 
 
-_RESOURCE_TAG = _varint(2 << 3 | _LEN)
+_RESOURCE_TAG = varint(2 << 3 | _LEN)
 
 
 class BlockCache:
@@ -52,7 +48,7 @@ def _resources(resources: tuple[Resource, ...]) -> bytes:
     """DiscoveryResponse.resources (field 2), each body copied once, into the result."""
     parts: list[bytes] = []
     for r in resources:
-        parts += (_RESOURCE_TAG, _varint(len(r.body)), r.body)
+        parts += (_RESOURCE_TAG, varint(len(r.body)), r.body)
     return b"".join(parts)
 
 
@@ -64,7 +60,7 @@ def encode_sotw(push: Push, control_plane: bytes = b"", *, blocks: BlockCache | 
     parts.append(_string(4, push.type_url))
     parts.append(_string(5, push.nonce))
     if control_plane:
-        parts.append(_field(6, control_plane))
+        parts.append(length_delimited(6, control_plane))
     return b"".join(parts)
 
 
@@ -76,12 +72,12 @@ def encode_delta(push: Push, control_plane: bytes = b"") -> bytes:
     for r in push.resources:
         # Resource{version=1, resource=2, name=3}, framed without copying the body twice.
         version, name = _string(1, r.version), _string(3, r.name)
-        body_header = _varint(2 << 3 | _LEN) + _varint(len(r.body))
+        body_header = varint(2 << 3 | _LEN) + varint(len(r.body))
         size = len(version) + len(body_header) + len(r.body) + len(name)
-        parts += (_varint(2 << 3 | _LEN), _varint(size), version, body_header, r.body, name)
+        parts += (varint(2 << 3 | _LEN), varint(size), version, body_header, r.body, name)
     parts.append(_string(4, push.type_url))
     parts.append(_string(5, push.nonce))
-    parts.extend(_field(6, name.encode()) for name in push.removed)
+    parts.extend(length_delimited(6, name.encode()) for name in push.removed)
     if control_plane:
-        parts.append(_field(7, control_plane))
+        parts.append(length_delimited(7, control_plane))
     return b"".join(parts)

@@ -38,17 +38,6 @@ from envoy.service.discovery.v3 import discovery_pb2
 from meshctl.errors import SubscriptionLimitError
 from meshctl.xds.resources import Resource, ResourceSet, set_version
 
-__all__ = [
-    "MAX_NAMES",
-    "WILDCARD",
-    "DeltaSubscription",
-    "Push",
-    "Resource",
-    "ResourceSet",
-    "SotwSubscription",
-    "set_version",
-]
-
 WILDCARD = "*"
 
 #: The most names of one type one stream may subscribe to (or claim in initial_resource_versions).
