@@ -135,7 +135,6 @@ def test_a_route_change_rebuilds_no_assignment() -> None:
 def test_a_route_change_regenerates_outbound_config_only_and_a_rule_change_inbound_too() -> None:
     before = snapshot_from_yaml(MESH)
     routed = snapshot_from_yaml(MESH + SOURCE_LABELS)
-    assert before.inbound_version == routed.inbound_version != ""
     cache = ResourceCache()
     clients = [node("reviews-v1-vm", "10.10.0.41"), node("details-v1-vm", "10.10.0.21")]
     for client in clients:
@@ -145,7 +144,6 @@ def test_a_route_change_regenerates_outbound_config_only_and_a_rule_change_inbou
         cache.resources(routed, proxy_for(routed, client))
     assert cache.generations - generations == cache.outbound_generations - outbound == 2
     pooled = snapshot_from_yaml(MESH + SOURCE_LABELS + DETAILS_POOL)
-    assert pooled.inbound_version != routed.inbound_version
     generations = cache.generations
     view = cache.resources(pooled, proxy_for(pooled, clients[1]))
     assert cache.generations - generations == 2  # both parts: the rule applies to its inbound cluster
@@ -297,7 +295,7 @@ def test_a_route_change_generates_no_cluster_and_a_rule_change_only_its_hosts() 
 
 
 def test_another_services_rule_leaves_a_proxys_inbound_part_alone() -> None:
-    """The inbound part is keyed by what inbound generation reads (`inbound_key`): a
+    """The inbound part is keyed by what inbound generation reads (`InboundView`): a
     DestinationRule of details regenerates details' inbound part, not reviews'."""
     routed = snapshot_from_yaml(MESH + SOURCE_LABELS)
     pooled = snapshot_from_yaml(MESH + SOURCE_LABELS + DETAILS_POOL)
@@ -320,10 +318,10 @@ def test_a_cluster_view_is_its_whole_key() -> None:
     import dataclasses
     import inspect
 
-    from meshctl.xds import clusters, endpoints
+    from meshctl.xds import clusters, endpoints, inbound_view, listeners, listeners_inbound
     from meshctl.xds.memo import Ref
 
-    for view_class in (clusters.OutboundClusterView, endpoints.AssignmentView):
+    for view_class in (clusters.OutboundClusterView, endpoints.AssignmentView, inbound_view.InboundView):
         fields = dataclasses.fields(view_class)
         assert fields and all(f.compare and f.hash is not False for f in fields), view_class
     assert list(inspect.signature(endpoints.build_assignment).parameters) == ["view"]
@@ -333,6 +331,14 @@ def test_a_cluster_view_is_its_whole_key() -> None:
     for name in ("service_port_clusters", "_outbound", "_subset", "_outbound_base", "_apply_traffic_policy"):
         parameters = inspect.signature(getattr(clusters, name)).parameters
         assert "scope" not in parameters and "snapshot" not in parameters, name
+    inbound = [
+        clusters.build_inbound_clusters,
+        listeners.build_inbound_listeners,
+        listeners_inbound.build_inbound,
+        listeners_inbound.inbound_ports,
+    ]
+    for function in inbound:
+        assert list(inspect.signature(function).parameters) == ["view"], function
     snapshot = snapshot_from_yaml(MESH)
     scope_view = clusters.outbound_cluster_view
     from meshctl.snapshot.scope import ProxyScope

@@ -194,7 +194,7 @@ def hidden_port_notes(snapshot: Snapshot, proxy: Proxy) -> list[str]:
     scope = ProxyScope(snapshot, proxy)
     own = {i.service.hostname for i in proxy.instances}
     notes = []
-    for port in sorted(app_ports(scope)):
+    for port in sorted(app_ports(scope.proxy, scope.sidecar)):
         called = sorted(
             s.hostname for s in scope.services if s.hostname not in own and any(p.number == port for p in s.ports)
         )

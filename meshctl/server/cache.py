@@ -7,7 +7,7 @@ Three levels of sharing, from the most to the least expensive to redo:
   `Proxy.outbound_key`, which a namespace of VMs serving different services usually shares,
   within which each service port's clusters are made once per `OutboundClusterView` and shared
   across keys and versions (a VirtualService change builds no cluster); and the inbound part (its
-  own workload) once per `inbound_key`, which holds everything inbound generation reads (a
+  own workload) once per `InboundView`, the only input of inbound generation (a
   change to another workload's Sidecar or another service's DestinationRule regenerates no
   inbound part). An endpoint-only change (same config version) regenerates nothing of them;
 - a ClusterLoadAssignment is built once per `AssignmentView` (its service port, the service's
@@ -40,10 +40,12 @@ from google.protobuf.message import Message
 
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import Proxy, ProxyNode, bind_proxy
+from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.eds_locality import LocalityView, eds_localities, for_view
 from meshctl.xds.endpoints import AssignmentView, assignment_view, build_assignment
-from meshctl.xds.generate import GenerationMemos, generate_inbound, generate_outbound, inbound_key
+from meshctl.xds.generate import GenerationMemos, generate_inbound, generate_outbound
+from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.memo import GenerationMemo
 from meshctl.xds.names import eds_cluster_names
 from meshctl.xds.resources import Resource, ResourceSet, to_resource
@@ -129,8 +131,8 @@ class ResourceCache:
         #: whole configs by generation key, and outbound parts by their key, per config version
         self._config: _Recent[tuple[object, ...], _Config] = _Recent(keep_versions)
         self._outbound_parts: _Recent[tuple[object, ...], _Config] = _Recent(keep_versions)
-        #: inbound parts by `inbound_key` (which holds every input), and joined sets by their parts
-        self._inbound_parts: GenerationMemo[tuple[object, ...], _Config] = GenerationMemo()
+        #: inbound parts by `InboundView` (their only input), and joined sets by their parts
+        self._inbound_parts: GenerationMemo[InboundView, _Config] = GenerationMemo()
         self._joins: GenerationMemo[tuple[str, int, int], tuple[ResourceSet, ResourceSet, ResourceSet]] = (
             GenerationMemo()
         )
@@ -194,7 +196,7 @@ class ResourceCache:
                 if self._outbound_parts.put(snapshot.config_version, outbound_key, outbound):
                     self._forget_assignments()
         inbound = self._inbound_parts.get(
-            inbound_key(snapshot, proxy), lambda _key: self._generated(generate_inbound(snapshot, proxy))
+            inbound_view(ProxyScope(snapshot, proxy)), lambda view: self._generated(generate_inbound(view))
         )
         by_type = {t: self._join(t, outbound.by_type[t], inbound.by_type[t]) for t in _CONFIG_TYPES}
         result = _Config(MappingProxyType(by_type), tuple(sorted({*outbound.eds_names, *inbound.eds_names})))

@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from meshctl.config import mesh as mesh_config
 from meshctl.config.model import Config, ConfigKey
+from meshctl.registry import serviceentry
 from meshctl.registry.model import Resolution, ServiceModel
 from meshctl.snapshot.index import SnapshotIndex
 
@@ -27,9 +28,7 @@ DEFAULT_ROOT_NAMESPACE: Final = mesh_config.DEFAULT_ROOT_NAMESPACE
 
 #: Kinds that reach generation only through the registry model (services and endpoints), so a
 #: new WorkloadEntry changes the config version only if it changes a service, not just endpoints.
-_REGISTRY_KINDS: Final = frozenset(("ServiceEntry", "WorkloadEntry", "WorkloadGroup"))
-#: Kinds inbound generation reads (the Sidecar's ingress, the workload's DestinationRule).
-_INBOUND_KINDS: Final = frozenset(("Sidecar", "DestinationRule"))
+_REGISTRY_KINDS: Final = serviceentry.KINDS
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -45,10 +44,6 @@ class Snapshot:
     #: A hash of everything but the endpoints of EDS (STATIC) services: when only those change,
     #: clusters, listeners and routes stay the same and only EDS is pushed.
     config_version: str = ""
-    #: A hash of what a proxy's inbound config can depend on besides the proxy itself (Sidecars,
-    #: DestinationRules, mesh settings, service definitions): a VirtualService or Gateway change
-    #: leaves every inbound config as it was.
-    inbound_version: str = ""
     #: A content hash of each kind's configs, which the next snapshot keeps for kinds unchanged.
     kind_digests: Mapping[str, bytes] = field(default_factory=lambda: MappingProxyType({}))
     _index: SnapshotIndex | None = None
@@ -122,15 +117,11 @@ def build_snapshot(
     base = previous if previous is not None and previous._index is not None else None
     definitions = services.digest(endpoints_of=lambda s: s.resolution is not Resolution.STATIC).encode()
     h = hashlib.blake2b(digest_size=12)
-    inbound = hashlib.blake2b(digest_size=12)
     for kind in sorted(kind_digests):
         if kind not in _REGISTRY_KINDS:
             h.update(kind_digests[kind])
-        if kind in _INBOUND_KINDS:
-            inbound.update(kind_digests[kind])
     for part in (repr(mesh).encode(), definitions):
         h.update(part)
-        inbound.update(part)
     config_version = h.hexdigest()
     for kind in sorted(kind_digests):
         if kind in _REGISTRY_KINDS:
@@ -139,7 +130,6 @@ def build_snapshot(
     return Snapshot(
         version=h.hexdigest(),
         config_version=config_version,
-        inbound_version=inbound.hexdigest(),
         configs=by_key,
         services=services,
         mesh=mesh,

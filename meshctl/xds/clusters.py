@@ -63,7 +63,9 @@ from meshctl.xds.cluster_policy import (
 )
 from meshctl.xds.cluster_tls import apply_tls, originates_tls
 from meshctl.xds.endpoints import ISTIO_METADATA, locality_lb_endpoints, select_endpoints, socket_address
+from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.memo import GenerationMemo, Ref
+from meshctl.xds.refs import destination_rule_ref
 
 _Cluster = cluster_pb2.Cluster
 
@@ -78,7 +80,7 @@ _PASSTHROUGH_IDLE_SECONDS: Final = 300
 
 def build_clusters(scope: ProxyScope) -> list[cluster_pb2.Cluster]:
     """Every cluster for the scope's proxy, sorted by name."""
-    return merge_clusters(build_outbound_clusters(scope), build_inbound_clusters(scope))
+    return merge_clusters(build_outbound_clusters(scope), build_inbound_clusters(inbound_view(scope)))
 
 
 def merge_clusters(*parts: Iterable[cluster_pb2.Cluster]) -> list[cluster_pb2.Cluster]:
@@ -160,17 +162,6 @@ def outbound_cluster_view(scope: ProxyScope, service: Service, port: ServicePort
     )
 
 
-def destination_rule_ref(scope: ProxyScope, hostname: str) -> Ref[MergedDestinationRule] | None:
-    """The DestinationRule that applies to `hostname` for the scope's proxy, named by what it is
-    merged from (its host, namespace and sources with their content digests)."""
-    rule = scope.destination_rule(hostname)
-    if rule is None:
-        return None
-    configs = scope.snapshot.configs
-    sources = tuple((key, configs[key].content_digest(), configs[key].api_version) for key in rule.sources)
-    return Ref((rule.host, rule.namespace, sources), rule)
-
-
 def service_port_clusters(view: OutboundClusterView) -> tuple[cluster_pb2.Cluster, ...]:
     """The clusters of one service port: `outbound|PORT||HOST` and one per subset, finished
     (DNS extension, stat names) and sorted as `build_outbound_clusters` puts them."""
@@ -178,13 +169,14 @@ def service_port_clusters(view: OutboundClusterView) -> tuple[cluster_pb2.Cluste
     return tuple(_delimited_stats([use_dns_extension(c, view.dns_proxy_ip) for c in _outbound(view)]))
 
 
-def build_inbound_clusters(scope: ProxyScope) -> list[cluster_pb2.Cluster]:
+def build_inbound_clusters(view: InboundView) -> list[cluster_pb2.Cluster]:
     """A sidecar's clusters to its own workload (`inbound|PORT||`, InboundPassthroughCluster)."""
-    if scope.proxy.type is not ProxyType.SIDECAR:
+    proxy = view.proxy.value
+    if proxy.type is not ProxyType.SIDECAR:
         return []
-    out = _inbound(scope)
-    if scope.proxy.interception is not InterceptionMode.NONE:
-        timeout = scope.snapshot.mesh.connect_timeout_seconds
+    out = _inbound(view)
+    if proxy.interception is not InterceptionMode.NONE:
+        timeout = view.mesh.connect_timeout_seconds
         inbound = _passthrough(INBOUND_PASSTHROUGH_CLUSTER, timeout)
         inbound.upstream_bind_config.source_address.address = INBOUND_PASSTHROUGH_BIND
         inbound.upstream_bind_config.source_address.port_value = 0
@@ -355,9 +347,9 @@ class _Target:
     endpoint_port: int
 
 
-def _targets(scope: ProxyScope) -> dict[int, list[_Target]]:
+def _targets(view: InboundView) -> dict[int, list[_Target]]:
     by_port: dict[int, list[_Target]] = {}
-    for instance in scope.proxy.instances:
+    for instance in view.proxy.value.instances:
         for number, endpoint_port in sorted(instance.endpoint.ports.items()):
             port = instance.service.port(number)
             if port is None or endpoint_port == 0 or port.protocol is Protocol.UDP:
@@ -366,27 +358,27 @@ def _targets(scope: ProxyScope) -> dict[int, list[_Target]]:
     return by_port
 
 
-def _inbound(scope: ProxyScope) -> list[cluster_pb2.Cluster]:
-    sidecar = scope.sidecar
+def _inbound(view: InboundView) -> list[cluster_pb2.Cluster]:
+    sidecar = view.sidecar_config
     ingress = list(spec(sidecar).ingress) if sidecar is not None else []
     ingress_ports = {listener.port.number for listener in ingress}
-    by_port = _targets(scope)
+    by_port = _targets(view)
     out = []
     for endpoint_port in sorted(by_port):
         if endpoint_port in ingress_ports:
             continue
         targets = by_port[endpoint_port]
         out.append(
-            _inbound_cluster(scope, endpoint_port, (LOCALHOST, endpoint_port), targets[0].port.protocol, targets)
+            _inbound_cluster(view, endpoint_port, (LOCALHOST, endpoint_port), targets[0].port.protocol, targets)
         )
     for listener in ingress:
         try:
-            endpoint = _default_endpoint(listener.default_endpoint, scope.proxy.ip)
+            endpoint = _default_endpoint(listener.default_endpoint, view.proxy.value.ip)
         except ValueError:
             continue  # validation reports it; Istio skips the listener's cluster too
         number = listener.port.number
         protocol = Protocol.parse(listener.port.protocol) if listener.port.protocol else Protocol.TCP
-        out.append(_inbound_cluster(scope, number, endpoint, protocol, by_port.get(number, [])))
+        out.append(_inbound_cluster(view, number, endpoint, protocol, by_port.get(number, [])))
     return out
 
 
@@ -407,7 +399,7 @@ def _default_endpoint(text: str, proxy_ip: str) -> tuple[str, int] | None:
 
 
 def _inbound_cluster(
-    scope: ProxyScope,
+    view: InboundView,
     cluster_port: int,
     endpoint: tuple[str, int] | None,
     protocol: Protocol,
@@ -433,17 +425,17 @@ def _inbound_cluster(
         _istio_metadata(cluster).update({"services": [_service_metadata(s) for s in hosts.values()]})
     pool = None
     if targets:
-        rule = scope.destination_rule(targets[0].service.hostname)
-        rule_policy = traffic_policy(rule.spec) if rule is not None else None
-        if rule is not None and rule_policy is not None:
+        found = view.destination_rule(targets[0].service.hostname)
+        rule_policy = traffic_policy(found.rule.value.spec) if found is not None else None
+        if found is not None and rule_policy is not None:
             policy = policy_for_port(rule_policy, targets[0].port.number)
             pool = policy.connection_pool if policy is not None else None
-            _istio_metadata(cluster).update({"config": _rule_path(scope, rule)})
-    pool = _sidecar_pool(scope, cluster_port) or pool
-    apply_connection_pool(draft, pool, scope.snapshot.mesh.connect_timeout_seconds)
+            _istio_metadata(cluster).update({"config": found.path})
+    pool = _sidecar_pool(view, cluster_port) or pool
+    apply_connection_pool(draft, pool, view.mesh.connect_timeout_seconds)
     if cluster.type == _Cluster.ORIGINAL_DST:
         cluster.lb_policy = _Cluster.CLUSTER_PROVIDED
-    intercepted = scope.proxy.interception is not InterceptionMode.NONE
+    intercepted = view.proxy.value.interception is not InterceptionMode.NONE
     if intercepted and endpoint is not None and endpoint[1] != 0 and endpoint[0] not in (LOCALHOST, "::1"):
         # Traffic to the workload's own address would be captured again without this source.
         cluster.upstream_bind_config.source_address.address = INBOUND_PASSTHROUGH_BIND
@@ -451,10 +443,10 @@ def _inbound_cluster(
     return draft.finish()
 
 
-def _sidecar_pool(scope: ProxyScope, port: int) -> dr_pb2.ConnectionPoolSettings | None:
+def _sidecar_pool(view: InboundView, port: int) -> dr_pb2.ConnectionPoolSettings | None:
     """The Sidecar's connection pool for an inbound port: the ingress listener's, else the
     Sidecar-wide `inboundConnectionPool` (Istio's InboundConnectionPoolForPort)."""
-    sidecar = scope.sidecar
+    sidecar = view.sidecar_config
     if sidecar is None:
         return None
     sidecar_spec = spec(sidecar)

@@ -6,7 +6,7 @@ here, so what a command prints is what the server sends.
 
 A proxy's config has two parts with their own inputs: outbound (the services it calls, most of
 the config, the same for a whole namespace of VMs as a rule: `Proxy.outbound_key`) and inbound
-(its own workload: `Proxy.generation_key`). The server generates and shares each part on its
+(its own workload: `InboundView`, its only input). The server generates and shares each part on its
 own key; `generate_config` joins them, so every caller sees the same whole.
 
 Endpoints are the exception to per-proxy generation: a ClusterLoadAssignment depends only on the
@@ -33,11 +33,11 @@ from meshctl.xds.clusters import (
     ClusterMemo,
     build_inbound_clusters,
     build_outbound_clusters,
-    destination_rule_ref,
     merge_clusters,
 )
 from meshctl.xds.eds_locality import eds_localities, for_view
 from meshctl.xds.endpoints import build_load_assignment
+from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.listeners import build_inbound_listeners, build_outbound_listeners, sort_listeners
 from meshctl.xds.memo import GenerationMemo
 from meshctl.xds.names import eds_cluster_names
@@ -49,7 +49,7 @@ Generated = Mapping[str, tuple[Message, ...]]
 def generate_config(snapshot: Snapshot, proxy: Proxy) -> Generated:
     """Clusters, listeners and routes for `proxy` (everything but endpoints), by type URL."""
     scope = ProxyScope(snapshot, proxy)
-    return merge_config(_outbound(scope), _inbound(scope))
+    return merge_config(_outbound(scope), generate_inbound(inbound_view(scope)))
 
 
 class GenerationMemos:
@@ -71,27 +71,15 @@ def generate_outbound(snapshot: Snapshot, proxy: Proxy, memos: GenerationMemos |
     return _outbound(ProxyScope(snapshot, proxy), memos)
 
 
-def generate_inbound(snapshot: Snapshot, proxy: Proxy) -> Generated:
+def generate_inbound(view: InboundView) -> Generated:
     """The part of `generate_config` for the proxy's own workload: inbound clusters and
-    listeners, per `Proxy.generation_key`."""
-    return _inbound(ProxyScope(snapshot, proxy))
-
-
-def inbound_key(snapshot: Snapshot, proxy: Proxy) -> tuple[object, ...]:
-    """Everything `generate_inbound` reads, as a key: the proxy (`Proxy.generation_key`), the
-    services its workload serves, the Sidecar that applies to it, the DestinationRules of its own
-    services (their connection pools and `config` paths) and the mesh settings. A change to
-    another workload's Sidecar or to another service's DestinationRule leaves it as it was, so
-    the proxy's inbound part is not generated again."""
-    scope = ProxyScope(snapshot, proxy)
-    services = {i.service.hostname: i.service for i in proxy.instances}
-    sidecar = scope.sidecar
-    return (
-        proxy.generation_key(),
-        tuple(services[h] for h in sorted(services)),
-        (sidecar.key, sidecar.content_digest()) if sidecar is not None else None,
-        tuple(destination_rule_ref(scope, h) for h in sorted(services)),
-        snapshot.mesh,
+    listeners, from its `InboundView` alone (which the server shares it by)."""
+    return MappingProxyType(
+        {
+            types.CLUSTER: tuple(build_inbound_clusters(view)),
+            types.LISTENER: tuple(with_access_log(build_inbound_listeners(view), view.mesh)),
+            types.ROUTE: (),
+        }
     )
 
 
@@ -112,16 +100,6 @@ def _outbound(scope: ProxyScope, memos: GenerationMemos | None = None) -> Genera
             types.CLUSTER: tuple(build_outbound_clusters(scope, memos.clusters if memos is not None else None)),
             types.LISTENER: tuple(with_access_log(build_outbound_listeners(scope), scope.snapshot.mesh)),
             types.ROUTE: tuple(build_routes(scope)),
-        }
-    )
-
-
-def _inbound(scope: ProxyScope) -> Generated:
-    return MappingProxyType(
-        {
-            types.CLUSTER: tuple(build_inbound_clusters(scope)),
-            types.LISTENER: tuple(with_access_log(build_inbound_listeners(scope), scope.snapshot.mesh)),
-            types.ROUTE: (),
         }
     )
 

@@ -23,6 +23,7 @@ from envoy.config.listener.v3 import listener_pb2
 
 from meshctl.snapshot.proxy import ProxyType
 from meshctl.snapshot.scope import ProxyScope
+from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.listeners_gateway import build_gateway
 from meshctl.xds.listeners_inbound import build_inbound
 from meshctl.xds.listeners_outbound import build_outbound
@@ -30,7 +31,7 @@ from meshctl.xds.listeners_outbound import build_outbound
 
 def build_listeners(scope: ProxyScope) -> list[listener_pb2.Listener]:
     """Every listener for the scope's proxy, sorted by name."""
-    return sort_listeners([*build_outbound_listeners(scope), *build_inbound_listeners(scope)])
+    return sort_listeners([*build_outbound_listeners(scope), *build_inbound_listeners(inbound_view(scope))])
 
 
 def build_outbound_listeners(scope: ProxyScope) -> list[listener_pb2.Listener]:
@@ -40,11 +41,11 @@ def build_outbound_listeners(scope: ProxyScope) -> list[listener_pb2.Listener]:
     return sort_listeners(build_outbound(scope))
 
 
-def build_inbound_listeners(scope: ProxyScope) -> list[listener_pb2.Listener]:
+def build_inbound_listeners(view: InboundView) -> list[listener_pb2.Listener]:
     """A sidecar's listeners for its own workload."""
-    if scope.proxy.type is ProxyType.ROUTER:
+    if view.proxy.value.type is ProxyType.ROUTER:
         return []
-    return sort_listeners(build_inbound(scope))
+    return sort_listeners(build_inbound(view))
 
 
 def sort_listeners(listeners: list[listener_pb2.Listener]) -> list[listener_pb2.Listener]:

@@ -36,11 +36,13 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from google.protobuf import wrappers_pb2
 
 from meshctl.api.networking.v1alpha3 import gateway_pb2, sidecar_pb2
+from meshctl.config.model import Config
 from meshctl.registry.model import Protocol
 from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import spec
-from meshctl.snapshot.scope import ProxyScope
+from meshctl.snapshot.proxy import Proxy
 from meshctl.xds import listener_filters as lf
+from meshctl.xds.inbound_view import InboundView
 from meshctl.xds.listener_tls import downstream_tls_context, unsupported_reason
 from meshctl.xds.names import (
     BLACKHOLE_CLUSTER,
@@ -83,10 +85,10 @@ def port_protocol(port: Any) -> Protocol:
     return Protocol.parse(port.protocol) if port.protocol else Protocol.from_port_name(port.name)
 
 
-def inbound_ports(scope: ProxyScope) -> list[InboundPort]:
+def inbound_ports(view: InboundView) -> list[InboundPort]:
     """The proxy's inbound ports by target port; the first service on a port wins (Istio keeps
     the oldest), a Sidecar ingress listener wins over services."""
-    proxy = scope.proxy
+    proxy = view.proxy.value
     none_mode = proxy.interception is InterceptionMode.NONE
     by_port: dict[int, InboundPort] = {}
     for inst in () if none_mode else proxy.instances:
@@ -110,7 +112,7 @@ def inbound_ports(scope: ProxyScope) -> list[InboundPort]:
                 continue
             bind = proxy.ip if none_mode else WILDCARD
             by_port[target] = InboundPort(target, sp.number, sp.protocol, inst.service.hostname, bind, none_mode)
-    sidecar = scope.sidecar
+    sidecar = view.sidecar_config
     if sidecar is not None:
         for ing in spec(sidecar).ingress:
             number = ing.port.number
@@ -139,12 +141,11 @@ def _ingress_tls(ing: Any, sidecar: str) -> Any:
     return tls
 
 
-def app_ports(scope: ProxyScope) -> frozenset[int]:
+def app_ports(proxy: Proxy, sidecar: Config | None) -> frozenset[int]:
     """Ports the workload's app itself listens on: the targets of its service endpoints, and
-    the ports of Sidecar ingress `defaultEndpoint`s. A proxy without iptables must not bind
-    outbound listeners on them."""
-    ports = set(scope.proxy.instance_ports)
-    sidecar = scope.sidecar
+    the ports of the Sidecar's ingress `defaultEndpoint`s. A proxy without iptables must not
+    bind outbound listeners on them."""
+    ports = set(proxy.instance_ports)
     if sidecar is not None:
         for ing in spec(sidecar).ingress:
             host, sep, port = ing.default_endpoint.rpartition(":")
@@ -273,12 +274,12 @@ def _passthrough_chains() -> list[lf.ChainOpts]:
     return [blackhole, http, tcp]
 
 
-def build_inbound(scope: ProxyScope) -> list[listener_pb2.Listener]:
+def build_inbound(view: InboundView) -> list[listener_pb2.Listener]:
     """Bound inbound listeners, and `virtualInbound` when traffic is redirected."""
-    interception = scope.proxy.interception
+    interception = view.proxy.value.interception
     out = []
     virtual_chains: list[lf.ChainOpts] = []
-    for port in inbound_ports(scope):
+    for port in inbound_ports(view):
         chain = inbound_chain(port)
         if port.bind_to_port:
             name = listener_name(port.bind, port.target)
@@ -296,7 +297,7 @@ def build_inbound(scope: ProxyScope) -> list[listener_pb2.Listener]:
         logger.warning(
             "%s: Sidecar ingress ports %s use IPTABLES capture but the proxy has INTERCEPTION_MODE NONE; "
             "no listener serves them",
-            scope.proxy.id,
+            view.proxy.value.id,
             ", ".join(str(c.destination_port) for c in virtual_chains),
         )
     return out

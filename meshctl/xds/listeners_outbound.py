@@ -119,7 +119,7 @@ class _OutboundBuilder:
         self.scope = scope
         self.proxy = scope.proxy
         self.none_mode = scope.proxy.interception is InterceptionMode.NONE
-        self.app_ports = app_ports(scope)
+        self.app_ports = app_ports(scope.proxy, scope.sidecar)
         self.entries: dict[tuple[str, int], _Entry] = {}
 
     # -- egress listeners --------------------------------------------------------------------

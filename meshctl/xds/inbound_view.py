@@ -1,0 +1,77 @@
+"""What a proxy's inbound config (its own workload's clusters and listeners) is made of, as one
+frozen value: the only input of inbound generation, and its cache key.
+
+Inbound generation used to take the whole `ProxyScope` and a hand-kept key beside it had to name
+every part of the snapshot it read. Now the inbound generators read an `InboundView` and nothing
+else, so an input they read is in the key by construction: a field added here is compared and
+hashed with the rest. A change to another workload's Sidecar or another service's
+DestinationRule leaves the view (and the part generated from it) as it was.
+
+The proxy enters as a `Ref` named by `Proxy.generation_key` (what generation reads of it: its
+type, namespace, labels, interception, instances' ports, and its address where that appears in
+config); the configs as `Ref`s named by their content digests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshctl.config.model import Config
+from meshctl.registry.model import Service
+from meshctl.snapshot.model import MeshSettings
+from meshctl.snapshot.proxy import Proxy
+from meshctl.snapshot.scope import MergedDestinationRule, ProxyScope
+from meshctl.xds import names
+from meshctl.xds.memo import Ref
+from meshctl.xds.refs import config_ref, destination_rule_ref
+
+
+@dataclass(frozen=True, slots=True)
+class InboundRule:
+    """The DestinationRule that applies to one of the workload's own services (its connection
+    pool sizes the inbound cluster), with Istio's `config` path of its first source."""
+
+    host: str
+    rule: Ref[MergedDestinationRule]
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class InboundView:
+    """Everything `generate_inbound` reads: the proxy, the services its workload serves, the
+    Sidecar that applies to it, the DestinationRules of its own services and the mesh settings."""
+
+    proxy: Ref[Proxy]
+    #: The services the workload serves, by host name (their ports and protocols).
+    services: tuple[Service, ...]
+    sidecar: Ref[Config] | None
+    rules: tuple[InboundRule, ...]
+    mesh: MeshSettings
+
+    @property
+    def sidecar_config(self) -> Config | None:
+        return self.sidecar.value if self.sidecar is not None else None
+
+    def destination_rule(self, hostname: str) -> InboundRule | None:
+        """The rule for one of the workload's own services, if one applies."""
+        return next((r for r in self.rules if r.host == hostname), None)
+
+
+def inbound_view(scope: ProxyScope) -> InboundView:
+    """The scope's proxy's inbound view: what its own workload's config is made of."""
+    proxy = scope.proxy
+    services = {i.service.hostname: i.service for i in proxy.instances}
+    sidecar = scope.sidecar
+    rules = []
+    for host in sorted(services):
+        ref = destination_rule_ref(scope, host)
+        if ref is not None:
+            path = names.config_path(scope.snapshot.configs[ref.value.sources[0]])
+            rules.append(InboundRule(host, ref, path))
+    return InboundView(
+        proxy=Ref(proxy.generation_key(), proxy),
+        services=tuple(services[h] for h in sorted(services)),
+        sidecar=config_ref(sidecar) if sidecar is not None else None,
+        rules=tuple(rules),
+        mesh=scope.snapshot.mesh,
+    )
