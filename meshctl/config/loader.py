@@ -28,14 +28,14 @@ from meshctl.config import documents, yamlsource
 from meshctl.config.files import decode_text, read_config_file, walk_yaml
 from meshctl.config.findings import FieldPath, Finding, Severity, format_path, has_errors
 from meshctl.config.model import (
-    ACCEPTED_VERSIONS,
+    GROUP_VERSIONS,
     ISTIO_KINDS,
     KINDS,
-    NETWORKING_GROUP,
     SECURITY_GROUP,
     Config,
     ConfigKey,
     Source,
+    served_group,
     spec_class,
 )
 from meshctl.config.schema import parse_spec
@@ -62,8 +62,9 @@ class LoadOptions:
     validate: bool = True
     #: Distinct findings reported for one file; the rest are counted in one last finding.
     max_findings_per_file: int = 100
-    #: Load files holding security.istio.io policies (which meshctl does not enforce yet) with a
-    #: warning instead of refusing them: the user accepts that those policies do nothing.
+    #: Load files holding security.istio.io policies that meshctl does not enforce yet
+    #: (AuthorizationPolicy, RequestAuthentication) with a warning instead of refusing them: the
+    #: user accepts that those policies do nothing.
     unenforced_security: bool = False
     #: Processes that load files side by side when there are many (see `load_paths`); 1 loads
     #: everything in this process, as a server must (it runs threads, and workers are forked).
@@ -296,11 +297,11 @@ def _load_document(
         return None, [finding(f"{kind} has no apiVersion", ("apiVersion",) if "apiVersion" in data else ())]
 
     group, _, version = api_version.partition("/")
-    if group != NETWORKING_GROUP or kind not in KINDS:
+    if group != served_group(kind):
         message, severity = _not_served(group, api_version, kind, options)
         return None, [finding(message, ("kind",), severity)]
-    if version not in ACCEPTED_VERSIONS:
-        accepted = ", ".join(f"{NETWORKING_GROUP}/{v}" for v in ACCEPTED_VERSIONS)
+    if version not in GROUP_VERSIONS[group]:
+        accepted = ", ".join(f"{group}/{v}" for v in GROUP_VERSIONS[group])
         return None, [finding(f"unknown apiVersion {api_version}: use one of {accepted}", ("apiVersion",))]
 
     kind, api_version = intern(kind), intern(api_version)
@@ -358,8 +359,9 @@ def _not_served(group: str, api_version: str, kind: str, options: LoadOptions) -
     """Why a document of a kind meshctl does not serve is skipped, and how bad that is:
 
     - a kind no Istio group has, in an Istio group, is a typo: an error, with the kind meant;
-    - a security kind is an error (a policy silently unenforced is worse than a failed build)
-      unless the user accepted the risk with `--allow-unenforced-security`;
+    - a security kind meshctl does not enforce yet (AuthorizationPolicy, RequestAuthentication)
+      is an error (a policy silently unenforced is worse than a failed build) unless the user
+      accepted the risk with `--allow-unenforced-security`;
     - another Istio kind (EnvoyFilter, Telemetry) and every other group's kind are warnings.
     """
     known = ISTIO_KINDS.get(group)

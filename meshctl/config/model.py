@@ -20,41 +20,70 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
-#: The API groups and versions we accept, exactly as users write them for Kubernetes.
 NETWORKING_GROUP: Final = "networking.istio.io"
-ACCEPTED_VERSIONS: Final = ("v1alpha3", "v1beta1", "v1")
-
-#: Kind -> (generated module under meshctl.api, message name). All versions share one schema,
-#: as they do in Istio (v1beta1 and v1 are the v1alpha3 messages re-exported).
-_KINDS: Final[Mapping[str, tuple[str, str]]] = {
-    "VirtualService": ("virtual_service_pb2", "VirtualService"),
-    "DestinationRule": ("destination_rule_pb2", "DestinationRule"),
-    "Gateway": ("gateway_pb2", "Gateway"),
-    "ServiceEntry": ("service_entry_pb2", "ServiceEntry"),
-    "WorkloadEntry": ("workload_entry_pb2", "WorkloadEntry"),
-    "WorkloadGroup": ("workload_group_pb2", "WorkloadGroup"),
-    "Sidecar": ("sidecar_pb2", "Sidecar"),
+#: The group whose kinds decide who may call whom: one that meshctl does not enforce is an
+#: error, unless the user accepts the risk (`LoadOptions.unenforced_security`).
+SECURITY_GROUP: Final = "security.istio.io"
+#: The versions accepted of each group with kinds meshctl loads, exactly as users write them for
+#: Kubernetes. All versions of a group share one schema, as in Istio (where networking's v1beta1
+#: and v1 re-export its v1alpha3 messages, and security's v1 its v1beta1 ones).
+GROUP_VERSIONS: Final[Mapping[str, tuple[str, ...]]] = {
+    NETWORKING_GROUP: ("v1alpha3", "v1beta1", "v1"),
+    SECURITY_GROUP: ("v1beta1", "v1"),
 }
 
-KINDS: Final = tuple(_KINDS)
+#: Kind -> (generated module under meshctl.api, message name) of its `spec`, for every kind with
+#: a schema: the kinds meshctl loads, and security kinds it does not enforce yet (their schema
+#: is here for the rules and generators that will).
+_SCHEMAS: Final[Mapping[str, tuple[str, str]]] = {
+    "VirtualService": ("networking.v1alpha3.virtual_service_pb2", "VirtualService"),
+    "DestinationRule": ("networking.v1alpha3.destination_rule_pb2", "DestinationRule"),
+    "Gateway": ("networking.v1alpha3.gateway_pb2", "Gateway"),
+    "ServiceEntry": ("networking.v1alpha3.service_entry_pb2", "ServiceEntry"),
+    "WorkloadEntry": ("networking.v1alpha3.workload_entry_pb2", "WorkloadEntry"),
+    "WorkloadGroup": ("networking.v1alpha3.workload_group_pb2", "WorkloadGroup"),
+    "Sidecar": ("networking.v1alpha3.sidecar_pb2", "Sidecar"),
+    "PeerAuthentication": ("security.v1beta1.peer_authentication_pb2", "PeerAuthentication"),
+    "AuthorizationPolicy": ("security.v1beta1.authorization_policy_pb2", "AuthorizationPolicy"),
+    "RequestAuthentication": ("security.v1beta1.request_authentication_pb2", "RequestAuthentication"),
+}
+
+#: Kind -> API group of the kinds meshctl loads (serves). A security kind is here only once
+#: meshctl enforces it: loading a policy that does nothing would let through what it denies.
+_SERVED: Final[Mapping[str, str]] = {
+    "VirtualService": NETWORKING_GROUP,
+    "DestinationRule": NETWORKING_GROUP,
+    "Gateway": NETWORKING_GROUP,
+    "ServiceEntry": NETWORKING_GROUP,
+    "WorkloadEntry": NETWORKING_GROUP,
+    "WorkloadGroup": NETWORKING_GROUP,
+    "Sidecar": NETWORKING_GROUP,
+    "PeerAuthentication": SECURITY_GROUP,
+}
+
+KINDS: Final = tuple(_SERVED)
 
 #: Every kind of Istio's own API groups, served or not: a kind of these groups that is in none of
 #: them is a typo (`VirtualSevice`) that Kubernetes would refuse too, not someone else's config.
 ISTIO_KINDS: Final[Mapping[str, frozenset[str]]] = {
-    NETWORKING_GROUP: frozenset({*_KINDS, "EnvoyFilter", "ProxyConfig"}),
-    "security.istio.io": frozenset({"AuthorizationPolicy", "PeerAuthentication", "RequestAuthentication"}),
+    NETWORKING_GROUP: frozenset(
+        {k for k, g in _SERVED.items() if g == NETWORKING_GROUP} | {"EnvoyFilter", "ProxyConfig"}
+    ),
+    SECURITY_GROUP: frozenset({"AuthorizationPolicy", "PeerAuthentication", "RequestAuthentication"}),
     "telemetry.istio.io": frozenset({"Telemetry"}),
     "extensions.istio.io": frozenset({"WasmPlugin"}),
 }
-#: The group whose kinds decide who may call whom: one that meshctl does not enforce is an
-#: error, unless the user accepts the risk (`LoadOptions.unenforced_security`).
-SECURITY_GROUP: Final = "security.istio.io"
+
+
+def served_group(kind: str) -> str | None:
+    """The API group of a kind meshctl loads, None for any other kind."""
+    return _SERVED.get(kind)
 
 
 def spec_class(kind: str) -> type[Message]:
     """The protobuf message class for a kind's `spec`, imported on first use."""
-    module_name, message = _KINDS[kind]
-    module = importlib.import_module(f"meshctl.api.networking.v1alpha3.{module_name}")
+    module_name, message = _SCHEMAS[kind]
+    module = importlib.import_module(f"meshctl.api.{module_name}")
     cls: type[Message] = getattr(module, message)
     return cls
 
@@ -66,7 +95,7 @@ _spec_class = cache(spec_class)
 def is_istio_kind(api_version: str, kind: str) -> bool:
     """True for the `apiVersion`/`kind` pairs meshctl loads; anything else is skipped."""
     group, _, version = api_version.partition("/")
-    return group == NETWORKING_GROUP and version in ACCEPTED_VERSIONS and kind in _KINDS
+    return group == _SERVED.get(kind) and version in GROUP_VERSIONS[group]
 
 
 class ConfigKey(NamedTuple):
@@ -245,16 +274,17 @@ def make_config(
     namespace: str,
     spec: Message,
     *,
-    api_version: str = f"{NETWORKING_GROUP}/v1",
+    api_version: str | None = None,
     labels: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
     source: Source | None = None,
     created: float | None = None,
 ) -> Config:
-    """Build a Config in code (tests, registries); the loader builds them from YAML."""
+    """Build a Config in code (tests, registries); the loader builds them from YAML. The
+    apiVersion is the v1 of the kind's group unless given."""
     return Config(
         key=ConfigKey(kind, namespace, name),
-        api_version=api_version,
+        api_version=api_version if api_version is not None else f"{_SERVED.get(kind, NETWORKING_GROUP)}/v1",
         spec=spec,
         labels=labels,
         annotations=annotations,

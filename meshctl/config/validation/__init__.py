@@ -32,6 +32,7 @@ def _validators() -> dict[str, Validator]:
     # Imported lazily so that importing the loader does not import every rule module.
     from meshctl.config.validation.destination_rule import validate as destination_rule
     from meshctl.config.validation.gateway import validate as gateway
+    from meshctl.config.validation.peer_authentication import validate as peer_authentication
     from meshctl.config.validation.service_entry import validate as service_entry
     from meshctl.config.validation.sidecar import validate as sidecar
     from meshctl.config.validation.virtual_service import validate as virtual_service
@@ -46,6 +47,7 @@ def _validators() -> dict[str, Validator]:
         "WorkloadEntry": workload_entry,
         "WorkloadGroup": workload_group,
         "Sidecar": sidecar,
+        "PeerAuthentication": peer_authentication,
     }
 
 
