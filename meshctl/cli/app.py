@@ -22,6 +22,7 @@ from typer.models import OptionInfo
 
 from meshctl import __version__
 from meshctl.cli import bootstrap as bootstrap_cmd
+from meshctl.cli import ca as ca_cmd
 from meshctl.cli import diff as diff_cmd
 from meshctl.cli import dump as dump_cmd
 from meshctl.cli import proxy_status as proxy_status_cmd
@@ -109,9 +110,9 @@ def _reflow(doc: str | None) -> str | None:
     return "\n\n".join(paragraphs)
 
 
-def _command(name: str, function: Callable[..., Any], epilog: str) -> None:
+def _command(name: str, function: Callable[..., Any], epilog: str, group: typer.Typer = app) -> None:
     _name_values(function)
-    app.command(name, help=_reflow(function.__doc__), epilog=epilog)(function)
+    group.command(name, help=_reflow(function.__doc__), epilog=epilog)(function)
 
 
 _command(
@@ -165,6 +166,28 @@ _command(
     proxy_status_cmd.proxy_status,
     "Examples:\n\n  meshctl proxy-status\n\n  meshctl proxy-status --admin 10.10.0.1:15014 --errors",
 )
+
+
+ca_app = typer.Typer(
+    name="ca",
+    help="The mesh's certificate authority: its root, and certificates for VM proxies and the xDS server.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+_command(
+    "root",
+    ca_cmd.root,
+    "Examples:\n\n  meshctl ca root > mesh-root.pem\n\n  meshctl ca root --ca-dir /etc/meshctl/cacerts",
+    ca_app,
+)
+_command(
+    "issue",
+    ca_cmd.issue,
+    "Examples:\n\n  meshctl ca issue --proxy reviews-v1-vm.bookinfo --service-account reviews --out /etc/envoy/xds\n\n"
+    "  meshctl ca issue --server meshctl.example.com --server 10.10.0.1 --out /etc/meshctl/tls",
+    ca_app,
+)
+app.add_typer(ca_app)
 
 
 def _print_version(value: bool) -> None:

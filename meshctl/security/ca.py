@@ -1,0 +1,241 @@
+"""The mesh's certificate authority: it signs workload, VM client and xDS server certificates.
+
+It comes from one of two places, as istiod's does:
+
+- a plug-in CA, Istio's `cacerts` directory from the operator's own PKI (`from_ca_dir`,
+  checked by `meshctl.security.cacerts`), which wins whenever it is given; or
+- meshctl's own self-signed root, made on first start under the state directory and loaded on
+  every later one (`self_signed`, kept by `meshctl.security.selfsigned`).
+
+Every certificate it issues has a new ECDSA P-256 key, a random 128-bit serial, an empty subject
+with its names in a critical subjectAltName (RFC 5280 4.2.1.6; Istio does the same), the
+authorityKeyIdentifier of the CA, and a validity that starts a minute early for clock skew and
+never outlasts the CA's own chain. A chain handed out is the leaf, then the signing certificate and
+every issuer up to and including the root, as Istio's workload `cert-chain` (for the self-signed
+root: the leaf and the root); verifiers ignore the root they already trust.
+
+Issuing costs one key generation and one signature, both in OpenSSL, with everything that
+depends only on the CA (issuer name, key identifier, chain PEM) computed once when it is loaded,
+so a cold start that needs certificates for a thousand proxies is not held up by them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import secrets
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from meshctl.errors import CredentialError
+from meshctl.security.cacerts import CLOCK_SKEW, SigningMaterial, load_ca_dir
+from meshctl.security.identity import WorkloadIdentity
+from meshctl.security.pem import certificates_pem, private_key_pem
+from meshctl.security.selfsigned import load_or_create_root
+
+logger = logging.getLogger("meshctl.security")
+
+#: Istio's default workload certificate lifetime.
+DEFAULT_LIFETIME = timedelta(hours=24)
+#: The share of a certificate's lifetime after which it is renewed (Istio's SECRET_GRACE_PERIOD_RATIO).
+RENEW_FRACTION = 2 / 3
+
+_LEAF_KEY_USAGE = x509.KeyUsage(
+    digital_signature=True,
+    content_commitment=False,
+    key_encipherment=True,
+    data_encipherment=False,
+    key_agreement=False,
+    key_cert_sign=False,
+    crl_sign=False,
+    encipher_only=False,
+    decipher_only=False,
+)
+_WORKLOAD_USAGE = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH])
+_CLIENT_USAGE = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH])
+_SERVER_USAGE = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH])
+_NOT_A_CA = x509.BasicConstraints(ca=False, path_length=None)
+_EMPTY_NAME = x509.Name([])
+
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedCertificate:
+    """A certificate the CA issued, with its new key. Neither PEM shows in `repr`, the key
+    because it is secret, the chain because it is long."""
+
+    #: The leaf, then the CA's chain up to and including the root (see the module's docstring).
+    cert_chain_pem: bytes = field(repr=False)
+    #: The leaf's key, unencrypted PKCS#8 PEM.
+    private_key_pem: bytes = field(repr=False)
+    not_before: datetime
+    not_after: datetime
+    serial: int
+
+    @property
+    def renew_at(self) -> datetime:
+        """When to replace it: two thirds into its lifetime, as Istio's agent does."""
+        return self.not_before + (self.not_after - self.not_before) * RENEW_FRACTION
+
+
+class CertificateAuthority:
+    """Signs certificates with one CA key; build it with `from_ca_dir` or `self_signed`.
+
+    Issuing keeps no state, so one authority can be shared by every thread and task.
+    """
+
+    __slots__ = ("_aki", "_chain_pem", "_expires", "_issuer", "_key", "_material", "created", "source")
+
+    def __init__(self, material: SigningMaterial, *, source: str, created: bool = False) -> None:
+        #: Where the CA came from, for messages: the plug-in directory or the state directory.
+        self.source = source
+        #: True when this call made a new self-signed root (a first start).
+        self.created = created
+        self._material = material
+        self._key = material.key
+        signing = material.certificate
+        self._issuer = signing.subject
+        try:
+            ski = signing.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+            self._aki = x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
+        except x509.ExtensionNotFound:
+            self._aki = x509.AuthorityKeyIdentifier.from_issuer_public_key(material.key.public_key())
+        self._chain_pem = certificates_pem(material.chain)
+        self._expires = min(c.not_valid_after_utc for c in material.chain)
+
+    @classmethod
+    def from_ca_dir(cls, directory: str | os.PathLike[str], *, now: datetime | None = None) -> CertificateAuthority:
+        """The plug-in CA of Istio's `cacerts` layout in `directory`; raises CredentialError,
+        naming the file, when it cannot be used (`meshctl.security.cacerts`)."""
+        path = Path(directory)
+        return cls(load_ca_dir(path, _utc(now)), source=f"plug-in CA {path}")
+
+    @classmethod
+    def self_signed(
+        cls, state_dir: str | os.PathLike[str], trust_domain: str = "cluster.local", *, now: datetime | None = None
+    ) -> CertificateAuthority:
+        """meshctl's own root under `state_dir/ca/`, made on the first call and loaded on every
+        later one (`meshctl.security.selfsigned`); raises CredentialError when the directory
+        cannot be written or holds a root that cannot be used."""
+        stored = load_or_create_root(Path(state_dir), trust_domain, _utc(now))
+        return cls(stored.material, source=f"self-signed root CA {stored.directory}", created=stored.created)
+
+    @property
+    def root_pem(self) -> bytes:
+        """The trust bundle: every root certificate, PEM, as `root-cert.pem` holds them."""
+        return self._material.root_pem
+
+    @property
+    def certificate(self) -> x509.Certificate:
+        """The certificate the CA signs with (the root itself, when self-signed)."""
+        return self._material.certificate
+
+    @property
+    def not_after(self) -> datetime:
+        """When the first certificate of the CA's chain expires: nothing it issues lasts longer."""
+        return self._expires
+
+    def issue_workload(
+        self, identity: WorkloadIdentity, lifetime: timedelta = DEFAULT_LIFETIME, now: datetime | None = None
+    ) -> IssuedCertificate:
+        """A workload's mTLS certificate: its SPIFFE URI, for serving and for calling."""
+        return self._issue(
+            [x509.UniformResourceIdentifier(identity.uri)], _WORKLOAD_USAGE, lifetime, now, str(identity)
+        )
+
+    def issue_client(
+        self,
+        names: Sequence[str],
+        identity: WorkloadIdentity | None = None,
+        lifetime: timedelta = DEFAULT_LIFETIME,
+        now: datetime | None = None,
+    ) -> IssuedCertificate:
+        """A VM proxy's xDS client certificate: DNS SANs `NAME.NAMESPACE` (`names`) and, when
+        given, the SPIFFE URI of `identity`, the names meshctl serve's identity rule accepts."""
+        sans: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
+        if identity is not None:
+            sans.append(x509.UniformResourceIdentifier(identity.uri))
+        return self._issue(
+            sans, _CLIENT_USAGE, lifetime, now, ", ".join([*names, *([str(identity)] if identity else [])])
+        )
+
+    def issue_server(
+        self,
+        dns_names: Iterable[str] = (),
+        ip_addresses: Iterable[str | IpAddress] = (),
+        lifetime: timedelta = DEFAULT_LIFETIME,
+        now: datetime | None = None,
+    ) -> IssuedCertificate:
+        """The xDS server's serving certificate, for the names and addresses proxies dial.
+        An address that is not an IP raises ValueError."""
+        dns = list(dns_names)
+        ips = [ipaddress.ip_address(a) for a in ip_addresses]
+        sans: list[x509.GeneralName] = [*map(x509.DNSName, dns), *map(x509.IPAddress, ips)]
+        return self._issue(sans, _SERVER_USAGE, lifetime, now, ", ".join([*dns, *map(str, ips)]))
+
+    def _issue(
+        self,
+        sans: Sequence[x509.GeneralName],
+        usage: x509.ExtendedKeyUsage,
+        lifetime: timedelta,
+        now: datetime | None,
+        what: str,
+    ) -> IssuedCertificate:
+        """Sign a leaf for `sans`. No names or a lifetime that is not positive is the caller's
+        mistake (ValueError); a CA that has expired is CredentialError."""
+        if not sans:
+            raise ValueError("a certificate needs at least one name")
+        if lifetime <= timedelta(0):
+            raise ValueError(f"a certificate lifetime must be positive, not {lifetime}")
+        start = _utc(now).replace(microsecond=0)
+        if start >= self._expires:
+            raise CredentialError(f"{self.source}: expired at {self._expires.isoformat()}, so it cannot issue")
+        not_before = start - CLOCK_SKEW
+        not_after = min(start + lifetime, self._expires)
+        key = ec.generate_private_key(ec.SECP256R1())
+        serial = secrets.randbits(128) or 1
+        certificate = (
+            x509.CertificateBuilder()
+            .subject_name(_EMPTY_NAME)
+            .issuer_name(self._issuer)
+            .public_key(key.public_key())
+            .serial_number(serial)
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
+            .add_extension(x509.SubjectAlternativeName(sans), critical=True)
+            .add_extension(_NOT_A_CA, critical=True)
+            .add_extension(_LEAF_KEY_USAGE, critical=True)
+            .add_extension(usage, critical=False)
+            .add_extension(self._aki, critical=False)
+            .sign(self._key, hashes.SHA256())
+        )
+        logger.debug("issued a certificate for %s, serial %x, until %s", what, serial, not_after.isoformat())
+        return IssuedCertificate(
+            cert_chain_pem=certificates_pem([certificate]) + self._chain_pem,
+            private_key_pem=private_key_pem(key),
+            not_before=not_before,
+            not_after=not_after,
+            serial=serial,
+        )
+
+    def __repr__(self) -> str:
+        subject = self._material.certificate.subject.rfc4514_string()
+        return f"CertificateAuthority({self.source!r}, subject={subject!r}, not_after={self._expires.isoformat()})"
+
+
+def _utc(now: datetime | None) -> datetime:
+    """`now`, or the current time; an aware time is required, since certificates are in UTC."""
+    if now is None:
+        return datetime.now(UTC)
+    if now.tzinfo is None:
+        raise ValueError("now must be an aware datetime (with a timezone)")
+    return now.astimezone(UTC)
