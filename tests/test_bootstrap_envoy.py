@@ -36,7 +36,7 @@ from meshctl.bootstrap import BootstrapOptions, build_bootstrap
 from meshctl.snapshot.proxy import parse_node_id
 from meshctl.testing.backends import Backend, send
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
-from meshctl.testing.envoy import EnvoyProcess, free_port, static_resources
+from meshctl.testing.envoy import EnvoyProcess, free_port, static_resources, with_static_secrets
 from meshctl.testing.serve_process import ServeProcess
 from meshctl.xds.generate import generate
 
@@ -286,7 +286,7 @@ def test_istios_stat_names_become_whole_labels_and_unused_clusters_have_no_traff
     it, static (no meshctl serve): the cluster and the connection manager are labels, whole."""
     service_port, admin_port, stats_port = free_port(), free_port(), free_port()
     snapshot = snapshot_from_yaml(mesh_yaml(service_port) + unused_service_yaml(free_port()), namespace=NS)
-    generated = static_resources(generate(snapshot, proxy_for(snapshot, CLIENT)))
+    generated = with_static_secrets(static_resources(generate(snapshot, proxy_for(snapshot, CLIENT))))
     for cluster in generated["clusters"]:
         cluster["alt_stat_name"] = delimited(cluster.get("alt_stat_name", cluster["name"]))
     options = BootstrapOptions("127.0.0.1", 1, admin_port=admin_port, stats_port=stats_port)
@@ -294,6 +294,7 @@ def test_istios_stat_names_become_whole_labels_and_unused_clusters_have_no_traff
     del config["dynamic_resources"]
     config["static_resources"]["clusters"] += generated["clusters"]
     config["static_resources"]["listeners"] += named_as_istio(generated["listeners"])
+    config["static_resources"]["secrets"] = generated.get("secrets", [])
 
     with Backend("catalog", BACKEND, service_port), EnvoyProcess(config, admin_port=admin_port) as envoy:
         wait_for(lambda: send(service_port, HOST, path=MATCHING).ok, "the catalog answering", envoy.log)

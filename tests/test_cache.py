@@ -34,6 +34,7 @@ kind: WorkloadEntry
 metadata: {name: ratings-v1-b, namespace: bookinfo}
 spec:
   address: 10.10.0.52
+  serviceAccount: bookinfo-ratings
   labels: {app: ratings, version: v1}
 """
 
@@ -74,7 +75,7 @@ def test_vms_of_different_services_in_a_namespace_share_their_outbound_config() 
         # Each VM's inbound cluster names its own service.
         assert name.split("-")[0].encode() in view.of(types.CLUSTER)["inbound|8080||"].body
         whole = generate(snapshot, proxy_for(snapshot, node(name, vms[name])))
-        for type_url in types.PUSH_ORDER:
+        for type_url in (types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE):
             assert sorted(view.of(type_url)) == sorted(
                 m.name if hasattr(m, "name") else m.cluster_name for m in whole[type_url]
             )

@@ -902,8 +902,15 @@ def test_tls_modes() -> None:
     assert upstream.auto_sni and upstream.auto_san_validation
     assert istio_meta(mutual_cluster)["alpn_override"] == "false"
 
-    # ISTIO_MUTUAL needs Istio's SDS: plaintext, like DISABLE.
-    assert not named(clusters, "outbound|9443||secure.example.com").HasField("transport_socket")
+    # ISTIO_MUTUAL: the mesh's certificates over SDS, Istio's SNI and in-mesh ALPN.
+    istio = _tls(named(clusters, "outbound|9443||secure.example.com"))
+    assert istio.sni == "outbound_.9443_._.secure.example.com"
+    common = istio.common_tls_context
+    assert [c.name for c in common.tls_certificate_sds_secret_configs] == ["default"]
+    assert common.tls_certificate_sds_secret_configs[0].sds_config.HasField("ads")
+    assert common.combined_validation_context.validation_context_sds_secret_config.name == "ROOTCA"
+    assert list(common.alpn_protocols) == ["istio-peer-exchange", "istio"]
+    assert not common.tls_certificates  # no key material in a cluster
     assert not named(clusters, "outbound|9445||secure.example.com").HasField("transport_socket")
     insecure = _tls(named(clusters, "outbound|9444||secure.example.com")).common_tls_context.validation_context
     assert not insecure.HasField("trusted_ca") and not insecure.HasField("system_root_certs")

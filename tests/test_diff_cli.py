@@ -137,6 +137,7 @@ metadata:
   namespace: bookinfo
 spec:
   address: 10.10.0.44
+  serviceAccount: bookinfo-reviews
   labels:
     app: reviews
     version: v4
@@ -155,6 +156,15 @@ def test_a_new_workload_is_an_added_proxy_and_new_endpoints_for_the_others(trees
     for other in (REVIEWS_V1, SLEEP, GATEWAY):
         theirs = {(c["type"], c["name"], c["change"]) for c in changes if c["proxy"] == other}
         assert theirs == {("endpoints", "outbound|9080||reviews.bookinfo.mesh", "changed")}, other
+    # Another service account behind reviews is another identity its clients accept: a cluster change.
+    edit(
+        new / "workloads.yaml",
+        "serviceAccount: bookinfo-reviews\n  labels:\n    app: reviews\n    version: v4",
+        "labels:\n    app: reviews\n    version: v4",
+    )
+    changes = json.loads(run(old, new, "--all-proxies", "-o", "json").stdout)
+    theirs = {(c["type"], c["name"], c["change"]) for c in changes if c["proxy"] == SLEEP}
+    assert ("clusters", "outbound|9080||reviews.bookinfo.mesh", "changed") in theirs
 
 
 def test_a_removed_workload_is_a_removed_proxy(trees: tuple[Path, Path]) -> None:

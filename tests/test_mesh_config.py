@@ -47,18 +47,21 @@ def test_every_form_istio_users_keep_it_in(tmp_path: Path, form: str) -> None:
 
 def test_what_meshctl_does_not_apply_is_said_and_errors_keep_nothing(tmp_path: Path) -> None:
     path = tmp_path / "mesh.yaml"
-    path.write_text("enableAutoMtls: true\ndefaultConfig: {holdApplicationUntilProxyStarts: true}\nfoo: 1\n")
+    path.write_text("enableTracing: true\ndefaultConfig: {holdApplicationUntilProxyStarts: true}\nfoo: 1\n")
     settings, findings = load_mesh_config(path)
     assert settings == MeshSettings()  # Istio's defaults for what is left out
     said = {(f.severity, f.message.split(" ")[0]) for f in findings}
     assert said == {
-        (Severity.WARNING, "enableAutoMtls"),
+        (Severity.WARNING, "enableTracing"),
         (Severity.INFO, "defaultConfig.holdApplicationUntilProxyStarts"),
         (Severity.WARNING, "foo"),
     }
     path.write_text("outboundTrafficPolicy: {mode: SOMETIMES}\nconnectTimeout: soon\n")
     settings, findings = load_mesh_config(path)
     assert settings is None and len([f for f in findings if f.severity is Severity.ERROR]) == 2
+    path.write_text("enableAutoMtls: false\n")
+    settings, findings = load_mesh_config(path)
+    assert settings == MeshSettings(enable_auto_mtls=False) and not findings
 
 
 def test_dump_applies_the_mesh_config(tmp_path: Path) -> None:

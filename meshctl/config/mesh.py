@@ -11,6 +11,7 @@ file is silently ignored:
 | outboundTrafficPolicy.mode       | ALLOW_ANY or REGISTRY_ONLY when no Sidecar says            |
 | connectTimeout                   | every cluster's connect timeout                            |
 | trustDomain                      | the SPIFFE trust domain of workload identities             |
+| enableAutoMtls                   | mutual TLS to endpoints with a proxy unless a rule says otherwise |
 | accessLogFile/Encoding/Format    | Envoy's access log, Istio's default format (`xds/access_log.py`) |
 | localityLbSetting                | every cluster's locality settings unless its DestinationRule has its own |
 | default*ExportTo                 | where services, VirtualServices, DestinationRules that say nothing are seen |
@@ -61,6 +62,9 @@ class MeshSettings:
     default_service_export_to: frozenset[str] = frozenset({"*"})
     default_virtual_service_export_to: frozenset[str] = frozenset({"*"})
     default_destination_rule_export_to: frozenset[str] = frozenset({"*"})
+    #: MeshConfig's enableAutoMtls: clients use mutual TLS towards endpoints that run a proxy
+    #: (`security.istio.io/tlsMode: istio`) unless a DestinationRule says otherwise.
+    enable_auto_mtls: bool = True
 
     def locality_default(self) -> LocalityLoadBalancerSetting:
         return LocalityLoadBalancerSetting.FromString(self.locality_lb_setting)
@@ -69,7 +73,6 @@ class MeshSettings:
 #: MeshConfig fields Istio reads that meshctl does not apply yet: each one present is a warning.
 _NOT_APPLIED: Final = frozenset(
     {
-        "enableAutoMtls",
         "enableTracing",
         "extensionProviders",
         "defaultProviders",
@@ -105,6 +108,7 @@ _READ: Final = frozenset(
         "outboundTrafficPolicy",
         "connectTimeout",
         "trustDomain",
+        "enableAutoMtls",
         "defaultConfig",
         "accessLogFile",
         "accessLogEncoding",
@@ -184,6 +188,10 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
     if not isinstance(trust, str) or not trust:
         problem("trustDomain must be a domain name")
         trust = defaults.trust_domain
+    auto_mtls = data.get("enableAutoMtls", defaults.enable_auto_mtls)
+    if not isinstance(auto_mtls, bool):
+        problem("enableAutoMtls must be true or false")
+        auto_mtls = defaults.enable_auto_mtls
     log_file = data.get("accessLogFile", "")
     encoding = data.get("accessLogEncoding", "TEXT")
     log_format = data.get("accessLogFormat", "")
@@ -234,6 +242,7 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
         default_service_export_to=exports.get("default_service_export_to", public),
         default_virtual_service_export_to=exports.get("default_virtual_service_export_to", public),
         default_destination_rule_export_to=exports.get("default_destination_rule_export_to", public),
+        enable_auto_mtls=auto_mtls,
     )
     return settings, findings
 

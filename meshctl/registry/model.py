@@ -209,6 +209,7 @@ class ServiceModel:
     #: by `make_model` from the model before for the services and endpoints it kept as they were.
     _service_digests: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
     _endpoint_digests: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    _identities: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict, compare=False, repr=False)
 
     def endpoints_of(self, hostname: str) -> tuple[Endpoint, ...]:
         return self.endpoints.get(hostname, ())
@@ -227,6 +228,26 @@ class ServiceModel:
             if endpoints_of is None or endpoints_of(service):
                 h.update(self.endpoints_digest(host).encode())
         return h.hexdigest()
+
+    def identities(self, hostname: str) -> tuple[tuple[str, str], ...]:
+        """The (namespace, service account) of every workload behind `hostname`, sorted: whom a
+        client talking mutual TLS to the service may find at the other end. A workload that
+        names no service account runs as `default`, as in Istio. Computed once per model."""
+        found = self._identities.get(hostname)
+        if found is None:
+            found = tuple(
+                sorted({(ep.namespace, ep.service_account or "default") for ep in self.endpoints.get(hostname, ())})
+            )
+            self._identities[hostname] = found
+        return found
+
+    def identities_digest(self) -> bytes:
+        """A hash of every service's workload identities: clients' mutual TLS settings name them,
+        so a workload with a new service account changes clusters, not only endpoints."""
+        h = hashlib.blake2b(digest_size=16)
+        for host in sorted(self.services):
+            h.update(repr((host, self.identities(host))).encode())
+        return h.digest()
 
     def endpoints_digest(self, hostname: str) -> str:
         """A content hash of one service's endpoints (EDS caches per host on it), computed once
@@ -302,6 +323,9 @@ def make_model(
         for host, digest in list(old._endpoint_digests.items()):
             if old_endpoints.get(host) is eps.get(host):
                 model._endpoint_digests.setdefault(host, digest)
+        for host, identities in list(old._identities.items()):
+            if old_endpoints.get(host) is eps.get(host):
+                model._identities.setdefault(host, identities)
     return model
 
 

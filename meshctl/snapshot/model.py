@@ -120,7 +120,7 @@ def build_snapshot(
     for kind in sorted(kind_digests):
         if kind not in _REGISTRY_KINDS:
             h.update(kind_digests[kind])
-    for part in (repr(mesh).encode(), definitions):
+    for part in (repr(mesh).encode(), definitions, services.identities_digest()):
         h.update(part)
     config_version = h.hexdigest()
     for kind in sorted(kind_digests):

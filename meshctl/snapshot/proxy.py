@@ -60,6 +60,10 @@ class ProxyNode:
     metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     #: Its identity was proven by a client certificate: bound strictly (see the module docstring).
     attested: bool = False
+    #: It is sent the mesh's workload certificates over SDS, so its config may use mutual TLS
+    #: (ISTIO_MUTUAL, auto mTLS, PeerAuthentication). The server says no for a proxy it may not
+    #: send a key to; config that names a secret the proxy never gets would never start.
+    mesh_certificates: bool = True
 
 
 def parse_node_id(node_id: str, metadata: Mapping[str, Any] | None = None) -> ProxyNode:
@@ -185,6 +189,7 @@ class Proxy:
             self.node.interception,
             self.node.ip if self.address_in_config else _family(self.node.ip),
             inbound,
+            self.node.mesh_certificates,
         )
 
     def outbound_key(self) -> tuple[object, ...]:
@@ -211,6 +216,7 @@ class Proxy:
             self.node.ip if redirected else _family(self.node.ip),
             self.outbound_locality,
             app_ports,
+            self.node.mesh_certificates,
         )
 
 

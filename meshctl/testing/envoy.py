@@ -16,6 +16,7 @@ limits and the like) are not deprecations and pass.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -129,12 +130,78 @@ def bootstrap(
     node_id: str = "sidecar~127.0.0.1~test.default~default.svc.cluster.local",
     admin_port: int = 0,
 ) -> dict[str, Any]:
-    """A complete static bootstrap holding `resources`."""
+    """A complete static bootstrap holding `resources`. Secrets named on the ADS stream (the
+    mesh's `default` and `ROOTCA`) become static secrets of a throwaway CA: Envoy's validate mode
+    cannot serve them over ADS (it crashes on the attempt) and a static Envoy has no stream."""
+    static = with_static_secrets(static_resources(resources))
     return {
         "node": {"id": node_id, "cluster": "test"},
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
-        "static_resources": static_resources(resources),
+        "static_resources": static,
     }
+
+
+def with_static_secrets(static: dict[str, Any]) -> dict[str, Any]:
+    """`static` (a bootstrap's static_resources) with every secret it asks for over SDS given
+    statically, from a throwaway CA, for an Envoy that has no ADS stream to get them on."""
+    if _name_static_secrets(static):
+        static["secrets"] = _throwaway_secrets()
+    return static
+
+
+def _name_static_secrets(data: Any) -> bool:
+    """Turn every SDS reference in `data` into a reference to a static secret of the same name;
+    True if there was one."""
+    found = False
+    if isinstance(data, dict):
+        if "sds_config" in data and "name" in data:
+            del data["sds_config"]
+            found = True
+        for value in data.values():
+            found = _name_static_secrets(value) or found
+    elif isinstance(data, list):
+        for value in data:
+            found = _name_static_secrets(value) or found
+    return found
+
+
+@functools.cache
+def _throwaway_secrets() -> list[dict[str, Any]]:
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "meshctl test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM).decode()
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    return [
+        {
+            "name": "default",
+            "tls_certificate": {
+                "certificate_chain": {"inline_string": cert_pem},
+                "private_key": {"inline_string": key_pem},
+            },
+        },
+        {"name": "ROOTCA", "validation_context": {"trusted_ca": {"inline_string": cert_pem}}},
+    ]
 
 
 def validate_config(config: Mapping[str, Any], *, timeout: float = 60.0) -> None:
@@ -197,9 +264,7 @@ class EnvoyProcess:
         self._config = dict(config)
         if admin_port is None:
             admin_port = free_port()
-            self._config["admin"] = {
-                "address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}
-            }
+            self._config["admin"] = {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}}
         self.admin_port = admin_port
         self._wait_live = wait_live
         self._log_level = log_level

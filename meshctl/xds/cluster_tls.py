@@ -9,9 +9,11 @@ cluster is created; Envoy does not reload them, so rotating them means pushing t
   when none is given (Istio's `system` default), unless `insecureSkipVerify`.
 - MUTUAL: SIMPLE plus the client certificate and key; without both files Istio refuses to build
   the TLS context and the cluster stays plaintext, and so does meshctl (validation reports it).
-- ISTIO_MUTUAL: Istio's mesh certificates come from its SDS, which meshctl does not serve, so
-  the cluster is left plaintext, exactly as if the rule said DISABLE. A mesh that needs mutual TLS
-  between VMs states it with MUTUAL and certificate files.
+- ISTIO_MUTUAL: the mesh's own certificates, which meshctl issues and serves over SDS
+  (`mesh_tls`): the proxy presents its workload certificate and checks the server's SPIFFE
+  identity. With no `tls` at all, auto mTLS (MeshConfig `enableAutoMtls`, on by default) does the
+  same towards endpoints that run a proxy (`security.istio.io/tlsMode: istio`) and stays
+  plaintext to the others, unless the service's namespace (or the mesh) DISABLEs mutual TLS.
 - `credentialName` names a Kubernetes secret served over SDS; it is ignored (files only).
 
 With no `sni`, Envoy sets SNI from each request's host (`auto_sni`); with neither `sni` nor
@@ -23,14 +25,18 @@ they are one, else as DNS names.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from typing import Final
 
+from envoy.extensions.transport_sockets.raw_buffer.v3 import raw_buffer_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 
 from meshctl.api.networking.v1alpha3 import destination_rule_pb2 as dr_pb2
+from meshctl.xds import mesh_tls
 from meshctl.xds.cluster_policy import ClusterDraft
 
 TLS_TRANSPORT_SOCKET: Final = "envoy.transport_sockets.tls"
+RAW_BUFFER_SOCKET: Final = "envoy.transport_sockets.raw_buffer"
 
 _MODE = dr_pb2.ClientTLSSettings
 _SAN = common_pb2.SubjectAltNameMatcher
@@ -108,3 +114,32 @@ def _san_type(san: str) -> int:
     except ValueError:
         return int(_SAN.DNS)
     return int(_SAN.IP_ADDRESS)
+
+
+def is_istio_mutual(tls: dr_pb2.ClientTLSSettings | None) -> bool:
+    return tls is not None and tls.mode == _MODE.ISTIO_MUTUAL
+
+
+def apply_istio_mutual(draft: ClusterDraft, tls: dr_pb2.ClientTLSSettings, sni: str, identities: Sequence[str]) -> None:
+    """ISTIO_MUTUAL from a DestinationRule: the mesh's certificates over SDS; the rule's own `sni`
+    and `subjectAltNames` win over Istio's SNI and the service's identities."""
+    sans = list(tls.subject_alt_names) or list(identities)
+    context = mesh_tls.upstream_context(tls.sni or sni, sans, draft.is_http2)
+    socket = draft.cluster.transport_socket
+    socket.name = TLS_TRANSPORT_SOCKET
+    socket.typed_config.Pack(context)
+
+
+def apply_auto_mtls(draft: ClusterDraft, sni: str, identities: Sequence[str]) -> None:
+    """Istio's auto mTLS: mutual TLS to endpoints whose metadata says they run a proxy
+    (`tlsMode: istio`), plaintext to the others, chosen per endpoint by transport socket match."""
+    context = mesh_tls.upstream_context(sni, list(identities), draft.is_http2)
+    cluster = draft.cluster
+    mtls = cluster.transport_socket_matches.add(name=f"{mesh_tls.TLS_MODE_KEY}-{mesh_tls.TLS_MODE_ISTIO}")
+    mtls.match.update({mesh_tls.TLS_MODE_KEY: mesh_tls.TLS_MODE_ISTIO})
+    mtls.transport_socket.name = TLS_TRANSPORT_SOCKET
+    mtls.transport_socket.typed_config.Pack(context)
+    plain = cluster.transport_socket_matches.add(name=f"{mesh_tls.TLS_MODE_KEY}-disabled")
+    plain.match.SetInParent()
+    plain.transport_socket.name = RAW_BUFFER_SOCKET
+    plain.transport_socket.typed_config.Pack(raw_buffer_pb2.RawBuffer())

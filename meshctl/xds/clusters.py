@@ -40,8 +40,9 @@ from google.protobuf import struct_pb2
 
 from meshctl.api.networking.v1alpha3 import destination_rule_pb2 as dr_pb2
 from meshctl.registry.model import Endpoint, Location, Protocol, Resolution, Service, ServicePort
+from meshctl.security.peer_authentication import MtlsMode, namespace_mode
 from meshctl.snapshot.interception import InterceptionMode
-from meshctl.snapshot.model import spec
+from meshctl.snapshot.model import Snapshot, spec
 from meshctl.snapshot.proxy import ProxyType
 from meshctl.snapshot.scope import MergedDestinationRule, ProxyScope
 from meshctl.xds import names
@@ -61,10 +62,11 @@ from meshctl.xds.cluster_policy import (
     policy_for_subset,
     traffic_policy,
 )
-from meshctl.xds.cluster_tls import apply_tls, originates_tls
+from meshctl.xds.cluster_tls import apply_auto_mtls, apply_istio_mutual, apply_tls, is_istio_mutual, originates_tls
 from meshctl.xds.endpoints import ISTIO_METADATA, locality_lb_endpoints, select_endpoints, socket_address
 from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.memo import GenerationMemo, Ref
+from meshctl.xds.mesh_tls import istio_sni, spiffe_uri
 from meshctl.xds.refs import destination_rule_ref
 
 _Cluster = cluster_pb2.Cluster
@@ -115,6 +117,14 @@ class OutboundClusterView:
     connect_timeout: float
     #: MeshConfig's localityLbSetting, serialized.
     mesh_locality: bytes
+    #: Whether clients use mutual TLS to the service's endpoints that run a proxy when no rule
+    #: sets `tls` (auto mTLS: on in the mesh, the service in it, its namespace not DISABLE).
+    auto_mtls: bool = False
+    #: The SPIFFE identities of the service's workloads, which a mutual TLS client accepts.
+    identities: tuple[str, ...] = ()
+    #: The proxy gets the mesh's certificates (`ProxyNode.mesh_certificates`); without them
+    #: ISTIO_MUTUAL and auto mTLS stay plaintext.
+    mesh_certificates: bool = True
 
 
 ClusterMemo = GenerationMemo[OutboundClusterView, tuple[cluster_pb2.Cluster, ...]]
@@ -159,7 +169,23 @@ def outbound_cluster_view(scope: ProxyScope, service: Service, port: ServicePort
         dns_endpoints=endpoints,
         connect_timeout=snapshot.mesh.connect_timeout_seconds,
         mesh_locality=snapshot.mesh.locality_lb_setting,
+        auto_mtls=(
+            snapshot.mesh.enable_auto_mtls
+            and service.location is Location.MESH_INTERNAL
+            and namespace_mode(snapshot, service.namespace) is not MtlsMode.DISABLE
+        ),
+        identities=_identities(snapshot, service),
+        mesh_certificates=scope.proxy.node.mesh_certificates,
     )
+
+
+def _identities(snapshot: Snapshot, service: Service) -> tuple[str, ...]:
+    """The SPIFFE URIs of a mesh-internal service's workloads (none for external services, whose
+    servers are not the mesh's)."""
+    if service.location is not Location.MESH_INTERNAL:
+        return ()
+    domain = snapshot.mesh.trust_domain
+    return tuple(spiffe_uri(domain, ns, sa) for ns, sa in snapshot.services.identities(service.hostname))
 
 
 def service_port_clusters(view: OutboundClusterView) -> tuple[cluster_pb2.Cluster, ...]:
@@ -214,7 +240,7 @@ def _outbound(view: OutboundClusterView) -> list[cluster_pb2.Cluster]:
         return []
     rule_policy = traffic_policy(rule.spec) if rule is not None else None
     policy = policy_for_port(rule_policy, port.number)
-    _apply_traffic_policy(view, draft, policy)
+    _apply_traffic_policy(view, draft, policy, subset="")
     _maybe_eds(draft.cluster)
     meta = _istio_metadata(draft.cluster)
     if service.location is Location.MESH_EXTERNAL:
@@ -252,7 +278,7 @@ def _subset(
     draft = _outbound_base(view, name, kind, labels=dict(subset.labels))
     if draft is None:
         return None
-    _apply_traffic_policy(view, draft, policy)
+    _apply_traffic_policy(view, draft, policy, subset=subset.name)
     _maybe_eds(draft.cluster)
     _rule_metadata(view.rule_path, draft.cluster, policy)
     _istio_metadata(draft.cluster).update({"subset": subset.name})
@@ -285,7 +311,9 @@ def _outbound_base(
     return draft
 
 
-def _apply_traffic_policy(view: OutboundClusterView, draft: ClusterDraft, policy: Policy | None) -> None:
+def _apply_traffic_policy(
+    view: OutboundClusterView, draft: ClusterDraft, policy: Policy | None, *, subset: str
+) -> None:
     """Istio's applyTrafficPolicy for an outbound cluster, in its order."""
     policy = policy or Policy()
     # Upgrade first, so that the pool's HTTP/2 settings reach an upgraded cluster (istio/istio#57583).
@@ -293,10 +321,28 @@ def _apply_traffic_policy(view: OutboundClusterView, draft: ClusterDraft, policy
     apply_connection_pool(draft, policy.connection_pool, view.connect_timeout, policy.retry_budget)
     apply_outlier_detection(draft.cluster, policy.outlier_detection)
     apply_load_balancer(draft.cluster, policy.load_balancer, view.dns_locality, _mesh_locality(view.mesh_locality))
-    apply_tls(draft, policy.tls)
+    _apply_upstream_tls(view, draft, policy.tls, subset)
     apply_proxy_protocol(draft.cluster, policy.proxy_protocol)
     if draft.cluster.type == _Cluster.ORIGINAL_DST:
         draft.cluster.lb_policy = _Cluster.CLUSTER_PROVIDED
+
+
+def _apply_upstream_tls(
+    view: OutboundClusterView, draft: ClusterDraft, tls: dr_pb2.ClientTLSSettings | None, subset: str
+) -> None:
+    """Istio's buildUpstreamTLSSettings: the rule's TLS (ISTIO_MUTUAL with the mesh's
+    certificates), else auto mTLS where it applies; never for ORIGINAL_DST clusters, whose
+    endpoints nobody knows."""
+    sni = istio_sni(view.port.number, subset, view.service.hostname)
+    if not view.mesh_certificates:
+        apply_tls(draft, tls)  # ISTIO_MUTUAL included: plaintext, as a proxy without a certificate must
+    elif is_istio_mutual(tls):
+        assert tls is not None
+        apply_istio_mutual(draft, tls, sni, view.identities)
+    elif tls is not None:
+        apply_tls(draft, tls)
+    elif view.auto_mtls and draft.cluster.type != _Cluster.ORIGINAL_DST:
+        apply_auto_mtls(draft, sni, view.identities)
 
 
 @lru_cache(maxsize=8)
@@ -368,9 +414,7 @@ def _inbound(view: InboundView) -> list[cluster_pb2.Cluster]:
         if endpoint_port in ingress_ports:
             continue
         targets = by_port[endpoint_port]
-        out.append(
-            _inbound_cluster(view, endpoint_port, (LOCALHOST, endpoint_port), targets[0].port.protocol, targets)
-        )
+        out.append(_inbound_cluster(view, endpoint_port, (LOCALHOST, endpoint_port), targets[0].port.protocol, targets))
     for listener in ingress:
         try:
             endpoint = _default_endpoint(listener.default_endpoint, view.proxy.value.ip)

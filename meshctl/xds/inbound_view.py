@@ -14,10 +14,11 @@ config); the configs as `Ref`s named by their content digests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meshctl.config.model import Config
 from meshctl.registry.model import Service
+from meshctl.security.peer_authentication import WorkloadMtls, workload_mtls
 from meshctl.snapshot.model import MeshSettings
 from meshctl.snapshot.proxy import Proxy
 from meshctl.snapshot.scope import MergedDestinationRule, ProxyScope
@@ -39,7 +40,8 @@ class InboundRule:
 @dataclass(frozen=True, slots=True)
 class InboundView:
     """Everything `generate_inbound` reads: the proxy, the services its workload serves, the
-    Sidecar that applies to it, the DestinationRules of its own services and the mesh settings."""
+    Sidecar that applies to it, the DestinationRules of its own services, the mesh settings and
+    the PeerAuthentication modes of its ports."""
 
     proxy: Ref[Proxy]
     #: The services the workload serves, by host name (their ports and protocols).
@@ -47,6 +49,8 @@ class InboundView:
     sidecar: Ref[Config] | None
     rules: tuple[InboundRule, ...]
     mesh: MeshSettings
+    #: The PeerAuthentication modes of the workload's ports.
+    mtls: WorkloadMtls = field(default_factory=WorkloadMtls)
 
     @property
     def sidecar_config(self) -> Config | None:
@@ -74,4 +78,5 @@ def inbound_view(scope: ProxyScope) -> InboundView:
         sidecar=config_ref(sidecar) if sidecar is not None else None,
         rules=tuple(rules),
         mesh=scope.snapshot.mesh,
+        mtls=workload_mtls(scope.snapshot, proxy.namespace, proxy.labels),
     )

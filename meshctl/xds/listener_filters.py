@@ -384,7 +384,8 @@ class ChainOpts:
         return bool(self.sni_hosts) or alpn or self.transport_protocol == TLS_TRANSPORT
 
     def needs_http_inspector(self) -> bool:
-        return bool(self.application_protocols)
+        """ALPN values on a TLS chain come from the TLS handshake, not from sniffing HTTP."""
+        return bool(self.application_protocols) and self.transport_protocol != TLS_TRANSPORT
 
 
 def merge_chains(current: list[ChainOpts], incoming: Iterable[ChainOpts]) -> list[ChainOpts]:

@@ -42,6 +42,7 @@ from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import spec
 from meshctl.snapshot.proxy import Proxy
 from meshctl.xds import listener_filters as lf
+from meshctl.xds import mesh_tls
 from meshctl.xds.inbound_view import InboundView
 from meshctl.xds.listener_tls import downstream_tls_context, unsupported_reason
 from meshctl.xds.names import (
@@ -230,6 +231,33 @@ def inbound_chain(port: InboundPort) -> lf.ChainOpts:
     )
 
 
+def inbound_chains(port: InboundPort, view: InboundView) -> list[lf.ChainOpts]:
+    """The filter chains of one inbound port under its PeerAuthentication mode (Istio's
+    inbound mTLS chains): DISABLE plaintext only; PERMISSIVE mutual TLS for clients that say they
+    are the mesh's (TLS with Istio's ALPN) and plaintext for the others; STRICT mutual TLS only.
+    A port the Sidecar terminates TLS on keeps the Sidecar's TLS; a proxy without the mesh's
+    certificates has no mutual TLS to offer (plaintext, or nothing under STRICT)."""
+    plain = inbound_chain(port)
+    if port.tls is not None:
+        return [plain]
+    mode = view.mtls.for_port(port.target)
+    if not view.proxy.value.node.mesh_certificates:
+        return [plain] if mode.accepts_plaintext else []
+    if not mode.accepts_mtls:
+        return [plain]
+    http = plain.kind == "http"
+    mtls = lf.ChainOpts(
+        filters=plain.filters,
+        destination_port=plain.destination_port,
+        transport_protocol=lf.TLS_TRANSPORT,
+        application_protocols=mesh_tls.MESH_ALPNS if mode.accepts_plaintext else (),
+        tls_context=mesh_tls.downstream_context(view.mesh.trust_domain, http),
+        name=f"{plain.name}-mtls",
+        kind=plain.kind,
+    )
+    return [mtls, plain] if mode.accepts_plaintext else [mtls]
+
+
 def _inbound_listener(
     name: str, ip: str, port: int, chains: list[lf.ChainOpts], *, bound: bool, interception: InterceptionMode
 ) -> listener_pb2.Listener:
@@ -279,13 +307,22 @@ def build_inbound(view: InboundView) -> list[listener_pb2.Listener]:
     interception = view.proxy.value.interception
     out = []
     virtual_chains: list[lf.ChainOpts] = []
+    proxy = view.proxy.value
     for port in inbound_ports(view):
-        chain = inbound_chain(port)
+        chains = inbound_chains(port, view)
+        if not chains:
+            logger.warning(
+                "%s: inbound port %d is STRICT mutual TLS but the proxy gets no workload certificate; "
+                "it accepts no connection there",
+                proxy.id,
+                port.target,
+            )
+            continue
         if port.bind_to_port:
             name = listener_name(port.bind, port.target)
-            out.append(_inbound_listener(name, port.bind, port.target, [chain], bound=True, interception=interception))
+            out.append(_inbound_listener(name, port.bind, port.target, chains, bound=True, interception=interception))
         else:
-            virtual_chains.append(chain)
+            virtual_chains.extend(chains)
     if interception is not InterceptionMode.NONE:
         chains = _passthrough_chains() + virtual_chains
         out.append(
