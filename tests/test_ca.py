@@ -293,7 +293,7 @@ def test_a_workload_certificate_is_istios(tmp_path: Path) -> None:
     assert 0 < leaf.serial_number < 2**128 and leaf.serial_number == issued.serial
     assert (issued.not_before, issued.not_after) == (NOW - timedelta(minutes=1), NOW + timedelta(hours=24))
     assert (leaf.not_valid_before_utc, leaf.not_valid_after_utc) == (issued.not_before, issued.not_after)
-    assert issued.renew_at == issued.not_before + (issued.not_after - issued.not_before) * 2 / 3
+    assert issued.renew_at == NOW + timedelta(hours=16)  # two thirds of the 24 h it was issued for
     key = serialization.load_pem_private_key(issued.private_key_pem, password=None)
     assert issued.private_key_pem.startswith(b"-----BEGIN PRIVATE KEY-----")
     assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp256r1"
@@ -383,7 +383,7 @@ def test_no_certificate_outlives_the_ca(tmp_path: Path, root: Issuer) -> None:
     authority = CertificateAuthority.from_ca_dir(write_cacerts(tmp_path, ending, root), now=NOW)
     issued = authority.issue_workload(REVIEWS, timedelta(hours=24), now=NOW)
     assert issued.not_after == ending.cert.not_valid_after_utc == authority.not_after
-    assert issued.renew_at == NOW - timedelta(minutes=1) + (timedelta(hours=2, minutes=1)) * 2 / 3
+    assert issued.renew_at == NOW + timedelta(hours=2) * 2 / 3
     with pytest.raises(CredentialError, match="expired"):
         authority.issue_workload(REVIEWS, now=NOW + timedelta(hours=3))
 

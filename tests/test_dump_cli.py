@@ -55,6 +55,7 @@ SECTIONS = [
     (config_dump_shared_pb2.EndpointsConfigDump, "endpoints"),
     (config_dump_shared_pb2.ListenersConfigDump, "listeners"),
     (config_dump_shared_pb2.RoutesConfigDump, "routes"),
+    (config_dump_pb2.SecretsConfigDump, "secrets"),
 ]
 
 
@@ -138,7 +139,9 @@ def test_versions_are_the_ones_the_server_sends(with_client: Path) -> None:
     sections = parse(dumped("-o", "json", "--proxy", SLEEP, config_dir=with_client).stdout)
     tree = load_tree(with_client)
     served = ResourceCache().resources(tree.snapshot, resolve_proxy(tree, SLEEP))
-    for type_url, (_, key) in zip((types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE), SECTIONS, strict=True):
+    for type_url, (_, key) in zip(
+        (types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE), SECTIONS[:4], strict=True
+    ):
         expected = {name: r.version for name, r in served.of(type_url).items()}
         shown = {n: v for n, v in names_and_versions(sections[key], key).items() if v}
         assert shown == expected, key

@@ -233,7 +233,7 @@ def test_config_dump_of_a_connected_proxy_is_what_it_was_sent(mesh: Path) -> Non
             dump = await admin_json(server, f"/debug/config_dump?proxyID={quoted}")
             assert isinstance(dump, dict)
             sections = {s["@type"].rsplit(".", 1)[-1]: s for s in dump["configs"]}
-            kinds = ("Clusters", "Endpoints", "Listeners", "Routes")
+            kinds = ("Clusters", "Endpoints", "Listeners", "Routes", "Secrets")
             assert set(sections) == {f"{kind}ConfigDump" for kind in kinds}
             clusters = {d["cluster"]["name"] for d in sections["ClustersConfigDump"]["dynamic_active_clusters"]}
             assert clusters == c.names(types.CLUSTER)

@@ -58,6 +58,8 @@ _VALUE_NAMES = {
     "--tls-cert": "PATH",
     "--tls-key": "PATH",
     "--client-ca": "PATH",
+    "--ca-dir": "PATH",
+    "--state-dir": "PATH",
     "--admin-token-file": "PATH",
     "--known-host": "HOST",
     "--jobs": "N",

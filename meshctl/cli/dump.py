@@ -43,6 +43,7 @@ class Section(enum.StrEnum):
     endpoints = "endpoints"
     listeners = "listeners"
     routes = "routes"
+    secrets = "secrets"
     all = "all"
 
 
@@ -148,8 +149,24 @@ def short_tables(resources: Mapping[str, Sequence[Message]], type_urls: Iterable
             "Listeners", LISTENER_COLUMNS, listener_rows(resources.get(types.LISTENER, ()))
         ),
         types.ROUTE: lambda: TableData("Routes", ROUTE_COLUMNS, route_rows(resources.get(types.ROUTE, ()))),
+        types.SECRET: lambda: TableData("Secrets", SECRET_COLUMNS, secret_rows(resources)),
     }
     return [tables[t]() for t in DUMP_ORDER if t in wanted]
+
+
+SECRET_COLUMNS = ("RESOURCE NAME", "TYPE", "STATUS")
+
+
+def secret_rows(resources: Mapping[str, Sequence[Message]]) -> list[list[str]]:
+    """istioctl's `proxy-config secret` rows: the mesh secrets the config asks for. Offline they
+    are not issued yet: `meshctl serve` issues them to the proxy whose connection proves it."""
+    from meshctl.xds import types
+    from meshctl.xds.mesh_tls import ROOT_SECRET, secret_names
+
+    names = secret_names(resources.get(types.CLUSTER, ()), resources.get(types.LISTENER, ()))
+    return [
+        [name, "CA" if name == ROOT_SECRET else "Cert Chain", "issued by meshctl serve"] for name in sorted(names)
+    ]
 
 
 def describe_config(metadata: Any) -> str:

@@ -9,7 +9,7 @@ import typer
 
 from meshctl.cli.exits import reported
 
-TYPES = ("CDS", "LDS", "EDS", "RDS")
+TYPES = ("CDS", "LDS", "EDS", "RDS", "SDS")
 
 
 class Format(enum.StrEnum):
@@ -42,7 +42,7 @@ def proxy_status(
         ),
     ] = None,
 ) -> None:
-    """One row per connected proxy with CDS, LDS, EDS and RDS each SYNCED, STALE, NOT SENT or ERROR."""
+    """One row per connected proxy with CDS, LDS, EDS, RDS and SDS each SYNCED, STALE, NOT SENT or ERROR."""
     import json
     import sys
 

@@ -95,9 +95,43 @@ def serve(
         typer.Option(
             "--allow-unenforced-security",
             envvar="MESHCTL_ALLOW_UNENFORCED_SECURITY",
-            help="Accept security.istio.io policies (AuthorizationPolicy, PeerAuthentication, "
-            "RequestAuthentication) although meshctl does not enforce them yet: the traffic they "
-            "deny flows. Without it, a file holding one is an error.",
+            help="Accept security.istio.io policies meshctl does not enforce yet (AuthorizationPolicy, "
+            "RequestAuthentication): the traffic they deny flows. Without it, a file holding one is an error.",
+        ),
+    ] = False,
+    ca_dir: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="MESHCTL_CA_DIR",
+            help="Sign workload certificates with this CA: Istio's cacerts layout (ca-cert.pem, ca-key.pem, "
+            "root-cert.pem, cert-chain.pem), e.g. an intermediate of your own PKI.",
+        ),
+    ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="MESHCTL_STATE_DIR",
+            help="Where the self-signed root CA is created on first start and reused after (without "
+            "--ca-dir). Default /var/lib/meshctl; when that cannot be written and the flag is not "
+            "given, workload mutual TLS is off and the log says so.",
+        ),
+    ] = None,
+    workload_cert_lifetime: Annotated[
+        str,
+        typer.Option(
+            envvar="MESHCTL_WORKLOAD_CERT_LIFETIME",
+            metavar="DURATION",
+            help="Lifetime of workload certificates (24h, 90m); renewed when two thirds are spent.",
+        ),
+    ] = "24h",
+    insecure_send_keys: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-send-keys",
+            envvar="MESHCTL_INSECURE_SEND_KEYS",
+            help="Send workload private keys to proxies whose xDS connection did not prove their identity "
+            "(no --client-ca): anyone who can reach the xDS port gets any workload's key. Only for "
+            "loopback demos.",
         ),
     ] = False,
     mesh_config: Annotated[
@@ -140,12 +174,14 @@ def serve(
     PERMISSION_DENIED and logged.
     """
     import asyncio
+    import datetime
     import os
 
+    from meshctl.config.schema import parse_duration
     from meshctl.errors import CredentialError, UsageError
     from meshctl.logs import configure_logging
     from meshctl.registry.consul import ConsulOptions
-    from meshctl.server.app import Server, ServeSettings, split_address
+    from meshctl.server.app import DEFAULT_STATE_DIR, Server, ServeSettings, split_address
     from meshctl.server.auth import XdsTls
     from meshctl.server.discovery import DebounceSettings
     from meshctl.server.notify import NotifySettings
@@ -170,6 +206,9 @@ def serve(
         if consul
         else None
     )
+    lifetime = parse_duration(workload_cert_lifetime)
+    if lifetime is None or lifetime <= 0:
+        raise UsageError(f"--workload-cert-lifetime {workload_cert_lifetime!r} is not a duration (24h, 90m)")
     settings = ServeSettings(
         config_dirs=tuple(config_dir),
         xds_address=xds_address,
@@ -184,6 +223,11 @@ def serve(
         allow_unenforced_security=allow_unenforced_security,
         mesh_config=mesh_config,
         freeze_startup=True,
+        ca_dir=ca_dir,
+        state_dir=state_dir if state_dir is not None else DEFAULT_STATE_DIR,
+        state_dir_given=state_dir is not None,
+        workload_cert_lifetime=datetime.timedelta(seconds=lifetime / 1e9),
+        insecure_send_keys=insecure_send_keys,
     )
     try:
         asyncio.run(Server(settings).run())

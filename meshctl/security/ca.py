@@ -80,11 +80,15 @@ class IssuedCertificate:
     not_before: datetime
     not_after: datetime
     serial: int
+    #: When it was issued: `not_before` is set back a little for clocks behind ours.
+    issued_at: datetime
 
     @property
     def renew_at(self) -> datetime:
-        """When to replace it: two thirds into its lifetime, as Istio's agent does."""
-        return self.not_before + (self.not_after - self.not_before) * RENEW_FRACTION
+        """When to replace it: two thirds into the time it was issued for, as Istio's agent does
+        (counted from issuance, not from the back-dated `not_before`, which would make a
+        short-lived certificate due at once)."""
+        return self.issued_at + (self.not_after - self.issued_at) * RENEW_FRACTION
 
 
 class CertificateAuthority:
@@ -225,6 +229,7 @@ class CertificateAuthority:
             not_before=not_before,
             not_after=not_after,
             serial=serial,
+            issued_at=start,
         )
 
     def __repr__(self) -> str:

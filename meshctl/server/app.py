@@ -13,6 +13,8 @@ and a watchdog ping from the event loop, is reported over sd_notify (`meshctl.se
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime
 import gc
 import logging
 import signal
@@ -21,12 +23,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 import grpc
 
 from meshctl.config.loader import LoadOptions
 from meshctl.config.watcher import WatchOptions
+from meshctl.errors import CredentialError
 from meshctl.ingest import FollowedFiles
 from meshctl.registry.aggregate import AggregateRegistry
 from meshctl.registry.base import Registry
@@ -39,8 +42,12 @@ from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
 from meshctl.server.mesh_config import MeshConfigFile
 from meshctl.server.metrics import Metrics
 from meshctl.server.notify import NotifySettings, SystemdNotifier, service_status
+from meshctl.server.secrets import WorkloadSecrets
 from meshctl.server.status import ServerStatus
 from meshctl.snapshot.model import MeshSettings, Snapshot
+
+if TYPE_CHECKING:
+    from meshctl.security.ca import CertificateAuthority
 
 logger = logging.getLogger("meshctl.server")
 
@@ -111,6 +118,39 @@ class ServeSettings:
     #: change at a thousand services. `meshctl serve` owns its process and sets it; a server
     #: embedded in another process (tests) leaves that process's collector alone.
     freeze_startup: bool = False
+    #: The CA that signs workload certificates: Istio's cacerts files (`ca_dir`), else a root kept
+    #: in `state_dir`; with neither (or a default state dir that cannot be written), no proxy
+    #: gets a certificate and config uses no mutual TLS.
+    ca_dir: Path | None = None
+    state_dir: Path | None = None
+    #: False when `state_dir` is the default: a directory that cannot be written then turns
+    #: workload mutual TLS off with a warning instead of stopping the server.
+    state_dir_given: bool = True
+    workload_cert_lifetime: datetime.timedelta = datetime.timedelta(hours=24)
+    #: Send keys to proxies whose identity the xDS connection did not prove (loopback demos).
+    insecure_send_keys: bool = False
+
+
+#: Where the self-signed root lives unless --state-dir says otherwise (systemd's StateDirectory=).
+DEFAULT_STATE_DIR: Final = Path("/var/lib/meshctl")
+
+
+def _certificate_authority(settings: ServeSettings, trust_domain: str) -> CertificateAuthority | None:
+    """The CA of `settings` (see `ServeSettings.ca_dir`); raises CredentialError for files that
+    cannot be used."""
+    from meshctl.security.ca import CertificateAuthority
+
+    if settings.ca_dir is not None:
+        return CertificateAuthority.from_ca_dir(settings.ca_dir)
+    if settings.state_dir is None:
+        return None
+    try:
+        return CertificateAuthority.self_signed(settings.state_dir, trust_domain)
+    except CredentialError as exc:
+        if settings.state_dir_given:
+            raise
+        logger.warning("workload mutual TLS is off (give --state-dir or --ca-dir): %s", exc)
+        return None
 
 
 class Server:
@@ -137,9 +177,18 @@ class Server:
         self.discovery.on_debounced = self._debounced
         tls = settings.tls
         authorize = identity_authorizer(lambda: self.discovery.snapshot) if tls and tls.client_ca_file else None
-        self.ads = AdsServicer(
-            self.cache, lambda: self.discovery.snapshot, self.metrics, authorize=authorize, admit=self.admission
+        self.ca = _certificate_authority(settings, mesh.trust_domain)
+        self.secrets = WorkloadSecrets(
+            self.cache.resolve,
+            self.ca,
+            trust_domain=lambda: self.discovery.mesh.trust_domain,
+            lifetime=settings.workload_cert_lifetime,
+            send_keys_unauthenticated=settings.insecure_send_keys,
         )
+        self.ads = AdsServicer(
+            self.secrets, lambda: self.discovery.snapshot, self.metrics, authorize=authorize, admit=self.admission
+        )
+        self._renewal: asyncio.Task[None] | None = None
         self.status = ServerStatus(self)
         self.notify = SystemdNotifier(settings.notify, lambda: service_status(self))
         self._grpc: grpc.aio.Server | None = None
@@ -236,6 +285,8 @@ class Server:
             len(snapshot.configs),
             len(snapshot.services.services),
         )
+        if self.ca is not None:
+            self._renewal = asyncio.create_task(self._renew_certificates(), name="meshctl-renew")
         if self.settings.on_ready is not None:
             self.settings.on_ready(self.xds_port, self.admin_port)
 
@@ -287,6 +338,11 @@ class Server:
         self._mesh_timer = asyncio.get_running_loop().call_later(1.0, self._follow_mesh_config)
 
     async def stop(self) -> None:
+        if self._renewal is not None:
+            self._renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewal
+            self._renewal = None
         if self._mesh_timer is not None:
             self._mesh_timer.cancel()
         if self._sync_timer is not None:
@@ -302,6 +358,24 @@ class Server:
         await loop.run_in_executor(None, self.followed.stop)
         if self.consul is not None:
             await loop.run_in_executor(None, self.consul.stop)
+
+    async def _renew_certificates(self) -> None:
+        """Publish the current snapshot again whenever a workload certificate is due for renewal:
+        every stream re-resolves, and only the renewed proxies' `default` secret changes."""
+        while True:
+            due = self.secrets.due()
+            now = datetime.datetime.now(datetime.UTC)
+            # Looked at every second at most: a certificate issued meanwhile may be short-lived.
+            wait = 1.0 if due is None else min(1.0, max(0.2, (due - now).total_seconds()))
+            await asyncio.sleep(wait)
+            due = self.secrets.due()
+            snapshot = self.discovery.snapshot
+            if due is not None and snapshot is not None and datetime.datetime.now(datetime.UTC) >= due:
+                self.secrets.forget_expired()
+                try:
+                    await self.ads.publish(snapshot)
+                except Exception:
+                    logger.exception("renewing workload certificates failed; retrying")
 
     # -- pushes ------------------------------------------------------------------------------
 

@@ -46,7 +46,7 @@ from meshctl.xds.resources import Resource
 Subscription = SotwSubscription | DeltaSubscription
 
 #: State-of-the-world types whose responses may leave out what the node already holds.
-PARTIAL_SOTW_TYPES = frozenset((types.ENDPOINT, types.ROUTE))
+PARTIAL_SOTW_TYPES = frozenset((types.ENDPOINT, types.ROUTE, types.SECRET))
 
 #: How many versions sent per type are remembered until the node ACKs one (a node that never
 #: ACKs would otherwise make a long-lived stream keep one per push).

@@ -93,6 +93,11 @@ class Discovery:
         #: Observers for metrics: called with (debounce seconds, trigger counts) per snapshot.
         self.on_debounced: Callable[[float, Trigger], None] = lambda _t, _tr: None
 
+    @property
+    def mesh(self) -> MeshSettings:
+        """The mesh-wide settings the next snapshot is built with."""
+        return self._mesh
+
     # -- inputs (any thread) -----------------------------------------------------------------
 
     def config_changed(self, _change: ConfigChange) -> None:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from meshctl.server.ads import AdsServicer
     from meshctl.server.discovery import Discovery
     from meshctl.server.metrics import Metrics
+    from meshctl.server.secrets import WorkloadSecrets
 
 
 class RunningServer(Protocol):
@@ -28,6 +29,7 @@ class RunningServer(Protocol):
     discovery: Discovery
     ads: AdsServicer
     metrics: Metrics
+    secrets: WorkloadSecrets
 
     def ready(self) -> bool: ...
 
@@ -79,14 +81,16 @@ class ServerStatus:
 
     def config_dump(self, proxy_id: str) -> dict[str, Any] | None:
         """The connected proxy's config as `meshctl dump -o json` prints it: Envoy's
-        `/config_dump?include_eds` of everything generated for it from the current snapshot."""
+        `/config_dump?include_eds` of everything generated for it from the current snapshot, and
+        the secrets it holds, private keys redacted."""
         from meshctl.xds.config_dump import build_config_dump, config_dump_dict
         from meshctl.xds.generate import generate
 
         snapshot = self._server.discovery.snapshot
         for stream in self._server.ads.streams.values():
             if stream.connection.node_id == proxy_id and stream.proxy is not None and snapshot is not None:
-                return config_dump_dict(build_config_dump(generate(snapshot, stream.proxy)))
+                resources = {**generate(snapshot, stream.proxy), types.SECRET: self._server.secrets.held(proxy_id)}
+                return config_dump_dict(build_config_dump(resources))
         return None
 
     def registryz(self) -> dict[str, Any]:

@@ -28,12 +28,14 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import struct_pb2
 from google.protobuf.message import Message
 from google.rpc import status_pb2  # type: ignore[import-untyped]
 
 from meshctl.xds import types
+from meshctl.xds.mesh_tls import secret_names
 
 _METHOD_SOTW = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
 _METHOD_DELTA = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
@@ -42,7 +44,9 @@ _CLASSES: Mapping[str, type[Message]] = {
     types.ENDPOINT: endpoint_pb2.ClusterLoadAssignment,
     types.LISTENER: listener_pb2.Listener,
     types.ROUTE: route_pb2.RouteConfiguration,
+    types.SECRET: secret_pb2.Secret,
 }
+
 _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 
 #: Decides whether to reject a response: (type_url, what the client would hold of that type if it
@@ -51,7 +55,7 @@ NackRule = Callable[[str, Mapping[str, Message]], str | None]
 
 #: Types whose state-of-the-world responses update only the names they carry (the xDS protocol's
 #: "grouping resources into responses": all but Listener and Cluster).
-PARTIAL_SOTW_TYPES = frozenset((types.ENDPOINT, types.ROUTE))
+PARTIAL_SOTW_TYPES = frozenset((types.ENDPOINT, types.ROUTE, types.SECRET))
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +286,10 @@ class AdsClient:
             wanted = rds_names(candidate)
             if wanted != self._state[types.ROUTE].names or not self._state[types.ROUTE].started:
                 self._subscribe(types.ROUTE, wanted)
+        if type_url in (types.CLUSTER, types.LISTENER):
+            named = secret_names(self.resources[types.CLUSTER].values(), self.resources[types.LISTENER].values())
+            if named and named != self._state[types.SECRET].names:
+                self._subscribe(types.SECRET, named)
 
     # -- waiting -----------------------------------------------------------------------------
 
@@ -312,3 +320,4 @@ class AdsClient:
             and eds_names(self.resources[types.CLUSTER]) <= self.names(types.ENDPOINT)
             and rds_names(self.resources[types.LISTENER]) <= self.names(types.ROUTE)
         )
+

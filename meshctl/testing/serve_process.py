@@ -94,6 +94,9 @@ class ServeProcess:
         ]
         if self.consul is not None:
             cmd += ["--consul", self.consul]
+        if "--state-dir" not in self.extra_args and "--ca-dir" not in self.extra_args:
+            # Its own CA, kept across `restart()` as a real state directory is.
+            cmd += ["--state-dir", str(Path(self._dir.name) / "state")]
         return [*cmd, *self.extra_args]
 
     def start(self, *, timeout: float = 60.0, ready: bool = True) -> None:

@@ -3,8 +3,9 @@
 People debugging a mesh already read `config_dump` output, and tools (`istioctl proxy-config
 cluster --file`, jq scripts) already parse it, so `meshctl dump` speaks that format rather than a
 new one. Each resource is shown as Envoy holds it after an xDS update: `dynamic_active_clusters`,
-`dynamic_listeners[].active_state`, `dynamic_route_configs`, `dynamic_endpoint_configs`, in
-Envoy's order (clusters, endpoints, listeners, routes).
+`dynamic_listeners[].active_state`, `dynamic_route_configs`, `dynamic_endpoint_configs`,
+`dynamic_active_secrets` (keys redacted as Envoy redacts them), in Envoy's order (clusters,
+endpoints, listeners, routes, secrets).
 
 Versions are the server's own: a resource's `version_info` is the content version the server
 gives it (`to_resource`), and a section's `version_info` is the version of the whole set
@@ -31,10 +32,12 @@ from typing import Any, Final
 
 from envoy.admin.v3 import config_dump_pb2, config_dump_shared_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 from google.protobuf import any_pb2, descriptor_pool, json_format
 from google.protobuf.message import Message
 
 from meshctl.xds import types
+from meshctl.xds.mesh_tls import secret_names
 from meshctl.xds.names import resource_name
 from meshctl.xds.resources import set_version, to_resource
 
@@ -44,11 +47,12 @@ SECTION_NAMES: Final = {
     types.ENDPOINT: "endpoints",
     types.LISTENER: "listeners",
     types.ROUTE: "routes",
+    types.SECRET: "secrets",
 }
 TYPE_BY_SECTION: Final = {name: type_url for type_url, name in SECTION_NAMES.items()}
 
 #: The order Envoy dumps sections in (its ConfigDump documentation).
-DUMP_ORDER: Final = (types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE)
+DUMP_ORDER: Final = (types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE, types.SECRET)
 
 Resources = Mapping[str, Sequence[Message]]
 
@@ -231,9 +235,33 @@ def _routes(resources: Resources) -> Message:
     return out
 
 
+def _secrets(resources: Resources) -> Message:
+    """Secrets as Envoy dumps them: those held with their private keys redacted (Envoy's
+    `[redacted]`); without them (an offline dump: the server issues them to the live proxy),
+    the names the config asks for, as Envoy lists secrets it waits for."""
+    section = config_dump_pb2.SecretsConfigDump()
+    held = {resource_name(m): m for m in resources.get(types.SECRET, ())}
+    asked = secret_names(resources.get(types.CLUSTER, ()), resources.get(types.LISTENER, ()))
+    for name in sorted(held.keys() | asked):
+        message = held.get(name)
+        if message is None:
+            section.dynamic_warming_secrets.add(name=name)
+            continue
+        shown = secret_pb2.Secret()
+        shown.CopyFrom(message)
+        if shown.HasField("tls_certificate"):
+            shown.tls_certificate.private_key.Clear()
+            shown.tls_certificate.private_key.inline_string = "[redacted]"
+        entry = section.dynamic_active_secrets.add(name=name, version_info=to_resource(message, types.SECRET).version)
+        entry.secret.Pack(shown)
+    out: Message = section
+    return out
+
+
 _SECTIONS: Final = {
     types.CLUSTER: _clusters,
     types.ENDPOINT: _endpoints,
     types.LISTENER: _listeners,
     types.ROUTE: _routes,
+    types.SECRET: _secrets,
 }
