@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -25,6 +27,7 @@ from meshctl.security.identity import WorkloadIdentity
 from meshctl.server.app import Server
 from meshctl.server.auth import XdsTls
 from meshctl.testing.ads_client import AdsClient
+from meshctl.testing.serve_process import meshctl_command
 from meshctl.testing.server import run, serving
 from meshctl.xds import types
 
@@ -139,3 +142,27 @@ def test_without_proof_of_identity_no_key_is_sent_and_config_uses_no_mutual_tls(
             assert all(b"ROOTCA" not in listener.SerializeToString() for listener in listeners)
 
     run(test)
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda d: ["--ca-dir", str(d)], "ca-cert.pem"),
+        (lambda d: ["--state-dir", str(d / "a-file")], "a-file"),
+    ],
+)
+def test_a_ca_that_cannot_be_used_stops_serve_with_the_file_named(
+    tmp_path: Path, make: Callable[[Path], list[str]], said: str
+) -> None:
+    (tmp_path / "a-file").write_text("not a directory\n")
+    mesh = examples_copy(tmp_path)
+    proc = subprocess.run(
+        [*meshctl_command(), "serve", "--config-dir", str(mesh), "--xds-address", "127.0.0.1:0", *make(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert said in proc.stderr and "Traceback" not in proc.stderr
+    assert "PRIVATE KEY" not in proc.stderr
