@@ -742,7 +742,6 @@ def test_gateway_tls_files_and_client_certificates() -> None:
     ("tls", "expected"),
     [
         ("{mode: SIMPLE, credentialName: web-cert}", "credentialName"),
-        ("{mode: ISTIO_MUTUAL}", "ISTIO_MUTUAL"),
         ("{mode: AUTO_PASSTHROUGH}", "AUTO_PASSTHROUGH"),
     ],
 )
@@ -767,6 +766,35 @@ spec:
         "Gateway istio-system/edge server 443/HTTPS" in r.getMessage() and expected in r.getMessage()
         for r in caplog.records
     ), [r.getMessage() for r in caplog.records]
+
+
+def test_a_gateway_serves_istio_mutual_with_the_mesh_certificates() -> None:
+    """ISTIO_MUTUAL on a Gateway server: the gateway presents its workload certificate (SDS
+    `default`) and requires a client certificate of the mesh (`ROOTCA`), as Istio's gateways do
+    for mesh-internal traffic; a gateway that is not sent certificates cannot serve it."""
+    gateway = """
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: edge, namespace: istio-system}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 443, name: https, protocol: HTTPS}
+    hosts: ["*/www.example.com"]
+    tls: {mode: ISTIO_MUTUAL}
+"""
+    (listener,) = build_listeners(scope_for(gateway, GATEWAY, GATEWAY_META))
+    context = tls_pb2.DownstreamTlsContext()
+    assert listener.filter_chains[0].transport_socket.typed_config.Unpack(context)
+    common = context.common_tls_context
+    assert context.require_client_certificate.value
+    assert [c.name for c in common.tls_certificate_sds_secret_configs] == ["default"]
+    assert common.combined_validation_context.validation_context_sds_secret_config.name == "ROOTCA"
+    assert list(common.alpn_protocols) == ["h2", "http/1.1"]
+    settings = gateway_pb2.ServerTLSSettings(mode=gateway_pb2.ServerTLSSettings.ISTIO_MUTUAL)
+    assert unsupported_reason(settings, mesh_certificates=True) is None
+    reason = unsupported_reason(settings, mesh_certificates=False)
+    assert reason is not None and "--client-ca" in reason
 
 
 @pytest.mark.parametrize(

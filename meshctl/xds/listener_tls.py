@@ -6,7 +6,9 @@ read by Envoy itself. Settings that need something meshctl does not serve are re
 reason the caller logs, and the server they belong to is left out rather than half-configured:
 
 - `credentialName`/`credentialNames` name Kubernetes secrets that istiod streams over SDS;
-- ISTIO_MUTUAL needs the mesh's own workload certificates (istio-agent's SDS);
+- ISTIO_MUTUAL needs the mesh's workload certificate, which the server sends over SDS only to
+  a proxy whose xDS connection proves its identity (`ProxyNode.mesh_certificates`); with it, the
+  context presents `default` and requires a client certificate of the mesh (`mesh_tls`);
 - AUTO_PASSTHROUGH routes by SNI-encoded cluster names to mTLS endpoints (multi-network).
 
 The context itself follows Istio's `BuildListenerTLSContext`: ALPN `h2`/`http/1.1`, a client
@@ -24,6 +26,7 @@ from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import wrappers_pb2
 
 from meshctl.api.networking.v1alpha3 import gateway_pb2
+from meshctl.xds import mesh_tls
 from meshctl.xds.listener_filters import ALPN_HTTP
 
 _TLS = gateway_pb2.ServerTLSSettings
@@ -41,8 +44,9 @@ def is_passthrough(tls: Any) -> bool:
     return tls is not None and tls.mode in (_TLS.PASSTHROUGH, _TLS.AUTO_PASSTHROUGH)
 
 
-def unsupported_reason(tls: Any) -> str | None:
-    """Why meshctl cannot terminate TLS with these settings, or None when it can."""
+def unsupported_reason(tls: Any, *, mesh_certificates: bool = False) -> str | None:
+    """Why meshctl cannot terminate TLS with these settings, or None when it can
+    (`mesh_certificates`: the proxy is sent the mesh's workload certificate)."""
     if tls.credential_name or list(tls.credential_names) or tls.ca_cert_credential_name:
         return (
             "credentialName refers to a Kubernetes secret that istiod serves over SDS, which "
@@ -50,7 +54,12 @@ def unsupported_reason(tls: Any) -> str | None:
             "to files on the proxy's host instead"
         )
     if tls.mode == _TLS.ISTIO_MUTUAL:
-        return "ISTIO_MUTUAL needs Istio's mesh certificates (istio-agent SDS), which meshctl does not serve"
+        if mesh_certificates:
+            return None
+        return (
+            "ISTIO_MUTUAL needs the mesh's workload certificate, which this proxy is not sent "
+            "(its xDS connection does not prove its identity: serve with --client-ca)"
+        )
     if tls.mode == _TLS.AUTO_PASSTHROUGH:
         return "AUTO_PASSTHROUGH (multi-network SNI routing to mesh mTLS) is not supported by meshctl"
     if tls.mode == _TLS.PASSTHROUGH:
@@ -76,9 +85,20 @@ def _san_matchers(names: list[str]) -> list[common_pb2.SubjectAltNameMatcher]:
     return out
 
 
-def downstream_tls_context(tls: Any, alpn: tuple[str, ...] = ALPN_HTTP) -> tls_pb2.DownstreamTlsContext:
-    """A DownstreamTlsContext for SIMPLE, MUTUAL or OPTIONAL_MUTUAL settings that passed
-    `unsupported_reason`."""
+def downstream_tls_context(
+    tls: Any, alpn: tuple[str, ...] = ALPN_HTTP, *, trust_domain: str = "cluster.local"
+) -> tls_pb2.DownstreamTlsContext:
+    """A DownstreamTlsContext for SIMPLE, MUTUAL, OPTIONAL_MUTUAL or ISTIO_MUTUAL settings that
+    passed `unsupported_reason`."""
+    if tls.mode == _TLS.ISTIO_MUTUAL:
+        context = mesh_tls.downstream_context(trust_domain, http=bool(alpn))
+        del context.common_tls_context.alpn_protocols[:]
+        context.common_tls_context.alpn_protocols.extend(alpn)
+        if tls.subject_alt_names:
+            validation = context.common_tls_context.combined_validation_context.default_validation_context
+            del validation.match_typed_subject_alt_names[:]
+            validation.match_typed_subject_alt_names.extend(_san_matchers(list(tls.subject_alt_names)))
+        return context
     common = tls_pb2.CommonTlsContext(alpn_protocols=list(alpn))
     if tls.tls_certificates:
         for cert in tls.tls_certificates:

@@ -155,7 +155,7 @@ def merge_servers(scope: ProxyScope) -> list[MergedPort]:
                 continue
             is_tls = srv.is_tls_server or srv.terminates_https
             if is_tls:
-                reason = unsupported_reason(srv.tls)
+                reason = unsupported_reason(srv.tls, mesh_certificates=scope.proxy.node.mesh_certificates)
                 if reason is not None:
                     logger.warning("%s: %s; server skipped", srv.describe(), reason)
                     continue
@@ -280,7 +280,7 @@ def _server_chains(scope: ProxyScope, port: MergedPort, srv: GatewayServer) -> l
             lf.ChainOpts(
                 filters=[lf.hcm_filter(hcm)],
                 sni_hosts=srv.sni_hosts,
-                tls_context=downstream_tls_context(srv.tls),
+                tls_context=downstream_tls_context(srv.tls, trust_domain=scope.snapshot.mesh.trust_domain),
                 kind="http",
                 origin=srv.describe(),
             )
@@ -296,7 +296,7 @@ def _server_chains(scope: ProxyScope, port: MergedPort, srv: GatewayServer) -> l
         lf.ChainOpts(
             filters=filters,
             sni_hosts=srv.sni_hosts,
-            tls_context=downstream_tls_context(srv.tls),
+            tls_context=downstream_tls_context(srv.tls, trust_domain=scope.snapshot.mesh.trust_domain),
             origin=srv.describe(),
         )
     ]

@@ -119,13 +119,14 @@ def inbound_ports(view: InboundView) -> list[InboundPort]:
             number = ing.port.number
             bind_to_port = _bind_to_port(ing.capture_mode, proxy.interception)
             bind = ing.bind or (proxy.ip if bind_to_port else WILDCARD)
-            tls = _ingress_tls(ing, f"{sidecar.namespace}/{sidecar.name}") if ing.HasField("tls") else None
+            where = f"{sidecar.namespace}/{sidecar.name}"
+            tls = _ingress_tls(ing, where, proxy.node.mesh_certificates) if ing.HasField("tls") else None
             host = f"{sidecar.name}.{sidecar.namespace}"  # Istio's synthetic name for telemetry
             by_port[number] = InboundPort(number, number, port_protocol(ing.port), host, bind, bind_to_port, tls)
     return [by_port[p] for p in sorted(by_port)]
 
 
-def _ingress_tls(ing: Any, sidecar: str) -> Any:
+def _ingress_tls(ing: Any, sidecar: str, mesh_certificates: bool) -> Any:
     tls = ing.tls
     if tls.mode not in _TERMINATING_MODES:
         logger.warning(
@@ -135,7 +136,7 @@ def _ingress_tls(ing: Any, sidecar: str) -> Any:
             _TLS.TLSmode.Name(tls.mode),
         )
         return None
-    reason = unsupported_reason(tls)
+    reason = unsupported_reason(tls, mesh_certificates=mesh_certificates)
     if reason is not None:
         logger.warning("Sidecar %s ingress port %d: %s; serving plaintext", sidecar, ing.port.number, reason)
         return None
@@ -211,7 +212,7 @@ def _inbound_hcm(stat_prefix: str, route_config: route_pb2.RouteConfiguration, h
     return hcm
 
 
-def inbound_chain(port: InboundPort) -> lf.ChainOpts:
+def inbound_chain(port: InboundPort, trust_domain: str) -> lf.ChainOpts:
     """The filter chain for one inbound port, matched on its destination port."""
     cluster = inbound_cluster(port.target)
     name = listener_name(port.bind, port.target)
@@ -225,7 +226,7 @@ def inbound_chain(port: InboundPort) -> lf.ChainOpts:
         filters=filters,
         destination_port=port.target,
         transport_protocol=lf.TLS_TRANSPORT if port.tls is not None else lf.RAW_BUFFER,
-        tls_context=downstream_tls_context(port.tls) if port.tls is not None else None,
+        tls_context=downstream_tls_context(port.tls, trust_domain=trust_domain) if port.tls is not None else None,
         name=name,
         kind="http" if protocol.is_http else "tcp",
     )
@@ -237,7 +238,7 @@ def inbound_chains(port: InboundPort, view: InboundView) -> list[lf.ChainOpts]:
     are the mesh's (TLS with Istio's ALPN) and plaintext for the others; STRICT mutual TLS only.
     A port the Sidecar terminates TLS on keeps the Sidecar's TLS; a proxy without the mesh's
     certificates has no mutual TLS to offer (plaintext, or nothing under STRICT)."""
-    plain = inbound_chain(port)
+    plain = inbound_chain(port, view.mesh.trust_domain)
     if port.tls is not None:
         return [plain]
     mode = view.mtls.for_port(port.target)
