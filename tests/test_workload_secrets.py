@@ -9,6 +9,7 @@ secrets included once a cluster names them.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import subprocess
 import urllib.parse
@@ -166,3 +167,27 @@ def test_a_ca_that_cannot_be_used_stops_serve_with_the_file_named(
     assert proc.returncode == 2, proc.stderr
     assert said in proc.stderr and "Traceback" not in proc.stderr
     assert "PRIVATE KEY" not in proc.stderr
+
+
+def test_a_connected_proxy_is_renewed_and_one_that_left_is_forgotten(tmp_path: Path) -> None:
+    """Renewal rounds re-resolve connected proxies only: the certificate of a proxy that left is
+    dropped at its renewal time instead of making every later round due at once."""
+    mesh = examples_copy(tmp_path)
+    lifetime = datetime.timedelta(seconds=3)
+
+    async def test() -> None:
+        async with serving(
+            mesh, state_dir=tmp_path / "state", insecure_send_keys=True, workload_cert_lifetime=lifetime
+        ) as server:
+            address = f"127.0.0.1:{server.xds_port}"
+            async with AdsClient(address, PRODUCTPAGE) as stays:
+                async with AdsClient(address, REVIEWS_V1) as leaves:
+                    await leaves.wait_for(lambda c: len(c.resources[types.SECRET]) == 2, timeout=20)
+                await stays.wait_for(lambda c: len(c.resources[types.SECRET]) == 2, timeout=20)
+                first = stays.resources[types.SECRET]["default"]
+                await stays.wait_for(lambda c: c.resources[types.SECRET]["default"] != first, timeout=20)
+                assert server.secrets.issued >= 3
+                await asyncio.sleep(3)
+                assert set(server.secrets.held_nodes()) == {PRODUCTPAGE}
+
+    run(test)

@@ -370,12 +370,14 @@ class Server:
             await asyncio.sleep(wait)
             due = self.secrets.due()
             snapshot = self.discovery.snapshot
-            if due is not None and snapshot is not None and datetime.datetime.now(datetime.UTC) >= due:
-                self.secrets.forget_expired()
+            started = datetime.datetime.now(datetime.UTC)
+            if due is not None and snapshot is not None and started >= due:
                 try:
                     await self.ads.publish(snapshot)
                 except Exception:
                     logger.exception("renewing workload certificates failed; retrying")
+                    continue
+                self.secrets.forget_due(started)
 
     # -- pushes ------------------------------------------------------------------------------
 

@@ -111,17 +111,25 @@ class WorkloadSecrets:
             found = self._held.get(node_id)
         return found.messages if found is not None else ()
 
+    def held_nodes(self) -> list[str]:
+        """The node ids holding a certificate (for the debug pages and tests)."""
+        with self._lock:
+            return sorted(self._held)
+
     def due(self) -> datetime.datetime | None:
         """When the first certificate held needs renewing (None: none held)."""
         with self._lock:
             return min((h.certificate.renew_at for h in self._held.values()), default=None)
 
-    def forget_expired(self) -> None:
-        """Drop certificates past their end: their proxies left (one still here gets a new one)."""
-        now = self._clock()
+    def forget_due(self, now: datetime.datetime) -> int:
+        """After a renewal round: drop the certificates still due at `now`. Every connected
+        proxy was resolved again in the round and got a new one, so these belong to proxies that
+        left; kept, they would make every round due at once until they expire. Returns how many."""
         with self._lock:
-            for node_id in [n for n, h in self._held.items() if h.certificate.not_after <= now]:
+            gone = [n for n, h in self._held.items() if h.certificate.renew_at <= now]
+            for node_id in gone:
                 del self._held[node_id]
+        return len(gone)
 
     def _certificate(self, proxy: Proxy, state: Any) -> _Held:
         assert self._ca is not None and self._root is not None  # only for nodes `may_send_keys` allows
