@@ -40,9 +40,9 @@ def validate(
         bool,
         typer.Option(
             "--allow-unenforced-security",
-            help="Accept security.istio.io policies (AuthorizationPolicy, PeerAuthentication, "
-            "RequestAuthentication) although meshctl does not enforce them yet: the traffic they "
-            "deny flows. Without it, a file holding one is an error.",
+            help="Accept AuthorizationPolicy and RequestAuthentication (security.istio.io) although "
+            "meshctl does not enforce them yet: the traffic they deny flows. Without it, a file holding "
+            "one is an error. PeerAuthentication is enforced and always accepted.",
         ),
     ] = False,
     mesh_config: Annotated[

@@ -10,10 +10,16 @@
 | IST0173 | warning  | a DestinationRule subset selects no endpoint of its host             |
 | IST0174 | warning  | a DestinationRule host matches no service                            |
 | MC0001  | warning  | a VM's app listens on a port of a service it may call (no iptables)  |
+| MC0002  | warning  | a STRICT PeerAuthentication is not enforced on a port (no iptables)  |
+| MC0003  | warning  | clients use mutual TLS to a port the app serves itself (no iptables) |
 
-MC0001 is meshctl's own: without iptables (INTERCEPTION_MODE NONE, the VM default) a proxy serves
-outbound traffic on 127.0.0.1:PORT, which it cannot bind where the workload's own app listens
-(bookinfo as Istio writes it: every app on 9080, calling the others on 9080).
+The MC codes are meshctl's own, about VMs without iptables (INTERCEPTION_MODE NONE, the VM
+default), which `meshctl validate` assumes since it does not know each proxy's mode. MC0001: a
+proxy serves outbound traffic on 127.0.0.1:PORT, which it cannot bind where the workload's own app
+listens (bookinfo as Istio writes it: every app on 9080, calling the others on 9080). MC0002 and
+MC0003: inbound traffic reaches the proxy only on its Sidecar's ingress ports, so on other
+endpoint ports a STRICT policy is not enforced, and clients' auto mTLS reaches the app itself
+(`analysis_mtls`).
 
 Analysis reads only configs (and hosts a registry vouches for, passed in as `known_hosts`); it is
 what `meshctl validate` runs after every file has loaded. Each issue names the field path so the
@@ -32,9 +38,11 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from meshctl.config.analysis_mtls import vm_mtls_issues, workload_labels
 from meshctl.config.findings import FieldPath, Severity
 from meshctl.config.hosts import host_matches, hosts_overlap
 from meshctl.config.labels import labels_match, selector_labels
+from meshctl.config.mesh import DEFAULT_ROOT_NAMESPACE
 from meshctl.config.model import Config, ConfigKey
 from meshctl.config.references import MESH_GATEWAY, is_exported, resolve_gateway_name
 
@@ -140,12 +148,7 @@ class _Index:
         for c in configs:
             self.by_kind[c.kind].append(c)
         self.gateways = {(c.namespace, c.name): c for c in self.by_kind["Gateway"]}
-        self.workloads = _Workloads(
-            [
-                _Workload(c.namespace, {**c.labels, **dict(c.spec.labels)})  # type: ignore[attr-defined]
-                for c in self.by_kind["WorkloadEntry"]
-            ]
-        )
+        self.workloads = _Workloads([_Workload(c.namespace, workload_labels(c)) for c in self.by_kind["WorkloadEntry"]])
         self.service_hosts: set[str] = set(known_hosts)
         # Endpoint label sets per host, for subset checks; a host missing here has unknown endpoints.
         self.endpoint_labels: dict[str, list[Mapping[str, str]]] = {}
@@ -204,8 +207,11 @@ class _Index:
         return None if exact is None else list(exact)
 
 
-def analyze(configs: Sequence[Config], known_hosts: Collection[str] = ()) -> list[AnalysisIssue]:
-    """Every cross-resource problem in `configs`, in a stable order."""
+def analyze(
+    configs: Sequence[Config], known_hosts: Collection[str] = (), root_namespace: str = DEFAULT_ROOT_NAMESPACE
+) -> list[AnalysisIssue]:
+    """Every cross-resource problem in `configs`, in a stable order; policies and Sidecars in
+    `root_namespace` (MeshConfig's) apply mesh-wide."""
     index = _Index(configs, known_hosts)
     issues: list[AnalysisIssue] = []
     issues.extend(_virtual_service_references(index))
@@ -215,6 +221,10 @@ def analyze(configs: Sequence[Config], known_hosts: Collection[str] = ()) -> lis
     issues.extend(_gateway_conflicts(index))
     issues.extend(_destination_rules(index))
     issues.extend(_app_ports_hiding_calls(index))
+    issues.extend(
+        AnalysisIssue(found.key, found.path, found.message, Severity.WARNING, found.code)
+        for found in vm_mtls_issues(index.by_kind, root_namespace)
+    )
     return issues
 
 
@@ -248,7 +258,7 @@ def _app_ports_hiding_calls(index: _Index) -> Iterator[AnalysisIssue]:
             selecting[se.namespace].append(se)
     for we in index.by_kind["WorkloadEntry"]:
         spec: Any = we.spec
-        labels = {**we.labels, **dict(spec.labels)}
+        labels = workload_labels(we)
         mine = [
             se for se in selecting[we.namespace] if labels_match(dict(specs[se.key].workload_selector.labels), labels)
         ]
