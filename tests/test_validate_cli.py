@@ -172,3 +172,36 @@ def test_a_directory_without_yaml_fails_instead_of_checking_nothing(tmp_path: Pa
     result = CliRunner().invoke(app, ["validate", str(tmp_path)])
     assert result.exit_code == 1
     assert f"no YAML files (*.yaml, *.yml) in {tmp_path}: nothing to check" in result.output
+
+
+ROOT_POLICY = """apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: default, namespace: mesh-root}
+spec: {mtls: {mode: STRICT}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: a, namespace: shop}
+spec:
+  hosts: [a.shop.mesh]
+  location: MESH_INTERNAL
+  ports: [{number: 80, name: http, protocol: HTTP}]
+  workloadSelector: {labels: {app: a}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: a, namespace: shop}
+spec: {address: 10.0.0.1, labels: {app: a}}
+"""
+
+
+def test_analysis_takes_the_root_namespace_of_the_mesh_config(tmp_path: Path) -> None:
+    """A policy in MeshConfig's rootNamespace is mesh-wide only when validate is told that root."""
+    (tmp_path / "mesh.yaml").write_text(ROOT_POLICY)
+    (tmp_path / "meshconfig.yaml").write_text("rootNamespace: mesh-root\n")
+    plain = runner.invoke(app, ["validate", str(tmp_path / "mesh.yaml"), "-o", "json"])
+    told = runner.invoke(
+        app, ["validate", "--mesh-config", str(tmp_path / "meshconfig.yaml"), str(tmp_path / "mesh.yaml"), "-o", "json"]
+    )
+    assert "MC0002" not in plain.stdout
+    assert "MC0002" in told.stdout and told.exit_code == 0

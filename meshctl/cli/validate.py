@@ -62,6 +62,7 @@ def validate(
     from meshctl.config.check import check
     from meshctl.config.findings import Severity, sort_findings
     from meshctl.config.loader import LoadOptions, spare_cpus
+    from meshctl.config.mesh import DEFAULT_ROOT_NAMESPACE
     from meshctl.errors import UsageError
 
     missing = [p for p in paths if p != "-" and not Path(p).exists()]
@@ -76,18 +77,22 @@ def validate(
             default_namespace=namespace, workers=jobs or spare_cpus(), unenforced_security=allow_unenforced_security
         )
         stdin_text, refused = _read_stdin(options.max_file_bytes) if "-" in paths else (None, [])
+        mesh_findings: list[Finding] = []
+        root_namespace = DEFAULT_ROOT_NAMESPACE
+        if mesh_config is not None:
+            from meshctl.config.mesh import load_mesh_config
+
+            settings, mesh_findings = load_mesh_config(Path(mesh_config))
+            root_namespace = settings.root_namespace if settings is not None else root_namespace
         findings = check(
             [p for p in paths if p != "-" or not refused],
             options,
             stdin_text=stdin_text,
             known_hosts=known_host or (),
             analysis=analyze,
+            root_namespace=root_namespace,
         )
-        findings = sort_findings([*findings, *refused]) if refused else findings
-        if mesh_config is not None:
-            from meshctl.config.mesh import load_mesh_config
-
-            findings = sort_findings([*findings, *load_mesh_config(Path(mesh_config))[1]])
+        findings = sort_findings([*findings, *refused, *mesh_findings]) if refused or mesh_findings else findings
     finally:
         if collecting:
             gc.enable()

@@ -13,6 +13,7 @@ from meshctl.config.analysis import analyze
 from meshctl.config.files import decode_text, read_config_file
 from meshctl.config.findings import Finding, Severity, format_path, sort_findings
 from meshctl.config.loader import FileResult, LoadOptions, load_paths, load_text, merge_files
+from meshctl.config.mesh import DEFAULT_ROOT_NAMESPACE
 from meshctl.config.model import Config, Source
 from meshctl.errors import ConfigError
 
@@ -56,6 +57,7 @@ def check(
     stdin_text: str | None = None,
     known_hosts: Collection[str] = (),
     analysis: bool = True,
+    root_namespace: str = DEFAULT_ROOT_NAMESPACE,
 ) -> list[Finding]:
     """Every finding for `paths` (`-` reads `stdin_text`), sorted, across all files at once."""
     options = options or LoadOptions()
@@ -78,7 +80,7 @@ def check(
     configs, duplicate_findings = merge_files(files)
     findings.extend(duplicate_findings)
     if analysis:
-        findings.extend(analysis_findings(configs.values(), known_hosts, Positions(texts)))
+        findings.extend(analysis_findings(configs.values(), known_hosts, Positions(texts), root_namespace))
     return sort_findings(findings)
 
 
@@ -87,12 +89,15 @@ def _is_under(file: str, directory: str) -> bool:
 
 
 def analysis_findings(
-    configs: Iterable[Config], known_hosts: Collection[str], positions: Positions
+    configs: Iterable[Config],
+    known_hosts: Collection[str],
+    positions: Positions,
+    root_namespace: str = DEFAULT_ROOT_NAMESPACE,
 ) -> list[Finding]:
     """Cross-resource findings, placed at the field they are about."""
     loaded = list(configs)
     by_key = {c.key: c for c in loaded}
-    issues = analyze(loaded, known_hosts)
+    issues = analyze(loaded, known_hosts, root_namespace)
     sources = [by_key[issue.key].source for issue in issues]
     # Placed file by file, so each file is parsed once; listed in the order analysis found them.
     places: dict[int, tuple[int, int]] = {}
