@@ -250,18 +250,32 @@ def _app_ports_hiding_calls(index: _Index) -> Iterator[AnalysisIssue]:
     """MC0001: a WorkloadEntry whose app port is the port of another service it may call."""
     specs: dict[ConfigKey, Any] = {se.key: se.spec for se in index.by_kind["ServiceEntry"]}
     by_port: dict[int, list[Config]] = defaultdict(list)
-    selecting: dict[str, list[Config]] = defaultdict(list)
+    # ServiceEntries that select workloads, by (namespace, one label of their selector): a
+    # workload can only match those filed under one of its own labels (or selecting everything),
+    # so each workload is compared with a few candidates, not its namespace's every entry.
+    selecting: dict[tuple[str, str, str], list[Config]] = defaultdict(list)
+    selecting_all: dict[str, list[Config]] = defaultdict(list)
     for se in index.by_kind["ServiceEntry"]:
-        for port in specs[se.key].ports:
+        se_spec = specs[se.key]
+        for port in se_spec.ports:
             by_port[port.number].append(se)
-        if specs[se.key].HasField("workload_selector"):
-            selecting[se.namespace].append(se)
+        if se_spec.HasField("workload_selector"):
+            selector = dict(se_spec.workload_selector.labels)
+            if selector:
+                key, value = min(selector.items())
+                selecting[(se.namespace, key, value)].append(se)
+            else:
+                selecting_all[se.namespace].append(se)
     for we in index.by_kind["WorkloadEntry"]:
         spec: Any = we.spec
         labels = workload_labels(we)
+        candidates = {se.key: se for k, v in labels.items() for se in selecting.get((we.namespace, k, v), ())}
         mine = [
-            se for se in selecting[we.namespace] if labels_match(dict(specs[se.key].workload_selector.labels), labels)
+            se
+            for se in [*selecting_all[we.namespace], *sorted(candidates.values(), key=lambda c: c.key)]
+            if labels_match(dict(specs[se.key].workload_selector.labels), labels)
         ]
+        mine.sort(key=lambda c: c.key)
         own_hosts = {h for se in mine for h in specs[se.key].hosts}
         reported: set[int] = set()
         for se in mine:
