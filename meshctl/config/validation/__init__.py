@@ -30,9 +30,11 @@ Validator = Callable[[Message], list[Issue]]
 
 def _validators() -> dict[str, Validator]:
     # Imported lazily so that importing the loader does not import every rule module.
+    from meshctl.config.validation.authorization_policy import validate as authorization_policy
     from meshctl.config.validation.destination_rule import validate as destination_rule
     from meshctl.config.validation.gateway import validate as gateway
     from meshctl.config.validation.peer_authentication import validate as peer_authentication
+    from meshctl.config.validation.request_authentication import validate as request_authentication
     from meshctl.config.validation.service_entry import validate as service_entry
     from meshctl.config.validation.sidecar import validate as sidecar
     from meshctl.config.validation.virtual_service import validate as virtual_service
@@ -48,6 +50,8 @@ def _validators() -> dict[str, Validator]:
         "WorkloadGroup": workload_group,
         "Sidecar": sidecar,
         "PeerAuthentication": peer_authentication,
+        "AuthorizationPolicy": authorization_policy,
+        "RequestAuthentication": request_authentication,
     }
 
 
