@@ -3,7 +3,8 @@
 The page marks each ```sh block with an HTML comment just before it:
 
 - `<!-- test: NAME -->`: run here, in page order, with `bash -euo pipefail -c`; `NAME, background`
-  blocks keep running (the stand-in apps) until the test ends. `EXPECTED` below says, per name,
+  blocks keep running (the stand-in apps) until the test ends, or until a later block that
+  `replaces` them starts (the page restarts an app elsewhere). `EXPECTED` below says, per name,
   the exit status and what the output must show (regexes over the rewritten output, see below;
   `<PORT>` stands for the port that replaced the page's PORT); a block whose output is only true
   after a push has reached Envoy is run again until it shows it, up to `DEADLINE`.
@@ -13,9 +14,9 @@ The page marks each ```sh block with an HTML comment just before it:
   files into a credentials directory; `systemctl enable --now meshctl` runs `ExecStart=` of
   systemd/meshctl.service with its environment and env file; `systemctl enable --now
   envoy-sidecar@INSTANCE` runs `ExecStartPre=` (the bootstrap) and `ExecStart=` (Envoy) of
-  systemd/envoy-sidecar@.service as systemd would; the /etc/hosts lines become curl `resolve`
-  entries; stopping and starting Consul stops and starts the fake Consul that stands in for the
-  control plane's agent.
+  systemd/envoy-sidecar@.service as systemd would, one Envoy per instance; the /etc/hosts lines
+  become curl `resolve` entries; stopping and starting Consul stops and starts the fake Consul
+  that stands in for the control plane's agent.
 
 An unmarked ```sh block fails the test, so every command of the page is either run or knowingly
 skipped.
@@ -23,17 +24,21 @@ skipped.
 All of it runs on loopback, one temporary directory standing for the hosts' file systems. Every
 block and unit line is rewritten first (`Rewriter`):
 
-- paths: `/etc/meshctl`, `/srv` and `/run` (systemd's `%t`, and `/run/credentials`) move under the
-  temporary directory; `/usr/local/bin/meshctl` and `/usr/local/bin/envoy` in the units become
-  this venv's;
-- addresses: `10.10.0.N` becomes `127.0.0.N` (control plane 127.0.0.1, the VM 127.0.0.41);
+- paths: `/etc/meshctl`, `/srv`, `/run` (systemd's `%t`, and `/run/credentials`) and
+  `/var/lib/meshctl` (meshctl's state directory, where its CA lives) move under the temporary
+  directory; `/usr/local/bin/meshctl` and `/usr/local/bin/envoy` in the units become this venv's;
+- addresses: `10.10.0.N` becomes `127.0.0.N` (control plane 127.0.0.1, the VMs 127.0.0.41 and,
+  from section 9, 127.0.0.52);
 - ports: 15010 (xDS), 15014 (meshctl admin), 15000 (Envoy admin), 8500 (Consul), 9080 and 9443
-  (service ports, which Envoy binds on 127.0.0.1) and 8080 (the apps) become free ports, so the
-  test runs beside anything else on this machine.
+  (service ports, which Envoy binds on 127.0.0.1), 8443 (inventory's ingress port, on
+  127.0.0.52) and 8080 (the apps) become free ports, so the test runs beside anything else on
+  this machine. Each VM has an Envoy admin port 15000 of its own on 127.0.0.1: the blocks that
+  run on the second VM (`Expected.on`) get another free port for it.
 
 Commands run in a clean environment (no MESHCTL_* or proxy variables of this shell) with this
 venv's bin first on PATH (`meshctl`, `python3`), `CURL_HOME` pointing at a `.curlrc` that plays
-the part of /etc/hosts, and `COLUMNS=200` as in a wide terminal (tables are cut to the width).
+the part of /etc/hosts, `COLUMNS=200` as in a wide terminal (tables are cut to the width), and
+`MESHCTL_STATE_DIR` naming the moved `/var/lib/meshctl`, the default `meshctl ca` has on a host.
 """
 
 from __future__ import annotations
@@ -72,10 +77,15 @@ pytestmark = [
 DEADLINE = 20.0
 
 #: The page's ports, replaced by free ones.
-PORTS = (15010, 15014, 15000, 8500, 9080, 9443, 8080)
+PORTS = (15010, 15014, 15000, 8500, 9080, 9443, 8443, 8080)
+#: The ports each VM has one of on its own 127.0.0.1 (Envoy's admin): on loopback, they differ per VM.
+VM_PORTS = (15000,)
+#: The VM of section 9, whose blocks get their own VM_PORTS.
+INVENTORY_VM = "10.10.0.52"
 
-#: The page's proxy, after the rewriting.
+#: The page's proxies, after the rewriting.
 NODE = "sidecar~127.0.0.41~orders-vm.shop~shop.svc.cluster.local"
+INVENTORY_NODE = "sidecar~127.0.0.52~inventory-v2.shop~shop.svc.cluster.local"
 
 
 # -- reading the page ---------------------------------------------------------------------------
@@ -117,19 +127,26 @@ def read_blocks(path: Path) -> list[Block]:
 
 
 class Rewriter:
-    """The page's hosts, paths and ports, moved onto loopback and into a temporary directory."""
+    """The page's hosts, paths and ports, moved onto loopback and into a temporary directory.
+
+    `vm` names the page's VM a text is for, when it is not the first: its VM_PORTS differ."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.ports = {port: free_port() for port in PORTS}
+        self.vm_ports: dict[str, dict[int, int]] = {}
 
-    def __call__(self, text: str) -> str:
-        text = re.sub(r"(?<![\w./])(/etc/meshctl|/srv|/run)(?![\w.-])", lambda m: f"{self.root}{m.group(1)}", text)
-        text = re.sub(r"\b10\.10\.0\.(\d{1,3})\b", r"127.0.0.\1", text)
+    def __call__(self, text: str, vm: str = "") -> str:
+        paths = r"(?<![\w./])(/etc/meshctl|/srv|/run|/var/lib/meshctl)(?![\w.-])"
+        text = re.sub(paths, lambda m: f"{self.root}{m.group(1)}", text)
+        # Not \b: Envoy's stat names put an underscore after the address (`listener.10.10.0.52_8443`).
+        text = re.sub(r"(?<!\d)(?<!\d\.)10\.10\.0\.(\d{1,3})(?!\d)", r"127.0.0.\1", text)
         ports = "|".join(map(str, PORTS))
-        return re.sub(rf"(?<![\d.])({ports})(?!\d)", lambda m: str(self.ports[int(m.group(1))]), text)
+        return re.sub(rf"(?<![\d.])({ports})(?!\d)", lambda m: str(self.port(int(m.group(1)), vm)), text)
 
-    def port(self, port: int) -> int:
+    def port(self, port: int, vm: str = "") -> int:
+        if vm and port in VM_PORTS:
+            return self.vm_ports.setdefault(vm, {p: free_port() for p in VM_PORTS})[port]
         return self.ports[port]
 
 
@@ -191,16 +208,34 @@ class Expected:
     shows: tuple[str, ...] = ()
     #: Run again until it shows this: the block reads state a push or a watcher is bringing.
     wait: bool = False
+    #: The page's VM the block runs on, when it is not the first (see `Rewriter`).
+    on: str = ""
+    #: A background block that this one takes the place of: it is stopped first.
+    replaces: str = ""
 
 
 def _synced() -> str:
-    return re.escape(NODE) + r"[\s│]+shop/orders-vm([\s│]+SYNCED){4}"
+    """The orders VM's proxy-status row: every type, SDS included, acknowledged."""
+    return re.escape(NODE) + r"[\s│]+shop/orders-vm([\s│]+SYNCED){5}"
+
+
+def _inventory_synced() -> str:
+    """The inventory VM's row: it calls nothing, so it is sent no endpoints and no route configs."""
+    return re.escape(INVENTORY_NODE) + r"[\s│]+shop/inventory-v2([\s│]+SYNCED){2}([\s│]+NOT SENT){2}[\s│]+SYNCED"
 
 
 EXPECTED: dict[str, Expected] = {
     "mesh-files": Expected(),
     "validate": Expected(shows=("no problems found",)),
-    "certificates": Expected(shows=(r"xds\.crt: OK", r"orders-vm\.shop\.crt: OK")),
+    "certificates": Expected(
+        shows=(
+            r"^made a new root CA in /\S+/var/lib/meshctl/ca \(trust domain cluster\.local\)$",
+            r"^wrote /\S+/etc/meshctl/tls/xds/cert-chain\.pem, .*: 127\.0\.0\.1, valid until ",
+            r"^wrote /\S+/etc/meshctl/tls/orders-vm\.shop/cert-chain\.pem, .*/key\.pem, .*/root-cert\.pem: "
+            r"orders-vm\.shop and spiffe://cluster\.local/ns/shop/sa/orders, valid until ",
+        )
+    ),
+    "own-ca": Expected(shows=(r"\Asubject=O ?= ?shop, CN ?= ?shop root CA\n\Z",)),
     "meshctl-env": Expected(),
     "ready": Expected(shows=(r"^ready$",), wait=True),
     "services": Expected(
@@ -224,16 +259,56 @@ EXPECTED: dict[str, Expected] = {
         shows=(r"\Aoutbound\|<9080>\|v2\|inventory\.shop\.mesh::127\.0\.0\.52:<8080>::health_flags::healthy\n\Z",),
         wait=True,
     ),
+    "inventory-certificate": Expected(
+        shows=(
+            r"inventory-v2\.shop/root-cert\.pem: inventory-v2\.shop and spiffe://cluster\.local/ns/shop/sa/inventory, ",
+        )
+    ),
+    "inventory-sidecar": Expected(shows=("no problems found",)),
+    "inventory-envoy-env": Expected(on=INVENTORY_VM),
+    "inventory-v2-app-loopback": Expected(on=INVENTORY_VM, replaces="inventory-v2-app"),
+    "inventory-mtls": Expected(shows=("no problems found",)),
+    "proxy-status-mtls": Expected(shows=(_synced(), _inventory_synced()), wait=True),
+    "dump-secrets": Expected(
+        shows=(r"^default\s+Cert Chain\s+issued by meshctl serve$", r"^ROOTCA\s+CA\s+issued by meshctl serve$")
+    ),
+    "inventory-certs": Expected(
+        shows=(
+            # The xDS client certificate, from its file; the workload certificate, over SDS.
+            r"^/\S+/run/credentials/envoy-sidecar@inventory-v2\.shop\.service/proxy\.crt\t"
+            r"inventory-v2\.shop spiffe://cluster\.local/ns/shop/sa/inventory\t\d{4}-",
+            r"^<inline>\tspiffe://cluster\.local/ns/shop/sa/inventory\t\d{4}-",
+        ),
+        wait=True,
+        on=INVENTORY_VM,
+    ),
+    # Through orders' Envoy, to inventory's ingress listener: now mutual TLS.
+    "curl-mtls": Expected(shows=(r"\Ainventory v2\n\Z",), wait=True),
+    "inventory-handshakes": Expected(
+        shows=(r"\Alistener\.127\.0\.0\.52_<8443>\.ssl\.handshake: [1-9]\d*\n\Z",),
+        wait=True,
+        on=INVENTORY_VM,
+    ),
+    "strict": Expected(shows=("no problems found",)),
+    # No HTTP answer without a client certificate on the ingress port; nothing on the app's port.
+    "plaintext-refused": Expected(
+        shows=(
+            r"^port <8443>: refused \(curl exit status (52|56)\)$",
+            r"^port <8080>: refused \(curl exit status 7\)$",
+        ),
+        wait=True,
+    ),
+    "curl-strict": Expected(shows=(r"\Ainventory v2\n\Z",)),
     "add-payments": Expected(shows=("no problems found",)),
     "proxy-status-errors": Expected(
         shows=(
-            re.escape(NODE) + r"[\s│]+shop/orders-vm[\s│]+ERROR([\s│]+SYNCED){3}",
+            re.escape(NODE) + r"[\s│]+shop/orders-vm[\s│]+ERROR([\s│]+SYNCED){4}",
             re.escape(NODE) + r" CDS: .*/etc/ssl/payments/ca\.pem",
         ),
         wait=True,
     ),
     "curl-during-nack": Expected(shows=(r"\Ainventory v2\n\Z",)),
-    "remove-payments": Expected(shows=(_synced(),), wait=True),
+    "remove-payments": Expected(shows=(_synced(), _inventory_synced()), wait=True),
     "registryz-consul-down": Expected(
         shows=(r'\{"name":"files","healthy":true,', r'\{"name":"consul","healthy":false,'), wait=True
     ),
@@ -266,20 +341,32 @@ class Walkthrough:
         return self.root / "home"
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        """A clean environment: no MESHCTL_*, no proxies, this venv first on PATH."""
+        """A clean environment: no proxies, this venv first on PATH, and of MESHCTL_* only the
+        state directory, moved as the page's paths are (see the module docstring)."""
         path = f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"
         home = str(self.home)
-        return {"PATH": path, "HOME": home, "CURL_HOME": home, "LANG": "C.UTF-8", "COLUMNS": "200", **(extra or {})}
+        state = self.rewrite("/var/lib/meshctl")
+        return {
+            "PATH": path,
+            "HOME": home,
+            "CURL_HOME": home,
+            "LANG": "C.UTF-8",
+            "COLUMNS": "200",
+            "MESHCTL_STATE_DIR": state,
+            **(extra or {}),
+        }
 
-    def expected_pattern(self, pattern: str) -> str:
+    def expected_pattern(self, pattern: str, vm: str = "") -> str:
         """`<PORT>` in a pattern stands for the free port that replaced the page's PORT."""
-        return re.sub(r"<(\d+)>", lambda m: str(self.rewrite.port(int(m[1]))), pattern)
+        return re.sub(r"<(\d+)>", lambda m: str(self.rewrite.port(int(m[1]), vm)), pattern)
 
     # -- blocks ---------------------------------------------------------------------------------
 
     def run(self, block: Block) -> None:
         expected = EXPECTED[block.name]
-        script = self.rewrite(block.text)
+        script = self.rewrite(block.text, expected.on)
+        if expected.replaces:
+            self.stop(expected.replaces)
         if block.background:
             self.start(block.name, ["bash", "-euo", "pipefail", "-c", script], self.env())
             return
@@ -295,7 +382,7 @@ class Walkthrough:
                 check=False,
             )
             output = proc.stdout + proc.stderr
-            problem = self.check(expected, proc.returncode, proc.stdout, output)
+            problem = self.check(expected, proc.returncode, proc.stdout, output, expected.on)
             if problem is None:
                 self.transcript.append(f"$ [{block.name}]\n{output}")
                 return
@@ -305,11 +392,11 @@ class Walkthrough:
                 pytest.fail(f"docs/vm-setup.md:{block.line} [{block.name}]: {problem}\n--- output:\n{output}")
             time.sleep(0.2)
 
-    def check(self, expected: Expected, status: int, stdout: str, output: str) -> str | None:
+    def check(self, expected: Expected, status: int, stdout: str, output: str, vm: str = "") -> str | None:
         if status != expected.status:
             return f"exit status {status}, the page says {expected.status}"
         for pattern in expected.shows:
-            wanted = self.expected_pattern(pattern)
+            wanted = self.expected_pattern(pattern, vm)
             text = stdout if pattern.startswith(r"\A") else output
             if not re.search(wanted, text, re.M):
                 return f"the output does not show /{wanted}/"
@@ -324,6 +411,13 @@ class Walkthrough:
                 argv, cwd=self.home, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
         self.processes[name] = (proc, log)
+
+    def stop(self, name: str) -> None:
+        """Stop one long-running process (the page stops it in its terminal)."""
+        proc, _ = self.processes.pop(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(20)
 
     def check_alive(self) -> None:
         for name, (proc, log) in self.processes.items():
@@ -406,7 +500,7 @@ class Walkthrough:
             pre = subprocess.run(argv, env=self.env(env), capture_output=True, text=True, timeout=60, check=False)
             assert pre.returncode == 0, f"ExecStartPre of {unit} failed:\n{pre.stderr}"
         [exec_start] = service["ExecStart"]
-        self.start("envoy", command_line(expand_specifiers(exec_start, runtime, instance), env), self.env(env))
+        self.start(unit, command_line(expand_specifiers(exec_start, runtime, instance), env), self.env(env))
 
     def hosts(self, block: Block) -> None:
         """The /etc/hosts lines, as curl `resolve` entries for every service port."""
@@ -440,6 +534,7 @@ HOST_STEPS: dict[str, Callable[[Walkthrough, Block], None]] = {
     "envoy-credentials": Walkthrough.remember_credentials,
     "hosts": Walkthrough.hosts,
     "start-envoy": Walkthrough.start_envoy,
+    "start-inventory-envoy": Walkthrough.start_envoy,
     "stop-consul": Walkthrough.stop_consul,
     "start-consul": Walkthrough.start_consul,
 }
@@ -476,8 +571,8 @@ def test_the_rewriting_reaches_every_address_and_port_of_the_page(tmp_path: Path
     for block in read_blocks(DOC):
         if block.kind != "test":
             continue
-        text = rewrite(block.text)
-        assert not re.search(r"\b10\.\d+\.\d+\.\d+\b", text), block.name
+        text = rewrite(block.text, EXPECTED[block.name].on)
+        assert not re.search(r"(?<!\d)(?<!\d\.)10\.\d+\.\d+\.\d+(?!\d)", text), block.name
         assert not re.search(rf"(?<![\d.])({'|'.join(map(str, PORTS))})(?!\d)", text), block.name
         for path in re.findall(r"(?<![\w.-])(/(?:etc|srv|run|var|opt|usr)/[\w./@-]*)", text):
             assert path.startswith(("/etc/ssl/payments/",)), (block.name, path)
