@@ -319,3 +319,57 @@ def test_validate_warns_and_passes(tmp_path: Path) -> None:
     (label,) = [line for line in lines if line.endswith("[MC0003]")]
     assert "WorkloadEntry shop/reviews-v1 " in label and "port 9080" in label
     assert runner.invoke(app, ["validate", "--strict", str(tmp_path)]).exit_code == 1
+
+
+INGRESS_ON_SERVICE_PORT = """apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: inventory, namespace: shop}
+spec:
+  hosts: [inventory.shop.mesh]
+  location: MESH_INTERNAL
+  ports: [{number: 9080, name: http, protocol: HTTP}]
+  workloadSelector: {labels: {app: inventory}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: orders, namespace: shop}
+spec:
+  hosts: [orders.shop.mesh]
+  location: MESH_INTERNAL
+  ports: [{number: 9080, name: http, protocol: HTTP}]
+  workloadSelector: {labels: {app: orders}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: inventory-v2, namespace: shop}
+spec:
+  address: 10.10.0.52
+  ports: {http: 9080}
+  labels: {app: inventory}
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: inventory, namespace: shop}
+spec:
+  workloadSelector: {labels: {app: inventory}}
+  ingress:
+  - port: {number: 9080, protocol: HTTP, name: http}
+    defaultEndpoint: 127.0.0.1:8080
+"""
+
+
+def test_a_port_a_sidecar_ingress_listener_takes_is_not_the_apps() -> None:
+    """Istio's pattern for a VM without iptables: Envoy takes the service port on the VM's address
+    and the app sits on 127.0.0.1:8080; the workload can still call 9080 through 127.0.0.1."""
+    from meshctl.config.analysis import analyze
+    from meshctl.testing.builders import configs_from_yaml
+
+    codes = [i.code for i in analyze(configs_from_yaml(INGRESS_ON_SERVICE_PORT))]
+    assert "MC0001" not in codes
+    without_ingress = INGRESS_ON_SERVICE_PORT.replace(
+        "  ingress:\n  - port: {number: 9080, protocol: HTTP, name: http}\n    defaultEndpoint: 127.0.0.1:8080\n",
+        "  egress: [{hosts: ['./*']}]\n",
+    )
+    assert "MC0001" in [i.code for i in analyze(configs_from_yaml(without_ingress))]
+    calls_nothing = without_ingress.replace("./*", "~/*")
+    assert "MC0001" not in [i.code for i in analyze(configs_from_yaml(calls_nothing))]

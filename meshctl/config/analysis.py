@@ -38,7 +38,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from meshctl.config.analysis_mtls import vm_mtls_issues, workload_labels
+from meshctl.config.analysis_mtls import Sidecars, vm_mtls_issues, workload_labels
 from meshctl.config.findings import FieldPath, Severity
 from meshctl.config.hosts import host_matches, hosts_overlap
 from meshctl.config.labels import labels_match, selector_labels
@@ -220,7 +220,7 @@ def analyze(
     issues.extend(_gateway_hosts(index))
     issues.extend(_gateway_conflicts(index))
     issues.extend(_destination_rules(index))
-    issues.extend(_app_ports_hiding_calls(index))
+    issues.extend(_app_ports_hiding_calls(index, Sidecars(index.by_kind["Sidecar"], root_namespace)))
     issues.extend(
         AnalysisIssue(found.key, found.path, found.message, Severity.WARNING, found.code)
         for found in vm_mtls_issues(index.by_kind, root_namespace)
@@ -246,8 +246,11 @@ def _visible_from(config: Config, namespace: str) -> bool:
     return is_exported(spec.export_to, config.namespace, namespace)
 
 
-def _app_ports_hiding_calls(index: _Index) -> Iterator[AnalysisIssue]:
-    """MC0001: a WorkloadEntry whose app port is the port of another service it may call."""
+def _app_ports_hiding_calls(index: _Index, sidecars: Sidecars) -> Iterator[AnalysisIssue]:
+    """MC0001: a WorkloadEntry whose app port is the port of another service it may call. An
+    endpoint port a Sidecar ingress listener takes is Envoy's (bound on the VM's address, the app
+    behind it on its defaultEndpoint), not the app's; a workload whose Sidecar lets it call
+    nothing (`~/*`) has no outbound listener to lose."""
     specs: dict[ConfigKey, Any] = {se.key: se.spec for se in index.by_kind["ServiceEntry"]}
     by_port: dict[int, list[Config]] = defaultdict(list)
     # ServiceEntries that select workloads, by (namespace, one label of their selector): a
@@ -269,6 +272,10 @@ def _app_ports_hiding_calls(index: _Index) -> Iterator[AnalysisIssue]:
     for we in index.by_kind["WorkloadEntry"]:
         spec: Any = we.spec
         labels = workload_labels(we)
+        sidecar = sidecars.applying_to(we.namespace, labels)
+        if sidecar is not None and _calls_nothing(sidecar):
+            continue
+        proxied = sidecars.ingress_ports(we.namespace, labels)
         candidates = {se.key: se for k, v in labels.items() for se in selecting.get((we.namespace, k, v), ())}
         mine = [
             se
@@ -281,6 +288,8 @@ def _app_ports_hiding_calls(index: _Index) -> Iterator[AnalysisIssue]:
         for se in mine:
             for port in specs[se.key].ports:
                 app = spec.ports.get(port.name) or port.target_port or port.number
+                if app in proxied:
+                    continue
                 called = sorted(
                     {
                         h
@@ -294,6 +303,12 @@ def _app_ports_hiding_calls(index: _Index) -> Iterator[AnalysisIssue]:
                     reported.add(app)
                     message = hidden_port_message(f"{we.namespace}/{we.name}", app, specs[se.key].hosts[0], called)
                     yield AnalysisIssue(we.key, ("spec",), message, Severity.WARNING, "MC0001")
+
+
+def _calls_nothing(sidecar: Config) -> bool:
+    """A Sidecar whose egress lets its workloads see no service (every listener `~/*`)."""
+    egress = list(sidecar.spec.egress)  # type: ignore[attr-defined]
+    return bool(egress) and all(list(e.hosts) and all(h.startswith("~/") for h in e.hosts) for e in egress)
 
 
 def _gateway_key(ref: str, namespace: str) -> tuple[str, str]:
