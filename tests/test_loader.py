@@ -73,7 +73,7 @@ def test_non_istio_kinds_are_skipped_with_a_warning() -> None:
 
 def test_security_kinds_fail_unless_the_risk_is_accepted() -> None:
     """A deny policy silently unenforced is worse than a failed build."""
-    text = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: x\n"
+    text = "apiVersion: security.istio.io/v1\nkind: RequestAuthentication\nmetadata:\n  name: x\n"
     (refused,) = load_text(text, "a.yaml").findings
     assert refused.severity is Severity.ERROR and "not enforced" in refused.message
     assert "--allow-unenforced-security" in refused.message

@@ -462,7 +462,7 @@ SPECS = [
     ("RequestAuthentication", REQUEST_AUTHENTICATION),
 ]
 #: security.istio.io kinds with a schema that meshctl does not load yet.
-UNSERVED_SECURITY_KINDS = {"AuthorizationPolicy", "RequestAuthentication"}
+UNSERVED_SECURITY_KINDS = {"RequestAuthentication"}
 
 
 def test_every_kind_has_a_full_spec_here() -> None:

@@ -259,17 +259,15 @@ def test_a_config_built_in_code_gets_the_security_api_version() -> None:
 
 
 STRICT_POLICY = document("mtls: {mode: STRICT}", namespace="istio-system")
-AUTHORIZATION_POLICY = """apiVersion: security.istio.io/v1
-kind: AuthorizationPolicy
+REQUEST_AUTHENTICATION = """apiVersion: security.istio.io/v1
+kind: RequestAuthentication
 metadata:
-  name: deny-dev
+  name: jwt
   namespace: foo
 spec:
-  action: DENY
-  rules:
-  - from:
-    - source:
-        namespaces: ["dev"]
+  jwtRules:
+  - issuer: https://issuer.example
+    jwksUri: https://issuer.example/jwks.json
 """
 
 
@@ -280,11 +278,11 @@ def test_validate_accepts_a_peer_authentication_without_the_unenforced_security_
     assert result.exit_code == 0, result.output
 
 
-def test_validate_still_refuses_an_authorization_policy_without_the_flag(tmp_path: Path) -> None:
-    path = tmp_path / "authz.yaml"
-    path.write_text(STRICT_POLICY + "---\n" + AUTHORIZATION_POLICY)
+def test_validate_still_refuses_an_unenforced_security_kind_without_the_flag(tmp_path: Path) -> None:
+    path = tmp_path / "jwt.yaml"
+    path.write_text(STRICT_POLICY + "---\n" + REQUEST_AUTHENTICATION)
     refused = runner.invoke(app, ["validate", str(path)])
     assert refused.exit_code == 1, refused.output
-    assert "AuthorizationPolicy is not enforced" in refused.stdout
+    assert "RequestAuthentication is not enforced" in refused.stdout
     accepted = runner.invoke(app, ["validate", "--allow-unenforced-security", str(path)])
     assert accepted.exit_code == 0, accepted.output

@@ -63,8 +63,8 @@ class LoadOptions:
     #: Distinct findings reported for one file; the rest are counted in one last finding.
     max_findings_per_file: int = 100
     #: Load files holding security.istio.io policies that meshctl does not enforce yet
-    #: (AuthorizationPolicy, RequestAuthentication) with a warning instead of refusing them: the
-    #: user accepts that those policies do nothing.
+    #: (RequestAuthentication) with a warning instead of refusing them: the user accepts that
+    #: those policies do nothing.
     unenforced_security: bool = False
     #: Processes that load files side by side when there are many (see `load_paths`); 1 loads
     #: everything in this process, as a server must (it runs threads, and workers are forked).
@@ -359,9 +359,9 @@ def _not_served(group: str, api_version: str, kind: str, options: LoadOptions) -
     """Why a document of a kind meshctl does not serve is skipped, and how bad that is:
 
     - a kind no Istio group has, in an Istio group, is a typo: an error, with the kind meant;
-    - a security kind meshctl does not enforce yet (AuthorizationPolicy, RequestAuthentication)
-      is an error (a policy silently unenforced is worse than a failed build) unless the user
-      accepted the risk with `--allow-unenforced-security`;
+    - a security kind meshctl does not enforce yet (RequestAuthentication) is an error (a
+      policy silently unenforced is worse than a failed build) unless the user accepted the
+      risk with `--allow-unenforced-security`;
     - another Istio kind (EnvoyFilter, Telemetry) and every other group's kind are warnings.
     """
     known = ISTIO_KINDS.get(group)

@@ -59,6 +59,7 @@ _SERVED: Final[Mapping[str, str]] = {
     "WorkloadGroup": NETWORKING_GROUP,
     "Sidecar": NETWORKING_GROUP,
     "PeerAuthentication": SECURITY_GROUP,
+    "AuthorizationPolicy": SECURITY_GROUP,
 }
 
 KINDS: Final = tuple(_SERVED)

@@ -9,7 +9,9 @@ DestinationRule leaves the view (and the part generated from it) as it was.
 
 The proxy enters as a `Ref` named by `Proxy.generation_key` (what generation reads of it: its
 type, namespace, labels, interception, instances' ports, and its address where that appears in
-config); the configs as `Ref`s named by their content digests.
+config); the configs as `Ref`s named by their content digests. So an AuthorizationPolicy edit
+changes the views (and regenerates the inbound parts) of the workloads it selects, and of no
+other.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 
 from meshctl.config.model import Config
 from meshctl.registry.model import Service
+from meshctl.security.authorization import ignored_policies, policies_for_workload
 from meshctl.security.peer_authentication import WorkloadMtls, workload_mtls
 from meshctl.snapshot.model import MeshSettings
 from meshctl.snapshot.proxy import Proxy
@@ -40,8 +43,8 @@ class InboundRule:
 @dataclass(frozen=True, slots=True)
 class InboundView:
     """Everything `generate_inbound` reads: the proxy, the services its workload serves, the
-    Sidecar that applies to it, the DestinationRules of its own services, the mesh settings and
-    the PeerAuthentication modes of its ports."""
+    Sidecar that applies to it, the DestinationRules of its own services, the mesh settings, the
+    PeerAuthentication modes of its ports and the AuthorizationPolicies that select it."""
 
     proxy: Ref[Proxy]
     #: The services the workload serves, by host name (their ports and protocols).
@@ -51,10 +54,23 @@ class InboundView:
     mesh: MeshSettings
     #: The PeerAuthentication modes of the workload's ports.
     mtls: WorkloadMtls = field(default_factory=WorkloadMtls)
+    #: The AuthorizationPolicies that select the workload, in Istio's order.
+    authorization: tuple[Ref[Config], ...] = ()
+    #: Policies of its namespaces that name a targetRef: they select no workload, and generation
+    #: says so (here so that the warning follows the policy).
+    ignored_authorization: tuple[Ref[Config], ...] = ()
 
     @property
     def sidecar_config(self) -> Config | None:
         return self.sidecar.value if self.sidecar is not None else None
+
+    @property
+    def authorization_policies(self) -> tuple[Config, ...]:
+        return tuple(ref.value for ref in self.authorization)
+
+    @property
+    def ignored_authorization_policies(self) -> tuple[Config, ...]:
+        return tuple(ref.value for ref in self.ignored_authorization)
 
     def destination_rule(self, hostname: str) -> InboundRule | None:
         """The rule for one of the workload's own services, if one applies."""
@@ -79,4 +95,8 @@ def inbound_view(scope: ProxyScope) -> InboundView:
         rules=tuple(rules),
         mesh=scope.snapshot.mesh,
         mtls=workload_mtls(scope.snapshot, proxy.namespace, proxy.labels),
+        authorization=tuple(
+            config_ref(c) for c in policies_for_workload(scope.snapshot, proxy.namespace, proxy.labels)
+        ),
+        ignored_authorization=tuple(config_ref(c) for c in ignored_policies(scope.snapshot, proxy.namespace)),
     )

@@ -21,6 +21,10 @@ How traffic arrives decides the listener:
 
 A Sidecar ingress listener with `tls` (SIMPLE/MUTUAL with certificate files) terminates TLS on
 that port, as Istio does with `ENABLE_TLS_ON_SIDECAR_INGRESS`.
+
+Every chain that hands traffic to the workload (each port's mutual TLS and plaintext chains, and
+the passthrough chains of `virtualInbound`) enforces the AuthorizationPolicies that select it:
+RBAC HTTP filters first in the HCM, RBAC network filters before tcp_proxy (`rbac`).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from meshctl.xds.names import (
     inbound_cluster,
     listener_name,
 )
+from meshctl.xds.rbac import InboundAuthz
 
 logger = logging.getLogger("meshctl.xds.listeners")
 
@@ -195,12 +200,12 @@ def inbound_route_config(
     )
 
 
-def _inbound_hcm(stat_prefix: str, route_config: route_pb2.RouteConfiguration, http2: bool) -> Any:
+def _inbound_hcm(stat_prefix: str, route_config: route_pb2.RouteConfiguration, http2: bool, authz: InboundAuthz) -> Any:
     """Istio's buildSidecarInboundHTTPOpts: client certificate details appended and forwarded,
     responses named `istio-envoy` (ProxyHeaders of ListenerClassSidecarInbound), HTTP/2 options
-    for HTTP/2 and gRPC ports."""
+    for HTTP/2 and gRPC ports; the workload's RBAC filters before the others."""
     hcm = lf.http_connection_manager(
-        stat_prefix=stat_prefix, route_config=route_config, server_name=lf.ISTIO_SERVER_NAME
+        stat_prefix=stat_prefix, route_config=route_config, server_name=lf.ISTIO_SERVER_NAME, leading_filters=authz.http
     )
     hcm.forward_client_cert_details = hcm_pb2.HttpConnectionManager.APPEND_FORWARD
     details = hcm.set_current_client_cert_details
@@ -212,16 +217,18 @@ def _inbound_hcm(stat_prefix: str, route_config: route_pb2.RouteConfiguration, h
     return hcm
 
 
-def inbound_chain(port: InboundPort, trust_domain: str) -> lf.ChainOpts:
-    """The filter chain for one inbound port, matched on its destination port."""
+def inbound_chain(port: InboundPort, trust_domain: str, authz: InboundAuthz | None = None) -> lf.ChainOpts:
+    """The filter chain for one inbound port, matched on its destination port, enforcing
+    `authz` (none: no AuthorizationPolicy)."""
+    authz = authz if authz is not None else InboundAuthz((), trust_domain)
     cluster = inbound_cluster(port.target)
     name = listener_name(port.bind, port.target)
     protocol = _after_termination(port.protocol) if port.tls is not None else port.protocol
     if protocol.is_http:
         rc = inbound_route_config(cluster, port.hostname, port.service_port, protocol)
-        filters = [lf.hcm_filter(_inbound_hcm(f"inbound_{name}", rc, protocol.is_http2))]
+        filters = [lf.hcm_filter(_inbound_hcm(f"inbound_{name}", rc, protocol.is_http2, authz))]
     else:
-        filters = lf.cluster_filters(cluster)
+        filters = [*authz.network, *lf.cluster_filters(cluster)]
     return lf.ChainOpts(
         filters=filters,
         destination_port=port.target,
@@ -232,13 +239,16 @@ def inbound_chain(port: InboundPort, trust_domain: str) -> lf.ChainOpts:
     )
 
 
-def inbound_chains(port: InboundPort, view: InboundView) -> list[lf.ChainOpts]:
+def inbound_chains(port: InboundPort, view: InboundView, authz: InboundAuthz | None = None) -> list[lf.ChainOpts]:
     """The filter chains of one inbound port under its PeerAuthentication mode (Istio's
     inbound mTLS chains): DISABLE plaintext only; PERMISSIVE mutual TLS for clients that say they
     are the mesh's (TLS with Istio's ALPN) and plaintext for the others; STRICT mutual TLS only.
     A port the Sidecar terminates TLS on keeps the Sidecar's TLS; a proxy without the mesh's
-    certificates has no mutual TLS to offer (plaintext, or nothing under STRICT)."""
-    plain = inbound_chain(port, view.mesh.trust_domain)
+    certificates has no mutual TLS to offer (plaintext, or nothing under STRICT). Every chain
+    enforces the same `authz` (by default the view's policies)."""
+    if authz is None:
+        authz = inbound_authz(view)
+    plain = inbound_chain(port, view.mesh.trust_domain, authz)
     if port.tls is not None:
         return [plain]
     mode = view.mtls.for_port(port.target)
@@ -279,9 +289,17 @@ def _inbound_listener(
     return listener
 
 
-def _passthrough_chains() -> list[lf.ChainOpts]:
+def inbound_authz(view: InboundView) -> InboundAuthz:
+    """The RBAC filters of the view's workload."""
+    return InboundAuthz(
+        view.authorization_policies, view.mesh.trust_domain, ignored=view.ignored_authorization_policies
+    )
+
+
+def _passthrough_chains(authz: InboundAuthz) -> list[lf.ChainOpts]:
     """Istio's `buildInboundPassthroughChains` without mTLS: 15006 itself is dropped (it would
-    loop), plaintext HTTP and anything else go to the original destination."""
+    loop), plaintext HTTP and anything else go to the original destination, through the
+    workload's RBAC filters as every inbound chain."""
     blackhole = lf.ChainOpts(
         filters=lf.cluster_filters(BLACKHOLE_CLUSTER),
         destination_port=VIRTUAL_INBOUND_PORT,
@@ -289,14 +307,14 @@ def _passthrough_chains() -> list[lf.ChainOpts]:
     )
     rc = inbound_route_config(INBOUND_PASSTHROUGH_CLUSTER, "", 0, Protocol.HTTP)
     http = lf.ChainOpts(
-        filters=[lf.hcm_filter(_inbound_hcm(INBOUND_PASSTHROUGH_CLUSTER, rc, http2=False))],
+        filters=[lf.hcm_filter(_inbound_hcm(INBOUND_PASSTHROUGH_CLUSTER, rc, http2=False, authz=authz))],
         application_protocols=lf.PLAINTEXT_HTTP_ALPNS,
         transport_protocol=lf.RAW_BUFFER,
         name=f"{VIRTUAL_INBOUND}-catchall-http",
         kind="http",
     )
     tcp = lf.ChainOpts(
-        filters=lf.cluster_filters(INBOUND_PASSTHROUGH_CLUSTER),
+        filters=[*authz.network, *lf.cluster_filters(INBOUND_PASSTHROUGH_CLUSTER)],
         transport_protocol=lf.RAW_BUFFER,
         name=VIRTUAL_INBOUND,
     )
@@ -309,8 +327,9 @@ def build_inbound(view: InboundView) -> list[listener_pb2.Listener]:
     out = []
     virtual_chains: list[lf.ChainOpts] = []
     proxy = view.proxy.value
+    authz = inbound_authz(view)
     for port in inbound_ports(view):
-        chains = inbound_chains(port, view)
+        chains = inbound_chains(port, view, authz)
         if not chains:
             logger.warning(
                 "%s: inbound port %d is STRICT mutual TLS but the proxy gets no workload certificate; "
@@ -325,7 +344,7 @@ def build_inbound(view: InboundView) -> list[listener_pb2.Listener]:
         else:
             virtual_chains.extend(chains)
     if interception is not InterceptionMode.NONE:
-        chains = _passthrough_chains() + virtual_chains
+        chains = _passthrough_chains(authz) + virtual_chains
         out.append(
             _inbound_listener(
                 VIRTUAL_INBOUND, WILDCARD, VIRTUAL_INBOUND_PORT, chains, bound=False, interception=interception
