@@ -22,6 +22,7 @@ from conftest import DEADLINE, needs_envoy
 
 from meshctl.testing.backends import Backend, Reply, send
 from meshctl.testing.envoy import EnvoyProcess, free_port
+from meshctl.testing.jwt import SigningKey
 from meshctl.testing.serve_process import ServeProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, needs_envoy]
@@ -206,3 +207,46 @@ def test_a_principals_rule_lets_in_the_right_service_account_only(mesh: Mesh) ->
     with mesh.client(CLIENT):
         wait_for(lambda: mesh.through_mesh().ok, "the namespace rule lets `default` in")
     assert denied(mesh.straight_to_server())
+
+
+ISSUER = "https://issuer.e2e.example"
+
+
+def test_a_jwt_from_a_request_authentication_is_checked_and_required_where_a_policy_says(mesh: Mesh) -> None:
+    """RequestAuthentication: a valid token passes, an expired or wrongly signed one gets 401, a
+    missing one passes, unless an AuthorizationPolicy asks for `requestPrincipals` (then 403)."""
+    key, other = SigningKey.generate("k1"), SigningKey.generate("k1")
+    mesh.write(
+        "jwt.yaml",
+        f"""apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {{name: jwt, namespace: {NS}}}
+spec:
+  selector: {{matchLabels: {{app: reviews}}}}
+  jwtRules:
+  - issuer: {ISSUER}
+    jwks: '{key.jwks()}'
+---
+"""
+        + authorization_policy(
+            "token-for-private",
+            "ALLOW",
+            f'[{{from: [{{source: {{requestPrincipals: ["{ISSUER}/*"]}}}}],'
+            ' to: [{operation: {paths: ["/private"]}}]},'
+            ' {to: [{operation: {notPaths: ["/private"]}}]}]',
+        ),
+    )
+    now = int(time.time())
+    valid = key.token({"iss": ISSUER, "sub": "alice", "exp": now + 600})
+    expired = key.token({"iss": ISSUER, "sub": "alice", "exp": now - 600})
+    forged = other.token({"iss": ISSUER, "sub": "alice", "exp": now + 600})
+
+    def call(path: str, token: str | None = None) -> Reply:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return send(mesh.ingress_port, HOST, path=path, headers=headers, address=SERVER_IP)
+
+    wait_for(lambda: denied(call("/private")), "a request without a token is refused where a principal is required")
+    assert call("/private", valid).ok
+    assert call("/public").ok  # no token, and none required
+    assert call("/public", expired).status == 401
+    assert call("/private", forged).status == 401

@@ -22,8 +22,6 @@ from typing import Any
 
 import pytest
 from conftest import DEADLINE, envoy_log_left_open, needs_envoy
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import address_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
@@ -43,6 +41,7 @@ from meshctl.security.request_authentication import jwt_rules_for_workload, poli
 from meshctl.snapshot.model import MeshSettings, Snapshot, build_snapshot
 from meshctl.testing.backends import Backend
 from meshctl.testing.envoy import EnvoyProcess, bootstrap, free_port, validate_config
+from meshctl.testing.jwt import SigningKey, b64url
 from meshctl.xds import jwt_metadata, types
 from meshctl.xds.cluster_dns import discovery_type
 from meshctl.xds.cluster_tls import SYSTEM_CA_BUNDLE
@@ -421,35 +420,6 @@ def test_envoy_accepts_the_filter_and_the_key_clusters(rules: list[JWTRule], gat
 
 
 # -- real Envoy enforces it ---------------------------------------------------------------------
-
-
-def b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-@dataclass(frozen=True)
-class SigningKey:
-    """An RSA key that signs RS256 tokens, and its public half as a JWKS."""
-
-    kid: str
-    private: rsa.RSAPrivateKey
-
-    @classmethod
-    def generate(cls, kid: str) -> SigningKey:
-        return cls(kid, rsa.generate_private_key(public_exponent=65537, key_size=2048))
-
-    def jwks(self) -> str:
-        numbers = self.private.public_key().public_numbers()
-        n = numbers.n.to_bytes((numbers.n.bit_length() + 7) // 8, "big")
-        e = numbers.e.to_bytes((numbers.e.bit_length() + 7) // 8, "big")
-        key = {"kty": "RSA", "alg": "RS256", "use": "sig", "kid": self.kid, "n": b64url(n), "e": b64url(e)}
-        return json.dumps({"keys": [key]})
-
-    def token(self, claims: Mapping[str, Any], *, kid: str | None = None) -> str:
-        header = {"alg": "RS256", "typ": "JWT", "kid": kid or self.kid}
-        signing_input = f"{b64url(json.dumps(header).encode())}.{b64url(json.dumps(claims).encode())}"
-        signature = self.private.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
-        return f"{signing_input}.{b64url(signature)}"
 
 
 class _JwksHandler(BaseHTTPRequestHandler):

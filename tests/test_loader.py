@@ -71,15 +71,13 @@ def test_non_istio_kinds_are_skipped_with_a_warning() -> None:
     assert "skipped v1 Service" in warning.message and warning.line == 2
 
 
-def test_security_kinds_fail_unless_the_risk_is_accepted() -> None:
-    """A deny policy silently unenforced is worse than a failed build."""
-    text = "apiVersion: security.istio.io/v1\nkind: RequestAuthentication\nmetadata:\n  name: x\n"
-    (refused,) = load_text(text, "a.yaml").findings
-    assert refused.severity is Severity.ERROR and "not enforced" in refused.message
-    assert "--allow-unenforced-security" in refused.message
-    result = load_text(text, "a.yaml", LoadOptions(unenforced_security=True))
-    assert result.ok and not result.configs
-    assert result.findings[0].severity is Severity.WARNING
+def test_every_security_kind_loads_as_a_served_kind() -> None:
+    """meshctl enforces every security.istio.io kind, so none is skipped: a policy that loaded
+    and did nothing would let through what it denies."""
+    text = "apiVersion: security.istio.io/v1\nkind: RequestAuthentication\nmetadata:\n  name: x\nspec: {}\n"
+    result = load_text(text, "a.yaml")
+    assert result.ok and [c.kind for c in result.configs] == ["RequestAuthentication"]
+    assert not result.findings
 
 
 @pytest.mark.parametrize(

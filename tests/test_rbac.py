@@ -674,12 +674,44 @@ def test_a_policy_changes_the_inbound_view_of_the_workloads_it_selects_only() ->
     assert inbound_generations(snapshot_with(edited, other)) == 0
 
 
-def test_a_policy_selecting_a_gateway_is_reported(caplog: pytest.LogCaptureFixture) -> None:
+GATEWAY_YAML = f"""
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {{name: edge, namespace: {NS}}}
+spec:
+  selector: {{istio: ingressgateway}}
+  servers:
+  - port: {{number: 8080, name: http, protocol: HTTP}}
+    hosts: ["*"]
+"""
+
+
+def test_a_gateway_enforces_the_policies_that_select_it() -> None:
+    """Istio enforces AuthorizationPolicy on gateways as on sidecars: the RBAC filters go first
+    in the gateway's connection managers, and only a policy selecting the gateway's labels counts
+    (it is part of the gateway's outbound key, so it is regenerated when the policy changes)."""
     gateway = "router~10.0.0.20~gw.foo~foo.svc.cluster.local"
-    snapshot = snapshot_with(policy({"rules": [{}]}))
-    with caplog.at_level(logging.WARNING, "meshctl.xds.listeners"):
-        generate_config(snapshot, proxy_for(snapshot, gateway))
-    assert "AuthorizationPolicies foo/p select this gateway" in caplog.text
+    meta = {"LABELS": {"istio": "ingressgateway"}}
+    selecting = policy(
+        {
+            "selector": {"matchLabels": {"istio": "ingressgateway"}},
+            "action": "DENY",
+            "rules": [{"to": [{"operation": {"paths": ["/admin"]}}]}],
+        }
+    )
+    configs = [*configs_from_yaml(MESH + GATEWAY_YAML), selecting]
+    snapshot = build_snapshot(configs, build_file_model(configs))
+    proxy = proxy_for(snapshot, gateway, meta)
+    (listener,) = generate_config(snapshot, proxy)[types.LISTENER]
+    hcm = hcm_pb2.HttpConnectionManager()
+    assert listener.filter_chains[0].filters[0].typed_config.Unpack(hcm)  # type: ignore[attr-defined]
+    assert hcm.http_filters[0].name == "envoy.filters.http.rbac"
+    config = http_rbac_pb2.RBAC()
+    assert hcm.http_filters[0].typed_config.Unpack(config)
+    assert config.rules.action == rbac_pb2.RBAC.DENY and list(config.rules.policies) == ["ns[foo]-policy[p]-rule[0]"]
+    plain = build_snapshot(configs[:-1], build_file_model(configs[:-1]))
+    assert proxy.outbound_key() != proxy_for(plain, gateway, meta).outbound_key()
 
 
 # -- a real Envoy takes it ------------------------------------------------------------------------

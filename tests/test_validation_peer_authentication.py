@@ -278,11 +278,9 @@ def test_validate_accepts_a_peer_authentication_without_the_unenforced_security_
     assert result.exit_code == 0, result.output
 
 
-def test_validate_still_refuses_an_unenforced_security_kind_without_the_flag(tmp_path: Path) -> None:
+def test_validate_accepts_every_security_kind_and_the_old_flag_is_harmless(tmp_path: Path) -> None:
     path = tmp_path / "jwt.yaml"
     path.write_text(STRICT_POLICY + "---\n" + REQUEST_AUTHENTICATION)
-    refused = runner.invoke(app, ["validate", str(path)])
-    assert refused.exit_code == 1, refused.output
-    assert "RequestAuthentication is not enforced" in refused.stdout
+    assert runner.invoke(app, ["validate", str(path)]).exit_code == 0
     accepted = runner.invoke(app, ["validate", "--allow-unenforced-security", str(path)])
     assert accepted.exit_code == 0, accepted.output

@@ -95,8 +95,8 @@ def serve(
         typer.Option(
             "--allow-unenforced-security",
             envvar="MESHCTL_ALLOW_UNENFORCED_SECURITY",
-            help="Accept security.istio.io policies meshctl does not enforce yet (AuthorizationPolicy, "
-            "RequestAuthentication): the traffic they deny flows. Without it, a file holding one is an error.",
+            hidden=True,
+            help="No longer needed: every security.istio.io kind is enforced. Accepted and ignored.",
         ),
     ] = False,
     ca_dir: Annotated[
@@ -220,7 +220,6 @@ def serve(
         admin_token_file=admin_token_file,
         notify=NotifySettings.from_environ(os.environ, os.getpid()),
         registry_sync_timeout=max(0.0, registry_sync_timeout),
-        allow_unenforced_security=allow_unenforced_security,
         mesh_config=mesh_config,
         freeze_startup=True,
         ca_dir=ca_dir,

@@ -40,9 +40,8 @@ def validate(
         bool,
         typer.Option(
             "--allow-unenforced-security",
-            help="Accept AuthorizationPolicy and RequestAuthentication (security.istio.io) although "
-            "meshctl does not enforce them yet: the traffic they deny flows. Without it, a file holding "
-            "one is an error. PeerAuthentication is enforced and always accepted.",
+            hidden=True,
+            help="No longer needed: every security.istio.io kind is enforced. Accepted and ignored.",
         ),
     ] = False,
     mesh_config: Annotated[
@@ -73,9 +72,7 @@ def validate(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        options = LoadOptions(
-            default_namespace=namespace, workers=jobs or spare_cpus(), unenforced_security=allow_unenforced_security
-        )
+        options = LoadOptions(default_namespace=namespace, workers=jobs or spare_cpus())
         stdin_text, refused = _read_stdin(options.max_file_bytes) if "-" in paths else (None, [])
         mesh_findings: list[Finding] = []
         root_namespace = DEFAULT_ROOT_NAMESPACE

@@ -31,7 +31,6 @@ from meshctl.config.model import (
     GROUP_VERSIONS,
     ISTIO_KINDS,
     KINDS,
-    SECURITY_GROUP,
     Config,
     ConfigKey,
     Source,
@@ -51,7 +50,6 @@ _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
-
 @dataclass(frozen=True, slots=True)
 class LoadOptions:
     """How to read files; passed down from the CLI or the server config, never global."""
@@ -62,10 +60,6 @@ class LoadOptions:
     validate: bool = True
     #: Distinct findings reported for one file; the rest are counted in one last finding.
     max_findings_per_file: int = 100
-    #: Load files holding security.istio.io policies that meshctl does not enforce yet
-    #: (RequestAuthentication) with a warning instead of refusing them: the user accepts that
-    #: those policies do nothing.
-    unenforced_security: bool = False
     #: Processes that load files side by side when there are many (see `load_paths`); 1 loads
     #: everything in this process, as a server must (it runs threads, and workers are forked).
     workers: int = 1
@@ -298,7 +292,7 @@ def _load_document(
 
     group, _, version = api_version.partition("/")
     if group != served_group(kind):
-        message, severity = _not_served(group, api_version, kind, options)
+        message, severity = _not_served(group, api_version, kind)
         return None, [finding(message, ("kind",), severity)]
     if version not in GROUP_VERSIONS[group]:
         accepted = ", ".join(f"{group}/{v}" for v in GROUP_VERSIONS[group])
@@ -355,28 +349,18 @@ def _load_document(
     return config, problems
 
 
-def _not_served(group: str, api_version: str, kind: str, options: LoadOptions) -> tuple[str, Severity]:
+def _not_served(group: str, api_version: str, kind: str) -> tuple[str, Severity]:
     """Why a document of a kind meshctl does not serve is skipped, and how bad that is:
 
     - a kind no Istio group has, in an Istio group, is a typo: an error, with the kind meant;
-    - a security kind meshctl does not enforce yet (RequestAuthentication) is an error (a
-      policy silently unenforced is worse than a failed build) unless the user accepted the
-      risk with `--allow-unenforced-security`;
     - another Istio kind (EnvoyFilter, Telemetry) and every other group's kind are warnings.
+    Every security.istio.io kind is served: none is skipped, so no policy is silently unenforced.
     """
     known = ISTIO_KINDS.get(group)
     if known is not None and kind not in known:
         close = difflib.get_close_matches(kind, sorted(known), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else f" (its kinds: {', '.join(sorted(known))})"
         return f"unknown kind {kind} in {group}{hint}", Severity.ERROR
-    if group == SECURITY_GROUP:
-        if options.unenforced_security:
-            return f"skipped {api_version} {kind}: not enforced (--allow-unenforced-security)", Severity.WARNING
-        return (
-            f"{api_version} {kind} is not enforced by meshctl yet: the traffic it restricts would flow; "
-            "remove it, or pass --allow-unenforced-security to load the rest anyway",
-            Severity.ERROR,
-        )
     if known is not None:
         return f"skipped {api_version} {kind}: not supported yet", Severity.WARNING
     return f"skipped {api_version} {kind}: not Istio networking config", Severity.WARNING

@@ -21,8 +21,7 @@ if TYPE_CHECKING:
     from google.protobuf.message import Message
 
 NETWORKING_GROUP: Final = "networking.istio.io"
-#: The group whose kinds decide who may call whom: one that meshctl does not enforce is an
-#: error, unless the user accepts the risk (`LoadOptions.unenforced_security`).
+#: The group whose kinds decide who may call whom (every one of them enforced).
 SECURITY_GROUP: Final = "security.istio.io"
 #: The versions accepted of each group with kinds meshctl loads, exactly as users write them for
 #: Kubernetes. All versions of a group share one schema, as in Istio (where networking's v1beta1
@@ -33,8 +32,7 @@ GROUP_VERSIONS: Final[Mapping[str, tuple[str, ...]]] = {
 }
 
 #: Kind -> (generated module under meshctl.api, message name) of its `spec`, for every kind with
-#: a schema: the kinds meshctl loads, and security kinds it does not enforce yet (their schema
-#: is here for the rules and generators that will).
+#: a schema (the kinds meshctl loads).
 _SCHEMAS: Final[Mapping[str, tuple[str, str]]] = {
     "VirtualService": ("networking.v1alpha3.virtual_service_pb2", "VirtualService"),
     "DestinationRule": ("networking.v1alpha3.destination_rule_pb2", "DestinationRule"),
@@ -60,6 +58,7 @@ _SERVED: Final[Mapping[str, str]] = {
     "Sidecar": NETWORKING_GROUP,
     "PeerAuthentication": SECURITY_GROUP,
     "AuthorizationPolicy": SECURITY_GROUP,
+    "RequestAuthentication": SECURITY_GROUP,
 }
 
 KINDS: Final = tuple(_SERVED)

@@ -20,7 +20,7 @@ generated filter is deterministic (a stable sort: rules of one issuer keep that 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from meshctl.config.model import Config
@@ -45,7 +45,12 @@ def policies_for_workload(snapshot: Snapshot, namespace: str, labels: Mapping[st
 def jwt_rules_for_workload(snapshot: Snapshot, namespace: str, labels: Mapping[str, str]) -> tuple[Any, ...]:
     """Every JWT rule (`istio.security.v1beta1.JWTRule`) the workload's proxy validates tokens
     with, sorted by issuer: the input of `meshctl.xds.jwt_authn.build_jwt_authn`."""
-    rules = [rule for policy in policies_for_workload(snapshot, namespace, labels) for rule in spec(policy).jwt_rules]
+    return sorted_jwt_rules(policies_for_workload(snapshot, namespace, labels))
+
+
+def sorted_jwt_rules(policies: Iterable[Config]) -> tuple[Any, ...]:
+    """The JWT rules of `policies` (in Istio's order), sorted by issuer."""
+    rules = [rule for policy in policies for rule in spec(policy).jwt_rules]
     return tuple(sorted(rules, key=lambda rule: rule.issuer))
 
 

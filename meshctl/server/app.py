@@ -107,9 +107,6 @@ class ServeSettings:
     on_ready: Callable[[int, int], None] | None = None
     #: Istio's MeshConfig YAML (`--mesh-config`), followed for changes; settings override `mesh`.
     mesh_config: Path | None = None
-    #: Load security.istio.io policies, which meshctl does not enforce yet, instead of refusing
-    #: their files (the operator accepts that they do nothing).
-    allow_unenforced_security: bool = False
     #: How long new proxies wait for every registry's first sync before the server gives them
     #: what it has (see `Server.admission`): long enough for a Consul restart.
     registry_sync_timeout: float = 30.0
@@ -158,9 +155,7 @@ class Server:
 
     def __init__(self, settings: ServeSettings) -> None:
         self.settings = settings
-        load = LoadOptions(
-            default_namespace=settings.default_namespace, unenforced_security=settings.allow_unenforced_security
-        )
+        load = LoadOptions(default_namespace=settings.default_namespace)
         #: The files, followed: the store, its watcher and the file registry (`meshctl.ingest`).
         self.followed = FollowedFiles(settings.config_dirs, WatchOptions(load=load))
         self.store, self.watcher, self.files = self.followed.store, self.followed.watcher, self.followed.registry

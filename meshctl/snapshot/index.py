@@ -113,6 +113,7 @@ class SnapshotIndex:
         self._by_kind = by_kind
         self._mesh = mesh
         self._selectors: tuple[LabelSelector, ...] | None = None
+        self._policy_selectors: tuple[LabelSelector, ...] | None = None
         self._dns: bool | None = None
         self._by_address: dict[str, list[tuple[Service, Endpoint]]] | None = None
         self._previous = previous
@@ -147,6 +148,8 @@ class SnapshotIndex:
             self._index_rules(by_kind)
         if previous is not None and same("Sidecar", "DestinationRule", "Gateway", "VirtualService"):
             self._selectors = previous._selectors
+        if previous is not None and same("AuthorizationPolicy", "RequestAuthentication"):
+            self._policy_selectors = previous._policy_selectors
         if previous is not None and previous._services is services:
             self._dns = previous._dns
         #: What scopes computed from the index's inputs alone, by their arguments (see `scoped`).
@@ -258,6 +261,20 @@ class SnapshotIndex:
                         add(match.source_labels)
             self._selectors = tuple(found)
         return self._selectors
+
+    def policy_selectors(self) -> tuple[LabelSelector, ...]:
+        """The label selectors of AuthorizationPolicies and RequestAuthentications: a gateway
+        enforces those that select it in its listeners, so they are part of its outbound key
+        (a sidecar's are inbound config, keyed by its inbound view)."""
+        if self._policy_selectors is None:
+            found: dict[LabelSelector, None] = {}
+            for kind in ("AuthorizationPolicy", "RequestAuthentication"):
+                for config in self._by_kind.get(kind, ()):
+                    body = _spec(config)
+                    if body.HasField("selector") and body.selector.match_labels:
+                        found.setdefault(tuple(sorted(body.selector.match_labels.items())), None)
+            self._policy_selectors = tuple(found)
+        return self._policy_selectors
 
     @property
     def has_dns_services(self) -> bool:

@@ -253,7 +253,10 @@ def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
         labels.update(node.labels)
     address_in_config = node.interception is not InterceptionMode.NONE or _any_sidecar_ingress(snapshot)
     index = snapshot.index
-    selectors = tuple(s for s in index.label_selectors() if all(labels.get(k) == v for k, v in s))
+    tested = index.label_selectors()
+    if node.type is ProxyType.ROUTER:
+        tested = (*tested, *index.policy_selectors())
+    selectors = tuple(s for s in tested if all(labels.get(k) == v for k, v in s))
     locality = _locality(tuple(instances))
     return Proxy(
         node,

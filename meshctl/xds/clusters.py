@@ -41,6 +41,7 @@ from google.protobuf import struct_pb2
 from meshctl.api.networking.v1alpha3 import destination_rule_pb2 as dr_pb2
 from meshctl.registry.model import Endpoint, Location, Protocol, Resolution, Service, ServicePort
 from meshctl.security.peer_authentication import MtlsMode, namespace_mode
+from meshctl.security.request_authentication import jwt_rules_for_workload
 from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import Snapshot, spec
 from meshctl.snapshot.proxy import ProxyType
@@ -65,6 +66,7 @@ from meshctl.xds.cluster_policy import (
 from meshctl.xds.cluster_tls import apply_auto_mtls, apply_istio_mutual, apply_tls, is_istio_mutual, originates_tls
 from meshctl.xds.endpoints import ISTIO_METADATA, locality_lb_endpoints, select_endpoints, socket_address
 from meshctl.xds.inbound_view import InboundView, inbound_view
+from meshctl.xds.jwks_cluster import jwks_clusters
 from meshctl.xds.memo import GenerationMemo, Ref
 from meshctl.xds.mesh_tls import istio_sni, spiffe_uri
 from meshctl.xds.refs import destination_rule_ref
@@ -142,6 +144,11 @@ def build_outbound_clusters(scope: ProxyScope, memo: ClusterMemo | None = None) 
                 view = outbound_cluster_view(scope, service, port)
                 out.extend(service_port_clusters(view) if memo is None else memo.get(view, service_port_clusters))
     timeout = scope.snapshot.mesh.connect_timeout_seconds
+    if scope.proxy.type is ProxyType.ROUTER:
+        # A gateway's own RequestAuthentication keys (sidecars get theirs with the inbound part).
+        proxy = scope.proxy
+        rules = jwt_rules_for_workload(scope.snapshot, proxy.namespace, proxy.labels)
+        out.extend(_delimited_stats(jwks_clusters(rules, proxy_ip=proxy.ip, connect_timeout=timeout)))
     out.append(_delimited_stats([_blackhole(timeout)])[0])
     if scope.proxy.type is ProxyType.SIDECAR:
         out.append(_delimited_stats([_passthrough(names.PASSTHROUGH_CLUSTER, timeout)])[0])
@@ -201,6 +208,7 @@ def build_inbound_clusters(view: InboundView) -> list[cluster_pb2.Cluster]:
     if proxy.type is not ProxyType.SIDECAR:
         return []
     out = _inbound(view)
+    out.extend(jwks_clusters(view.jwt_rules, proxy_ip=proxy.ip, connect_timeout=view.mesh.connect_timeout_seconds))
     if proxy.interception is not InterceptionMode.NONE:
         timeout = view.mesh.connect_timeout_seconds
         inbound = _passthrough(INBOUND_PASSTHROUGH_CLUSTER, timeout)

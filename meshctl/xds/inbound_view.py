@@ -17,11 +17,14 @@ other.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from meshctl.config.model import Config
 from meshctl.registry.model import Service
 from meshctl.security.authorization import ignored_policies, policies_for_workload
 from meshctl.security.peer_authentication import WorkloadMtls, workload_mtls
+from meshctl.security.request_authentication import policies_for_workload as request_authentications
+from meshctl.security.request_authentication import sorted_jwt_rules
 from meshctl.snapshot.model import MeshSettings
 from meshctl.snapshot.proxy import Proxy
 from meshctl.snapshot.scope import MergedDestinationRule, ProxyScope
@@ -59,6 +62,8 @@ class InboundView:
     #: Policies of its namespaces that name a targetRef: they select no workload, and generation
     #: says so (here so that the warning follows the policy).
     ignored_authorization: tuple[Ref[Config], ...] = ()
+    #: The RequestAuthentications that apply to the workload, in Istio's order.
+    request_authentication: tuple[Ref[Config], ...] = ()
 
     @property
     def sidecar_config(self) -> Config | None:
@@ -67,6 +72,11 @@ class InboundView:
     @property
     def authorization_policies(self) -> tuple[Config, ...]:
         return tuple(ref.value for ref in self.authorization)
+
+    @property
+    def jwt_rules(self) -> tuple[Any, ...]:
+        """The JWT rules of its RequestAuthentications, sorted by issuer (`jwt_authn`'s input)."""
+        return sorted_jwt_rules(ref.value for ref in self.request_authentication)
 
     @property
     def ignored_authorization_policies(self) -> tuple[Config, ...]:
@@ -99,4 +109,7 @@ def inbound_view(scope: ProxyScope) -> InboundView:
             config_ref(c) for c in policies_for_workload(scope.snapshot, proxy.namespace, proxy.labels)
         ),
         ignored_authorization=tuple(config_ref(c) for c in ignored_policies(scope.snapshot, proxy.namespace)),
+        request_authentication=tuple(
+            config_ref(c) for c in request_authentications(scope.snapshot, proxy.namespace, proxy.labels)
+        ),
     )

@@ -19,8 +19,6 @@ with their protocol filters turned off.
 
 from __future__ import annotations
 
-import logging
-
 from envoy.config.listener.v3 import listener_pb2
 
 from meshctl.snapshot.proxy import ProxyType
@@ -29,8 +27,6 @@ from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.listeners_gateway import build_gateway
 from meshctl.xds.listeners_inbound import build_inbound
 from meshctl.xds.listeners_outbound import build_outbound
-
-logger = logging.getLogger("meshctl.xds.listeners")
 
 
 def build_listeners(scope: ProxyScope) -> list[listener_pb2.Listener]:
@@ -48,14 +44,7 @@ def build_outbound_listeners(scope: ProxyScope) -> list[listener_pb2.Listener]:
 def build_inbound_listeners(view: InboundView) -> list[listener_pb2.Listener]:
     """A sidecar's listeners for its own workload."""
     if view.proxy.value.type is ProxyType.ROUTER:
-        if view.authorization:
-            logger.warning(
-                "%s: AuthorizationPolicies %s select this gateway; meshctl enforces them on sidecars' "
-                "inbound listeners only, not on gateway listeners",
-                view.proxy.value.id,
-                ", ".join(f"{c.namespace}/{c.name}" for c in view.authorization_policies),
-            )
-        return []
+        return []  # a gateway's listeners enforce its policies (`listeners_gateway.gateway_authz`)
     return sort_listeners(build_inbound(view))
 
 

@@ -33,12 +33,16 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 
 from meshctl.config.model import Config
 from meshctl.registry.model import Protocol
+from meshctl.security.authorization import ignored_policies
+from meshctl.security.authorization import policies_for_workload as authorization_policies
+from meshctl.security.request_authentication import jwt_rules_for_workload
 from meshctl.snapshot.model import spec
 from meshctl.snapshot.scope import ProxyScope, gateway_ref
 from meshctl.xds import listener_filters as lf
 from meshctl.xds.listener_l4 import Filters, gateway_hosts_match, gateway_refs, route_filters
 from meshctl.xds.listener_tls import downstream_tls_context, is_passthrough, unsupported_reason
 from meshctl.xds.names import gateway_https_route_name, gateway_route_name, listener_name
+from meshctl.xds.rbac import InboundAuthz
 
 logger = logging.getLogger("meshctl.xds.listeners")
 
@@ -209,12 +213,17 @@ def _may_join(port: MergedPort, srv: GatewayServer, route_names: set[str]) -> bo
 # -- listeners --------------------------------------------------------------------------------
 
 
-def _gateway_hcm(stat_prefix: str, rds: str) -> hcm_pb2.HttpConnectionManager:
+def _gateway_hcm(stat_prefix: str, rds: str, authz: InboundAuthz) -> hcm_pb2.HttpConnectionManager:
     """Istio's `buildGatewayConnectionManager`: the client address is the real one, client
     certificate details are sanitized and set from the connection, and responses name the
-    server `istio-envoy` (ProxyHeaders of ListenerClassGateway)."""
+    server `istio-envoy` (ProxyHeaders of ListenerClassGateway); the gateway's RequestAuthentication
+    and AuthorizationPolicy filters first."""
     hcm = lf.http_connection_manager(
-        stat_prefix=stat_prefix, rds=rds, use_remote_address=True, server_name=lf.ISTIO_SERVER_NAME
+        stat_prefix=stat_prefix,
+        rds=rds,
+        use_remote_address=True,
+        server_name=lf.ISTIO_SERVER_NAME,
+        leading_filters=authz.http,
     )
     hcm.forward_client_cert_details = hcm_pb2.HttpConnectionManager.SANITIZE_SET
     details = hcm.set_current_client_cert_details
@@ -273,9 +282,9 @@ def _passthrough_chains(scope: ProxyScope, srv: GatewayServer) -> list[lf.ChainO
     return out
 
 
-def _server_chains(scope: ProxyScope, port: MergedPort, srv: GatewayServer) -> list[lf.ChainOpts]:
+def _server_chains(scope: ProxyScope, port: MergedPort, srv: GatewayServer, authz: InboundAuthz) -> list[lf.ChainOpts]:
     if srv.terminates_https:
-        hcm = _gateway_hcm(srv.server.name or f"outbound_{port.name}", srv.route_name)
+        hcm = _gateway_hcm(srv.server.name or f"outbound_{port.name}", srv.route_name, authz)
         return [
             lf.ChainOpts(
                 filters=[lf.hcm_filter(hcm)],
@@ -286,10 +295,11 @@ def _server_chains(scope: ProxyScope, port: MergedPort, srv: GatewayServer) -> l
             )
         ]
     if srv.tls is not None and is_passthrough(srv.tls):
-        return _passthrough_chains(scope, srv)
+        return [_authorized(c, authz) for c in _passthrough_chains(scope, srv)]
     filters = _tcp_filters(scope, srv)
     if not filters:
         return []
+    filters = [*authz.network, *filters]
     if srv.tls is None:
         return [lf.ChainOpts(filters=filters, origin=srv.describe())]
     return [
@@ -302,15 +312,35 @@ def _server_chains(scope: ProxyScope, port: MergedPort, srv: GatewayServer) -> l
     ]
 
 
-def _port_chains(scope: ProxyScope, port: MergedPort) -> list[lf.ChainOpts]:
+def _authorized(chain: lf.ChainOpts, authz: InboundAuthz) -> lf.ChainOpts:
+    """`chain` with the gateway's network RBAC filters in front of its own."""
+    chain.filters = [*authz.network, *chain.filters]
+    return chain
+
+
+def gateway_authz(scope: ProxyScope) -> InboundAuthz:
+    """The RequestAuthentication and AuthorizationPolicy filters of the router's workload: Istio
+    enforces the policies that select a gateway on its listeners, as a sidecar's on its inbound
+    ones."""
+    snapshot, proxy = scope.snapshot, scope.proxy
+    return InboundAuthz(
+        authorization_policies(snapshot, proxy.namespace, proxy.labels),
+        snapshot.mesh.trust_domain,
+        ignored=ignored_policies(snapshot, proxy.namespace),
+        jwt_rules=jwt_rules_for_workload(snapshot, proxy.namespace, proxy.labels),
+        clear_route_cache=True,
+    )
+
+
+def _port_chains(scope: ProxyScope, port: MergedPort, authz: InboundAuthz) -> list[lf.ChainOpts]:
     first = port.servers[0]
     if first.protocol.is_http:
         # Every plaintext HTTP server of the port is a set of virtual hosts in one route config.
-        hcm = _gateway_hcm(f"outbound_{port.name}", first.route_name)
+        hcm = _gateway_hcm(f"outbound_{port.name}", first.route_name, authz)
         return [lf.ChainOpts(filters=[lf.hcm_filter(hcm)], kind="http", origin=first.describe())]
     chains: list[lf.ChainOpts] = []
     for srv in port.servers:
-        new = _server_chains(scope, port, srv)
+        new = _server_chains(scope, port, srv, authz)
         if not new:
             logger.warning(
                 "%s: no VirtualService %s route bound to the gateway matches it; nothing to forward to",
@@ -327,8 +357,9 @@ def _port_chains(scope: ProxyScope, port: MergedPort) -> list[lf.ChainOpts]:
 def build_gateway(scope: ProxyScope) -> list[listener_pb2.Listener]:
     """A listener per merged port of the router's Gateways; a port with nothing to serve has none."""
     out = []
+    authz = gateway_authz(scope)
     for port in merge_servers(scope):
-        chains = _port_chains(scope, port)
+        chains = _port_chains(scope, port, authz)
         if not chains:
             logger.warning("listener %s has no filter chain; not generated", port.name)
             continue

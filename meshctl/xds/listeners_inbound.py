@@ -292,7 +292,10 @@ def _inbound_listener(
 def inbound_authz(view: InboundView) -> InboundAuthz:
     """The RBAC filters of the view's workload."""
     return InboundAuthz(
-        view.authorization_policies, view.mesh.trust_domain, ignored=view.ignored_authorization_policies
+        view.authorization_policies,
+        view.mesh.trust_domain,
+        ignored=view.ignored_authorization_policies,
+        jwt_rules=view.jwt_rules,
     )
 
 

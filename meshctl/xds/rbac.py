@@ -40,7 +40,7 @@ import functools
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from envoy.config.listener.v3 import listener_components_pb2
 from envoy.config.rbac.v3 import rbac_pb2
@@ -51,6 +51,7 @@ from envoy.extensions.filters.network.rbac.v3 import rbac_pb2 as network_rbac_pb
 from meshctl.config.model import Config
 from meshctl.security.authorization import KIND, Action, action, dry_run, dry_run_problem
 from meshctl.snapshot.model import spec
+from meshctl.xds.jwt_authn import jwt_authn_filter
 from meshctl.xds.listener_filters import network_filter, typed
 from meshctl.xds.rbac_match import MATCH_NEVER, FieldError, translate_rule
 
@@ -191,14 +192,28 @@ def network_rbac_filter(rules: FilterRules) -> listener_components_pb2.Filter:
 
 
 class InboundAuthz:
-    """The RBAC filters of one workload's inbound chains. Each kind is built on first use, so
-    what only a TCP chain cannot see is logged only for a workload with a TCP port; what is
-    wrong whatever the chain (a CUSTOM action, a targetRef, a dry-run annotation that is not a
-    boolean) is logged when this is made."""
+    """The authentication and RBAC filters of the chains that take a workload's traffic (a
+    sidecar's inbound chains, a gateway's listeners): `jwt_authn` for its RequestAuthentication
+    rules first (RBAC reads the claims it leaves), then the RBAC filters. Each kind is built on
+    first use, so what only a TCP chain cannot see is logged only for a workload with a TCP port;
+    what is wrong whatever the chain (a CUSTOM action, a targetRef, a dry-run annotation that is
+    not a boolean) is logged when this is made. Gateways clear the route cache after
+    `jwt_authn` (`clear_route_cache`), as Istio does for every proxy that is not a sidecar, so
+    routes may match on claims."""
 
-    def __init__(self, policies: Sequence[Config], trust_domain: str, ignored: Sequence[Config] = ()) -> None:
+    def __init__(
+        self,
+        policies: Sequence[Config],
+        trust_domain: str,
+        ignored: Sequence[Config] = (),
+        *,
+        jwt_rules: Sequence[Any] = (),
+        clear_route_cache: bool = False,
+    ) -> None:
         self.policies = tuple(policies)
         self.trust_domain = trust_domain
+        self.jwt_rules = tuple(jwt_rules)
+        self.clear_route_cache = clear_route_cache
         for config in ignored:
             logger.warning(
                 "%s %s/%s has a targetRef: it applies to Gateway API gateways and waypoints only, "
@@ -224,9 +239,10 @@ class InboundAuthz:
 
     @functools.cached_property
     def http(self) -> tuple[hcm_pb2.HttpFilter, ...]:
-        """The HTTP filters, to go first in an inbound HTTP connection manager."""
+        """The HTTP filters, to go first in an HTTP connection manager: `jwt_authn`, then RBAC."""
         rules = filter_rules(self.policies, trust_domain=self.trust_domain, for_tcp=False)
-        return tuple(http_filter(r) for r in rules)
+        jwt = jwt_authn_filter(self.jwt_rules, clear_route_cache=self.clear_route_cache)
+        return (*([jwt] if jwt is not None else []), *(http_filter(r) for r in rules))
 
     @functools.cached_property
     def network(self) -> tuple[listener_components_pb2.Filter, ...]:
