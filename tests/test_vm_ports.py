@@ -71,3 +71,56 @@ def test_diff_takes_the_interception_mode(bookinfo_on_9080: Path) -> None:
         app, ["diff", str(bookinfo_on_9080), str(bookinfo_on_9080), "--all-proxies", "--interception", "TPROXY"]
     )
     assert result.exit_code == 0, result.output
+
+
+ISTIO_INGRESS_PATTERN = """apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: inventory, namespace: shop}
+spec:
+  hosts: [inventory.shop.mesh]
+  location: MESH_INTERNAL
+  ports: [{number: 9080, name: http, protocol: HTTP}]
+  workloadSelector: {labels: {app: inventory}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: orders, namespace: shop}
+spec:
+  hosts: [orders.shop.mesh]
+  location: MESH_INTERNAL
+  ports: [{number: 9080, name: http, protocol: HTTP}]
+  workloadSelector: {labels: {app: orders}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: inventory-v2, namespace: shop}
+spec: {address: 10.10.0.52, ports: {http: 9080}, labels: {app: inventory}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: orders, namespace: shop}
+spec: {address: 10.10.0.41, labels: {app: orders}}
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: inventory, namespace: shop}
+spec:
+  workloadSelector: {labels: {app: inventory}}
+  ingress:
+  - port: {number: 9080, protocol: HTTP, name: http}
+    defaultEndpoint: 127.0.0.1:8080
+"""
+
+
+def test_a_port_envoy_takes_for_inbound_still_has_its_outbound_listener_on_loopback() -> None:
+    """Istio's pattern without iptables: Envoy takes 9080 on the VM's address for inbound and
+    hands it to the app on 127.0.0.1:8080, so the app can still call other services on
+    127.0.0.1:9080 through the proxy."""
+    from meshctl.testing.builders import proxy_for, snapshot_from_yaml
+    from meshctl.xds import types
+    from meshctl.xds.generate import generate
+
+    snapshot = snapshot_from_yaml(ISTIO_INGRESS_PATTERN)
+    node = "sidecar~10.10.0.52~inventory-v2.shop~shop.svc.cluster.local"
+    names = {listener.name for listener in generate(snapshot, proxy_for(snapshot, node))[types.LISTENER]}
+    assert {"10.10.0.52_9080", "127.0.0.1_9080"} <= names

@@ -151,9 +151,18 @@ def _ingress_tls(ing: Any, sidecar: str, mesh_certificates: bool) -> Any:
 def app_ports(proxy: Proxy, sidecar: Config | None) -> frozenset[int]:
     """Ports the workload's app itself listens on: the targets of its service endpoints, and
     the ports of the Sidecar's ingress `defaultEndpoint`s. A proxy without iptables must not
-    bind outbound listeners on them."""
+    bind outbound listeners on them. An endpoint port a Sidecar ingress listener binds is the
+    proxy's (on the VM's address; the app is behind it on its defaultEndpoint), not the app's:
+    Istio's own pattern of ingress 9080 to 127.0.0.1:8080 keeps outbound 127.0.0.1:9080."""
     ports = set(proxy.instance_ports)
     if sidecar is not None:
+        taken = {
+            ing.port.number
+            for ing in spec(sidecar).ingress
+            if _bind_to_port(ing.capture_mode, proxy.interception)
+            and (ing.bind or proxy.ip) not in ("127.0.0.1", "::1", WILDCARD, "::")
+        }
+        ports -= taken
         for ing in spec(sidecar).ingress:
             host, sep, port = ing.default_endpoint.rpartition(":")
             if sep and port.isdigit() and not host.startswith("unix"):
