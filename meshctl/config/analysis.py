@@ -38,6 +38,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from meshctl.config.analysis_authz import identity_without_mtls
 from meshctl.config.analysis_mtls import Sidecars, vm_mtls_issues, workload_labels
 from meshctl.config.findings import FieldPath, Severity
 from meshctl.config.hosts import host_matches, hosts_overlap
@@ -216,14 +217,17 @@ def analyze(
     issues: list[AnalysisIssue] = []
     issues.extend(_virtual_service_references(index))
     issues.extend(_mesh_host_conflicts(index))
-    issues.extend(_selectors(index))
+    issues.extend(_selectors(index, root_namespace))
     issues.extend(_gateway_hosts(index))
     issues.extend(_gateway_conflicts(index))
     issues.extend(_destination_rules(index))
     issues.extend(_app_ports_hiding_calls(index, Sidecars(index.by_kind["Sidecar"], root_namespace)))
     issues.extend(
         AnalysisIssue(found.key, found.path, found.message, Severity.WARNING, found.code)
-        for found in vm_mtls_issues(index.by_kind, root_namespace)
+        for found in (
+            *vm_mtls_issues(index.by_kind, root_namespace),
+            *identity_without_mtls(index.by_kind, root_namespace),
+        )
     )
     return issues
 
@@ -389,18 +393,26 @@ def _mesh_host_conflicts(index: _Index) -> Iterator[AnalysisIssue]:
             )
 
 
-def _selectors(index: _Index) -> Iterator[AnalysisIssue]:
+def _selectors(index: _Index, root_namespace: str) -> Iterator[AnalysisIssue]:
+    """IST0127: a workload selector that selects no WorkloadEntry. The security policies'
+    selectors reach every namespace from the root namespace, as in Istio."""
     checks: Iterable[tuple[str, FieldPath, str]] = (
         ("Sidecar", ("spec", "workloadSelector"), "workload_selector"),
         ("DestinationRule", ("spec", "workloadSelector"), "workload_selector"),
         ("ServiceEntry", ("spec", "workloadSelector"), "workload_selector"),
+        ("AuthorizationPolicy", ("spec", "selector"), "selector"),
+        ("RequestAuthentication", ("spec", "selector"), "selector"),
+        ("PeerAuthentication", ("spec", "selector"), "selector"),
     )
+    policies = {"AuthorizationPolicy", "RequestAuthentication", "PeerAuthentication"}
     for kind, path, field in checks:
         for config in index.by_kind[kind]:
             selector = selector_labels(config.spec, field)
             if not selector:
                 continue
-            if not index.workloads.any_selected(selector, config.namespace):
+            mesh_wide = kind in policies and config.namespace == root_namespace
+            namespace = None if mesh_wide else config.namespace
+            if not index.workloads.any_selected(selector, namespace):
                 yield _no_workload(config, path, selector)
     for gw in index.by_kind["Gateway"]:
         selector = dict(gw.spec.selector)  # type: ignore[attr-defined]
