@@ -31,6 +31,7 @@ from typer.testing import CliRunner
 from meshctl.bootstrap import BootstrapOptions, build_bootstrap
 from meshctl.config.findings import Finding, Severity
 from meshctl.config.loader import load_text
+from meshctl.config.model import served_group
 from meshctl.snapshot.proxy import parse_node_id
 from meshctl.testing.envoy import envoy_binary
 
@@ -243,9 +244,12 @@ WG = "WorkloadGroup"
 SC = "Sidecar"
 
 
-def document(kind: str, spec: str) -> str:
+def document(kind: str, spec: str, *, namespace: str = "shop", api_version: str | None = None) -> str:
+    """One resource of `kind` named `example`, with `spec` (YAML, indented as written) and the
+    kind's own API group at v1 unless `api_version` says otherwise."""
     body = textwrap.indent(textwrap.dedent(spec).strip("\n"), "  ")
-    head = f"apiVersion: networking.istio.io/v1\nkind: {kind}\nmetadata:\n  name: example\n  namespace: shop\n"
+    version = api_version or f"{served_group(kind)}/v1"
+    head = f"apiVersion: {version}\nkind: {kind}\nmetadata:\n  name: example\n  namespace: {namespace}\n"
     return f"{head}spec:\n{body}\n"
 
 

@@ -21,6 +21,7 @@ import pytest
 from conftest import DEADLINE, needs_envoy
 
 from meshctl.testing.backends import Backend, Reply, send
+from meshctl.testing.builders import vm_behind_ingress_yaml
 from meshctl.testing.envoy import EnvoyProcess, free_port
 from meshctl.testing.jwt import SigningKey
 from meshctl.testing.serve_process import ServeProcess
@@ -39,25 +40,17 @@ DENIED = "RBAC: access denied"
 
 
 def mesh_yaml(service_port: int, ingress_port: int, app_port: int) -> str:
-    return f"""apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{name: reviews, namespace: {NS}}}
-spec:
-  hosts: [{HOST}]
-  location: MESH_INTERNAL
-  resolution: STATIC
-  ports: [{{number: {service_port}, name: http, protocol: HTTP}}]
-  workloadSelector: {{labels: {{app: reviews}}}}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{name: reviews-v1, namespace: {NS}}}
-spec:
-  address: {SERVER_IP}
-  serviceAccount: reviews
-  ports: {{http: {ingress_port}}}
-  labels: {{app: reviews, security.istio.io/tlsMode: istio}}
----
+    server = vm_behind_ingress_yaml(
+        namespace=NS,
+        host=HOST,
+        address=SERVER_IP,
+        service_port=service_port,
+        ingress_port=ingress_port,
+        app_port=app_port,
+    )
+    return (
+        server
+        + f"""---
 apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
 metadata: {{name: sleep, namespace: {NS}}}
@@ -65,18 +58,8 @@ spec:
   address: 127.0.0.33
   serviceAccount: sleep
   labels: {{app: sleep}}
----
-apiVersion: networking.istio.io/v1
-kind: Sidecar
-metadata: {{name: reviews, namespace: {NS}}}
-spec:
-  workloadSelector: {{labels: {{app: reviews}}}}
-  ingress:
-  - port: {{number: {ingress_port}, protocol: HTTP, name: http}}
-    defaultEndpoint: 127.0.0.1:{app_port}
-  egress:
-  - hosts: [./nothing.{NS}.mesh]
 """
+    )
 
 
 def authorization_policy(name: str, action: str, rules: str) -> str:

@@ -3,49 +3,30 @@
 examples load without errors, and each broken rule is an error at its field and line.
 
 The cases use the validation rules' format (`cases` in tests/conftest.py): a line marked `# <-` is
-where the finding must point (unmarked: the `spec:` line). Until AuthorizationPolicy is a served
-kind the loader refuses it before validation, so `findings` runs the loader's own steps (YAML,
-schema, `validate_spec`, the line of each field); once it is served, the loader itself.
+where the finding must point (unmarked: the `spec:` line).
 """
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 from conftest import cases, marked_line
+from conftest import document as conftest_document
 
 from meshctl.api.security.v1beta1.authorization_policy_pb2 import AuthorizationPolicy
-from meshctl.config import yamlsource
-from meshctl.config.findings import Finding, Severity, format_path
+from meshctl.config.findings import Finding, Severity
 from meshctl.config.loader import load_text
-from meshctl.config.model import SECURITY_GROUP, served_group
-from meshctl.config.schema import parse_spec
 from meshctl.config.validation import validate_spec
 
 AP = "AuthorizationPolicy"
 
 
 def document(spec: str, *, namespace: str = "foo") -> str:
-    body = textwrap.indent(textwrap.dedent(spec).strip("\n"), "  ")
-    head = f"apiVersion: security.istio.io/v1\nkind: {AP}\nmetadata:\n  name: example\n  namespace: {namespace}\n"
-    return f"{head}spec:\n{body}\n"
+    return conftest_document(AP, spec, namespace=namespace)
 
 
 def findings(text: str) -> list[Finding]:
     """What `meshctl validate` reports about the one document of `text`."""
-    if served_group(AP) == SECURITY_GROUP:
-        return list(load_text(text, "authz.yaml").findings)
-    (doc,) = yamlsource.parse_documents(text)
-    spec, schema_issues = parse_spec(doc.data.get("spec"), AuthorizationPolicy)
-    issues = [(i.path, i.message, Severity.ERROR) for i in schema_issues]
-    if not schema_issues:
-        issues = [(i.path, i.message, i.severity) for i in validate_spec(AP, spec)]
-    out = []
-    for path, message, severity in issues:
-        line, column = yamlsource.locate(text, doc.index, path)
-        out.append(Finding(severity, message, "authz.yaml", line, column, None, format_path(path)))
-    return out
+    return list(load_text(text, "authz.yaml").findings)
 
 
 def errors(text: str) -> list[Finding]:

@@ -9,11 +9,11 @@ documents here, since conftest's `document` writes networking.istio.io ones.
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
 from conftest import cases, marked_line, runner
+from conftest import document as conftest_document
 
 from meshctl.api.security.v1beta1.peer_authentication_pb2 import PeerAuthentication
 from meshctl.cli.app import app
@@ -25,9 +25,7 @@ PA = "PeerAuthentication"
 
 
 def document(spec: str, *, api_version: str = "security.istio.io/v1", namespace: str = "shop") -> str:
-    body = textwrap.indent(textwrap.dedent(spec).strip("\n"), "  ")
-    head = f"apiVersion: {api_version}\nkind: {PA}\nmetadata:\n  name: example\n  namespace: {namespace}\n"
-    return f"{head}spec:\n{body}\n"
+    return conftest_document(PA, spec, namespace=namespace, api_version=api_version)
 
 
 def load(spec: str) -> tuple[str, list[Finding], bool]:

@@ -93,3 +93,50 @@ spec:
   - route:
     - destination: {{host: {service}.{namespace}.mesh, port: {{number: {service_port}}}}}
 """
+
+
+def vm_behind_ingress_yaml(
+    *,
+    namespace: str,
+    host: str,
+    address: str,
+    service_port: int,
+    ingress_port: int,
+    app_port: int,
+    service_account: str = "reviews",
+) -> str:
+    """One service on one VM without iptables whose proxy takes its inbound traffic, as Istio
+    has it on VMs: the ServiceEntry, the WorkloadEntry (its endpoint port is the proxy's ingress
+    port; labelled as running a proxy, so clients use mutual TLS), and the Sidecar whose ingress
+    listener binds that port on the VM's address and hands requests to the app on
+    127.0.0.1:`app_port` (calling nothing itself, so it binds no outbound listener)."""
+    return f"""apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: reviews, namespace: {namespace}}}
+spec:
+  hosts: [{host}]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{{number: {service_port}, name: http, protocol: HTTP}}]
+  workloadSelector: {{labels: {{app: reviews}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: reviews-v1, namespace: {namespace}}}
+spec:
+  address: {address}
+  serviceAccount: {service_account}
+  ports: {{http: {ingress_port}}}
+  labels: {{app: reviews, security.istio.io/tlsMode: istio}}
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {{name: reviews, namespace: {namespace}}}
+spec:
+  workloadSelector: {{labels: {{app: reviews}}}}
+  ingress:
+  - port: {{number: {ingress_port}, protocol: HTTP, name: http}}
+    defaultEndpoint: 127.0.0.1:{app_port}
+  egress:
+  - hosts: [./nothing.{namespace}.mesh]
+"""
