@@ -333,3 +333,50 @@ def rule_case_tests(
 
         out.append(test_valid_config_has_no_findings)
     return tuple(out)
+
+
+#: Istio's pattern for a VM without iptables: the proxy takes the service port 9080 on the VM's
+#: address (a Sidecar ingress listener) and hands requests to the app on 127.0.0.1:8080; the
+#: WorkloadEntry's port is the proxy's. The workload also calls orders on 9080.
+INGRESS_ON_SERVICE_PORT = """apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: inventory, namespace: shop}
+spec:
+  hosts: [inventory.shop.mesh]
+  location: MESH_INTERNAL
+  ports: [{number: 9080, name: http, protocol: HTTP}]
+  workloadSelector: {labels: {app: inventory}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: orders, namespace: shop}
+spec:
+  hosts: [orders.shop.mesh]
+  location: MESH_INTERNAL
+  ports: [{number: 9080, name: http, protocol: HTTP}]
+  workloadSelector: {labels: {app: orders}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: inventory-v2, namespace: shop}
+spec:
+  address: 10.10.0.52
+  ports: {http: 9080}
+  labels: {app: inventory}
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: inventory, namespace: shop}
+spec:
+  workloadSelector: {labels: {app: inventory}}
+  ingress:
+  - port: {number: 9080, protocol: HTTP, name: http}
+    defaultEndpoint: 127.0.0.1:8080
+"""
+#: An orders VM for INGRESS_ON_SERVICE_PORT to call.
+ORDERS_VM = """---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: orders, namespace: shop}
+spec: {address: 10.10.0.41, labels: {app: orders}}
+"""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import runner
+from conftest import INGRESS_ON_SERVICE_PORT, runner
 
 from meshctl.cli.app import app
 from meshctl.config.analysis_mtls import STRICT, PeerAuthentications, Sidecars, workload_labels
@@ -321,41 +321,6 @@ def test_validate_warns_and_passes(tmp_path: Path) -> None:
     assert runner.invoke(app, ["validate", "--strict", str(tmp_path)]).exit_code == 1
 
 
-INGRESS_ON_SERVICE_PORT = """apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: inventory, namespace: shop}
-spec:
-  hosts: [inventory.shop.mesh]
-  location: MESH_INTERNAL
-  ports: [{number: 9080, name: http, protocol: HTTP}]
-  workloadSelector: {labels: {app: inventory}}
----
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: orders, namespace: shop}
-spec:
-  hosts: [orders.shop.mesh]
-  location: MESH_INTERNAL
-  ports: [{number: 9080, name: http, protocol: HTTP}]
-  workloadSelector: {labels: {app: orders}}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {name: inventory-v2, namespace: shop}
-spec:
-  address: 10.10.0.52
-  ports: {http: 9080}
-  labels: {app: inventory}
----
-apiVersion: networking.istio.io/v1
-kind: Sidecar
-metadata: {name: inventory, namespace: shop}
-spec:
-  workloadSelector: {labels: {app: inventory}}
-  ingress:
-  - port: {number: 9080, protocol: HTTP, name: http}
-    defaultEndpoint: 127.0.0.1:8080
-"""
 
 
 def test_a_port_a_sidecar_ingress_listener_takes_is_not_the_apps() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import runner
+from conftest import INGRESS_ON_SERVICE_PORT, ORDERS_VM, runner
 
 from meshctl.cli.app import app
 
@@ -73,43 +73,6 @@ def test_diff_takes_the_interception_mode(bookinfo_on_9080: Path) -> None:
     assert result.exit_code == 0, result.output
 
 
-ISTIO_INGRESS_PATTERN = """apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: inventory, namespace: shop}
-spec:
-  hosts: [inventory.shop.mesh]
-  location: MESH_INTERNAL
-  ports: [{number: 9080, name: http, protocol: HTTP}]
-  workloadSelector: {labels: {app: inventory}}
----
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: orders, namespace: shop}
-spec:
-  hosts: [orders.shop.mesh]
-  location: MESH_INTERNAL
-  ports: [{number: 9080, name: http, protocol: HTTP}]
-  workloadSelector: {labels: {app: orders}}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {name: inventory-v2, namespace: shop}
-spec: {address: 10.10.0.52, ports: {http: 9080}, labels: {app: inventory}}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {name: orders, namespace: shop}
-spec: {address: 10.10.0.41, labels: {app: orders}}
----
-apiVersion: networking.istio.io/v1
-kind: Sidecar
-metadata: {name: inventory, namespace: shop}
-spec:
-  workloadSelector: {labels: {app: inventory}}
-  ingress:
-  - port: {number: 9080, protocol: HTTP, name: http}
-    defaultEndpoint: 127.0.0.1:8080
-"""
 
 
 def test_a_port_envoy_takes_for_inbound_still_has_its_outbound_listener_on_loopback() -> None:
@@ -120,7 +83,7 @@ def test_a_port_envoy_takes_for_inbound_still_has_its_outbound_listener_on_loopb
     from meshctl.xds import types
     from meshctl.xds.generate import generate
 
-    snapshot = snapshot_from_yaml(ISTIO_INGRESS_PATTERN)
+    snapshot = snapshot_from_yaml(INGRESS_ON_SERVICE_PORT + ORDERS_VM)
     node = "sidecar~10.10.0.52~inventory-v2.shop~shop.svc.cluster.local"
     names = {listener.name for listener in generate(snapshot, proxy_for(snapshot, node))[types.LISTENER]}
     assert {"10.10.0.52_9080", "127.0.0.1_9080"} <= names
