@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,9 @@ class Server:
         self.discovery = Discovery(self.store, self.registry, _no_publish)
         self.cache = ResourceCache()
         self.blocks = BlockCache()
-        self.nodes = [parse_node_id(n) for n in node_ids]
+        # As `meshctl serve` binds the fleet's proxies: no identity proven, so no keys, and
+        # config without mutual TLS (`WorkloadSecrets`; bench/mtls_cost.py measures it with).
+        self.nodes = [replace(parse_node_id(n), mesh_certificates=False) for n in node_ids]
         self.connections = [Connection(str(i), delta=False) for i in range(len(node_ids))]
         self.timings: dict[str, float] = {}
         self.snapshot: Snapshot | None = None

@@ -29,7 +29,7 @@ import os
 import pickle
 import resource
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,9 @@ def build_dump(spec: FleetSpec, root: Path, out: Path) -> None:
         def views(snapshot: Any, node_ids: Sequence[str]) -> dict[str, dict[str, TypeSet]]:
             out: dict[str, dict[str, TypeSet]] = {}
             for node_id in node_ids:
-                proxy = bind_proxy(parse_node_id(node_id), snapshot)
+                # As `meshctl serve` binds these proxies: their connections prove no identity, so
+                # they get no keys, and config without mutual TLS (`WorkloadSecrets`).
+                proxy = bind_proxy(replace(parse_node_id(node_id), mesh_certificates=False), snapshot)
                 resources = cache.resources(snapshot, proxy)
                 out[node_id] = {t: TypeSet.of(resources.of(t)) for t in types.PUSH_ORDER}
             return out

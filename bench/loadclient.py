@@ -12,7 +12,9 @@ The parent drives the workers over a pipe, one phase at a time:
   receive, which should be nothing);
 - `("collect", timeout)` waits until every armed proxy holds what `check` says, or the timeout;
   the answer gives, per proxy, when the response that made `check` hold arrived
-  (`time.monotonic()`, the same clock in every process on Linux);
+  (`time.monotonic()`, the same clock in every process on Linux), and the bytes and responses
+  of each type the proxies received since they were connected or last armed;
+- `("drop", node_ids)` closes those proxies' streams, as Envoys that leave (their VMs stopped);
 - `("close",)` closes every stream.
 
 A check is plain data, evaluated on what the proxy holds after each response (`holds`): exact,
@@ -53,14 +55,20 @@ Check = tuple[Any, ...]
 def holds(client: AdsClient, check: Check) -> bool:
     """Whether the proxy holds what `check` describes:
 
-    - `("complete",)`: clusters, listeners and every endpoint and route config they name;
+    - `("complete",)`: clusters, listeners and every endpoint, route config and SDS secret they
+      name (a cluster or listener whose secret has not arrived is still warming in Envoy);
+    - `("renewed", secret)`: the proxy holds `secret`, and not the one it held when armed;
     - `("route_timeout", host, seconds)`: a route of `host`'s virtual host has that timeout;
     - `("max_connections", cluster, n)`: the cluster's circuit breaker allows `n` connections;
     - `("endpoint", cluster, ip, present)`: the cluster's assignment has (or lacks) `ip`.
     """
     kind = check[0]
     if kind == "complete":
-        return client.complete()
+        secrets = getattr(client, "secrets_named", ())
+        return client.complete() and all(n in client.resources[types.SECRET] for n in secrets)
+    if kind == "renewed":
+        held = client.resources[types.SECRET].get(check[1])
+        return held is not None and held != getattr(client, "baseline", None)
     if kind == "route_timeout":
         _, host, seconds = check
         for config in client.resources[types.ROUTE].values():
@@ -91,19 +99,36 @@ def holds(client: AdsClient, check: Check) -> bool:
 
 class SimulatedProxy(AdsClient):
     """An AdsClient that notes when an armed check first holds, as the response that made it
-    hold is applied (so the time is the response's arrival, not when a waiter woke up)."""
+    hold is applied (so the time is the response's arrival, not when a waiter woke up), and
+    counts what it receives by type."""
 
     def __init__(self, *args: Any, on_hit: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.check: Check | None = None
         self.hit: float | None = None
         self.responses = 0
+        #: the secrets its clusters and listeners name (what it subscribed to over SDS)
+        self.secrets_named: frozenset[str] = frozenset()
+        #: what a `renewed` check compares with: the secret held when armed
+        self.baseline: Any = None
+        #: type URL -> [responses, bytes] since connected or last armed
+        self.received: dict[str, list[int]] = {}
         self._on_hit = on_hit
 
     def arm(self, check: Check | None) -> None:
         self.check, self.hit, self.responses = check, None, 0
+        self.received = {}
+        self.baseline = self.resources[types.SECRET].get(check[1]) if check and check[0] == "renewed" else None
+
+    def _subscribe(self, type_url: str, names: set[str]) -> None:
+        if type_url == types.SECRET:
+            self.secrets_named = frozenset(names)
+        super()._subscribe(type_url, names)
 
     def _apply(self, response: Any) -> None:
+        counts = self.received.setdefault(response.type_url, [0, 0])
+        counts[0] += 1
+        counts[1] += response.ByteSize()
         super()._apply(response)
         self.responses += 1
         if self.check is not None and self.hit is None and holds(self, self.check):
@@ -128,7 +153,7 @@ class _Worker:
     node_ids: Sequence[str]
     delta: bool
     proxies: dict[str, SimulatedProxy] = field(default_factory=dict)
-    channels: list[grpc.aio.Channel] = field(default_factory=list)
+    channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
     waiting: int = 0
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -158,7 +183,7 @@ class _Worker:
         shared: dict[tuple[str, bytes], Any] = {}
         for node_id in self.node_ids:
             channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-            self.channels.append(channel)
+            self.channels[node_id] = channel
             proxy = SimulatedProxy(
                 address,
                 node_id,
@@ -186,11 +211,23 @@ class _Worker:
         others = {n: p.responses for n, p in self.proxies.items() if p.check is None}
         errors = {n: str(p.closed) for n, p in self.proxies.items() if p.closed is not None}
         nacks = sum(len(p.errors) for p in self.proxies.values())
-        return {"hits": hits, "others": others, "errors": errors, "nacks": nacks}
+        received: dict[str, list[int]] = {}
+        for p in self.proxies.values():
+            for type_url, (count, size) in p.received.items():
+                total = received.setdefault(types.SHORT_NAMES[type_url], [0, 0])
+                total[0] += count
+                total[1] += size
+        return {"hits": hits, "others": others, "errors": errors, "nacks": nacks, "received": received}
+
+    async def drop(self, node_ids: Iterable[str]) -> None:
+        """Close these proxies' streams and forget them: they count in no later phase."""
+        gone = [(self.proxies.pop(n), self.channels.pop(n)) for n in node_ids if n in self.proxies]
+        await asyncio.gather(*(p.close() for p, _ in gone), return_exceptions=True)
+        await asyncio.gather(*(c.close(None) for _, c in gone), return_exceptions=True)
 
     async def close(self) -> None:
         await asyncio.gather(*(p.close() for p in self.proxies.values()), return_exceptions=True)
-        await asyncio.gather(*(c.close(None) for c in self.channels), return_exceptions=True)
+        await asyncio.gather(*(c.close(None) for c in self.channels.values()), return_exceptions=True)
 
 
 def worker_main(conn: multiprocessing.connection.Connection, node_ids: Sequence[str], delta: bool) -> None:
@@ -227,6 +264,9 @@ async def _serve(worker: _Worker) -> None:
                 result = await worker.collect(command[1])
                 result["cpu_s"] = _cpu_seconds()
                 worker.conn.send(("result", result))
+            case "drop":
+                await worker.drop(command[1])
+                worker.conn.send(("dropped",))
             case "close":
                 await worker.close()
                 with contextlib.suppress(BrokenPipeError, OSError):

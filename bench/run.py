@@ -9,8 +9,9 @@
 What is measured, each as p50/p99/max over the proxies concerned (see docs/benchmarks.md):
 
 - cold start: `meshctl serve` started -> every proxy complete (clusters, endpoints, listeners,
-  routes). Proxies are released once the server answers /ready, which is when its port opens:
-  cold start = start-up + the slowest proxy's time from release to complete.
+  routes, and the SDS secrets they name, if any). Proxies are released once the server answers
+  /ready, which is when its port opens: cold start = start-up + the slowest proxy's time from
+  release to complete.
 - config change: a VirtualService (route timeout of a shared service: every proxy imports it)
   and a DestinationRule (connection limit of a service in one namespace: only that namespace's
   proxies import it) written as an editor writes -> every affected proxy holds the new route or
@@ -203,11 +204,16 @@ class Workers:
 
     def collect(self, timeout: float) -> dict[str, Any]:
         self.send("collect", timeout)
-        merged: dict[str, Any] = {"hits": {}, "others": {}, "errors": {}, "nacks": 0}
+        merged: dict[str, Any] = {"hits": {}, "others": {}, "errors": {}, "nacks": 0, "received": {}}
         for _, result in self.gather("result", timeout + 60):
             for key in ("hits", "others", "errors"):
                 merged[key].update(result[key])
             merged["nacks"] += result["nacks"]
+            # Short type name -> [responses, bytes], summed over every proxy.
+            for short, (count, size) in result["received"].items():
+                total = merged["received"].setdefault(short, [0, 0])
+                total[0] += count
+                total[1] += size
         return merged
 
     def close(self) -> None:

@@ -1,8 +1,8 @@
 """The benchmarks still run end to end: a benchmark that silently breaks is worse than none.
 
 Runs `bench/run.py` as a user would, at a tiny size (5 services, 5 proxies, the floor included,
-no sweep), and checks the machine-readable last line. No numbers are asserted: they come from
-benchmarks run on demand, not from a test on a shared machine.
+no sweep), and the other benchmarks likewise, and checks their machine-readable last line. No
+numbers are asserted: they come from benchmarks run on demand, not from a test on a shared machine.
 """
 
 from __future__ import annotations
@@ -74,3 +74,27 @@ def test_envoy_edit_benchmark_follows_edits_to_a_real_envoy() -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["entries"] == 5 and result["edits"] == 2 and len(result["times_s"]) == 2
+
+
+def test_mtls_cost_benchmark_measures_cold_starts_and_rotations() -> None:
+    command = [sys.executable, str(RUN.parent / "mtls_cost.py"), "--services", "5", "--endpoints", "2"]
+    command += ["--proxies", "5", "--workers", "1", "--idle", "0.3", "--lifetime", "3"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["failures"] == 0 and result["nacks"] == 0 and result["server_errors"] == 0
+    off, on = result["cold_start"]["off"], result["cold_start"]["on"]
+    # Without a CA no proxy gets a secret; with one every proxy gets its own, and clusters that name them.
+    assert (off["certificates"], on["certificates"]) == (0, 5)
+    assert off["bytes_per_proxy"]["SDS"] == 0 < on["bytes_per_proxy"]["SDS"]
+    assert off["bytes_per_proxy"]["CDS"] < on["bytes_per_proxy"]["CDS"]
+    (run,) = [r for r in result["runs"] if r["variant"] == "on"]
+    waves = {w["name"]: w for w in run["waves"]}
+    assert set(waves) == {"as issued after the cold start", "all due at once", "as issued, one proxy gone"}
+    # Every proxy still connected got a new certificate in each rotation, and only its `default`.
+    assert [w["stats"]["count"] for w in run["waves"]] == [5, 5, 4]
+    assert all(w["stats"]["missing"] == 0 and w["issued"] == w["stats"]["count"] for w in run["waves"])
+    assert all(w["received"]["SDS"][0] == w["stats"]["count"] for w in run["waves"])
+    assert run["departed"] is not None
+    assert set(result["in_process"]["on"]) == {"cold start", "round, nothing due", "round, all due"}
+    assert "| rotation |" in proc.stdout
