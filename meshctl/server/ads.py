@@ -22,7 +22,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -262,13 +262,18 @@ class AdsServicer:
 
     # -- snapshots ---------------------------------------------------------------------------
 
-    async def publish(self, snapshot: object, seen: float | None = None, *, batch: int = 16) -> None:
-        """Give every stream the new snapshot, `batch` streams per trip to the worker thread."""
+    async def publish(
+        self, snapshot: object, seen: float | None = None, *, batch: int = 16, nodes: Collection[str] | None = None
+    ) -> None:
+        """Give every stream (or those of `nodes` only: a state that changed for them alone, as a
+        renewed certificate) the new snapshot, `batch` streams per trip to the worker thread."""
         seen = seen or time.monotonic()
         self._epoch += 1
         epoch = self._epoch
         loop = asyncio.get_running_loop()
-        streams = list(self.streams.values())
+        streams = [
+            s for s in self.streams.values() if nodes is None or (s.node is not None and s.node.id in nodes)
+        ]
         for start in range(0, len(streams), batch):
             chunk = streams[start : start + batch]
             results = await loop.run_in_executor(self._worker, self._resolve_many, chunk, snapshot)

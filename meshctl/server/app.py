@@ -355,8 +355,9 @@ class Server:
             await loop.run_in_executor(None, self.consul.stop)
 
     async def _renew_certificates(self) -> None:
-        """Publish the current snapshot again whenever a workload certificate is due for renewal:
-        every stream re-resolves, and only the renewed proxies' `default` secret changes."""
+        """Publish the current snapshot again to the streams whose workload certificates are due
+        (or nearly: `WorkloadSecrets.due_nodes`): they re-resolve, and only their `default`
+        secret changes."""
         while True:
             due = self.secrets.due()
             now = datetime.datetime.now(datetime.UTC)
@@ -368,7 +369,7 @@ class Server:
             started = datetime.datetime.now(datetime.UTC)
             if due is not None and snapshot is not None and started >= due:
                 try:
-                    await self.ads.publish(snapshot)
+                    await self.ads.publish(snapshot, nodes=self.secrets.due_nodes(started))
                 except Exception:
                     logger.exception("renewing workload certificates failed; retrying")
                     continue

@@ -24,9 +24,10 @@ under live connections without touching a cluster or a listener.
 from __future__ import annotations
 
 import datetime
+import heapq
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
@@ -50,8 +51,11 @@ Resolver = Callable[[ProxyNode, Any], Resolved]
 class _Held:
     identity: WorkloadIdentity
     certificate: IssuedCertificate
-    secrets: dict[str, Resource]
+    #: The two secrets as sent: one mapping for every resolve until the certificate is renewed.
+    secrets: Mapping[str, Resource]
     messages: tuple[secret_pb2.Secret, ...]
+    #: When a renewal round takes it: its renewal time, less the round's window (`_window`).
+    renew_from: datetime.datetime
 
 
 class WorkloadSecrets:
@@ -75,6 +79,12 @@ class WorkloadSecrets:
         self._clock = clock
         self._lock = threading.Lock()
         self._held: dict[str, _Held] = {}
+        #: (renewal time, node id) of every certificate issued; entries no longer held (renewed,
+        #: forgotten) are dropped when they reach the top.
+        self._due: list[tuple[datetime.datetime, str]] = []
+        #: Certificates due within this long of a round are renewed in it: proxies that connected
+        #: within a few seconds of each other then renew in one round, not one round each.
+        self._window = min(lifetime / 20, datetime.timedelta(minutes=10))
         self._refused: set[str] = set()
         self._root_message = mesh_tls.validation_secret(mesh_tls.ROOT_SECRET, ca.root_pem if ca is not None else b"")
         self._root = to_resource(self._root_message, types.SECRET) if ca is not None else None
@@ -99,7 +109,7 @@ class WorkloadSecrets:
         held = self._certificate(resolved.proxy, state)
         resources = resolved.resources
         by_type = dict(resources.by_type)
-        by_type[types.SECRET] = MappingProxyType(held.secrets)
+        by_type[types.SECRET] = held.secrets
         return Resolved(
             resolved.proxy,
             ProxyResources(resources.snapshot_version, resources.config_version, MappingProxyType(by_type)),
@@ -117,16 +127,29 @@ class WorkloadSecrets:
             return sorted(self._held)
 
     def due(self) -> datetime.datetime | None:
-        """When the first certificate held needs renewing (None: none held)."""
+        """When the first certificate held needs renewing (None: none held); cheap, whatever the
+        fleet (the top of a heap)."""
         with self._lock:
-            return min((h.certificate.renew_at for h in self._held.values()), default=None)
+            while self._due:
+                at, node_id = self._due[0]
+                held = self._held.get(node_id)
+                if held is not None and held.certificate.renew_at == at:
+                    return at
+                heapq.heappop(self._due)
+            return None
+
+    def due_nodes(self, now: datetime.datetime) -> set[str]:
+        """The nodes a renewal round at `now` renews: those due by now, and within the window."""
+        with self._lock:
+            return {n for n, h in self._held.items() if h.renew_from <= now}
 
     def forget_due(self, now: datetime.datetime) -> int:
         """After a renewal round: drop the certificates still due at `now`. Every connected
-        proxy was resolved again in the round and got a new one, so these belong to proxies that
-        left; kept, they would make every round due at once until they expire. Returns how many."""
+        proxy due was resolved again in the round and got a new one, so these belong to proxies
+        that left; kept, they would make every round due at once until they expire. Returns how
+        many."""
         with self._lock:
-            gone = [n for n, h in self._held.items() if h.certificate.renew_at <= now]
+            gone = [n for n, h in self._held.items() if h.renew_from <= now]
             for node_id in gone:
                 del self._held[node_id]
         return len(gone)
@@ -137,16 +160,20 @@ class WorkloadSecrets:
         now = self._clock()
         with self._lock:
             held = self._held.get(proxy.id)
-        if held is not None and held.identity == identity and now < held.certificate.renew_at:
+        if held is not None and held.identity == identity and now < held.renew_from:
             return held
         certificate = self._ca.issue_workload(identity, self._lifetime, now)
         secret = mesh_tls.tls_certificate_secret(
             mesh_tls.WORKLOAD_SECRET, certificate.cert_chain_pem, certificate.private_key_pem
         )
-        secrets = {mesh_tls.WORKLOAD_SECRET: to_resource(secret, types.SECRET), mesh_tls.ROOT_SECRET: self._root}
-        held = _Held(identity, certificate, secrets, (secret, self._root_message))
+        secrets = MappingProxyType(
+            {mesh_tls.WORKLOAD_SECRET: to_resource(secret, types.SECRET), mesh_tls.ROOT_SECRET: self._root}
+        )
+        renew_from = certificate.renew_at - self._window
+        held = _Held(identity, certificate, secrets, (secret, self._root_message), renew_from)
         with self._lock:
             self._held[proxy.id] = held
+            heapq.heappush(self._due, (certificate.renew_at, proxy.id))
             self.issued += 1
         logger.info("issued %s to proxy %s until %s", identity.uri, proxy.id[:200], certificate.not_after.isoformat())
         return held
