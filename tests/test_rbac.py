@@ -4,13 +4,15 @@ chains; the generated config is checked by a real Envoy too."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import needs_envoy
+from conftest import examples_copy, needs_envoy
 from envoy.config.rbac.v3 import rbac_pb2
 from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as http_rbac_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
@@ -25,8 +27,10 @@ from meshctl.security.authorization import ignored_policies, policies_for_worklo
 from meshctl.server.cache import ResourceCache
 from meshctl.snapshot.model import Snapshot, build_snapshot
 from meshctl.snapshot.scope import ProxyScope
+from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.builders import configs_from_yaml, proxy_for
 from meshctl.testing.envoy import to_dict, validate_resources
+from meshctl.testing.server import run, serving
 from meshctl.xds import jwt_metadata, types
 from meshctl.xds.generate import generate_config
 from meshctl.xds.inbound_view import inbound_view
@@ -778,3 +782,47 @@ def test_envoy_accepts_every_field_on_http_and_tcp_chains(interception: str) -> 
     assert listeners
     assert json.dumps([to_dict(item) for item in listeners]).count("envoy.filters.network.rbac") > 0
     validate_resources(generated)
+
+
+REVIEWS_V1_NODE = "sidecar~10.10.0.41~reviews-v1-vm.bookinfo~bookinfo.svc.cluster.local"
+PRODUCTPAGE_NODE = "sidecar~10.10.0.11~productpage-v1-vm.bookinfo~bookinfo.svc.cluster.local"
+ONLY_REVIEWS = """apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: reviews-get-only, namespace: bookinfo}
+spec:
+  selector: {matchLabels: {app: reviews}}
+  rules: [{to: [{operation: {methods: [GET]}}]}]
+"""
+
+
+@pytest.mark.slow
+def test_a_policy_change_is_pushed_to_the_proxies_it_selects_and_no_other(tmp_path: Path) -> None:
+    """Through the real server: writing a policy that selects reviews sends reviews' proxy a new
+    listener and productpage's proxy nothing at all (iptables mode, so both have inbound
+    listeners for a policy to land on)."""
+    mesh = examples_copy(tmp_path)
+    redirect = {"INTERCEPTION_MODE": "REDIRECT"}
+
+    async def test() -> None:
+        async with (
+            serving(mesh) as server,
+            AdsClient(f"127.0.0.1:{server.xds_port}", REVIEWS_V1_NODE, metadata=redirect) as reviews,
+            AdsClient(f"127.0.0.1:{server.xds_port}", PRODUCTPAGE_NODE, metadata=redirect) as productpage,
+        ):
+            for client in (reviews, productpage):
+                await client.wait_for(lambda c: c.complete(), timeout=20)
+            await asyncio.sleep(0.5)  # anything still in flight from start-up arrives
+            seen = {client: len(client.log) for client in (reviews, productpage)}
+            (mesh / "policy.yaml").write_text(ONLY_REVIEWS)
+
+            def has_rbac(c: AdsClient) -> bool:
+                return any(
+                    b"envoy.filters.http.rbac" in m.SerializeToString() for m in c.resources[types.LISTENER].values()
+                )
+
+            await reviews.wait_for(has_rbac, timeout=20)
+            await asyncio.sleep(1.0)  # time for a wrong push to productpage to show
+            assert {r.type_url for r in reviews.log[seen[reviews] :]} == {types.LISTENER}
+            assert productpage.log[seen[productpage] :] == []
+
+    run(test)
