@@ -179,9 +179,12 @@ def outbound_cluster_view(scope: ProxyScope, service: Service, port: ServicePort
         auto_mtls=(
             snapshot.mesh.enable_auto_mtls
             and service.location is Location.MESH_INTERNAL
-            and namespace_mode(snapshot, service.namespace) is not MtlsMode.DISABLE
+            and snapshot.index.scoped(
+                "namespace_mtls", service.namespace, lambda: namespace_mode(snapshot, service.namespace)
+            )
+            is not MtlsMode.DISABLE
         ),
-        identities=_identities(snapshot, service),
+        identities=snapshot.index.scoped("identities", service.hostname, lambda: _identities(snapshot, service)),
         mesh_certificates=scope.proxy.node.mesh_certificates,
     )
 
