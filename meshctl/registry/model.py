@@ -210,6 +210,8 @@ class ServiceModel:
     _service_digests: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
     _endpoint_digests: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     _identities: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict, compare=False, repr=False)
+    #: Whole-model digests computed once (the model is immutable): name -> digest.
+    _model_digests: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
 
     def endpoints_of(self, hostname: str) -> tuple[Endpoint, ...]:
         return self.endpoints.get(hostname, ())
@@ -244,10 +246,13 @@ class ServiceModel:
     def identities_digest(self) -> bytes:
         """A hash of every service's workload identities: clients' mutual TLS settings name them,
         so a workload with a new service account changes clusters, not only endpoints."""
-        h = hashlib.blake2b(digest_size=16)
-        for host in sorted(self.services):
-            h.update(repr((host, self.identities(host))).encode())
-        return h.digest()
+        found = self._model_digests.get("identities")
+        if found is None:
+            h = hashlib.blake2b(digest_size=16)
+            for host in sorted(self.services):
+                h.update(repr((host, self.identities(host))).encode())
+            found = self._model_digests["identities"] = h.digest()
+        return found
 
     def endpoints_digest(self, hostname: str) -> str:
         """A content hash of one service's endpoints (EDS caches per host on it), computed once
