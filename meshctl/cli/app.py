@@ -28,6 +28,7 @@ from meshctl.cli import dump as dump_cmd
 from meshctl.cli import proxy_status as proxy_status_cmd
 from meshctl.cli import serve as serve_cmd
 from meshctl.cli import services as services_cmd
+from meshctl.cli import simulate as simulate_cmd
 from meshctl.cli import validate as validate_cmd
 from meshctl.cli.exits import reported
 
@@ -154,6 +155,15 @@ _command(
     diff_cmd.diff,
     "Examples:\n\n  meshctl diff old/ new/ --proxy reviews-v3-vm.bookinfo\n\n"
     "  meshctl diff main/ pr/ --all-proxies -o json",
+)
+
+_command(
+    "simulate",
+    simulate_cmd.simulate,
+    "Examples:\n\n  meshctl simulate http://reviews.bookinfo.mesh:9080/reviews/1 --config-dir examples/configs"
+    " --proxy productpage-v1-vm.bookinfo -H end-user:jason\n\n"
+    "  meshctl simulate http://bookinfo.example.com:8080/productpage --config-dir configs/"
+    " --proxy ingressgateway-vm.bookinfo -o json",
 )
 
 _command(

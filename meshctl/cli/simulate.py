@@ -1,0 +1,179 @@
+"""`meshctl simulate`: where a request from a proxy goes, before any Envoy runs the config.
+
+The proxy's resources are built as `meshctl dump` builds them (the same tree loading, the same
+`generate`), and `meshctl.simulate` walks them as Envoy would: listener, filter chain, route
+config, virtual host, route, action, clusters, endpoints. The route's Istio resource is named
+with the file:line it was read from. The exit status is an answer CI can assert on: 0 when the
+request reaches an upstream or a configured redirect or direct response, 1 when Envoy refuses,
+404s or 503s it.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from meshctl.cli.exits import reported
+from meshctl.cli.offline import INTERCEPTION_HELP, MESH_CONFIG_HELP
+from meshctl.snapshot.interception import InterceptionMode
+
+if TYPE_CHECKING:
+    from meshctl.cli.output import TableData
+    from meshctl.simulate.result import Simulation
+    from meshctl.simulate.upstream import SourceLookup
+    from meshctl.snapshot.model import Snapshot
+
+STEP_COLUMNS = ("STEP", "VALUE")
+UPSTREAM_COLUMNS = ("CLUSTER", "WEIGHT", "TLS", "ENDPOINT", "LOCALITY", "PRIORITY", "HEALTH")
+
+#: The exit status of a request Envoy would refuse, 404 or 503.
+EXIT_NOT_ROUTED = 1
+
+
+class Format(enum.StrEnum):
+    short = "short"
+    json = "json"
+
+
+@reported
+def simulate(
+    url: Annotated[str, typer.Argument(metavar="URL", help="The request's URL: http://HOST[:PORT]/PATH[?QUERY].")],
+    config_dir: Annotated[
+        Path,
+        typer.Option(
+            "--config-dir",
+            help="Directory (or file) of Istio YAML, as the server reads it.",
+            envvar="MESHCTL_CONFIG_DIR",
+        ),
+    ],
+    proxy: Annotated[
+        str,
+        typer.Option(
+            "--proxy",
+            help="The sending proxy: a node id (sidecar~IP~NAME.NAMESPACE~DOMAIN) or a WorkloadEntry NAME.NAMESPACE.",
+        ),
+    ],
+    method: Annotated[str, typer.Option("--request", "-X", metavar="METHOD", help="The HTTP method.")] = "GET",
+    header: Annotated[
+        list[str] | None,
+        typer.Option("--header", "-H", metavar="NAME:VALUE", help="A request header; repeat for more."),
+    ] = None,
+    consul: Annotated[
+        str | None,
+        typer.Option(
+            "--consul",
+            help="Also read Consul's catalog once: http(s)://host:port or host:port.",
+            envvar="MESHCTL_CONSUL",
+        ),
+    ] = None,
+    output: Annotated[
+        Format, typer.Option("--output", "-o", help="short (tables) or json (one object).")
+    ] = Format.short,
+    namespace: Annotated[
+        str,
+        typer.Option("--namespace", "-n", help="Namespace of resources that name none, and of a bare --proxy NAME."),
+    ] = "default",
+    interception: Annotated[
+        InterceptionMode, typer.Option(case_sensitive=False, help=INTERCEPTION_HELP)
+    ] = InterceptionMode.NONE,
+    mesh_config: Annotated[Path | None, typer.Option(help=MESH_CONFIG_HELP)] = None,
+) -> None:
+    """Show where a request sent by a proxy goes: the listener, filter chain, route config,
+    virtual host and route Envoy picks, the Istio resource (file:line) the route came from, the
+    action (clusters and weights, redirect, direct response, timeout, retries, fault, mirrors),
+    and each cluster's TLS mode and endpoints.
+
+    Exit status: 0 the request reaches an upstream or a configured redirect or direct response,
+    1 Envoy would refuse, 404 (NR) or 503 (NC, UH) it, 2 usage error or a tree that fails to load.
+    """
+    from meshctl.cli import offline
+    from meshctl.simulate import Target, parse_request
+    from meshctl.simulate import simulate as run
+    from meshctl.snapshot.proxy import ProxyType
+    from meshctl.xds.generate import generate
+
+    request = parse_request(url, method, header or ())
+    tree = offline.load_tree(config_dir, consul=consul, namespace=namespace, mesh=offline.mesh_from(mesh_config))
+    target = offline.resolve_proxy(tree, proxy, namespace, interception.value)
+    offline.report(tree)
+    _stderr(offline.proxy_note(target))
+    how = Target(
+        target.id,
+        router=target.type is ProxyType.ROUTER,
+        intercepted=target.interception is not InterceptionMode.NONE,
+    )
+    result = run(generate(tree.snapshot, target), request, how, source_lookup(tree.snapshot))
+    if output is Format.json:
+        sys.stdout.write(json.dumps(result.as_dict(), indent=2) + "\n")
+    else:
+        from meshctl.cli.output import print_tables
+
+        for note in result.notes:
+            _stderr(f"note: {note}")
+        print_tables(short_tables(result))
+    if not result.outcome.routed:
+        raise typer.Exit(EXIT_NOT_ROUTED)
+
+
+def source_lookup(snapshot: Snapshot) -> SourceLookup:
+    """Where an Istio resource of the snapshot was read, by (kind, namespace, name)."""
+
+    def lookup(kind: str, namespace: str, name: str) -> tuple[str, int] | None:
+        config = snapshot.get(kind, namespace, name)
+        return None if config is None else (config.source.file, config.source.line)
+
+    return lookup
+
+
+def _stderr(message: str) -> None:
+    from meshctl.cli import output as out
+
+    out.stderr_console().print(message, markup=False, soft_wrap=True, highlight=False)
+
+
+def short_tables(result: Simulation) -> list[TableData]:
+    """The steps taken, then the upstreams (a row per endpoint); steps not reached are left out."""
+    from meshctl.cli.output import TableData
+
+    outcome = result.outcome
+    answer = " ".join(str(p) for p in (outcome.status, outcome.flag) if p) or ("forwarded" if outcome.routed else "-")
+    steps = [
+        ("request", f"{result.request['method']} {result.request['url']}"),
+        ("listener", result.listener),
+        ("filter chain", result.filter_chain),
+        ("route config", result.route_config),
+        ("virtual host", result.virtual_host),
+        ("route", f"{result.route_name or '(unnamed)'}: {result.route_match}" if result.route_match else None),
+        ("source", str(result.source) if result.source else None),
+        ("action", _describe_action(result.action) if result.action else None),
+        ("outcome", f"{answer}: {outcome.reason}" if outcome.status or outcome.flag else outcome.reason),
+    ]
+    rows = [[step, value] for step, value in steps if value]
+    upstream_rows = []
+    for u in result.clusters:
+        if not u.found:
+            upstream_rows.append([u.name, str(u.weight), "-", "(cluster not found)", "-", "-", "-"])
+            continue
+        for e in u.endpoints or ():
+            upstream_rows.append(
+                [u.name, str(u.weight), e.tls, e.address, e.locality or "-", str(e.priority), e.health]
+            )
+        if not u.endpoints:
+            none = "(original destination)" if u.type == "ORIGINAL_DST" else "(no endpoints)"
+            upstream_rows.append([u.name, str(u.weight), u.tls, none, "-", "-", "-"])
+    tables = [TableData("Route", STEP_COLUMNS, rows)]
+    if upstream_rows:
+        tables.append(TableData("Upstreams", UPSTREAM_COLUMNS, upstream_rows))
+    return tables
+
+
+def _describe_action(action: dict[str, object]) -> str:
+    """The action in one line: its kind, then its settings as key=value."""
+    parts = [str(action.get("kind"))]
+    parts += [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in action.items() if k != "kind"]
+    return " ".join(parts)

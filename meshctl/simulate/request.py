@@ -1,0 +1,89 @@
+"""The simulated request: what Envoy sees of it when it picks a listener and a route.
+
+A request is given as a URL, a method and headers, as `curl` takes them, so a person can paste
+the call their application makes. Envoy routes on the `:authority` (the Host header, which a
+`-H Host:` given overrides, as curl does), the path with its query, and the headers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from urllib.parse import parse_qsl, urlsplit
+
+from meshctl.errors import UsageError
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """An HTTP request as the proxy receives it. Header names are lower case, as HTTP/2 and
+    Envoy's matchers see them; a header given twice keeps both values, comma-joined."""
+
+    method: str
+    scheme: str
+    host: str
+    port: int
+    path: str
+    query: str = ""
+    headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def authority(self) -> str:
+        """The Host header: the one given, else the URL's host with any non-default port."""
+        given = self.headers.get("host")
+        if given:
+            return given
+        default = _DEFAULT_PORTS.get(self.scheme)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == default else f"{host}:{self.port}"
+
+    @property
+    def path_and_query(self) -> str:
+        return f"{self.path}?{self.query}" if self.query else self.path
+
+    def query_params(self) -> list[tuple[str, str]]:
+        return parse_qsl(self.query, keep_blank_values=True)
+
+    def url(self) -> str:
+        return f"{self.scheme}://{self.authority}{self.path_and_query}"
+
+
+def parse_request(url: str, method: str = "GET", headers: Sequence[str] = ()) -> Request:
+    """A Request from curl-like input: `http://HOST[:PORT]/PATH?QUERY`, `-X METHOD`, and
+    `-H NAME:VALUE` each. Raises UsageError for what cannot be a request."""
+    parts = urlsplit(url)
+    if parts.scheme not in _DEFAULT_PORTS:
+        raise UsageError(f"{url!r}: give a URL with http:// or https:// (e.g. http://reviews.bookinfo.mesh:9080/)")
+    if not parts.hostname:
+        raise UsageError(f"{url!r}: the URL names no host")
+    try:
+        port = parts.port or _DEFAULT_PORTS[parts.scheme]
+    except ValueError as exc:
+        raise UsageError(f"{url!r}: {exc}") from exc
+    if not method or not method.isalpha():
+        raise UsageError(f"-X {method!r}: not an HTTP method")
+    return Request(
+        method=method.upper(),
+        scheme=parts.scheme,
+        host=parts.hostname,
+        port=port,
+        path=parts.path or "/",
+        query=parts.query,
+        headers=MappingProxyType(parse_headers(headers)),
+    )
+
+
+def parse_headers(given: Sequence[str]) -> dict[str, str]:
+    """`NAME:VALUE` strings as a dict of lower-case names; UsageError for one without a name."""
+    out: dict[str, str] = {}
+    for item in given:
+        name, sep, value = item.partition(":")
+        name = name.strip().lower()
+        if not sep or not name or any(c.isspace() for c in name):
+            raise UsageError(f"-H {item!r}: give a header as NAME:VALUE")
+        value = value.strip()
+        out[name] = f"{out[name]},{value}" if name in out else value
+    return out
