@@ -34,9 +34,9 @@ from google.protobuf.message import Message
 
 from meshctl.api.security.v1beta1.jwt_pb2 import JWTRule
 from meshctl.api.security.v1beta1.request_authentication_pb2 import RequestAuthentication
+from meshctl.config.jwks_uri import parse_jwks_uri
 from meshctl.config.model import Config, make_config
 from meshctl.registry.serviceentry import build_file_model
-from meshctl.security.jwks_uri import parse_jwks_uri
 from meshctl.security.request_authentication import jwt_rules_for_workload, policies_for_workload
 from meshctl.snapshot.model import MeshSettings, Snapshot, build_snapshot
 from meshctl.testing.backends import Backend

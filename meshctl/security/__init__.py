@@ -9,7 +9,6 @@
     peer_authentication.py  which mutual TLS mode applies to a workload's port (PeerAuthentication)
     authorization.py        which AuthorizationPolicies select a workload, and their actions
     request_authentication.py  which JWT rules a workload validates tokens with (RequestAuthentication)
-    jwks_uri.py             a jwksUri taken apart: host, port, TLS
 
 Key material never reaches a message, a log line or a `repr`: errors name files, never contents.
 Nothing here reads flags or globals; the CLI and the server pass paths and settings in.

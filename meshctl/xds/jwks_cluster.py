@@ -29,7 +29,7 @@ from envoy.config.core.v3 import address_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 
-from meshctl.security.jwks_uri import JwksUri, parse_jwks_uri
+from meshctl.config.jwks_uri import JwksUri, parse_jwks_uri
 from meshctl.xds import names
 from meshctl.xds.cluster_dns import use_dns_extension
 from meshctl.xds.cluster_policy import duration

@@ -41,7 +41,7 @@ from envoy.extensions.filters.http.jwt_authn.v3 import config_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import any_pb2, duration_pb2
 
-from meshctl.security.jwks_uri import parse_jwks_uri
+from meshctl.config.jwks_uri import parse_jwks_uri
 from meshctl.xds import jwt_metadata
 from meshctl.xds.jwks_cluster import cluster_name
 
@@ -99,7 +99,9 @@ def jwt_authn_filter(rules: Sequence[Any], *, clear_route_cache: bool = False) -
     if config is None:
         return None
     packed = any_pb2.Any()
-    packed.Pack(config)
+    # Deterministic: `providers` is a protobuf map, which Pack otherwise writes in an order that
+    # differs between processes, and replicas must send the same bytes and versions.
+    packed.Pack(config, deterministic=True)
     return hcm_pb2.HttpFilter(name=FILTER_NAME, typed_config=packed)
 
 

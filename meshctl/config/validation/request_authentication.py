@@ -23,10 +23,10 @@ from typing import Any, Final
 from google.protobuf.message import Message
 
 from meshctl.config.findings import FieldPath
+from meshctl.config.jwks_uri import parse_jwks_uri
 from meshctl.config.validation import Issue
 from meshctl.config.validation.common import Report, duration_problem, probe_header_name_problem
 from meshctl.config.validation.policy_target import check_policy_target
-from meshctl.security.jwks_uri import parse_jwks_uri
 
 #: The members each key type needs (RFC 7518 section 6, RFC 8037).
 _KEY_MEMBERS: Final = {"RSA": ("n", "e"), "EC": ("crv", "x", "y"), "oct": ("k",), "OKP": ("crv", "x")}
