@@ -78,7 +78,9 @@ def access_log(mesh: MeshSettings) -> accesslog_pb2.AccessLog | None:
         fmt.text_format_source.inline_string = text if text.endswith("\n") else text + "\n"
     logger = file_pb2.FileAccessLog(path=mesh.access_log_file, log_format=fmt)
     packed = any_pb2.Any()
-    packed.Pack(logger)
+    # Deterministic: the JSON format is a Struct (a protobuf map), which Pack otherwise writes in an
+    # order that differs between processes, and replicas must send the same bytes and versions.
+    packed.Pack(logger, deterministic=True)
     return accesslog_pb2.AccessLog(name=FILE_LOGGER, typed_config=packed)
 
 
@@ -100,5 +102,5 @@ def with_access_log(listeners: Iterable[listener_pb2.Listener], mesh: MeshSettin
                         config = cls()
                         network_filter.typed_config.Unpack(config)
                         config.access_log.append(log)
-                        network_filter.typed_config.Pack(config)
+                        network_filter.typed_config.Pack(config, deterministic=True)  # as `access_log`
     return out

@@ -71,8 +71,11 @@ PASSTHROUGH_FILTER_CHAIN: Final = "PassthroughFilterChain"
 
 
 def typed(message: Message) -> any_pb2.Any:
+    """`message` packed deterministically: filter configs hold protobuf maps (RBAC policies, a
+    JSON access log's Struct) that Pack otherwise writes in an order that differs between
+    processes, and replicas must send the same bytes and versions."""
     packed = any_pb2.Any()
-    packed.Pack(message)
+    packed.Pack(message, deterministic=True)
     return packed
 
 
