@@ -4,8 +4,7 @@ A file is the unit of loading: it is accepted whole or rejected whole (any error
 documents rejects it), so a half-edited multi-document file never reaches the store. Kinds of
 other API groups (a Kubernetes Service next to a VirtualService, say) are skipped with a warning,
 the way a Kubernetes manifest directory is usually organised; in Istio's own groups an unknown
-kind is a typo and an error, and a security policy meshctl does not enforce is an error unless
-the user accepts the risk (`_not_served`).
+kind is a typo and an error (`_not_served`). Every security.istio.io kind is loaded and enforced.
 
 Parsing is fast (see `yamlsource`); field positions are computed only for findings.
 """
