@@ -61,3 +61,41 @@ def test_an_identity_rule_where_no_workload_gets_mutual_tls_is_mc0004() -> None:
         " rules: [{when: [{key: source.namespace, values: [dev]}]}]}"
     )
     assert ("MC0004", "p") in codes(policy("AuthorizationPolicy", "shop", when))
+
+
+PAYMENTS_SERVICE = """---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: payments, namespace: shop}
+spec:
+  hosts: [payments.shop.mesh]
+  location: MESH_INTERNAL
+  ports: [{number: 9080, name: http, protocol: HTTP, targetPort: 8080}]
+  workloadSelector: {labels: {app: payments}}
+"""
+PAYMENTS_INGRESS = """---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: payments, namespace: shop}
+spec:
+  workloadSelector: {labels: {app: payments}}
+  ingress:
+  - port: {number: 8080, protocol: HTTP, name: http}
+    defaultEndpoint: 127.0.0.1:18080
+"""
+
+
+def test_a_policy_on_a_workload_whose_port_bypasses_its_proxy_is_mc0005() -> None:
+    """Without iptables, a port no Sidecar ingress listener takes reaches the app directly: a
+    policy selecting that workload is not enforced there (fail open), so validate says so."""
+    deny = policy(
+        "AuthorizationPolicy", "shop", "{action: DENY, selector: {matchLabels: {app: payments}}, rules: [{}]}"
+    )
+    found = analyze(configs_from_yaml(WORKLOADS + PAYMENTS_SERVICE + deny))
+    (issue,) = [i for i in found if i.code == "MC0005"]
+    assert (
+        "AuthorizationPolicy shop/p is not enforced" in issue.message and "shop/payments (port 8080)" in issue.message
+    )
+    assert ("MC0005", "p") not in codes(PAYMENTS_SERVICE + PAYMENTS_INGRESS + deny)
+    jwt = policy("RequestAuthentication", "shop", "{selector: {matchLabels: {app: payments}}, jwtRules: [{issuer: x}]}")
+    assert ("MC0005", "p") in codes(PAYMENTS_SERVICE + jwt)

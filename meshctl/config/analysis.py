@@ -38,7 +38,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from meshctl.config.analysis_authz import identity_without_mtls
+from meshctl.config.analysis_authz import identity_without_mtls, policies_bypassed
 from meshctl.config.analysis_mtls import Sidecars, vm_mtls_issues, workload_labels
 from meshctl.config.findings import FieldPath, Severity
 from meshctl.config.hosts import host_matches, hosts_overlap
@@ -227,6 +227,7 @@ def analyze(
         for found in (
             *vm_mtls_issues(index.by_kind, root_namespace),
             *identity_without_mtls(index.by_kind, root_namespace),
+            *policies_bypassed(index.by_kind, root_namespace),
         )
     )
     return issues

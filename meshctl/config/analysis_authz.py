@@ -1,4 +1,9 @@
-"""Analysis of AuthorizationPolicies against the mesh's mutual TLS (MC0004).
+"""Analysis of AuthorizationPolicies: against the mesh's mutual TLS (MC0004), and against VMs
+whose traffic bypasses the proxy that would enforce them (MC0005).
+
+MC0005: on a VM without iptables, a workload's traffic passes its proxy only on the ports of a
+Sidecar ingress listener; on its other endpoint ports clients reach the app directly, so an
+AuthorizationPolicy (or RequestAuthentication) selecting it is not enforced there, whatever it says.
 
 A rule that matches on the peer's identity (`principals`, `namespaces`, their `not` forms, and
 the `source.principal` / `source.namespace` / `source.serviceAccount` conditions) can only match
@@ -14,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
-from meshctl.config.analysis_mtls import MtlsIssue, PeerAuthentications, workload_labels
+from meshctl.config.analysis_mtls import MtlsIssue, PeerAuthentications, ServiceEntries, Sidecars, workload_labels
 from meshctl.config.findings import FieldPath
 from meshctl.config.labels import labels_match, selector_labels
 from meshctl.config.model import Config
@@ -90,3 +95,38 @@ def identity_without_mtls(by_kind: Mapping[str, Sequence[Config]], root_namespac
             f"so the rule {effect} there"
         )
         yield MtlsIssue("MC0004", policy.key, path, message)
+
+
+def policies_bypassed(by_kind: Mapping[str, Sequence[Config]], root_namespace: str) -> Iterator[MtlsIssue]:
+    """MC0005 for every AuthorizationPolicy and RequestAuthentication that selects a WorkloadEntry
+    with endpoint ports no Sidecar ingress listener takes (one finding per policy)."""
+    entries = by_kind.get("WorkloadEntry", ())
+    policies = [*by_kind.get("AuthorizationPolicy", ()), *by_kind.get("RequestAuthentication", ())]
+    if not entries or not policies:
+        return
+    sidecars = Sidecars(by_kind.get("Sidecar", ()), root_namespace)
+    services = ServiceEntries(by_kind.get("ServiceEntry", ()))
+    bypassing: dict[object, list[int]] = {}
+    for entry in entries:
+        labels = workload_labels(entry)
+        covered = sidecars.ingress_ports(entry.namespace, labels)
+        bypassing[entry.key] = sorted(p for p in services.endpoint_ports(entry, labels) if p not in covered)
+    for policy in policies:
+        spec: Any = policy.spec
+        if spec.HasField("targetRef") or list(spec.targetRefs):
+            continue
+        hit = [e for e in _selected(policy, entries, root_namespace) if bypassing.get(e.key)]
+        if not hit:
+            continue
+        shown = ", ".join(
+            f"{e.namespace}/{e.name} (port{'s' if len(bypassing[e.key]) > 1 else ''} "
+            f"{', '.join(str(p) for p in bypassing[e.key])})"
+            for e in hit[:3]
+        )
+        more = f" and {len(hit) - 3} more" if len(hit) > 3 else ""
+        message = (
+            f"{policy.kind} {policy.namespace}/{policy.name} is not enforced where clients reach the app directly "
+            f"on a VM without iptables: {shown}{more}; add Sidecar ingress listeners for those ports (and point the "
+            "WorkloadEntry's ports at them), or run the proxies with INTERCEPTION_MODE REDIRECT"
+        )
+        yield MtlsIssue("MC0005", policy.key, ("spec",), message)
