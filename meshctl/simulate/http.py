@@ -12,6 +12,7 @@ fault filter's per-route config, header changes of the route, virtual host and r
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
@@ -24,6 +25,57 @@ FAULT_FILTER = "envoy.filters.http.fault"
 #: RedirectAction.RedirectResponseCode, by enum number.
 REDIRECT_STATUS = {0: 301, 1: 302, 2: 303, 3: 307, 4: 308}
 _DENOMINATORS = {0: 100, 1: 10_000, 2: 1_000_000}
+
+
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+_ESCAPED_SLASH = re.compile("%2f|%5c", re.IGNORECASE)
+#: HttpConnectionManager.PathWithEscapedSlashesAction, by enum number.
+_REJECT, _UNESCAPE_AND_REDIRECT, _UNESCAPE_AND_FORWARD = 2, 3, 4
+
+
+def normalized_path(hcm: Any, path: str) -> tuple[str | None, int | None]:
+    """The path the routes see once the connection manager has normalized it (Istio turns on
+    `normalize_path`; a request with `/b/../api` is routed as `/api`, `/%61` as `/a`), and the
+    status Envoy answers itself instead of routing: 400 for a rejected escaped slash, 307 to
+    the unescaped path for UNESCAPE_AND_REDIRECT. Order as ConnectionManagerUtility::
+    maybeNormalizePath: escaped slashes, then RFC 3986 normalization, then merging slashes."""
+    action = hcm.path_with_escaped_slashes_action
+    if action in (_REJECT, _UNESCAPE_AND_REDIRECT, _UNESCAPE_AND_FORWARD) and _ESCAPED_SLASH.search(path):
+        if action == _REJECT:
+            return None, 400
+        path = _ESCAPED_SLASH.sub(lambda m: "/" if m.group(0).lower() == "%2f" else "\\", path)
+        if action == _UNESCAPE_AND_REDIRECT:
+            return path, 307
+    if hcm.HasField("normalize_path") and hcm.normalize_path.value:
+        path = _canonical_path(path)
+    if hcm.merge_slashes:
+        path = re.sub("/{2,}", "/", path)
+    return path, None
+
+
+def _canonical_path(path: str) -> str:
+    """PathUtil::canonicalPath (Chromium's path canonicalization): escapes of unreserved
+    characters decoded, dot segments removed (a last `.` or `..` leaves a trailing slash)."""
+    decoded = re.sub(
+        "%([0-9a-fA-F]{2})",
+        lambda m: chr(int(m.group(1), 16)) if chr(int(m.group(1), 16)) in _UNRESERVED else m.group(0),
+        path,
+    )
+    out: list[str] = []
+    segments = decoded[1:].split("/") if decoded.startswith("/") else decoded.split("/")
+    for n, segment in enumerate(segments):
+        last = n == len(segments) - 1
+        if segment == ".":
+            if last:
+                out.append("")
+        elif segment == "..":
+            if out:
+                out.pop()
+            if last:
+                out.append("")
+        else:
+            out.append(segment)
+    return "/" + "/".join(out)
 
 
 def host_for_matching(authority: str, ignore_port: bool) -> str:
@@ -188,15 +240,37 @@ def _redirect(redirect: Any) -> dict[str, Any]:
 
 
 def redirect_location(redirect: dict[str, Any], request: Request) -> str:
-    """The Location Envoy sends for a redirect action (the parts it states, the request's others)."""
+    """The Location Envoy sends for a redirect action (Http::Utility::newUri): the parts the
+    action states, the request's others. Without `host_redirect` the host is the request's Host
+    header as sent, port included: Envoy drops that port only for a `port_redirect`, or when the
+    scheme changes and the port is the old scheme's default. A `port_redirect` is always written."""
     scheme = redirect.get("scheme_redirect") or request.scheme
-    host = redirect.get("host_redirect") or request.host
-    port = redirect.get("port_redirect") or (request.port if "host_redirect" not in redirect else 0)
-    default = {"http": 80, "https": 443}.get(scheme)
-    authority = host if not port or port == default else f"{host}:{port}"
+    port = f":{redirect['port_redirect']}" if redirect.get("port_redirect") else ""
+    host = redirect.get("host_redirect") or _request_host(request, scheme, port)
     path = redirect.get("path_redirect") or request.path
-    query = "" if redirect.get("strip_query") or not request.query else f"?{request.query}"
-    return f"{scheme}://{authority}{path}{query}"
+    if not path.startswith("/"):
+        path = f"/{path}"
+    if "?" not in path and request.query and not redirect.get("strip_query"):
+        path = f"{path}?{request.query}"
+    return f"{scheme}://{host}{port}{path}"
+
+
+def _request_host(request: Request, new_scheme: str, new_port: str) -> str:
+    """Utility::processRequestHost: the Host header, its port dropped as Envoy drops it."""
+    given = request.authority
+    if given.startswith("["):
+        end = given.rfind("]:")
+        end = end + 1 if end >= 0 else -1
+    else:
+        end = given.rfind(":")
+    if end < 0:
+        return given
+    old_port = given[end:]
+    remove = bool(new_port) or (
+        new_scheme != request.scheme
+        and ((request.scheme == "https" and old_port == ":443") or (request.scheme == "http" and old_port == ":80"))
+    )
+    return given[:end] if remove else given
 
 
 def fault_of(route: Any) -> dict[str, Any] | None:

@@ -9,7 +9,7 @@ was read, to show the file:line a route came from.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from meshctl.simulate import http
@@ -43,10 +43,12 @@ class _Walk:
     target: Target
     fields: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: The request as given, shown in the result when Envoy routes a normalized one.
+    given: Request | None = None
 
     def end(self, status: int | None, flag: str, reason: str, routed: bool) -> Simulation:
         return Simulation(
-            request=request_dict(self.request),
+            request=request_dict(self.given or self.request),
             proxy=self.target.proxy_id,
             outcome=Outcome(status, flag, reason, routed),
             notes=tuple(self.notes),
@@ -125,6 +127,15 @@ def _tcp(walk: _Walk, tcp: Any, resources: Mapping[str, Sequence[Any]], lookup: 
 
 
 def _http(walk: _Walk, hcm: Any, resources: Mapping[str, Sequence[Any]], lookup: SourceLookup | None) -> Simulation:
+    path, status = http.normalized_path(hcm, walk.request.path)
+    if path is None:
+        return walk.end(status, "", f"the path {walk.request.path} has an escaped slash: Envoy rejects it", False)
+    if path != walk.request.path:
+        walk.notes.append(f"the connection manager normalizes the path {walk.request.path} to {path}")
+        walk.given, walk.request = walk.request, replace(walk.request, path=path)
+    if status is not None:
+        location = f"{path}?{walk.request.query}" if walk.request.query else path
+        return walk.end(status, "", f"Envoy redirects to the path with its slashes unescaped: {location}", True)
     request = walk.request
     if hcm.HasField("rds"):
         name = hcm.rds.route_config_name
