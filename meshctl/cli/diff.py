@@ -7,6 +7,14 @@ unified diff of its YAML. Resources are compared by their serialized bytes, whic
 keeps deterministic, so a change that moves resources between files, reorders them or edits a
 comment shows nothing.
 
+With `--live ADMIN_URL` it compares instead what meshctl would send a proxy now (from
+`--config-dir`, as `meshctl dump` builds it) with what that proxy's Envoy holds, read from its
+admin `/config_dump?include_eds` (`meshctl.check.drift` says what is compared and normalised):
+resources missing from Envoy, extra in it, changed, versions, and the last update it rejected.
+With `--server ADMIN` it also reads `meshctl serve`'s `/debug/syncz` to say whether drift is in
+delivery (sent, not ACKed, or NACKed) or in config (the server sent something else than it
+would send now).
+
 Exit status, as `diff(1)`: 0 nothing changes, 1 something does, 2 usage or input error. A crash
 exits 2 too, never 1, which would read as "something changes" (`meshctl.cli.exits`).
 """
@@ -20,7 +28,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -74,8 +82,8 @@ class ResourceChange:
 
 @reported
 def diff(
-    old: Annotated[Path, typer.Argument(help="The config directory before the change.")],
-    new: Annotated[Path, typer.Argument(help="The config directory after the change.")],
+    old: Annotated[Path | None, typer.Argument(help="The config directory before the change.")] = None,
+    new: Annotated[Path | None, typer.Argument(help="The config directory after the change.")] = None,
     proxy: Annotated[
         str | None,
         typer.Option("--proxy", help="A full node id or a WorkloadEntry NAME.NAMESPACE."),
@@ -94,15 +102,56 @@ def diff(
         InterceptionMode, typer.Option(case_sensitive=False, help=INTERCEPTION_HELP)
     ] = InterceptionMode.NONE,
     mesh_config: Annotated[Path | None, typer.Option(help=MESH_CONFIG_HELP)] = None,
+    live: Annotated[
+        str | None,
+        typer.Option(
+            "--live", metavar="ADMIN_URL", help="Compare with a live Envoy instead: its admin URL, http://HOST:PORT."
+        ),
+    ] = None,
+    config_dir: Annotated[
+        Path | None,
+        typer.Option("--config-dir", metavar="DIR", help="With --live: the config directory meshctl serves."),
+    ] = None,
+    consul: Annotated[
+        str | None,
+        typer.Option("--consul", metavar="ADDR", help="With --live: also read Consul's catalog once, as dump does."),
+    ] = None,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            metavar="ADMIN",
+            help="With --live: meshctl serve's admin address, to tell delivery from config.",
+        ),
+    ] = None,
 ) -> None:
-    """Show how the Envoy config of a proxy (or of every proxy) changes from OLD to NEW.
+    """Show how the Envoy config of a proxy (or of every proxy) changes from OLD to NEW, or with
+    --live how a running Envoy's config differs from what meshctl would send it now.
 
-    Exit status: 0 nothing changes, 1 something does, 2 usage error or input that fails to load.
+    Exit status: 0 nothing changes (no drift), 1 something does, 2 usage error, input that fails
+    to load, or an Envoy that cannot be read.
     """
     from meshctl.cli import offline
     from meshctl.cli import output as out
     from meshctl.errors import UsageError
 
+    if live is not None:
+        if old is not None or new is not None or all_proxies or proxy is None or config_dir is None:
+            raise UsageError("--live takes --proxy NODE_ID and --config-dir DIR, and no OLD NEW directories")
+        code = diff_live(
+            live,
+            proxy,
+            config_dir,
+            consul=consul,
+            server=server,
+            json_output=output is Format.json,
+            namespace=namespace,
+            interception=interception.value,
+            mesh_config=mesh_config,
+        )
+        raise typer.Exit(code)
+    if old is None or new is None:
+        raise UsageError("give OLD and NEW config directories, or --live ADMIN_URL --config-dir DIR")
     if (proxy is None) == (not all_proxies):
         raise UsageError("give either --proxy NODE_ID or --all-proxies")
     mesh = offline.mesh_from(mesh_config)
@@ -241,3 +290,112 @@ def _print_text(changes: list[ResourceChange], *, summary: bool) -> None:
     if summary and changes:
         sys.stdout.write("\n")
         print_tables([TableData("Summary", SUMMARY_COLUMNS, summary_rows(changes))])
+
+
+# -- against a live Envoy -----------------------------------------------------------------------
+
+DRIFT_COLUMNS = ("TYPE", "NAME", "DRIFT", "MESHCTL VERSION", "ENVOY VERSION")
+VERSION_COLUMNS = ("TYPE", "MESHCTL", "ENVOY", "STALE")
+
+
+def diff_live(
+    admin_url: str,
+    ref: str,
+    config_dir: Path,
+    *,
+    consul: str | None = None,
+    server: str | None = None,
+    json_output: bool = False,
+    namespace: str = "default",
+    interception: str = "NONE",
+    mesh_config: Path | None = None,
+) -> int:
+    """`diff --live`: compare, print, and return the exit status (0 no drift, 1 drift)."""
+    from dataclasses import replace
+
+    from meshctl.check.drift import compare, holds_mesh_secrets
+    from meshctl.check.envoy_admin import fetch_config_dump
+    from meshctl.cli import offline
+    from meshctl.cli import output as out
+    from meshctl.snapshot.proxy import bind_proxy
+    from meshctl.xds.config_dump import subscribed
+    from meshctl.xds.generate import generate
+
+    tree = offline.load_tree(config_dir, consul=consul, namespace=namespace, mesh=offline.mesh_from(mesh_config))
+    target = offline.resolve_proxy(tree, ref, namespace, interception)
+    live = fetch_config_dump(admin_url)
+    offline.report(tree)
+    notes = []
+    if not holds_mesh_secrets(live) and target.node.mesh_certificates:
+        # The server sends mesh certificates (and config that names them) only to a proxy whose
+        # connection proved its identity; an Envoy that holds none was sent config without them.
+        target = bind_proxy(replace(target.node, mesh_certificates=False), tree.snapshot)
+        notes.append("Envoy holds no mesh secrets: compared with config without mutual TLS, as the server sends it")
+    resources, _ = subscribed(generate(tree.snapshot, target))
+    report = compare(resources, live)
+    delivery = _delivery(server, target.id, resources) if server is not None else []
+    if json_output:
+        data = {"proxy": target.id, **report.as_dict()}
+        if server is not None:
+            data["delivery"] = delivery
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    else:
+        _print_live(report, delivery)
+    console = out.stderr_console()
+    for note in notes:
+        console.print(f"note: {note}", markup=False, soft_wrap=True, highlight=False)
+    for nack in report.nacks:
+        console.print(
+            f"NACK: Envoy rejected {nack.section} {nack.name or '(unnamed)'} version {nack.version}: {nack.details}",
+            markup=False,
+            soft_wrap=True,
+            highlight=False,
+        )
+    if not report.drifted:
+        console.print(f"no drift: Envoy at {admin_url} holds what meshctl would send {target.id}", markup=False)
+    return EXIT_CHANGED if report.drifted else EXIT_OK
+
+
+def _print_live(report: Any, delivery: list[dict[str, str]]) -> None:
+    from meshctl.cli.output import TableData, print_tables
+
+    tables = []
+    if report.nacks:
+        rows = [[n.section, n.name, n.version, n.details] for n in report.nacks]
+        tables.append(TableData("Rejected by Envoy (NACK)", ("TYPE", "NAME", "VERSION", "DETAILS"), rows))
+    rows = [
+        [d["type"], d["name"], d["drift"], d["meshctl_version"], d["envoy_version"]]
+        for d in (x.as_dict() for x in report.differences)
+    ]
+    tables.append(TableData("Drift", DRIFT_COLUMNS, rows))
+    versions = [[v.section, v.meshctl, ",".join(v.envoy) or "-", str(v.stale)] for v in report.versions]
+    tables.append(TableData("Versions", VERSION_COLUMNS, versions))
+    if delivery:
+        columns = ("TYPE", "SENT", "ACKED", "NACK", "NOW", "DRIFT")
+        tables.append(TableData("Server", columns, [[d[k.lower()] for k in columns] for d in delivery]))
+    print_tables(tables)
+
+
+_XDS_TYPES = {"CDS": "clusters", "EDS": "endpoints", "LDS": "listeners", "RDS": "routes"}
+
+
+def _delivery(server: str, node_id: str, resources: Any) -> list[dict[str, str]]:
+    """Per type, what the server sent the proxy, what it ACKed or NACKed, and the version the
+    server would send now: `delivery` when the proxy has not taken what was sent, `config` when
+    what was sent is not what would be sent now, `none` when all three agree."""
+    from meshctl.cli.admin_client import get_json
+    from meshctl.errors import UsageError
+    from meshctl.xds.config_dump import TYPE_BY_SECTION, type_version
+
+    entries = get_json(server, "/debug/syncz")
+    entry = next((e for e in entries if isinstance(e, dict) and e.get("proxy") == node_id), None)
+    if entry is None:
+        raise UsageError(f"{server} has no stream for {node_id}: is the proxy connected to this server?")
+    rows = []
+    for short, section in _XDS_TYPES.items():
+        state = entry.get("types", {}).get(short, {})
+        sent, acked, nack = state.get("sent", ""), state.get("acked", ""), state.get("nack", "")
+        now = type_version(resources, TYPE_BY_SECTION[section])
+        kind = "delivery" if nack or sent != acked else "config" if sent != now else "none"
+        rows.append({"type": section, "sent": sent, "acked": acked, "nack": nack, "now": now, "drift": kind})
+    return rows
