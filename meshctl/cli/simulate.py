@@ -6,6 +6,10 @@ config, virtual host, route, action, clusters, endpoints. The route's Istio reso
 with the file:line it was read from. The exit status is an answer CI can assert on: 0 when the
 request reaches an upstream or a configured redirect or direct response, 1 when Envoy refuses,
 404s or 503s it.
+
+With `--cases FILE` it runs routing tests instead (`meshctl.simulate.cases`): the tree is loaded
+once, each proxy's resources generated once, and each case's walk compared with what it expects.
+Exit 0 when every case holds, 1 when any does not, 2 for a cases file that is not one.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from meshctl.cli.offline import INTERCEPTION_HELP, MESH_CONFIG_HELP
 from meshctl.snapshot.interception import InterceptionMode
 
 if TYPE_CHECKING:
+    from meshctl.cli.offline import LoadedTree
     from meshctl.cli.output import TableData
     from meshctl.simulate.result import Simulation
     from meshctl.simulate.upstream import SourceLookup
@@ -38,11 +43,11 @@ EXIT_NOT_ROUTED = 1
 class Format(enum.StrEnum):
     short = "short"
     json = "json"
+    github = "github"
 
 
 @reported
 def simulate(
-    url: Annotated[str, typer.Argument(metavar="URL", help="The request's URL: http://HOST[:PORT]/PATH[?QUERY].")],
     config_dir: Annotated[
         Path,
         typer.Option(
@@ -51,13 +56,18 @@ def simulate(
             envvar="MESHCTL_CONFIG_DIR",
         ),
     ],
+    url: Annotated[
+        str | None,
+        typer.Argument(metavar="URL", help="The request's URL: http://HOST[:PORT]/PATH[?QUERY]; none with --cases."),
+    ] = None,
     proxy: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--proxy",
+            metavar="NODE_ID|NAME.NAMESPACE",
             help="The sending proxy: a node id (sidecar~IP~NAME.NAMESPACE~DOMAIN) or a WorkloadEntry NAME.NAMESPACE.",
         ),
-    ],
+    ] = None,
     method: Annotated[str, typer.Option("--request", "-X", metavar="METHOD", help="The HTTP method.")] = "GET",
     header: Annotated[
         list[str] | None,
@@ -72,7 +82,10 @@ def simulate(
         ),
     ] = None,
     output: Annotated[
-        Format, typer.Option("--output", "-o", help="short (tables) or json (one object).")
+        Format,
+        typer.Option(
+            "--output", "-o", help="short (tables) or json (one object); with --cases also github (annotations)."
+        ),
     ] = Format.short,
     namespace: Annotated[
         str,
@@ -82,21 +95,43 @@ def simulate(
         InterceptionMode, typer.Option(case_sensitive=False, help=INTERCEPTION_HELP)
     ] = InterceptionMode.NONE,
     mesh_config: Annotated[Path | None, typer.Option(help=MESH_CONFIG_HELP)] = None,
+    cases: Annotated[
+        Path | None,
+        typer.Option(
+            "--cases",
+            metavar="FILE",
+            help="Run the routing tests of a YAML file (docs/routing-tests.md) instead of one request.",
+        ),
+    ] = None,
 ) -> None:
     """Show where a request sent by a proxy goes: the listener, filter chain, route config,
     virtual host and route Envoy picks, the Istio resource (file:line) the route came from, the
     action (clusters and weights, redirect, direct response, timeout, retries, fault, mirrors),
     and each cluster's TLS mode and endpoints.
 
-    Exit status: 0 the request reaches an upstream or a configured redirect or direct response,
-    1 Envoy would refuse, 404 (NR) or 503 (NC, UH) it, 2 usage error or a tree that fails to load.
+    With --cases FILE, runs each case of the file (a request from a proxy, and the cluster,
+    route, status, redirect, header or source it should get) and prints the ones that fail.
+
+    Exit status: 0 the request reaches an upstream or a configured redirect or direct response
+    (with --cases: every case holds), 1 Envoy would refuse, 404 (NR) or 503 (NC, UH) it (with
+    --cases: a case fails), 2 usage error, a tree that fails to load, or a bad cases file.
     """
     from meshctl.cli import offline
+    from meshctl.errors import UsageError
     from meshctl.simulate import Target, parse_request
     from meshctl.simulate import simulate as run
     from meshctl.snapshot.proxy import ProxyType
     from meshctl.xds.generate import generate
 
+    if cases is not None:
+        if url is not None or proxy is not None or header or method != "GET":
+            raise UsageError("--cases FILE names each case's request and proxy: give no URL, --proxy, -H or -X")
+        tree = offline.load_tree(config_dir, consul=consul, namespace=namespace, mesh=offline.mesh_from(mesh_config))
+        raise typer.Exit(run_cases_file(cases, tree, output, namespace, interception))
+    if url is None or proxy is None:
+        raise UsageError("give a URL and --proxy, or --cases FILE")
+    if output is Format.github:
+        raise UsageError("-o github annotates a cases file: use it with --cases")
     request = parse_request(url, method, header or ())
     tree = offline.load_tree(config_dir, consul=consul, namespace=namespace, mesh=offline.mesh_from(mesh_config))
     target = offline.resolve_proxy(tree, proxy, namespace, interception.value)
@@ -118,6 +153,40 @@ def simulate(
         print_tables(short_tables(result))
     if not result.outcome.routed:
         raise typer.Exit(EXIT_NOT_ROUTED)
+
+
+def run_cases_file(path: Path, tree: LoadedTree, output: Format, namespace: str, mode: InterceptionMode) -> int:
+    """Run the cases of `path` on `tree`, print the ones that fail (or every result, as json),
+    and return the exit status: 0 every case holds, 1 one does not. The file is checked whole,
+    its proxies too, before any case runs."""
+    from meshctl.cli import offline
+    from meshctl.cli import output as out
+    from meshctl.simulate.cases import ProxyResources, load_cases, run_cases
+
+    cases = load_cases(path)
+    offline.report(tree)
+    proxies = ProxyResources(
+        tree.snapshot,
+        lambda ref: offline.find_proxy(tree.snapshot, ref, namespace, mode.value),
+        mode is not InterceptionMode.NONE,
+    )
+    results = run_cases(cases, proxies, source_lookup(tree.snapshot))
+    failed = [r for r in results if not r.passed]
+    if output is Format.json:
+        out.print_data([r.as_dict() for r in results], "json")
+    elif output is Format.github:
+        from meshctl.config.findings import Finding, Severity
+
+        findings = [
+            Finding(Severity.ERROR, r.diff(), r.case.file, r.case.line, field=r.case.name, code="routing test")
+            for r in failed
+        ]
+        out.print_findings(findings, "github")
+    else:
+        for r in failed:
+            sys.stdout.write(f"{r.case.location}: FAIL {r.message()}\n")
+    _stderr(f"{len(results)} case(s): {len(results) - len(failed)} passed, {len(failed)} failed")
+    return EXIT_NOT_ROUTED if failed else 0
 
 
 def source_lookup(snapshot: Snapshot) -> SourceLookup:
