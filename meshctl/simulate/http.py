@@ -13,6 +13,9 @@ fault filter's per-route config, header changes of the route, virtual host and r
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
@@ -90,28 +93,72 @@ def host_for_matching(authority: str, ignore_port: bool) -> str:
 
 
 def choose_virtual_host(config: Any, authority: str) -> Any | None:
-    """Envoy's virtual host for `authority` in RouteConfiguration `config`, or None (404 NR)."""
+    """Envoy's virtual host for `authority` in RouteConfiguration `config`, or None (404 NR):
+    an exact domain, else the longest `*suffix`, else the longest `prefix*`, else `*` (the first
+    virtual host in the config wins a tie, as in Envoy)."""
     host = host_for_matching(authority, config.ignore_port_in_host_matching)
-    exact, suffixes, prefixes, anything = None, [], [], None
+    index = _domain_index(config)
+    found = index.exact.get(host)
+    if found is not None:
+        return found
+    for suffix, vhost in index.suffixes:
+        if host.endswith(suffix) and len(host) > len(suffix):
+            return vhost
+    for prefix, vhost in index.prefixes:
+        if host.startswith(prefix) and len(host) > len(prefix):
+            return vhost
+    return index.anything
+
+
+@dataclass(frozen=True, slots=True)
+class _DomainIndex:
+    """A route config's domains as Envoy looks them up: exact ones in a dict, wildcards longest
+    first. Built once per route config: a mesh's config has a virtual host per service, and a
+    file of routing tests asks the same config again and again."""
+
+    exact: Mapping[str, Any]
+    suffixes: tuple[tuple[str, Any], ...]
+    prefixes: tuple[tuple[str, Any], ...]
+    anything: Any | None
+
+
+#: Route config -> its index, for the most recent configs (held here, so `id` stays theirs).
+_INDEXES: OrderedDict[int, tuple[Any, _DomainIndex]] = OrderedDict()
+_INDEXES_KEPT = 256
+
+
+def _domain_index(config: Any) -> _DomainIndex:
+    held = _INDEXES.get(id(config))
+    if held is not None and held[0] is config:
+        _INDEXES.move_to_end(id(config))
+        return held[1]
+    exact: dict[str, Any] = {}
+    suffixes: list[tuple[int, int, str, Any]] = []
+    prefixes: list[tuple[int, int, str, Any]] = []
+    anything = None
+    order = 0
     for vhost in config.virtual_hosts:
         for given in vhost.domains:
             domain = given.lower()
+            order += 1
             if domain == "*":
-                anything = anything or vhost
+                anything = anything if anything is not None else vhost
             elif domain.startswith("*"):
-                if host.endswith(domain[1:]) and len(host) > len(domain) - 1:
-                    suffixes.append((len(domain), vhost))
+                suffixes.append((-len(domain), order, domain[1:], vhost))
             elif domain.endswith("*"):
-                if host.startswith(domain[:-1]) and len(host) > len(domain) - 1:
-                    prefixes.append((len(domain), vhost))
-            elif domain == host and exact is None:
-                exact = vhost
-    if exact is not None:
-        return exact
-    for found in (suffixes, prefixes):
-        if found:
-            return max(found, key=lambda item: item[0])[1]
-    return anything
+                prefixes.append((-len(domain), order, domain[:-1], vhost))
+            else:
+                exact.setdefault(domain, vhost)
+    index = _DomainIndex(
+        exact,
+        tuple((s, v) for _, _, s, v in sorted(suffixes, key=lambda item: item[:2])),
+        tuple((p, v) for _, _, p, v in sorted(prefixes, key=lambda item: item[:2])),
+        anything,
+    )
+    _INDEXES[id(config)] = (config, index)
+    if len(_INDEXES) > _INDEXES_KEPT:
+        _INDEXES.popitem(last=False)
+    return index
 
 
 def choose_route(vhost: Any, request: Request) -> Any | None:
