@@ -16,6 +16,7 @@ from conftest import DEADLINE, SLEEP_VM, envoy_log_left_open, examples_copy, nee
 
 from meshctl.cli.app import app
 from meshctl.simulate import Target, parse_request, simulate
+from meshctl.simulate.request import parse_connection
 from meshctl.testing.backends import Backend
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 from meshctl.testing.envoy import EnvoyProcess, bootstrap, free_port
@@ -352,3 +353,60 @@ def test_simulate_agrees_with_envoy(edge: tuple[int, Any], path: str, headers: d
         assert status == 200 and body == chosen.name.split("|")[2], (path, headers, chosen.name, body)
     else:
         assert status == result.outcome.status, (path, headers, result.outcome)
+
+
+PASS_THROUGH = f"""apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: db, namespace: {NS}}}
+spec:
+  hosts: [db.shop.mesh]
+  addresses: [10.20.0.5]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{{number: 3306, name: mysql, protocol: TCP}}]
+  endpoints: [{{address: 10.20.0.6}}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: api, namespace: {NS}}}
+spec:
+  hosts: [api.example.com, pay.example.com]
+  location: MESH_EXTERNAL
+  resolution: DNS
+  ports: [{{number: 443, name: tls, protocol: TLS}}]
+"""
+
+
+def test_a_tcp_connection_and_a_tls_connection_by_sni() -> None:
+    """--tcp: a connection Envoy passes through; with --sni, the chain of that server name."""
+    snapshot = snapshot_from_yaml(PASS_THROUGH, namespace=NS)
+    resources = generate(snapshot, proxy_for(snapshot, CLIENT))
+    tcp = simulate(resources, parse_connection("db.shop.mesh:3306"), Target(CLIENT))
+    assert tcp.outcome.routed and tcp.action is not None and tcp.action["kind"] == "tcp_proxy"
+    assert [c["name"] for c in tcp.action["clusters"]] == ["outbound|3306||db.shop.mesh"]
+    tls = simulate(resources, parse_connection("api.example.com:443", "pay.example.com"), Target(CLIENT))
+    assert tls.outcome.routed and tls.action is not None
+    assert [c["name"] for c in tls.action["clusters"]] == ["outbound|443||pay.example.com"]
+    nowhere = simulate(resources, parse_connection("db.shop.mesh:5432"), Target(CLIENT))
+    assert not nowhere.outcome.routed and "no listener for port 5432" in nowhere.outcome.reason
+
+
+def test_tcp_through_the_command(mesh: Path) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--tcp",
+            "reviews.bookinfo.mesh:9080",
+            "--config-dir",
+            str(mesh),
+            "--proxy",
+            "sleep-vm.bookinfo",
+            "-o",
+            "json",
+        ],
+    )
+    assert result.exit_code == 1, result.output  # an HTTP port: a connection that is not HTTP fails there
+    assert "serves HTTP" in json.loads(result.stdout)["outcome"]["reason"]
+    usage = runner.invoke(app, ["simulate", "--sni", "x", "--config-dir", str(mesh), "--proxy", "sleep-vm.bookinfo"])
+    assert usage.exit_code == 2

@@ -69,6 +69,18 @@ def simulate(
         ),
     ] = None,
     method: Annotated[str, typer.Option("--request", "-X", metavar="METHOD", help="The HTTP method.")] = "GET",
+    tcp: Annotated[
+        str | None,
+        typer.Option(
+            "--tcp",
+            metavar="HOST:PORT",
+            help="A TCP connection instead of an HTTP request (a database, a protocol Envoy passes through).",
+        ),
+    ] = None,
+    sni: Annotated[
+        str | None,
+        typer.Option("--sni", metavar="NAME", help="With --tcp: a TLS connection sending this SNI (not terminated)."),
+    ] = None,
     header: Annotated[
         list[str] | None,
         typer.Option("--header", "-H", metavar="NAME:VALUE", help="A request header; repeat for more."),
@@ -120,19 +132,22 @@ def simulate(
     from meshctl.errors import UsageError
     from meshctl.simulate import Target, parse_request
     from meshctl.simulate import simulate as run
+    from meshctl.simulate.request import parse_connection
     from meshctl.snapshot.proxy import ProxyType
     from meshctl.xds.generate import generate
 
     if cases is not None:
-        if url is not None or proxy is not None or header or method != "GET":
+        if url is not None or tcp is not None or proxy is not None or header or method != "GET":
             raise UsageError("--cases FILE names each case's request and proxy: give no URL, --proxy, -H or -X")
         tree = offline.load_tree(config_dir, consul=consul, namespace=namespace, mesh=offline.mesh_from(mesh_config))
         raise typer.Exit(run_cases_file(cases, tree, output, namespace, interception))
-    if url is None or proxy is None:
-        raise UsageError("give a URL and --proxy, or --cases FILE")
+    if (url is None) == (tcp is None) or proxy is None:
+        raise UsageError("give a URL (or --tcp HOST:PORT) and --proxy, or --cases FILE")
+    if sni is not None and tcp is None:
+        raise UsageError("--sni goes with --tcp; for HTTPS give an https:// URL")
     if output is Format.github:
         raise UsageError("-o github annotates a cases file: use it with --cases")
-    request = parse_request(url, method, header or ())
+    request = parse_connection(tcp, sni or "") if tcp is not None else parse_request(str(url), method, header or ())
     tree = offline.load_tree(config_dir, consul=consul, namespace=namespace, mesh=offline.mesh_from(mesh_config))
     target = offline.resolve_proxy(tree, proxy, namespace, interception.value)
     offline.report(tree)

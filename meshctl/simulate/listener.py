@@ -99,13 +99,16 @@ def handed_off_listener(listeners: Sequence[Any], request: Request) -> Any | Non
 def connection_for(listener: Any, request: Request) -> Connection:
     """What the listener filters of `listener` detect of a plaintext or TLS connection."""
     filters = {f.name for f in listener.listener_filters}
-    tls = request.scheme == "https"
+    tls = request.scheme in ("https", "tls")
     transport = "tls" if tls and _TLS_INSPECTOR in filters else "raw_buffer"
-    if tls:
-        protocols: tuple[str, ...] = ("h2", "http/1.1") if _TLS_INSPECTOR in filters else ()
+    if not request.is_http:
+        protocols: tuple[str, ...] = ()  # no ALPN, and bytes the HTTP inspector does not take for HTTP
+    elif tls:
+        protocols = ("h2", "http/1.1") if _TLS_INSPECTOR in filters else ()
     else:
         protocols = ("http/1.1",) if _HTTP_INSPECTOR in filters else ()
-    server_name = request.host if tls and _TLS_INSPECTOR in filters else ""
+    sni = request.server_name if request.scheme == "tls" else request.host
+    server_name = sni if tls and _TLS_INSPECTOR in filters else ""
     return Connection(request.port, _ip_literal(request.host), server_name, transport, protocols)
 
 

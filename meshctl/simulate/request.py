@@ -29,6 +29,12 @@ class Request:
     path: str
     query: str = ""
     headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: For a TCP or TLS connection (`scheme` `tcp` or `tls`): the SNI a TLS client sends.
+    server_name: str = ""
+
+    @property
+    def is_http(self) -> bool:
+        return self.scheme in _DEFAULT_PORTS
 
     @property
     def authority(self) -> str:
@@ -48,6 +54,9 @@ class Request:
         return parse_qsl(self.query, keep_blank_values=True)
 
     def url(self) -> str:
+        if not self.is_http:
+            sni = f" (SNI {self.server_name})" if self.server_name else ""
+            return f"{self.scheme}://{self.host}:{self.port}{sni}"
         return f"{self.scheme}://{self.authority}{self.path_and_query}"
 
 
@@ -73,6 +82,23 @@ def parse_request(url: str, method: str = "GET", headers: Sequence[str] = ()) ->
         path=parts.path or "/",
         query=parts.query,
         headers=MappingProxyType(parse_headers(headers)),
+    )
+
+
+def parse_connection(address: str, server_name: str = "") -> Request:
+    """A TCP connection to `HOST:PORT` (`--tcp`), TLS when `server_name` is given (`--sni`):
+    what a database client or a TLS client that Envoy does not terminate sends."""
+    host, sep, port_text = address.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise UsageError(f"--tcp {address!r}: give HOST:PORT (e.g. mysql.shop.mesh:3306)")
+    return Request(
+        method="",
+        scheme="tls" if server_name else "tcp",
+        host=host,
+        port=int(port_text),
+        path="",
+        server_name=server_name,
     )
 
 

@@ -98,6 +98,14 @@ def simulate(
         return walk.end(
             None, "", f"filter chain {choice.chain} has neither an HTTP connection manager nor a TCP proxy", False
         )
+    if not request.is_http:
+        return walk.end(
+            None,
+            "",
+            f"filter chain {choice.chain} serves HTTP: a connection that does not speak HTTP fails there "
+            "(declare the port's protocol TCP or TLS to pass it through)",
+            False,
+        )
     return _http(walk, choice.hcm, resources, lookup)
 
 
