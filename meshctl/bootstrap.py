@@ -202,6 +202,14 @@ class BootstrapOptions:
     #: type (`HEALTH_PORT` for a router, none for a sidecar: a VM's app is health-checked itself).
     health_port: int | None = None
     stats_inclusion: StatsInclusion = StatsInclusion()
+    #: Further meshctl replicas (HOST, PORT) beside `xds_host`:`xds_port`: the `xds-grpc` cluster
+    #: gets one endpoint each, so Envoy reconnects to a live one when its replica goes away.
+    more_xds: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def xds_addresses(self) -> tuple[tuple[str, int], ...]:
+        """Every replica's xDS address, the first one first."""
+        return ((self.xds_host, self.xds_port), *self.more_xds)
 
 
 def health_port(node: ProxyNode, options: BootstrapOptions) -> int:
@@ -431,10 +439,20 @@ def _load_assignment(cluster: str, host: str, port: int) -> dict[str, Any]:
 
 
 def xds_cluster(options: BootstrapOptions) -> dict[str, Any]:
-    """The `xds-grpc` cluster: HTTP/2 with keepalives to meshctl serve, over TLS when asked."""
+    """The `xds-grpc` cluster: HTTP/2 with keepalives to meshctl serve, over TLS when asked.
+
+    With several replicas (`BootstrapOptions.more_xds`) it has one endpoint per address (a name
+    among them makes the cluster STRICT_DNS, which also takes every address a name resolves to)
+    and, as Istio's xds-grpc cluster, TCP keepalive beside the HTTP/2 pings and a 1 s connect
+    timeout: the ADS stream's replica dying ends the stream, and Envoy's retry picks the next
+    endpoint (round robin), a dead one failing within the second. One address keeps the cluster
+    as it always was.
+    """
+    addresses = options.xds_addresses
+    static = all(is_ip(host) for host, _ in addresses)
     cluster: dict[str, Any] = {
         "name": XDS_CLUSTER,
-        "type": "STATIC" if is_ip(options.xds_host) else "STRICT_DNS",
+        "type": "STATIC" if static else "STRICT_DNS",
         "connect_timeout": "1s",
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
@@ -448,6 +466,13 @@ def xds_cluster(options: BootstrapOptions) -> dict[str, Any]:
         },
         "load_assignment": _load_assignment(XDS_CLUSTER, options.xds_host, options.xds_port),
     }
+    if options.more_xds:
+        endpoints = [
+            {"endpoint": {"address": {"socket_address": {"address": h, "port_value": n}}}} for h, n in addresses
+        ]
+        cluster["load_assignment"] = {"cluster_name": XDS_CLUSTER, "endpoints": [{"lb_endpoints": endpoints}]}
+        # Istio's xds-grpc cluster (envoy_bootstrap.json): the kernel's keepalive on the connection.
+        cluster["upstream_connection_options"] = {"tcp_keepalive": {"keepalive_time": 300}}
     if options.tls is not None:
         cluster["transport_socket"] = xds_transport_socket(options.tls, options.xds_host)
     return cluster

@@ -25,7 +25,16 @@ def bootstrap(
             help="Node id TYPE~IP~NAME.NAMESPACE~DOMAIN, or NAME.NAMESPACE with --ip.",
         ),
     ],
-    xds_address: Annotated[str, typer.Option(help="meshctl serve's xDS address, HOST:PORT.")] = "127.0.0.1:15010",
+    xds_address: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="HOST:PORT",
+            show_default=False,
+            help="meshctl serve's xDS address. Repeat it for several replicas: Envoy connects to one and "
+            "moves to another when that one goes away. A name is resolved by Envoy, every address it "
+            "has being a replica. Default: 127.0.0.1:15010.",
+        ),
+    ] = None,
     ip: Annotated[str | None, typer.Option(help="The VM's address, when --proxy is NAME.NAMESPACE.")] = None,
     router: Annotated[bool, typer.Option(help="A gateway (router) rather than a sidecar.")] = False,
     interception: Annotated[str, typer.Option(help="NONE (no iptables, the VM default) or REDIRECT.")] = "NONE",
@@ -130,10 +139,14 @@ def bootstrap(
             raise UsageError(f"--label {item!r} is not KEY=VALUE")
         labels[key] = value
     node = parse_node_id(node_id, {"INTERCEPTION_MODE": interception})  # a NodeIdError says what is wrong
-    try:
-        host, port = split_address(xds_address)
-    except ValueError as exc:  # the server's parser says what is wrong with the address
-        raise UsageError(str(exc)) from exc
+    addresses: list[tuple[str, int]] = []
+    for address in xds_address or ["127.0.0.1:15010"]:
+        try:
+            addresses.append(split_address(address))
+        except ValueError as exc:  # the server's parser says what is wrong with the address
+            raise UsageError(str(exc)) from exc
+    addresses = list(dict.fromkeys(addresses))
+    (host, port), more = addresses[0], tuple(addresses[1:])
     if not is_ip(node.ip):
         raise UsageError(f"the node id's IP {node.ip!r} is not an IPv4 or IPv6 address")
     if (xds_cert is None) != (xds_key is None):
@@ -142,6 +155,11 @@ def bootstrap(
         raise UsageError(
             "--xds-cert, --xds-key and --xds-sni need --xds-ca: TLS without checking the server is not offered"
         )
+    if xds_ca is not None and xds_sni is None and len({h for h, _ in addresses}) > 1:
+        raise UsageError(
+            "several --xds-address hosts with --xds-ca need --xds-sni NAME, a DNS SAN every replica's "
+            "certificate carries: Envoy checks one name for the whole xds-grpc cluster"
+        )
     tls = XdsClientTls(xds_ca, xds_cert, xds_key, xds_sni) if xds_ca is not None else None
     inclusion = StatsInclusion(
         tuple(stats_inclusion_prefix or ()), tuple(stats_inclusion_suffix or ()), tuple(stats_inclusion_regex or ())
@@ -149,6 +167,7 @@ def bootstrap(
     options = BootstrapOptions(
         xds_host=host,
         xds_port=port,
+        more_xds=more,
         delta=delta,
         admin_port=admin_port,
         labels=labels,

@@ -30,8 +30,15 @@ def sync_state(entry: dict[str, Any] | None) -> str:
 @reported
 def proxy_status(
     admin: Annotated[
-        str, typer.Option(help="meshctl serve's admin address, HOST:PORT.", envvar="MESHCTL_ADMIN_ADDRESS")
-    ] = "127.0.0.1:15014",
+        list[str] | None,
+        typer.Option(
+            metavar="HOST:PORT",
+            show_default=False,
+            help="meshctl serve's admin address; repeat it for every replica, whose rows are merged "
+            "(a REPLICA column says which one holds each proxy's stream). Default: 127.0.0.1:15014.",
+            envvar="MESHCTL_ADMIN_ADDRESS",
+        ),
+    ] = None,
     output: Annotated[Format, typer.Option("--output", "-o", help="table or json.")] = Format.table,
     errors: Annotated[bool, typer.Option("--errors", help="Show each NACK's message.")] = False,
     admin_token_file: Annotated[
@@ -42,24 +49,45 @@ def proxy_status(
         ),
     ] = None,
 ) -> None:
-    """One row per connected proxy with CDS, LDS, EDS, RDS and SDS each SYNCED, STALE, NOT SENT or ERROR."""
+    """One row per connected proxy with CDS, LDS, EDS, RDS and SDS each SYNCED, STALE, NOT SENT or ERROR.
+
+    With several --admin replicas, a replica that does not answer is one line on stderr and the
+    others are still shown; the command fails (2) only when none answers.
+    """
     import json
     import sys
 
     from meshctl.cli import output as out
     from meshctl.cli.admin_client import get_json
+    from meshctl.errors import UsageError
 
-    entries: list[dict[str, Any]] = get_json(admin, "/debug/syncz", admin_token_file)
+    replicas = list(dict.fromkeys(admin or ["127.0.0.1:15014"]))
     rows = []
-    for e in entries:
-        states = {t: sync_state(e["types"].get(t)) for t in TYPES}
-        rows.append({"proxy": e["proxy"], "workload": e.get("workload", ""), **states, "types": e["types"]})
+    answered = 0
+    for replica in replicas:
+        try:
+            entries: list[dict[str, Any]] = get_json(replica, "/debug/syncz", admin_token_file)
+        except UsageError as exc:
+            if len(replicas) == 1:
+                raise
+            out.error(str(exc))
+            continue
+        answered += 1
+        for e in entries:
+            states = {t: sync_state(e["types"].get(t)) for t in TYPES}
+            row = {"proxy": e["proxy"], "workload": e.get("workload", ""), **states, "replica": replica}
+            rows.append({**row, "types": e["types"]})
+    if not answered:
+        raise UsageError(f"none of the {len(replicas)} replicas answered")
+    # A proxy between replicas can show on both for a moment; sorted, its rows stay together.
+    rows.sort(key=lambda r: (r["proxy"], r["replica"]))
     if output is Format.json:
         json.dump([{k: v for k, v in r.items() if k != "types"} for r in rows], sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
     # A table on a terminal; aligned columns when piped, so grep and awk see whole node ids.
-    out.print_listing(["NAME", "WORKLOAD", *TYPES], [[r["proxy"], r["workload"], *(r[t] for t in TYPES)] for r in rows])
+    headers = ["NAME", "WORKLOAD", *TYPES, "REPLICA"]
+    out.print_listing(headers, [[r["proxy"], r["workload"], *(r[t] for t in TYPES), r["replica"]] for r in rows])
     if errors:
         for r in rows:
             for t in TYPES:

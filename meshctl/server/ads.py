@@ -36,6 +36,7 @@ from meshctl.logs import untrusted
 from meshctl.server.cache import ProxyResources, Resolved
 from meshctl.server.connection import Connection
 from meshctl.server.encode import BlockCache, encode_delta, encode_sotw
+from meshctl.server.pacing import TokenBucket
 from meshctl.server.subscription import Push, RequestKind
 from meshctl.snapshot.proxy import METADATA_KEYS, Proxy, ProxyNode, parse_node_id
 from meshctl.xds import types
@@ -43,6 +44,8 @@ from meshctl.xds import types
 logger = logging.getLogger("meshctl.server.ads")
 
 SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
+#: The UNAVAILABLE message of a stream refused by `--max-new-streams-per-second`.
+TOO_MANY_NEW_STREAMS = "too many new streams on this replica; retry"
 
 #: Unsupported type URLs logged per stream; a client asking for more is not worth more lines.
 _UNSUPPORTED_LOGGED = 8
@@ -102,6 +105,8 @@ class AdsServicer:
         observer: PushObserver | None = None,
         authorize: Authorizer | None = None,
         admit: Callable[[], str | None] | None = None,
+        *,
+        pace: TokenBucket | None = None,
     ) -> None:
         self._cache = cache
         self._snapshot = snapshot
@@ -109,6 +114,8 @@ class AdsServicer:
         self._authorize = authorize
         #: None when a new stream may be served, else why not (it is refused with UNAVAILABLE).
         self._admission = admit
+        #: New streams a second, beyond which they are refused with UNAVAILABLE (`meshctl.server.pacing`).
+        self._pace = pace
         self._ids = itertools.count(1)
         self.streams: dict[str, Stream] = {}
         self._epoch = 0
@@ -133,6 +140,10 @@ class AdsServicer:
         if refusal is not None:
             logger.debug("refused a stream from %s: %s", context.peer(), refusal)
             await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
+        if self._pace is not None and not self._pace.take():
+            # Envoy retries with jittered backoff; the streams already open are not slowed down.
+            logger.debug("refused a stream from %s: over %g new streams a second", context.peer(), self._pace.rate)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, TOO_MANY_NEW_STREAMS)
         conn_id = f"{context.peer()}-{next(self._ids)}"
         stream = Stream(Connection(conn_id, delta=delta))
         reader = asyncio.create_task(self._read(stream, requests, context))
