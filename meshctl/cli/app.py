@@ -25,6 +25,7 @@ from meshctl.cli import bootstrap as bootstrap_cmd
 from meshctl.cli import ca as ca_cmd
 from meshctl.cli import diff as diff_cmd
 from meshctl.cli import dump as dump_cmd
+from meshctl.cli import kv as kv_cmd
 from meshctl.cli import proxy_status as proxy_status_cmd
 from meshctl.cli import serve as serve_cmd
 from meshctl.cli import services as services_cmd
@@ -200,6 +201,22 @@ _command(
     ca_app,
 )
 app.add_typer(ca_app)
+
+
+kv_app = typer.Typer(
+    name="kv",
+    help="The mesh's config in Consul KV, for meshctl serve --config-consul-kv.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+_command(
+    "push",
+    kv_cmd.push,
+    "Examples:\n\n  meshctl kv push examples/configs --prefix meshctl/mesh --dry-run\n\n"
+    "  meshctl kv push /srv/mesh --prefix meshctl/mesh --consul consul.internal:8500",
+    kv_app,
+)
+app.add_typer(kv_app)
 
 
 def _print_version(value: bool) -> None:

@@ -14,14 +14,23 @@ from meshctl.logs import LogFormat, LogLevel
 @reported
 def serve(
     config_dir: Annotated[
-        list[Path],
+        list[Path] | None,
         typer.Option(
             "--config-dir",
             "-c",
             envvar="MESHCTL_CONFIG_DIR",
             help="Directory of Istio YAML to serve; repeatable (colon-separated in the environment).",
         ),
-    ],
+    ] = None,
+    config_consul_kv: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MESHCTL_CONFIG_CONSUL_KV",
+            metavar="PREFIX",
+            help="Serve the Istio YAML kept under this Consul KV prefix instead of --config-dir, one key a "
+            "file (meshctl kv push writes it); Consul from --consul and its flags, else CONSUL_HTTP_ADDR.",
+        ),
+    ] = None,
     xds_address: Annotated[
         str,
         typer.Option(
@@ -160,6 +169,25 @@ def serve(
             "file (re-read when it changes). Without it they are refused unless --admin-address is loopback.",
         ),
     ] = None,
+    max_connection_age: Annotated[
+        str,
+        typer.Option(
+            envvar="MESHCTL_MAX_CONNECTION_AGE",
+            metavar="DURATION",
+            help="Ask each proxy to reconnect after this long (±10%, then 10s of grace), as istiod, so that "
+            "with several replicas the proxies spread back over one that returns; 0 for never.",
+        ),
+    ] = "30m",
+    max_new_streams_per_second: Annotated[
+        float,
+        typer.Option(
+            envvar="MESHCTL_MAX_NEW_STREAMS_PER_SECOND",
+            metavar="N",
+            min=0,
+            help="Admit at most N new xDS streams a second (a second's worth may come at once); more are "
+            "refused with UNAVAILABLE, which Envoy retries, so a reconnect storm is paced; 0 for no limit.",
+        ),
+    ] = 0.0,
 ) -> None:
     """Serve Envoy config (ADS, state of the world and delta) for the Istio YAML in --config-dir.
 
@@ -179,6 +207,7 @@ def serve(
 
     from meshctl.config.schema import parse_duration
     from meshctl.errors import CredentialError, UsageError
+    from meshctl.kv.source import KvLocation
     from meshctl.logs import configure_logging
     from meshctl.registry.consul import ConsulOptions
     from meshctl.server.app import DEFAULT_STATE_DIR, Server, ServeSettings, split_address
@@ -186,6 +215,9 @@ def serve(
     from meshctl.server.discovery import DebounceSettings
     from meshctl.server.notify import NotifySettings
 
+    config_dir = config_dir or []
+    if bool(config_dir) == (config_consul_kv is not None):
+        raise UsageError("give either --config-dir or --config-consul-kv (one config source)")
     configure_logging(log_level, log_format, environ=os.environ)
     missing = [str(p) for p in (*config_dir, *([mesh_config] if mesh_config else [])) if not p.exists()]
     if missing:
@@ -206,14 +238,28 @@ def serve(
         if consul
         else None
     )
+    config_kv = (
+        KvLocation(
+            ConsulOptions.from_env(
+                address=consul, token=consul_token, ca_file=consul_ca_file, datacenter=consul_datacenter
+            ),
+            config_consul_kv,
+        )
+        if config_consul_kv is not None
+        else None
+    )
     lifetime = parse_duration(workload_cert_lifetime)
     if lifetime is None or lifetime <= 0:
         raise UsageError(f"--workload-cert-lifetime {workload_cert_lifetime!r} is not a duration (24h, 90m)")
+    max_age = parse_duration(max_connection_age)
+    if max_age is None or max_age < 0:
+        raise UsageError(f"--max-connection-age {max_connection_age!r} is not a duration (30m, 1h; 0 for never)")
     settings = ServeSettings(
         config_dirs=tuple(config_dir),
         xds_address=xds_address,
         admin_address=admin_address,
         consul=consul_options,
+        config_kv=config_kv,
         default_namespace=namespace,
         debounce=debounce_settings,
         tls=tls,
@@ -227,6 +273,8 @@ def serve(
         state_dir_given=state_dir is not None,
         workload_cert_lifetime=datetime.timedelta(seconds=lifetime / 1e9),
         insecure_send_keys=insecure_send_keys,
+        max_connection_age=max_age / 1e9 if max_age else None,
+        max_new_streams_per_second=max_new_streams_per_second,
     )
     try:
         asyncio.run(Server(settings).run())

@@ -216,24 +216,45 @@ class _Connection:
 
     def get(self, path: str, params: Mapping[str, str], timeout: float, *, retry_stale: bool = True) -> _Reply:
         """GET `path`; a kept-alive connection that the server closed meanwhile is retried once."""
+        return self.request("GET", path, params, timeout, retry_stale=retry_stale)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str],
+        timeout: float,
+        body: bytes | None = None,
+        *,
+        retry_stale: bool = True,
+    ) -> _Reply:
+        """`method` on `path`; a kept-alive connection the server closed meanwhile is retried once
+        (a request that never reached Consul, so retrying a write cannot apply it twice)."""
         with self._lock:
             if self._aborted:
                 raise _Aborted
             reused = self._conn is not None
             conn = self._conn = self._conn or self._open()
         try:
-            return self._exchange(conn, path, params, timeout)
+            return self._exchange(conn, method, path, params, timeout, body=body)
         except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
             self._drop(conn)
             if reused and retry_stale:
-                return self.get(path, params, timeout, retry_stale=False)
+                return self.request(method, path, params, timeout, body, retry_stale=False)
             raise
         except BaseException:
             self._drop(conn)
             raise
 
     def _exchange(
-        self, conn: http.client.HTTPConnection, path: str, params: Mapping[str, str], timeout: float
+        self,
+        conn: http.client.HTTPConnection,
+        method: str,
+        path: str,
+        params: Mapping[str, str],
+        timeout: float,
+        *,
+        body: bytes | None,
     ) -> _Reply:
         if conn.sock is None:
             conn.connect()
@@ -244,7 +265,7 @@ class _Connection:
         headers = {"Accept": "application/json", "User-Agent": "meshctl"}
         if self._options.token:
             headers["X-Consul-Token"] = self._options.token
-        conn.request("GET", f"{path}?{urlencode(params)}" if params else path, headers=headers)
+        conn.request(method, f"{path}?{urlencode(params)}" if params else path, body=body, headers=headers)
         response = conn.getresponse()
         body = response.read()
         reply = _Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, body)
@@ -323,9 +344,15 @@ class _BlockingQuery:
         path: str,
         on_data: Callable[[object, _Reply], None],
         on_error: Callable[[str], None],
+        *,
+        params: Mapping[str, str] | None = None,
+        missing_is_none: bool = False,
     ) -> None:
         self.path = path
         self._options = options
+        #: Query parameters of every request (`recurse` for a KV prefix); `missing_is_none` hands
+        #: a 404 that carries an index (a KV prefix with no keys) to `on_data` as None.
+        self._params, self._missing_is_none = dict(params or {}), missing_is_none
         self._on_data, self._on_error = on_data, on_error
         self._conn = _Connection(options)
         self._stop = threading.Event()
@@ -356,7 +383,7 @@ class _BlockingQuery:
         bucket = _TokenBucket(o.rate_burst, o.rate_interval)
         index, failures = 0, 0
         while not self._stop.wait(bucket.take()):
-            params = {"dc": o.datacenter} if o.datacenter else {}
+            params = self._params | ({"dc": o.datacenter} if o.datacenter else {})
             timeout = o.request_timeout
             if index > 0:
                 # After a failure, a short wait: an answer is what shows Consul is back.
@@ -365,7 +392,8 @@ class _BlockingQuery:
                 timeout += wait * 17 / 16  # Consul adds up to wait/16 of its own jitter
             try:
                 reply = self._conn.get(self.path, params, timeout)
-                data, returned = reply.json(self.path), reply.index
+                missing = self._missing_is_none and reply.status == 404
+                data, returned = None if missing else reply.json(self.path), reply.index
                 if returned < index:
                     logger.info(
                         "consul index of %s went back from %d to %d: reading afresh", self.path, index, returned
@@ -611,3 +639,11 @@ def read_consul_once(options: ConsulOptions) -> ServiceModel:
     finally:
         conn.close()
     return assemble_model(converted, options.mapping)
+
+
+#: The transport and the blocking-query loop, for meshctl's other Consul clients (the KV config
+#: source and `meshctl kv push`), so that every one follows the same rules.
+ConsulConnection = _Connection
+ConsulReply = _Reply
+BlockingQuery = _BlockingQuery
+ConnectionAborted = _Aborted

@@ -31,6 +31,8 @@ from meshctl.config.loader import LoadOptions
 from meshctl.config.watcher import WatchOptions
 from meshctl.errors import CredentialError
 from meshctl.ingest import FollowedFiles
+from meshctl.ingest_kv import FollowedKV
+from meshctl.kv.source import KvLocation
 from meshctl.registry.aggregate import AggregateRegistry
 from meshctl.registry.base import Registry
 from meshctl.registry.consul import ConsulOptions, ConsulRegistry
@@ -42,6 +44,7 @@ from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
 from meshctl.server.mesh_config import MeshConfigFile
 from meshctl.server.metrics import Metrics
 from meshctl.server.notify import NotifySettings, SystemdNotifier, service_status
+from meshctl.server.pacing import TokenBucket
 from meshctl.server.secrets import WorkloadSecrets
 from meshctl.server.status import ServerStatus
 from meshctl.snapshot.model import MeshSettings, Snapshot
@@ -92,6 +95,8 @@ class ServeSettings:
     xds_address: str = "127.0.0.1:15010"
     admin_address: str = "127.0.0.1:15014"
     consul: ConsulOptions | None = None
+    #: Read the config from this Consul KV prefix instead of `config_dirs` (`--config-consul-kv`).
+    config_kv: KvLocation | None = None
     default_namespace: str = "default"
     debounce: DebounceSettings = field(default_factory=DebounceSettings)
     mesh: MeshSettings = field(default_factory=MeshSettings)
@@ -126,6 +131,29 @@ class ServeSettings:
     workload_cert_lifetime: datetime.timedelta = datetime.timedelta(hours=24)
     #: Send keys to proxies whose identity the xDS connection did not prove (loopback demos).
     insecure_send_keys: bool = False
+    #: Seconds after which gRPC sends a connection GOAWAY (gRPC core adds ±10 % jitter), so the
+    #: streams of a fleet spread back over replicas that return; None for never. As istiod's
+    #: `PILOT_KEEPALIVE_MAX_SERVER_CONNECTION_AGE` (30m), with its 10 s grace (`grpc_options`).
+    max_connection_age: float | None = 1800.0
+    #: New ADS streams a second this server admits (a token bucket, `meshctl.server.pacing`);
+    #: more are refused with UNAVAILABLE, which Envoy retries. 0: no limit.
+    max_new_streams_per_second: float = 0.0
+
+
+#: How long a stream past its connection's max age may still run (istiod's
+#: `MaxServerConnectionAgeGrace`, 10 s): a push under way finishes, then Envoy reconnects.
+MAX_CONNECTION_AGE_GRACE: Final = 10.0
+
+
+def grpc_age_options(max_age: float | None) -> list[tuple[str, int]]:
+    """gRPC server options for `ServeSettings.max_connection_age`: none without one. gRPC core
+    jitters the age by ±10 % itself (`kMaxConnectionAgeJitter`), so the fleet's reconnects spread."""
+    if max_age is None or max_age <= 0:
+        return []
+    return [
+        ("grpc.max_connection_age_ms", max(1, int(max_age * 1000))),
+        ("grpc.max_connection_age_grace_ms", int(MAX_CONNECTION_AGE_GRACE * 1000)),
+    ]
 
 
 #: Where the self-signed root lives unless --state-dir says otherwise (systemd's StateDirectory=).
@@ -157,7 +185,11 @@ class Server:
         self.settings = settings
         load = LoadOptions(default_namespace=settings.default_namespace)
         #: The files, followed: the store, its watcher and the file registry (`meshctl.ingest`).
-        self.followed = FollowedFiles(settings.config_dirs, WatchOptions(load=load))
+        self.followed: FollowedFiles | FollowedKV = (
+            FollowedKV(settings.config_kv, load)
+            if settings.config_kv is not None
+            else FollowedFiles(settings.config_dirs, WatchOptions(load=load))
+        )
         self.store, self.watcher, self.files = self.followed.store, self.followed.watcher, self.followed.registry
         self.consul = ConsulRegistry(settings.consul) if settings.consul is not None else None
         members: list[Registry] = [self.files]
@@ -181,7 +213,12 @@ class Server:
             send_keys_unauthenticated=settings.insecure_send_keys,
         )
         self.ads = AdsServicer(
-            self.secrets, lambda: self.discovery.snapshot, self.metrics, authorize=authorize, admit=self.admission
+            self.secrets,
+            lambda: self.discovery.snapshot,
+            self.metrics,
+            authorize=authorize,
+            admit=self.admission,
+            pace=TokenBucket(rate) if (rate := settings.max_new_streams_per_second) > 0 else None,
         )
         self._renewal: asyncio.Task[None] | None = None
         self.status = ServerStatus(self)
@@ -238,6 +275,7 @@ class Server:
                 ("grpc.keepalive_permit_without_calls", 1),
                 # A fleet reconnecting at once must not have its calls cancelled after 30 s unaccepted.
                 ("grpc.server_max_unrequested_time_in_server", 600),
+                *grpc_age_options(self.settings.max_connection_age),
             ]
         )
         self._grpc.add_generic_rpc_handlers((self.ads.handlers(),))
@@ -401,7 +439,10 @@ class Server:
         """
         if self.discovery.snapshot is None:
             return NOT_READY
-        if self.consul is None or self.consul.wait_synced(0) or time.monotonic() >= self._sync_deadline:
+        # A KV config source counts as a registry here: a mesh served before it was read is empty.
+        kv_synced = not isinstance(self.followed, FollowedKV) or self.followed.watcher.synced()
+        consul_synced = self.consul is None or self.consul.wait_synced(0)
+        if (kv_synced and consul_synced) or time.monotonic() >= self._sync_deadline:
             return None
         return NOT_READY
 

@@ -8,6 +8,12 @@
   `X-Consul-Index`; one raft-like index counts every write;
 - `PUT /v1/catalog/register` and `PUT /v1/catalog/deregister` with Consul's bodies (field names
   in any case, as Consul's JSON decoding allows), so the same test code can drive a real agent;
+- the KV store: `GET /v1/kv/KEY` (JSON with base64 values, `?raw`, `?recurse`, `?keys`), as a
+  blocking query on a key or prefix (its index is the highest ModifyIndex under it, deletions
+  included, as Consul's tombstones make it); `PUT /v1/kv/KEY` (`?cas=`, `?flags=`), `DELETE
+  /v1/kv/KEY` (`?recurse`, `?cas=`), and `PUT /v1/txn` with the KV verbs set, cas, get, delete,
+  delete-cas and check-index: all-or-nothing at one index, at most 64 operations, and Consul's
+  409 with `{"Errors": [{"OpIndex", "What"}]}` when one fails;
 - ACL tokens (`X-Consul-Token`, a bearer token or `?token=`) when built with `acl_token`: a
   request without it gets 403. (A real Consul answers anonymous reads with results filtered
   by ACLs rather than 403; the fake is stricter so a missing token cannot go unnoticed.)
@@ -19,6 +25,8 @@ an outage and a recovery), `set_index()` (indexes go backwards, as after a snaps
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import json
 import re
@@ -37,6 +45,7 @@ _MAX_WAIT: Final = 600.0
 _DEFAULT_WAIT: Final = 300.0
 _UNITS: Final = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_TXN_MAX_OPS: Final = 64  # Consul's limit on operations in one transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +89,9 @@ class FakeConsul:
         self._nodes: dict[str, dict[str, Any]] = {}
         self._services: dict[tuple[str, str], dict[str, Any]] = {}
         self._checks: dict[tuple[str, str], dict[str, Any]] = {}
+        self._kv: dict[str, dict[str, Any]] = {}  # key -> entry, Value as bytes
+        self._kv_tombstones: dict[str, int] = {}  # deleted key -> index of its deletion
+        self._kv_index = 1  # the KV table's index: of the last KV write
         self._server: _Server | None = None
         self._generation = 0  # bumped by stop: requests of a stopped server are dropped
         self._connections: set[socket.socket] = set()
@@ -143,6 +155,11 @@ class FakeConsul:
             self._index = index
             self._catalog_index = min(self._catalog_index, index)
             self._service_index = {k: min(v, index) for k, v in self._service_index.items()}
+            self._kv_index = min(self._kv_index, index)
+            self._kv_tombstones = {k: min(v, index) for k, v in self._kv_tombstones.items()}
+            for entry in self._kv.values():
+                entry["ModifyIndex"] = min(entry["ModifyIndex"], index)
+                entry["CreateIndex"] = min(entry["CreateIndex"], index)
             self._epoch += 1
             self._cond.notify_all()
 
@@ -282,6 +299,94 @@ class FakeConsul:
             self._catalog_index = self._index
         self._cond.notify_all()
 
+    # --- the KV store -----------------------------------------------------------------------
+
+    def kv_put(self, key: str, value: bytes, *, cas: int | None = None, flags: int = 0) -> bool:
+        """`PUT /v1/kv/KEY` without HTTP; False when `cas` does not match (0: only a new key)."""
+        return self.txn([{"KV": {"Verb": "set" if cas is None else "cas", "Key": key, "Flags": flags,
+                                 "Value": base64.b64encode(value).decode(), "Index": cas or 0}}],
+                        raise_on_failure=False) is not None  # fmt: skip
+
+    def kv_delete(self, key: str, *, recurse: bool = False, cas: int | None = None) -> bool:
+        """`DELETE /v1/kv/KEY` without HTTP; False when `cas` does not match."""
+        verb = "delete-tree" if recurse else "delete" if cas is None else "delete-cas"
+        return self.txn([{"KV": {"Verb": verb, "Key": key, "Index": cas or 0}}], raise_on_failure=False) is not None
+
+    def kv_get(self, key: str) -> bytes | None:
+        with self._cond:
+            entry = self._kv.get(key)
+            return None if entry is None else bytes(entry["Value"])
+
+    def kv_keys(self, prefix: str = "") -> list[str]:
+        with self._cond:
+            return sorted(k for k in self._kv if k.startswith(prefix))
+
+    def txn(self, ops: list[Any], *, raise_on_failure: bool = True) -> list[dict[str, Any]] | None:
+        """`PUT /v1/txn`'s KV verbs, all or nothing at one index: the results, or (when an
+        operation fails) a ConsulAPIError of 409 with Consul's body, or None without raising."""
+        if not isinstance(ops, list):
+            raise ConsulAPIError(400, "Failed to parse body: expected a list of operations")
+        if len(ops) > _TXN_MAX_OPS:
+            raise ConsulAPIError(413, f"Transaction contains too many operations ({len(ops)} > {_TXN_MAX_OPS})")
+        with self._cond:
+            kv, tombstones = dict(self._kv), dict(self._kv_tombstones)
+            index = self._index + 1
+            results: list[dict[str, Any]] = []
+            errors: list[dict[str, Any]] = []
+            wrote = False
+            for number, op in enumerate(ops):
+                body = _field(op, "KV") if isinstance(op, Mapping) else None
+                if not isinstance(body, Mapping):
+                    raise ConsulAPIError(400, f"operation {number}: only KV operations are supported here")
+                try:
+                    result, changed = _kv_op(kv, tombstones, body, index)
+                except _OpFailed as exc:
+                    errors.append({"OpIndex": number, "What": str(exc)})
+                    continue
+                wrote = wrote or changed
+                if result is not None:
+                    results.append({"KV": result})
+            if errors:
+                if raise_on_failure:
+                    raise ConsulAPIError(409, json.dumps({"Results": None, "Errors": errors}))
+                return None
+            if wrote:
+                self._kv, self._kv_tombstones = kv, tombstones
+                self._index = self._kv_index = index
+                self._cond.notify_all()
+            return results
+
+    def _kv_index_of(self, key: str, recurse: bool) -> int:
+        """A KV read's index: the highest ModifyIndex under it, deletions included; the KV
+        table's index when nothing was ever there."""
+        if recurse:
+            found = [e["ModifyIndex"] for k, e in self._kv.items() if k.startswith(key)]
+            found += [i for k, i in self._kv_tombstones.items() if k.startswith(key)]
+        else:
+            found = [self._kv[key]["ModifyIndex"]] if key in self._kv else []
+            found += [self._kv_tombstones[key]] if key in self._kv_tombstones else []
+        return max(found, default=0) or self._kv_index
+
+    def _kv_read(
+        self, handler: _Handler, key: str, query: Mapping[str, str]
+    ) -> tuple[int, list[dict[str, Any]]] | None:
+        """A blocking KV read (see `_blocking_read`): the index and the entries it covers."""
+        recurse = "recurse" in query or "keys" in query
+        index = int(query["index"]) if query.get("index", "").isdigit() else 0
+        deadline = time.monotonic() + (_duration(query.get("wait", "")) if index else 0.0)
+        with self._cond:
+            epoch, generation = self._epoch, handler.generation
+            while not self.zero_index and self._kv_index_of(key, recurse) <= index and epoch == self._epoch:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or generation != self._generation or handler.client_gone():
+                    break
+                self._cond.wait(min(remaining, 0.2))
+            if generation != self._generation or handler.client_gone():
+                return None
+            keys = sorted(k for k in self._kv if k.startswith(key)) if recurse else [key] if key in self._kv else []
+            entries = [dict(self._kv[k]) for k in keys]
+            return (0 if self.zero_index else max(self._kv_index_of(key, recurse), 1)), entries
+
     # --- reads ------------------------------------------------------------------------------
 
     def _catalog(self) -> object:
@@ -346,6 +451,68 @@ def _service(svc: Mapping[str, Any]) -> dict[str, Any]:
         "EnableTagOverride": bool(_field(svc, "EnableTagOverride", False)),
         "Kind": _field(svc, "Kind", ""),
     }
+
+
+class _OpFailed(Exception):
+    """One transaction operation that cannot apply; its message is Consul's `What`."""
+
+
+def _kv_op(
+    kv: dict[str, dict[str, Any]], tombstones: dict[str, int], op: Mapping[str, Any], index: int
+) -> tuple[dict[str, Any] | None, bool]:
+    """Apply one KV operation to `kv` (a copy); returns its result entry and whether it wrote."""
+    verb, key = _field(op, "Verb", ""), _field(op, "Key", "")
+    if not isinstance(key, str) or (not key and verb != "delete-tree"):
+        raise _OpFailed("Must provide key")
+    want = int(_field(op, "Index", 0) or 0)
+    current = kv.get(key)
+    if verb in ("set", "cas"):
+        if verb == "cas" and (current["ModifyIndex"] if current else 0) != want:
+            raise _OpFailed(f'failed to set key "{key}", index is stale')
+        raw = _field(op, "Value")
+        try:
+            value = base64.b64decode(raw, validate=True) if raw else b""
+        except (binascii.Error, ValueError) as exc:
+            raise _OpFailed(f"Failed to decode value of key {key!r}: {exc}") from exc
+        kv[key] = {
+            "LockIndex": 0,
+            "Key": key,
+            "Flags": int(_field(op, "Flags", 0) or 0),
+            "Value": value,
+            "CreateIndex": current["CreateIndex"] if current else index,
+            "ModifyIndex": index,
+        }
+        tombstones.pop(key, None)
+        return {**_kv_json(kv[key]), "Value": None}, True
+    if verb == "get":
+        if current is None:
+            raise _OpFailed(f'key "{key}" doesn\'t exist')
+        return _kv_json(current), False
+    if verb == "check-index":
+        if current is None or current["ModifyIndex"] != want:
+            raise _OpFailed(f"current modify index {current['ModifyIndex'] if current else 0} != {want}")
+        return {**_kv_json(current), "Value": None}, False
+    if verb in ("delete", "delete-cas"):
+        if verb == "delete-cas" and (current is None or current["ModifyIndex"] != want):
+            raise _OpFailed(f'failed to delete key "{key}", index is stale')
+        if current is None:
+            return None, False
+        del kv[key]
+        tombstones[key] = index
+        return None, True
+    if verb == "delete-tree":
+        gone = [k for k in kv if k.startswith(key)]
+        for k in gone:
+            del kv[k]
+            tombstones[k] = index
+        return None, bool(gone)
+    raise _OpFailed(f"unknown KV verb {verb!r}")
+
+
+def _kv_json(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """An entry as Consul's JSON has it: Value base64, or null when empty."""
+    value = entry["Value"]
+    return {**entry, "Value": base64.b64encode(value).decode() if value else None}
 
 
 def _strip(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -413,6 +580,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_PUT(self) -> None:
         self._serve("PUT")
 
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
+
     def _serve(self, method: str) -> None:
         fake = self.server.fake
         parts = urlsplit(self.path)
@@ -443,6 +613,17 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             index, data = answer
             self._send(200, json.dumps(data).encode(), {"X-Consul-Index": str(index)})
+        elif path.startswith("/v1/kv/"):
+            self._route_kv(method, unquote(path[len("/v1/kv/") :]), query, body)
+        elif method == "PUT" and path == "/v1/txn":
+            try:
+                ops = json.loads(body or b"[]")
+            except ValueError as exc:
+                raise ConsulAPIError(400, f"Failed to parse body: {exc}") from exc
+            results = fake.txn(ops)
+            self._send(
+                200, json.dumps({"Results": results, "Errors": None}).encode(), {"X-Consul-Index": str(fake._index)}
+            )
         elif method == "GET" and path == "/v1/status/leader":
             self._send(200, b'"127.0.0.1:8300"', {})
         elif method == "PUT" and path in ("/v1/catalog/register", "/v1/catalog/deregister"):
@@ -455,9 +636,47 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             raise ConsulAPIError(404, f"no such endpoint: {method} {path}")
 
-    def _send(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
+    def _route_kv(self, method: str, key: str, query: Mapping[str, str], body: bytes) -> None:
+        fake = self.server.fake
+        cas = int(query["cas"]) if query.get("cas", "").isdigit() else None
+        if "cas" in query and cas is None:
+            raise ConsulAPIError(400, "Invalid CAS index")
+        if method == "GET":
+            answer = fake._kv_read(self, key, query)
+            if answer is None:
+                self.close_connection = True
+                return
+            index, entries = answer
+            headers = {"X-Consul-Index": str(index)}
+            if not entries:
+                self._send(404, b"", headers)
+            elif "keys" in query:
+                separator = query.get("separator", "")
+                keys: list[str] = []
+                for entry in entries:
+                    k = entry["Key"]
+                    cut = k.find(separator, len(key)) if separator else -1
+                    shown = k[: cut + len(separator)] if cut >= 0 else k
+                    if shown not in keys:
+                        keys.append(shown)
+                self._send(200, json.dumps(keys).encode(), headers)
+            elif "raw" in query:
+                self._send(200, bytes(entries[0]["Value"]), headers, content_type="application/octet-stream")
+            else:
+                self._send(200, json.dumps([_kv_json(e) for e in entries]).encode(), headers)
+        elif method == "PUT":
+            flags = int(query["flags"]) if query.get("flags", "").isdigit() else 0
+            self._send(200, json.dumps(fake.kv_put(key, body, cas=cas, flags=flags)).encode(), {})
+        elif method == "DELETE":
+            done = fake.kv_delete(key, recurse="recurse" in query, cas=cas)
+            self._send(200, json.dumps(done).encode(), {})
+        else:
+            raise ConsulAPIError(405, f"method {method} not allowed")
+
+    def _send(self, status: int, body: bytes, headers: Mapping[str, str], content_type: str = "") -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json" if status == 200 else "text/plain")
+        json_body = status == 200 or body.startswith(b"{")
+        self.send_header("Content-Type", content_type or ("application/json" if json_body else "text/plain"))
         self.send_header("Content-Length", str(len(body)))
         for key, value in headers.items():
             self.send_header(key, value)

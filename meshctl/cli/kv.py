@@ -1,0 +1,118 @@
+"""`meshctl kv push`: put a config tree into the Consul KV prefix `meshctl serve --config-consul-kv` follows.
+
+The tree is checked exactly as `meshctl validate` checks it, and nothing is written unless it is
+valid; then it goes in as one Consul transaction of check-and-set writes (`meshctl.kv.push`),
+so proxies see the push whole or not at all, and a push racing another fails without writing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from meshctl.cli.exits import reported
+
+EXIT_OK, EXIT_INVALID = 0, 1  # Consul and usage errors exit 2, at the CLI's edge (`meshctl.cli.exits`)
+
+
+@reported
+def push(
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="The config tree to push (as for --config-dir).")],
+    prefix: Annotated[
+        str, typer.Option(metavar="PREFIX", help="The Consul KV prefix serve --config-consul-kv follows.")
+    ],
+    consul: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MESHCTL_CONSUL", help="Consul's address (default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500)."
+        ),
+    ] = None,
+    consul_token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MESHCTL_CONSUL_TOKEN", help="Consul ACL token with key:write (default: CONSUL_HTTP_TOKEN)."
+        ),
+    ] = None,
+    consul_ca_file: Annotated[
+        str | None, typer.Option(envvar="MESHCTL_CONSUL_CA_FILE", help="CA bundle for Consul over TLS.")
+    ] = None,
+    consul_datacenter: Annotated[
+        str | None, typer.Option(envvar="MESHCTL_CONSUL_DATACENTER", help="Consul datacenter to write.")
+    ] = None,
+    namespace: Annotated[
+        str, typer.Option("--namespace", "-n", help="Namespace of resources that name none.")
+    ] = "default",
+    known_host: Annotated[
+        list[str] | None,
+        typer.Option("--known-host", help="A host another registry (Consul) provides; repeatable, * allowed."),
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would change; write nothing.")] = False,
+    split: Annotated[
+        bool,
+        typer.Option(
+            "--split",
+            help="Write more than 64 changes (Consul's limit per transaction) as several transactions; each is "
+            "atomic, the push is not.",
+        ),
+    ] = False,
+) -> None:
+    """Validate a config tree and write it to a Consul KV prefix in one transaction: one key per
+    YAML file (DIR/bookinfo/traffic.yaml -> PREFIX/bookinfo/traffic.yaml), keys of files no longer
+    in the tree deleted.
+
+    Each write is checked against the key's index read just before, so a concurrent push fails
+    without writing anything. Exit status: 0 pushed (or nothing to push), 1 invalid tree (nothing
+    written), 2 usage or Consul error.
+    """
+    import os
+
+    from meshctl.cli import output as out
+    from meshctl.config.check import check
+    from meshctl.config.files import read_config_file, walk_yaml
+    from meshctl.config.findings import Severity
+    from meshctl.config.loader import LoadOptions
+    from meshctl.errors import UsageError
+    from meshctl.kv.push import apply_push, plan_push, read_current
+    from meshctl.kv.source import KvLocation
+    from meshctl.registry.consul import ConsulConnection, ConsulOptions
+
+    if not directory.is_dir():
+        raise UsageError(f"{directory}: not a directory")
+    options = ConsulOptions.from_env(
+        address=consul, token=consul_token, ca_file=consul_ca_file, datacenter=consul_datacenter
+    )
+    location = KvLocation(options, prefix)
+    load = LoadOptions(default_namespace=namespace)
+    findings = check([str(directory)], load, known_hosts=known_host or ())
+    if any(f.severity is Severity.ERROR for f in findings):
+        out.print_findings(findings, "text")
+        out.summary(findings)
+        typer.echo(f"not pushed: {directory} is invalid", err=True)
+        raise typer.Exit(EXIT_INVALID)
+    root = str(directory)
+    tree: dict[str, bytes] = {}
+    for path in walk_yaml([root]).paths:
+        name = os.path.relpath(path, root).replace(os.sep, "/")
+        try:
+            tree[name] = read_config_file(path, load.max_file_bytes).data
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    conn = ConsulConnection(options)
+    try:
+        plan = plan_push(location.prefix, tree, read_current(conn, options, location.prefix))
+        for line in plan.describe():
+            typer.echo(line)
+        where = f"consul KV {location.prefix or '/'} at {options.url}"
+        if plan.empty:
+            typer.echo(f"nothing to push: {where} already holds {directory} ({plan.summary()})")
+        elif dry_run:
+            typer.echo(f"would push to {where}: {plan.summary()} (dry run, nothing written)")
+        else:
+            transactions = apply_push(conn, options, plan, split=split)
+            several = f" in {transactions} transactions" if transactions > 1 else ""
+            typer.echo(f"pushed to {where}{several}: {plan.summary()}")
+    finally:
+        conn.close()
+    raise typer.Exit(EXIT_OK)

@@ -1,0 +1,260 @@
+"""Keep the store in step with a Consul KV prefix: the same files, from another front end.
+
+Teams that already run Consul keep their mesh's YAML there (`meshctl kv push` writes it). Each
+key under the prefix is one file, named by the rest of its key (`mesh/bookinfo/traffic.yaml` under
+`mesh` is `bookinfo/traffic.yaml`), and goes through the same loader, validation and per-file
+last-good rule as a file of a watched directory (`meshctl.config.watcher`):
+
+- one blocking query (`GET /v1/kv/PREFIX/?recurse`) follows the prefix with Consul's rules
+  (`meshctl.registry.consul`: index reset when it goes back, at least 1, a rate limit, backoff);
+  each answer is one KV revision and becomes at most one store revision (`replace_all`), so a
+  `kv push`, one Consul transaction, reaches proxies as one change;
+- a key whose value does not load keeps its last good resources, and its error stays in the
+  store's file status until it is fixed; a key that never loaded contributes nothing; a deleted
+  key's resources are deleted;
+- a prefix that suddenly holds no keys at all deletes nothing (as a vanished directory: far more
+  often a wrong token or a restore half-way than a mesh meant to be empty); to serve an empty
+  mesh on purpose, leave an empty `.yaml` key under the prefix;
+- while Consul cannot be read everything is kept, the error is reported in the file status of
+  the prefix, and the query carries on from its index until Consul answers again.
+
+Only keys ending in `.yaml` or `.yml` are read, as only such files are in a directory; folder
+keys (ending in `/`) and other keys are ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+from urllib.parse import quote
+
+from meshctl.config.files import YAML_SUFFIXES
+from meshctl.config.findings import Finding, Severity
+from meshctl.config.loader import FileResult, LoadOptions, load_bytes, merge_files
+from meshctl.config.store import ConfigChange, ConfigStore, EventKind, FileStatus
+from meshctl.config.watcher import ReloadResult
+from meshctl.errors import RegistryError, UsageError
+from meshctl.registry.consul import BlockingQuery, ConsulOptions, ConsulReply
+
+logger = logging.getLogger("meshctl.kv.source")
+
+#: How long `start` waits for Consul's first answer before serving without it.
+FIRST_READ_TIMEOUT: Final = 10.0
+
+
+def normalize_prefix(prefix: str) -> str:
+    """`prefix` as a KV folder: no leading slash, one trailing slash (`mesh` -> `mesh/`), so that
+    `mesh` never also matches `mesh-old/...`; the empty prefix (the whole KV store) stays empty."""
+    text = prefix.strip().strip("/")
+    if any(part in ("", ".", "..") for part in text.split("/")) and text:
+        raise UsageError(f"invalid consul KV prefix {prefix!r}: use a path such as meshctl/mesh")
+    return f"{text}/" if text else ""
+
+
+def kv_path(key: str) -> str:
+    return f"/v1/kv/{quote(key, safe='/')}"
+
+
+def is_config_key(name: str) -> bool:
+    """Whether a key (relative to the prefix) is read as a file: a YAML name, not hidden, as the
+    directory walk has it."""
+    parts = name.split("/")
+    return bool(name) and name.endswith(YAML_SUFFIXES) and not any(p.startswith(".") or not p for p in parts)
+
+
+@dataclass(frozen=True, slots=True)
+class KvEntry:
+    """One key of the prefix: its name relative to the prefix, value and ModifyIndex."""
+
+    name: str
+    value: bytes
+    modify_index: int
+
+
+def parse_entries(data: object, prefix: str) -> dict[str, KvEntry]:
+    """Consul's JSON for `GET /v1/kv/PREFIX?recurse` (None for a 404) as entries by name; keys
+    that are not config files (`is_config_key`) are left out."""
+    if data is None:
+        return {}
+    if not isinstance(data, list):
+        raise RegistryError(f"GET {kv_path(prefix)}: expected a list, got {type(data).__name__}")
+    entries: dict[str, KvEntry] = {}
+    for item in data:
+        if not isinstance(item, Mapping) or not isinstance(item.get("Key"), str):
+            raise RegistryError(f"GET {kv_path(prefix)}: an entry without a Key")
+        key: str = item["Key"]
+        name = key[len(prefix) :] if key.startswith(prefix) else ""
+        if not is_config_key(name):
+            continue
+        raw = item.get("Value")
+        try:
+            value = base64.b64decode(raw, validate=True) if isinstance(raw, str) else b""
+        except (binascii.Error, ValueError) as exc:
+            raise RegistryError(f"consul KV {key}: Value is not base64: {exc}") from exc
+        index = item.get("ModifyIndex")
+        entries[name] = KvEntry(name, value, index if isinstance(index, int) else 0)
+    return entries
+
+
+@dataclass(frozen=True, slots=True)
+class KvLocation:
+    """Where the config lives: a Consul and a KV prefix in it."""
+
+    consul: ConsulOptions
+    prefix: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prefix", normalize_prefix(self.prefix))
+
+    @property
+    def display(self) -> str:
+        """The prefix as findings and logs name it."""
+        return f"consul-kv:{self.prefix or '/'}"
+
+
+@dataclass(slots=True)
+class _State:
+    """What the last applied answer left: each key's last load (by ModifyIndex) and last good load."""
+
+    loaded: dict[str, tuple[int, FileResult]] = field(default_factory=dict)
+    good: dict[str, FileResult] = field(default_factory=dict)
+    errors: tuple[Finding, ...] = ()
+
+
+class KvWatcher:
+    """Loads a Consul KV prefix into a store and follows it (the rules are in the module doc)."""
+
+    def __init__(self, location: KvLocation, store: ConfigStore, load: LoadOptions | None = None) -> None:
+        self._location = location
+        self._store = store
+        self._load = load or LoadOptions()
+        self._lock = threading.Lock()  # one answer applied at a time; guards _state
+        self._state = _State()
+        self._outage: str | None = None
+        self._reported: set[str] = set()
+        self._first = threading.Event()  # answered or failed once
+        self._synced = threading.Event()  # answered once
+        self._query = BlockingQuery(
+            location.consul,
+            kv_path(location.prefix),
+            self._on_data,
+            self._on_error,
+            params={"recurse": "true"},
+            missing_is_none=True,
+        )
+
+    @property
+    def location(self) -> KvLocation:
+        return self._location
+
+    def start(self, timeout: float = FIRST_READ_TIMEOUT) -> ReloadResult:
+        """Start following; wait (up to `timeout`) for Consul's first answer or first failure, and
+        return the errors standing then, as the directory watcher's first reload does."""
+        self._query.start()
+        self._first.wait(timeout)
+        return self.reload_now()
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        self._query.stop()
+        return self._query.join(timeout)
+
+    def synced(self) -> bool:
+        """Whether Consul has answered once (the store holds the prefix, not an empty start)."""
+        return self._synced.is_set()
+
+    def reload_now(self) -> ReloadResult:
+        """Nothing to re-read (the blocking query already follows every change): the errors
+        standing now, for SIGHUP's log."""
+        with self._lock:
+            return ReloadResult(None, self._errors_now())
+
+    def _errors_now(self) -> tuple[Finding, ...]:
+        return self._state.errors + ((self._outage_finding(),) if self._outage else ())
+
+    def _outage_finding(self) -> Finding:
+        count = len({c.key for r in self._state.good.values() for c in r.configs})
+        message = f"cannot read consul KV: {self._outage}; keeping the resources last read from it ({count})"
+        return Finding(Severity.ERROR, message, self._location.display)
+
+    def _on_error(self, message: str) -> None:
+        with self._lock:
+            first = self._outage is None
+            self._outage = message
+            self._store.set_file_status(self._statuses(self._state.errors, extra=(self._outage_finding(),)))
+        if first:
+            logger.warning("consul KV %s is failing (%s): keeping its last config", self._location.display, message)
+        self._first.set()
+
+    def _on_data(self, data: object, reply: ConsulReply) -> None:
+        entries = parse_entries(data, self._location.prefix)
+        with self._lock:
+            if self._outage is not None:
+                logger.info("consul KV %s answers again", self._location.display)
+            self._outage = None
+            change = self._apply(entries, reply.index)
+        self._synced.set()
+        self._first.set()
+        if change is not None:
+            counts = [sum(e.kind is kind for e in change.events) for kind in EventKind]
+            message = "config revision %d from %s (index %d): %d created, %d updated, %d deleted"
+            logger.info(message, change.revision, self._location.display, reply.index, *counts)
+
+    def _apply(self, entries: Mapping[str, KvEntry], index: int) -> ConfigChange | None:
+        previous = self._state
+        if not entries and any(r.configs for r in previous.good.values()):
+            count = len({c.key for r in previous.good.values() for c in r.configs})
+            message = (
+                f"{self._location.display} holds no keys any more; keeping the resources last read from it "
+                f"({count}) until it does; to serve an empty mesh on purpose, leave an empty .yaml key in it"
+            )
+            finding = Finding(Severity.ERROR, message, self._location.display)
+            self._state = _State(previous.loaded, previous.good, (finding,))
+            self._store.set_file_status(self._statuses((finding,)))
+            self._log_findings((finding,))
+            return None
+        state = _State()
+        for name in sorted(entries):
+            entry = entries[name]
+            last = previous.loaded.get(name)
+            if last is not None and last[0] == entry.modify_index and entry.modify_index:
+                result = last[1]
+            else:
+                before = last[1] if last is not None else None
+                result = load_bytes(entry.value, name, self._load, previous=before)
+            state.loaded[name] = (entry.modify_index, result)
+            good = result if result.ok else previous.good.get(name)
+            if good is not None:
+                state.good[name] = good
+        merged, duplicates = merge_files(state.good[n] for n in sorted(state.good))
+        findings = [f for _, r in state.loaded.values() for f in r.findings] + duplicates
+        state.errors = tuple(f for f in findings if f.severity is Severity.ERROR)
+        by_file: dict[str, list[Finding]] = {name: [] for name in state.loaded}
+        for finding in findings:
+            by_file.setdefault(finding.file or self._location.display, []).append(finding)
+        files = [FileStatus(path, tuple(found)) for path, found in by_file.items()]
+        change = self._store.replace_all(merged, files=files)
+        self._state = state
+        self._log_findings(findings)
+        return change
+
+    def _statuses(self, findings: Sequence[Finding], extra: Sequence[Finding] = ()) -> list[FileStatus]:
+        """The file status: every key as last loaded, plus `findings` and `extra` by file."""
+        by_file: dict[str, list[Finding]] = {n: list(r.findings) for n, (_, r) in self._state.loaded.items()}
+        for finding in (*findings, *extra):
+            found = by_file.setdefault(finding.file or self._location.display, [])
+            if finding not in found:
+                found.append(finding)
+        return [FileStatus(path, tuple(found)) for path, found in by_file.items()]
+
+    def _log_findings(self, findings: Sequence[Finding]) -> None:
+        """Log each problem once, when it appears (an answer that finds the same broken key again
+        stays quiet)."""
+        for finding in findings:
+            if str(finding) not in self._reported:
+                logger.log(logging.ERROR if finding.severity is Severity.ERROR else logging.WARNING, "%s", finding)
+        self._reported = {str(f) for f in findings}

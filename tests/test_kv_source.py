@@ -1,0 +1,203 @@
+"""`meshctl serve --config-consul-kv`: the config of a Consul KV prefix, served as the files would be.
+
+The server runs in-process against the fake Consul, with an in-process ADS client as the proxy;
+the config gets there with `meshctl kv push`, as it would in production.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import PRODUCTPAGE
+from typer.testing import CliRunner
+
+from meshctl.cli.app import app
+from meshctl.config.loader import LoadOptions
+from meshctl.config.store import ConfigStore
+from meshctl.kv.source import KvLocation, KvWatcher
+from meshctl.registry.consul import ConsulOptions
+from meshctl.server.app import Server
+from meshctl.testing.ads_client import AdsClient
+from meshctl.testing.fake_consul import FakeConsul
+from meshctl.testing.server import run, serving
+from meshctl.xds import types
+
+pytestmark = pytest.mark.consul
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
+REVIEWS = "reviews.bookinfo.mesh"
+BROKEN = b"apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: [oops\n"
+
+runner = CliRunner()
+
+
+def quick(address: str) -> ConsulOptions:
+    """Consul options with test timings: short waits, quick retries after an outage."""
+    return ConsulOptions(address=address, wait=2.0, backoff_min=0.05, backoff_max=0.2, rate_interval=0.0)
+
+
+def push(mesh: Path, fake: FakeConsul, prefix: str = "meshctl/mesh") -> None:
+    result = runner.invoke(app, ["kv", "push", str(mesh), "--prefix", prefix, "--consul", fake.address])
+    assert result.exit_code == 0, result.output
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout} s: {what}")
+        time.sleep(0.01)
+
+
+def reviews_weights(client: AdsClient) -> set[int]:
+    """The weights of the weighted routes to reviews the proxy holds."""
+    weights: set[int] = set()
+    for config in client.resources[types.ROUTE].values():
+        for host in config.virtual_hosts:  # type: ignore[attr-defined]
+            for route in host.routes:
+                if route.route.HasField("weighted_clusters"):
+                    clusters = route.route.weighted_clusters.clusters
+                    weights |= {c.weight.value for c in clusters if REVIEWS in c.name}
+    return weights
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeConsul]:
+    with FakeConsul() as f:
+        yield f
+
+
+@pytest.fixture
+def mesh(tmp_path: Path) -> Path:
+    target = tmp_path / "mesh"
+    shutil.copytree(EXAMPLES, target)
+    return target
+
+
+def test_a_proxy_gets_the_pushed_config_and_a_second_push_reaches_it(fake: FakeConsul, mesh: Path) -> None:
+    push(mesh, fake)
+
+    async def body() -> None:
+        kv = KvLocation(quick(fake.address), "meshctl/mesh")
+        async with serving((), config_kv=kv) as server, AdsClient(f"127.0.0.1:{server.xds_port}", PRODUCTPAGE) as c:
+            await c.wait_for(lambda c: c.complete() and reviews_weights(c) == {90, 10})
+            # The ServiceEntries and WorkloadEntries in KV are services, with endpoints.
+            assert any(REVIEWS in name for name in c.names(types.ENDPOINT))
+            assert server.store.file_status()["bookinfo/traffic.yaml"].ok
+            revision = server.store.revision
+            edit(mesh / "bookinfo" / "traffic.yaml", "weight: 90", "weight: 70")
+            edit(mesh / "bookinfo" / "traffic.yaml", "weight: 10", "weight: 30")
+            push(mesh, fake)
+            await c.wait_for(lambda c: reviews_weights(c) == {70, 30})
+            assert server.store.revision == revision + 1  # one push, one revision
+
+    run(body)
+
+
+def test_a_broken_key_keeps_its_last_good_config_and_is_reported(fake: FakeConsul, mesh: Path) -> None:
+    push(mesh, fake)
+
+    async def body() -> None:
+        kv = KvLocation(quick(fake.address), "meshctl/mesh")
+        async with serving((), config_kv=kv) as server, AdsClient(f"127.0.0.1:{server.xds_port}", PRODUCTPAGE) as c:
+            await c.wait_for(lambda c: c.complete() and reviews_weights(c) == {90, 10})
+            fake.kv_put("meshctl/mesh/bookinfo/traffic.yaml", BROKEN)
+            wait_for(lambda: not server.store.file_status()["bookinfo/traffic.yaml"].ok, "the error reported")
+            errors = server.store.errors()
+            assert errors and all(f.file == "bookinfo/traffic.yaml" for f in errors)
+            await c.wait_for(lambda c: reviews_weights(c) == {90, 10})  # still served
+            assert any(c.key.name == "reviews" and c.key.kind == "VirtualService" for c in server.store.list())
+            # Fixed: the error goes, and the new config is served.
+            fixed = (mesh / "bookinfo" / "traffic.yaml").read_text().replace("weight: 90", "weight: 60")
+            fake.kv_put("meshctl/mesh/bookinfo/traffic.yaml", fixed.replace("weight: 10", "weight: 40").encode())
+            await c.wait_for(lambda c: reviews_weights(c) == {60, 40})
+            assert server.store.errors() == []
+
+    run(body)
+
+
+def test_a_consul_outage_keeps_serving_and_recovers_on_its_own(fake: FakeConsul, mesh: Path) -> None:
+    push(mesh, fake)
+
+    async def body() -> None:
+        kv = KvLocation(quick(fake.address), "meshctl/mesh")
+        async with serving((), config_kv=kv) as server, AdsClient(f"127.0.0.1:{server.xds_port}", PRODUCTPAGE) as c:
+            await c.wait_for(lambda c: c.complete() and reviews_weights(c) == {90, 10})
+            configs = dict(server.store.configs)
+            fake.stop()
+            wait_for(server.store.errors, "the outage reported")
+            assert "cannot read consul KV" in str(server.store.errors()[0])
+            assert dict(server.store.configs) == configs  # everything kept
+            await c.wait_for(lambda c: reviews_weights(c) == {90, 10})
+            fake.start()  # same port, same KV
+            wait_for(lambda: not server.store.errors(), "the recovery")
+            edit(mesh / "bookinfo" / "traffic.yaml", "weight: 90", "weight: 75")
+            edit(mesh / "bookinfo" / "traffic.yaml", "weight: 10", "weight: 25")
+            push(mesh, fake)
+            await c.wait_for(lambda c: reviews_weights(c) == {75, 25})
+
+    run(body)
+
+
+def test_deleted_keys_delete_and_an_emptied_prefix_deletes_nothing(fake: FakeConsul, mesh: Path) -> None:
+    push(mesh, fake)
+    store = ConfigStore()
+    watcher = KvWatcher(KvLocation(quick(fake.address), "meshctl/mesh"), store, LoadOptions())
+    first = watcher.start()
+    try:
+        assert first.errors == () and any(c.kind == "Gateway" for c in store.configs.values())
+        revision = store.revision
+        assert fake.kv_delete("meshctl/mesh/bookinfo/gateway.yaml")
+        wait_for(lambda: not any(c.kind == "Gateway" for c in store.configs.values()), "the Gateway deleted")
+        assert store.revision == revision + 1
+        kept = dict(store.configs)
+        assert fake.kv_delete("meshctl/mesh/", recurse=True)
+        wait_for(store.errors, "the emptied prefix reported")
+        assert "holds no keys any more" in str(store.errors()[0])
+        assert dict(store.configs) == kept
+        # An empty .yaml key: an empty mesh on purpose.
+        fake.kv_put("meshctl/mesh/empty.yaml", b"")
+        wait_for(lambda: not store.configs, "the mesh emptied on purpose")
+        assert store.errors() == []
+        # Keys under a longer name that starts the same are not the prefix's.
+        fake.kv_put("meshctl/mesh-old/x.yaml", (mesh / "bookinfo" / "gateway.yaml").read_bytes())
+        time.sleep(0.2)
+        assert not store.configs
+    finally:
+        assert watcher.stop()
+
+
+def test_a_server_started_while_consul_is_down_picks_the_config_up_later(mesh: Path) -> None:
+    with FakeConsul() as fake:
+        push(mesh, fake)
+        fake.stop()
+
+        async def body() -> None:
+            kv = KvLocation(quick(fake.address), "meshctl/mesh")
+            async with serving((), config_kv=kv) as server:
+                assert isinstance(server, Server) and server.store.errors()
+                assert server.admission() is not None  # proxies wait rather than get an empty mesh
+                fake.start()
+                wait_for(lambda: server.store.configs and not server.store.errors(), "the config read")
+                wait_for(lambda: server.admission() is None, "proxies admitted")
+                async with AdsClient(f"127.0.0.1:{server.xds_port}", PRODUCTPAGE) as c:
+                    await c.wait_for(lambda c: c.complete() and reviews_weights(c) == {90, 10})
+
+        run(body)
+
+
+def test_serve_takes_one_config_source() -> None:
+    result = runner.invoke(app, ["serve", "--config-dir", str(EXAMPLES), "--config-consul-kv", "mesh"])
+    assert result.exit_code == 2 and "either --config-dir or --config-consul-kv" in result.stderr
+    result = runner.invoke(app, ["serve"])
+    assert result.exit_code == 2 and "either --config-dir or --config-consul-kv" in result.stderr
