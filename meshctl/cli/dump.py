@@ -15,13 +15,12 @@ import enum
 import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from meshctl.cli import options
 from meshctl.cli.exits import reported
-from meshctl.cli.offline import INTERCEPTION_HELP, MESH_CONFIG_HELP
 from meshctl.snapshot.interception import InterceptionMode
 
 if TYPE_CHECKING:
@@ -55,14 +54,7 @@ class Format(enum.StrEnum):
 
 @reported
 def dump(
-    config_dir: Annotated[
-        Path,
-        typer.Option(
-            "--config-dir",
-            help="Directory (or file) of Istio YAML, as the server reads it.",
-            envvar="MESHCTL_CONFIG_DIR",
-        ),
-    ],
+    config_dir: options.ConfigDir,
     proxy: Annotated[
         str,
         typer.Option(
@@ -70,14 +62,7 @@ def dump(
             help="A full node id (sidecar~IP~NAME.NAMESPACE~DOMAIN) or a WorkloadEntry NAME.NAMESPACE.",
         ),
     ],
-    consul: Annotated[
-        str | None,
-        typer.Option(
-            "--consul",
-            help="Also read Consul's catalog once: http(s)://host:port or host:port.",
-            envvar="MESHCTL_CONSUL",
-        ),
-    ] = None,
+    consul: options.ConsulOnce = None,
     section: Annotated[Section, typer.Option("--type", "-t", help="Which resources to print.")] = Section.all,
     output: Annotated[
         Format,
@@ -85,14 +70,9 @@ def dump(
             "--output", "-o", help="short (tables, as istioctl proxy-config), json or yaml (Envoy's /config_dump)."
         ),
     ] = Format.short,
-    namespace: Annotated[
-        str,
-        typer.Option("--namespace", "-n", help="Namespace of resources that name none, and of a bare --proxy NAME."),
-    ] = "default",
-    interception: Annotated[
-        InterceptionMode, typer.Option(case_sensitive=False, help=INTERCEPTION_HELP)
-    ] = InterceptionMode.NONE,
-    mesh_config: Annotated[Path | None, typer.Option(help=MESH_CONFIG_HELP)] = None,
+    namespace: options.Namespace = "default",
+    interception: options.Interception = InterceptionMode.NONE,
+    mesh_config: options.MeshConfig = None,
 ) -> None:
     """Print what the server would send a proxy, in Envoy's /config_dump format or as tables.
 

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from meshctl.cli import options
 from meshctl.cli.exits import reported
-from meshctl.cli.offline import INTERCEPTION_HELP, MESH_CONFIG_HELP
 from meshctl.snapshot.interception import InterceptionMode
 
 if TYPE_CHECKING:
@@ -48,14 +48,7 @@ class Format(enum.StrEnum):
 
 @reported
 def simulate(
-    config_dir: Annotated[
-        Path,
-        typer.Option(
-            "--config-dir",
-            help="Directory (or file) of Istio YAML, as the server reads it.",
-            envvar="MESHCTL_CONFIG_DIR",
-        ),
-    ],
+    config_dir: options.ConfigDir,
     url: Annotated[
         str | None,
         typer.Argument(metavar="URL", help="The request's URL: http://HOST[:PORT]/PATH[?QUERY]; none with --cases."),
@@ -85,28 +78,16 @@ def simulate(
         list[str] | None,
         typer.Option("--header", "-H", metavar="NAME:VALUE", help="A request header; repeat for more."),
     ] = None,
-    consul: Annotated[
-        str | None,
-        typer.Option(
-            "--consul",
-            help="Also read Consul's catalog once: http(s)://host:port or host:port.",
-            envvar="MESHCTL_CONSUL",
-        ),
-    ] = None,
+    consul: options.ConsulOnce = None,
     output: Annotated[
         Format,
         typer.Option(
             "--output", "-o", help="short (tables) or json (one object); with --cases also github (annotations)."
         ),
     ] = Format.short,
-    namespace: Annotated[
-        str,
-        typer.Option("--namespace", "-n", help="Namespace of resources that name none, and of a bare --proxy NAME."),
-    ] = "default",
-    interception: Annotated[
-        InterceptionMode, typer.Option(case_sensitive=False, help=INTERCEPTION_HELP)
-    ] = InterceptionMode.NONE,
-    mesh_config: Annotated[Path | None, typer.Option(help=MESH_CONFIG_HELP)] = None,
+    namespace: options.Namespace = "default",
+    interception: options.Interception = InterceptionMode.NONE,
+    mesh_config: options.MeshConfig = None,
     cases: Annotated[
         Path | None,
         typer.Option(
