@@ -43,6 +43,7 @@ from meshctl.server.app import ServeSettings
 from meshctl.testing.ads_client import AdsClient
 
 MESHCTL_UNIT = UNITS / "meshctl.service"
+GIT_SYNC_UNITS = (UNITS / "meshctl-git-sync.service", UNITS / "meshctl-git-sync.timer")
 
 #: Variables systemd itself sets for a service's commands (systemd.exec(5)).
 SYSTEMD_VARIABLES = {"MAINPID", "RUNTIME_DIRECTORY", "CREDENTIALS_DIRECTORY"}
@@ -112,9 +113,9 @@ def installable_units(tmp_path: Path) -> Iterator[list[Path]]:
     """Copies of the units whose programs exist here: verify checks that ExecStart= is executable,
     and /usr/local/bin/meshctl and envoy are where a host installs them, not where a test runs."""
     copies = []
-    for unit in (MESHCTL_UNIT, ENVOY_UNIT):
+    for unit in (MESHCTL_UNIT, ENVOY_UNIT, *GIT_SYNC_UNITS):
         text = unit.read_text()
-        for program in ("/usr/local/bin/meshctl", "/usr/local/bin/envoy"):
+        for program in ("/usr/local/bin/meshctl", "/usr/local/bin/envoy", "/usr/local/lib/meshctl/meshctl-git-sync"):
             text = text.replace(program, sys.executable)
         copy = tmp_path / unit.name
         copy.write_text(text)
@@ -130,6 +131,7 @@ def test_systemd_analyze_verify(installable_units: list[Path]) -> None:
     # verify exits 0 on unknown directives and bad values, which it only prints: any word about
     # our units is a finding. (Lines about the system's own units are not ours to fix.)
     ours = [line for line in result.stderr.splitlines() if "meshctl" in line or "envoy-sidecar" in line]
+    # (The git-sync service is Before= and WantedBy= meshctl.service: verify loads the copy beside it.)
     assert result.returncode == 0 and not ours, result.stderr
 
 
@@ -137,7 +139,7 @@ def test_systemd_analyze_security(installable_units: list[Path]) -> None:
     analyze = systemd_analyze()
     if systemd_version(analyze) < 250:
         pytest.skip("systemd-analyze security --offline needs systemd 250")
-    for unit in installable_units:
+    for unit in (u for u in installable_units if u.suffix == ".service"):
         # --threshold is in tenths: 20 fails a unit whose exposure rises above 2.0 ("OK" is < 2.5).
         result = subprocess.run(
             [analyze, "security", "--offline=yes", "--threshold=20", "--no-pager", str(unit)],
