@@ -147,7 +147,7 @@ def main() -> None:
     proxies: list[Proxy] = []
     bind = timed(lambda: proxies.extend(bind_proxy(parse_node_id(n), snapshot) for n in node_ids(snapshot)))
     keys = len({p.generation_key() for p in proxies})
-    outbound_keys = len({p.outbound_key() for p in proxies})
+    outbound_keys = len({p.outbound for p in proxies})
     fleet = len(proxies)
 
     one = proxies[0]

@@ -9,6 +9,7 @@ from envoy.config.route.v3 import route_pb2
 from google.protobuf import any_pb2
 
 from meshctl.server.cache import ProxyResources, ResourceCache
+from meshctl.snapshot.scope import ProxyScope
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 from meshctl.xds import types
 from meshctl.xds.generate import generate, generate_outbound
@@ -237,10 +238,10 @@ spec:
 """
 
 
-def test_equal_outbound_keys_mean_equal_outbound_config_and_the_cache_serves_what_generate_makes() -> None:
-    """The outbound key is what lets proxies share: two proxies with the same key must get the
-    same outbound config, and every view the cache assembles from shared parts must be exactly
-    what `generate` makes for that proxy alone."""
+def test_equal_outbound_proxies_mean_equal_outbound_config_and_the_cache_serves_what_generate_makes() -> None:
+    """The OutboundProxy is what lets proxies share: outbound generation from it must be what
+    generation from the whole proxy makes, and every view the cache assembles from shared parts
+    must be exactly what `generate` makes for that proxy alone."""
     vms = {
         "productpage-v1-vm": "10.10.0.11",
         "details-v1-vm": "10.10.0.21",
@@ -256,13 +257,16 @@ def test_equal_outbound_keys_mean_equal_outbound_config_and_the_cache_serves_wha
         snapshot = snapshot_from_yaml(MESH + SECOND_V1 + ADMIN + extra)
         cache = ResourceCache()
         for meta in ({}, {"INTERCEPTION_MODE": "REDIRECT"}):
-            by_key: dict[tuple[object, ...], dict[str, list[bytes]]] = {}
             for name, ip in vms.items():
                 proxy = proxy_for(snapshot, node(name, ip), meta)
-                outbound = {
-                    t: [to_resource(m, t).body for m in ms] for t, ms in generate_outbound(snapshot, proxy).items()
-                }
-                assert by_key.setdefault(proxy.outbound_key(), outbound) == outbound, (name, meta)
+                assert proxy.outbound is not None
+                # Outbound generation runs on the OutboundProxy alone, never the bound proxy.
+                assert ProxyScope(snapshot, proxy.outbound).bound is None
+                outbound = generate_outbound(snapshot, proxy.outbound)
+                whole = generate(snapshot, proxy)
+                for type_url, messages in outbound.items():
+                    names = {m.name for m in whole[type_url]}  # type: ignore[attr-defined]
+                    assert {m.name for m in messages} <= names, (name, meta, type_url)  # type: ignore[attr-defined]
                 view = cache.resources(snapshot, proxy)
                 for type_url, messages in generate(snapshot, proxy).items():
                     expected = [to_resource(m, type_url) for m in messages]
@@ -393,3 +397,122 @@ def test_a_field_added_to_a_view_is_in_its_key() -> None:
     for view in (a, b, a):
         memo.get(view, lambda v: (made.append(v.new_input), ())[1])  # type: ignore[attr-defined]
     assert made == ["a", "b"]
+
+
+# -- the outbound view: what outbound generation reads of a proxy is its key ---------------------
+
+
+def test_the_outbound_proxy_is_the_whole_key_of_outbound_generation() -> None:
+    """Outbound generation takes the OutboundProxy and the snapshot, nothing of the bound proxy,
+    and every field of the OutboundProxy is compared: an input added to it is keyed, and one
+    not added cannot be read (a scope of an OutboundProxy has no bound proxy to read it from)."""
+    import dataclasses
+    import inspect
+
+    import pytest
+
+    from meshctl.snapshot.proxy import OutboundProxy
+    from meshctl.xds.inbound_view import inbound_view
+
+    fields = dataclasses.fields(OutboundProxy)
+    assert fields and all(f.compare and f.hash is not False for f in fields)
+    parameters = inspect.signature(generate_outbound).parameters
+    assert list(parameters) == ["snapshot", "proxy", "memos"]
+    assert parameters["proxy"].annotation == "OutboundProxy"
+    snapshot = snapshot_from_yaml(MESH)
+    proxy = proxy_for(snapshot, node("reviews-v1-vm", "10.10.0.41"))
+    assert proxy.outbound is not None
+    scope = ProxyScope(snapshot, proxy.outbound)
+    assert scope.bound is None and scope.proxy is proxy.outbound
+    with pytest.raises(ValueError, match="bound proxy"):
+        inbound_view(scope)
+    # A proxy bound in another snapshot is seen as this snapshot sees it, not as it was bound.
+    other = snapshot_from_yaml(MESH + SIDECAR_SELECTOR)
+    assert ProxyScope(other, proxy).proxy == proxy_for(other, node("reviews-v1-vm", "10.10.0.41")).outbound
+
+
+LOOPBACK_INGRESS = """
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: shop, namespace: shop}
+spec:
+  hosts: [shop.shop.mesh]
+  location: MESH_INTERNAL
+  ports: [{number: 9080, name: http, protocol: HTTP, targetPort: 9080}]
+  resolution: STATIC
+  workloadSelector: {labels: {app: shop}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: shop-a, namespace: shop}
+spec: {address: 10.0.0.5, labels: {app: shop}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: shop-b, namespace: shop}
+spec: {address: 127.0.0.1, labels: {app: shop}}
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: shop}
+spec:
+  ingress:
+  - port: {number: 9080, name: http, protocol: HTTP}
+    defaultEndpoint: 127.0.0.1:8080
+"""
+
+
+def test_proxies_whose_app_ports_differ_by_their_address_get_their_own_outbound_config() -> None:
+    """A Sidecar ingress listener without `bind` binds the proxy's own address: on a VM's
+    address it takes the service port from the app (outbound 127.0.0.1:9080 stays), on a
+    loopback address it cannot, and the app's port must stay free. Two replicas of one service
+    differing only in that must not share an outbound part (their old key held the family of
+    the address, not this)."""
+    snapshot = snapshot_from_yaml(LOOPBACK_INGRESS)
+    cache = ResourceCache()
+    outbound = {}
+    for name, ip in (("shop-a", "10.0.0.5"), ("shop-b", "127.0.0.1")):
+        proxy = proxy_for(snapshot, f"sidecar~{ip}~{name}.shop~shop.svc.cluster.local")
+        view = cache.resources(snapshot, proxy)
+        for type_url, messages in generate(snapshot, proxy).items():
+            expected = sorted((r.name, r.body) for r in (to_resource(m, type_url) for m in messages))
+            assert sorted((r.name, r.body) for r in view.of(type_url).values()) == expected, (name, type_url)
+        assert proxy.outbound is not None
+        outbound[name] = proxy.outbound
+    assert outbound["shop-a"].app_ports == {8080} and outbound["shop-b"].app_ports == {8080, 9080}
+    listeners = {
+        name: {m.name for m in generate_outbound(snapshot, o)[types.LISTENER]}  # type: ignore[attr-defined]
+        for name, o in outbound.items()
+    }
+    assert "127.0.0.1_9080" in listeners["shop-a"] and "127.0.0.1_9080" not in listeners["shop-b"]
+
+
+def test_projected_labels_match_every_tested_selector_as_the_labels_do() -> None:
+    """The OutboundProxy keeps of the labels only the pairs some tested selector holds; for
+    every selector generation tests, matching those pairs is matching the full labels."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from meshctl.config.labels import labels_match
+
+    keys, values = st.sampled_from("abcd"), st.sampled_from("xyz")
+    labels_st = st.dictionaries(keys, values, max_size=4)
+    selectors_st = st.lists(st.dictionaries(keys, values, min_size=1, max_size=3), max_size=6)
+
+    @settings(max_examples=200, deadline=None)
+    @given(labels=labels_st, selectors=selectors_st)
+    def check(labels: dict[str, str], selectors: list[dict[str, str]]) -> None:
+        sidecars = "".join(
+            f"---\napiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: r{i}, namespace: ns}}\n"
+            f"spec:\n  host: h{i}.example.com\n  workloadSelector:\n    matchLabels: {dict(s)}\n"
+            for i, s in enumerate(selectors)
+        )
+        snapshot = snapshot_from_yaml(sidecars or "---\n", namespace="ns")
+        proxy = proxy_for(snapshot, "sidecar~10.0.0.9~c.ns~ns.svc.cluster.local", {"LABELS": labels})
+        assert proxy.outbound is not None
+        projected = proxy.outbound.labels
+        for selector in selectors:
+            assert labels_match(selector, projected) == labels_match(selector, labels)
+        assert set(projected.items()) <= set(labels.items())
+
+    check()

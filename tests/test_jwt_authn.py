@@ -313,7 +313,7 @@ def test_unusable_jwks_uris_are_refused(uri: str) -> None:
 def test_an_https_key_server_is_reached_by_dns_with_tls_checked_against_the_system_cas() -> None:
     jwks = parse_jwks_uri("https://keys.example.com/.well-known/jwks.json")
     assert jwks is not None
-    cluster = build_jwks_cluster(jwks, proxy_ip="10.0.0.5", connect_timeout=3.0)
+    cluster = build_jwks_cluster(jwks, family="v4", connect_timeout=3.0)
     assert cluster.name == "outbound|443||keys.example.com"
     assert discovery_type(cluster) == "LOGICAL_DNS"
     assert cluster.connect_timeout.seconds == 3
@@ -415,7 +415,7 @@ def resources(listener: listener_pb2.Listener, clusters: Sequence[cluster_pb2.Cl
 @pytest.mark.parametrize("gateway", [False, True], ids=["sidecar", "gateway"])
 def test_envoy_accepts_the_filter_and_the_key_clusters(rules: list[JWTRule], gateway: bool) -> None:
     listener = static_listener(15006, rules, "inbound|8080||", clear_route_cache=gateway)
-    clusters = [static_cluster("inbound|8080||", "127.0.0.1", 8080), *jwks_clusters(rules, proxy_ip="10.0.0.5")]
+    clusters = [static_cluster("inbound|8080||", "127.0.0.1", 8080), *jwks_clusters(rules, family="v4")]
     validate_config(bootstrap(resources(listener, clusters)))
 
 

@@ -714,8 +714,16 @@ def test_a_gateway_enforces_the_policies_that_select_it() -> None:
     config = http_rbac_pb2.RBAC()
     assert hcm.http_filters[0].typed_config.Unpack(config)
     assert config.rules.action == rbac_pb2.RBAC.DENY and list(config.rules.policies) == ["ns[foo]-policy[p]-rule[0]"]
-    plain = build_snapshot(configs[:-1], build_file_model(configs[:-1]))
-    assert proxy.outbound_key() != proxy_for(plain, gateway, meta).outbound_key()
+    # A label only a policy's selector tests is part of a gateway's outbound view: another
+    # gateway of the same Gateway without it shares nothing with this one.
+    narrow = policy({"selector": {"matchLabels": {"istio": "ingressgateway", "tier": "edge"}}, "action": "DENY"})
+    configs = [*configs_from_yaml(MESH + GATEWAY_YAML), narrow]
+    snapshot = build_snapshot(configs, build_file_model(configs))
+    edge = proxy_for(snapshot, gateway, {"LABELS": {"istio": "ingressgateway", "tier": "edge"}})
+    other = proxy_for(snapshot, gateway, {"LABELS": {"istio": "ingressgateway", "tier": "inner"}})
+    assert edge.outbound is not None and other.outbound is not None
+    assert dict(edge.outbound.label_pairs) == {"istio": "ingressgateway", "tier": "edge"}
+    assert dict(other.outbound.label_pairs) == {"istio": "ingressgateway"}
 
 
 # -- a real Envoy takes it ------------------------------------------------------------------------

@@ -143,9 +143,7 @@ def is_node_id(ref: str) -> bool:
     return "~" in ref
 
 
-def find_proxy(
-    snapshot: Snapshot, ref: str, namespace: str = "default", interception: str = "NONE"
-) -> Proxy | None:
+def find_proxy(snapshot: Snapshot, ref: str, namespace: str = "default", interception: str = "NONE") -> Proxy | None:
     """The proxy `ref` names in `snapshot`: a full node id always names one (the server serves any
     node), a WorkloadEntry reference only when the entry exists. `interception` is what the
     proxy's node metadata says (`INTERCEPTION_MODE`, as `meshctl bootstrap --interception` writes
@@ -187,14 +185,13 @@ def hidden_port_notes(snapshot: Snapshot, proxy: Proxy) -> list[str]:
     from meshctl.config.analysis import hidden_port_message
     from meshctl.snapshot.proxy import ProxyType
     from meshctl.snapshot.scope import ProxyScope
-    from meshctl.xds.listeners_inbound import app_ports
 
     if proxy.type is not ProxyType.SIDECAR or proxy.interception is not InterceptionMode.NONE:
         return []
     scope = ProxyScope(snapshot, proxy)
     own = {i.service.hostname for i in proxy.instances}
     notes = []
-    for port in sorted(app_ports(scope.proxy, scope.sidecar)):
+    for port in sorted(scope.proxy.app_ports):
         called = sorted(
             s.hostname for s in scope.services if s.hostname not in own and any(p.number == port for p in s.ports)
         )

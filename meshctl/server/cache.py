@@ -4,7 +4,7 @@ Three levels of sharing, from the most to the least expensive to redo:
 
 - clusters, listeners and routes are generated in two parts: the outbound part (the services a
   proxy calls, nearly all of its config) once per snapshot config version and
-  `Proxy.outbound_key`, which a namespace of VMs serving different services usually shares,
+  `OutboundProxy`, which a namespace of VMs serving different services usually shares,
   within which each service port's clusters are made once per `OutboundClusterView` and shared
   across keys and versions (a VirtualService change builds no cluster); and the inbound part (its
   own workload) once per `InboundView`, the only input of inbound generation (a
@@ -39,7 +39,7 @@ from typing import Generic, TypeVar
 from google.protobuf.message import Message
 
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import Proxy, ProxyNode, bind_proxy
+from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyNode, bind_proxy, outbound_proxy
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.eds_locality import LocalityView, eds_localities, for_view
@@ -130,7 +130,7 @@ class ResourceCache:
         self._lock = threading.Lock()
         #: whole configs by generation key, and outbound parts by their key, per config version
         self._config: _Recent[tuple[object, ...], _Config] = _Recent(keep_versions)
-        self._outbound_parts: _Recent[tuple[object, ...], _Config] = _Recent(keep_versions)
+        self._outbound_parts: _Recent[OutboundProxy, _Config] = _Recent(keep_versions)
         #: inbound parts by `InboundView` (their only input), and joined sets by their parts
         self._inbound_parts: GenerationMemo[InboundView, _Config] = GenerationMemo()
         self._joins: GenerationMemo[tuple[str, int, int], tuple[ResourceSet, ResourceSet, ResourceSet]] = (
@@ -187,11 +187,12 @@ class ResourceCache:
                     memo.advance()
         if cached is not None:
             return cached
-        outbound_key = proxy.outbound_key()
+        # The outbound view is its own key: generation reads nothing of the proxy beyond it.
+        outbound_key = proxy.outbound if proxy.outbound is not None else outbound_proxy(proxy, snapshot)
         with self._lock:
             outbound = self._outbound_parts.get(snapshot.config_version, outbound_key)
         if outbound is None:
-            outbound = self._generated(generate_outbound(snapshot, proxy, self._memos), outbound=True)
+            outbound = self._generated(generate_outbound(snapshot, outbound_key, self._memos), outbound=True)
             with self._lock:
                 if self._outbound_parts.put(snapshot.config_version, outbound_key, outbound):
                     self._forget_assignments()

@@ -240,7 +240,7 @@ class SnapshotIndex:
         against: Sidecar and DestinationRule workload selectors, Gateway selectors and the
         `sourceLabels` of VirtualService matches. A proxy's labels reach its outbound config only
         through these tests, so proxies that match the same selectors share that config
-        (`Proxy.outbound_key`) whatever their other labels."""
+        (`OutboundProxy`) whatever their other labels."""
         if self._selectors is None:
             found: dict[LabelSelector, None] = {}
 

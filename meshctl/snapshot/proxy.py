@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from meshctl.api.networking.v1alpha3 import sidecar_pb2
+from meshctl.config.labels import labels_match, selector_labels
+from meshctl.config.model import Config
 from meshctl.errors import NodeIdError
 from meshctl.logs import untrusted
 from meshctl.registry.model import Endpoint, Service
-from meshctl.snapshot.index import LabelSelector
 from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import Snapshot, spec
 
@@ -119,6 +121,48 @@ class ServiceInstance:
     endpoint: Endpoint
 
 
+@dataclass(frozen=True, slots=True)
+class OutboundProxy:
+    """All that outbound generation (the clusters, listeners and routes for the services a proxy
+    calls; a router's Gateways) can read of a proxy: `ProxyScope` knows the proxy only through
+    this, and the server shares the outbound part of the config between proxies whose
+    OutboundProxy is equal (within one config version). The view is the key: an input a
+    generator reads is in here, so it is keyed, by construction. It is far less than the
+    proxy, so a whole namespace of VMs serving different services usually shares one:
+
+    - labels only as far as the snapshot's selectors test them: the pairs that appear in some
+      selector generation tests (`SnapshotIndex.label_selectors`, for a router also the policy
+      selectors). A selector of that set matches these pairs exactly when it matches the full
+      labels (every pair it needs is kept when it matches; none it lacks can be);
+    - its own address only when traffic is redirected (Istio's listeners per endpoint skip it);
+      otherwise only its family, which DNS lookups follow;
+    - its workload's locality only where the mesh has DNS clusters (their inline endpoints get
+      locality priorities);
+    - the ports its app listens on (`app_ports`), where it binds no outbound listener.
+    """
+
+    type: ProxyType
+    namespace: str
+    domain: str
+    label_pairs: tuple[tuple[str, str], ...]
+    interception: InterceptionMode
+    #: its own address when traffic is redirected to it, else ""
+    ip: str
+    #: "v4" or "v6"
+    family: str
+    locality: str
+    app_ports: frozenset[int]
+    mesh_certificates: bool
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        return dict(self.label_pairs)
+
+    def describe(self) -> str:
+        """Who shares this outbound config, for log lines (not one proxy: many may)."""
+        return f"{self.type.value} proxies of namespace {self.namespace}"
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Proxy:
     """A node bound to its workload in one snapshot."""
@@ -130,10 +174,11 @@ class Proxy:
     instances: tuple[ServiceInstance, ...] = ()
     #: Whether the proxy's own address can appear in its config (see `generation_key`).
     address_in_config: bool = True
-    #: The snapshot's label selectors its labels match (`SnapshotIndex.label_selectors`).
-    selectors: tuple[LabelSelector, ...] = ()
-    #: Its workload's locality where outbound config depends on it (DNS clusters), else "".
-    outbound_locality: str = ""
+    #: What its outbound config is made of in the snapshot it was bound in (`outbound_proxy`);
+    #: None for a proxy made by hand.
+    outbound: OutboundProxy | None = None
+    #: The version of the snapshot it was bound in, which `outbound` belongs to.
+    snapshot_version: str = ""
 
     @property
     def id(self) -> str:
@@ -168,7 +213,7 @@ class Proxy:
     def generation_key(self) -> tuple[object, ...]:
         """Everything about the proxy that generation reads: proxies with equal keys get the
         same config from the same snapshot. It is the key of the proxy's inbound config and of
-        its whole view; the outbound part, most of the config, has the coarser `outbound_key`.
+        its whole view; the outbound part, most of the config, has the coarser `OutboundProxy`.
 
         The replicas of one service (same labels, same ports) share a key, as long as their own
         address appears nowhere in their config: it does with iptables (Istio's listeners per
@@ -192,32 +237,17 @@ class Proxy:
             self.node.mesh_certificates,
         )
 
-    def outbound_key(self) -> tuple[object, ...]:
-        """What outbound generation (the clusters, listeners and routes for the services the
-        proxy calls) reads of the proxy: far less than `generation_key`, so a whole namespace of
-        VMs serving different services usually shares one outbound config.
+    @property
+    def domain(self) -> str:
+        return self.node.domain
 
-        - labels only through the selectors they match (Sidecar and DestinationRule workload
-          selectors, Gateways, VirtualService `sourceLabels`), not their values;
-        - of its workload: the ports its app listens on (a proxy without iptables binds no
-          outbound listener there) and, when the mesh has DNS clusters, its locality (their
-          inline endpoints get locality priorities);
-        - its address only when traffic is redirected (listeners per endpoint skip its own),
-          else only its family.
-        """
-        app_ports = tuple(sorted(self.instance_ports))
-        redirected = self.node.interception is not InterceptionMode.NONE
-        return (
-            self.node.type,
-            self.node.namespace,
-            self.node.domain,
-            self.selectors,
-            self.node.interception,
-            self.node.ip if redirected else _family(self.node.ip),
-            self.outbound_locality,
-            app_ports,
-            self.node.mesh_certificates,
-        )
+    @property
+    def mesh_certificates(self) -> bool:
+        return self.node.mesh_certificates
+
+    @property
+    def family(self) -> str:
+        return _family(self.node.ip)
 
 
 def _locality(instances: tuple[ServiceInstance, ...]) -> str:
@@ -252,21 +282,92 @@ def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
     if not node.attested:
         labels.update(node.labels)
     address_in_config = node.interception is not InterceptionMode.NONE or _any_sidecar_ingress(snapshot)
+    proxy = Proxy(node, MappingProxyType(labels), workload, tuple(instances), address_in_config)
+    outbound = outbound_proxy(proxy, snapshot)
+    return Proxy(node, proxy.labels, workload, proxy.instances, address_in_config, outbound, snapshot.version)
+
+
+def outbound_proxy(proxy: Proxy, snapshot: Snapshot) -> OutboundProxy:
+    """`proxy` as its outbound config sees it in `snapshot` (see `OutboundProxy`)."""
     index = snapshot.index
     tested = index.label_selectors()
-    if node.type is ProxyType.ROUTER:
+    if proxy.type is ProxyType.ROUTER:
         tested = (*tested, *index.policy_selectors())
-    selectors = tuple(s for s in tested if all(labels.get(k) == v for k, v in s))
-    locality = _locality(tuple(instances))
-    return Proxy(
-        node,
-        MappingProxyType(labels),
-        workload,
-        tuple(instances),
-        address_in_config,
-        selectors,
-        locality if index.has_dns_services else "",
+    labels = proxy.labels
+    kept = {pair for selector in tested if all(labels.get(k) == v for k, v in selector) for pair in selector}
+    redirected = proxy.interception is not InterceptionMode.NONE
+    sidecar = select_sidecar(snapshot, proxy.type, proxy.namespace, labels)
+    return OutboundProxy(
+        type=proxy.type,
+        namespace=proxy.namespace,
+        domain=proxy.node.domain,
+        label_pairs=tuple(sorted(kept)),
+        interception=proxy.interception,
+        ip=proxy.ip if redirected else "",
+        family=_family(proxy.ip),
+        locality=proxy.locality if index.has_dns_services else "",
+        app_ports=app_ports(proxy, sidecar),
+        mesh_certificates=proxy.node.mesh_certificates,
     )
+
+
+def select_sidecar(
+    snapshot: Snapshot, proxy_type: ProxyType, namespace: str, labels: Mapping[str, str]
+) -> Config | None:
+    """The Sidecar that applies to a sidecar proxy: a selector match in its namespace, else that
+    namespace's default (no selector), else the root namespace's default."""
+    if proxy_type is not ProxyType.SIDECAR:
+        return None
+    candidates = _sidecars_of(snapshot, namespace)
+    for c in candidates:
+        selector = selector_labels(spec(c))
+        if selector and labels_match(selector, labels):
+            return c
+    for c in candidates:
+        if not selector_labels(spec(c)):
+            return c
+    for c in _sidecars_of(snapshot, snapshot.mesh.root_namespace):
+        if not selector_labels(spec(c)):
+            return c
+    return None
+
+
+def _sidecars_of(snapshot: Snapshot, namespace: str) -> tuple[Config, ...]:
+    """A namespace's Sidecars, found once per snapshot (every proxy's binding asks)."""
+    return snapshot.index.scoped(
+        "sidecars", namespace, lambda: tuple(c for c in snapshot.of_kind("Sidecar") if c.namespace == namespace)
+    )
+
+
+def binds_to_port(capture_mode: int, interception: InterceptionMode) -> bool:
+    """Istio's `getBindToPort`: DEFAULT follows the proxy, NONE binds, IPTABLES relies on redirection."""
+    if capture_mode == sidecar_pb2.DEFAULT:
+        return interception is InterceptionMode.NONE
+    return bool(capture_mode == sidecar_pb2.NONE)
+
+
+_LOCAL_BINDS = ("127.0.0.1", "::1", "0.0.0.0", "::")
+
+
+def app_ports(proxy: Proxy, sidecar: Config | None) -> frozenset[int]:
+    """Ports the workload's app itself listens on: the targets of its service endpoints, and
+    the ports of the Sidecar's ingress `defaultEndpoint`s. A proxy without iptables must not
+    bind outbound listeners on them. An endpoint port a Sidecar ingress listener binds is the
+    proxy's (on the VM's address; the app is behind it on its defaultEndpoint), not the app's:
+    Istio's own pattern of ingress 9080 to 127.0.0.1:8080 keeps outbound 127.0.0.1:9080."""
+    ports = set(proxy.instance_ports)
+    if sidecar is not None:
+        taken = {
+            ing.port.number
+            for ing in spec(sidecar).ingress
+            if binds_to_port(ing.capture_mode, proxy.interception) and (ing.bind or proxy.ip) not in _LOCAL_BINDS
+        }
+        ports -= taken
+        for ing in spec(sidecar).ingress:
+            host, sep, port = ing.default_endpoint.rpartition(":")
+            if sep and port.isdigit() and not host.startswith("unix"):
+                ports.add(int(port))
+    return frozenset(ports)
 
 
 def _any_sidecar_ingress(snapshot: Snapshot) -> bool:

@@ -20,10 +20,11 @@ from meshctl.config.references import MESH_GATEWAY as _MESH
 from meshctl.config.references import resolve_gateway_name
 from meshctl.registry.model import Service
 from meshctl.snapshot.model import Snapshot, spec
-from meshctl.snapshot.proxy import Proxy, ProxyType
+from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyType, outbound_proxy, select_sidecar
 
 #: The generators read it here, with the rest of the scope.
 MESH_GATEWAY = _MESH
+
 
 @dataclass(frozen=True, slots=True)
 class EgressHost:
@@ -78,33 +79,30 @@ def parse_egress_hosts(hosts: Iterable[str], sidecar_namespace: str) -> tuple[Eg
 
 
 class ProxyScope:
-    """The slice of a snapshot one proxy sees."""
+    """The slice of a snapshot one proxy sees.
 
-    def __init__(self, snapshot: Snapshot, proxy: Proxy) -> None:
+    The scope knows the proxy only as its `OutboundProxy`: what outbound generation may read of
+    it, and the key the server shares that generation by. Given a bound `Proxy` (the offline
+    commands, the inbound part), it derives that here, for this snapshot, and keeps the proxy as
+    `bound` for the inbound view alone; the server's outbound generation is given the
+    OutboundProxy itself, so it cannot reach anything that is not keyed.
+    """
+
+    def __init__(self, snapshot: Snapshot, proxy: Proxy | OutboundProxy) -> None:
         self.snapshot = snapshot
-        self.proxy = proxy
+        self.bound: Proxy | None = proxy if isinstance(proxy, Proxy) else None
+        if not isinstance(proxy, Proxy):
+            self.proxy = proxy
+        elif proxy.outbound is not None and proxy.snapshot_version == snapshot.version:
+            self.proxy = proxy.outbound  # bound in this very snapshot: already derived
+        else:
+            self.proxy = outbound_proxy(proxy, snapshot)
         self._dr_cache: dict[str, MergedDestinationRule | None] = {}
 
     @cached_property
     def sidecar(self) -> Config | None:
-        """The Sidecar that applies: a selector match in the proxy's namespace, else that
-        namespace's default (no selector), else the root namespace's default."""
-        if self.proxy.type is not ProxyType.SIDECAR:
-            return None
-        ns = self.proxy.namespace
-        candidates = [c for c in self.snapshot.of_kind("Sidecar") if c.namespace == ns]
-        for c in candidates:
-            selector = selector_labels(spec(c))
-            if selector and labels_match(selector, self.proxy.labels):
-                return c
-        for c in candidates:
-            if not selector_labels(spec(c)):
-                return c
-        root = self.snapshot.mesh.root_namespace
-        for c in self.snapshot.of_kind("Sidecar"):
-            if c.namespace == root and not selector_labels(spec(c)):
-                return c
-        return None
+        """The Sidecar that applies (`select_sidecar`)."""
+        return select_sidecar(self.snapshot, self.proxy.type, self.proxy.namespace, self.proxy.labels)
 
     @cached_property
     def egress_hosts(self) -> tuple[EgressHost, ...]:

@@ -23,7 +23,6 @@ DNS cluster is still STRICT_DNS or LOGICAL_DNS there.
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Final
 
 from envoy.config.cluster.v3 import cluster_pb2
@@ -44,33 +43,29 @@ def is_dns_type(kind: int) -> bool:
     return kind in _DNS_TYPES
 
 
-def dns_lookup_family(proxy_ip: str) -> int:
-    """Istio's lookup family for a proxy with one address: IPv6 only if it is an IPv6 one,
-    else IPv4 only."""
-    try:
-        v6 = ipaddress.ip_address(proxy_ip).version == 6
-    except ValueError:
-        v6 = False
-    return int(dns_pb2.V6_ONLY if v6 else dns_pb2.V4_ONLY)
+def dns_lookup_family(family: str) -> int:
+    """Istio's lookup family for a proxy with one address: IPv6 only if its address is an IPv6
+    one (`family` "v6"), else IPv4 only."""
+    return int(dns_pb2.V6_ONLY if family == "v6" else dns_pb2.V4_ONLY)
 
 
-def dns_cluster_config(*, logical: bool, proxy_ip: str) -> dns_cluster_pb2.DnsCluster:
+def dns_cluster_config(*, logical: bool, family: str) -> dns_cluster_pb2.DnsCluster:
     """The DnsCluster for a STRICT_DNS (`logical=False`) or LOGICAL_DNS cluster."""
     out = dns_cluster_pb2.DnsCluster(
         respect_dns_ttl=True,
-        dns_lookup_family=dns_lookup_family(proxy_ip),
+        dns_lookup_family=dns_lookup_family(family),
         all_addresses_in_single_endpoint=logical,
     )
     out.dns_refresh_rate.seconds = DNS_REFRESH_SECONDS
     return out
 
 
-def use_dns_extension(cluster: cluster_pb2.Cluster, proxy_ip: str) -> cluster_pb2.Cluster:
+def use_dns_extension(cluster: cluster_pb2.Cluster, family: str) -> cluster_pb2.Cluster:
     """Move a STRICT_DNS or LOGICAL_DNS cluster onto the DNS cluster extension (in place, and
     returned); other clusters are left as they are."""
     if cluster.WhichOneof("cluster_discovery_type") != "type" or not is_dns_type(cluster.type):
         return cluster
-    config = dns_cluster_config(logical=cluster.type == _Cluster.LOGICAL_DNS, proxy_ip=proxy_ip)
+    config = dns_cluster_config(logical=cluster.type == _Cluster.LOGICAL_DNS, family=family)
     cluster.cluster_type.name = DNS_CLUSTER
     cluster.cluster_type.typed_config.Pack(config)  # clears `type`: the two are a oneof
     return cluster

@@ -111,9 +111,9 @@ class OutboundClusterView:
     #: Istio's `config` metadata path of the rule's first source.
     rule_path: str
     proxy_type: ProxyType
-    #: DNS clusters only: the proxy's address (its family picks the DNS lookup family), its
+    #: DNS clusters only: the proxy's address family (it picks the DNS lookup family), its
     #: locality (locality priorities of inline endpoints) and the service's endpoints.
-    dns_proxy_ip: str
+    dns_family: str
     dns_locality: str
     dns_endpoints: Ref[tuple[Endpoint, ...]] | None
     connect_timeout: float
@@ -134,7 +134,7 @@ ClusterMemo = GenerationMemo[OutboundClusterView, tuple[cluster_pb2.Cluster, ...
 
 def build_outbound_clusters(scope: ProxyScope, memo: ClusterMemo | None = None) -> list[cluster_pb2.Cluster]:
     """The clusters of the services the proxy may call, and the catch-alls (BlackHoleCluster,
-    PassthroughCluster): what `Proxy.outbound_key` decides. With `memo`, a service port's
+    PassthroughCluster): what the `OutboundProxy` decides. With `memo`, a service port's
     clusters are made once per `OutboundClusterView` and shared (the messages must then be
     treated as read-only)."""
     out: list[cluster_pb2.Cluster] = []
@@ -148,7 +148,7 @@ def build_outbound_clusters(scope: ProxyScope, memo: ClusterMemo | None = None) 
         # A gateway's own RequestAuthentication keys (sidecars get theirs with the inbound part).
         proxy = scope.proxy
         rules = jwt_rules_for_workload(scope.snapshot, proxy.namespace, proxy.labels)
-        out.extend(_delimited_stats(jwks_clusters(rules, proxy_ip=proxy.ip, connect_timeout=timeout)))
+        out.extend(_delimited_stats(jwks_clusters(rules, family=proxy.family, connect_timeout=timeout)))
     out.append(_delimited_stats([_blackhole(timeout)])[0])
     if scope.proxy.type is ProxyType.SIDECAR:
         out.append(_delimited_stats([_passthrough(names.PASSTHROUGH_CLUSTER, timeout)])[0])
@@ -171,7 +171,7 @@ def outbound_cluster_view(scope: ProxyScope, service: Service, port: ServicePort
         rule=rule_ref,
         rule_path=rule_path,
         proxy_type=scope.proxy.type,
-        dns_proxy_ip=scope.proxy.ip if dns else "",
+        dns_family=scope.proxy.family if dns else "",
         dns_locality=scope.proxy.locality if dns else "",
         dns_endpoints=endpoints,
         connect_timeout=snapshot.mesh.connect_timeout_seconds,
@@ -185,7 +185,7 @@ def outbound_cluster_view(scope: ProxyScope, service: Service, port: ServicePort
             is not MtlsMode.DISABLE
         ),
         identities=snapshot.index.scoped("identities", service.hostname, lambda: _identities(snapshot, service)),
-        mesh_certificates=scope.proxy.node.mesh_certificates,
+        mesh_certificates=scope.proxy.mesh_certificates,
     )
 
 
@@ -202,7 +202,7 @@ def service_port_clusters(view: OutboundClusterView) -> tuple[cluster_pb2.Cluste
     """The clusters of one service port: `outbound|PORT||HOST` and one per subset, finished
     (DNS extension, stat names) and sorted as `build_outbound_clusters` puts them."""
     # The DNS extension last, once every step of `_outbound` has read the plain type.
-    return tuple(_delimited_stats([use_dns_extension(c, view.dns_proxy_ip) for c in _outbound(view)]))
+    return tuple(_delimited_stats([use_dns_extension(c, view.dns_family) for c in _outbound(view)]))
 
 
 def build_inbound_clusters(view: InboundView) -> list[cluster_pb2.Cluster]:
@@ -211,7 +211,7 @@ def build_inbound_clusters(view: InboundView) -> list[cluster_pb2.Cluster]:
     if proxy.type is not ProxyType.SIDECAR:
         return []
     out = _inbound(view)
-    out.extend(jwks_clusters(view.jwt_rules, proxy_ip=proxy.ip, connect_timeout=view.mesh.connect_timeout_seconds))
+    out.extend(jwks_clusters(view.jwt_rules, family=proxy.family, connect_timeout=view.mesh.connect_timeout_seconds))
     if proxy.interception is not InterceptionMode.NONE:
         timeout = view.mesh.connect_timeout_seconds
         inbound = _passthrough(INBOUND_PASSTHROUGH_CLUSTER, timeout)

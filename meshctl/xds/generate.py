@@ -5,7 +5,7 @@ of the snapshot and the proxy). The server, `meshctl dump` and `meshctl diff` al
 here, so what a command prints is what the server sends.
 
 A proxy's config has two parts with their own inputs: outbound (the services it calls, most of
-the config, the same for a whole namespace of VMs as a rule: `Proxy.outbound_key`) and inbound
+the config, the same for a whole namespace of VMs as a rule: `OutboundProxy`) and inbound
 (its own workload: `InboundView`, its only input). The server generates and shares each part on its
 own key; `generate_config` joins them, so every caller sees the same whole.
 
@@ -25,7 +25,7 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf.message import Message
 
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import Proxy
+from meshctl.snapshot.proxy import OutboundProxy, Proxy
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.access_log import with_access_log
@@ -64,10 +64,10 @@ class GenerationMemos:
         self.clusters.advance()
 
 
-def generate_outbound(snapshot: Snapshot, proxy: Proxy, memos: GenerationMemos | None = None) -> Generated:
+def generate_outbound(snapshot: Snapshot, proxy: OutboundProxy, memos: GenerationMemos | None = None) -> Generated:
     """The part of `generate_config` for the services the proxy calls (a router: its Gateways),
-    decided by `Proxy.outbound_key`; the server shares it between proxies with equal keys, and
-    with `memos` each service port's clusters between outbound keys and snapshots."""
+    from its `OutboundProxy` alone: the server shares it between proxies with equal ones, and
+    with `memos` each service port's clusters between them and between snapshots."""
     return _outbound(ProxyScope(snapshot, proxy), memos)
 
 

@@ -88,8 +88,12 @@ class InboundView:
 
 
 def inbound_view(scope: ProxyScope) -> InboundView:
-    """The scope's proxy's inbound view: what its own workload's config is made of."""
-    proxy = scope.proxy
+    """The scope's proxy's inbound view: what its own workload's config is made of. The scope
+    must have been made for the bound proxy (its OutboundProxy alone says nothing of the
+    workload)."""
+    proxy = scope.bound
+    if proxy is None:
+        raise ValueError("an inbound view needs a scope of a bound proxy, not of an OutboundProxy")
     services = {i.service.hostname: i.service for i in proxy.instances}
     sidecar = scope.sidecar
     rules = []

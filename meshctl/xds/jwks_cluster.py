@@ -59,21 +59,20 @@ def jwks_uris(rules: Iterable[Any]) -> tuple[JwksUri, ...]:
 
 
 def jwks_clusters(
-    rules: Iterable[Any], *, proxy_ip: str = "", connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    rules: Iterable[Any], *, family: str = "v4", connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
 ) -> list[cluster_pb2.Cluster]:
     """The clusters the `remote_jwks` of `rules` name, one per host and port, sorted by name."""
     by_name = {cluster_name(jwks): jwks for jwks in jwks_uris(rules)}
     return [
-        build_jwks_cluster(by_name[name], proxy_ip=proxy_ip, connect_timeout=connect_timeout)
-        for name in sorted(by_name)
+        build_jwks_cluster(by_name[name], family=family, connect_timeout=connect_timeout) for name in sorted(by_name)
     ]
 
 
 def build_jwks_cluster(
-    jwks: JwksUri, *, proxy_ip: str = "", connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    jwks: JwksUri, *, family: str = "v4", connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
 ) -> cluster_pb2.Cluster:
-    """The cluster Envoy fetches `jwks` through. `proxy_ip` picks the DNS lookup family (IPv6
-    only for an IPv6 proxy, as Istio); `connect_timeout` is the mesh's."""
+    """The cluster Envoy fetches `jwks` through. `family` (the proxy's address family) picks the DNS
+    lookup family (IPv6 only for an IPv6 proxy, as Istio); `connect_timeout` is the mesh's."""
     literal = _is_ip(jwks.host)
     name = cluster_name(jwks)
     cluster = _Cluster(name=name, type=_Cluster.STATIC if literal else _Cluster.LOGICAL_DNS)
@@ -88,7 +87,7 @@ def build_jwks_cluster(
     if jwks.tls:
         cluster.transport_socket.name = TLS_TRANSPORT_SOCKET
         cluster.transport_socket.typed_config.Pack(_upstream_tls(jwks.host, literal=literal))
-    return use_dns_extension(cluster, proxy_ip)
+    return use_dns_extension(cluster, family)
 
 
 def _upstream_tls(host: str, *, literal: bool) -> tls_pb2.UpstreamTlsContext:

@@ -39,12 +39,11 @@ from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import wrappers_pb2
 
-from meshctl.api.networking.v1alpha3 import gateway_pb2, sidecar_pb2
-from meshctl.config.model import Config
+from meshctl.api.networking.v1alpha3 import gateway_pb2
 from meshctl.registry.model import Protocol
 from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import spec
-from meshctl.snapshot.proxy import Proxy
+from meshctl.snapshot.proxy import binds_to_port
 from meshctl.xds import listener_filters as lf
 from meshctl.xds import mesh_tls
 from meshctl.xds.inbound_view import InboundView
@@ -77,13 +76,6 @@ class InboundPort:
     bind: str
     bind_to_port: bool
     tls: Any = None  # ServerTLSSettings to terminate, from a Sidecar ingress listener
-
-
-def _bind_to_port(capture_mode: int, interception: InterceptionMode) -> bool:
-    """Istio's `getBindToPort`: DEFAULT follows the proxy, NONE binds, IPTABLES relies on redirection."""
-    if capture_mode == sidecar_pb2.DEFAULT:
-        return interception is InterceptionMode.NONE
-    return bool(capture_mode == sidecar_pb2.NONE)
 
 
 def port_protocol(port: Any) -> Protocol:
@@ -122,7 +114,7 @@ def inbound_ports(view: InboundView) -> list[InboundPort]:
     if sidecar is not None:
         for ing in spec(sidecar).ingress:
             number = ing.port.number
-            bind_to_port = _bind_to_port(ing.capture_mode, proxy.interception)
+            bind_to_port = binds_to_port(ing.capture_mode, proxy.interception)
             bind = ing.bind or (proxy.ip if bind_to_port else WILDCARD)
             where = f"{sidecar.namespace}/{sidecar.name}"
             tls = _ingress_tls(ing, where, proxy.node.mesh_certificates) if ing.HasField("tls") else None
@@ -146,28 +138,6 @@ def _ingress_tls(ing: Any, sidecar: str, mesh_certificates: bool) -> Any:
         logger.warning("Sidecar %s ingress port %d: %s; serving plaintext", sidecar, ing.port.number, reason)
         return None
     return tls
-
-
-def app_ports(proxy: Proxy, sidecar: Config | None) -> frozenset[int]:
-    """Ports the workload's app itself listens on: the targets of its service endpoints, and
-    the ports of the Sidecar's ingress `defaultEndpoint`s. A proxy without iptables must not
-    bind outbound listeners on them. An endpoint port a Sidecar ingress listener binds is the
-    proxy's (on the VM's address; the app is behind it on its defaultEndpoint), not the app's:
-    Istio's own pattern of ingress 9080 to 127.0.0.1:8080 keeps outbound 127.0.0.1:9080."""
-    ports = set(proxy.instance_ports)
-    if sidecar is not None:
-        taken = {
-            ing.port.number
-            for ing in spec(sidecar).ingress
-            if _bind_to_port(ing.capture_mode, proxy.interception)
-            and (ing.bind or proxy.ip) not in ("127.0.0.1", "::1", WILDCARD, "::")
-        }
-        ports -= taken
-        for ing in spec(sidecar).ingress:
-            host, sep, port = ing.default_endpoint.rpartition(":")
-            if sep and port.isdigit() and not host.startswith("unix"):
-                ports.add(int(port))
-    return frozenset(ports)
 
 
 def _after_termination(protocol: Protocol) -> Protocol:

@@ -58,7 +58,7 @@ from meshctl.snapshot.model import spec
 from meshctl.snapshot.scope import MESH_GATEWAY, ProxyScope, parse_egress_hosts
 from meshctl.xds import listener_filters as lf
 from meshctl.xds.listener_l4 import configs_for_host, route_filters, single_destination_filters, static_match
-from meshctl.xds.listeners_inbound import app_ports, port_protocol
+from meshctl.xds.listeners_inbound import port_protocol
 from meshctl.xds.names import (
     BLACKHOLE_CLUSTER,
     PASSTHROUGH_CLUSTER,
@@ -119,7 +119,7 @@ class _OutboundBuilder:
         self.scope = scope
         self.proxy = scope.proxy
         self.none_mode = scope.proxy.interception is InterceptionMode.NONE
-        self.app_ports = app_ports(scope.proxy, scope.sidecar)
+        self.app_ports = scope.proxy.app_ports
         self.entries: dict[tuple[str, int], _Entry] = {}
 
     # -- egress listeners --------------------------------------------------------------------
@@ -135,7 +135,7 @@ class _OutboundBuilder:
             if listener.bind.startswith("unix://"):
                 logger.warning(
                     "%s: Sidecar %s/%s egress bind %s: unix sockets are not supported; skipped",
-                    self.proxy.id,
+                    self.proxy.describe(),
                     sidecar.namespace,
                     sidecar.name,
                     listener.bind,
@@ -204,7 +204,7 @@ class _OutboundBuilder:
             # listeners on one address, as Istio's conflictWithReservedListener avoids.
             logger.warning(
                 "%s: %s port %d is a proxy port; no outbound listener %s",
-                self.proxy.id,
+                self.proxy.describe(),
                 svc.hostname,
                 port.number,
                 name,
@@ -231,7 +231,7 @@ class _OutboundBuilder:
         if (port.protocol in _EXCLUSIVE or entry.protocol in _EXCLUSIVE) and port.protocol is not entry.protocol:
             logger.warning(
                 "%s: %s port %d (%s) conflicts with %s on listener %s; skipped",
-                self.proxy.id,
+                self.proxy.describe(),
                 svc.hostname,
                 port.number,
                 port.protocol,
@@ -242,7 +242,7 @@ class _OutboundBuilder:
         for chain in lf.merge_chains(entry.chains, chains):
             logger.info(
                 "%s: listener %s already routes this traffic; %s port %d is not reachable there",
-                self.proxy.id,
+                self.proxy.describe(),
                 name,
                 chain.origin or svc.hostname,
                 port.number,
@@ -251,14 +251,18 @@ class _OutboundBuilder:
     def _may_bind(self, svc: Service, bind: str, port: int, name: str) -> bool:
         if port in RESERVED_PORTS:
             logger.warning(
-                "%s: %s port %d is a proxy port; no outbound listener %s", self.proxy.id, svc.hostname, port, name
+                "%s: %s port %d is a proxy port; no outbound listener %s",
+                self.proxy.describe(),
+                svc.hostname,
+                port,
+                name,
             )
             return False
         if port in self.app_ports and bind in (LOCALHOST, WILDCARD):
             logger.info(
                 "%s: no outbound listener %s for %s: the workload's app listens on port %d; "
                 "use a Sidecar egress listener with another port or bind to reach it",
-                self.proxy.id,
+                self.proxy.describe(),
                 name,
                 svc.hostname,
                 port,

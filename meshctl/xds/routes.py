@@ -241,7 +241,7 @@ def _virtual_hosts(scope: ProxyScope, port: int, groups: Sequence[_HostGroup]) -
     configuration ignores the port of the Host header, so domains carry none (Istio's
     BuildSidecarOutboundVirtualHosts with SidecarIgnorePort: a VirtualService host alone, a
     service's names and addresses from generateVirtualHostDomains without a port)."""
-    proxy_domain = scope.proxy.node.domain or f"{scope.proxy.namespace}.svc.cluster.local"
+    proxy_domain = scope.proxy.domain or f"{scope.proxy.namespace}.svc.cluster.local"
     known = {h for g in groups for s in g.services for h in (s.hostname, domain_name(s.hostname, port))}
     allocator = DomainAllocator(known)
     names: set[str] = set()
