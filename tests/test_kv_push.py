@@ -268,14 +268,62 @@ def test_consul_errors_exit_2(tmp_path: Path) -> None:
     assert (status, out) == (2, "") and "not a directory" in err
 
 
-def test_kv_push_follows_the_cli_conventions() -> None:
-    result = runner.invoke(app, ["kv", "push", "-h"], env={"COLUMNS": "200"}, terminal_width=200)
+@pytest.mark.parametrize("command", ["push", "pull"])
+def test_kv_commands_follow_the_cli_conventions(command: str) -> None:
+    result = runner.invoke(app, ["kv", command, "-h"], env={"COLUMNS": "200"}, terminal_width=200)
     assert result.exit_code == 0, result.output
-    assert "Usage: meshctl kv push" in result.output
+    assert f"Usage: meshctl kv {command}" in result.output
     rows = [line for line in result.output.splitlines() if re.match(r"^│ +(\* +)?-", line) and "--help" not in line]
     assert rows, result.output
     for row in rows:
         assert not re.search(r"<(str|int|float|path|bool)>|list\[", row), row
     edge = exits.reported(lambda: None).__code__
     callbacks = {c.name: c.callback for c in kv_app.registered_commands}
-    assert callbacks["push"] is not None and callbacks["push"].__code__ is edge
+    assert callbacks[command] is not None and callbacks[command].__code__ is edge
+
+
+# --- meshctl kv pull ---------------------------------------------------------------------------
+
+
+def pull(*args: object) -> tuple[int, str, str]:
+    result = runner.invoke(app, ["kv", "pull", *map(str, args)], env={"CONSUL_HTTP_TOKEN": ""})
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_pull_writes_what_was_pushed_and_the_offline_commands_read_it(
+    kv_backend: tuple[str, Any], tmp_path: Path
+) -> None:
+    """What `kv pull` writes is the tree the servers serve: `dump` of it prints what `dump` of
+    the pushed directory prints, byte for byte."""
+    address, c = kv_backend
+    prefix = f"t{uuid.uuid4().hex[:6]}/mesh"
+    status, _, err = push(EXAMPLES, "--prefix", prefix, "--consul", address)
+    assert status == 0, err
+    c.kv.put(f"{prefix}/notes.txt", b"not config")  # left out, as the server leaves it out
+    c.kv.put(f"{prefix}/.hidden.yaml", b"kind: nope")
+    pulled = tmp_path / "pulled"
+    status, out, err = pull(pulled, "--prefix", prefix, "--consul", address)
+    assert status == 0, err
+    pushed = sorted(str(p.relative_to(EXAMPLES)) for p in EXAMPLES.rglob("*.yaml"))
+    assert sorted(str(p.relative_to(pulled)) for p in pulled.rglob("*") if p.is_file()) == pushed
+    assert f"pulled {len(pushed)} files" in out
+    for name in pushed:
+        assert (pulled / name).read_bytes() == (EXAMPLES / name).read_bytes()
+    proxy = ["--proxy", "reviews-v1-vm.bookinfo", "-o", "json"]
+    original = runner.invoke(app, ["dump", "--config-dir", str(EXAMPLES), *proxy])
+    again = runner.invoke(app, ["dump", "--config-dir", str(pulled), *proxy])
+    assert original.exit_code == again.exit_code == 0, again.output
+    assert again.stdout == original.stdout
+    # It overwrites nothing: a directory with anything in it is refused.
+    status, out, err = pull(pulled, "--prefix", prefix, "--consul", address)
+    assert (status, out) == (2, "") and "not an empty directory" in err
+
+
+def test_pull_of_an_empty_prefix_writes_an_empty_tree_and_consul_errors_exit_2(
+    fake: FakeConsul, tmp_path: Path
+) -> None:
+    status, out, err = pull(tmp_path / "empty", "--prefix", "nothing/here", "--consul", fake.address)
+    assert status == 0, err
+    assert (tmp_path / "empty").is_dir() and not any((tmp_path / "empty").iterdir())
+    status, out, err = pull(tmp_path / "never", "--prefix", "mesh", "--consul", "127.0.0.1:1")
+    assert (status, out) == (2, "") and "error:" in err and not (tmp_path / "never").exists()

@@ -216,6 +216,13 @@ _command(
     "  meshctl kv push /srv/mesh --prefix meshctl/mesh --consul consul.internal:8500",
     kv_app,
 )
+_command(
+    "pull",
+    kv_cmd.pull,
+    "Examples:\n\n  meshctl kv pull served/ --prefix meshctl/mesh --consul consul.internal:8500\n\n"
+    "  meshctl dump --config-dir served/ --proxy reviews-v1-vm.bookinfo",
+    kv_app,
+)
 app.add_typer(kv_app)
 
 

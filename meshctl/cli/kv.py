@@ -17,30 +17,32 @@ from meshctl.cli.exits import reported
 EXIT_OK, EXIT_INVALID = 0, 1  # Consul and usage errors exit 2, at the CLI's edge (`meshctl.cli.exits`)
 
 
+Consul = Annotated[
+    str | None,
+    typer.Option(envvar="MESHCTL_CONSUL", help="Consul's address (default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500)."),
+]
+ConsulToken = Annotated[
+    str | None,
+    typer.Option(
+        envvar="MESHCTL_CONSUL_TOKEN",
+        help="Consul ACL token, with key:read to pull and key:write to push (default: CONSUL_HTTP_TOKEN).",
+    ),
+]
+ConsulCaFile = Annotated[
+    str | None, typer.Option(envvar="MESHCTL_CONSUL_CA_FILE", help="CA bundle for Consul over TLS.")
+]
+ConsulDatacenter = Annotated[str | None, typer.Option(envvar="MESHCTL_CONSUL_DATACENTER", help="Consul datacenter.")]
+Prefix = Annotated[str, typer.Option(metavar="PREFIX", help="The Consul KV prefix serve --config-consul-kv follows.")]
+
+
 @reported
 def push(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="The config tree to push (as for --config-dir).")],
-    prefix: Annotated[
-        str, typer.Option(metavar="PREFIX", help="The Consul KV prefix serve --config-consul-kv follows.")
-    ],
-    consul: Annotated[
-        str | None,
-        typer.Option(
-            envvar="MESHCTL_CONSUL", help="Consul's address (default: CONSUL_HTTP_ADDR, else 127.0.0.1:8500)."
-        ),
-    ] = None,
-    consul_token: Annotated[
-        str | None,
-        typer.Option(
-            envvar="MESHCTL_CONSUL_TOKEN", help="Consul ACL token with key:write (default: CONSUL_HTTP_TOKEN)."
-        ),
-    ] = None,
-    consul_ca_file: Annotated[
-        str | None, typer.Option(envvar="MESHCTL_CONSUL_CA_FILE", help="CA bundle for Consul over TLS.")
-    ] = None,
-    consul_datacenter: Annotated[
-        str | None, typer.Option(envvar="MESHCTL_CONSUL_DATACENTER", help="Consul datacenter to write.")
-    ] = None,
+    prefix: Prefix,
+    consul: Consul = None,
+    consul_token: ConsulToken = None,
+    consul_ca_file: ConsulCaFile = None,
+    consul_datacenter: ConsulDatacenter = None,
     namespace: Annotated[
         str, typer.Option("--namespace", "-n", help="Namespace of resources that name none.")
     ] = "default",
@@ -115,4 +117,48 @@ def push(
             typer.echo(f"pushed to {where}{several}: {plan.summary()}")
     finally:
         conn.close()
+    raise typer.Exit(EXIT_OK)
+
+
+@reported
+def pull(
+    directory: Annotated[
+        Path, typer.Argument(metavar="DIR", help="Where to write the tree: a new or empty directory.")
+    ],
+    prefix: Prefix,
+    consul: Consul = None,
+    consul_token: ConsulToken = None,
+    consul_ca_file: ConsulCaFile = None,
+    consul_datacenter: ConsulDatacenter = None,
+) -> None:
+    """Write the config tree a Consul KV prefix holds into a directory: one file per key, as
+    `meshctl serve --config-consul-kv` reads them, so that `validate`, `dump`, `simulate` and
+    `diff` can be run on exactly what the servers serve (`--config-dir DIR`).
+
+    Keys that are not YAML file names are left out, as the server leaves them out. Exit status:
+    0 written, 2 usage or Consul error (DIR not empty, Consul unreachable).
+    """
+    from meshctl.errors import UsageError
+    from meshctl.kv.push import read_current
+    from meshctl.kv.source import KvLocation
+    from meshctl.registry.consul import ConsulConnection, ConsulOptions
+
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise UsageError(f"{directory}: not an empty directory (kv pull writes a whole tree, and overwrites nothing)")
+    options = ConsulOptions.from_env(
+        address=consul, token=consul_token, ca_file=consul_ca_file, datacenter=consul_datacenter
+    )
+    location = KvLocation(options, prefix)
+    conn = ConsulConnection(options)
+    try:
+        current = read_current(conn, options, location.prefix)
+    finally:
+        conn.close()
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, entry in sorted(current.items()):
+        # Names are relative and checked (`is_config_key`: no empty, hidden, `.` or `..` part).
+        path = directory.joinpath(*name.split("/"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(entry.value)
+    typer.echo(f"pulled {len(current)} files from consul KV {location.prefix or '/'} at {options.url} into {directory}")
     raise typer.Exit(EXIT_OK)
