@@ -1,10 +1,11 @@
 """Replicas fed the same inputs answer alike: the same bytes and versions to every proxy.
 
 Versions are content hashes (DESIGN.md, "Contracts"), so two `meshctl serve` processes that read
-the same YAML give each proxy byte-identical resources, the same state-of-the-world
-`version_info` and the same per-resource delta versions, whatever differs between the two runs
-that no proxy can see: start time, file mtimes, the order files were written (and so listed),
-the Python hash seed, the order inputs arrived in. That is what makes a failover free: a proxy
+the same YAML and the same Consul catalog give each proxy byte-identical resources, the same
+state-of-the-world `version_info` and the same per-resource delta versions, whatever differs
+between the two runs that no proxy can see: start time, file mtimes, the order files were written
+(and so listed), the Python hash seed, the order inputs arrived in (each replica's Consul had
+the instances registered in another order, at other raft indexes). That is what makes a failover free: a proxy
 that reconnects to the other replica presenting what it holds is sent nothing.
 
 One exception, by design: each replica issues its own workload certificates, with a key of its
@@ -42,6 +43,7 @@ from meshctl.snapshot.model import build_snapshot
 from meshctl.snapshot.proxy import bind_proxy, parse_node_id
 from meshctl.testing.ads_client import AdsClient, eds_names, rds_names
 from meshctl.testing.builders import vm_behind_ingress_yaml
+from meshctl.testing.fake_consul import FakeConsul
 from meshctl.testing.jwt import SigningKey
 from meshctl.testing.serve_process import ServeProcess, meshctl_command
 from meshctl.xds import types
@@ -248,6 +250,29 @@ class Replicas:
     b: ServeProcess
 
 
+def _consul_instance(node: str, address: str, service: str, port: int, **meta: str) -> dict[str, Any]:
+    return {
+        "Node": node,
+        "Address": address,
+        "NodeMeta": {"rack": node[-1]},
+        "Service": {
+            "ID": f"{service}-{node}",
+            "Service": service,
+            "Port": port,
+            "Tags": ["v1", "primary"] if node.endswith("1") else ["v2"],
+            "Meta": {"protocol": "http", **meta},
+        },
+    }
+
+
+#: Consul's catalog: services with several instances on several nodes, HTTP and TCP.
+CONSUL_INSTANCES = [
+    _consul_instance(f"vm-{i}", f"10.40.0.{i}", service, port, **({"version": f"v{i}"} if service == "orders" else {}))
+    for service, port in (("orders", 8080), ("payments", 8443), ("inventory", 9000))
+    for i in (1, 2, 3)
+]
+
+
 def _tree(parent: Path) -> dict[Path, bytes]:
     """The example mesh and the extra files, as relative path -> content."""
     source = examples_copy(parent)
@@ -293,18 +318,26 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
     )
     (tmp / "mesh.yaml").write_text(MESH_CONFIG)
 
-    def replica(tree: Path, state: Path) -> ServeProcess:
+    def replica(tree: Path, state: Path, consul: FakeConsul) -> ServeProcess:
         # --insecure-send-keys: SDS for proxies that prove no identity, acceptable on loopback only.
         args = ["--insecure-send-keys", "--mesh-config", str(tmp / "mesh.yaml"), "--state-dir", str(state)]
-        return ServeProcess([tree], extra_args=args)
+        return ServeProcess([tree], consul=consul.address, extra_args=args)
 
     with ExitStack() as stack:
-        a = stack.push(replica(tree_a, tmp / "state-a"))
+        # Each replica reads its own Consul (two agents of one datacenter): the same instances,
+        # registered in other orders and at other raft indexes.
+        consul_a, consul_b = stack.enter_context(FakeConsul()), stack.enter_context(FakeConsul())
+        for body in CONSUL_INSTANCES:
+            consul_a.register(body)
+        consul_b.set_index(5000)
+        for body in reversed(CONSUL_INSTANCES):
+            consul_b.register(body)
+        a = stack.push(replica(tree_a, tmp / "state-a", consul_a))
         _start(a, "1")
         # One CA for both (the root A created on its first start): then only workload keys differ.
         shutil.copytree(tmp / "state-a", tmp / "state-b")
         time.sleep(1.0)  # B starts later
-        b = stack.push(replica(tree_b, tmp / "state-b"))
+        b = stack.push(replica(tree_b, tmp / "state-b", consul_b))
         _start(b, "2")
         yield Replicas(a, b)
 
@@ -426,6 +459,9 @@ def test_the_proxies_compared_cover_every_type_and_kind(
     clusters = {n for s in a.values() for n in s.resources[types.CLUSTER]}
     assert "outbound|5432|primary|db.legacy.internal" in clusters
     assert "outbound|443||api.payments.example.com" in clusters
+    assert {"outbound|8080||orders.service.consul", "outbound|9000||inventory.service.consul"} <= clusters
+    assignments = {n for s in a.values() for n in s.resources[types.ENDPOINT]}
+    assert "outbound|8443||payments.service.consul" in assignments
     listeners = a[(GATEWAY, False)].resources[types.LISTENER]
     assert {"0.0.0.0_8080", "0.0.0.0_8443", "0.0.0.0_9000"} <= set(listeners)
     inbound = b"".join(a[(REVIEWS_V1, False)].resources[types.LISTENER].values())
