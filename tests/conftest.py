@@ -11,6 +11,7 @@ Something only one module uses stays in that module.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -33,7 +34,9 @@ from meshctl.config.findings import Finding, Severity
 from meshctl.config.loader import load_text
 from meshctl.config.model import served_group
 from meshctl.snapshot.proxy import parse_node_id
+from meshctl.testing.builders import vm_behind_ingress_yaml
 from meshctl.testing.envoy import envoy_binary
+from meshctl.testing.jwt import SigningKey
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The example mesh (bookinfo on VMs) that the README walks through.
@@ -379,4 +382,185 @@ apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
 metadata: {name: orders, namespace: shop}
 spec: {address: 10.10.0.41, labels: {app: orders}}
+"""
+
+
+# -- a mesh with more than the example: every kind, DNS clusters, gateways, security ----------
+
+#: Inputs beyond the bundled example, one file each, so that more kinds and more of what the
+#: generators pack (RBAC policy maps, DNS clusters, TLS and TCP gateway servers) are compared.
+EXTRA_FILES: Mapping[str, str] = {
+    "sleep.yaml": SLEEP_VM,
+    "dns.yaml": """apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: payments-api, namespace: bookinfo}
+spec:
+  hosts: [api.payments.example.com, eu.payments.example.com]
+  location: MESH_EXTERNAL
+  ports: [{number: 443, name: tls, protocol: TLS}, {number: 80, name: http, protocol: HTTP}]
+  resolution: DNS
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: legacy-db, namespace: bookinfo}
+spec:
+  hosts: [db.legacy.internal]
+  location: MESH_INTERNAL
+  ports: [{number: 5432, name: tcp-postgres, protocol: TCP}]
+  resolution: DNS
+  endpoints:
+  - {address: db-b.legacy.internal, locality: eu-west/zone-b, labels: {role: replica}}
+  - {address: db-a.legacy.internal, locality: eu-west/zone-a, labels: {role: primary}}
+  - {address: db-c.legacy.internal, locality: eu-west/zone-a, labels: {role: replica}, weight: 3}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: metrics-sink, namespace: bookinfo}
+spec:
+  hosts: [sink.metrics.example.org]
+  location: MESH_EXTERNAL
+  ports: [{number: 8443, name: https, protocol: HTTPS}]
+  resolution: DNS_ROUND_ROBIN
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: legacy-db, namespace: bookinfo}
+spec:
+  host: db.legacy.internal
+  subsets:
+  - {name: primary, labels: {role: primary}}
+  - {name: replica, labels: {role: replica}}
+""",
+    "edge.yaml": """apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: edge-tls, namespace: bookinfo}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 8443, name: tls-passthrough, protocol: TLS}
+    hosts: [secure.example.com, "*.payments.example.com"]
+    tls: {mode: PASSTHROUGH}
+  - port: {number: 9000, name: tcp-admin, protocol: TCP}
+    hosts: ["*"]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: edge-tls, namespace: bookinfo}
+spec:
+  hosts: [secure.example.com]
+  gateways: [edge-tls]
+  tls:
+  - match: [{port: 8443, sniHosts: [secure.example.com]}]
+    route: [{destination: {host: productpage.bookinfo.mesh, port: {number: 9080}}}]
+  tcp:
+  - match: [{port: 9000}]
+    route: [{destination: {host: db.legacy.internal, port: {number: 5432}}}]
+""",
+    "security.yaml": """apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: reviews-ingress, namespace: bookinfo}
+spec:
+  workloadSelector: {labels: {app: reviews}}
+  ingress:
+  - port: {number: 9080, protocol: HTTP, name: http}
+    defaultEndpoint: 127.0.0.1:8080
+  egress:
+  - hosts: ["./*"]
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: default, namespace: bookinfo}
+spec:
+  mtls: {mode: PERMISSIVE}
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: reviews-strict, namespace: bookinfo}
+spec:
+  selector: {matchLabels: {app: reviews}}
+  mtls: {mode: STRICT}
+  portLevelMtls:
+    9080: {mode: PERMISSIVE}
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: reviews-readers, namespace: bookinfo}
+spec:
+  selector: {matchLabels: {app: reviews}}
+  action: ALLOW
+  rules:
+  - from: [{source: {principals: [cluster.local/ns/bookinfo/sa/bookinfo-productpage]}}]
+    to: [{operation: {methods: [GET], paths: [/reviews/*]}}]
+  - from: [{source: {namespaces: [bookinfo]}}]
+    to: [{operation: {methods: [GET, HEAD], paths: [/health]}}]
+  - to: [{operation: {paths: [/metrics]}}]
+    when: [{key: "request.headers[x-probe]", values: ["yes"]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny-admin, namespace: bookinfo}
+spec:
+  action: DENY
+  rules:
+  - to: [{operation: {paths: [/admin, /admin/*]}}]
+  - from: [{source: {notNamespaces: [bookinfo]}}]
+    to: [{operation: {methods: [DELETE]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: audit-writes, namespace: bookinfo}
+spec:
+  selector: {matchLabels: {app: reviews}}
+  action: ALLOW
+  rules:
+  - from: [{source: {principals: [cluster.local/ns/bookinfo/sa/bookinfo-ratings]}}]
+    to: [{operation: {methods: [POST, PUT]}}]
+""",
+    "shop.yaml": vm_behind_ingress_yaml(
+        namespace="shop",
+        host="reviews.shop.mesh",
+        address="10.20.0.5",
+        service_port=9080,
+        ingress_port=15006,
+        app_port=8080,
+    )
+    + """---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: default, namespace: shop}
+spec:
+  mtls: {mode: STRICT}
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: from-bookinfo, namespace: shop}
+spec:
+  action: ALLOW
+  rules:
+  - from: [{source: {namespaces: [bookinfo, shop]}}]
+  - from: [{source: {principals: [cluster.local/ns/bookinfo/sa/bookinfo-reviews]}}]
+    to: [{operation: {ports: ["15006"]}}]
+""",
+}
+
+#: Mesh-wide settings that put a Struct (a protobuf map) into every listener's access log.
+MESH_CONFIG = "accessLogFile: /dev/stdout\naccessLogEncoding: JSON\n"
+
+
+@functools.cache
+def jwt_yaml() -> str:
+    """RequestAuthentication with two issuers (a map of providers in the jwt_authn filter); the
+    keys are made once, so every tree written in this run holds the same file."""
+    first, second = SigningKey.generate("k1"), SigningKey.generate("k2")
+    return f"""apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {{name: jwt, namespace: bookinfo}}
+spec:
+  selector: {{matchLabels: {{app: reviews}}}}
+  jwtRules:
+  - issuer: https://issuer-one.example.com
+    jwks: '{first.jwks()}'
+  - issuer: https://issuer-two.example.com
+    jwks: '{second.jwks()}'
+    forwardOriginalToken: true
 """

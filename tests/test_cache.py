@@ -9,6 +9,7 @@ from envoy.config.route.v3 import route_pb2
 from google.protobuf import any_pb2
 
 from meshctl.server.cache import ProxyResources, ResourceCache
+from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 from meshctl.xds import types
@@ -516,3 +517,115 @@ def test_projected_labels_match_every_tested_selector_as_the_labels_do() -> None
         assert set(projected.items()) <= set(labels.items())
 
     check()
+
+
+# -- the kinds each part reads, declared once in xds/generate.py ----------------------------------
+
+
+#: What the shared rich mesh lacks for this test: a namespace without mutual TLS (its services'
+#: clusters get no auto mTLS) and a gateway whose JWT keys are fetched (a JWKS cluster).
+KINDS_EXTRA = """apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: plain, namespace: plain}
+spec:
+  hosts: [plain.plain.mesh]
+  location: MESH_INTERNAL
+  ports: [{number: 8080, name: http, protocol: HTTP}]
+  resolution: STATIC
+  workloadSelector: {labels: {app: plain}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: plain-1, namespace: plain}
+spec: {address: 10.30.0.1, labels: {app: plain}, serviceAccount: plain}
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: default, namespace: plain}
+spec: {mtls: {mode: DISABLE}}
+---
+apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {name: edge-jwt, namespace: bookinfo}
+spec:
+  selector: {matchLabels: {istio: ingressgateway}}
+  jwtRules:
+  - issuer: https://issuer.example.com
+    jwksUri: https://keys.example.com/jwks.json
+"""
+
+
+def test_outbound_clusters_and_assignments_read_only_the_kinds_declared_for_them() -> None:
+    """The server keeps outbound clusters while no kind of `CLUSTER_KINDS` changes, and EDS sets
+    while no kind of `ASSIGNMENT_KINDS` (nor an endpoint) does: so taking away every config of
+    any other kind, one kind at a time, from a mesh that has every kind, must change no proxy's
+    outbound clusters and no assignment. (Taking away a declared kind does change them: the
+    comparison is not blind.)"""
+    from conftest import EXTRA_FILES, GATEWAY, PRODUCTPAGE, REVIEWS_V1, SLEEP, jwt_yaml
+
+    from meshctl.registry.serviceentry import KINDS as REGISTRY_KINDS
+    from meshctl.registry.serviceentry import build_file_model
+    from meshctl.snapshot.model import build_snapshot
+    from meshctl.testing.builders import configs_from_yaml
+    from meshctl.xds.endpoints import build_load_assignment
+    from meshctl.xds.generate import ASSIGNMENT_KINDS, CLUSTER_KINDS, generate_outbound_clusters
+    from meshctl.xds.names import eds_cluster_names
+
+    configs = configs_from_yaml("\n---\n".join([MESH, *EXTRA_FILES.values(), jwt_yaml(), KINDS_EXTRA]))
+    full = build_snapshot(configs, build_file_model(configs))
+    shop = "sidecar~10.20.0.5~reviews-v1.shop~shop.svc.cluster.local"
+    outbound = {}
+    for node_id in (PRODUCTPAGE, REVIEWS_V1, GATEWAY, SLEEP, shop):
+        bound = proxy_for(full, node_id, {"LABELS": {"istio": "ingressgateway"}} if node_id == GATEWAY else None)
+        assert bound.outbound is not None
+        outbound[node_id] = bound.outbound
+
+    def clusters(snapshot: Snapshot) -> dict[str, list[bytes]]:
+        return {
+            n: [to_resource(c, types.CLUSTER).body for c in generate_outbound_clusters(snapshot, o)]
+            for n, o in outbound.items()
+        }
+
+    names = sorted({n for o in outbound.values() for n in eds_cluster_names(generate_outbound_clusters(full, o))})
+
+    def assignments(snapshot: Snapshot) -> list[bytes]:
+        return [build_load_assignment(snapshot, n).SerializeToString(deterministic=True) for n in names]
+
+    def without(kind: str) -> Snapshot:
+        kept = [c for c in configs if c.key.kind != kind]
+        return build_snapshot(kept, build_file_model(kept))
+
+    kinds = {c.key.kind for c in configs} - REGISTRY_KINDS
+    assert {"VirtualService", "Gateway", "AuthorizationPolicy", *CLUSTER_KINDS} <= kinds
+    expected_clusters, expected_assignments = clusters(full), assignments(full)
+    assert len(names) >= 9  # every service and subset of the example, the shop among them
+    for kind in sorted(kinds):
+        reduced = without(kind)
+        if kind not in CLUSTER_KINDS:
+            assert clusters(reduced) == expected_clusters, f"outbound clusters read {kind}"
+            assert reduced.version_of(CLUSTER_KINDS) == full.version_of(CLUSTER_KINDS)
+        if kind not in ASSIGNMENT_KINDS:
+            assert assignments(reduced) == expected_assignments, f"assignments read {kind}"
+    assert clusters(without("DestinationRule")) != expected_clusters
+    assert assignments(without("DestinationRule")) != expected_assignments
+    assert without("DestinationRule").version_of(CLUSTER_KINDS) != full.version_of(CLUSTER_KINDS)
+
+
+def test_a_virtual_service_change_keeps_every_outbound_cluster_part_and_eds_set() -> None:
+    """What the kinds buy: after a VirtualService edit the server generates no cluster part and
+    builds no EDS set again, and every proxy is still served exactly what `generate` makes."""
+    snapshot = snapshot_from_yaml(MESH)
+    edited = snapshot_from_yaml(MESH.replace("weight: 90", "weight: 70").replace("weight: 10", "weight: 30"))
+    assert edited.config_version != snapshot.config_version
+    cache = ResourceCache()
+    nodes = [node("productpage-v1-vm", "10.10.0.11"), node("reviews-v1-vm", "10.10.0.41")]
+    for n in nodes:
+        cache.resources(snapshot, proxy_for(snapshot, n))
+    clusters, eds = cache.cluster_generations, cache.eds_builds
+    for n in nodes:
+        proxy = proxy_for(edited, n)
+        view = cache.resources(edited, proxy)
+        for type_url, messages in generate(edited, proxy).items():
+            expected = sorted((r.name, r.body) for r in (to_resource(m, type_url) for m in messages))
+            assert sorted((r.name, r.body) for r in view.of(type_url).values()) == expected, (n, type_url)
+    assert (cache.cluster_generations, cache.eds_builds) == (clusters, eds)

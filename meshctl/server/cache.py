@@ -44,7 +44,14 @@ from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.eds_locality import LocalityView, eds_localities, for_view
 from meshctl.xds.endpoints import AssignmentView, assignment_view, build_assignment
-from meshctl.xds.generate import GenerationMemos, generate_inbound, generate_outbound
+from meshctl.xds.generate import (
+    ASSIGNMENT_KINDS,
+    CLUSTER_KINDS,
+    GenerationMemos,
+    generate_inbound,
+    generate_outbound_clusters,
+    generate_outbound_listeners_and_routes,
+)
 from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.memo import GenerationMemo
 from meshctl.xds.names import eds_cluster_names
@@ -128,9 +135,12 @@ class ResourceCache:
         self._memos = GenerationMemos()
         self._memo_version = ""
         self._lock = threading.Lock()
-        #: whole configs by generation key, and outbound parts by their key, per config version
+        #: whole configs by generation key, and outbound listeners and routes by their key, per
+        #: config version; outbound clusters by their key per version of what they read
+        #: (`CLUSTER_KINDS`), so a change to anything else keeps them
         self._config: _Recent[tuple[object, ...], _Config] = _Recent(keep_versions)
         self._outbound_parts: _Recent[OutboundProxy, _Config] = _Recent(keep_versions)
+        self._cluster_parts: _Recent[OutboundProxy, _Config] = _Recent(keep_versions)
         #: inbound parts by `InboundView` (their only input), and joined sets by their parts
         self._inbound_parts: GenerationMemo[InboundView, _Config] = GenerationMemo()
         self._joins: GenerationMemo[tuple[str, int, int], tuple[ResourceSet, ResourceSet, ResourceSet]] = (
@@ -141,7 +151,8 @@ class ResourceCache:
         #: (cluster, locality view) -> (view, resource): the variants of proxies with a locality
         self._eds_variants: dict[tuple[str, LocalityView], tuple[AssignmentView, Resource]] = {}
         self._views: _Recent[tuple[object, ...], ProxyResources] = _Recent(keep_versions)
-        #: the EDS set of each distinct list of EDS clusters (and locality views), per snapshot version
+        #: the EDS set of each distinct list of EDS clusters (and locality views), per version of
+        #: what assignments read (`ASSIGNMENT_KINDS` and the endpoints)
         self._eds_sets: _Recent[tuple[object, ...], ResourceSet] = _Recent(keep_versions)
         # Equal resources and equal sets, shared while anything holds them.
         self._resources: weakref.WeakValueDictionary[tuple[str, str, str], Resource] = weakref.WeakValueDictionary()
@@ -149,6 +160,7 @@ class ResourceCache:
         #: Counters for /metrics and the benchmarks: how often work was done vs. shared.
         self.generations = 0  # outbound and inbound parts
         self.outbound_generations = 0
+        self.cluster_generations = 0  # outbound parts whose clusters had to be generated
         self.eds_builds = 0
 
     @property
@@ -187,15 +199,7 @@ class ResourceCache:
                     memo.advance()
         if cached is not None:
             return cached
-        # The outbound view is its own key: generation reads nothing of the proxy beyond it.
-        outbound_key = proxy.outbound if proxy.outbound is not None else outbound_proxy(proxy, snapshot)
-        with self._lock:
-            outbound = self._outbound_parts.get(snapshot.config_version, outbound_key)
-        if outbound is None:
-            outbound = self._generated(generate_outbound(snapshot, outbound_key, self._memos), outbound=True)
-            with self._lock:
-                if self._outbound_parts.put(snapshot.config_version, outbound_key, outbound):
-                    self._forget_assignments()
+        outbound = self._outbound_for(snapshot, proxy)
         inbound = self._inbound_parts.get(
             inbound_view(ProxyScope(snapshot, proxy)), lambda view: self._generated(generate_inbound(view))
         )
@@ -205,20 +209,54 @@ class ResourceCache:
             self._config.put(snapshot.config_version, key, result)
         return result
 
-    def _generated(self, generated: Mapping[str, tuple[Message, ...]], *, outbound: bool = False) -> _Config:
+    def _outbound_for(self, snapshot: Snapshot, proxy: Proxy) -> _Config:
+        """The outbound part for the proxy, from its two halves: clusters, kept while
+        `CLUSTER_KINDS` and the services stay as they were, and listeners and routes, kept
+        while the config version does. The OutboundProxy is the key of both: generation reads
+        nothing of the proxy beyond it."""
+        bound_here = proxy.outbound is not None and proxy.snapshot_version == snapshot.version
+        outbound_key = proxy.outbound if bound_here and proxy.outbound is not None else outbound_proxy(proxy, snapshot)
+        clusters_version = snapshot.version_of(CLUSTER_KINDS)
+        with self._lock:
+            clusters = self._cluster_parts.get(clusters_version, outbound_key)
+            rest = self._outbound_parts.get(snapshot.config_version, outbound_key)
+        if clusters is not None and rest is not None:
+            return self._whole(clusters, rest)
+        if clusters is None:
+            made = generate_outbound_clusters(snapshot, outbound_key, self._memos)
+            clusters = self._generated({types.CLUSTER: made}, count=False)
+            with self._lock:
+                self.cluster_generations += 1
+                if self._cluster_parts.put(clusters_version, outbound_key, clusters):
+                    self._forget_assignments()
+        if rest is None:
+            rest = self._generated(generate_outbound_listeners_and_routes(snapshot, outbound_key), count=False)
+            with self._lock:
+                self._outbound_parts.put(snapshot.config_version, outbound_key, rest)
+        with self._lock:
+            self.generations += 1
+            self.outbound_generations += 1
+        return self._whole(clusters, rest)
+
+    @staticmethod
+    def _whole(clusters: _Config, rest: _Config) -> _Config:
+        by_type = {types.CLUSTER: clusters.by_type[types.CLUSTER]}
+        by_type |= {t: rest.by_type[t] for t in (types.LISTENER, types.ROUTE)}
+        return _Config(MappingProxyType(by_type), clusters.eds_names)
+
+    def _generated(self, generated: Mapping[str, tuple[Message, ...]], *, count: bool = True) -> _Config:
         """A generated part as shared sets of serialized resources."""
         by_type = {t: self._set(t, (to_resource(m, t) for m in generated.get(t, ()))) for t in _CONFIG_TYPES}
         result = _Config(MappingProxyType(by_type), tuple(sorted(eds_cluster_names(generated.get(types.CLUSTER, ())))))
-        with self._lock:
-            self.generations += 1
-            if outbound:
-                self.outbound_generations += 1
+        if count:
+            with self._lock:
+                self.generations += 1
         return result
 
     def _forget_assignments(self) -> None:
         """Drop the assignments of clusters no kept outbound part has: they would otherwise stay
         forever. (Inbound parts have no EDS clusters.) Called with the lock held."""
-        kept = {n for p in self._outbound_parts.values() for n in p.eds_names}
+        kept = {n for p in self._cluster_parts.values() for n in p.eds_names}
         self._eds = {c: e for c, e in self._eds.items() if c in kept}
         self._eds_variants = {k: e for k, e in self._eds_variants.items() if k[0] in kept}
 
@@ -264,14 +302,15 @@ class ResourceCache:
         """The assignments of `names` at this snapshot: one set for every proxy with those
         clusters (and, where locality rules apply, the same locality views)."""
         key: tuple[object, ...] = (names, tuple(sorted(views.items()))) if views else names
+        version = snapshot.version_of(ASSIGNMENT_KINDS, endpoints=True)
         with self._lock:
-            found = self._eds_sets.get(snapshot.version, key)
+            found = self._eds_sets.get(version, key)
         if found is not None:
             return found
         views = views or {}
         eds = self._set(types.ENDPOINT, [self._eds_for(snapshot, name, views.get(name)) for name in names])
         with self._lock:
-            self._eds_sets.put(snapshot.version, key, eds)
+            self._eds_sets.put(version, key, eds)
         return eds
 
     def _eds_for(self, snapshot: Snapshot, cluster: str, locality: LocalityView | None = None) -> Resource:

@@ -46,6 +46,11 @@ class Snapshot:
     config_version: str = ""
     #: A content hash of each kind's configs, which the next snapshot keeps for kinds unchanged.
     kind_digests: Mapping[str, bytes] = field(default_factory=lambda: MappingProxyType({}))
+    #: A hash of the registry's services (but endpoints of EDS services) and their identities:
+    #: the part of `config_version` that is not config kinds or mesh settings.
+    registry_digest: bytes = b""
+    #: `version_of` results, by (kinds, endpoints): computed once per snapshot.
+    _versions: dict[tuple[frozenset[str], bool], str] = field(default_factory=dict)
     _index: SnapshotIndex | None = None
     #: The snapshot this one was built from, until its index is built (which reuses parts of
     #: the one before); then forgotten, so snapshots do not keep each other alive.
@@ -67,6 +72,24 @@ class Snapshot:
 
     def of_kind(self, kind: str) -> tuple[Config, ...]:
         return self.by_kind.get(kind, ())
+
+    def version_of(self, kinds: frozenset[str], *, endpoints: bool = False) -> str:
+        """A content hash of what a part of generation reads: the configs of `kinds` (registry
+        kinds reach it only through the services), the registry's services and identities, the
+        mesh settings and, with `endpoints`, every endpoint. Equal for two snapshots exactly
+        when those inputs are equal, so a part keyed on it is shared by every snapshot that
+        changed something else (a VirtualService edit builds no cluster)."""
+        found = self._versions.get((kinds, endpoints))
+        if found is None:
+            h = hashlib.blake2b(digest_size=12)
+            for kind in sorted(kinds - _REGISTRY_KINDS):
+                h.update(kind.encode() + b"\0" + self.kind_digests.get(kind, b""))
+            h.update(repr(self.mesh).encode())
+            h.update(self.registry_digest)
+            if endpoints:
+                h.update(self.services.digest().encode())
+            found = self._versions[(kinds, endpoints)] = h.hexdigest()
+        return found
 
     def get(self, kind: str, namespace: str, name: str) -> Config | None:
         return self.configs.get(ConfigKey(kind, namespace, name))
@@ -116,6 +139,7 @@ def build_snapshot(
                 kind_digests.pop(kind, None)
     base = previous if previous is not None and previous._index is not None else None
     definitions = services.digest(endpoints_of=lambda s: s.resolution is not Resolution.STATIC).encode()
+    registry_digest = hashlib.blake2b(definitions + services.identities_digest(), digest_size=16).digest()
     h = hashlib.blake2b(digest_size=12)
     for kind in sorted(kind_digests):
         if kind not in _REGISTRY_KINDS:
@@ -135,6 +159,7 @@ def build_snapshot(
         mesh=mesh,
         by_kind=MappingProxyType(by_kind),
         kind_digests=MappingProxyType(kind_digests),
+        registry_digest=registry_digest,
         # Only an indexed snapshot is a base for the index: one never indexed (a build that
         # changed nothing, dropped) would otherwise keep the chain of snapshots before it alive.
         _previous=base,

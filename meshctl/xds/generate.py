@@ -45,6 +45,17 @@ from meshctl.xds.routes import build_routes
 
 Generated = Mapping[str, tuple[Message, ...]]
 
+#: The config kinds outbound cluster generation reads, besides the registry's services (and so
+#: ServiceEntries and WorkloadEntries) and the mesh settings: which DestinationRule applies and
+#: what it says, which services a Sidecar imports, the namespaces' mutual TLS mode (auto mTLS),
+#: and a gateway's RequestAuthentication keys (JWKS clusters). Not VirtualServices, Gateways or
+#: AuthorizationPolicies: the server keeps outbound clusters across changes of those
+#: (`Snapshot.version_of(CLUSTER_KINDS)` is their config version). Declared here, next to the
+#: generators, and checked by a test that takes away every other kind and finds no cluster changed.
+CLUSTER_KINDS: frozenset[str] = frozenset({"DestinationRule", "Sidecar", "PeerAuthentication", "RequestAuthentication"})
+#: What assignments read beyond the registry (`AssignmentView`): the subsets' labels.
+ASSIGNMENT_KINDS: frozenset[str] = frozenset({"DestinationRule"})
+
 
 def generate_config(snapshot: Snapshot, proxy: Proxy) -> Generated:
     """Clusters, listeners and routes for `proxy` (everything but endpoints), by type URL."""
@@ -69,6 +80,27 @@ def generate_outbound(snapshot: Snapshot, proxy: OutboundProxy, memos: Generatio
     from its `OutboundProxy` alone: the server shares it between proxies with equal ones, and
     with `memos` each service port's clusters between them and between snapshots."""
     return _outbound(ProxyScope(snapshot, proxy), memos)
+
+
+def generate_outbound_clusters(
+    snapshot: Snapshot, proxy: OutboundProxy, memos: GenerationMemos | None = None
+) -> tuple[Message, ...]:
+    """The clusters of `generate_outbound` alone: they read only `CLUSTER_KINDS` of the configs,
+    so the server keeps them while other kinds change."""
+    scope = ProxyScope(snapshot, proxy)
+    return tuple(build_outbound_clusters(scope, memos.clusters if memos is not None else None))
+
+
+def generate_outbound_listeners_and_routes(snapshot: Snapshot, proxy: OutboundProxy) -> Generated:
+    """The listeners and routes of `generate_outbound` (no clusters)."""
+    scope = ProxyScope(snapshot, proxy)
+    return MappingProxyType(
+        {
+            types.CLUSTER: (),
+            types.LISTENER: tuple(with_access_log(build_outbound_listeners(scope), scope.snapshot.mesh)),
+            types.ROUTE: tuple(build_routes(scope)),
+        }
+    )
 
 
 def generate_inbound(view: InboundView) -> Generated:
