@@ -15,7 +15,14 @@ The parent drives the workers over a pipe, one phase at a time:
   (`time.monotonic()`, the same clock in every process on Linux), and the bytes and responses
   of each type the proxies received since they were connected or last armed;
 - `("drop", node_ids)` closes those proxies' streams, as Envoys that leave (their VMs stopped);
+- `("streams",)` answers, per proxy, where its stream is and how it got there (failover only);
 - `("close",)` closes every stream.
+
+Failover (`bench/failover.py`): `connect` given several addresses (replicas) starts each proxy on
+one of them in turn, and a proxy whose stream ends opens a new one after Envoy's jittered backoff,
+to the next address (as Envoy's round robin over its `xds-grpc` endpoints does), presenting what it
+holds: SotW the `version_info` it last accepted, delta `initial_resource_versions`. It never gives
+up, as Envoy does not. Given one address, a proxy keeps one stream as before.
 
 A check is plain data, evaluated on what the proxy holds after each response (`holds`): exact,
 and cheap enough to run on every response.
@@ -28,14 +35,17 @@ import contextlib
 import functools
 import multiprocessing.connection
 import os
+import random
 import resource
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from envoy.service.discovery.v3 import discovery_pb2
 
+from meshctl.server.ads import TOO_MANY_NEW_STREAMS
 from meshctl.testing.ads_client import AdsClient
 from meshctl.xds import types
 
@@ -50,6 +60,35 @@ CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
 )
 
 Check = tuple[Any, ...]
+
+#: Envoy's ADS retry (`GrpcStream`: a `JitteredExponentialBackOffStrategy` of 500 ms base and 30 s
+#: most): each wait is uniform below an interval that doubles per failed attempt; a response resets it.
+RETRY_BASE_S = 0.5
+RETRY_MAX_S = 30.0
+#: What Envoy asks for again on a new stream, in the order it first subscribed.
+RESUBSCRIBE_ORDER = (types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE, types.SECRET)
+_METHODS = {
+    False: "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources",
+    True: "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources",
+}
+
+
+class EnvoyBackoff:
+    """Envoy's `JitteredExponentialBackOffStrategy::nextBackOffMs`: random below the interval, which
+    then doubles (up to the most); proxies that lost one replica together so do not all come back
+    in the same instant."""
+
+    def __init__(self, rng: random.Random, base: float = RETRY_BASE_S, most: float = RETRY_MAX_S) -> None:
+        self._rng, self._base, self._most = rng, base, most
+        self._interval = base
+
+    def next(self) -> float:
+        interval = self._interval
+        self._interval = self._most if interval > self._most / 2 else interval * 2
+        return min(self._rng.random() * interval, self._most)
+
+    def reset(self) -> None:
+        self._interval = self._base
 
 
 def holds(client: AdsClient, check: Check) -> bool:
@@ -100,10 +139,33 @@ def holds(client: AdsClient, check: Check) -> bool:
 class SimulatedProxy(AdsClient):
     """An AdsClient that notes when an armed check first holds, as the response that made it
     hold is applied (so the time is the response's arrival, not when a waiter woke up), and
-    counts what it receives by type."""
+    counts what it receives by type.
 
-    def __init__(self, *args: Any, on_hit: Any, **kwargs: Any) -> None:
+    Given `addresses` (more than one, with a channel each in `channels`), it fails over as Envoy
+    does (see the module docstring) and keeps count of its streams for `stream_state`."""
+
+    def __init__(
+        self,
+        *args: Any,
+        on_hit: Any,
+        addresses: Sequence[str] = (),
+        channels: Mapping[str, grpc.aio.Channel] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.addresses = tuple(addresses)
+        self._channels = dict(channels or {})
+        self._backoff = EnvoyBackoff(random.Random(self.node_id))
+        self._attempt = 0
+        #: delta: type URL -> name -> the version it was sent (for `initial_resource_versions`)
+        self.versions: dict[str, dict[str, str]] = {t: {} for t in types.PUSH_ORDER}
+        #: the stream's state, and its counts since connected or last armed (failover)
+        self.alive = False
+        self.opened_at = time.monotonic()
+        self.last_response_at: float | None = None
+        self.attempts = self.refused = self.failed = 0
+        #: why streams ended other than refused: "ADDRESS CODE: details" -> how many
+        self.ends: dict[str, int] = {}
         self.check: Check | None = None
         self.hit: float | None = None
         self.responses = 0
@@ -118,6 +180,9 @@ class SimulatedProxy(AdsClient):
     def arm(self, check: Check | None) -> None:
         self.check, self.hit, self.responses = check, None, 0
         self.received = {}
+        self.attempts = self.refused = self.failed = 0
+        self.ends = {}
+        self.last_response_at = None
         self.baseline = self.resources[types.SECRET].get(check[1]) if check and check[0] == "renewed" else None
 
     def _subscribe(self, type_url: str, names: set[str]) -> None:
@@ -131,9 +196,101 @@ class SimulatedProxy(AdsClient):
         counts[1] += response.ByteSize()
         super()._apply(response)
         self.responses += 1
+        self.last_response_at = time.monotonic()
+        self._backoff.reset()  # as Envoy's GrpcStream::onReceiveMessage
+        if self.delta:  # every response is ACKed here, so what it carried is held
+            held = self.versions[response.type_url]
+            held.update((r.name, r.version) for r in response.resources)
+            for name in response.removed_resources:
+                held.pop(name, None)
         if self.check is not None and self.hit is None and holds(self, self.check):
             self.hit = self.log[-1].at
             self._on_hit()
+
+    # -- failover ------------------------------------------------------------------------------
+
+    async def _requests(self) -> AsyncIterator[Any]:
+        """The base class's, bound to the queue of this stream: a new stream gets a new queue,
+        and the generator of a lost one must not take requests meant for its successor."""
+        queue = self._queue
+        while (request := await queue.get()) is not None:
+            yield request
+
+    async def _receive(self, call: Any) -> None:
+        """Receive on the stream; with several addresses, when it ends, wait Envoy's backoff and
+        open the next one, for as long as the proxy runs (`close` cancels this task)."""
+        while True:
+            self.alive = True
+            await super()._receive(call)
+            self.alive = False
+            if len(self.addresses) < 2:
+                return
+            # Not closed for good: it retries, so `collect` must keep waiting for it.
+            error, self.closed = self.closed, None
+            refused = isinstance(error, grpc.aio.AioRpcError) and error.details() == TOO_MANY_NEW_STREAMS
+            if refused:
+                self.refused += 1
+            else:
+                self.failed += 1  # the replica died or was dead already (connection refused), or else: `ends`
+                why = f"{error.code().name}: {error.details()}" if isinstance(error, grpc.aio.AioRpcError) else "ended"
+                why = f"{self.address} {why}"[:200]
+                self.ends[why] = self.ends.get(why, 0) + 1
+            await asyncio.sleep(self._backoff.next())
+            call = self._redial()
+
+    def _redial(self) -> Any:
+        """A new stream to the next address, asking again for everything watched, as Envoy does
+        (`GrpcMuxImpl::onStreamEstablished`): per type, in the order first subscribed, the names
+        and what is held; the nonces of the lost stream mean nothing on the new one."""
+        self._attempt += 1
+        self.address = self.addresses[self._attempt % len(self.addresses)]
+        lost, self._queue = self._queue, asyncio.Queue()
+        lost.put_nowait(None)
+        self._first = True
+        response_class = discovery_pb2.DeltaDiscoveryResponse if self.delta else discovery_pb2.DiscoveryResponse
+        call = self._channels[self.address].stream_stream(
+            _METHODS[self.delta],
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=response_class.FromString,
+        )(self._requests())
+        self.attempts += 1
+        self.opened_at = time.monotonic()
+        for type_url in RESUBSCRIBE_ORDER:
+            state = self._state[type_url]
+            if not state.started:
+                continue
+            state.nonce = ""
+            request: Any
+            if self.delta:
+                request = discovery_pb2.DeltaDiscoveryRequest(
+                    type_url=type_url, resource_names_subscribe=sorted(state.names)
+                )
+                held = self.versions[type_url]
+                request.initial_resource_versions.update({n: held[n] for n in self.resources[type_url] if n in held})
+            else:
+                request = discovery_pb2.DiscoveryRequest(
+                    type_url=type_url, version_info=state.version, resource_names=sorted(state.names)
+                )
+            self._node(request)
+            self._queue.put_nowait(request)
+        return call
+
+    def stream_state(self) -> dict[str, Any]:
+        """Where the proxy's stream is, and how it got there since connected or last armed."""
+        received = {types.SHORT_NAMES[t]: list(c) for t, c in self.received.items()}
+        return {
+            "address": self.address,
+            "first": self.addresses[0] if self.addresses else self.address,
+            "alive": self.alive,
+            "opened_at": self.opened_at,
+            "last_response_at": self.last_response_at,
+            "attempts": self.attempts,
+            "refused": self.refused,
+            "failed": self.failed,
+            "ends": dict(self.ends),
+            "received": received,
+            "complete": holds(self, ("complete",)),
+        }
 
 
 class _WaitForReady:
@@ -153,7 +310,8 @@ class _Worker:
     node_ids: Sequence[str]
     delta: bool
     proxies: dict[str, SimulatedProxy] = field(default_factory=dict)
-    channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
+    #: node id -> its channels: one per address it may connect to
+    channels: dict[str, list[grpc.aio.Channel]] = field(default_factory=dict)
     waiting: int = 0
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -177,20 +335,26 @@ class _Worker:
         if self.waiting == 0:
             self.done.set()
 
-    async def connect(self, address: str, check: Check) -> None:
+    async def connect(self, address: str | Sequence[str], check: Check) -> None:
+        """Open every proxy's stream; given several addresses, proxy j starts on address j mod n
+        and fails over to the others."""
         # Proxies of one scope are sent the same resources: one decoded copy for all of them
         # (at 10,000 services each proxy holds thousands, and a copy each took 12 GB).
         shared: dict[tuple[str, bytes], Any] = {}
-        for node_id in self.node_ids:
-            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-            self.channels[node_id] = channel
+        everyone = (address,) if isinstance(address, str) else tuple(address)
+        for j, node_id in enumerate(self.node_ids):
+            mine = everyone[j % len(everyone) :] + everyone[: j % len(everyone)]
+            channels = {a: grpc.aio.insecure_channel(a, options=CHANNEL_OPTIONS) for a in mine}
+            self.channels[node_id] = list(channels.values())
             proxy = SimulatedProxy(
-                address,
+                mine[0],
                 node_id,
                 delta=self.delta,
-                channel=_WaitForReady(channel),  # type: ignore[arg-type]
+                channel=_WaitForReady(channels[mine[0]]),  # type: ignore[arg-type]
                 on_hit=self.hit,
                 shared=shared,
+                addresses=mine if len(mine) > 1 else (),
+                channels=channels,
             )
             self.proxies[node_id] = proxy
         self.arm(check, None)
@@ -223,11 +387,12 @@ class _Worker:
         """Close these proxies' streams and forget them: they count in no later phase."""
         gone = [(self.proxies.pop(n), self.channels.pop(n)) for n in node_ids if n in self.proxies]
         await asyncio.gather(*(p.close() for p, _ in gone), return_exceptions=True)
-        await asyncio.gather(*(c.close(None) for _, c in gone), return_exceptions=True)
+        await asyncio.gather(*(c.close(None) for _, cs in gone for c in cs), return_exceptions=True)
 
     async def close(self) -> None:
         await asyncio.gather(*(p.close() for p in self.proxies.values()), return_exceptions=True)
-        await asyncio.gather(*(c.close(None) for c in self.channels.values()), return_exceptions=True)
+        everything = [c for cs in self.channels.values() for c in cs]
+        await asyncio.gather(*(c.close(None) for c in everything), return_exceptions=True)
 
 
 def worker_main(conn: multiprocessing.connection.Connection, node_ids: Sequence[str], delta: bool) -> None:
@@ -267,6 +432,9 @@ async def _serve(worker: _Worker) -> None:
             case "drop":
                 await worker.drop(command[1])
                 worker.conn.send(("dropped",))
+            case "streams":
+                streams = {n: p.stream_state() for n, p in worker.proxies.items()}
+                worker.conn.send(("streams", streams))
             case "close":
                 await worker.close()
                 with contextlib.suppress(BrokenPipeError, OSError):

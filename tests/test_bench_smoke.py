@@ -98,3 +98,22 @@ def test_mtls_cost_benchmark_measures_cold_starts_and_rotations() -> None:
     assert run["departed"] is not None
     assert set(result["in_process"]["on"]) == {"cold start", "round, nothing due", "round, all due"}
     assert "| rotation |" in proc.stdout
+
+
+def test_failover_benchmark_moves_every_proxy_to_the_survivor() -> None:
+    command = [sys.executable, str(RUN.parent / "failover.py"), "--services", "5", "--endpoints", "4"]
+    command += ["--proxies", "20", "--workers", "1", "--modes", "sotw,delta", "--timeout", "60"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    keys = {"proxies", "services", "failover_s", "survivor_peak_rss_mb", "survivor_cpu_s", "moved", "refused", "mode"}
+    assert [r["mode"] for r in result["runs"]] == ["sotw", "delta"]
+    for run in result["runs"]:
+        assert run.keys() >= keys
+        assert (run["proxies"], run["services"]) == (20, 5)
+        # Every proxy ended on the survivor, in sync there; about half of them had to move.
+        assert run["converged"] and run["on_survivor"] == 20 and run["incomplete"] == 0
+        assert 0 < run["moved"] < 20 and run["server_errors"] == 0
+        # Replicas agree and a moved proxy says what it holds: it is sent nothing (docs/replicas.md).
+        assert run["moved_received"] == {} and run["others_received"] == {}
+    assert "| mode |" in proc.stdout
