@@ -317,3 +317,36 @@ def test_changed_clusters_are_forgotten_once_gone_without_eds() -> None:
         conn.update(resources(f"v{i}b", cds=[res(f"c{i}", "2"), res("keep")]))
         conn.pushes()
     assert conn._changed_clusters == {"c49"}
+
+
+def test_a_resumed_stream_sent_nothing_takes_new_names_without_a_nonce() -> None:
+    """A SotW proxy that moved to this replica presents the versions it holds; they are
+    current, so it is sent nothing, and this stream has no nonce to answer. Its next request
+    (a cluster was added: its endpoints are wanted) carries no nonce either, as Envoy's do on a
+    new stream, and must be taken as the subscription it is, not as a stale reply."""
+    v1 = resources("v1", cds=[res("a")], eds=[res("a")], lds=[res("l")], rds=[res("r")])
+    first = Connection("c1", delta=False)
+    subscribed(first, ["a"], ["r"])
+    first.update(v1)
+    held = {p.type_url: p for p in first.pushes()}
+
+    moved = Connection("c2", delta=False)
+    moved.update(v1)
+    for type_url, names in ((CDS, []), (EDS, ["a"]), (LDS, []), (RDS, ["r"])):
+        resume = discovery_pb2.DiscoveryRequest(
+            type_url=type_url, resource_names=names, version_info=held[type_url].version
+        )
+        moved.handle(type_url, resume)
+    assert moved.pushes() == []  # it holds all of it
+
+    v2 = resources("v2", cds=[res("a"), res("b")], eds=[res("a"), res("b")], lds=[res("l")], rds=[res("r")])
+    moved.update(v2)
+    cds = [p for p in moved.pushes() if p.type_url == CDS]
+    assert cds and [r.name for r in cds[0].resources] == ["a", "b"]
+    moved.handle(CDS, request(CDS, [], cds[0]))
+    outcome = moved.handle(
+        EDS, discovery_pb2.DiscoveryRequest(type_url=EDS, resource_names=["a", "b"], version_info=held[EDS].version)
+    )
+    assert outcome.kind is not RequestKind.STALE
+    eds = [p for p in moved.pushes() if p.type_url == EDS]
+    assert eds and "b" in [r.name for r in eds[0].resources]

@@ -40,7 +40,7 @@ from test_e2e_serve import (
 )
 from test_replica_failover import GIT_SYNC, git
 
-from meshctl.testing.backends import Backend, RequestLoop
+from meshctl.testing.backends import Backend, RequestLoop, send
 from meshctl.testing.envoy import EnvoyProcess, free_port
 from meshctl.testing.fake_consul import FakeConsul
 from meshctl.testing.serve_process import ServeProcess, meshctl_command
@@ -264,10 +264,19 @@ def test_three_replicas_two_envoys_lose_nothing_when_one_dies_and_a_change_reach
     holders = {node: held(replicas, node) for node in envoys}
     assert holders[CLIENT] is not holders[OTHER_CLIENT]
 
+    # A route change, and a new service: its cluster is new to Envoys whose streams were
+    # resumed with nothing sent, and they must be sent its endpoints when they ask.
     marks = {node: loop.mark() for node, loop in loops.items()}
-    config.write({**files, "routes.yaml": virtual_service("web", {"v2": 100})})
+    stack.enter_context(Backend("shop-v1", "127.0.0.23", port))
+    shop = (service_entry("shop", port), workload_entry("shop-v1", "127.0.0.23", "shop", "v1"))
+    config.write({**files, "routes.yaml": virtual_service("web", {"v2": 100}), "shop.yaml": "---\n".join(shop)})
     for node, loop in loops.items():
         wait_for(lambda loop=loop, node=node: loop.settled_on("web-v2", marks[node]), f"the change reaches {node}")
+        address = OTHER_IP if node == OTHER_CLIENT else "127.0.0.1"
+        wait_for(
+            lambda address=address: send(port, f"shop.{NS}.mesh", address=address).backend == "shop-v1",
+            f"the new service is reached through {node}",
+        )
         assert held(replicas, node) is holders[node]  # and through the replica it was on
     for node, loop in loops.items():
         assert loop.failures == [], node

@@ -202,7 +202,9 @@ class SotwSubscription:
             return RequestOutcome(RequestKind.INITIAL, subscription_changed=True)
         if self.partial and request.response_nonce:
             self._answered(request.response_nonce, rejected=request.HasField("error_detail"))
-        if request.response_nonce != self.sent_nonce:
+        # Nothing sent on this stream yet (a resumed subscription whose versions were current):
+        # the node's requests carry no nonce, and are its subscription, not stale replies.
+        if request.response_nonce != (self.sent_nonce or ""):
             return RequestOutcome(RequestKind.STALE)
         changed = self._subscribe(names)
         if request.HasField("error_detail"):
