@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -189,7 +190,7 @@ class SotwSubscription:
     def handle(self, request: discovery_pb2.DiscoveryRequest) -> RequestOutcome:
         """Apply one request. A NACK of the version already rejected (the node says it again, as
         Envoy does when it changes its names after a NACK) is `repeated`."""
-        names = frozenset(request.resource_names)
+        names = frozenset(map(sys.intern, request.resource_names))  # one copy for all proxies
         if len(names) - (WILDCARD in names) > self._max_names:
             raise _too_many(self.type_url, len(names) - (WILDCARD in names), "names requested", self._max_names)
         if not self.started:
@@ -390,7 +391,8 @@ class DeltaSubscription:
             self.started = True
             kind = RequestKind.INITIAL
             changed = True
-            self.known.update(request.initial_resource_versions)
+            # Interned: a thousand proxies resuming on this replica name the same resources.
+            self.known.update((sys.intern(n), sys.intern(v)) for n, v in request.initial_resource_versions.items())
             if not request.resource_names_subscribe and self._wildcard_when_empty:
                 self.wildcard = True
         for name in request.resource_names_subscribe:
@@ -398,7 +400,7 @@ class DeltaSubscription:
             if name == WILDCARD:
                 self.wildcard = True
                 continue
-            self.names.add(name)
+            self.names.add(sys.intern(name))
             if kind is not RequestKind.INITIAL and name in self.known:
                 # An explicit subscribe asks for the resource even if the node had it before.
                 self.known[name] = _UNKNOWN
