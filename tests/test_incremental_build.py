@@ -54,25 +54,34 @@ spec: {{address: {ip}, labels: {{app: {app}}}}}
 
 
 def _rule(name: str, ns: str, max_connections: int) -> str:
+    # Some rules hash (routes to the host carry it), some name the subset routes may ask for.
+    hashing = ", loadBalancer: {consistentHash: {httpHeaderName: x-user}}" if max_connections % 2 else ""
+    subsets = f"[{{name: v1, labels: {{app: {name}}}}}]" if max_connections != 2 else "[]"
     return f"""
 apiVersion: networking.istio.io/v1
 kind: DestinationRule
 metadata: {{name: {name}, namespace: {ns}}}
 spec:
   host: {name}.{ns}.mesh
-  trafficPolicy: {{connectionPool: {{tcp: {{maxConnections: {max_connections}}}}}}}
-  subsets: [{{name: v1, labels: {{app: {name}}}}}]
+  trafficPolicy: {{connectionPool: {{tcp: {{maxConnections: {max_connections}}}}}{hashing}}}
+  subsets: {subsets}
 """
 
 
 def _route(name: str, ns: str, timeout: int) -> str:
+    # Routes to another service (whose rule and ports then shape them), by short name or in
+    # full, to a subset, or mirrored: what route translations read beyond their own resource.
+    other = SERVICES[(SERVICES.index(name) + timeout) % len(SERVICES)]
+    target = other if timeout == 2 else f"{other}.{ns}.mesh"
+    subset = ", subset: v1" if timeout == 3 else ""
+    mirror = f", mirror: {{host: {name}.{ns}.mesh}}" if timeout == 1 else ""
     return f"""
 apiVersion: networking.istio.io/v1
 kind: VirtualService
 metadata: {{name: {name}, namespace: {ns}}}
 spec:
   hosts: [{name}.{ns}.mesh]
-  http: [{{timeout: {timeout}s, route: [{{destination: {{host: {name}.{ns}.mesh}}}}]}}]
+  http: [{{timeout: {timeout}s, route: [{{destination: {{host: {target}{subset}}}}}]{mirror}}}]
 """
 
 

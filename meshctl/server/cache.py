@@ -163,6 +163,10 @@ class ResourceCache:
         self.cluster_generations = 0  # outbound parts whose clusters had to be generated
         self.eds_builds = 0
 
+    def route_translations(self) -> tuple[int, int]:
+        """VirtualService translations run and reused (`RouteMemo`), for the tests and benchmarks."""
+        return self._memos.routes.made, self._memos.routes.reused
+
     @property
     def clusters_built(self) -> int:
         """Service ports whose clusters were generated (the rest were shared from a view)."""
@@ -230,7 +234,9 @@ class ResourceCache:
                 if self._cluster_parts.put(clusters_version, outbound_key, clusters):
                     self._forget_assignments()
         if rest is None:
-            rest = self._generated(generate_outbound_listeners_and_routes(snapshot, outbound_key), count=False)
+            rest = self._generated(
+                generate_outbound_listeners_and_routes(snapshot, outbound_key, self._memos), count=False
+            )
             with self._lock:
                 self._outbound_parts.put(snapshot.config_version, outbound_key, rest)
         with self._lock:

@@ -41,6 +41,7 @@ from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.listeners import build_inbound_listeners, build_outbound_listeners, sort_listeners
 from meshctl.xds.memo import GenerationMemo
 from meshctl.xds.names import eds_cluster_names
+from meshctl.xds.route_memo import RouteMemo
 from meshctl.xds.routes import build_routes
 
 Generated = Mapping[str, tuple[Message, ...]]
@@ -70,9 +71,11 @@ class GenerationMemos:
 
     def __init__(self) -> None:
         self.clusters: ClusterMemo = GenerationMemo()
+        self.routes = RouteMemo()
 
     def advance(self) -> None:
         self.clusters.advance()
+        self.routes.advance()
 
 
 def generate_outbound(snapshot: Snapshot, proxy: OutboundProxy, memos: GenerationMemos | None = None) -> Generated:
@@ -91,14 +94,17 @@ def generate_outbound_clusters(
     return tuple(build_outbound_clusters(scope, memos.clusters if memos is not None else None))
 
 
-def generate_outbound_listeners_and_routes(snapshot: Snapshot, proxy: OutboundProxy) -> Generated:
-    """The listeners and routes of `generate_outbound` (no clusters)."""
+def generate_outbound_listeners_and_routes(
+    snapshot: Snapshot, proxy: OutboundProxy, memos: GenerationMemos | None = None
+) -> Generated:
+    """The listeners and routes of `generate_outbound` (no clusters); with `memos`, route
+    translations are reused across proxies and snapshots where they read the same."""
     scope = ProxyScope(snapshot, proxy)
     return MappingProxyType(
         {
             types.CLUSTER: (),
             types.LISTENER: tuple(with_access_log(build_outbound_listeners(scope), scope.snapshot.mesh)),
-            types.ROUTE: tuple(build_routes(scope)),
+            types.ROUTE: tuple(build_routes(scope, memos.routes if memos is not None else None)),
         }
     )
 
@@ -131,7 +137,7 @@ def _outbound(scope: ProxyScope, memos: GenerationMemos | None = None) -> Genera
         {
             types.CLUSTER: tuple(build_outbound_clusters(scope, memos.clusters if memos is not None else None)),
             types.LISTENER: tuple(with_access_log(build_outbound_listeners(scope), scope.snapshot.mesh)),
-            types.ROUTE: tuple(build_routes(scope)),
+            types.ROUTE: tuple(build_routes(scope, memos.routes if memos is not None else None)),
         }
     )
 

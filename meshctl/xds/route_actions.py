@@ -74,13 +74,15 @@ class RouteContext:
     gateways: frozenset[str]
     proxy_labels: Mapping[str, str]
     proxy_namespace: str
-    known_hosts: frozenset[str]
+    #: (host as written, lower-cased; the namespace it is written in) -> the host it stands for
+    #: (`resolve_destination_host` over the known services)
+    resolve_host: Callable[[str, str], str]
     lookup_service: Callable[[str], Service | None]
     lookup_hash: Callable[[vs_pb2.Destination, str], ConsistentHash | None]
     is_tls: bool = False
 
     def host(self, destination: vs_pb2.Destination, namespace: str) -> str:
-        return resolve_destination_host(destination.host.lower(), namespace, self.known_hosts)
+        return self.resolve_host(destination.host.lower(), namespace)
 
     def cluster(self, destination: vs_pb2.Destination, namespace: str) -> str:
         host = self.host(destination, namespace)

@@ -118,12 +118,13 @@ def route_context(
     is_tls: bool = False,
 ) -> RouteContext:
     """The context VirtualService routes are translated in for this proxy."""
+    known = scope.snapshot.services.services.keys()
     return RouteContext(
         listen_port=listen_port,
         gateways=gateways,
         proxy_labels=scope.proxy.labels,
         proxy_namespace=scope.proxy.namespace,
-        known_hosts=frozenset(scope.snapshot.services.services),
+        resolve_host=lambda host, namespace: resolve_destination_host(host, namespace, known),
         lookup_service=lookup_service or scope.service,
         lookup_hash=lambda destination, host: destination_hash(scope, destination, host),
         is_tls=is_tls,

@@ -47,6 +47,7 @@ from meshctl.xds.route_context import (
 from meshctl.xds.route_delegate import effective_http
 from meshctl.xds.route_domains import NO_PORT, DomainAllocator, domain_name, ipv6_compliant, service_domains
 from meshctl.xds.route_gateway import build_gateway_routes
+from meshctl.xds.route_memo import RouteMemo
 
 __all__ = ["build_routes", "destination_cluster", "route_configuration"]
 
@@ -58,25 +59,29 @@ DEFAULT_ROUTE = "default"
 _PLAIN_HTTP_PORT = 80
 
 
-def build_routes(scope: ProxyScope) -> list[route_pb2.RouteConfiguration]:
-    """Every route configuration of the proxy, sorted by name."""
-    configs = build_gateway_routes(scope) if scope.proxy.type is ProxyType.ROUTER else build_sidecar_routes(scope)
+def build_routes(scope: ProxyScope, memo: RouteMemo | None = None) -> list[route_pb2.RouteConfiguration]:
+    """Every route configuration of the proxy, sorted by name; with `memo`, a sidecar's
+    VirtualService translations are reused where they read the same (`route_memo`)."""
+    router = scope.proxy.type is ProxyType.ROUTER
+    configs = build_gateway_routes(scope) if router else build_sidecar_routes(scope, memo)
     return sorted(configs, key=lambda c: c.name)
 
 
-def build_sidecar_routes(scope: ProxyScope) -> list[route_pb2.RouteConfiguration]:
+def build_sidecar_routes(scope: ProxyScope, memo: RouteMemo | None = None) -> list[route_pb2.RouteConfiguration]:
     ports = sorted({p.number for s in scope.services for p in s.ports if _has_routes(p.protocol)})
     virtual_services = scope.virtual_services((MESH_GATEWAY,))
     configs = [
-        _sidecar_route_config(scope, port, virtual_services, {s.hostname: s for s in scope.services if s.port(port)})
+        _sidecar_route_config(
+            scope, port, virtual_services, {s.hostname: s for s in scope.services if s.port(port)}, memo
+        )
         for port in ports
     ]
-    configs.extend(_egress_route_configs(scope, set(ports), virtual_services))
+    configs.extend(_egress_route_configs(scope, set(ports), virtual_services, memo))
     return configs
 
 
 def _egress_route_configs(
-    scope: ProxyScope, taken: set[int], virtual_services: Sequence[Config]
+    scope: ProxyScope, taken: set[int], virtual_services: Sequence[Config], memo: RouteMemo | None
 ) -> list[route_pb2.RouteConfiguration]:
     """Route configs for Sidecar egress listeners on an HTTP port no service has (a VM whose app
     owns a service port reaches that service on another local port): each holds the services the
@@ -105,7 +110,7 @@ def _egress_route_configs(
             own = svc.port(number) or (http_ports[0] if len(http_ports) == 1 else None)
             if own is not None:
                 services[svc.hostname] = dataclasses.replace(svc, ports=(own,))
-        out.append(_sidecar_route_config(scope, number, virtual_services, services))
+        out.append(_sidecar_route_config(scope, number, virtual_services, services, memo))
     return out
 
 
@@ -120,7 +125,11 @@ class _HostGroup:
 
 
 def _sidecar_route_config(
-    scope: ProxyScope, port: int, virtual_services: Sequence[Config], services: dict[str, Service]
+    scope: ProxyScope,
+    port: int,
+    virtual_services: Sequence[Config],
+    services: dict[str, Service],
+    memo: RouteMemo | None = None,
 ) -> route_pb2.RouteConfiguration:
     """The route config of listener port `port`, over `services` (each of which either has that
     port, or has been reduced to the one port it is reached on from this listener)."""
@@ -133,7 +142,8 @@ def _sidecar_route_config(
         hosts = virtual_service_hosts(scope, vs)
         if port != _PLAIN_HTTP_PORT and not _overlaps_any(hosts, services):
             continue
-        routes = http_routes(vs, ctx, effective_http(scope, vs))
+        http = effective_http(scope, vs)
+        routes = memo.routes(vs, ctx, http) if memo is not None else http_routes(vs, ctx, http)
         if not routes:
             # No route applies to this proxy: its hosts keep their default routes, as in Istio.
             continue
