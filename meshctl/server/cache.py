@@ -208,7 +208,11 @@ class ResourceCache:
             inbound_view(ProxyScope(snapshot, proxy)), lambda view: self._generated(generate_inbound(view))
         )
         by_type = {t: self._join(t, outbound.by_type[t], inbound.by_type[t]) for t in _CONFIG_TYPES}
-        result = _Config(MappingProxyType(by_type), tuple(sorted({*outbound.eds_names, *inbound.eds_names})))
+        # Inbound parts name no EDS cluster as a rule: then the outbound part's (sorted) list, shared.
+        eds_names = (
+            outbound.eds_names if not inbound.eds_names else tuple(sorted({*outbound.eds_names, *inbound.eds_names}))
+        )
+        result = _Config(MappingProxyType(by_type), eds_names)
         with self._lock:
             self._config.put(snapshot.config_version, key, result)
         return result
