@@ -20,13 +20,17 @@ and translation reads nothing but the VirtualService, its routes and the context
 VirtualServices with delegates are translated each time: their routes come from other
 VirtualServices as well, and they are rare.
 
+A service without a VirtualService gets a default route, a function of its host, the listener
+port, the port it serves and its DestinationRule's consistent hash: those are its key, and one
+route is made per key.
+
 Kept like `GenerationMemo`: what was not asked for during the last two config versions goes.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -104,6 +108,21 @@ class RouteMemo:
         #: translations run / reused (for the benchmarks and tests)
         self.made = 0
         self.reused = 0
+        #: services' default routes, by everything they are made of (`routes._default_route`)
+        self._defaults: dict[Hashable, rc.Route] = {}
+        self._defaults_previous: dict[Hashable, rc.Route] = {}
+
+    def default_route(self, key: Hashable, make: Callable[[], rc.Route]) -> rc.Route:
+        """The default route `key` names (the caller's key is all `make` reads), made once."""
+        with self._lock:
+            found = self._defaults.get(key) or self._defaults_previous.get(key)
+            if found is not None:
+                self._defaults[key] = found
+                return found
+        made = make()
+        with self._lock:
+            self._defaults[key] = made
+        return made
 
     def routes(self, vs: Config, ctx: RouteContext, http: Sequence[vs_pb2.HTTPRoute]) -> list[rc.Route]:
         """`http_routes(vs, ctx, http)`, reused when a translation with the same key read the
@@ -139,3 +158,4 @@ class RouteMemo:
         """A new config version: what the one before last used and this one has not yet is dropped."""
         with self._lock:
             self._previous, self._current = self._current, {}
+            self._defaults_previous, self._defaults = self._defaults, {}

@@ -35,7 +35,7 @@ from meshctl.snapshot.proxy import ProxyType
 from meshctl.snapshot.scope import MESH_GATEWAY, ProxyScope, parse_egress_hosts
 from meshctl.xds import route_policy as policy
 from meshctl.xds.names import PASSTHROUGH_CLUSTER, sidecar_route_name
-from meshctl.xds.route_actions import http_routes
+from meshctl.xds.route_actions import ConsistentHash, http_routes
 from meshctl.xds.route_context import (
     destination_cluster,
     route_configuration,
@@ -156,7 +156,7 @@ def _sidecar_route_config(
     for host in sorted(services):
         svc = services[host]
         if host not in claimed and _is_http(svc, port):
-            groups.append(_HostGroup([_default_route(scope, svc, port)], [svc]))
+            groups.append(_HostGroup([_default_route(scope, svc, port, memo)], [svc]))
     virtual_hosts = _virtual_hosts(scope, port, groups)
     if not any("*" in vh.domains for vh in virtual_hosts):
         # A VirtualService for `*` on port 80 already catches everything; Envoy refuses a second `*`.
@@ -227,21 +227,30 @@ def _claimed_hosts(
     return other, matched
 
 
-def _default_route(scope: ProxyScope, svc: Service, port: int) -> rc.Route:
+def _default_route(scope: ProxyScope, svc: Service, port: int, memo: RouteMemo | None = None) -> rc.Route:
     """Istio's BuildDefaultHTTPOutboundRoute: everything to the service's cluster, Istio's
-    default retries, no timeout, and the DestinationRule's consistent hash if it has one."""
+    default retries, no timeout, and the DestinationRule's consistent hash if it has one. A
+    function of exactly these, so `memo` shares one per (host, port, target, hash)."""
     target = _serving_port(svc, port)
-    action = rc.RouteAction(cluster=f"outbound|{target}||{svc.hostname}")
+    hashing = service_hash(scope, svc.hostname, target)
+    if memo is None:
+        return _build_default_route(svc.hostname, port, target, hashing)
+    key = (svc.hostname, port, target, hashing.SerializeToString(deterministic=True) if hashing is not None else None)
+    return memo.default_route(key, lambda: _build_default_route(svc.hostname, port, target, hashing))
+
+
+def _build_default_route(host: str, port: int, target: int, hashing: ConsistentHash | None) -> rc.Route:
+    action = rc.RouteAction(cluster=f"outbound|{target}||{host}")
     action.retry_policy.CopyFrom(policy.default_retry_policy())
     policy.set_timeout(action, None)
-    hashing = policy.hash_policy(service_hash(scope, svc.hostname, target))
-    if hashing is not None:
-        action.hash_policy.append(hashing)
+    hash_policy = policy.hash_policy(hashing)
+    if hash_policy is not None:
+        action.hash_policy.append(hash_policy)
     return rc.Route(
         name=DEFAULT_ROUTE,
         match=rc.RouteMatch(prefix="/"),
         route=action,
-        decorator=rc.Decorator(operation=f"{svc.hostname}:{port}/*"),
+        decorator=rc.Decorator(operation=f"{host}:{port}/*"),
     )
 
 
