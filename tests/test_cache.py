@@ -629,3 +629,57 @@ def test_a_virtual_service_change_keeps_every_outbound_cluster_part_and_eds_set(
             expected = sorted((r.name, r.body) for r in (to_resource(m, type_url) for m in messages))
             assert sorted((r.name, r.body) for r in view.of(type_url).values()) == expected, (n, type_url)
     assert (cache.cluster_generations, cache.eds_builds) == (clusters, eds)
+
+
+def _scoped_mesh(max_connections: int) -> str:
+    """Two namespaces, each importing only its own services (Sidecar `./*`), and a rule for a
+    service of the first."""
+    out = []
+    for ns in ("ns-a", "ns-b"):
+        out.append(
+            f"""apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: web, namespace: {ns}}}
+spec:
+  hosts: [web.{ns}.mesh]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{{number: 8080, name: http, protocol: HTTP}}]
+  endpoints: [{{address: 10.{len(out)}.0.1}}]
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {{name: default, namespace: {ns}}}
+spec:
+  egress: [{{hosts: ["./*"]}}]
+"""
+        )
+    out.append(
+        f"""apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {{name: web, namespace: ns-a}}
+spec:
+  host: web.ns-a.mesh
+  trafficPolicy: {{connectionPool: {{tcp: {{maxConnections: {max_connections}}}}}}}
+"""
+    )
+    return "---\n".join(out)
+
+
+def test_a_rule_change_regenerates_only_the_parts_that_asked_for_that_rule() -> None:
+    """Outbound parts note the DestinationRules they asked for: a rule of a host only one
+    namespace imports regenerates that namespace's parts, and the other namespace keeps its own
+    (they asked for no such rule), while every proxy is still served what `generate` makes."""
+    cache = ResourceCache()
+    nodes = [f"sidecar~10.9.0.{i}~client.{ns}~{ns}.svc.cluster.local" for i, ns in enumerate(("ns-a", "ns-b"))]
+    for step, limit in enumerate((10, 20)):
+        snapshot = snapshot_from_yaml(_scoped_mesh(limit))
+        before = (cache.cluster_generations, cache.outbound_generations)
+        for n in nodes:
+            proxy = proxy_for(snapshot, n)
+            view = cache.resources(snapshot, proxy)
+            for type_url, messages in generate(snapshot, proxy).items():
+                expected = sorted((r.name, r.body) for r in (to_resource(m, type_url) for m in messages))
+                assert sorted((r.name, r.body) for r in view.of(type_url).values()) == expected, (n, type_url)
+        made = (cache.cluster_generations - before[0], cache.outbound_generations - before[1])
+        assert made == ((2, 2) if step == 0 else (1, 1)), made

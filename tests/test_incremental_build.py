@@ -56,7 +56,9 @@ spec: {{address: {ip}, labels: {{app: {app}}}}}
 def _rule(name: str, ns: str, max_connections: int) -> str:
     # Some rules hash (routes to the host carry it), some name the subset routes may ask for.
     hashing = ", loadBalancer: {consistentHash: {httpHeaderName: x-user}}" if max_connections % 2 else ""
-    subsets = f"[{{name: v1, labels: {{app: {name}}}}}]" if max_connections != 2 else "[]"
+    # ... and the subset's labels change (the same cluster, other endpoints).
+    labels = f"{{app: {name}}}" if max_connections != 3 else f"{{app: {name}, tier: gold}}"
+    subsets = f"[{{name: v1, labels: {labels}}}]" if max_connections != 2 else "[]"
     return f"""
 apiVersion: networking.istio.io/v1
 kind: DestinationRule

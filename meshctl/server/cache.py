@@ -3,8 +3,11 @@
 Three levels of sharing, from the most to the least expensive to redo:
 
 - clusters, listeners and routes are generated in two parts: the outbound part (the services a
-  proxy calls, nearly all of its config) once per snapshot config version and
-  `OutboundProxy`, which a namespace of VMs serving different services usually shares,
+  proxy calls, nearly all of its config) once per `OutboundProxy` (which a namespace of VMs
+  serving different services usually shares) and version of the kinds it reads: its clusters
+  per `CLUSTER_KINDS`, its listeners and routes per every other kind; DestinationRules are
+  not in those versions but traced (each part notes the rules it asked for, and is kept while
+  they are the same, so a rule of one namespace's service regenerates that namespace alone),
   within which each service port's clusters are made once per `OutboundClusterView` and shared
   across keys and versions (a VirtualService change builds no cluster); and the inbound part (its
   own workload) once per `InboundView`, the only input of inbound generation (a
@@ -40,13 +43,14 @@ from google.protobuf.message import Message
 
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyNode, bind_proxy, outbound_proxy
-from meshctl.snapshot.scope import ProxyScope
+from meshctl.snapshot.scope import ProxyScope, rule_digest
 from meshctl.xds import types
 from meshctl.xds.eds_locality import LocalityView, eds_localities, for_view
-from meshctl.xds.endpoints import AssignmentView, assignment_view, build_assignment
+from meshctl.xds.endpoints import AssignmentView, assignment_view, build_assignment, subset_labels
 from meshctl.xds.generate import (
     ASSIGNMENT_KINDS,
     CLUSTER_KINDS,
+    TRACED_KINDS,
     GenerationMemos,
     generate_inbound,
     generate_outbound_clusters,
@@ -54,7 +58,7 @@ from meshctl.xds.generate import (
 )
 from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.memo import GenerationMemo
-from meshctl.xds.names import eds_cluster_names
+from meshctl.xds.names import eds_cluster_names, parse_cluster_name
 from meshctl.xds.resources import Resource, ResourceSet, to_resource
 
 
@@ -128,6 +132,47 @@ class _Config:
     eds_names: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class _TracedEds:
+    """An EDS set, and the labels each subset cluster in it was built with (host, subset, labels):
+    the only part of a DestinationRule an assignment reads (`subset_labels`)."""
+
+    eds: ResourceSet
+    subsets: tuple[tuple[str, str, tuple[tuple[str, str], ...] | None], ...]
+    #: the DestinationRules' content digest when it was made: the same rules, the same answers
+    rules_digest: bytes
+
+    def holds(self, snapshot: Snapshot) -> bool:
+        if _rules_digest(snapshot) == self.rules_digest:
+            return True
+        for host, subset, labels in self.subsets:
+            now = subset_labels(snapshot, host, subset)
+            if (tuple(sorted(now.items())) if now is not None else None) != labels:
+                return False
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Traced:
+    """An outbound part and the DestinationRules its generation asked for (host -> digest)."""
+
+    part: _Config
+    rules: Mapping[str, object]
+    #: the DestinationRules' content digest when it was made: the same rules, the same answers
+    rules_digest: bytes
+
+    def holds(self, scope: ProxyScope) -> bool:
+        """Whether every rule asked for is, in `scope`'s snapshot, the one it was."""
+        snapshot = scope.snapshot
+        if _rules_digest(snapshot) == self.rules_digest:
+            return True
+        return all(rule_digest(snapshot, scope.destination_rule(h)) == d for h, d in self.rules.items())
+
+
+def _rules_digest(snapshot: Snapshot) -> bytes:
+    return b"".join(snapshot.kind_digests.get(kind, b"") for kind in sorted(TRACED_KINDS))
+
+
 class ResourceCache:
     """Shared, serialized resources for every proxy; safe to call from several threads."""
 
@@ -139,8 +184,11 @@ class ResourceCache:
         #: config version; outbound clusters by their key per version of what they read
         #: (`CLUSTER_KINDS`), so a change to anything else keeps them
         self._config: _Recent[tuple[object, ...], _Config] = _Recent(keep_versions)
-        self._outbound_parts: _Recent[OutboundProxy, _Config] = _Recent(keep_versions)
-        self._cluster_parts: _Recent[OutboundProxy, _Config] = _Recent(keep_versions)
+        self._outbound_parts: _Recent[OutboundProxy, _Traced] = _Recent(keep_versions)
+        self._cluster_parts: _Recent[OutboundProxy, _Traced] = _Recent(keep_versions)
+        #: the whole outbound part by its key, per config version: found (generated, or kept
+        #: after checking its traces) once per version, not once per proxy
+        self._outbound_now: _Recent[OutboundProxy, _Config] = _Recent(keep_versions)
         #: inbound parts by `InboundView` (their only input), and joined sets by their parts
         self._inbound_parts: GenerationMemo[InboundView, _Config] = GenerationMemo()
         self._joins: GenerationMemo[tuple[str, int, int], tuple[ResourceSet, ResourceSet, ResourceSet]] = (
@@ -152,8 +200,10 @@ class ResourceCache:
         self._eds_variants: dict[tuple[str, LocalityView], tuple[AssignmentView, Resource]] = {}
         self._views: _Recent[tuple[object, ...], ProxyResources] = _Recent(keep_versions)
         #: the EDS set of each distinct list of EDS clusters (and locality views), per version of
-        #: what assignments read (`ASSIGNMENT_KINDS` and the endpoints)
-        self._eds_sets: _Recent[tuple[object, ...], ResourceSet] = _Recent(keep_versions)
+        #: what assignments read (the endpoints; DestinationRules through the subsets' labels,
+        #: checked), and as found for each snapshot version
+        self._eds_sets: _Recent[tuple[object, ...], _TracedEds] = _Recent(keep_versions)
+        self._eds_now: _Recent[tuple[object, ...], ResourceSet] = _Recent(keep_versions)
         # Equal resources and equal sets, shared while anything holds them.
         self._resources: weakref.WeakValueDictionary[tuple[str, str, str], Resource] = weakref.WeakValueDictionary()
         self._sets: weakref.WeakValueDictionary[tuple[str, str], ResourceSet] = weakref.WeakValueDictionary()
@@ -220,29 +270,46 @@ class ResourceCache:
     def _outbound_for(self, snapshot: Snapshot, proxy: Proxy) -> _Config:
         """The outbound part for the proxy, from its two halves: clusters, kept while
         `CLUSTER_KINDS` and the services stay as they were, and listeners and routes, kept
-        while the config version does. The OutboundProxy is the key of both: generation reads
-        nothing of the proxy beyond it."""
+        while every other kind does; both kept across DestinationRule changes that leave every
+        rule they asked for as it was (`TRACED_KINDS`). The OutboundProxy is the key of both:
+        generation reads nothing of the proxy beyond it."""
         bound_here = proxy.outbound is not None and proxy.snapshot_version == snapshot.version
         outbound_key = proxy.outbound if bound_here and proxy.outbound is not None else outbound_proxy(proxy, snapshot)
-        clusters_version = snapshot.version_of(CLUSTER_KINDS)
         with self._lock:
-            clusters = self._cluster_parts.get(clusters_version, outbound_key)
-            rest = self._outbound_parts.get(snapshot.config_version, outbound_key)
+            found = self._outbound_now.get(snapshot.config_version, outbound_key)
+        if found is not None:
+            return found
+        whole = self._outbound_parts_for(snapshot, outbound_key)
+        with self._lock:
+            self._outbound_now.put(snapshot.config_version, outbound_key, whole)
+        return whole
+
+    def _outbound_parts_for(self, snapshot: Snapshot, outbound_key: OutboundProxy) -> _Config:
+        clusters_version = snapshot.version_of(CLUSTER_KINDS - TRACED_KINDS)
+        rest_version = snapshot.version_of(frozenset(snapshot.kind_digests) - TRACED_KINDS)
+        with self._lock:
+            clusters_entry = self._cluster_parts.get(clusters_version, outbound_key)
+            rest_entry = self._outbound_parts.get(rest_version, outbound_key)
+        scope = ProxyScope(snapshot, outbound_key)  # answers the traces' questions, once each
+        clusters = clusters_entry.part if clusters_entry is not None and clusters_entry.holds(scope) else None
+        rest = rest_entry.part if rest_entry is not None and rest_entry.holds(scope) else None
         if clusters is not None and rest is not None:
             return self._whole(clusters, rest)
         if clusters is None:
-            made = generate_outbound_clusters(snapshot, outbound_key, self._memos)
+            rules: dict[str, object] = {}
+            made = generate_outbound_clusters(snapshot, outbound_key, self._memos, rules)
             clusters = self._generated({types.CLUSTER: made}, count=False)
             with self._lock:
                 self.cluster_generations += 1
-                if self._cluster_parts.put(clusters_version, outbound_key, clusters):
+                traced = _Traced(clusters, rules, _rules_digest(snapshot))
+                if self._cluster_parts.put(clusters_version, outbound_key, traced):
                     self._forget_assignments()
         if rest is None:
-            rest = self._generated(
-                generate_outbound_listeners_and_routes(snapshot, outbound_key, self._memos), count=False
-            )
+            rules = {}
+            generated = generate_outbound_listeners_and_routes(snapshot, outbound_key, self._memos, rules)
+            rest = self._generated(generated, count=False)
             with self._lock:
-                self._outbound_parts.put(snapshot.config_version, outbound_key, rest)
+                self._outbound_parts.put(rest_version, outbound_key, _Traced(rest, rules, _rules_digest(snapshot)))
         with self._lock:
             self.generations += 1
             self.outbound_generations += 1
@@ -266,7 +333,7 @@ class ResourceCache:
     def _forget_assignments(self) -> None:
         """Drop the assignments of clusters no kept outbound part has: they would otherwise stay
         forever. (Inbound parts have no EDS clusters.) Called with the lock held."""
-        kept = {n for p in self._cluster_parts.values() for n in p.eds_names}
+        kept = {n for p in self._cluster_parts.values() for n in p.part.eds_names}
         self._eds = {c: e for c, e in self._eds.items() if c in kept}
         self._eds_variants = {k: e for k, e in self._eds_variants.items() if k[0] in kept}
 
@@ -312,18 +379,34 @@ class ResourceCache:
         """The assignments of `names` at this snapshot: one set for every proxy with those
         clusters (and, where locality rules apply, the same locality views)."""
         key: tuple[object, ...] = (names, tuple(sorted(views.items()))) if views else names
-        version = snapshot.version_of(ASSIGNMENT_KINDS, endpoints=True)
+        with self._lock:
+            now = self._eds_now.get(snapshot.version, key)
+        if now is not None:
+            return now
+        # Kept across DestinationRule changes that leave every subset's labels as they were.
+        version = snapshot.version_of(ASSIGNMENT_KINDS - TRACED_KINDS, endpoints=True)
         with self._lock:
             found = self._eds_sets.get(version, key)
-        if found is not None:
-            return found
-        views = views or {}
-        eds = self._set(types.ENDPOINT, [self._eds_for(snapshot, name, views.get(name)) for name in names])
+        if found is not None and found.holds(snapshot):
+            eds = found.eds
+        else:
+            views = views or {}
+            made = [self._eds_for(snapshot, name, views.get(name)) for name in names]
+            eds = self._set(types.ENDPOINT, [resource for resource, _ in made])
+            subsets = tuple(
+                (parsed.host, parsed.subset, view.subset_labels)
+                for _, view in made
+                if view.port is not None and (parsed := parse_cluster_name(view.cluster_name)) and parsed.subset
+            )
+            with self._lock:
+                self._eds_sets.put(version, key, _TracedEds(eds, subsets, _rules_digest(snapshot)))
         with self._lock:
-            self._eds_sets.put(version, key, eds)
+            self._eds_now.put(snapshot.version, key, eds)
         return eds
 
-    def _eds_for(self, snapshot: Snapshot, cluster: str, locality: LocalityView | None = None) -> Resource:
+    def _eds_for(
+        self, snapshot: Snapshot, cluster: str, locality: LocalityView | None = None
+    ) -> tuple[Resource, AssignmentView]:
         """The assignment of `cluster`, built once per `AssignmentView` (and locality view):
         the view holds everything `build_assignment` reads, so a config change that touches
         none of it (most do not) reuses the assignment as it was."""
@@ -331,7 +414,7 @@ class ResourceCache:
         with self._lock:
             found = self._eds.get(cluster) if locality is None else self._eds_variants.get((cluster, locality))
         if found is not None and found[0] == view:
-            return found[1]
+            return found[1], view
         assignment = build_assignment(view)
         resource = to_resource(assignment if locality is None else for_view(assignment, locality), types.ENDPOINT)
         with self._lock:
@@ -340,4 +423,4 @@ class ResourceCache:
                 self._eds[cluster] = (view, resource)
             else:
                 self._eds_variants[(cluster, locality)] = (view, resource)
-        return resource
+        return resource, view

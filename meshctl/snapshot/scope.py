@@ -66,6 +66,19 @@ class MergedDestinationRule:
         return None
 
 
+def rule_digest(snapshot: Snapshot, rule: MergedDestinationRule | None) -> object:
+    """What a merged rule is made of, by content: its host, namespace and sources with their
+    content digests and API versions (None for no rule). Equal digests, equal rules."""
+    if rule is None:
+        return None
+    configs = snapshot.configs
+    return (
+        rule.host,
+        rule.namespace,
+        tuple((k, configs[k].content_digest(), configs[k].api_version) for k in rule.sources),
+    )
+
+
 def parse_egress_hosts(hosts: Iterable[str], sidecar_namespace: str) -> tuple[EgressHost, ...]:
     out = []
     for entry in hosts:
@@ -98,6 +111,9 @@ class ProxyScope:
         else:
             self.proxy = outbound_proxy(proxy, snapshot)
         self._dr_cache: dict[str, MergedDestinationRule | None] = {}
+        #: When set, every DestinationRule asked for is noted here (host -> `rule_digest`): the
+        #: trace a part generated from this scope is checked against later (see ResourceCache).
+        self.rule_trace: dict[str, object] | None = None
 
     @cached_property
     def sidecar(self) -> Config | None:
@@ -225,9 +241,11 @@ class ProxyScope:
         proxy first), then the service's namespace, then the root namespace; within the chosen
         namespace, every rule for the most specific matching host is merged."""
         if hostname in self._dr_cache:
-            return self._dr_cache[hostname]
-        result = self._find_destination_rule(hostname)
-        self._dr_cache[hostname] = result
+            result = self._dr_cache[hostname]
+        else:
+            result = self._dr_cache[hostname] = self._find_destination_rule(hostname)
+        if self.rule_trace is not None and hostname not in self.rule_trace:
+            self.rule_trace[hostname] = rule_digest(self.snapshot, result)
         return result
 
     def _find_destination_rule(self, hostname: str) -> MergedDestinationRule | None:

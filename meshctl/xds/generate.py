@@ -56,6 +56,12 @@ Generated = Mapping[str, tuple[Message, ...]]
 CLUSTER_KINDS: frozenset[str] = frozenset({"DestinationRule", "Sidecar", "PeerAuthentication", "RequestAuthentication"})
 #: What assignments read beyond the registry (`AssignmentView`): the subsets' labels.
 ASSIGNMENT_KINDS: frozenset[str] = frozenset({"DestinationRule"})
+#: Kinds outbound parts read only through a traced lookup, so they are not in a part's version:
+#: DestinationRules, asked for by host through `ProxyScope.destination_rule` alone. A part notes
+#: each rule it asked for (`rule_trace`) and is kept across a rule change when every rule it
+#: asked for is the same: a rule for a host only one namespace imports regenerates that
+#: namespace's part alone (Istio's per-proxy dependency check, for this kind).
+TRACED_KINDS: frozenset[str] = frozenset({"DestinationRule"})
 
 
 def generate_config(snapshot: Snapshot, proxy: Proxy) -> Generated:
@@ -86,20 +92,30 @@ def generate_outbound(snapshot: Snapshot, proxy: OutboundProxy, memos: Generatio
 
 
 def generate_outbound_clusters(
-    snapshot: Snapshot, proxy: OutboundProxy, memos: GenerationMemos | None = None
+    snapshot: Snapshot,
+    proxy: OutboundProxy,
+    memos: GenerationMemos | None = None,
+    rule_trace: dict[str, object] | None = None,
 ) -> tuple[Message, ...]:
     """The clusters of `generate_outbound` alone: they read only `CLUSTER_KINDS` of the configs,
-    so the server keeps them while other kinds change."""
+    so the server keeps them while other kinds change. With `rule_trace`, every
+    DestinationRule asked for is noted there (see `TRACED_KINDS`)."""
     scope = ProxyScope(snapshot, proxy)
+    scope.rule_trace = rule_trace
     return tuple(build_outbound_clusters(scope, memos.clusters if memos is not None else None))
 
 
 def generate_outbound_listeners_and_routes(
-    snapshot: Snapshot, proxy: OutboundProxy, memos: GenerationMemos | None = None
+    snapshot: Snapshot,
+    proxy: OutboundProxy,
+    memos: GenerationMemos | None = None,
+    rule_trace: dict[str, object] | None = None,
 ) -> Generated:
     """The listeners and routes of `generate_outbound` (no clusters); with `memos`, route
-    translations are reused across proxies and snapshots where they read the same."""
+    translations are reused across proxies and snapshots where they read the same; with
+    `rule_trace`, every DestinationRule asked for is noted there."""
     scope = ProxyScope(snapshot, proxy)
+    scope.rule_trace = rule_trace
     return MappingProxyType(
         {
             types.CLUSTER: (),

@@ -5,7 +5,7 @@ views (and share what was generated from them) whichever objects hold it."""
 from __future__ import annotations
 
 from meshctl.config.model import Config
-from meshctl.snapshot.scope import MergedDestinationRule, ProxyScope
+from meshctl.snapshot.scope import MergedDestinationRule, ProxyScope, rule_digest
 from meshctl.xds.memo import Ref
 
 
@@ -20,6 +20,4 @@ def destination_rule_ref(scope: ProxyScope, hostname: str) -> Ref[MergedDestinat
     rule = scope.destination_rule(hostname)
     if rule is None:
         return None
-    configs = scope.snapshot.configs
-    sources = tuple((key, configs[key].content_digest(), configs[key].api_version) for key in rule.sources)
-    return Ref((rule.host, rule.namespace, sources), rule)
+    return Ref(rule_digest(scope.snapshot, rule), rule)
