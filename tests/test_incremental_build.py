@@ -87,9 +87,23 @@ spec:
 """
 
 
+def _sidecar(ns: str, n: int) -> str:
+    """A namespace's Sidecar: its own namespace only, everything, or its own plus one service of
+    the other namespace (scopes that differ by namespace, so outbound parts do)."""
+    other = NAMESPACES[(NAMESPACES.index(ns) + 1) % len(NAMESPACES)]
+    hosts = {1: '["./*"]', 2: '["*/*"]'}.get(n, f'["./*", "{other}/{SERVICES[n % len(SERVICES)]}.{other}.mesh"]')
+    return f"""
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {{name: default, namespace: {ns}}}
+spec:
+  egress: [{{hosts: {hosts}}}]
+"""
+
+
 # One edit: (what, service, namespace, a number for the new content; 0 deletes it).
 edits = st.tuples(
-    st.sampled_from(("entry", "workload", "workload", "workload2", "rule", "route")),
+    st.sampled_from(("entry", "workload", "workload", "workload2", "rule", "route", "sidecar")),
     st.sampled_from(SERVICES),
     st.sampled_from(NAMESPACES),
     st.integers(min_value=0, max_value=3),
@@ -110,7 +124,7 @@ class Tree:
         what, name, ns, n = edit
         key = (what, name, ns)
         if n == 0:
-            self.docs.pop(key, None)
+            self.docs.pop(key if what != "sidecar" else ("sidecar", "", ns), None)
         elif what == "entry":
             self.docs[key] = _service_entry(name, ns, 8080 + n)
         elif what == "workload":
@@ -120,6 +134,8 @@ class Tree:
             self.docs[key] = _workload(f"{name}-1", ns, app, _ip(name, ns, (n + 4) % 6))  # may share an address
         elif what == "rule":
             self.docs[key] = _rule(name, ns, n)
+        elif what == "sidecar":
+            self.docs[("sidecar", "", ns)] = _sidecar(ns, n)
         else:
             self.docs[key] = _route(name, ns, n)
 
@@ -174,7 +190,10 @@ def test_updated_snapshots_equal_full_builds(sequence: list[tuple[str, str, str,
     cache = ResourceCache()
     store.replace_all(tree.configs())
     discovery.build_next()
-    node = parse_node_id("sidecar~10.1.0.1~a-0.ns1~ns1.svc.cluster.local")
+    # Clients in both namespaces: their outbound parts are kept or regenerated separately.
+    nodes = [
+        parse_node_id(f"sidecar~10.{i + 1}.0.1~a-0.{ns}~{ns}.svc.cluster.local") for i, ns in enumerate(NAMESPACES)
+    ]
     for edit in sequence:
         tree.apply(edit)
         store.replace_all(tree.configs())
@@ -184,14 +203,16 @@ def test_updated_snapshots_equal_full_builds(sequence: list[tuple[str, str, str,
         # The file registry, updated from the store's events, holds what a build from scratch makes.
         assert files.model() == build_file_model(store.configs.values())
         # The server's cache on the updated snapshot serves what `generate` makes from scratch.
-        proxy = bind_proxy(node, incremental)
-        served = cache.resources(incremental, proxy)
-        expected = generate(full, bind_proxy(node, full))
-        for type_url, messages in expected.items():
-            got = served.of(type_url)
-            assert sorted(got) == sorted(_name(m) for m in messages), type_url
-            for message in messages:
-                assert got[_name(message)].body.endswith(message.SerializeToString(deterministic=True)), type_url
+        for node in nodes:
+            proxy = bind_proxy(node, incremental)
+            served = cache.resources(incremental, proxy)
+            expected = generate(full, bind_proxy(node, full))
+            for type_url, messages in expected.items():
+                got = served.of(type_url)
+                assert sorted(got) == sorted(_name(m) for m in messages), (node.id, type_url)
+                for message in messages:
+                    body = message.SerializeToString(deterministic=True)
+                    assert got[_name(message)].body.endswith(body), (node.id, type_url)
 
 
 def _name(message: object) -> str:
