@@ -10,6 +10,7 @@ from google.protobuf import any_pb2
 
 from meshctl.server.cache import ProxyResources, ResourceCache
 from meshctl.snapshot.model import Snapshot
+from meshctl.snapshot.proxy import Proxy
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 from meshctl.xds import types
@@ -43,6 +44,16 @@ spec:
 
 def node(name: str, ip: str) -> str:
     return f"sidecar~{ip}~{name}.bookinfo~bookinfo.svc.cluster.local"
+
+
+def assert_serves_what_generate_makes(
+    view: ProxyResources, snapshot: Snapshot, proxy: Proxy, what: object = None
+) -> None:
+    """Every resource the cache assembled for `proxy` is, byte for byte, what `generate` makes
+    for it from scratch, and nothing else is there."""
+    for type_url, messages in generate(snapshot, proxy).items():
+        expected = sorted((r.name, r.body) for r in (to_resource(m, type_url) for m in messages))
+        assert sorted((r.name, r.body) for r in view.of(type_url).values()) == expected, (what, type_url)
 
 
 def test_replicas_of_a_service_share_one_generation_and_the_same_bytes() -> None:
@@ -474,10 +485,7 @@ def test_proxies_whose_app_ports_differ_by_their_address_get_their_own_outbound_
     outbound = {}
     for name, ip in (("shop-a", "10.0.0.5"), ("shop-b", "127.0.0.1")):
         proxy = proxy_for(snapshot, f"sidecar~{ip}~{name}.shop~shop.svc.cluster.local")
-        view = cache.resources(snapshot, proxy)
-        for type_url, messages in generate(snapshot, proxy).items():
-            expected = sorted((r.name, r.body) for r in (to_resource(m, type_url) for m in messages))
-            assert sorted((r.name, r.body) for r in view.of(type_url).values()) == expected, (name, type_url)
+        assert_serves_what_generate_makes(cache.resources(snapshot, proxy), snapshot, proxy, name)
         assert proxy.outbound is not None
         outbound[name] = proxy.outbound
     assert outbound["shop-a"].app_ports == {8080} and outbound["shop-b"].app_ports == {8080, 9080}
@@ -624,10 +632,7 @@ def test_a_virtual_service_change_keeps_every_outbound_cluster_part_and_eds_set(
     clusters, eds = cache.cluster_generations, cache.eds_builds
     for n in nodes:
         proxy = proxy_for(edited, n)
-        view = cache.resources(edited, proxy)
-        for type_url, messages in generate(edited, proxy).items():
-            expected = sorted((r.name, r.body) for r in (to_resource(m, type_url) for m in messages))
-            assert sorted((r.name, r.body) for r in view.of(type_url).values()) == expected, (n, type_url)
+        assert_serves_what_generate_makes(cache.resources(edited, proxy), edited, proxy, n)
     assert (cache.cluster_generations, cache.eds_builds) == (clusters, eds)
 
 
@@ -677,9 +682,6 @@ def test_a_rule_change_regenerates_only_the_parts_that_asked_for_that_rule() -> 
         before = (cache.cluster_generations, cache.outbound_generations)
         for n in nodes:
             proxy = proxy_for(snapshot, n)
-            view = cache.resources(snapshot, proxy)
-            for type_url, messages in generate(snapshot, proxy).items():
-                expected = sorted((r.name, r.body) for r in (to_resource(m, type_url) for m in messages))
-                assert sorted((r.name, r.body) for r in view.of(type_url).values()) == expected, (n, type_url)
+            assert_serves_what_generate_makes(cache.resources(snapshot, proxy), snapshot, proxy, n)
         made = (cache.cluster_generations - before[0], cache.outbound_generations - before[1])
         assert made == ((2, 2) if step == 0 else (1, 1)), made
