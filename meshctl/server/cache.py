@@ -42,7 +42,7 @@ from typing import Generic, TypeVar
 from google.protobuf.message import Message
 
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyNode, bind_proxy, outbound_proxy
+from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyNode, bind_proxy, outbound_of
 from meshctl.snapshot.scope import ProxyScope, rule_digest
 from meshctl.xds import types
 from meshctl.xds.eds_locality import LocalityView, eds_localities, for_view
@@ -273,8 +273,7 @@ class ResourceCache:
         while every other kind does; both kept across DestinationRule changes that leave every
         rule they asked for as it was (`TRACED_KINDS`). The OutboundProxy is the key of both:
         generation reads nothing of the proxy beyond it."""
-        bound_here = proxy.outbound is not None and proxy.snapshot_version == snapshot.version
-        outbound_key = proxy.outbound if bound_here and proxy.outbound is not None else outbound_proxy(proxy, snapshot)
+        outbound_key = outbound_of(proxy, snapshot)
         with self._lock:
             found = self._outbound_now.get(snapshot.config_version, outbound_key)
         if found is not None:

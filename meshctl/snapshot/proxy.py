@@ -126,7 +126,7 @@ class OutboundProxy:
     """All that outbound generation (the clusters, listeners and routes for the services a proxy
     calls; a router's Gateways) can read of a proxy: `ProxyScope` knows the proxy only through
     this, and the server shares the outbound part of the config between proxies whose
-    OutboundProxy is equal (within one config version). The view is the key: an input a
+    OutboundProxy is equal (`ResourceCache`). The view is the key: an input a
     generator reads is in here, so it is keyed, by construction. It is far less than the
     proxy, so a whole namespace of VMs serving different services usually shares one:
 
@@ -238,14 +238,6 @@ class Proxy:
         )
 
     @property
-    def domain(self) -> str:
-        return self.node.domain
-
-    @property
-    def mesh_certificates(self) -> bool:
-        return self.node.mesh_certificates
-
-    @property
     def family(self) -> str:
         return _family(self.node.ip)
 
@@ -285,6 +277,14 @@ def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
     proxy = Proxy(node, MappingProxyType(labels), workload, tuple(instances), address_in_config)
     outbound = outbound_proxy(proxy, snapshot)
     return Proxy(node, proxy.labels, workload, proxy.instances, address_in_config, outbound, snapshot.version)
+
+
+def outbound_of(proxy: Proxy, snapshot: Snapshot) -> OutboundProxy:
+    """`proxy.outbound` when the proxy was bound in `snapshot` (the server binds every proxy
+    per snapshot), else derived for `snapshot` now."""
+    if proxy.outbound is not None and proxy.snapshot_version == snapshot.version:
+        return proxy.outbound
+    return outbound_proxy(proxy, snapshot)
 
 
 def outbound_proxy(proxy: Proxy, snapshot: Snapshot) -> OutboundProxy:

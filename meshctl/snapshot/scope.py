@@ -20,7 +20,7 @@ from meshctl.config.references import MESH_GATEWAY as _MESH
 from meshctl.config.references import resolve_gateway_name
 from meshctl.registry.model import Service
 from meshctl.snapshot.model import Snapshot, spec
-from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyType, outbound_proxy, select_sidecar
+from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyType, outbound_of, select_sidecar
 
 #: The generators read it here, with the rest of the scope.
 MESH_GATEWAY = _MESH
@@ -104,12 +104,7 @@ class ProxyScope:
     def __init__(self, snapshot: Snapshot, proxy: Proxy | OutboundProxy) -> None:
         self.snapshot = snapshot
         self.bound: Proxy | None = proxy if isinstance(proxy, Proxy) else None
-        if not isinstance(proxy, Proxy):
-            self.proxy = proxy
-        elif proxy.outbound is not None and proxy.snapshot_version == snapshot.version:
-            self.proxy = proxy.outbound  # bound in this very snapshot: already derived
-        else:
-            self.proxy = outbound_proxy(proxy, snapshot)
+        self.proxy: OutboundProxy = outbound_of(proxy, snapshot) if isinstance(proxy, Proxy) else proxy
         self._dr_cache: dict[str, MergedDestinationRule | None] = {}
         #: When set, every DestinationRule asked for is noted here (host -> `rule_digest`): the
         #: trace a part generated from this scope is checked against later (see ResourceCache).

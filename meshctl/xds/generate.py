@@ -102,7 +102,7 @@ def generate_outbound_clusters(
     DestinationRule asked for is noted there (see `TRACED_KINDS`)."""
     scope = ProxyScope(snapshot, proxy)
     scope.rule_trace = rule_trace
-    return tuple(build_outbound_clusters(scope, memos.clusters if memos is not None else None))
+    return _outbound_clusters(scope, memos)
 
 
 def generate_outbound_listeners_and_routes(
@@ -116,13 +116,7 @@ def generate_outbound_listeners_and_routes(
     `rule_trace`, every DestinationRule asked for is noted there."""
     scope = ProxyScope(snapshot, proxy)
     scope.rule_trace = rule_trace
-    return MappingProxyType(
-        {
-            types.CLUSTER: (),
-            types.LISTENER: tuple(with_access_log(build_outbound_listeners(scope), scope.snapshot.mesh)),
-            types.ROUTE: tuple(build_routes(scope, memos.routes if memos is not None else None)),
-        }
-    )
+    return MappingProxyType({types.CLUSTER: (), **_outbound_listeners_and_routes(scope, memos)})
 
 
 def generate_inbound(view: InboundView) -> Generated:
@@ -150,12 +144,19 @@ def merge_config(outbound: Generated, inbound: Generated) -> Generated:
 
 def _outbound(scope: ProxyScope, memos: GenerationMemos | None = None) -> Generated:
     return MappingProxyType(
-        {
-            types.CLUSTER: tuple(build_outbound_clusters(scope, memos.clusters if memos is not None else None)),
-            types.LISTENER: tuple(with_access_log(build_outbound_listeners(scope), scope.snapshot.mesh)),
-            types.ROUTE: tuple(build_routes(scope, memos.routes if memos is not None else None)),
-        }
+        {types.CLUSTER: _outbound_clusters(scope, memos), **_outbound_listeners_and_routes(scope, memos)}
     )
+
+
+def _outbound_clusters(scope: ProxyScope, memos: GenerationMemos | None) -> tuple[Message, ...]:
+    return tuple(build_outbound_clusters(scope, memos.clusters if memos is not None else None))
+
+
+def _outbound_listeners_and_routes(scope: ProxyScope, memos: GenerationMemos | None) -> dict[str, tuple[Message, ...]]:
+    return {
+        types.LISTENER: tuple(with_access_log(build_outbound_listeners(scope), scope.snapshot.mesh)),
+        types.ROUTE: tuple(build_routes(scope, memos.routes if memos is not None else None)),
+    }
 
 
 def load_assignment(snapshot: Snapshot, cluster_name: str) -> endpoint_pb2.ClusterLoadAssignment:
