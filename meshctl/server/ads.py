@@ -156,9 +156,15 @@ class AdsServicer:
                     reader.result()  # raises what ended the reader (an abort), else the client left
                     return
                 stream.wake.clear()
+                # Decided here, so a wake-up with nothing to send (an ACK, most of them) costs no
+                # task: only writes need watching.
+                pushes = stream.connection.pushes()
+                if not pushes:
+                    stream.change_seen = None
+                    continue
                 # A client that stops reading blocks the writes for good: the reader ending (the
                 # stream aborted for abuse, or the client gone) must still end the stream.
-                flush = asyncio.ensure_future(self._flush(stream, context))
+                flush = asyncio.ensure_future(self._flush(stream, pushes, context))
                 await asyncio.wait((flush, reader), return_when=asyncio.FIRST_COMPLETED)
                 if not flush.done():
                     flush.cancel()
@@ -260,14 +266,15 @@ class AdsServicer:
         stream.connection.update(resources)
         return True
 
-    async def _flush(self, stream: Stream, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    async def _flush(
+        self, stream: Stream, pushes: Sequence[Push], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
         conn = stream.connection
-        pushes = conn.pushes()
         for push in pushes:
             data = encode_delta(push) if conn.delta else encode_sotw(push, blocks=self._blocks)
             await context.write(data)
             self._observer.pushed(stream, push, len(data))
-        if pushes and stream.change_seen is not None:
+        if stream.change_seen is not None:
             self._observer.converged(stream, time.monotonic() - stream.change_seen)
         stream.change_seen = None
 
