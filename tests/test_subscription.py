@@ -118,6 +118,25 @@ def test_sotw_subscription_change_on_ack_is_answered() -> None:
     assert second is not None and [r.name for r in second.resources] == ["a", "b"]
 
 
+def test_sotw_streams_naming_the_same_resources_hold_one_set_of_names() -> None:
+    """A thousand sidecars of a namespace watch the same assignments: one set for all of them,
+    kept across their ACKs, and a stream that changes its names gets its own again."""
+    subs = [SotwSubscription(EDS, wildcard_when_empty=False) for _ in range(3)]
+    for sub in subs:
+        sub.handle(sotw(["a", "b", "c"]))
+    assert subs[0].names is subs[1].names is subs[2].names == {"a", "b", "c"}
+    push = subs[0].next_push(pool(res("a"), res("b"), res("c")))
+    assert push is not None
+    held = subs[0].names
+    subs[0].handle(sotw(["c", "b", "a"], nonce=push.nonce, version=push.version))
+    assert subs[0].names is held
+    second = subs[1].next_push(pool(res("a"), res("b"), res("c")))
+    assert second is not None
+    outcome = subs[1].handle(sotw(["a", "b"], nonce=second.nonce, version=second.version))
+    assert outcome.subscription_changed and subs[1].names == {"a", "b"}
+    assert subs[0].names == subs[2].names == {"a", "b", "c"}
+
+
 def test_sotw_reconnect_with_current_version_sends_nothing() -> None:
     sub = SotwSubscription(CDS, wildcard_when_empty=True)
     sub.handle(sotw())

@@ -31,6 +31,7 @@ from __future__ import annotations
 import enum
 import itertools
 import sys
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -94,6 +95,22 @@ _UNANSWERED_KEPT = 64
 
 def _version_of(available: Mapping[str, Resource]) -> str:
     return available.version if isinstance(available, ResourceSet) else set_version(available.values())
+
+
+#: Name sets subscribed to, one copy of each: the sidecars of a namespace ask for the same
+#: assignments (150 names, 8 KB a set), so a thousand streams hold ten sets, not a thousand.
+#: Keyed by hash; a collision only costs the sharing of one set. Used from the event loop.
+_NAME_SETS: weakref.WeakValueDictionary[int, frozenset[str]] = weakref.WeakValueDictionary()
+
+
+def _shared_names(names: frozenset[str]) -> frozenset[str]:
+    """`names`, or an equal set already held by another subscription."""
+    key = hash(names)
+    found = _NAME_SETS.get(key)
+    if found is not None and found == names:
+        return found
+    _NAME_SETS[key] = names
+    return names
 
 
 def _too_many(type_url: str, count: int, what: str, limit: int) -> SubscriptionLimitError:
@@ -220,9 +237,12 @@ class SotwSubscription:
 
     def _subscribe(self, names: frozenset[str]) -> bool:
         wildcard = WILDCARD in names or (not names and self._wildcard_when_empty)
-        names = names - {WILDCARD}
+        if WILDCARD in names:
+            names = names - {WILDCARD}
         changed = wildcard != self.wildcard or names != self.names
-        self.wildcard, self.names = wildcard, names
+        if not changed:
+            return False  # the set held stays: every ACK names it again
+        self.wildcard, self.names = wildcard, _shared_names(names)
         if changed and self.partial and not wildcard:
             gone = [n for n in self._held if n not in names]
             for n in gone:
