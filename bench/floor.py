@@ -267,19 +267,22 @@ class Floor:
                     self._send(stream, type_url)
 
 
-def floor_main(conn: Any, dump: str) -> None:
-    """The floor's process: load the dump, listen on 127.0.0.1, then follow the parent's
-    `("switch", k)` commands until `("stop",)`."""
-    asyncio.run(_run(conn, Path(dump)))
+def floor_main(conn: Any, dump: str, port: int = 0, shared: bool = False) -> None:
+    """The floor's process: load the dump, listen on 127.0.0.1 (on `port`, shared with the
+    other floor processes when `shared`), then follow the parent's `("switch", k)` commands until
+    `("stop",)`."""
+    asyncio.run(_run(conn, Path(dump), port, shared))
 
 
-async def _run(conn: Any, dump: Path) -> None:
+async def _run(conn: Any, dump: Path, port: int, shared: bool) -> None:
     with dump.open("rb") as f:
         states: Sequence[View] = pickle.load(f)
     floor = Floor(states)
-    server = grpc.aio.server(options=[("grpc.max_send_message_length", 256 * 1024 * 1024), ("grpc.so_reuseport", 0)])
+    server = grpc.aio.server(
+        options=[("grpc.max_send_message_length", 256 * 1024 * 1024), ("grpc.so_reuseport", int(shared))]
+    )
     server.add_generic_rpc_handlers((floor.handlers(),))
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[Any] = asyncio.Queue()

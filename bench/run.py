@@ -134,24 +134,29 @@ class Run:
 # -- processes ---------------------------------------------------------------------------------
 
 
-def proc_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, from /proc/PID/stat (fields 14 and 15)."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+def proc_cpu_seconds(pids: Sequence[int]) -> float:
+    """utime + stime of the processes, from /proc/PID/stat (fields 14 and 15)."""
+    total = 0
+    for pid in pids:
+        text = Path(f"/proc/{pid}/stat").read_text()
+        fields = text[text.rindex(")") + 2 :].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / CLK_TCK
 
 
-def proc_memory_mb(pid: int) -> tuple[float, float]:
-    """(VmRSS, VmHWM) of a process in MB, from /proc/PID/status."""
-    values = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            values[key] = int(rest.split()[0]) / 1024
+def proc_memory_mb(pids: Sequence[int]) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of the processes in MB, from /proc/PID/status: summed, so a server of
+    several processes counts them all (shared pages counted in each, as RSS does)."""
+    values = {"VmRSS": 0.0, "VmHWM": 0.0}
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in values:
+                values[key] += int(rest.split()[0]) / 1024
     return values["VmRSS"], values["VmHWM"]
 
 
-def wait_idle(pid: int, timeout: float, *, window: float = 0.5, share: float = 0.1) -> float:
+def wait_idle(pid: Sequence[int], timeout: float, *, window: float = 0.5, share: float = 0.1) -> float:
     """Wait until the process uses less than `share` of a CPU over `window` seconds; returns when
     that quiet window began, which is when its work ended (to within `window`)."""
     deadline = time.monotonic() + timeout
@@ -232,7 +237,8 @@ class Target:
     """A server under test: started, told about each change, stopped."""
 
     name = ""
-    pid = 0
+    #: The server's processes (their CPU and memory are summed).
+    pids: tuple[int, ...] = ()
     address = ""
 
     def start(self) -> None: ...
@@ -260,11 +266,13 @@ class Meshctl(Target):
     def start(self) -> None:
         self.serve.start(timeout=1800)
         assert self.serve.pid is not None
-        self.pid = self.serve.pid
+        self.pids = (self.serve.pid,)
         self.address = self.serve.xds_address
         if self.profile is not None:
             # py-spy is not a dependency: install it into the venv to profile (`pip install py-spy`).
-            command = [str(Path(sys.executable).with_name("py-spy")), "record", "-p", str(self.pid), "-r", "200"]
+            # Only the thread holding the GIL is sampled: the profile is the server's own CPU.
+            command = [str(Path(sys.executable).with_name("py-spy")), "record", "-p", str(self.serve.pid)]
+            command += ["-r", "200", "--gil"]
             command += ["-f", "raw", "-o", str(self.profile)]
             self.profiler = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -285,36 +293,51 @@ class Meshctl(Target):
 
 
 class FloorTarget(Target):
+    """The floor (`bench/floor.py`), in one process, or in `processes` sharing its port
+    (SO_REUSEPORT: the kernel spreads the connections), each holding the whole dump: what
+    spreading the streams over processes buys on this machine, with nothing else to do."""
+
     name = "floor"
 
-    def __init__(self, dump: Path) -> None:
+    def __init__(self, dump: Path, processes: int = 1) -> None:
         self.dump = dump
-        self.conn: multiprocessing.connection.Connection | None = None
-        self.proc: Any = None
+        self.processes = processes
+        self.conns: list[multiprocessing.connection.Connection] = []
+        self.procs: list[Any] = []
 
     def start(self) -> None:
-        parent, child = SPAWN.Pipe()
-        self.proc = SPAWN.Process(target=floor.floor_main, args=(child, str(self.dump)), daemon=True)
-        self.proc.start()
-        child.close()
-        self.conn = parent
-        if not parent.poll(600):
-            raise TimeoutError("the floor did not start")
-        _, port, self.pid = parent.recv()
+        port = 0
+        pids = []
+        for _ in range(self.processes):
+            parent, child = SPAWN.Pipe()
+            proc = SPAWN.Process(
+                target=floor.floor_main, args=(child, str(self.dump), port, self.processes > 1), daemon=True
+            )
+            proc.start()
+            child.close()
+            self.procs.append(proc)
+            self.conns.append(parent)
+            if not parent.poll(600):
+                raise TimeoutError("the floor did not start")
+            _, port, pid = parent.recv()
+            pids.append(pid)
+        self.pids = tuple(pids)
         self.address = f"127.0.0.1:{port}"
 
     def change(self, index: int, step: Any) -> None:
-        assert self.conn is not None
-        self.conn.send(("switch", index + 1))
-        self.conn.recv()
+        for conn in self.conns:
+            conn.send(("switch", index + 1))
+        for conn in self.conns:
+            conn.recv()
 
     def stop(self) -> None:
-        if self.conn is not None:
-            self.conn.send(("stop",))
-            if self.conn.poll(30):
-                self.conn.recv()
-        if self.proc is not None:
-            self.proc.join(30)
+        for conn in self.conns:
+            conn.send(("stop",))
+        for conn in self.conns:
+            if conn.poll(30):
+                conn.recv()
+        for proc in self.procs:
+            proc.join(30)
 
 
 # -- one run -----------------------------------------------------------------------------------
@@ -326,6 +349,8 @@ class Options:
     delta: bool = False
     workers: int = 2
     floor: bool = True
+    #: Processes serving the floor, sharing its port (SO_REUSEPORT).
+    floor_processes: int = 1
     idle_s: float = 10.0
     debounce: float = 0.1
     timeout_s: float = 1800.0
@@ -345,8 +370,8 @@ def measure(target: Target, fleet: Fleet, options: Options) -> Run:
         started = time.monotonic()
         target.start()
         run.startup_s = time.monotonic() - started
-        run.rss_before_mb, _ = proc_memory_mb(target.pid)
-        cpu = proc_cpu_seconds(target.pid)
+        run.rss_before_mb, _ = proc_memory_mb(target.pids)
+        cpu = proc_cpu_seconds(target.pids)
         log(f"{target.name}: up in {run.startup_s:.1f}s, {len(node_ids):,} proxies connecting")
         released = time.monotonic()
         workers.send("connect", target.address, ("complete",))
@@ -354,29 +379,29 @@ def measure(target: Target, fleet: Fleet, options: Options) -> Run:
         result = workers.collect(options.timeout_s)
         run.connect = Stats.of([_since(t, released) for t in result["hits"].values()])
         log(f"{target.name}: every proxy complete after {run.cold_start_s:.1f}s")
-        wait_idle(target.pid, options.timeout_s)
-        run.cold_cpu_s = proc_cpu_seconds(target.pid) - cpu
-        run.rss_mb, _ = proc_memory_mb(target.pid)
+        wait_idle(target.pids, options.timeout_s)
+        run.cold_cpu_s = proc_cpu_seconds(target.pids) - cpu
+        run.rss_mb, _ = proc_memory_mb(target.pids)
 
-        cpu = proc_cpu_seconds(target.pid)
+        cpu = proc_cpu_seconds(target.pids)
         time.sleep(options.idle_s)
-        run.idle_cpu_s, run.idle_s = proc_cpu_seconds(target.pid) - cpu, options.idle_s
+        run.idle_cpu_s, run.idle_s = proc_cpu_seconds(target.pids) - cpu, options.idle_s
 
         for index, step in enumerate(fleet.steps()):
             change: Change = step.change
             workers.send("arm", change.check, sorted(change.affected))
             workers.gather("armed", 60)
-            cpu = proc_cpu_seconds(target.pid)
+            cpu = proc_cpu_seconds(target.pids)
             t0, wall = time.monotonic(), time.time()
             target.change(index, step)
             result = workers.collect(options.timeout_s)
             stats = Stats.of([_since(t, t0) for t in result["hits"].values()])
             # The change is over when the server is: it may still be working through proxies
             # the change does not affect, and the next change must not be timed on top of that.
-            busy_until = wait_idle(target.pid, options.timeout_s)
+            busy_until = wait_idle(target.pids, options.timeout_s)
             others = workers.collect(0)["others"]
             phase = Phase(change.name, stats, sum(1 for n in others.values() if n), len(others))
-            phase.server_cpu_s = proc_cpu_seconds(target.pid) - cpu
+            phase.server_cpu_s = proc_cpu_seconds(target.pids) - cpu
             phase.busy_s = max(0.0, busy_until - t0)
             run.phases.append(phase)
             log(
@@ -384,7 +409,7 @@ def measure(target: Target, fleet: Fleet, options: Options) -> Run:
                 f"p99 {stats.p99:.3f}s, server busy {phase.busy_s:.1f}s"
             )
             run.nacks = result["nacks"]
-        _, run.peak_rss_mb = proc_memory_mb(target.pid)
+        _, run.peak_rss_mb = proc_memory_mb(target.pids)
         run.errors = target.errors() + len(result["errors"])
         run.stream_error = next(iter(result["errors"].values()), "")
     finally:
@@ -434,7 +459,10 @@ def run_scenario(options: Options) -> dict[str, Any]:
         with ExitStack() as stack:
             consul = stack.enter_context(fake_consul(fleet)) if spec.consul else None
             mesh = measure(Meshctl(fleet, consul, options), fleet, options)
-        base = measure(FloorTarget(dump), Fleet(spec, Path(tmp) / "floor-mesh"), options) if options.floor else None
+        base = None
+        if options.floor:
+            floor_target = FloorTarget(dump, options.floor_processes)
+            base = measure(floor_target, Fleet(spec, Path(tmp) / "floor-mesh"), options)
     return summarize(Outcome(options, fleet, changes, mesh, base, resources, dump_s, load_before))
 
 
@@ -646,6 +674,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, O
     parser.add_argument("--delta", action="store_true", help="incremental xDS instead of state of the world")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="load-client processes")
     parser.add_argument("--no-floor", action="store_true", help="measure meshctl only")
+    parser.add_argument(
+        "--floor-processes",
+        type=int,
+        default=1,
+        help="serve the floor from this many processes sharing its port: what spreading streams buys",
+    )
     parser.add_argument("--idle", type=float, help="seconds of idle for the steady-state CPU (default 10)")
     parser.add_argument("--debounce", type=float, default=0.1, help="meshctl serve --debounce (its default)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="longest wait for any phase, seconds")
@@ -677,6 +711,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, O
         delta=args.delta,
         workers=args.workers,
         floor=not args.no_floor,
+        floor_processes=max(1, args.floor_processes),
         idle_s=idle,
         debounce=args.debounce,
         timeout_s=args.timeout,
