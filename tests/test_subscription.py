@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import tracemalloc
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from unittest import mock
@@ -135,6 +136,40 @@ def test_sotw_streams_naming_the_same_resources_hold_one_set_of_names() -> None:
     outcome = subs[1].handle(sotw(["a", "b"], nonce=second.nonce, version=second.version))
     assert outcome.subscription_changed and subs[1].names == {"a", "b"}
     assert subs[0].names == subs[2].names == {"a", "b", "c"}
+
+
+def test_sotw_streams_holding_the_same_assignments_keep_no_copy_of_them() -> None:
+    """What a partial subscription holds is the set it was sent when it holds all of it: the
+    sidecars of a namespace hold the same thousand assignments, and the server one record of
+    them, not a dict per stream (50 KB each at 1,000 names). A change moves every stream to the
+    next set, and only a stream that holds something else (it rejected a response) has its own."""
+    names = [f"outbound|9080||svc-{i}.ns.svc.cluster.local" for i in range(1000)]
+    first = ResourceSet(res(n) for n in names)
+    second = ResourceSet([res(names[0], "2"), *(res(n) for n in names[1:])])  # one assignment moved
+    subs = [SotwSubscription(EDS, wildcard_when_empty=False, partial=True) for _ in range(100)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for sub in subs:
+            sub.handle(eds(names))
+            for offer in (first, second):
+                push = sub.next_push(offer)
+                assert push is not None
+                assert sub.handle(eds(names, nonce=push.nonce, version=push.version)).kind is RequestKind.ACK
+            assert [r.name for r in push.resources] == [names[0]]  # the change alone
+        per_stream = (tracemalloc.get_traced_memory()[0] - before) / len(subs)
+    finally:
+        tracemalloc.stop()
+    assert per_stream < 8 * 1024, per_stream
+    # A NACK makes the stream's record its own again, and what it rejected is sent again.
+    third = ResourceSet([res(names[0], "3"), *(res(n) for n in names[1:])])
+    push = subs[0].next_push(third)
+    assert push is not None
+    subs[0].handle(eds(names, nonce=push.nonce, version=push.version, error="rejected"))
+    fourth = ResourceSet([res(names[0], "3"), res(names[1], "2"), *(res(n) for n in names[2:])])
+    again = subs[0].next_push(fourth)
+    assert again is not None and [r.name for r in again.resources] == names[:2]
+    assert [r.name for r in subs[1].next_push(fourth).resources] == names[:2]  # type: ignore[union-attr]
 
 
 def test_sotw_reconnect_with_current_version_sends_nothing() -> None:
@@ -794,7 +829,8 @@ def test_sotw_random_streams_stay_bounded_and_converge(wildcard: bool, partial: 
                 send(data.draw(names_drawn), nonce, "junk" if error else "", data.draw(st.sampled_from(["", "old"])))
             elif action == "push":
                 available = next_available(data, available)
-                push = sub.next_push(available)
+                # As the cache offers them (one set shared by streams), or as a plain mapping.
+                push = sub.next_push(ResourceSet(available.values()) if data.draw(st.booleans()) else available)
                 if push is None:
                     continue
                 applied = data.draw(st.booleans())
@@ -826,15 +862,16 @@ def test_sotw_random_streams_stay_bounded_and_converge(wildcard: bool, partial: 
         if watched and not final.keys() & set(watched):
             final[watched[0]] = res(watched[0], "final-1")
         pushed = False
+        offer: Mapping[str, Resource] = ResourceSet(final.values()) if data.draw(st.booleans()) else final
         for _ in range(4):
-            push = sub.next_push(final)
+            push = sub.next_push(offer)
             if push is not None:
                 apply(push, push.resources)
                 pushed = True
             elif asked == watch:
                 break
             send(watch, sub.sent_nonce or "", version=sub.sent_version or "")
-        assert sub.next_push(final) is None and asked == watch
+        assert sub.next_push(offer) is None and asked == watch
         check_sotw_bounds(sub)
         assert not (pushed and sub.awaiting_ack)
         wanted = {n: r.version for n, r in final.items() if sub.wants(n)}
@@ -846,5 +883,7 @@ def test_sotw_random_streams_stay_bounded_and_converge(wildcard: bool, partial: 
 
 def check_sotw_bounds(sub: SotwSubscription) -> None:
     assert len(sub.names) <= LIMIT
-    assert len(sub._held) <= (len(POOL) if sub.wildcard else LIMIT)
+    held = sub._held if sub._held is not None else sub._basis
+    assert held is not None  # without its own record, the set it holds is the record
+    assert len(held) <= (len(POOL) if sub.wildcard else LIMIT)
     assert len(sub._unanswered) <= KEPT

@@ -191,8 +191,10 @@ class SotwSubscription:
         self.acked_version: str | None = None
         self.nack: Nack | None = None
         # Partial only:
-        #: name -> the version the node was sent and has not rejected
-        self._held: dict[str, str] = {}
+        #: name -> the version the node was sent and has not rejected; None while the node holds
+        #: exactly `_basis`, which is then the record (a thousand sidecars of a namespace hold
+        #: the same set: one copy of its names, not one dict each)
+        self._held: dict[str, str] | None = {}
         #: a ResourceSet the node holds all of, at these versions: the next push is its change
         self._basis: ResourceSet | None = None
         #: `_held` lost names at the version sent: a push is due even if the set is unchanged
@@ -244,12 +246,24 @@ class SotwSubscription:
             return False  # the set held stays: every ACK names it again
         self.wildcard, self.names = wildcard, _shared_names(names)
         if changed and self.partial and not wildcard:
-            gone = [n for n in self._held if n not in names]
-            for n in gone:
-                del self._held[n]
+            gone = [n for n in self._held_names() if n not in names]
             if gone:
+                held = self._holding()
+                for n in gone:
+                    del held[n]
                 self._basis = None
         return changed
+
+    def _held_names(self) -> Iterable[str]:
+        return self._held if self._held is not None else self._basis or ()
+
+    def _holding(self) -> dict[str, str]:
+        """What the node holds, as this subscription's own dict (made from `_basis` if that was
+        the record), to change it."""
+        if self._held is None:
+            basis = self._basis
+            self._held = {r.name: r.version for r in basis.ordered} if basis is not None else {}
+        return self._held
 
     def _answered(self, nonce: str, *, rejected: bool) -> None:
         """The node answered `nonce`, and so every response before it: on a NACK, forget what they
@@ -257,7 +271,7 @@ class SotwSubscription:
         if nonce not in self._unanswered:
             # Answered already, or so old it is no longer tracked: then nothing held is certain.
             if rejected and self._untracked:
-                self._held.clear()
+                self._held = {}
                 self._basis = None
                 self._short = True
             return
@@ -265,9 +279,10 @@ class SotwSubscription:
             sent_nonce = next(iter(self._unanswered))
             sent = self._unanswered.pop(sent_nonce)
             if rejected:
+                held = self._holding()
                 for r in sent:
-                    if self._held.get(r.name) == r.version:
-                        del self._held[r.name]
+                    if held.get(r.name) == r.version:
+                        del held[r.name]
                 self._basis = None
                 self._short = True
             if sent_nonce == nonce:
@@ -288,8 +303,9 @@ class SotwSubscription:
         if not self.partial:
             self.sent_version = None
             return
+        held = self._holding()
         for n in wanted:
-            self._held.pop(n, None)
+            held.pop(n, None)
         self._basis = None
         self._short = True
 
@@ -315,7 +331,7 @@ class SotwSubscription:
         resumed, self._resumed = self._resumed, False
         if version == self.sent_version and not self._short:
             if resumed and self.partial:
-                self._held = {r.name: r.version for r in chosen}
+                self._held = {r.name: r.version for r in chosen} if whole is None else None
                 self._basis = whole
             return None
         if self.nack is not None and version == self.nack.version:
@@ -338,10 +354,15 @@ class SotwSubscription:
     def _unheld(self, chosen: tuple[Resource, ...], whole: ResourceSet | None) -> tuple[Resource, ...]:
         """Those of `chosen` the node does not hold at their version, now taken as held. `whole` is
         the set `chosen` is all of, if it is one."""
-        held = self._held
-        if whole is not None and self._basis is not None:
-            fresh = whole.changed_since(self._basis)  # shared by the streams making the same move
+        basis = self._basis
+        if whole is not None and basis is not None:
+            fresh = whole.changed_since(basis)  # shared by the streams making the same move
+            if whole.covers(basis):  # the node now holds exactly `whole`: it is the record
+                self._held, self._basis = None, whole
+                return fresh
+            held = self._holding()
         else:
+            held = self._holding()
             fresh = tuple(r for r in chosen if held.get(r.name) != r.version)
             if len(fresh) == len(chosen):
                 fresh = chosen  # the set's own tuple: encoded once for every stream sent it
@@ -349,7 +370,10 @@ class SotwSubscription:
             held[r.name] = r.version
         # The basis must be exactly what is held: a name held beyond the set (one that left the
         # snapshot) would come back from a comparison with the set even at the version held.
-        self._basis = whole if whole is not None and len(held) == len(whole) else None
+        if whole is not None and len(held) == len(whole):
+            self._held, self._basis = None, whole
+        else:
+            self._basis = None
         return fresh
 
 

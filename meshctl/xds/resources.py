@@ -63,7 +63,8 @@ class ResourceSet(Mapping[str, Resource]):
         #: the resources sorted by name, as a state-of-the-world response lists them
         self.ordered = tuple(self._by_name[n] for n in sorted(self._by_name))
         self.version = _sorted_set_version(self.ordered)
-        self._changes: dict[str, tuple[Resource, ...]] = {}
+        #: older set version -> (what changed since it, whether this set names all it named)
+        self._changes: dict[str, tuple[tuple[Resource, ...], bool]] = {}
 
     def changed_since(self, older: ResourceSet) -> tuple[Resource, ...]:
         """The resources of this set that `older` lacks or holds at another version, by name.
@@ -72,15 +73,23 @@ class ResourceSet(Mapping[str, Resource]):
         next one (the sidecars of a namespace, after an endpoint change) gets the very same tuple,
         so the change is computed once and its bytes are encoded once. A set version stands for
         its names and versions, so it is the key."""
+        return self._move(older)[0]
+
+    def covers(self, older: ResourceSet) -> bool:
+        """Whether this set names every resource `older` names (remembered as `changed_since`)."""
+        return self._move(older)[1]
+
+    def _move(self, older: ResourceSet) -> tuple[tuple[Resource, ...], bool]:
         found = self._changes.get(older.version)
         if found is None:
-            before = older._by_name
-            found = tuple(r for r in self.ordered if (o := before.get(r.name)) is None or o.version != r.version)
-            if len(found) == len(self.ordered):
-                found = self.ordered
+            before, now = older._by_name, self._by_name
+            changed = tuple(r for r in self.ordered if (o := before.get(r.name)) is None or o.version != r.version)
+            if len(changed) == len(self.ordered):
+                changed = self.ordered
+            covers = len(before) <= len(now) and all(n in now for n in before)
             while len(self._changes) >= _CHANGES_KEPT:
                 del self._changes[next(iter(self._changes))]
-            self._changes[older.version] = found
+            found = self._changes[older.version] = (changed, covers)
         return found
 
     def __getitem__(self, name: str) -> Resource:
