@@ -70,6 +70,25 @@ def test_pushes_follow_make_before_break_order() -> None:
     assert conn.pushes() == []
 
 
+def test_a_snapshot_that_moves_none_of_the_sets_held_moves_nothing() -> None:
+    """A change outside the proxy's scope: the cache offers the very sets the stream holds, under
+    the new snapshot's version. The stream reports it as nothing to push (the servicer does not
+    wake it), yet shows the new snapshot; one set replaced, even by an equal one, is news."""
+    conn = Connection("c1", delta=False)
+    subscribed(conn, ["a"], ["r"])
+    first = resources("v1", cds=[res("a")], eds=[res("a")], lds=[res("l")], rds=[res("r")])
+    assert conn.update(first)
+    ack_all(conn, conn.pushes(), {EDS: ["a"], RDS: ["r"]})
+    same = ProxyResources("v2", "v2", MappingProxyType(dict(first.by_type)))
+    assert not conn.update(same)
+    assert conn.resources is same and conn.pushes() == []
+    moved = ProxyResources("v3", "v3", MappingProxyType({**first.by_type, EDS: MappingProxyType({"a": res("a", "2")})}))
+    assert conn.update(moved)
+    assert [p.type_url for p in conn.pushes()] == [EDS]
+    fewer = ProxyResources("v4", "v4", MappingProxyType({t: m for t, m in moved.by_type.items() if t != RDS}))
+    assert conn.update(fewer)
+
+
 def test_endpoint_only_change_pushes_eds_alone() -> None:
     conn = Connection("c1", delta=False)
     subscribed(conn, ["a"], ["r"])

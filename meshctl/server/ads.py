@@ -258,13 +258,13 @@ class AdsServicer:
         return out
 
     def _apply(self, stream: Stream, epoch: int, proxy: Proxy, resources: ProxyResources) -> bool:
-        """On the loop: take the result for publication `epoch`, unless a newer one was taken."""
+        """On the loop: take the result for publication `epoch`, unless a newer one was taken.
+        True when the stream has something new to push (`Connection.update`)."""
         if stream.epoch > epoch:
             return False
         stream.epoch = epoch
         stream.proxy = proxy
-        stream.connection.update(resources)
-        return True
+        return stream.connection.update(resources)
 
     async def _flush(
         self, stream: Stream, pushes: Sequence[Push], context: grpc.aio.ServicerContext[Any, Any]

@@ -151,9 +151,15 @@ class Connection:
 
     # -- resources ---------------------------------------------------------------------------
 
-    def update(self, resources: ProxyResources) -> None:
-        """Take a new set of resources; `pushes()` then says what to send."""
+    def update(self, resources: ProxyResources) -> bool:
+        """Take a new set of resources; `pushes()` then says what to send. False when nothing the
+        node may be sent moved: every type's set is the very one held (the cache hands out the
+        same sets for what a change leaves alone), so `pushes()` has nothing new to say and a
+        change outside the proxy's scope need not wake its stream."""
         old = self.resources
+        if old is not None and _same_sets(old, resources):
+            self.resources = resources  # the snapshot it is at, for the debug pages
+            return False
         self._generation += 1
         if old is not None:
             old_clusters, new_clusters = old.of(types.CLUSTER), resources.of(types.CLUSTER)
@@ -184,6 +190,7 @@ class Connection:
                     n for n, r in new_clusters.items() if n in old_clusters and old_clusters[n].version != r.version
                 )
         self.resources = resources
+        return True
 
     def _routes_subscribed(self) -> bool:
         return any(t in self.subscriptions for t in (types.LISTENER, types.ROUTE))
@@ -266,3 +273,9 @@ class Connection:
                 )
             )
         return out
+
+
+def _same_sets(old: ProxyResources, new: ProxyResources) -> bool:
+    """Whether `new` offers, type by type, the very mappings `old` does."""
+    a, b = old.by_type, new.by_type
+    return len(a) == len(b) and all(b.get(t) is m for t, m in a.items())
