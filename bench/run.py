@@ -134,21 +134,25 @@ class Run:
 # -- processes ---------------------------------------------------------------------------------
 
 
-def proc_cpu_seconds(pids: Sequence[int]) -> float:
-    """utime + stime of the processes, from /proc/PID/stat (fields 14 and 15)."""
+def _pids(pids: int | Sequence[int]) -> Sequence[int]:
+    return (pids,) if isinstance(pids, int) else pids
+
+
+def proc_cpu_seconds(pids: int | Sequence[int]) -> float:
+    """utime + stime of a process or processes, from /proc/PID/stat (fields 14 and 15)."""
     total = 0
-    for pid in pids:
+    for pid in _pids(pids):
         text = Path(f"/proc/{pid}/stat").read_text()
         fields = text[text.rindex(")") + 2 :].split()
         total += int(fields[11]) + int(fields[12])
     return total / CLK_TCK
 
 
-def proc_memory_mb(pids: Sequence[int]) -> tuple[float, float]:
+def proc_memory_mb(pids: int | Sequence[int]) -> tuple[float, float]:
     """(VmRSS, VmHWM) of the processes in MB, from /proc/PID/status: summed, so a server of
     several processes counts them all (shared pages counted in each, as RSS does)."""
     values = {"VmRSS": 0.0, "VmHWM": 0.0}
-    for pid in pids:
+    for pid in _pids(pids):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             key, _, rest = line.partition(":")
             if key in values:
@@ -156,7 +160,7 @@ def proc_memory_mb(pids: Sequence[int]) -> tuple[float, float]:
     return values["VmRSS"], values["VmHWM"]
 
 
-def wait_idle(pid: Sequence[int], timeout: float, *, window: float = 0.5, share: float = 0.1) -> float:
+def wait_idle(pid: int | Sequence[int], timeout: float, *, window: float = 0.5, share: float = 0.1) -> float:
     """Wait until the process uses less than `share` of a CPU over `window` seconds; returns when
     that quiet window began, which is when its work ended (to within `window`)."""
     deadline = time.monotonic() + timeout
