@@ -145,6 +145,35 @@ def test_without_proof_of_identity_no_key_is_sent_and_config_uses_no_mutual_tls(
     run(test)
 
 
+def test_a_fleet_without_proof_of_identity_is_named_a_few_times_then_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plaintext fleet: the log names the first proxies refused a certificate, then says how
+    many so far at 10, 100, ..., not a line per proxy at every start; a proxy that reconnects is
+    not said again."""
+    mesh = examples_copy(tmp_path)
+    nodes = [f"sidecar~10.77.0.{i}~client-{i}.bookinfo~bookinfo.svc.cluster.local" for i in range(1, 13)]
+
+    async def test() -> None:
+        async with serving(mesh, state_dir=tmp_path / "state") as server:
+            for node in [*nodes, nodes[0]]:
+                async with AdsClient(f"127.0.0.1:{server.xds_port}", node) as client:
+                    await client.wait_for(lambda c: c.complete(), timeout=20)
+
+    with caplog.at_level("WARNING", logger="meshctl.server.secrets"):
+        run(test)
+    said = [r.getMessage() for r in caplog.records if "no workload certificate" in r.getMessage()]
+    assert said[:5] == [
+        f"proxy {n} gets no workload certificate: its xDS connection did not prove its identity "
+        "(serve with --client-ca); its config uses no mutual TLS"
+        for n in nodes[:5]
+    ]
+    assert said[5:] == [
+        "10 proxies so far get no workload certificate: their xDS connections did not prove their identity "
+        "(serve with --client-ca); their config uses no mutual TLS"
+    ]
+
+
 @pytest.mark.parametrize(
     ("make", "said"),
     [
