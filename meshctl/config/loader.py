@@ -613,13 +613,12 @@ def merge_files(files: Iterable[FileResult]) -> tuple[dict[ConfigKey, Config], l
     in path order wins (deterministic, so replicas agree) and the other place gets an error."""
     out: dict[ConfigKey, Config] = {}
     findings: list[Finding] = []
+    keep = out.setdefault  # one dict operation per resource: a tree of 100,000 is merged per reload
     for result in files:
         for config in result.configs:
-            first = out.get(config.key)
-            if first is not None:
+            first = keep(config.key, config)
+            if first is not config:
                 findings.append(_duplicate(config, first.source))
-                continue
-            out[config.key] = config
     return out, findings
 
 
