@@ -99,7 +99,8 @@ def _version_of(available: Mapping[str, Resource]) -> str:
 
 #: Name sets subscribed to, one copy of each: the sidecars of a namespace ask for the same
 #: assignments (150 names, 8 KB a set), so a thousand streams hold ten sets, not a thousand.
-#: Keyed by hash; a collision only costs the sharing of one set. Used from the event loop.
+#: Keyed by hash; a collision, or two event loops of one process writing at once, only costs
+#: one set its sharing.
 _NAME_SETS: weakref.WeakValueDictionary[int, frozenset[str]] = weakref.WeakValueDictionary()
 
 
@@ -245,7 +246,7 @@ class SotwSubscription:
         if not changed:
             return False  # the set held stays: every ACK names it again
         self.wildcard, self.names = wildcard, _shared_names(names)
-        if changed and self.partial and not wildcard:
+        if self.partial and not wildcard:
             gone = [n for n in self._held_names() if n not in names]
             if gone:
                 held = self._holding()
