@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import re
 import shutil
 import socket
@@ -235,10 +236,42 @@ def validate_resources(resources: Mapping[str, Iterable[Message]]) -> None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
+    """A port free on `host` now, for something (an Envoy listener, a backend) to bind later.
+
+    Taken below the kernel's ephemeral range: every bind to port 0 and every outgoing
+    connection takes its port from that range, so a port found free there could be handed to a
+    server or a connection started before the test binds it (a replica's admin port once took
+    the port an Envoy listener was then refused). Ports handed out are not handed out again by
+    this process while others remain."""
+    low = _ephemeral_low()
+    first = max(1024, low - 12_000)
+    for _ in range(500 if low > first else 0):
+        port = random.randrange(first, low)
+        if port in _HANDED_OUT:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind((host, port))
+        except OSError:
+            continue
+        _HANDED_OUT.add(port)
         return port
+    with socket.socket() as s:  # no room below the range: one the kernel picks
+        s.bind((host, 0))
+        found: int = s.getsockname()[1]
+        return found
+
+
+#: Ports `free_port` handed out in this process.
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default when it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 class EnvoyProcess:
