@@ -30,9 +30,11 @@ KEYS = {
 }
 
 
-def test_tiny_fleet_benchmark_prints_its_json_line_last() -> None:
+@pytest.mark.parametrize("floor_processes", [1, 2])
+def test_tiny_fleet_benchmark_prints_its_json_line_last(floor_processes: int) -> None:
+    """With the floor in one process, and in two sharing its port (`--floor-processes`)."""
     command = [sys.executable, str(RUN), "--services", "5", "--endpoints", "2", "--proxies", "5"]
-    command += ["--idle", "0.5", "--workers", "1"]
+    command += ["--idle", "0.5", "--workers", "1", "--floor-processes", str(floor_processes)]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
