@@ -4,8 +4,9 @@ It knows nothing of Istio kinds, nor of snapshots: each stream is a `Connection`
 state); this module only reads requests, asks its `ConfigSource` (the shared `ResourceCache`)
 to resolve the node in the state last published (bound proxy and resources), and writes what
 `Connection.pushes()` says, encoded from shared bytes (`encode`). The published state is opaque
-here: it goes from `publish` to the source untouched. A new snapshot wakes every stream; each stream then decides alone
-whether anything changed for its proxy, so a change outside a proxy's scope sends it nothing.
+here: it goes from `publish` to the source untouched. A new snapshot is resolved for every
+stream; only a stream offered sets other than those it holds is woken (`Connection.update`),
+and it then decides alone what to send, so a change outside a proxy's scope sends it nothing.
 
 Binding and generation run on one worker thread, never on the event loop. Generating a large
 proxy's config takes a good fraction of a second; on the loop, a fleet connecting at once would
