@@ -87,7 +87,7 @@ is not a valid URL: it needs a host
       jwksUri: https:///jwks.json  # <-
 
 [ra-jwks-uri-port] spec.jwtRules[0].jwksUri
-a port (if given) in 1..65535
+its port "99999" is not a number in 1..65535
     jwtRules:
     - issuer: issuer-foo
       jwksUri: https://example.com:99999/jwks.json  # <-
@@ -99,13 +99,13 @@ jwks parse error: not JSON
       jwks: "{keys: ["  # <-
 
 [ra-jwks-key-without-type] spec.jwtRules[0].jwks
-jwks parse error: key 0 has an unknown kty None
+jwks parse error: key 0: kty must be a string (RSA, EC, oct or OKP), found None
     jwtRules:
     - issuer: issuer-foo
       jwks: '{"keys": [{"n": "abc", "e": "AQAB"}]}'  # <-
 
 [ra-jwks-rsa-without-exponent] spec.jwtRules[0].jwks
-jwks parse error: RSA key 1 lacks e
+jwks parse error: key 1: RSA key lacks e
     jwtRules:
     - issuer: issuer-foo
       jwks: '{"keys": [{"kty": "oct", "k": "c2VjcmV0"}, {"kty": "RSA", "n": "abc"}]}'  # <-
@@ -267,7 +267,7 @@ workload selector has no labels: the RequestAuthentication applies to every work
 jwksUri is ignored: the rule's jwks is used
     jwtRules:
     - issuer: issuer-foo
-      jwks: '{"keys": []}'
+      jwks: '{"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}'
       jwksUri: https://example.com/.well-known/jwks.json  # <-
 
 [ra-no-keys] spec.jwtRules[0]
@@ -299,16 +299,19 @@ def test_questionable_config_is_a_warning_at_its_field(kind: str, spec: str, fie
 
 
 @pytest.mark.parametrize(
-    "jwks",
+    ("jwks", "reason"),
     [
-        '{"keys": []}',
-        '{"kty": "RSA", "n": "abc", "e": "AQAB"}',
-        '{"keys": [{"kty": "OKP", "crv": "Ed25519", "x": "abc"}, {"kty": "oct", "k": "c2VjcmV0"}]}',
+        ('{"keys": []}', "the key set has no keys"),
+        ('{"kty": "RSA", "n": "abc", "e": "AQAB"}', 'no "keys" list'),
+        ('{"keys": [{"kty": "OKP", "crv": "Ed25519", "x": "abc"}]}', "not a 32-byte Ed25519 public key"),
+        ('{"keys": [{"kty": "oct", "k": "c2VjcmV0"}], "keys": []}', '"keys" is written twice'),
     ],
 )
-def test_key_sets_and_single_keys_parse(jwks: str) -> None:
-    """Istio parses `jwks` with jwx's `jwk.Parse`, which takes a set or one key."""
-    assert jwks_problem(jwks) is None
+def test_key_sets_envoy_cannot_read_are_refused(jwks: str, reason: str) -> None:
+    """jwx's `jwk.Parse` (Istio's check) takes these, and every Envoy refuses them: an empty set,
+    one bare key, a key of the wrong size, a member written twice."""
+    problem = jwks_problem(jwks)
+    assert problem is not None and reason in problem, problem
 
 
 # Istio's documented examples (istio/api security/v1beta1/request_authentication.proto, istio.io

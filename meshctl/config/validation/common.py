@@ -22,6 +22,7 @@ import re2
 from meshctl.config.findings import FieldPath, Severity
 from meshctl.config.hosts import is_ip
 from meshctl.config.validation import Issue
+from meshctl.config.validation.envoy_limits import header_bytes_problem
 from meshctl.config.validation.regex_program import program_size_problem
 
 UNIX_PREFIX: Final = "unix://"
@@ -351,7 +352,7 @@ def header_name_problem(name: str, *, jwt_claims: bool = False, pseudo: bool = F
         return None
     if not _HEADER_NAME.fullmatch(name):
         return f'invalid header name "{name}": use letters, digits and !#$%&\'*+-.^_`|~ (an RFC 7230 token)'
-    return None
+    return header_bytes_problem(name, f"header name {name[:40]!r}...")
 
 
 def probe_header_name_problem(name: str) -> str | None:
@@ -410,6 +411,9 @@ def header_value_problem(value: str) -> str | None:
     Envoy's commands (`%HOSTNAME%`, `%REQ(x-id)%`, `%REQ(x-id):10%` to truncate)."""
     if _HEADER_VALUE_FORBIDDEN.search(value):
         return f"header value {value!r} contains control characters"
+    too_long = header_bytes_problem(value, f"header value {value[:40]!r}...")
+    if too_long is not None:
+        return too_long
     unterminated = f'header value "{value}" has an unterminated "%" variable: write a literal % as "%%"'
     i, n = 0, len(value)
     while i < n:
