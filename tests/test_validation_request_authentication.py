@@ -243,6 +243,88 @@ empty key is not allowed in a selector
 """,
 )
 
+# What Istio's Go parsers take and every Envoy refuses: a jwksUri its URL parser cannot read, and
+# key sets jwt_verify_lib cannot (measured against Envoy: tests/test_e2e_envoy_refusals.py).
+_RSA_EVEN = base64.urlsafe_b64encode((1 << 2047).to_bytes(256, "big")).rstrip(b"=").decode()
+_SECP256K1_X = _b64url(0x79BE667EF9DCBBAC55A06295CE870B07029BFCDB2DCE28D959F2815B16F81798)
+ERRORS += cases(
+    RA,
+    f"""
+[ra-jwks-uri-pipe-in-host] spec.jwtRules[0].jwksUri
+host "a|b" is not a DNS name or an IP address
+    jwtRules:
+    - issuer: issuer-foo
+      jwksUri: "http://a|b:80/"  # <-
+
+[ra-jwks-uri-space] spec.jwtRules[0].jwksUri
+printable ASCII only
+    jwtRules:
+    - issuer: issuer-foo
+      jwksUri: "http://example.com/a b"  # <-
+
+[ra-jwks-uri-nul] spec.jwtRules[0].jwksUri
+printable ASCII only
+    jwtRules:
+    - issuer: issuer-foo
+      jwksUri: "http://exa\\0mple.com/"  # <-
+
+[ra-jwks-uri-non-ascii-host] spec.jwtRules[0].jwksUri
+printable ASCII only
+    jwtRules:
+    - issuer: issuer-foo
+      jwksUri: "http://b\u00fccher.example/"  # <-
+
+[ra-jwks-uri-two-at] spec.jwtRules[0].jwksUri
+more than one "@"
+    jwtRules:
+    - issuer: issuer-foo
+      jwksUri: "http://u@v@example.com/"  # <-
+
+[ra-jwks-uri-empty-port] spec.jwtRules[0].jwksUri
+is not a valid URL
+    jwtRules:
+    - issuer: issuer-foo
+      jwksUri: "http://example.com:/keys"  # <-
+
+[ra-jwks-rsa-even-modulus] spec.jwtRules[0].jwks
+RSA modulus n (2048 bits, even) is not a valid key
+    jwtRules:
+    - issuer: issuer-foo
+      jwks: '{{"keys": [{{"kty": "RSA", "n": "{_RSA_EVEN}", "e": "AQAB"}}]}}'  # <-
+
+[ra-jwks-rsa-exponent] spec.jwtRules[0].jwks
+RSA exponent e=5 is not 3 or 65537
+    jwtRules:
+    - issuer: issuer-foo
+      jwks: '{{"keys": [{{"kty": "RSA", "n": "{_RSA_EVEN}", "e": "BQ"}}]}}'  # <-
+
+[ra-jwks-unsupported-curve] spec.jwtRules[0].jwks
+curve "secp256k1" is not supported
+    jwtRules:
+    - issuer: issuer-foo
+      jwks: '{{"keys": [{{"kty": "EC", "crv": "secp256k1", "x": "{_SECP256K1_X}", "y": "{_SECP256K1_X}"}}]}}'  # <-
+
+[ra-jwks-point-off-curve] spec.jwtRules[0].jwks
+x and y are not a point on P-256
+    jwtRules:
+    - issuer: issuer-foo
+      jwks: '{{"keys": [{{"kty": "EC", "crv": "P-256", "x": "{_SECP256K1_X}", "y": "{_SECP256K1_X}"}}]}}'  # <-
+
+[ra-jwks-empty-set] spec.jwtRules[0].jwks
+the key set has no keys
+    jwtRules:
+    - issuer: issuer-foo
+      jwks: '{{"keys": []}}'  # <-
+
+[ra-timeout-beyond-envoy] spec.jwtRules[0].timeout
+longer than Envoy can hold here
+    jwtRules:
+    - issuer: issuer-foo
+      jwksUri: https://example.com/keys
+      timeout: 4294967296s  # <-
+""",
+)
+
 
 @pytest.mark.parametrize(("kind", "spec", "field", "message"), ERRORS)
 def test_broken_rule_is_an_error_at_its_field(kind: str, spec: str, field: str, message: str) -> None:
