@@ -18,7 +18,11 @@ file is silently ignored:
 | defaultConfig.holdApplicationUntilProxyStarts | ignored: a VM has no pod start order         |
 | anything else Istio has          | a warning: read by Istio, not applied by meshctl yet       |
 
-A file that does not load keeps the settings last loaded from it (as a config file does).
+A value every Envoy would refuse is an error at its field and line, as in a config file: a trust
+domain that is not lowercase DNS labels (Istio's rule; it is the host of every SPIFFE URI), an
+access-log format Envoy cannot parse (`validation/access_log_format.py`), a connect timeout of
+292 years or more (`validation/envoy_limits.py`). A file that does not load keeps the settings
+last loaded from it (as a config file does).
 """
 
 from __future__ import annotations
@@ -217,7 +221,7 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
         if nanos is None or nanos <= 0:
             problem("connectTimeout must be a positive duration (10s, 500ms)")
         elif (too_long := duration_limit_problem(nanos, value)) is not None:
-            problem(f"connectTimeout: {too_long}", field="connectTimeout")
+            problem(too_long, field="connectTimeout")
         else:
             timeout = nanos / 1e9
     trust = data.get("trustDomain", defaults.trust_domain)
@@ -244,7 +248,7 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
         problem("accessLogFormat must be a format string")
         log_format = ""
     elif log_format and (bad_format := access_log_format_problem(log_format)) is not None:
-        problem(f"accessLogFormat: {bad_format}", field="accessLogFormat")
+        problem(bad_format, field="accessLogFormat")
         log_format = ""
     locality = b""
     if data.get("localityLbSetting") is not None:
