@@ -341,6 +341,16 @@ duration "9223372036s" is longer than Envoy can hold
       outlierDetection:
         interval: 9223372036s  # <-
 
+[dr-ring-size-beyond-envoy] spec.trafficPolicy.loadBalancer.consistentHash.ringHash.minimumRingSize
+minimumRingSize 9000000 is more than Envoy takes (at most 8388608)
+    host: r.mesh
+    trafficPolicy:
+      loadBalancer:
+        consistentHash:
+          httpHeaderName: x-user
+          ringHash:
+            minimumRingSize: 9000000  # <-
+
 [dr-keepalive-beyond-32-bits] spec.trafficPolicy.connectionPool.tcp.tcpKeepalive.time
 tcpKeepalive.time of 4294967296s is longer than Envoy can hold here
     host: r.mesh

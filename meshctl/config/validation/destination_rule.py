@@ -28,7 +28,7 @@ from meshctl.config.validation.common import (
     port_problem,
     wildcard_domain_problem,
 )
-from meshctl.config.validation.envoy_limits import seconds32_problem
+from meshctl.config.validation.envoy_limits import ring_size_problem, seconds32_problem
 
 _MAGLEV_TABLE_LIMIT: Final = 5_000_011
 _TOPOLOGY_LABELS: Final = frozenset(
@@ -194,6 +194,9 @@ def _load_balancer(report: Report, path: FieldPath, lb: Any, outlier: Any | None
             _http_cookie(report, (*at, "httpCookie"), ch.http_cookie)
         if ch.minimum_ring_size:
             report.warn((*at, "minimumRingSize"), 'minimumRingSize is deprecated: use "ringHash.minimumRingSize"')
+            report.error((*at, "minimumRingSize"), ring_size_problem(ch.minimum_ring_size))
+        if ch.HasField("ring_hash"):
+            report.error((*at, "ringHash", "minimumRingSize"), ring_size_problem(ch.ring_hash.minimum_ring_size))
             if ch.WhichOneof("hash_algorithm"):
                 report.error((*at, "minimumRingSize"), 'minimumRingSize cannot be set with "ringHash" or "maglev"')
         if ch.HasField("maglev"):

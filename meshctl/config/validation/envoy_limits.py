@@ -9,6 +9,7 @@ and the loader refuse what every proxy would.
   Fields Envoy holds as 32-bit seconds (TCP keepalive time and interval, a JWKS fetch timeout)
   take less again.
 - Header names and values Envoy adds to requests or responses: at most 16 KiB each.
+- A ring hash's minimum size: at most 8,388,608.
 - Trust domains and service accounts become SPIFFE URIs in certificates and in the matchers of
   every proxy's config: DNS names as Istio and Kubernetes take them.
 """
@@ -24,6 +25,8 @@ DURATION_LIMIT_SECONDS: Final = 9_223_372_036
 UINT32_MAX: Final = 2**32 - 1
 #: `HeaderValue.key` and `.value`: Envoy's `max_bytes` on a header it adds.
 MAX_HEADER_BYTES: Final = 16384
+#: `RingHashLbConfig.minimum_ring_size`: at most 8M entries.
+MAX_RING_SIZE: Final = 8_388_608
 
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
@@ -47,6 +50,13 @@ def header_bytes_problem(text: str, what: str) -> str | None:
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_HEADER_BYTES:
         return f"{what} is {size} bytes long: Envoy takes at most {MAX_HEADER_BYTES}"
+    return None
+
+
+def ring_size_problem(size: int) -> str | None:
+    """A ring hash's minimum size, which Envoy bounds."""
+    if size > MAX_RING_SIZE:
+        return f"minimumRingSize {size} is more than Envoy takes (at most {MAX_RING_SIZE})"
     return None
 
 
