@@ -316,6 +316,15 @@ the key set has no keys
     - issuer: issuer-foo
       jwks: '{{"keys": []}}'  # <-
 
+[ra-from-header-prefix-line-break] spec.jwtRules[0].fromHeaders[0].prefix
+contains a NUL, carriage return or line feed
+    jwtRules:
+    - issuer: issuer-foo
+      jwksUri: https://example.com/keys
+      fromHeaders:
+      - name: x-jwt
+        prefix: "Bearer\\n"  # <-
+
 [ra-timeout-beyond-envoy] spec.jwtRules[0].timeout
 longer than Envoy can hold here
     jwtRules:

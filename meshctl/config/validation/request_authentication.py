@@ -63,6 +63,10 @@ def _jwt_rule(report: Report, path: FieldPath, rule: Any) -> None:
     for i, location in enumerate(rule.from_headers):
         if not location.name:
             report.error((*path, "fromHeaders", i, "name"), "location header name must be non-empty string")
+        for field, value in (("name", location.name), ("prefix", location.prefix)):
+            report.error((*path, "fromHeaders", i, field), _line_break_problem(value))
+    if rule.output_payload_to_header:
+        report.error((*path, "outputPayloadToHeader"), _line_break_problem(rule.output_payload_to_header))
     for i, param in enumerate(rule.from_params):
         if not param:
             report.error((*path, "fromParams", i), "location query must be non-empty string")
@@ -103,3 +107,10 @@ def jwks_uri_problem(uri: str) -> str | None:
     if parse_jwks_uri(uri) is not None:
         return None
     return f'jwksUri "{uri}" is not a valid URL: {jwks_uri_problem_detail(uri)}'
+
+
+def _line_break_problem(value: str) -> str | None:
+    """Envoy's rule for a header name or value prefix it reads (`JwtHeader`): no NUL, CR or LF."""
+    if any(c in value for c in "\x00\r\n"):
+        return f"{value!r} contains a NUL, carriage return or line feed, which Envoy refuses in a header"
+    return None
