@@ -10,6 +10,8 @@ and the loader refuse what every proxy would.
   take less again.
 - Header names and values Envoy adds to requests or responses: at most 16 KiB each.
 - A ring hash's minimum size: at most 8,388,608.
+- Certificate pins (`verifyCertificateHash`, `verifyCertificateSpki`): SHA-256 digests in the
+  form Envoy reads.
 - Trust domains and service accounts become SPIFFE URIs in certificates and in the matchers of
   every proxy's config: DNS names as Istio and Kubernetes take them.
 """
@@ -58,6 +60,24 @@ def ring_size_problem(size: int) -> str | None:
     if size > MAX_RING_SIZE:
         return f"minimumRingSize {size} is more than Envoy takes (at most {MAX_RING_SIZE})"
     return None
+
+
+_SHA256_HEX = re.compile(r"[0-9A-Fa-f]{64}|[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){31}")
+_SHA256_BASE64 = re.compile(r"[A-Za-z0-9+/]{43}=")
+
+
+def certificate_hash_problem(digest: str) -> str | None:
+    """`verifyCertificateHash`: a SHA-256 in hex, bare or colon-separated, as Envoy takes it."""
+    if _SHA256_HEX.fullmatch(digest):
+        return None
+    return f'"{digest[:100]}" is not a hex SHA-256 of a certificate (64 hex digits, colons allowed between pairs)'
+
+
+def certificate_spki_problem(digest: str) -> str | None:
+    """`verifyCertificateSpki`: a SHA-256 of a public key in base64 (44 characters)."""
+    if _SHA256_BASE64.fullmatch(digest):
+        return None
+    return f'"{digest[:100]}" is not a base64 SHA-256 of a public key (44 characters, as Envoy takes it)'
 
 
 def trust_domain_problem(domain: str) -> str | None:
