@@ -12,7 +12,7 @@ from typing import Final
 import re2
 
 from meshctl.config.validation.common import ip_or_cidr_problem
-from meshctl.config.validation.regex_program import program_size_problem, re2_escape
+from meshctl.config.validation.regex_program import RE2_MAX_PROGRAM_SIZE, program_size_problem, re2_escape
 
 MATCH_ONE: Final = "{*}"
 MATCH_ANY: Final = "{**}"
@@ -69,7 +69,9 @@ def principal_regex(value: str) -> str | None:
 def regex_size_problem(regex: str | None) -> str | None:
     """A regex generated from a value that Envoy would refuse for its size (a value of tens of
     thousands of characters): it NACKs the listener of every workload the policy selects."""
-    if regex is None:
+    if regex is None or len(regex) * 2 + 64 < RE2_MAX_PROGRAM_SIZE:
+        # These regexes are literals joined by `.*`: a program of at most about two instructions
+        # per character. Only a value of thousands of characters needs compiling to be sure.
         return None
     try:
         compiled = re2.compile(regex)
