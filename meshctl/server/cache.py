@@ -75,6 +75,8 @@ logger = logging.getLogger("meshctl.server.cache")
 
 #: How many changed inputs a generation error names.
 _NAMED_INPUTS = 5
+#: Failures logged, remembered so each is logged once (per key and config version).
+_MAX_FAILURES_REMEMBERED = 10_000
 
 
 class GenerationError(Exception):
@@ -292,6 +294,8 @@ class ResourceCache:
             if last is not None:
                 self._last_good[key] = _LastGood(last.view, last.snapshot, snapshot.config_version)
             first = (snapshot.config_version, key) not in self._failures_logged
+            if len(self._failures_logged) >= _MAX_FAILURES_REMEMBERED:
+                self._failures_logged.clear()  # bounded even if nothing ever generates again
             self._failures_logged.add((snapshot.config_version, key))
         inputs = changed_inputs(last.snapshot, snapshot) if last is not None else []
         named = ", ".join(inputs[:_NAMED_INPUTS]) + (
