@@ -109,6 +109,14 @@ port number 70000
       tcpSocket: {port: 70000}  # <-
 """,
     ),
+    *cases(
+        WE,
+        f"""
+[we-unix-path-too-long] spec.address
+is longer than Envoy takes (107 bytes)
+    address: unix:///run/{"s" * 110}.sock  # <-
+""",
+    ),
     # A service account is the last segment of a SPIFFE URI: a Kubernetes name, no "/" (Envoy
     # and the CA would take `payments/admin` as another path).
     *cases(

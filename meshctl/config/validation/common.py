@@ -44,6 +44,8 @@ _PSEUDO_HEADERS: Final = frozenset((":method", ":scheme", ":authority", ":path",
 _HEADER_VALUE_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _JWT_CLAIM_HEADER = re.compile(r"@request\.auth\.claims(\.[^.\[\]]+|\[[^\[\]]+\])+")
 _MAX_REGEX_LENGTH: Final = 1024
+#: A unix socket path holds at most 107 bytes (`sun_path`, with its NUL): Envoy refuses more.
+_MAX_UNIX_PATH: Final = 108
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # the error comes back to us; RE2 would also print it to stderr
 
@@ -159,6 +161,8 @@ def unix_address_problem(path: str) -> str | None:
     """The part after `unix://`: an absolute file path, or an abstract socket name led by `@`."""
     if not path:
         return "unix domain socket address must not be empty"
+    if len(path.encode()) >= _MAX_UNIX_PATH:
+        return f'unix domain socket path "{path[:40]}..." is longer than Envoy takes ({_MAX_UNIX_PATH - 1} bytes)'
     if path.startswith("@"):
         return None
     if not posixpath.isabs(path) or path.endswith("/"):
