@@ -10,6 +10,8 @@ and the loader refuse what every proxy would.
   take less again.
 - Header names and values Envoy adds to requests or responses: at most 16 KiB each.
 - A ring hash's minimum size: at most 8,388,608.
+- Paths, hosts and prefixes Envoy writes into requests (rewrites, redirects, JWT header
+  prefixes): no NUL, CR or LF.
 - Certificate pins (`verifyCertificateHash`, `verifyCertificateSpki`): SHA-256 digests in the
   form Envoy reads.
 - Trust domains and service accounts become SPIFFE URIs in certificates and in the matchers of
@@ -52,6 +54,14 @@ def header_bytes_problem(text: str, what: str) -> str | None:
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_HEADER_BYTES:
         return f"{what} is {size} bytes long: Envoy takes at most {MAX_HEADER_BYTES}"
+    return None
+
+
+def line_break_problem(value: str, what: str) -> str | None:
+    """Envoy's rule for a value it writes into a request line or header (a path or host rewrite,
+    a redirect, a header prefix): no NUL, carriage return or line feed."""
+    if any(c in value for c in "\x00\r\n"):
+        return f"{what} {value[:60]!r} contains a NUL, carriage return or line feed, which Envoy refuses"
     return None
 
 

@@ -26,7 +26,7 @@ from meshctl.config.findings import FieldPath
 from meshctl.config.jwks_uri import jwks_uri_problem_detail, parse_jwks_uri
 from meshctl.config.validation import Issue
 from meshctl.config.validation.common import Report, duration_problem, probe_header_name_problem
-from meshctl.config.validation.envoy_limits import seconds32_problem
+from meshctl.config.validation.envoy_limits import line_break_problem, seconds32_problem
 from meshctl.config.validation.jwks import jwks_problem
 from meshctl.config.validation.policy_target import check_policy_target
 
@@ -64,9 +64,9 @@ def _jwt_rule(report: Report, path: FieldPath, rule: Any) -> None:
         if not location.name:
             report.error((*path, "fromHeaders", i, "name"), "location header name must be non-empty string")
         for field, value in (("name", location.name), ("prefix", location.prefix)):
-            report.error((*path, "fromHeaders", i, field), _line_break_problem(value))
+            report.error((*path, "fromHeaders", i, field), line_break_problem(value, f"header {field}"))
     if rule.output_payload_to_header:
-        report.error((*path, "outputPayloadToHeader"), _line_break_problem(rule.output_payload_to_header))
+        report.error((*path, "outputPayloadToHeader"), line_break_problem(rule.output_payload_to_header, "header name"))
     for i, param in enumerate(rule.from_params):
         if not param:
             report.error((*path, "fromParams", i), "location query must be non-empty string")
@@ -107,10 +107,3 @@ def jwks_uri_problem(uri: str) -> str | None:
     if parse_jwks_uri(uri) is not None:
         return None
     return f'jwksUri "{uri}" is not a valid URL: {jwks_uri_problem_detail(uri)}'
-
-
-def _line_break_problem(value: str) -> str | None:
-    """Envoy's rule for a header name or value prefix it reads (`JwtHeader`): no NUL, CR or LF."""
-    if any(c in value for c in "\x00\r\n"):
-        return f"{value!r} contains a NUL, carriage return or line feed, which Envoy refuses in a header"
-    return None
