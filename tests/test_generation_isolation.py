@@ -118,3 +118,14 @@ def test_through_the_server_the_other_proxies_get_the_next_publication(tmp_path:
                     assert BILLING not in late.names(types.CLUSTER)
 
     run(test)
+
+
+def test_a_proxy_gone_for_a_while_has_no_last_good_config_kept() -> None:
+    """Last good configs are kept for the proxies still asking, not for every key ever seen: a
+    proxy that left, and comes back after the mesh moved on, is not handed an old config."""
+    cache = ResourceCache()
+    cache.resolve(parse_node_id(NODE_A), snapshot(MESH))
+    for extra in (NEW_SERVICE, NEW_SERVICE.replace("billing", "ledger")):
+        cache.resolve(parse_node_id(NODE_B), snapshot(MESH + extra))  # only team-b asks meanwhile
+    with pytest.raises(GenerationError):
+        cache.resolve(parse_node_id(NODE_A), snapshot(MESH + NEW_SERVICE, bad_rule()))

@@ -86,7 +86,8 @@ class GenerationError(Exception):
 @dataclass(frozen=True, slots=True, eq=False)
 class _LastGood:
     """The last view generated for a key, the snapshot it came from (to say what changed since),
-    and the config version it was last asked for at (to forget keys no proxy asks for)."""
+    and the snapshot version it was last asked for at (to forget keys no proxy asks for, and the
+    snapshots they hold)."""
 
     view: ProxyResources
     snapshot: Snapshot
@@ -278,7 +279,7 @@ class ResourceCache:
             return self._last_good_for(snapshot, proxy, key, exc)
         with self._lock:
             dropped = self._views.put(snapshot.version, key, view)
-            self._last_good[key] = _LastGood(view, snapshot, snapshot.config_version)
+            self._last_good[key] = _LastGood(view, snapshot, snapshot.version)
             if dropped:
                 self._forget_last_good()
         return view
@@ -292,7 +293,7 @@ class ResourceCache:
             self.generation_failures += 1
             last = self._last_good.get(key)
             if last is not None:
-                self._last_good[key] = _LastGood(last.view, last.snapshot, snapshot.config_version)
+                self._last_good[key] = _LastGood(last.view, last.snapshot, snapshot.version)
             first = (snapshot.config_version, key) not in self._failures_logged
             if len(self._failures_logged) >= _MAX_FAILURES_REMEMBERED:
                 self._failures_logged.clear()  # bounded even if nothing ever generates again
@@ -316,13 +317,13 @@ class ResourceCache:
         return last.view
 
     def _forget_last_good(self) -> None:
-        """Drop what no proxy asked for at a config version still kept (proxies that left), so
-        the last good views do not grow with every key ever seen. Called with the lock held."""
-        kept = set(self._config.versions)
-        self._last_good = {
-            k: g for k, g in self._last_good.items() if g.asked_at in kept or g.view.config_version in kept
-        }
-        self._failures_logged = {f for f in self._failures_logged if f[0] in kept}
+        """Drop what no proxy asked for at a snapshot version still kept (proxies that left), so
+        the last good views, and the snapshots they hold, do not pile up. Called with the lock
+        held."""
+        kept = set(self._views.versions)
+        self._last_good = {k: g for k, g in self._last_good.items() if g.asked_at in kept}
+        configs = set(self._config.versions)
+        self._failures_logged = {f for f in self._failures_logged if f[0] in configs}
 
     def _generate_view(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> ProxyResources:
         config = self._config_for(snapshot, proxy, key)
