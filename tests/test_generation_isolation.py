@@ -113,6 +113,7 @@ def test_through_the_server_the_other_proxies_get_the_next_publication(tmp_path:
                 await server.ads.publish(broken)
                 await b.wait_for(lambda c: BILLING in c.names(types.CLUSTER))
                 assert API in a.names(types.CLUSTER) and BILLING not in a.names(types.CLUSTER)
+                assert server.metrics.internal_errors.value() >= 1  # /metrics: pilot_total_xds_internal_errors
                 async with AdsClient(address, NODE_A2) as late:
                     await late.wait_for(lambda c: c.complete() and API in c.names(types.CLUSTER))
                     assert BILLING not in late.names(types.CLUSTER)

@@ -26,11 +26,11 @@ version is computed once for every stream that is sent it.
 
 Generation failing for one proxy (an input validation let through, a generator bug) stops only
 that proxy: it keeps its last good config (`resources` hands back the last view generated for its
-key, which proxy-status then shows behind the latest snapshot), every other proxy gets the
-publication, and the error is logged once per key and config version, naming the proxy and the
-inputs that changed since its last good config (`changed_inputs`), the likely culprit. A proxy
-with no good config yet gets the error (the server refuses its stream rather than sending half a
-config).
+key, and /debug/syncz shows its snapshot behind the latest), every other proxy gets the
+publication, the failure is counted (`pilot_total_xds_internal_errors`), and the error is logged
+once per key and config version, naming the proxy and the inputs that changed since its last
+good config (`changed_inputs`), the likely culprit. A proxy with no good config yet gets the
+error (the server refuses its stream rather than sending half a config).
 
 A resource's version is a hash of its serialized bytes, so two replicas fed the same inputs give
 Envoy the same versions. Only the two most recent config and snapshot versions are kept (the
@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Generic, TypeVar
@@ -208,7 +208,9 @@ def _rules_digest(snapshot: Snapshot) -> bytes:
 class ResourceCache:
     """Shared, serialized resources for every proxy; safe to call from several threads."""
 
-    def __init__(self, *, keep_versions: int = 2) -> None:
+    def __init__(self, *, keep_versions: int = 2, on_failure: Callable[[], object] | None = None) -> None:
+        #: called (outside the lock) for each proxy view whose generation failed: a metric
+        self._on_failure = on_failure
         self._memos = GenerationMemos()
         self._memo_version = ""
         self._lock = threading.Lock()
@@ -298,6 +300,8 @@ class ResourceCache:
             if len(self._failures_logged) >= _MAX_FAILURES_REMEMBERED:
                 self._failures_logged.clear()  # bounded even if nothing ever generates again
             self._failures_logged.add((snapshot.config_version, key))
+        if self._on_failure is not None:
+            self._on_failure()
         inputs = changed_inputs(last.snapshot, snapshot) if last is not None else []
         named = ", ".join(inputs[:_NAMED_INPUTS]) + (
             f" and {len(inputs) - _NAMED_INPUTS} more" if len(inputs) > _NAMED_INPUTS else ""
