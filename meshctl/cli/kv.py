@@ -214,4 +214,3 @@ def write_tree(directory: Path, tree: Mapping[str, bytes]) -> None:
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
         raise UsageError(f"cannot write {directory}: {exc.strerror or exc}; nothing written") from exc
-
