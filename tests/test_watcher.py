@@ -546,3 +546,32 @@ def test_a_file_emptied_on_purpose_is_applied_after_max_delay_or_at_once_by_relo
         (root / "b.yaml").write_text("")
         assert watcher.reload_now().change is not None  # SIGHUP: the files are as meant
         assert not store.configs and store.errors() == []
+
+
+def test_a_link_to_a_directory_outside_the_tree_is_not_walked_and_is_said_once(
+    root: Path, tmp_path: Path, store: ConfigStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`ln -s /usr mesh/usr`: a link that leads out of the config directory is not walked, on
+    this reload or any later one; one warning says where it leads. Links within the tree, to a
+    directory or to a file anywhere, are followed."""
+    caplog.set_level(logging.INFO, logger="meshctl.config.watcher")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "stray.yaml").write_text(vs("stray"))
+    (outside / "shared.yaml").write_text(vs("shared", host="shared.shop.mesh"))
+    (root / "teams" / "a").mkdir(parents=True)
+    (root / "teams" / "a" / "a.yaml").write_text(vs("a", host="a.shop.mesh"))
+    (root / "team-a").symlink_to("teams/a")  # inside: read (once, as teams/a)
+    (root / "out").symlink_to(outside)  # outside: not walked
+    (root / "shared.yaml").symlink_to(outside / "shared.yaml")  # a file: read wherever it is
+    (root / "reviews.yaml").write_text(vs("reviews"))
+    with DirectoryWatcher([root], store, FAST) as watcher:
+        assert {k.name for k in store.configs} == {"a", "reviews", "shared"}
+        (root / "reviews.yaml").write_text(vs("reviews", timeout="7s"))
+        wait_for(lambda: timeout_of(store, "reviews") == 7, "an edit")
+        watcher.reload_now()
+        assert store.get(vs_key("stray")) is None
+        (warning,) = store.file_status()[str(root / "out")].findings
+    assert "not read: a link to" in warning.message and str(outside) in warning.message
+    said = [r.getMessage() for r in caplog.records if "not read: a link to" in r.getMessage()]
+    assert len(said) == 1, said
