@@ -21,19 +21,25 @@ What survives a bad reload, and why:
   that lead back into the tree are refused with a finding and never block a reload (`files`).
 
 A file still being written is not loaded half-way: it keeps, for that round, what the previous
-reload had from it (its last result, so its last good resources), and a reload is due soon after
-even if no event comes. A file counts as being written when
+reload had from it (its last result, so its last good resources), and a reload is due when it
+has settled even if no event comes. A file counts as being written when
 - its stat changed while it was read (size, times), in any reload;
 - in a background reload (events, `max_delay`, the timer while watches are down), it changed
-  less than `debounce` ago, the quiet time that counts as a save being done (a reload after
-  quiet finds every file older than that; one forced by `max_delay`, or by polling, may not);
+  less than `settle` ago (1 s, at least `debounce`): a writer that pauses between two parts
+  (a script that writes a header, computes, then writes the rest; a copy over a slow mount)
+  leaves the file quiet for longer than the debounce, and its first part alone may well parse;
+- it does not load and its stat changed after it was read, in any reload: a parse failure of a
+  file caught mid-write is no error to report, it is retried once the file has settled;
 - in a background reload, it is empty and last gave resources: `cmd > file.yaml` truncates the
   file before `cmd` has written anything, and a running fleet must not lose the file's routes
   meanwhile. Such a file is held for up to `max_delay`, then taken as it is.
+While a file is held as being written (the first two cases), a background reload applies no
+other file that changed either: they wait for it, so a save of several files is one change even
+when there are no events to debounce (polling) or the files' times straddle a reload.
 No file is held for longer than `max_delay`, so a writer that never stops still gets its changes
 applied. A file seen for the first time is held in the same way (it contributes nothing yet).
 `reload_now` (start-up, SIGHUP, an explicit reload) is an instruction that the files are ready:
-it holds back only a file seen changing while it was read.
+it holds back only a file seen changing while it was read or loaded.
 
 Hidden files and directories (.git, editor swap files) are ignored, except the `..data` symlink
 that Kubernetes swaps to update a mounted ConfigMap, whose rename is the only event such an
@@ -92,15 +98,18 @@ class WatchOptions:
 
     debounce: float = 0.1
     max_delay: float = 10.0
+    #: A file changed less than this long ago may still be being written (see the module doc).
+    settle: float = 1.0
     #: While a watched path is missing or cannot be watched, look at it again this often.
     retry_interval: float = 1.0
     load: LoadOptions = field(default_factory=LoadOptions)
 
     def __post_init__(self) -> None:
-        if self.debounce < 0 or self.retry_interval <= 0 or self.max_delay < self.debounce:
+        if self.debounce < 0 or self.retry_interval <= 0 or self.max_delay < self.debounce or not self.settle >= 0:
             raise ValueError(
                 f"invalid watch timing: debounce={self.debounce}s, max_delay={self.max_delay}s,"
-                f" retry_interval={self.retry_interval}s (need 0 <= debounce <= max_delay, retry > 0)"
+                f" retry_interval={self.retry_interval}s, settle={self.settle}s"
+                " (need 0 <= debounce <= max_delay, retry > 0, settle >= 0)"
             )
 
 
@@ -149,6 +158,9 @@ class _Scan:
         #: Files held back as still being written -> when they were first held (monotonic).
         self.deferred: dict[str, float] = {}
         self.retry_at: float | None = None
+        #: Files loaded afresh this round, and whether some file was held as being written now.
+        self.fresh: list[str] = []
+        self.writing = False
 
     def reuse(self, path: str, cached: _Cached) -> FileResult:
         self.cache[path] = cached
@@ -158,7 +170,24 @@ class _Scan:
     def parse(self, path: str, cached: _Cached) -> FileResult:
         self.cache[path] = cached
         self.parsed += 1
+        self.fresh.append(path)
         return cached.result
+
+    def hold_fresh(self, max_delay: float) -> None:
+        """While a file is being written, the files loaded afresh this round wait for it too (as
+        the previous reload had them), so that a save of several files is applied as one."""
+        retry_at = self.retry_at
+        if retry_at is None:
+            return
+        for path in self.fresh:
+            since = self.previous_deferred.get(path, self.started)
+            if path in self.deferred or self.started - since >= max_delay:
+                continue
+            self.cache.pop(path, None)
+            self.status.pop(path, None)
+            self.good.pop(path, None)
+            self.keep_file(path)
+            self.defer(path, since, retry_at)
 
     def defer(self, path: str, since: float, retry_at: float) -> None:
         """Hold `path` back this round; the watcher looks again at `retry_at` even if no event comes."""
@@ -359,6 +388,8 @@ class DirectoryWatcher:
                 else:
                     degraded = True
                     scan.keep_root(index, root, problem)
+            if background and scan.writing:
+                scan.hold_fresh(self._options.max_delay)
             merged, duplicates = merge_files(scan.good[p] for p in scan.in_path_order() if p in scan.good)
             for finding in duplicates:
                 scan.status.setdefault(finding.file or "", []).append(finding)
@@ -442,29 +473,41 @@ class DirectoryWatcher:
         # The last load of this file, so that its unchanged documents are not loaded again.
         before = cached.result if cached is not None else FileResult(path)
         result = load_bytes(read.data, path, self._options.load, previous=before)
+        # A failure of a file that changed again meanwhile is likely a half-written one's.
+        if not result.ok and _stat_signature(path) != read.after and self._hold(path, read, scan, now, moved=True):
+            return None
         return scan.parse(path, _Cached(read.after, result, digest if racy else None))
 
-    def _hold(self, path: str, read: FileBytes, scan: _Scan, now_ns: int) -> bool:
+    def _hold(self, path: str, read: FileBytes, scan: _Scan, now_ns: int, *, moved: bool = False) -> bool:
         """Whether `path` is still being written, so that it keeps this round what the previous
         reload had from it, and a reload is due later even if no event comes (the rule is in the
-        module doc). Never for longer than `max_delay`: a writer that never stops still counts."""
+        module doc). Never for longer than `max_delay`: a writer that never stops still counts.
+        `moved`: the file did not load and has changed since it was read."""
         debounce, max_delay = self._options.debounce, self._options.max_delay
+        settle = max(debounce, self._options.settle)
         since = scan.previous_deferred.get(path, scan.started)
         if scan.started - since >= max_delay:
             return False
-        retry_at = scan.started + max(debounce, _MIN_RETRY)
         changed_ns = max(read.after[3], read.after[4])
-        if read.changing:
-            reason = "it changed while it was read"
-        elif scan.background and abs(now_ns - changed_ns) < debounce * 1e9:
-            reason = f"it changed less than {debounce:g}s ago"
+        age = (now_ns - changed_ns) / 1e9
+        # Looked at again once it has been quiet for `settle` (its times only move forward).
+        retry_at = scan.started + max(settle - max(age, 0.0), _MIN_RETRY)
+        fresh, writing = abs(age) < settle, True
+        if read.changing or moved:
+            reason = "it changed while it was read" if read.changing else "it does not load and changed meanwhile"
+        elif fresh and scan.background:
+            reason = f"it changed less than {settle:g}s ago"
         elif scan.background and not read.data and (last := scan.previous_good.get(path)) and last.configs:
-            reason, retry_at = "it is empty (truncated by a writer not done yet?)", since + max_delay
+            # Not a save in progress that other files wait for: it may stay empty on purpose.
+            reason, retry_at, writing = "it is empty (truncated by a writer not done yet?)", since + max_delay, False
         else:
             return False
+        scan.writing = scan.writing or writing
         if path not in scan.previous_deferred:
             wait = retry_at - scan.started
-            logger.info("%s: %s; keeping what it gave before, looking again in %.2gs", path, reason, wait)
+            # Waiting for a file to settle is what every save goes through: said at debug only.
+            level = logging.DEBUG if reason.startswith("it changed less") else logging.INFO
+            logger.log(level, "%s: %s; keeping what it gave before, looking again in %.2gs", path, reason, wait)
         scan.defer(path, since, retry_at)
         return True
 
