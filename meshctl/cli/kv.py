@@ -143,8 +143,9 @@ def pull(
     `meshctl serve --config-consul-kv` reads them, so that `validate`, `dump`, `simulate` and
     `diff` can be run on exactly what the servers serve (`--config-dir DIR`).
 
-    Keys that are not YAML file names are left out, as the server leaves them out. Exit status:
-    0 written, 2 usage or Consul error (DIR not empty, Consul unreachable).
+    Keys that are not YAML file names are left out, as the server leaves them out. The tree is
+    written whole or not at all. Exit status: 0 written, 2 usage or Consul error (DIR not empty,
+    Consul unreachable, keys no tree can hold: `c.yaml` beside `c.yaml/d.yaml`, a NUL in a name).
     """
     from meshctl.errors import UsageError
     from meshctl.kv.push import read_current

@@ -23,8 +23,9 @@ last-good rule as a file of a watched directory (`meshctl.config.watcher`):
 Only keys ending in `.yaml` or `.yml` are read, as only such files are in a directory; folder
 keys (ending in `/`) and other keys are ignored, and their values are never fetched: a prefix
 shared with other data (blobs, locks) costs its key names, not its bytes. Each value is bounded
-as a file is (`LoadOptions.max_file_bytes`) and all of them together by `MAX_TOTAL_BYTES`; a
-read over either is an error that keeps the last good config.
+as a file is (`LoadOptions.max_file_bytes`: a key over it is that key's error and keeps its last
+good resources), and all of them together by `MAX_TOTAL_BYTES` (over it, the read fails as
+when Consul cannot be read: everything is kept).
 """
 
 from __future__ import annotations
@@ -134,8 +135,9 @@ def read_values(
 ) -> dict[str, KvEntry] | None:
     """The values of the keys `names` (relative to `prefix`) as of the listing at `index`, read
     one by one; None when the prefix moved on meanwhile (a key changed or went away after
-    `index`), since the values would then mix two revisions. RegistryError for a value over
-    `max_value_bytes`, values over `MAX_TOTAL_BYTES` in all, or a failed read."""
+    `index`), since the values would then mix two revisions. A value over `max_value_bytes` is
+    not read: its entry says so (`refused`). RegistryError for values over `MAX_TOTAL_BYTES` in
+    all, or a failed read."""
     params = {"dc": options.datacenter} if options.datacenter else {}
     # base64 takes 4 bytes for 3, and the entry's other fields some more.
     limit = max_value_bytes * 4 // 3 + 4096
