@@ -52,7 +52,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import stat
 import threading
 import time
 import types
@@ -65,9 +64,10 @@ from watchdog import events as ev
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver, ObservedWatch
 
-from meshctl.config.files import YAML_SUFFIXES, FileBytes, Signature, read_config_file, signature, walk_yaml
+from meshctl.config.files import FileBytes, Signature, read_config_file, walk_yaml
 from meshctl.config.findings import Finding, Severity
 from meshctl.config.loader import FileResult, LoadOptions, load_bytes, merge_files, unreadable
+from meshctl.config.paths import dir_identity, exists, is_relevant, is_under, root_problem, stat_signature, walk_key
 from meshctl.config.store import ConfigChange, ConfigStore, EventKind, FileStatus
 from meshctl.debounce import Debouncer
 from meshctl.errors import ConfigError
@@ -88,8 +88,6 @@ _RACY_NS: Final = 2_000_000_000
 #: A file held back as still being written is looked at again this soon at the earliest.
 _MIN_RETRY: Final = 0.05
 
-#: The symlink kubelet renames into place to update a ConfigMap or Secret volume.
-_KUBERNETES_DATA_LINK: Final = "..data"
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,12 +203,12 @@ class _Scan:
 
     def keep_root(self, index: int, root: str, problem: str) -> None:
         """A root that cannot be read: everything last loaded from under it stays, as it was."""
-        kept = [p for p in self.previous_cache if _is_under(p, root) and p not in self.order]
+        kept = [p for p in self.previous_cache if is_under(p, root) and p not in self.order]
         count = len({c.key for p in kept if p in self.previous_good for c in self.previous_good[p].configs})
         message = f"{problem}; keeping the resources last loaded from it ({count}) until it can be read again"
         self.status.setdefault(root, []).append(Finding(Severity.ERROR, message, root))
         for path in kept:
-            self.order[path] = (index, _walk_key(root, path))
+            self.order[path] = (index, walk_key(root, path))
             self.keep_file(path)
 
     def in_path_order(self) -> list[str]:
@@ -342,7 +340,7 @@ class DirectoryWatcher:
 
     def _as_given(self, path: str) -> str:
         aliases = self._aliases
-        real = max((r for r in aliases if _is_under(path, r)), key=len, default=None)
+        real = max((r for r in aliases if is_under(path, r)), key=len, default=None)
         return path if real is None else aliases[real] + path[len(real) :]
 
     def _next_due(self) -> float | None:
@@ -382,7 +380,7 @@ class DirectoryWatcher:
             scan = _Scan(self._cache, self._good, self._deferred, background)
             degraded = self._arm(stale, scan.status)
             for index, root in enumerate(self._roots):
-                problem = _root_problem(root)
+                problem = root_problem(root)
                 if problem is None:
                     degraded = not self._scan_root(index, root, scan) or degraded
                 else:
@@ -407,7 +405,7 @@ class DirectoryWatcher:
         """Read every file under `root` into `scan`; False when the root was kept as it was."""
         walk = walk_yaml([root])
         paths = list(walk.paths)
-        if not paths and any(_is_under(p, root) and r.configs for p, r in scan.previous_good.items()):
+        if not paths and any(is_under(p, root) and r.configs for p, r in scan.previous_good.items()):
             # A directory that suddenly holds no YAML at all is far more often an unmounted volume
             # or a checkout half-way than a mesh meant to be empty: keep serving what it held.
             scan.keep_root(
@@ -426,12 +424,12 @@ class DirectoryWatcher:
         paths += [
             p
             for p in scan.previous_good
-            if _is_under(p, root) and p not in found and not any(_is_under(p, s) for s in skipped) and _exists(p)
+            if is_under(p, root) and p not in found and not any(is_under(p, s) for s in skipped) and exists(p)
         ]
         for path in paths:
             if path in scan.order:
                 continue  # already read under an earlier root that contains this one
-            scan.order[path] = (index, _walk_key(root, path))
+            scan.order[path] = (index, walk_key(root, path))
             result = self._load(path, scan)
             if result is None:  # still being written: as the previous reload had it
                 scan.keep_file(path)
@@ -454,14 +452,14 @@ class DirectoryWatcher:
         before the server started is not parsed again on the first change after it."""
         now = time.time_ns()
         cached = scan.previous_cache.get(path)
-        stat_signature = _stat_signature(path)
-        same = stat_signature is not None and cached is not None and cached.signature == stat_signature
+        now_signature = stat_signature(path)
+        same = now_signature is not None and cached is not None and cached.signature == now_signature
         if same and cached is not None and cached.racy_digest is None:
             return scan.reuse(path, cached)
         try:
             read = read_config_file(path, self._options.load.max_file_bytes)
         except ConfigError as exc:  # not a regular file, or too big: the same until it changes
-            return scan.parse(path, _Cached(stat_signature, unreadable(path, exc)))
+            return scan.parse(path, _Cached(now_signature, unreadable(path, exc)))
         except OSError as exc:  # may pass (a permission fixed): tried again on every reload
             return scan.parse(path, _Cached(None, unreadable(path, exc)))
         digest = hashlib.blake2b(read.data, digest_size=16).digest()
@@ -474,7 +472,7 @@ class DirectoryWatcher:
         before = cached.result if cached is not None else FileResult(path)
         result = load_bytes(read.data, path, self._options.load, previous=before)
         # A failure of a file that changed again meanwhile is likely a half-written one's.
-        if not result.ok and _stat_signature(path) != read.after and self._hold(path, read, scan, now, moved=True):
+        if not result.ok and stat_signature(path) != read.after and self._hold(path, read, scan, now, moved=True):
             return None
         return scan.parse(path, _Cached(read.after, result, digest if racy else None))
 
@@ -522,10 +520,10 @@ class DirectoryWatcher:
             return self._watch_error is not None
         desired: dict[tuple[str, bool], tuple[int, int, str]] = {}
         for root in self._roots:
-            if (identity := _dir_identity(root)) is not None:
+            if (identity := dir_identity(root)) is not None:
                 desired[(root, True)] = identity
             parent = os.path.dirname(root)
-            if parent != root and (identity := _dir_identity(parent)) is not None:
+            if parent != root and (identity := dir_identity(parent)) is not None:
                 desired.setdefault((parent, False), identity)
         for key, (identity, watch) in list(self._watches.items()):
             if desired.get(key) != identity or (key[1] and key[0] in stale):
@@ -572,69 +570,3 @@ class DirectoryWatcher:
             logger.info(message, change.revision, ", ".join(self._roots), *counts)
         return tuple(f for f in findings if f.severity is Severity.ERROR)
 
-
-def is_relevant(path: str, roots: Sequence[str], *, is_directory: bool) -> bool:
-    """Whether an event on `path` can change what a reload of `roots` reads."""
-    for root in roots:
-        if path == root:
-            return True
-        if not _is_under(path, root):
-            continue
-        parts = path[len(root) :].strip(os.sep).split(os.sep)
-        if parts[-1] == _KUBERNETES_DATA_LINK and not any(p.startswith(".") for p in parts[:-1]):
-            return True
-        if any(p.startswith(".") for p in parts):
-            return False
-        return is_directory or parts[-1].endswith(YAML_SUFFIXES)
-    return False
-
-
-def _is_under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
-def _walk_key(root: str, path: str) -> tuple[tuple[int, str], ...]:
-    """The position `discover` gives a path: a directory's files (by name) before its
-    subdirectories (by name), so kept files sort where a successful walk would put them."""
-    parts = path[len(root) :].strip(os.sep).split(os.sep) if path != root else []
-    return (*((1, d) for d in parts[:-1]), *((0, f) for f in parts[-1:]))
-
-
-def _root_problem(root: str) -> str | None:
-    """Why a root cannot be read now, or None; a directory root must also be listable, since a
-    walk that silently lists nothing would delete everything."""
-    try:
-        if stat.S_ISDIR(os.stat(root).st_mode):
-            with os.scandir(root):
-                pass
-    except FileNotFoundError:
-        return f"{root} does not exist"
-    except OSError as exc:
-        return f"cannot read {root}: {exc.strerror or exc}"
-    return None
-
-
-def _dir_identity(path: str) -> tuple[int, int, str] | None:
-    """(device, inode, real path) of a directory: a change means it was replaced or re-pointed."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, os.path.realpath(path)) if stat.S_ISDIR(st.st_mode) else None
-
-
-def _stat_signature(path: str) -> Signature | None:
-    try:
-        return signature(os.stat(path))
-    except OSError:
-        return None
-
-
-def _exists(path: str) -> bool:
-    try:
-        os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-    except OSError:
-        return True  # there but unreadable: loading it fails, which keeps its last good contents
-    return True
