@@ -46,7 +46,7 @@ from meshctl.config.loader import FileResult, LoadOptions, load_bytes, merge_fil
 from meshctl.config.store import ConfigChange, ConfigStore, EventKind, FileStatus
 from meshctl.config.watcher import ReloadResult
 from meshctl.errors import RegistryError, UsageError
-from meshctl.registry.consul import BlockingQuery, ConsulConnection, ConsulOptions, ConsulReply, OversizedReply
+from meshctl.registry.consul import OVERSIZED, BlockingQuery, ConsulConnection, ConsulOptions, ConsulReply
 
 logger = logging.getLogger("meshctl.kv.source")
 
@@ -147,12 +147,12 @@ def read_values(
         path = kv_path(prefix + name)
         try:
             reply = conn.get(path, params, options.request_timeout, limit=limit)
-        except OversizedReply:
+        except (OSError, http.client.HTTPException) as exc:
+            raise RegistryError(f"cannot read consul KV at {options.url}: {exc}") from exc
+        if reply.status == OVERSIZED:
             message = f"value is over the {max_value_bytes}-byte limit for a config file"
             entries[name] = KvEntry(name, b"", 0, refused=message)
             continue
-        except (OSError, http.client.HTTPException) as exc:
-            raise RegistryError(f"cannot read consul KV at {options.url}: {exc}") from exc
         if reply.status == 404:
             return None  # deleted after the listing
         found = parse_entries(reply.json(path), prefix).get(name)

@@ -63,6 +63,11 @@ RECOVERY_WAIT: Final = 1.0
 CONNECTION_NOTE_AT: Final = 190  # Consul's default limits.http_max_conns_per_client is 200
 
 
+#: The status of an answer over the byte limit a request gave (its body is left unread), as
+#: HTTP's "content too large".
+OVERSIZED: Final = 413
+
+
 def health_path(service: str) -> str:
     return f"/v1/health/service/{quote(service, safe='')}"
 
@@ -174,10 +179,6 @@ def next_index(sent: int, returned: int) -> int:
 # --- transport -------------------------------------------------------------------------------
 
 
-class OversizedReply(RegistryError):
-    """An answer over the byte limit the request gave; it was not read."""
-
-
 class _Aborted(Exception):
     """The connection was shut down by `stop()`."""
 
@@ -222,7 +223,7 @@ class _Connection:
         self, path: str, params: Mapping[str, str], timeout: float, *, retry_stale: bool = True, limit: int = 0
     ) -> _Reply:
         """GET `path`; a kept-alive connection that the server closed meanwhile is retried once.
-        With `limit`, an answer of more bytes is refused (RegistryError) without being held."""
+        With `limit`, an answer of more bytes is not read: it comes back as status `OVERSIZED`."""
         return self.request("GET", path, params, timeout, retry_stale=retry_stale, limit=limit)
 
     def request(
@@ -279,7 +280,7 @@ class _Connection:
         body = response.read(limit + 1) if limit else response.read()
         if limit and len(body) > limit:
             self._drop(conn)  # the rest of the answer is left unread
-            raise OversizedReply(f"{method} {path}: consul's answer is over the {limit}-byte limit")
+            return _Reply(OVERSIZED, {k.lower(): v for k, v in response.getheaders()}, b"")
         reply = _Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, body)
         if response.will_close:
             self._drop(conn)
