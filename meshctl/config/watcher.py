@@ -25,17 +25,21 @@ reload had from it (its last result, so its last good resources), and a reload i
 has settled even if no event comes. A file counts as being written when
 - its stat changed while it was read (size, times), in any reload;
 - in a background reload (events, `max_delay`, the timer while watches are down), it changed
-  less than `settle` ago (1 s, at least `debounce`): a writer that pauses between two parts
-  (a script that writes a header, computes, then writes the rest; a copy over a slow mount)
-  leaves the file quiet for longer than the debounce, and its first part alone may well parse;
+  less than `settle` ago (1 s, at least `debounce`) and, as far as file events tell, the writer
+  has not closed it yet (without events, polling, every such file counts): a writer that pauses
+  between two parts (a script that writes a header, computes, then writes the rest; a copy over
+  a slow mount) leaves the file quiet for longer than the debounce, and its first part alone
+  may well parse. A file closed after its last write (`cat > f`, an editor's save) or renamed
+  into place is complete, and is applied after the debounce alone;
 - it does not load and its stat changed after it was read, in any reload: a parse failure of a
   file caught mid-write is no error to report, it is retried once the file has settled;
 - in a background reload, it is empty and last gave resources: `cmd > file.yaml` truncates the
   file before `cmd` has written anything, and a running fleet must not lose the file's routes
   meanwhile. Such a file is held for up to `max_delay`, then taken as it is.
 While a file is held as being written (the first two cases), a background reload applies no
-other file that changed either: they wait for it, so a save of several files is one change even
-when there are no events to debounce (polling) or the files' times straddle a reload.
+other file that changed or went away either: they wait for it, so a save of several files (or a
+linked tree swapped for another) is one change even when there are no events to debounce
+(polling) or the files' times straddle a reload.
 No file is held for longer than `max_delay`, so a writer that never stops still gets its changes
 applied. A file seen for the first time is held in the same way (it contributes nothing yet).
 `reload_now` (start-up, SIGHUP, an explicit reload) is an instruction that the files are ready:
@@ -159,6 +163,9 @@ class _Scan:
         #: Files loaded afresh this round, and whether some file was held as being written now.
         self.fresh: list[str] = []
         self.writing = False
+        self.evented = False
+        #: Files the previous reload had that this one did not find -> where they sorted.
+        self.gone: dict[str, tuple[int, tuple[tuple[int, str], ...]]] = {}
 
     def reuse(self, path: str, cached: _Cached) -> FileResult:
         self.cache[path] = cached
@@ -172,11 +179,18 @@ class _Scan:
         return cached.result
 
     def hold_fresh(self, max_delay: float) -> None:
-        """While a file is being written, the files loaded afresh this round wait for it too (as
-        the previous reload had them), so that a save of several files is applied as one."""
+        """While a file is being written, the files loaded afresh this round, and those gone
+        since the last, wait for it too (as the previous reload had them), so that a save of
+        several files (or a swap of a linked tree) is applied as one."""
         retry_at = self.retry_at
         if retry_at is None:
             return
+        for path, position in self.gone.items():
+            since = self.previous_deferred.get(path, self.started)
+            if self.started - since < max_delay:
+                self.order[path] = position
+                self.keep_file(path)
+                self.defer(path, since, retry_at)
         for path in self.fresh:
             since = self.previous_deferred.get(path, self.started)
             if path in self.deferred or self.started - since >= max_delay:
@@ -242,6 +256,8 @@ class DirectoryWatcher:
         self._degraded = self._stopping = False
         self._retry_at: float | None = None  # when to look again at files held back as being written
         self._stale_roots: set[str] = set()
+        #: Files written to since they were last closed, as file events tell (see `_note_writer`).
+        self._open_writes: set[str] = set()
         self._reload_lock = threading.Lock()  # one reload at a time; guards everything below
         self._cache: Mapping[str, _Cached] = {}
         self._good: Mapping[str, FileResult] = {}
@@ -335,8 +351,23 @@ class DirectoryWatcher:
         now = time.monotonic()
         with self._cond:
             self._stale_roots.update(p for p in paths if p in self._roots)
+            self._note_writer(event, paths)
             self._burst.note(now)
             self._cond.notify_all()
+
+    def _note_writer(self, event: ev.FileSystemEvent, paths: list[str]) -> None:
+        """Which files a writer has modified and not closed yet (under `_cond`): a file closed
+        after its last write, or renamed into place, is complete whatever its age."""
+        if event.is_directory:
+            return
+        if isinstance(event, (ev.FileModifiedEvent, ev.FileCreatedEvent)):
+            self._open_writes.add(paths[0])
+        elif isinstance(event, (ev.FileClosedEvent, ev.FileDeletedEvent, ev.FileMovedEvent)):
+            self._open_writes.difference_update(paths)
+
+    def _open_for_writing(self, path: str) -> bool:
+        with self._cond:
+            return path in self._open_writes
 
     def _as_given(self, path: str) -> str:
         aliases = self._aliases
@@ -379,6 +410,8 @@ class DirectoryWatcher:
                 stale, self._stale_roots = self._stale_roots, set()
             scan = _Scan(self._cache, self._good, self._deferred, background)
             degraded = self._arm(stale, scan.status)
+            # With every watch in place, file events say whether a fresh file is still open.
+            scan.evented = self._observer is not None and not degraded
             for index, root in enumerate(self._roots):
                 problem = root_problem(root)
                 if problem is None:
@@ -438,6 +471,9 @@ class DirectoryWatcher:
             good = result if result.ok else scan.previous_good.get(path)
             if good is not None:
                 scan.good[path] = good
+        for path in scan.previous_cache:
+            if is_under(path, root) and path not in scan.order:
+                scan.gone[path] = (index, walk_key(root, path))
         return True
 
     def _load(self, path: str, scan: _Scan) -> FileResult | None:
@@ -493,8 +529,8 @@ class DirectoryWatcher:
         fresh, writing = abs(age) < settle, True
         if read.changing or moved:
             reason = "it changed while it was read" if read.changing else "it does not load and changed meanwhile"
-        elif fresh and scan.background:
-            reason = f"it changed less than {settle:g}s ago"
+        elif fresh and scan.background and (not scan.evented or self._open_for_writing(path)):
+            reason = f"it changed less than {settle:g}s ago and is still open for writing"
         elif scan.background and not read.data and (last := scan.previous_good.get(path)) and last.configs:
             # Not a save in progress that other files wait for: it may stay empty on purpose.
             reason, retry_at, writing = "it is empty (truncated by a writer not done yet?)", since + max_delay, False
