@@ -120,6 +120,22 @@ class JsonFormatter(logging.Formatter):
         return f"<{_priority(record.levelno)}>{line}" if self.journald else line
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to `sys.stderr` as it is when a record comes, not as it was when logging was set
+    up: a stream swapped in meanwhile (a test runner's capture) and closed since is never used."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: TextIO) -> None:
+        pass
+
+
 def configure_logging(
     level: str = "warning",
     fmt: str = "text",
@@ -139,7 +155,7 @@ def configure_logging(
         raise ValueError(f"log level {level!r} is not one of {', '.join(LOG_LEVELS)}")
     out = stream if stream is not None else sys.stderr
     journald = under_journald(out, environ)
-    handler = logging.StreamHandler(out)
+    handler = logging.StreamHandler(out) if stream is not None else _StderrHandler()
     handler.set_name(_HANDLER_NAME)
     handler.setFormatter(JsonFormatter(journald=journald) if fmt == "json" else TextFormatter(journald=journald))
     root = logging.getLogger()

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from meshctl.cli import exits
 from meshctl.cli.app import app, kv_app
+from meshctl.config import check as check_module
 from meshctl.errors import RegistryError, UsageError
 from meshctl.kv.push import Current, apply_push, plan_push
 from meshctl.kv.source import normalize_prefix, parse_entries
@@ -234,6 +235,28 @@ def test_an_invalid_tree_is_not_pushed(fake: FakeConsul, tmp_path: Path) -> None
     assert fake.kv_keys() == [] and not [r for r in fake.requests if r.method == "PUT"]
 
 
+def test_push_writes_exactly_the_bytes_it_validated(
+    fake: FakeConsul, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file saved again right after validation (an editor, a generator) is not pushed: what
+    Consul gets is what was checked."""
+    mesh = tmp_path / "mesh"
+    shutil.copytree(EXAMPLES, mesh)
+    traffic = mesh / "bookinfo" / "traffic.yaml"
+    validated = traffic.read_bytes()
+    real_check = check_module.check
+
+    def check_then_edit(*args: Any, **kwargs: Any) -> Any:
+        findings = real_check(*args, **kwargs)
+        traffic.write_text("apiVersion: networking.istio.io/v1\nkind: VirtualService\nspec: [broken\n")
+        return findings
+
+    monkeypatch.setattr(check_module, "check", check_then_edit)
+    status, _, err = push(mesh, "--prefix", "mesh", "--consul", fake.address)
+    assert status == 0, err
+    assert fake.kv_get("mesh/bookinfo/traffic.yaml") == validated
+
+
 def test_a_concurrent_push_fails_cleanly_and_leaves_kv_unchanged(fake: FakeConsul, tmp_path: Path) -> None:
     mesh = tmp_path / "mesh"
     shutil.copytree(EXAMPLES, mesh)
@@ -327,3 +350,26 @@ def test_pull_of_an_empty_prefix_writes_an_empty_tree_and_consul_errors_exit_2(
     assert (tmp_path / "empty").is_dir() and not any((tmp_path / "empty").iterdir())
     status, out, err = pull(tmp_path / "never", "--prefix", "mesh", "--consul", "127.0.0.1:1")
     assert (status, out) == (2, "") and "error:" in err and not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize(
+    ("keys", "named"),
+    [
+        (["c.yaml", "c.yaml/d.yaml"], ["'c.yaml'", "'c.yaml/d.yaml'"]),
+        (["a.yaml", "bad\0name.yaml"], ["'bad\\x00name.yaml'", "NUL"]),
+    ],
+)
+def test_pull_of_keys_no_tree_can_hold_is_refused_and_writes_nothing(
+    fake: FakeConsul, tmp_path: Path, keys: list[str], named: list[str]
+) -> None:
+    for key in keys:
+        fake.kv_put(f"mesh/{key}", b"")
+    target = tmp_path / "pulled"
+    status, out, err = pull(target, "--prefix", "mesh", "--consul", fake.address)
+    assert (status, out) == (2, ""), err
+    (line,) = err.strip().splitlines()
+    assert "internal error" not in line and all(n in line for n in named), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no half tree, no staging folder left
+    target.mkdir()  # an empty directory given: still empty afterwards
+    assert pull(target, "--prefix", "mesh", "--consul", fake.address)[0] == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["pulled"] and not any(target.iterdir())

@@ -177,6 +177,37 @@ def test_deleted_keys_delete_and_an_emptied_prefix_deletes_nothing(fake: FakeCon
         assert watcher.stop()
 
 
+def test_other_data_under_the_prefix_is_never_fetched_and_an_oversized_key_keeps_its_config(
+    fake: FakeConsul, mesh: Path
+) -> None:
+    """A prefix shared with other data (a backup, blobs): their key names are read, never their
+    bytes, on the first read or on any change after it."""
+    push(mesh, fake)
+    blob = b"\0" * (12 * 1024 * 1024)
+    fake.kv_put("meshctl/mesh/backups/mesh.tar", blob)
+    fake.kv_put("meshctl/mesh/notes.txt", blob)
+    sent = fake.bytes_sent
+    store = ConfigStore()
+    load = LoadOptions(max_file_bytes=64 * 1024)
+    watcher = KvWatcher(KvLocation(quick(fake.address), "meshctl/mesh"), store, load)
+    try:
+        assert watcher.start().errors == () and any(c.kind == "Gateway" for c in store.configs.values())
+        revision = store.revision
+        gateway = mesh / "bookinfo" / "gateway.yaml"
+        fake.kv_put("meshctl/mesh/bookinfo/gateway.yaml", gateway.read_bytes().replace(b"8080", b"8081"))
+        wait_for(lambda: store.revision > revision, "the edit applied")
+        assert fake.bytes_sent - sent < 1024 * 1024  # the config is some kilobytes; each blob is 12 MB
+        # A YAML key over the size limit is an error of its own; the others still apply.
+        kept = dict(store.configs)
+        fake.kv_put("meshctl/mesh/bookinfo/gateway.yaml", b"# " + b"x" * (128 * 1024))
+        wait_for(store.errors, "the oversized key reported")
+        (error,) = store.errors()
+        assert error.file == "bookinfo/gateway.yaml" and "limit" in error.message
+        assert dict(store.configs) == kept
+    finally:
+        assert watcher.stop()
+
+
 def test_a_server_started_while_consul_is_down_picks_the_config_up_later(mesh: Path) -> None:
     with FakeConsul() as fake:
         push(mesh, fake)

@@ -209,3 +209,24 @@ def test_serve_under_journald_logs_without_timestamps(tmp_path: Path) -> None:
     out = _serve_until_serving(tmp_path, {"MESHCTL_LOG_LEVEL": "INFO"}, journal=True)
     assert any(line.startswith("<6>INFO meshctl.server: serving xDS on 127.0.0.1:") for line in out), out
     assert all(re.match(r"<\d>[A-Z]+ ", line) for line in out), out
+
+
+def test_the_default_handler_writes_to_stderr_as_it_is_now(capsys: pytest.CaptureFixture[str]) -> None:
+    """A command run with its stderr swapped (a test runner, an embedding program) that closed
+    it afterwards: later records go to the stderr of the moment, not to the closed stream."""
+    import io
+
+    swapped = io.StringIO()
+    saved = sys.stderr
+    sys.stderr = swapped
+    try:
+        handler = configure_logging("warning", "text", environ={})
+    finally:
+        sys.stderr = saved
+        swapped.close()
+    try:
+        logging.getLogger("meshctl.test").warning("after the swap")
+        err = capsys.readouterr().err
+        assert "Logging error" not in err and "after the swap" in err
+    finally:
+        logging.getLogger().removeHandler(handler)

@@ -148,6 +148,14 @@ def test_terminal_tables_and_usage_errors(mesh: Path) -> None:
     assert bad.exit_code == 2
 
 
+@pytest.mark.parametrize("url", ["http://[::1:9080/", "http://[::1]:99999/", "http://[not-an-ip]/"])
+def test_a_malformed_url_is_a_usage_error(mesh: Path, url: str) -> None:
+    result = runner.invoke(app, ["simulate", url, "--config-dir", str(mesh), "--proxy", "sleep-vm.bookinfo"])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "internal error" not in lines[0] and url in lines[0], result.stderr
+
+
 # -- a small inline mesh: redirects, direct responses, faults, matchers ------------------------
 
 NS = "shop"

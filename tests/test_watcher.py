@@ -518,6 +518,25 @@ def test_a_slow_writer_is_not_loaded_half_way_by_a_polling_reload(
     ]
 
 
+def test_files_of_one_save_are_applied_together_when_their_times_straddle_a_poll(
+    root: Path, store: ConfigStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tool writes two files, the second half a second after the first: a poll that finds the
+    first settled and the second still fresh applies neither, so the save is one change."""
+    first, second = root / "first.yaml", root / "second.yaml"
+    monkeypatch.setattr(watcher_module, "Observer", no_inotify)
+    options = WatchOptions(debounce=0.1, max_delay=10.0, retry_interval=0.05, settle=1.0)
+    with DirectoryWatcher([root], store, options):
+        changes = Changes(store)
+        first.write_text(vs("one"))
+        second.write_text(vs("two") + "---\n")
+        time.sleep(0.5)  # within `settle` of the first file's write
+        second.write_text(documents(vs("two"), vs("three")))
+        wait_for(lambda: changes.items, "the save")
+        settle(options)
+    assert [sorted(e.key.name for e in c.events) for c in changes.items] == [["one", "three", "two"]]
+
+
 def test_a_file_truncated_by_a_writer_keeps_its_resources_until_it_is_written(
     root: Path, store: ConfigStore, watching: DirectoryWatcher
 ) -> None:
@@ -546,3 +565,82 @@ def test_a_file_emptied_on_purpose_is_applied_after_max_delay_or_at_once_by_relo
         (root / "b.yaml").write_text("")
         assert watcher.reload_now().change is not None  # SIGHUP: the files are as meant
         assert not store.configs and store.errors() == []
+
+
+def test_a_link_to_a_directory_outside_the_tree_is_not_walked_and_is_said_once(
+    root: Path, tmp_path: Path, store: ConfigStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`ln -s /usr mesh/usr`: a link that leads out of the config directory is not walked, on
+    this reload or any later one; one warning says where it leads. Links within the tree, to a
+    directory or to a file anywhere, are followed."""
+    caplog.set_level(logging.INFO, logger="meshctl.config.watcher")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "stray.yaml").write_text(vs("stray"))
+    (outside / "shared.yaml").write_text(vs("shared", host="shared.shop.mesh"))
+    (root / "teams" / "a").mkdir(parents=True)
+    (root / "teams" / "a" / "a.yaml").write_text(vs("a", host="a.shop.mesh"))
+    (root / "team-a").symlink_to("teams/a")  # inside: read (once, as teams/a)
+    (root / "out").symlink_to(outside)  # outside: not walked
+    (root / "shared.yaml").symlink_to(outside / "shared.yaml")  # a file: read wherever it is
+    (root / "reviews.yaml").write_text(vs("reviews"))
+    with DirectoryWatcher([root], store, FAST) as watcher:
+        assert {k.name for k in store.configs} == {"a", "reviews", "shared"}
+        (root / "reviews.yaml").write_text(vs("reviews", timeout="7s"))
+        wait_for(lambda: timeout_of(store, "reviews") == 7, "an edit")
+        watcher.reload_now()
+        assert store.get(vs_key("stray")) is None
+        (warning,) = store.file_status()[str(root / "out")].findings
+    assert "not read: a link to" in warning.message and str(outside) in warning.message
+    said = [r.getMessage() for r in caplog.records if "not read: a link to" in r.getMessage()]
+    assert len(said) == 1, said
+
+
+def test_a_writer_that_pauses_between_two_parts_is_not_served_half_way(root: Path, store: ConfigStore) -> None:
+    """A script writes the first documents of a file, works for half a second (five times the
+    debounce), then writes the rest: the half file parses, and serving it would delete the
+    resources of the second half for a moment. Default timings, real file events."""
+    path = root / "shop.yaml"
+    first = documents(vs("a", timeout="1s"), vs("b", timeout="1s"))
+    second = documents(se("c", "c.shop.mesh"), se("d", "d.shop.mesh"))
+    path.write_text(first + "---\n" + second)
+    with DirectoryWatcher([root], store, WatchOptions()):
+        assert len(store.configs) == 4
+        changes = Changes(store)
+        with path.open("w") as f:
+            f.write(documents(vs("a", timeout="2s"), vs("b", timeout="2s")) + "---\n")
+            f.flush()
+            time.sleep(0.5)
+            f.write(second)
+        wait_for(lambda: timeout_of(store, "a") == 2, "the finished file")
+        settle(FAST)
+    assert [sorted((e.kind.value, e.key.name) for e in c.events) for c in changes.items] == [
+        [("updated", "a"), ("updated", "b")]
+    ]
+
+
+def test_a_file_that_fails_to_load_and_changed_meanwhile_is_retried_without_an_error(
+    root: Path, store: ConfigStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The writer finishes while the half it had written is being parsed: the half's parse
+    error is not reported, the file keeps its last good contents and is read again."""
+    path = root / "reviews.yaml"
+    path.write_text(vs("reviews", timeout="5s"))
+    finished = vs("reviews", timeout="6s")
+    real_load = watcher_module.load_bytes
+
+    def load_while_the_writer_finishes(raw: bytes, display: str, *args: Any, **kwargs: Any) -> Any:
+        result = real_load(raw, display, *args, **kwargs)
+        if raw == finished[:100].encode():
+            path.write_text(finished)  # the rest arrives meanwhile
+        return result
+
+    with DirectoryWatcher([root], store, FAST) as watcher:
+        monkeypatch.setattr(watcher_module, "load_bytes", load_while_the_writer_finishes)
+        caplog.set_level(logging.INFO, logger="meshctl.config.watcher")
+        path.write_text(finished[:100])  # the first 100 bytes: a YAML error
+        result = watcher.reload_now()
+        assert result.errors == () and result.deferred == (str(path),)
+        assert timeout_of(store, "reviews") == 5 and store.errors() == []
+        wait_for(lambda: timeout_of(store, "reviews") == 6, "the finished file")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from meshctl.config.yamlsource import locate, parse_documents
+from meshctl.config.loader import LoadOptions, load_text
+from meshctl.config.yamlsource import AliasBudget, locate, parse_documents
 from meshctl.errors import YamlError
 
 
@@ -229,3 +230,59 @@ def test_many_documents_and_collections_are_quoted_without_a_parse_each() -> Non
     one = "a:\n" + "".join(f"  k{i}: [x:{i}, {{p: q:{i}}}]\n  d{i}: |\n    [y:{i}]\n" for i in range(3000))
     (doc,) = parse_documents(one)
     assert doc.data["a"]["k2999"] == ["x:2999", {"p": "q:2999"}] and doc.data["a"]["d7"] == "[y:7]\n"
+
+
+def _big_service_entry(endpoints: int) -> str:
+    lines = [
+        "apiVersion: networking.istio.io/v1",
+        "kind: ServiceEntry",
+        "metadata: {name: fleet, namespace: shop}",
+        "spec:",
+        "  hosts: [fleet.shop.mesh]",
+        "  location: MESH_INTERNAL",
+        "  resolution: STATIC",
+        "  ports: [{number: 9080, name: http, protocol: HTTP}]",
+        "  endpoints:",
+    ]
+    lines += [
+        f"  - {{address: 10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}, ports: {{http: 9080}},"
+        f" labels: {{app: fleet, version: v{i % 3}}}}}"
+        for i in range(endpoints)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.slow
+def test_a_service_entry_of_40000_endpoints_loads() -> None:
+    """Written out in full, a big honest resource is no alias bomb: some 520,000 values."""
+    result = load_text(_big_service_entry(40_000), "fleet.yaml", LoadOptions())
+    assert result.ok, result.findings[:3]
+    (config,) = result.configs
+    assert len(config.spec.endpoints) == 40_000  # type: ignore[attr-defined]
+
+
+def test_an_authorization_policy_of_12000_rules_parses() -> None:
+    rules = [
+        f"  - {{from: [{{source: {{principals: [cluster.local/ns/shop/sa/c{i}]}}}}],"
+        f" to: [{{operation: {{methods: [GET], paths: [/api/{i}]}}}}]}}"
+        for i in range(12_000)
+    ]
+    text = "kind: AuthorizationPolicy\nmetadata: {name: big}\nspec:\n  rules:\n" + "\n".join(rules) + "\n"
+    (doc,) = parse_documents(text)
+    assert len(doc.data["spec"]["rules"]) == 12_000
+
+
+def test_aliases_are_bounded_across_the_documents_of_a_file() -> None:
+    """Many small bombs in one file are stopped as one big one: the alias budget is the file's."""
+    one = "a: &a [" + ", ".join(["x"] * 100) + "]\nb: [" + ", ".join(["*a"] * 20) + "]\n"
+    assert len(parse_documents(one)) == 1  # 2,000 values through aliases: fine
+    with pytest.raises(YamlError, match=r"aliases expand to more than 200000 values in this file \(an alias bomb\?\)"):
+        parse_documents("---\n".join([one] * 200))  # 400,000 in all
+    assert len(parse_documents("---\n".join([one] * 200), aliases=AliasBudget(1_000_000))) == 200
+
+
+def test_values_written_in_one_document_are_bounded() -> None:
+    text = "[" + ", ".join(["1"] * 1000) + "]\n"
+    with pytest.raises(YamlError, match="more than 999 values in one document"):
+        parse_documents(text, max_values=999)
+    assert parse_documents(text, max_values=1001)[0].data == [1] * 1000

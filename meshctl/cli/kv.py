@@ -7,6 +7,7 @@ so proxies see the push whole or not at all, and a push racing another fails wit
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -73,9 +74,9 @@ def push(
     from meshctl.cli import output as out
     from meshctl.config.check import check
     from meshctl.config.files import read_config_file, walk_yaml
-    from meshctl.config.findings import Severity
+    from meshctl.config.findings import Finding, Severity
     from meshctl.config.loader import LoadOptions
-    from meshctl.errors import UsageError
+    from meshctl.errors import ConfigError, UsageError
     from meshctl.kv.push import apply_push, plan_push, read_current
     from meshctl.kv.source import KvLocation
     from meshctl.registry.consul import ConsulConnection, ConsulOptions
@@ -87,20 +88,27 @@ def push(
     )
     location = KvLocation(options, prefix)
     load = LoadOptions(default_namespace=namespace)
-    findings = check([str(directory)], load, known_hosts=known_host or ())
+    # Read once: what is validated is what is pushed, even if a file changes meanwhile.
+    root = str(directory)
+    files: dict[str, bytes] = {}
+    refused: list[Finding] = []
+    for path in walk_yaml([root]).paths:
+        try:
+            files[path] = read_config_file(path, load.max_file_bytes).data
+        except ConfigError as exc:  # a FIFO, a file over the size limit: invalid, as validate says
+            refused.append(Finding(Severity.ERROR, str(exc), path))
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    findings = [*refused, *check([], load, known_hosts=known_host or (), contents=files)]
+    if not files and not refused:
+        message = f"no YAML files (*.yaml, *.yml) in {directory}: nothing to check"
+        findings.append(Finding(Severity.ERROR, message, root))
     if any(f.severity is Severity.ERROR for f in findings):
         out.print_findings(findings, "text")
         out.summary(findings)
         typer.echo(f"not pushed: {directory} is invalid", err=True)
         raise typer.Exit(EXIT_INVALID)
-    root = str(directory)
-    tree: dict[str, bytes] = {}
-    for path in walk_yaml([root]).paths:
-        name = os.path.relpath(path, root).replace(os.sep, "/")
-        try:
-            tree[name] = read_config_file(path, load.max_file_bytes).data
-        except OSError as exc:
-            raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    tree = {os.path.relpath(path, root).replace(os.sep, "/"): data for path, data in files.items()}
     conn = ConsulConnection(options)
     try:
         plan = plan_push(location.prefix, tree, read_current(conn, options, location.prefix))
@@ -135,8 +143,9 @@ def pull(
     `meshctl serve --config-consul-kv` reads them, so that `validate`, `dump`, `simulate` and
     `diff` can be run on exactly what the servers serve (`--config-dir DIR`).
 
-    Keys that are not YAML file names are left out, as the server leaves them out. Exit status:
-    0 written, 2 usage or Consul error (DIR not empty, Consul unreachable).
+    Keys that are not YAML file names are left out, as the server leaves them out. The tree is
+    written whole or not at all. Exit status: 0 written, 2 usage or Consul error (DIR not empty,
+    Consul unreachable, keys no tree can hold: `c.yaml` beside `c.yaml/d.yaml`, a NUL in a name).
     """
     from meshctl.errors import UsageError
     from meshctl.kv.push import read_current
@@ -154,11 +163,55 @@ def pull(
         current = read_current(conn, options, location.prefix)
     finally:
         conn.close()
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, entry in sorted(current.items()):
-        # Names are relative and checked (`is_config_key`: no empty, hidden, `.` or `..` part).
-        path = directory.joinpath(*name.split("/"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(entry.value)
+    refused = unwritable_names(current)
+    if refused:
+        raise UsageError(f"not pulled, nothing written: {refused}")
+    write_tree(directory, {name: entry.value for name, entry in current.items()})
     typer.echo(f"pulled {len(current)} files from consul KV {location.prefix or '/'} at {options.url} into {directory}")
     raise typer.Exit(EXIT_OK)
+
+
+def unwritable_names(names: Iterable[str]) -> str | None:
+    """Why the keys `names` (relative to the prefix, `is_config_key` already) cannot all be files
+    of one tree, naming them, or None: a key with a NUL, which no file name holds, or a key that
+    another one needs as a directory (`c.yaml` and `c.yaml/d.yaml`)."""
+    names = sorted(names)
+    bad = [n for n in names if "\0" in n]
+    if bad:
+        return f"consul KV key {bad[0]!r} holds a NUL byte, which no file name can"
+    taken = set(names)
+    for name in names:
+        parts = name.split("/")
+        for depth in range(1, len(parts)):
+            folder = "/".join(parts[:depth])
+            if folder in taken:
+                return f"consul KV keys {folder!r} and {name!r} cannot both be files (one is the other's folder)"
+    return None
+
+
+def write_tree(directory: Path, tree: Mapping[str, bytes]) -> None:
+    """Write `tree` (file name -> bytes) under `directory` (new or empty) whole or not at all: into
+    a new folder beside it, renamed into place at the end, so a failure leaves no half tree."""
+    import os
+    import secrets
+    import shutil
+
+    from meshctl.errors import UsageError
+
+    directory = directory.absolute()
+    staging = directory.with_name(f".{directory.name}.pull-{secrets.token_hex(4)}")
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
+    except OSError as exc:
+        raise UsageError(f"cannot write {directory}: {exc.strerror or exc}; nothing written") from exc
+    try:
+        for name, value in sorted(tree.items()):
+            # Names are relative and checked (`is_config_key`: no empty, hidden, `.` or `..` part).
+            path = staging.joinpath(*name.split("/"))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(value)
+        os.replace(staging, directory)  # onto a missing or empty directory: atomic
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise UsageError(f"cannot write {directory}: {exc.strerror or exc}; nothing written") from exc

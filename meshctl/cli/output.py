@@ -32,8 +32,9 @@ def stdout_console() -> Console:
 
 
 def error(message: str) -> None:
-    """A one-line error for a person, on stderr."""
-    stderr_console().print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    """A one-line error for a person, on stderr; the message is text, never markup (a URL such as
+    `http://[::1]/` would lose its brackets)."""
+    stderr_console().print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
 
 
 def print_findings(findings: Sequence[Finding], fmt: str, out: TextIO | None = None) -> None:

@@ -12,7 +12,7 @@ from meshctl.config import yamlsource
 from meshctl.config.analysis import analyze
 from meshctl.config.files import decode_text, read_config_file
 from meshctl.config.findings import Finding, Severity, format_path, sort_findings
-from meshctl.config.loader import FileResult, LoadOptions, load_paths, load_text, merge_files
+from meshctl.config.loader import FileResult, LoadOptions, load_bytes, load_paths, load_text, merge_files
 from meshctl.config.mesh import DEFAULT_ROOT_NAMESPACE
 from meshctl.config.model import Config, Source
 from meshctl.errors import ConfigError
@@ -58,13 +58,18 @@ def check(
     known_hosts: Collection[str] = (),
     analysis: bool = True,
     root_namespace: str = DEFAULT_ROOT_NAMESPACE,
+    contents: Mapping[str, bytes] | None = None,
 ) -> list[Finding]:
-    """Every finding for `paths` (`-` reads `stdin_text`), sorted, across all files at once."""
+    """Every finding for `paths` (`-` reads `stdin_text`), sorted, across all files at once.
+    `contents` are files the caller has read (name -> bytes): `kv push` writes exactly those."""
     options = options or LoadOptions()
     file_paths = [Path(p) for p in paths if p != "-"]
     result = load_paths(file_paths, options)
     files: list[FileResult] = list(result.files.values())
     texts: dict[str, str] = {}
+    for name, data in (contents or {}).items():
+        files.append(load_bytes(data, name, options))
+        texts[name] = data.decode("utf-8-sig", "replace")
     if "-" in paths:
         texts["<stdin>"] = stdin_text or ""
         files.append(load_text(stdin_text or "", "<stdin>", options))

@@ -15,7 +15,14 @@ to block, loop or fill memory by what a directory holds:
   whatever the file's size says;
 - a walk enters each directory (device, inode) once, so a tree is walked in time linear in its
   size; a directory reached a second time (by a symlink, or a bind mount) is skipped with a
-  warning naming it.
+  warning naming it;
+- a link to a directory is followed only when it leads inside the tree being walked (`team ->
+  teams/a`, a ConfigMap's `..data`): one that leads out of it (`usr -> /usr`, a home directory)
+  is not walked, with a warning naming where it leads, since every reload would walk it again
+  and what it holds is not this tree's to serve; give such a directory as a config directory of
+  its own. A link to a file is followed wherever it leads: it is one file, read under the same
+  rules as any other. This is the line `kubectl apply -R` and Istio's file source draw more
+  strictly (they follow no link to a directory at all).
 
 A file that cannot be used raises `ConfigError` with the message for its finding; an I/O error
 stays an `OSError`, since it may pass (a permission fixed, a file put back).
@@ -159,12 +166,32 @@ def _walk_tree(root: str, walk: Walk) -> None:
     except OSError:
         return
     seen: dict[tuple[int, int], str] = {(st.st_dev, st.st_ino): root}
+    inside = os.path.realpath(root)  # a root that is itself a link is walked where it leads
     stack = [root]
     while stack:  # a stack, not recursion: depth is whatever the tree's is
         directory = stack.pop()
         files, subdirs = _list(directory)
         walk.paths.extend(files)
-        stack.extend(reversed(_enter(directory, subdirs, seen, walk)))
+        stack.extend(reversed(_enter(directory, _within(subdirs, inside, walk), seen, walk)))
+
+
+def _within(subdirs: list[os.DirEntry[str]], inside: str, walk: Walk) -> list[os.DirEntry[str]]:
+    """`subdirs` without the links that lead out of the tree (`inside`, its real path); each
+    of those is skipped with a warning."""
+    kept: list[os.DirEntry[str]] = []
+    for entry in subdirs:
+        if _is_link(entry):
+            target = os.path.realpath(entry.path)
+            if target != inside and not target.startswith(inside.rstrip(os.sep) + os.sep):
+                walk.skipped.append(entry.path)
+                message = (
+                    f"not read: a link to {target}, a directory outside {inside}; give it as a config"
+                    " directory of its own, or link the files it should serve"
+                )
+                walk.findings.append(Finding(Severity.WARNING, message, entry.path))
+                continue
+        kept.append(entry)
+    return kept
 
 
 def _list(directory: str) -> tuple[list[str], list[os.DirEntry[str]]]:

@@ -55,7 +55,8 @@ class LoadOptions:
 
     default_namespace: str = "default"
     max_file_bytes: int = yamlsource.DEFAULT_MAX_FILE_BYTES
-    max_values: int = yamlsource.DEFAULT_MAX_VALUES
+    max_values: int = yamlsource.DEFAULT_MAX_VALUES  # written in one document
+    max_alias_values: int = yamlsource.DEFAULT_MAX_ALIAS_VALUES  # added by aliases in one file
     validate: bool = True
     #: Distinct findings reported for one file; the rest are counted in one last finding.
     max_findings_per_file: int = 100
@@ -168,6 +169,7 @@ def _load_pieces(
     if cuts is None or not _PIECES_FROM <= len(cuts) <= yamlsource.DEFAULT_MAX_DOCUMENTS:
         return None
     known = documents.by_digest(previous)
+    aliases = yamlsource.AliasBudget(options.max_alias_values)  # the file's, across its pieces
     findings = _FileFindings(display, options.max_findings_per_file)
     configs: list[Config] = []
     seen: dict[ConfigKey, Source] = {}
@@ -178,7 +180,7 @@ def _load_pieces(
             piece_configs, piece_findings = documents.moved(piece, cut.line, cut.index)
         else:
             try:
-                docs, locator = documents.parse_piece(cut, options.max_values)
+                docs, locator = documents.parse_piece(cut, options.max_values, aliases)
             except YamlError:
                 return None  # the whole text, loaded whole, says where
             loaded = [_load_document(doc, display, options, locator) for doc in docs]
@@ -202,7 +204,8 @@ def load_text(text: str, display: str, options: LoadOptions | None = None) -> Fi
     options = options or LoadOptions()
     try:
         yamlsource.check_size(len(text.encode("utf-8", "surrogatepass")), options.max_file_bytes)
-        parsed = yamlsource.parse_documents(text, max_values=options.max_values)
+        aliases = yamlsource.AliasBudget(options.max_alias_values)
+        parsed = yamlsource.parse_documents(text, max_values=options.max_values, aliases=aliases)
     except YamlError as exc:
         return FileResult(display, findings=(_file_error(display, exc.message, exc.line, exc.column),))
 

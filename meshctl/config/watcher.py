@@ -21,19 +21,29 @@ What survives a bad reload, and why:
   that lead back into the tree are refused with a finding and never block a reload (`files`).
 
 A file still being written is not loaded half-way: it keeps, for that round, what the previous
-reload had from it (its last result, so its last good resources), and a reload is due soon after
-even if no event comes. A file counts as being written when
+reload had from it (its last result, so its last good resources), and a reload is due when it
+has settled even if no event comes. A file counts as being written when
 - its stat changed while it was read (size, times), in any reload;
 - in a background reload (events, `max_delay`, the timer while watches are down), it changed
-  less than `debounce` ago, the quiet time that counts as a save being done (a reload after
-  quiet finds every file older than that; one forced by `max_delay`, or by polling, may not);
+  less than `settle` ago (1 s, at least `debounce`) and, as far as file events tell, the writer
+  has not closed it yet (without events, polling, every such file counts): a writer that pauses
+  between two parts (a script that writes a header, computes, then writes the rest; a copy over
+  a slow mount) leaves the file quiet for longer than the debounce, and its first part alone
+  may well parse. A file closed after its last write (`cat > f`, an editor's save) or renamed
+  into place is complete, and is applied after the debounce alone;
+- it does not load and its stat changed after it was read, in any reload: a parse failure of a
+  file caught mid-write is no error to report, it is retried once the file has settled;
 - in a background reload, it is empty and last gave resources: `cmd > file.yaml` truncates the
   file before `cmd` has written anything, and a running fleet must not lose the file's routes
   meanwhile. Such a file is held for up to `max_delay`, then taken as it is.
+While a file is held as being written (the first two cases), a background reload applies no
+other file that changed or went away either: they wait for it, so a save of several files (or a
+linked tree swapped for another) is one change even when there are no events to debounce
+(polling) or the files' times straddle a reload.
 No file is held for longer than `max_delay`, so a writer that never stops still gets its changes
 applied. A file seen for the first time is held in the same way (it contributes nothing yet).
 `reload_now` (start-up, SIGHUP, an explicit reload) is an instruction that the files are ready:
-it holds back only a file seen changing while it was read.
+it holds back only a file seen changing while it was read or loaded.
 
 Hidden files and directories (.git, editor swap files) are ignored, except the `..data` symlink
 that Kubernetes swaps to update a mounted ConfigMap, whose rename is the only event such an
@@ -46,7 +56,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import stat
 import threading
 import time
 import types
@@ -59,9 +68,10 @@ from watchdog import events as ev
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver, ObservedWatch
 
-from meshctl.config.files import YAML_SUFFIXES, FileBytes, Signature, read_config_file, signature, walk_yaml
+from meshctl.config.files import FileBytes, Signature, read_config_file, walk_yaml
 from meshctl.config.findings import Finding, Severity
 from meshctl.config.loader import FileResult, LoadOptions, load_bytes, merge_files, unreadable
+from meshctl.config.paths import dir_identity, exists, is_relevant, is_under, root_problem, stat_signature, walk_key
 from meshctl.config.store import ConfigChange, ConfigStore, EventKind, FileStatus
 from meshctl.debounce import Debouncer
 from meshctl.errors import ConfigError
@@ -82,8 +92,6 @@ _RACY_NS: Final = 2_000_000_000
 #: A file held back as still being written is looked at again this soon at the earliest.
 _MIN_RETRY: Final = 0.05
 
-#: The symlink kubelet renames into place to update a ConfigMap or Secret volume.
-_KUBERNETES_DATA_LINK: Final = "..data"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,15 +100,18 @@ class WatchOptions:
 
     debounce: float = 0.1
     max_delay: float = 10.0
+    #: A file changed less than this long ago may still be being written (see the module doc).
+    settle: float = 1.0
     #: While a watched path is missing or cannot be watched, look at it again this often.
     retry_interval: float = 1.0
     load: LoadOptions = field(default_factory=LoadOptions)
 
     def __post_init__(self) -> None:
-        if self.debounce < 0 or self.retry_interval <= 0 or self.max_delay < self.debounce:
+        if self.debounce < 0 or self.retry_interval <= 0 or self.max_delay < self.debounce or not self.settle >= 0:
             raise ValueError(
                 f"invalid watch timing: debounce={self.debounce}s, max_delay={self.max_delay}s,"
-                f" retry_interval={self.retry_interval}s (need 0 <= debounce <= max_delay, retry > 0)"
+                f" retry_interval={self.retry_interval}s, settle={self.settle}s"
+                " (need 0 <= debounce <= max_delay, retry > 0, settle >= 0)"
             )
 
 
@@ -149,6 +160,12 @@ class _Scan:
         #: Files held back as still being written -> when they were first held (monotonic).
         self.deferred: dict[str, float] = {}
         self.retry_at: float | None = None
+        #: Files loaded afresh this round, and whether some file was held as being written now.
+        self.fresh: list[str] = []
+        self.writing = False
+        self.evented = False
+        #: Files the previous reload had that this one did not find -> where they sorted.
+        self.gone: dict[str, tuple[int, tuple[tuple[int, str], ...]]] = {}
 
     def reuse(self, path: str, cached: _Cached) -> FileResult:
         self.cache[path] = cached
@@ -158,7 +175,31 @@ class _Scan:
     def parse(self, path: str, cached: _Cached) -> FileResult:
         self.cache[path] = cached
         self.parsed += 1
+        self.fresh.append(path)
         return cached.result
+
+    def hold_fresh(self, max_delay: float) -> None:
+        """While a file is being written, the files loaded afresh this round, and those gone
+        since the last, wait for it too (as the previous reload had them), so that a save of
+        several files (or a swap of a linked tree) is applied as one."""
+        retry_at = self.retry_at
+        if retry_at is None:
+            return
+        for path, position in self.gone.items():
+            since = self.previous_deferred.get(path, self.started)
+            if self.started - since < max_delay:
+                self.order[path] = position
+                self.keep_file(path)
+                self.defer(path, since, retry_at)
+        for path in self.fresh:
+            since = self.previous_deferred.get(path, self.started)
+            if path in self.deferred or self.started - since >= max_delay:
+                continue
+            self.cache.pop(path, None)
+            self.status.pop(path, None)
+            self.good.pop(path, None)
+            self.keep_file(path)
+            self.defer(path, since, retry_at)
 
     def defer(self, path: str, since: float, retry_at: float) -> None:
         """Hold `path` back this round; the watcher looks again at `retry_at` even if no event comes."""
@@ -176,12 +217,12 @@ class _Scan:
 
     def keep_root(self, index: int, root: str, problem: str) -> None:
         """A root that cannot be read: everything last loaded from under it stays, as it was."""
-        kept = [p for p in self.previous_cache if _is_under(p, root) and p not in self.order]
+        kept = [p for p in self.previous_cache if is_under(p, root) and p not in self.order]
         count = len({c.key for p in kept if p in self.previous_good for c in self.previous_good[p].configs})
         message = f"{problem}; keeping the resources last loaded from it ({count}) until it can be read again"
         self.status.setdefault(root, []).append(Finding(Severity.ERROR, message, root))
         for path in kept:
-            self.order[path] = (index, _walk_key(root, path))
+            self.order[path] = (index, walk_key(root, path))
             self.keep_file(path)
 
     def in_path_order(self) -> list[str]:
@@ -215,6 +256,8 @@ class DirectoryWatcher:
         self._degraded = self._stopping = False
         self._retry_at: float | None = None  # when to look again at files held back as being written
         self._stale_roots: set[str] = set()
+        #: Files written to since they were last closed, as file events tell (see `_note_writer`).
+        self._open_writes: set[str] = set()
         self._reload_lock = threading.Lock()  # one reload at a time; guards everything below
         self._cache: Mapping[str, _Cached] = {}
         self._good: Mapping[str, FileResult] = {}
@@ -308,12 +351,27 @@ class DirectoryWatcher:
         now = time.monotonic()
         with self._cond:
             self._stale_roots.update(p for p in paths if p in self._roots)
+            self._note_writer(event, paths)
             self._burst.note(now)
             self._cond.notify_all()
 
+    def _note_writer(self, event: ev.FileSystemEvent, paths: list[str]) -> None:
+        """Which files a writer has modified and not closed yet (under `_cond`): a file closed
+        after its last write, or renamed into place, is complete whatever its age."""
+        if event.is_directory:
+            return
+        if isinstance(event, (ev.FileModifiedEvent, ev.FileCreatedEvent)):
+            self._open_writes.add(paths[0])
+        elif isinstance(event, (ev.FileClosedEvent, ev.FileDeletedEvent, ev.FileMovedEvent)):
+            self._open_writes.difference_update(paths)
+
+    def _open_for_writing(self, path: str) -> bool:
+        with self._cond:
+            return path in self._open_writes
+
     def _as_given(self, path: str) -> str:
         aliases = self._aliases
-        real = max((r for r in aliases if _is_under(path, r)), key=len, default=None)
+        real = max((r for r in aliases if is_under(path, r)), key=len, default=None)
         return path if real is None else aliases[real] + path[len(real) :]
 
     def _next_due(self) -> float | None:
@@ -352,13 +410,17 @@ class DirectoryWatcher:
                 stale, self._stale_roots = self._stale_roots, set()
             scan = _Scan(self._cache, self._good, self._deferred, background)
             degraded = self._arm(stale, scan.status)
+            # With every watch in place, file events say whether a fresh file is still open.
+            scan.evented = self._observer is not None and not degraded
             for index, root in enumerate(self._roots):
-                problem = _root_problem(root)
+                problem = root_problem(root)
                 if problem is None:
                     degraded = not self._scan_root(index, root, scan) or degraded
                 else:
                     degraded = True
                     scan.keep_root(index, root, problem)
+            if background and scan.writing:
+                scan.hold_fresh(self._options.max_delay)
             merged, duplicates = merge_files(scan.good[p] for p in scan.in_path_order() if p in scan.good)
             for finding in duplicates:
                 scan.status.setdefault(finding.file or "", []).append(finding)
@@ -376,7 +438,7 @@ class DirectoryWatcher:
         """Read every file under `root` into `scan`; False when the root was kept as it was."""
         walk = walk_yaml([root])
         paths = list(walk.paths)
-        if not paths and any(_is_under(p, root) and r.configs for p, r in scan.previous_good.items()):
+        if not paths and any(is_under(p, root) and r.configs for p, r in scan.previous_good.items()):
             # A directory that suddenly holds no YAML at all is far more often an unmounted volume
             # or a checkout half-way than a mesh meant to be empty: keep serving what it held.
             scan.keep_root(
@@ -395,12 +457,12 @@ class DirectoryWatcher:
         paths += [
             p
             for p in scan.previous_good
-            if _is_under(p, root) and p not in found and not any(_is_under(p, s) for s in skipped) and _exists(p)
+            if is_under(p, root) and p not in found and not any(is_under(p, s) for s in skipped) and exists(p)
         ]
         for path in paths:
             if path in scan.order:
                 continue  # already read under an earlier root that contains this one
-            scan.order[path] = (index, _walk_key(root, path))
+            scan.order[path] = (index, walk_key(root, path))
             result = self._load(path, scan)
             if result is None:  # still being written: as the previous reload had it
                 scan.keep_file(path)
@@ -409,6 +471,9 @@ class DirectoryWatcher:
             good = result if result.ok else scan.previous_good.get(path)
             if good is not None:
                 scan.good[path] = good
+        for path in scan.previous_cache:
+            if is_under(path, root) and path not in scan.order:
+                scan.gone[path] = (index, walk_key(root, path))
         return True
 
     def _load(self, path: str, scan: _Scan) -> FileResult | None:
@@ -423,14 +488,14 @@ class DirectoryWatcher:
         before the server started is not parsed again on the first change after it."""
         now = time.time_ns()
         cached = scan.previous_cache.get(path)
-        stat_signature = _stat_signature(path)
-        same = stat_signature is not None and cached is not None and cached.signature == stat_signature
+        now_signature = stat_signature(path)
+        same = now_signature is not None and cached is not None and cached.signature == now_signature
         if same and cached is not None and cached.racy_digest is None:
             return scan.reuse(path, cached)
         try:
             read = read_config_file(path, self._options.load.max_file_bytes)
         except ConfigError as exc:  # not a regular file, or too big: the same until it changes
-            return scan.parse(path, _Cached(stat_signature, unreadable(path, exc)))
+            return scan.parse(path, _Cached(now_signature, unreadable(path, exc)))
         except OSError as exc:  # may pass (a permission fixed): tried again on every reload
             return scan.parse(path, _Cached(None, unreadable(path, exc)))
         digest = hashlib.blake2b(read.data, digest_size=16).digest()
@@ -442,29 +507,41 @@ class DirectoryWatcher:
         # The last load of this file, so that its unchanged documents are not loaded again.
         before = cached.result if cached is not None else FileResult(path)
         result = load_bytes(read.data, path, self._options.load, previous=before)
+        # A failure of a file that changed again meanwhile is likely a half-written one's.
+        if not result.ok and stat_signature(path) != read.after and self._hold(path, read, scan, now, moved=True):
+            return None
         return scan.parse(path, _Cached(read.after, result, digest if racy else None))
 
-    def _hold(self, path: str, read: FileBytes, scan: _Scan, now_ns: int) -> bool:
+    def _hold(self, path: str, read: FileBytes, scan: _Scan, now_ns: int, *, moved: bool = False) -> bool:
         """Whether `path` is still being written, so that it keeps this round what the previous
         reload had from it, and a reload is due later even if no event comes (the rule is in the
-        module doc). Never for longer than `max_delay`: a writer that never stops still counts."""
+        module doc). Never for longer than `max_delay`: a writer that never stops still counts.
+        `moved`: the file did not load and has changed since it was read."""
         debounce, max_delay = self._options.debounce, self._options.max_delay
+        settle = max(debounce, self._options.settle)
         since = scan.previous_deferred.get(path, scan.started)
         if scan.started - since >= max_delay:
             return False
-        retry_at = scan.started + max(debounce, _MIN_RETRY)
         changed_ns = max(read.after[3], read.after[4])
-        if read.changing:
-            reason = "it changed while it was read"
-        elif scan.background and abs(now_ns - changed_ns) < debounce * 1e9:
-            reason = f"it changed less than {debounce:g}s ago"
+        age = (now_ns - changed_ns) / 1e9
+        # Looked at again once it has been quiet for `settle` (its times only move forward).
+        retry_at = scan.started + max(settle - max(age, 0.0), _MIN_RETRY)
+        fresh, writing = abs(age) < settle, True
+        if read.changing or moved:
+            reason = "it changed while it was read" if read.changing else "it does not load and changed meanwhile"
+        elif fresh and scan.background and (not scan.evented or self._open_for_writing(path)):
+            reason = f"it changed less than {settle:g}s ago and is still open for writing"
         elif scan.background and not read.data and (last := scan.previous_good.get(path)) and last.configs:
-            reason, retry_at = "it is empty (truncated by a writer not done yet?)", since + max_delay
+            # Not a save in progress that other files wait for: it may stay empty on purpose.
+            reason, retry_at, writing = "it is empty (truncated by a writer not done yet?)", since + max_delay, False
         else:
             return False
+        scan.writing = scan.writing or writing
         if path not in scan.previous_deferred:
             wait = retry_at - scan.started
-            logger.info("%s: %s; keeping what it gave before, looking again in %.2gs", path, reason, wait)
+            # Waiting for a file to settle is what every save goes through: said at debug only.
+            level = logging.DEBUG if reason.startswith("it changed less") else logging.INFO
+            logger.log(level, "%s: %s; keeping what it gave before, looking again in %.2gs", path, reason, wait)
         scan.defer(path, since, retry_at)
         return True
 
@@ -479,10 +556,10 @@ class DirectoryWatcher:
             return self._watch_error is not None
         desired: dict[tuple[str, bool], tuple[int, int, str]] = {}
         for root in self._roots:
-            if (identity := _dir_identity(root)) is not None:
+            if (identity := dir_identity(root)) is not None:
                 desired[(root, True)] = identity
             parent = os.path.dirname(root)
-            if parent != root and (identity := _dir_identity(parent)) is not None:
+            if parent != root and (identity := dir_identity(parent)) is not None:
                 desired.setdefault((parent, False), identity)
         for key, (identity, watch) in list(self._watches.items()):
             if desired.get(key) != identity or (key[1] and key[0] in stale):
@@ -529,69 +606,3 @@ class DirectoryWatcher:
             logger.info(message, change.revision, ", ".join(self._roots), *counts)
         return tuple(f for f in findings if f.severity is Severity.ERROR)
 
-
-def is_relevant(path: str, roots: Sequence[str], *, is_directory: bool) -> bool:
-    """Whether an event on `path` can change what a reload of `roots` reads."""
-    for root in roots:
-        if path == root:
-            return True
-        if not _is_under(path, root):
-            continue
-        parts = path[len(root) :].strip(os.sep).split(os.sep)
-        if parts[-1] == _KUBERNETES_DATA_LINK and not any(p.startswith(".") for p in parts[:-1]):
-            return True
-        if any(p.startswith(".") for p in parts):
-            return False
-        return is_directory or parts[-1].endswith(YAML_SUFFIXES)
-    return False
-
-
-def _is_under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
-def _walk_key(root: str, path: str) -> tuple[tuple[int, str], ...]:
-    """The position `discover` gives a path: a directory's files (by name) before its
-    subdirectories (by name), so kept files sort where a successful walk would put them."""
-    parts = path[len(root) :].strip(os.sep).split(os.sep) if path != root else []
-    return (*((1, d) for d in parts[:-1]), *((0, f) for f in parts[-1:]))
-
-
-def _root_problem(root: str) -> str | None:
-    """Why a root cannot be read now, or None; a directory root must also be listable, since a
-    walk that silently lists nothing would delete everything."""
-    try:
-        if stat.S_ISDIR(os.stat(root).st_mode):
-            with os.scandir(root):
-                pass
-    except FileNotFoundError:
-        return f"{root} does not exist"
-    except OSError as exc:
-        return f"cannot read {root}: {exc.strerror or exc}"
-    return None
-
-
-def _dir_identity(path: str) -> tuple[int, int, str] | None:
-    """(device, inode, real path) of a directory: a change means it was replaced or re-pointed."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, os.path.realpath(path)) if stat.S_ISDIR(st.st_mode) else None
-
-
-def _stat_signature(path: str) -> Signature | None:
-    try:
-        return signature(os.stat(path))
-    except OSError:
-        return None
-
-
-def _exists(path: str) -> bool:
-    try:
-        os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-    except OSError:
-        return True  # there but unreadable: loading it fails, which keeps its last good contents
-    return True

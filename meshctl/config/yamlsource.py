@@ -6,8 +6,12 @@ builder is what makes loading safe and quick:
 
 - it keeps its own stack instead of recursing, and refuses nesting past `MAX_DEPTH` as it grows:
   composing a file of 30,000 `[` by recursion overflows the C stack and kills the process;
-- it counts every value it builds, an alias as many values as it stands for, so an alias bomb
-  ("billion laughs") stops at a budget instead of expanding into gigabytes;
+- it bounds the values a document writes (`DEFAULT_MAX_VALUES`, sized for the largest honest
+  resources: a ServiceEntry of 40,000 endpoints, an AuthorizationPolicy of 12,000 rules) and,
+  apart from them, the values aliases add (`DEFAULT_MAX_ALIAS_VALUES`, counted over a whole
+  file, an alias as many values as it stands for), so an alias bomb ("billion laughs") stops
+  after a few hundred thousand copies instead of expanding into gigabytes, while a big document
+  written out in full is not taken for one;
 - it builds one document at a time and stops at `DEFAULT_MAX_DOCUMENTS`, so a file of a million
   empty documents costs neither memory nor a line of log per document;
 - it rejects duplicate mapping keys (Kubernetes rejects them too) with both positions;
@@ -53,8 +57,12 @@ from meshctl.errors import YamlError
 
 #: Files larger than this are refused before parsing (a config file is kilobytes).
 DEFAULT_MAX_FILE_BYTES: Final = 8 * 1024 * 1024
-#: Values one document may expand to, aliases included. A legitimate resource has hundreds.
-DEFAULT_MAX_VALUES: Final = 200_000
+#: Values (scalars, mappings, lists) one document may write. A resource has hundreds; a generated
+#: ServiceEntry of 40,000 endpoints with labels some 500,000. A file's size bounds them anyway.
+DEFAULT_MAX_VALUES: Final = 1_000_000
+#: Values aliases may add to one file, all documents together: hand-written config reuses a few
+#: blocks; a billion-laughs bomb writes a few hundred bytes that expand without end.
+DEFAULT_MAX_ALIAS_VALUES: Final = 200_000
 #: Nesting deeper than this is not config (an Istio resource nests some 15 levels); it is
 #: refused as it grows, before anything recurses.
 MAX_DEPTH: Final = 100
@@ -137,7 +145,17 @@ class Document:
     data: Any
 
 
-_TOO_MANY = "document expands to too many values (alias bomb?)"
+
+class AliasBudget:
+    """The values aliases may still add: shared by every document of one file, so that a file
+    of many small bombs is stopped as surely as one big one."""
+
+    __slots__ = ("left", "limit")
+
+    def __init__(self, limit: int = DEFAULT_MAX_ALIAS_VALUES) -> None:
+        self.limit = limit
+        self.left = limit
+
 _TOO_DEEP = f"nesting deeper than {MAX_DEPTH} levels"
 
 #: Marks a mapping that waits for its next key (no key can be this object).
@@ -149,14 +167,14 @@ _MERGE_KEY: Final = object()
 class _Frame:
     """A collection being built: its value so far, and what the next child completes."""
 
-    __slots__ = ("anchor", "budget", "height", "is_map", "key", "mark", "merged", "seen", "value")
+    __slots__ = ("anchor", "height", "is_map", "key", "mark", "merged", "seen", "start", "value")
 
-    def __init__(self, value: Any, is_map: bool, mark: Mark, anchor: str | None, budget: int) -> None:
+    def __init__(self, value: Any, is_map: bool, mark: Mark, anchor: str | None, start: int) -> None:
         self.value = value
         self.is_map = is_map
         self.mark = mark
         self.anchor = anchor
-        self.budget = budget  # the document's budget when it started: its size is the difference
+        self.start = start  # values built before this one: its size is the difference at its end
         self.height = 0
         self.key: Any = _NO_KEY
         self.seen: dict[Any, Mark] = {}
@@ -170,17 +188,20 @@ class _DocumentBuilder:
     C composer does) overflows the C stack on a file of 30,000 `[` and kills the process. Here the
     nesting is counted as it grows and refused past `MAX_DEPTH`, before anything recurses.
 
-    Every value counts against a budget, an alias as many values as it stands for, so an alias
-    bomb ("billion laughs") stops at the budget instead of expanding into gigabytes; an alias
-    takes a copy, so no two places of the data are one object. Duplicate keys are refused with
-    both positions, as Kubernetes refuses them.
+    Every value written counts against the document's budget, and every alias, as many values
+    as it stands for, against the file's alias budget, so an alias bomb ("billion laughs") stops
+    there instead of expanding into gigabytes; an alias takes a copy, so no two places of the
+    data are one object. Duplicate keys are refused with both positions, as Kubernetes does.
     """
 
-    __slots__ = ("anchors", "budget", "open_anchors", "resolve")
+    __slots__ = ("aliases", "anchors", "budget", "built", "limit", "open_anchors", "resolve")
 
-    def __init__(self, resolve: Any, budget: int) -> None:
+    def __init__(self, resolve: Any, budget: int, aliases: AliasBudget) -> None:
         self.resolve = resolve
-        self.budget = budget
+        self.limit = budget
+        self.budget = budget  # values the document may still write
+        self.aliases = aliases
+        self.built = 0  # values built so far, those aliases copied included
         #: anchor -> (value, values it counts for, height)
         self.anchors: dict[str, tuple[Any, int, int]] = {}
         self.open_anchors: set[str] = set()
@@ -196,8 +217,9 @@ class _DocumentBuilder:
             if cls is ScalarEvent:
                 mark = event.start_mark
                 self.budget -= 1
+                self.built += 1
                 if self.budget < 0:
-                    raise _error(_TOO_MANY, mark)
+                    raise _error(self._too_many(), mark)
                 if len(stack) > MAX_DEPTH:
                     raise _error(_TOO_DEEP, mark)
                 tag = event.tag
@@ -214,14 +236,15 @@ class _DocumentBuilder:
             elif cls is MappingStartEvent or cls is SequenceStartEvent:
                 mark = event.start_mark
                 self.budget -= 1
+                self.built += 1
                 if self.budget < 0:
-                    raise _error(_TOO_MANY, mark)
+                    raise _error(self._too_many(), mark)
                 if len(stack) >= MAX_DEPTH:
                     raise _error(_TOO_DEEP, mark)
                 is_map = cls is MappingStartEvent
                 if event.anchor is not None:
                     self.open_anchors.add(event.anchor)
-                stack.append(_Frame({} if is_map else [], is_map, mark, event.anchor, self.budget + 1))
+                stack.append(_Frame({} if is_map else [], is_map, mark, event.anchor, self.built - 1))
                 continue
             elif cls is MappingEndEvent or cls is SequenceEndEvent:
                 frame = stack.pop()
@@ -230,7 +253,7 @@ class _DocumentBuilder:
                     value = {**frame.merged, **value}  # explicit keys win, as the merge-key spec says
                 if frame.anchor is not None:
                     self.open_anchors.discard(frame.anchor)
-                    self.anchors[frame.anchor] = (value, frame.budget - self.budget, height)
+                    self.anchors[frame.anchor] = (value, self.built - frame.start, height)
             elif cls is AliasEvent:
                 mark, name = event.start_mark, event.anchor
                 if name in self.open_anchors:
@@ -239,9 +262,12 @@ class _DocumentBuilder:
                 if found is None:
                     raise _error(f"found undefined alias *{name}", mark)
                 value, size, height = found
-                self.budget -= size
-                if self.budget < 0:
-                    raise _error(_TOO_MANY, mark)
+                self.aliases.left -= size
+                self.built += size
+                if self.aliases.left < 0:
+                    raise _error(
+                        f"aliases expand to more than {self.aliases.limit} values in this file (an alias bomb?)", mark
+                    )
                 if len(stack) + height > MAX_DEPTH:
                     raise _error(_TOO_DEEP, mark)
                 value = _copy(value)
@@ -277,6 +303,10 @@ class _DocumentBuilder:
             else:
                 top.value[top.key] = value
                 top.key = _NO_KEY
+
+
+    def _too_many(self) -> str:
+        return f"more than {self.limit} values in one document (the limit for a document)"
 
 
 def _merge_sources(value: Any, mark: Mark) -> dict[Any, Any]:
@@ -368,15 +398,26 @@ def _scan(text: str) -> None:
 
 
 def parse_documents(
-    text: str, *, max_values: int = DEFAULT_MAX_VALUES, max_documents: int = DEFAULT_MAX_DOCUMENTS
+    text: str,
+    *,
+    max_values: int = DEFAULT_MAX_VALUES,
+    max_documents: int = DEFAULT_MAX_DOCUMENTS,
+    aliases: AliasBudget | None = None,
 ) -> list[Document]:
     """Every non-empty document of `text`, as plain data. Raises YamlError on the first problem:
     a file is accepted whole or not at all, so the store never holds half of it. Documents are
     built one at a time as libyaml parses them, so a file of a million empty documents stops at
-    `max_documents` instead of holding them all."""
+    `max_documents` instead of holding them all. `aliases` is the file's alias budget, when
+    `text` is one part of a file (a fresh one otherwise)."""
+    budget = aliases or AliasBudget()
 
     def run(next_event: Callable[[], Any], resolve: Any) -> list[Document]:
-        return _documents(next_event, resolve, max_values, max_documents)
+        start = budget.left  # a re-parse (`flowquotes`) starts from the same budget
+        try:
+            return _documents(next_event, resolve, max_values, max_documents, budget)
+        except BaseException:
+            budget.left = start
+            raise
 
     try:
         return _parse(text, run)
@@ -386,7 +427,9 @@ def parse_documents(
         raise YamlError(f"cannot read YAML: {exc}") from None
 
 
-def _documents(next_event: Callable[[], Any], resolve: Any, max_values: int, max_documents: int) -> list[Document]:
+def _documents(
+    next_event: Callable[[], Any], resolve: Any, max_values: int, max_documents: int, aliases: AliasBudget
+) -> list[Document]:
     docs: list[Document] = []
     index = 0
     while True:
@@ -398,7 +441,7 @@ def _documents(next_event: Callable[[], Any], resolve: Any, max_values: int, max
             continue
         if index >= max_documents:
             raise _error(f"more than {max_documents} YAML documents in one file", event.start_mark)
-        data, mark = _DocumentBuilder(resolve, max_values).build(next_event)
+        data, mark = _DocumentBuilder(resolve, max_values, aliases).build(next_event)
         if data is not None and mark is not None:  # None: an empty document between two '---'
             docs.append(Document(index=index, line=mark.line + 1, column=mark.column + 1, data=data))
         index += 1

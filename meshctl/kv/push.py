@@ -22,8 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from meshctl.config.yamlsource import DEFAULT_MAX_FILE_BYTES
 from meshctl.errors import RegistryError, UsageError
-from meshctl.kv.source import kv_path, parse_entries
+from meshctl.kv.source import read_prefix
 from meshctl.registry.consul import ConsulConnection, ConsulOptions
 
 #: Consul's limit on the operations of one transaction.
@@ -92,16 +93,13 @@ def plan_push(prefix: str, tree: Mapping[str, bytes], current: Mapping[str, Curr
     return PushPlan(prefix, tuple(added), tuple(changed), tuple(deleted), unchanged, (*sets, *deletes))
 
 
-def read_current(conn: ConsulConnection, options: ConsulOptions, prefix: str) -> dict[str, Current]:
-    """The config keys under `prefix` now, with their ModifyIndex."""
-    path = kv_path(prefix)
-    params = {"recurse": "true"} | ({"dc": options.datacenter} if options.datacenter else {})
-    try:
-        reply = conn.get(path, params, options.request_timeout)
-    except (OSError, http.client.HTTPException) as exc:
-        raise RegistryError(f"cannot read consul KV at {options.url}: {exc}") from exc
-    data = None if reply.status == 404 else reply.json(path)
-    return {e.name: Current(e.value, e.modify_index) for e in parse_entries(data, prefix).values()}
+def read_current(
+    conn: ConsulConnection, options: ConsulOptions, prefix: str, max_value_bytes: int = DEFAULT_MAX_FILE_BYTES
+) -> dict[str, Current]:
+    """The config keys under `prefix` now, with their ModifyIndex (other keys' values are not read)."""
+    return {
+        e.name: Current(e.value, e.modify_index) for e in read_prefix(conn, options, prefix, max_value_bytes).values()
+    }
 
 
 def apply_push(conn: ConsulConnection, options: ConsulOptions, plan: PushPlan, *, split: bool = False) -> int:

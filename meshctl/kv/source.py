@@ -5,10 +5,12 @@ key under the prefix is one file, named by the rest of its key (`mesh/bookinfo/t
 `mesh` is `bookinfo/traffic.yaml`), and goes through the same loader, validation and per-file
 last-good rule as a file of a watched directory (`meshctl.config.watcher`):
 
-- one blocking query (`GET /v1/kv/PREFIX/?recurse`) follows the prefix with Consul's rules
-  (`meshctl.registry.consul`: index reset when it goes back, at least 1, a rate limit, backoff);
-  each answer is one KV revision and becomes at most one store revision (`replace_all`), so a
-  `kv push`, one Consul transaction, reaches proxies as one change;
+- one blocking query on the prefix's key names (`GET /v1/kv/PREFIX/?keys`) follows the prefix
+  with Consul's rules (`meshctl.registry.consul`: index reset when it goes back, at least 1, a
+  rate limit, backoff); each answer's YAML keys are then read one by one (`read_values`), and
+  the read counts only when no key changed after the listing's index, so each answer is one KV
+  revision and becomes at most one store revision (`replace_all`): a `kv push`, one Consul
+  transaction, reaches proxies as one change;
 - a key whose value does not load keeps its last good resources, and its error stays in the
   store's file status until it is fixed; a key that never loaded contributes nothing; a deleted
   key's resources are deleted;
@@ -19,13 +21,18 @@ last-good rule as a file of a watched directory (`meshctl.config.watcher`):
   the prefix, and the query carries on from its index until Consul answers again.
 
 Only keys ending in `.yaml` or `.yml` are read, as only such files are in a directory; folder
-keys (ending in `/`) and other keys are ignored.
+keys (ending in `/`) and other keys are ignored, and their values are never fetched: a prefix
+shared with other data (blobs, locks) costs its key names, not its bytes. Each value is bounded
+as a file is (`LoadOptions.max_file_bytes`: a key over it is that key's error and keeps its last
+good resources), and all of them together by `MAX_TOTAL_BYTES` (over it, the read fails as
+when Consul cannot be read: everything is kept).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import http.client
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -39,12 +46,16 @@ from meshctl.config.loader import FileResult, LoadOptions, load_bytes, merge_fil
 from meshctl.config.store import ConfigChange, ConfigStore, EventKind, FileStatus
 from meshctl.config.watcher import ReloadResult
 from meshctl.errors import RegistryError, UsageError
-from meshctl.registry.consul import BlockingQuery, ConsulOptions, ConsulReply
+from meshctl.registry.consul import OVERSIZED, BlockingQuery, ConsulConnection, ConsulOptions, ConsulReply
 
 logger = logging.getLogger("meshctl.kv.source")
 
 #: How long `start` waits for Consul's first answer before serving without it.
 FIRST_READ_TIMEOUT: Final = 10.0
+#: The YAML values of one prefix, all together (Consul itself takes values of 512 KiB at most).
+MAX_TOTAL_BYTES: Final = 256 * 1024 * 1024
+#: Reads of a prefix that keeps changing while its values are read, before giving up (`kv pull`).
+_READ_ATTEMPTS: Final = 5
 
 
 def normalize_prefix(prefix: str) -> str:
@@ -74,6 +85,8 @@ class KvEntry:
     name: str
     value: bytes
     modify_index: int
+    #: Why the value was not read (over the size limit): the key then keeps its last good config.
+    refused: str | None = None
 
 
 def parse_entries(data: object, prefix: str) -> dict[str, KvEntry]:
@@ -99,6 +112,81 @@ def parse_entries(data: object, prefix: str) -> dict[str, KvEntry]:
         index = item.get("ModifyIndex")
         entries[name] = KvEntry(name, value, index if isinstance(index, int) else 0)
     return entries
+
+
+def config_names(data: object, prefix: str) -> list[str]:
+    """Consul's JSON for `GET /v1/kv/PREFIX?keys` (None for a 404) as the names, relative to
+    the prefix, of the keys read as files (`is_config_key`), sorted."""
+    if data is None:
+        return []
+    if not isinstance(data, list) or not all(isinstance(k, str) for k in data):
+        raise RegistryError(f"GET {kv_path(prefix)}?keys: expected a list of key names")
+    return sorted(k[len(prefix) :] for k in data if k.startswith(prefix) and is_config_key(k[len(prefix) :]))
+
+
+def read_values(
+    conn: ConsulConnection,
+    options: ConsulOptions,
+    prefix: str,
+    names: Sequence[str],
+    index: int,
+    *,
+    max_value_bytes: int,
+) -> dict[str, KvEntry] | None:
+    """The values of the keys `names` (relative to `prefix`) as of the listing at `index`, read
+    one by one; None when the prefix moved on meanwhile (a key changed or went away after
+    `index`), since the values would then mix two revisions. A value over `max_value_bytes` is
+    not read: its entry says so (`refused`). RegistryError for values over `MAX_TOTAL_BYTES` in
+    all, or a failed read."""
+    params = {"dc": options.datacenter} if options.datacenter else {}
+    # base64 takes 4 bytes for 3, and the entry's other fields some more.
+    limit = max_value_bytes * 4 // 3 + 4096
+    entries: dict[str, KvEntry] = {}
+    total = 0
+    for name in names:
+        path = kv_path(prefix + name)
+        try:
+            reply = conn.get(path, params, options.request_timeout, limit=limit)
+        except (OSError, http.client.HTTPException) as exc:
+            raise RegistryError(f"cannot read consul KV at {options.url}: {exc}") from exc
+        if reply.status == OVERSIZED:
+            message = f"value is over the {max_value_bytes}-byte limit for a config file"
+            entries[name] = KvEntry(name, b"", 0, refused=message)
+            continue
+        if reply.status == 404:
+            return None  # deleted after the listing
+        found = parse_entries(reply.json(path), prefix).get(name)
+        if found is None or found.modify_index > index:
+            return None
+        total += len(found.value)
+        if total > MAX_TOTAL_BYTES:
+            raise RegistryError(
+                f"the YAML values under consul KV {prefix or '/'} are over {MAX_TOTAL_BYTES} bytes in all"
+            )
+        entries[name] = found
+    return entries
+
+
+def read_prefix(
+    conn: ConsulConnection, options: ConsulOptions, prefix: str, max_value_bytes: int
+) -> dict[str, KvEntry]:
+    """The config keys under `prefix` now, one revision of them, for the CLI (`kv pull`, `kv push`)."""
+    path = kv_path(prefix)
+    params = {"keys": "true"} | ({"dc": options.datacenter} if options.datacenter else {})
+    for _ in range(_READ_ATTEMPTS):
+        try:
+            reply = conn.get(path, params, options.request_timeout)
+        except (OSError, http.client.HTTPException) as exc:
+            raise RegistryError(f"cannot read consul KV at {options.url}: {exc}") from exc
+        names = config_names(None if reply.status == 404 else reply.json(path), prefix)
+        entries = read_values(conn, options, prefix, names, reply.index, max_value_bytes=max_value_bytes)
+        if entries is None:
+            continue
+        for entry in entries.values():
+            if entry.refused is not None:
+                raise RegistryError(f"consul KV {prefix}{entry.name}: {entry.refused}")
+        return entries
+    raise RegistryError(f"consul KV {prefix or '/'} kept changing while it was read; try again")
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +232,11 @@ class KvWatcher:
             kv_path(location.prefix),
             self._on_data,
             self._on_error,
-            params={"recurse": "true"},
+            params={"keys": "true"},
             missing_is_none=True,
         )
+        #: Reads the values, on the query's thread, between two of its answers.
+        self._values = ConsulConnection(location.consul)
 
     @property
     def location(self) -> KvLocation:
@@ -161,7 +251,10 @@ class KvWatcher:
 
     def stop(self, timeout: float = 5.0) -> bool:
         self._query.stop()
-        return self._query.join(timeout)
+        self._values.abort()
+        stopped = self._query.join(timeout)
+        self._values.close()
+        return stopped
 
     def synced(self) -> bool:
         """Whether Consul has answered once (the store holds the prefix, not an empty start)."""
@@ -191,7 +284,18 @@ class KvWatcher:
         self._first.set()
 
     def _on_data(self, data: object, reply: ConsulReply) -> None:
-        entries = parse_entries(data, self._location.prefix)
+        location = self._location
+        names = config_names(data, location.prefix)
+        entries = read_values(
+            self._values,
+            location.consul,
+            location.prefix,
+            names,
+            reply.index,
+            max_value_bytes=self._load.max_file_bytes,
+        )
+        if entries is None:  # the prefix moved on while it was read: the next answer comes at once
+            return
         with self._lock:
             if self._outage is not None:
                 logger.info("consul KV %s answers again", self._location.display)
@@ -223,6 +327,8 @@ class KvWatcher:
             last = previous.loaded.get(name)
             if last is not None and last[0] == entry.modify_index and entry.modify_index:
                 result = last[1]
+            elif entry.refused is not None:
+                result = FileResult(name, findings=(Finding(Severity.ERROR, entry.refused, name),))
             else:
                 before = last[1] if last is not None else None
                 result = load_bytes(entry.value, name, self._load, previous=before)

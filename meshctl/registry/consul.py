@@ -63,6 +63,11 @@ RECOVERY_WAIT: Final = 1.0
 CONNECTION_NOTE_AT: Final = 190  # Consul's default limits.http_max_conns_per_client is 200
 
 
+#: The status of an answer over the byte limit a request gave (its body is left unread), as
+#: HTTP's "content too large".
+OVERSIZED: Final = 413
+
+
 def health_path(service: str) -> str:
     return f"/v1/health/service/{quote(service, safe='')}"
 
@@ -214,9 +219,12 @@ class _Connection:
         self._conn: http.client.HTTPConnection | None = None
         self._aborted = False
 
-    def get(self, path: str, params: Mapping[str, str], timeout: float, *, retry_stale: bool = True) -> _Reply:
-        """GET `path`; a kept-alive connection that the server closed meanwhile is retried once."""
-        return self.request("GET", path, params, timeout, retry_stale=retry_stale)
+    def get(
+        self, path: str, params: Mapping[str, str], timeout: float, *, retry_stale: bool = True, limit: int = 0
+    ) -> _Reply:
+        """GET `path`; a kept-alive connection that the server closed meanwhile is retried once.
+        With `limit`, an answer of more bytes is not read: it comes back as status `OVERSIZED`."""
+        return self.request("GET", path, params, timeout, retry_stale=retry_stale, limit=limit)
 
     def request(
         self,
@@ -227,6 +235,7 @@ class _Connection:
         body: bytes | None = None,
         *,
         retry_stale: bool = True,
+        limit: int = 0,
     ) -> _Reply:
         """`method` on `path`; a kept-alive connection the server closed meanwhile is retried once
         (a request that never reached Consul, so retrying a write cannot apply it twice)."""
@@ -236,11 +245,11 @@ class _Connection:
             reused = self._conn is not None
             conn = self._conn = self._conn or self._open()
         try:
-            return self._exchange(conn, method, path, params, timeout, body=body)
+            return self._exchange(conn, method, path, params, timeout, body=body, limit=limit)
         except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
             self._drop(conn)
             if reused and retry_stale:
-                return self.request(method, path, params, timeout, body, retry_stale=False)
+                return self.request(method, path, params, timeout, body, retry_stale=False, limit=limit)
             raise
         except BaseException:
             self._drop(conn)
@@ -255,6 +264,7 @@ class _Connection:
         timeout: float,
         *,
         body: bytes | None,
+        limit: int = 0,
     ) -> _Reply:
         if conn.sock is None:
             conn.connect()
@@ -267,7 +277,10 @@ class _Connection:
             headers["X-Consul-Token"] = self._options.token
         conn.request(method, f"{path}?{urlencode(params)}" if params else path, body=body, headers=headers)
         response = conn.getresponse()
-        body = response.read()
+        body = response.read(limit + 1) if limit else response.read()
+        if limit and len(body) > limit:
+            self._drop(conn)  # the rest of the answer is left unread
+            return _Reply(OVERSIZED, {k.lower(): v for k, v in response.getheaders()}, b"")
         reply = _Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, body)
         if response.will_close:
             self._drop(conn)

@@ -150,6 +150,7 @@ class AdsServicer:
         reader = asyncio.create_task(self._read(stream, requests, context))
         # The reader ending wakes the stream too: one event to wait on, no task per wake-up.
         reader.add_done_callback(lambda _: stream.wake.set())
+        flush: asyncio.Future[None] | None = None
         try:
             while True:
                 await stream.wake.wait()
@@ -175,7 +176,12 @@ class AdsServicer:
                     return
                 flush.result()
         finally:
-            reader.cancel()
+            # The client leaving cancels this coroutine, not the tasks it waits on: a write still
+            # waiting on flow control then fails alone, and its error is the client's leaving.
+            for task in (reader, flush):
+                if task is not None:
+                    task.cancel()
+                    task.add_done_callback(_consume)
             if self.streams.pop(conn_id, None) is not None:
                 self._observer.connected(len(self.streams))
                 logger.info("proxy %s disconnected", stream.label or conn_id)
@@ -308,6 +314,11 @@ class AdsServicer:
                 if stream.change_seen is None:
                     stream.change_seen = seen
                 stream.wake.set()
+
+
+def _consume(task: asyncio.Future[None]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _metadata(struct: Any) -> dict[str, Any]:

@@ -63,21 +63,24 @@ class Request:
 def parse_request(url: str, method: str = "GET", headers: Sequence[str] = ()) -> Request:
     """A Request from curl-like input: `http://HOST[:PORT]/PATH?QUERY`, `-X METHOD`, and
     `-H NAME:VALUE` each. Raises UsageError for what cannot be a request."""
-    parts = urlsplit(url)
+    try:
+        # urlsplit, .hostname and .port each raise ValueError on a malformed authority
+        # (`http://[::1:9080/`, a port out of range, a bracketed host that is no IP address).
+        parts = urlsplit(url)
+        hostname, given_port = parts.hostname, parts.port
+    except ValueError as exc:
+        raise UsageError(f"{url!r}: not a valid URL ({exc})") from None
     if parts.scheme not in _DEFAULT_PORTS:
         raise UsageError(f"{url!r}: give a URL with http:// or https:// (e.g. http://reviews.bookinfo.mesh:9080/)")
-    if not parts.hostname:
+    if not hostname:
         raise UsageError(f"{url!r}: the URL names no host")
-    try:
-        port = parts.port or _DEFAULT_PORTS[parts.scheme]
-    except ValueError as exc:
-        raise UsageError(f"{url!r}: {exc}") from exc
+    port = given_port or _DEFAULT_PORTS[parts.scheme]
     if not method or not method.isalpha():
         raise UsageError(f"-X {method!r}: not an HTTP method")
     return Request(
         method=method.upper(),
         scheme=parts.scheme,
-        host=parts.hostname,
+        host=hostname,
         port=port,
         path=parts.path or "/",
         query=parts.query,

@@ -80,6 +80,8 @@ class FakeConsul:
         self.acl_token = acl_token
         self.zero_index = False
         self.requests: list[RecordedRequest] = []
+        #: Bytes of every answer's body so far: what clients were made to read.
+        self.bytes_sent = 0
         self._port = port
         self._cond = threading.Condition()
         self._index = 1
@@ -682,3 +684,5 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         self.end_headers()
         self.wfile.write(body)
+        with self.server.fake._cond:
+            self.server.fake.bytes_sent += len(body)
