@@ -207,6 +207,16 @@ class SotwSubscription:
         #: started by a reconnect naming a version: if it is the current one, the node holds it
         self._resumed = False
 
+    @property
+    def held_names(self) -> int:
+        """How many names the client made this subscription hold (the wildcard aside)."""
+        return len(self.names)
+
+    def names_after(self, request: discovery_pb2.DiscoveryRequest) -> int:
+        """At most how many names this subscription holds once `request` is applied: what a
+        client is charged before it is (`limits.ClientLedger`)."""
+        return len(request.resource_names)
+
     def handle(self, request: discovery_pb2.DiscoveryRequest) -> RequestOutcome:
         """Apply one request. A NACK of the version already rejected (the node says it again, as
         Envoy does when it changes its names after a NACK) is `repeated`."""
@@ -426,6 +436,20 @@ class DeltaSubscription:
         self.nack: Nack | None = None
         #: A ResourceSet found to need no push; the same set needs none until a request comes.
         self._settled: ResourceSet | None = None
+        #: initial resource versions the first request claimed
+        self._claimed = 0
+
+    @property
+    def held_names(self) -> int:
+        """How many names the client made this subscription hold: those subscribed, and the
+        initial resource versions it claimed (kept while the stream lives)."""
+        return len(self.names) + self._claimed
+
+    def names_after(self, request: discovery_pb2.DeltaDiscoveryRequest) -> int:
+        """At most how many names this subscription holds once `request` is applied (raises
+        `SubscriptionLimitError` past `max_names`): what a client is charged before it is."""
+        claimed = self._claimed if self.started else len(request.initial_resource_versions)
+        return self._check_limits(request) + claimed
 
     def handle(self, request: discovery_pb2.DeltaDiscoveryRequest) -> RequestOutcome:
         self._check_limits(request)
@@ -438,6 +462,7 @@ class DeltaSubscription:
             changed = True
             # Interned: a thousand proxies resuming on this replica name the same resources.
             self.known.update((sys.intern(n), sys.intern(v)) for n, v in request.initial_resource_versions.items())
+            self._claimed = len(request.initial_resource_versions)
             if not request.resource_names_subscribe and self._wildcard_when_empty:
                 self.wildcard = True
         for name in request.resource_names_subscribe:
@@ -463,20 +488,22 @@ class DeltaSubscription:
             return RequestOutcome(kind, changed)
         return self._answered(request, kind, changed)
 
-    def _check_limits(self, request: discovery_pb2.DeltaDiscoveryRequest) -> None:
-        """Raise before anything changes if the request would pass `max_names`."""
+    def _check_limits(self, request: discovery_pb2.DeltaDiscoveryRequest) -> int:
+        """Raise before anything changes if the request would pass `max_names`; else at most
+        how many names are subscribed once it is applied."""
         limit = self._max_names
         if not self.started and len(request.initial_resource_versions) > limit:
             count = len(request.initial_resource_versions)
             raise _too_many(self.type_url, count, "initial resource versions", limit)
         subscribe = request.resource_names_subscribe
         if len(self.names) + len(subscribe) <= limit:
-            return
+            return len(self.names) + len(subscribe)
         unsubscribe = set(request.resource_names_unsubscribe)
         adding = {n for n in subscribe if n != WILDCARD and n not in self.names and n not in unsubscribe}
         count = len(self.names) - len(unsubscribe & self.names) + len(adding)
         if count > limit:
             raise _too_many(self.type_url, count, "names subscribed", limit)
+        return count
 
     def _answered(
         self, request: discovery_pb2.DeltaDiscoveryRequest, kind: RequestKind, changed: bool
