@@ -264,7 +264,7 @@ def serve(
     from meshctl.server.app import DEFAULT_STATE_DIR, Server, ServeSettings, split_address
     from meshctl.server.auth import XdsTls
     from meshctl.server.discovery import DebounceSettings
-    from meshctl.server.limits import StreamLimits
+    from meshctl.server.limits import StreamLimits, return_large_allocations
     from meshctl.server.notify import NotifySettings
 
     config_dir = config_dir or []
@@ -335,6 +335,7 @@ def serve(
             max_nodes_per_client=max_nodes_per_client,
         ),
     )
+    return_large_allocations()  # this process owns its allocator (see limits.return_large_allocations)
     try:
         asyncio.run(Server(settings).run())
     except (OSError, CredentialError) as exc:  # a busy or foreign address, unusable TLS files

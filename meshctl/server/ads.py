@@ -46,7 +46,7 @@ from meshctl.logs import untrusted
 from meshctl.server.cache import ProxyResources, Resolved
 from meshctl.server.connection import Connection
 from meshctl.server.encode import BlockCache, encode_delta, encode_sotw
-from meshctl.server.limits import ClientLedger, StreamLimits
+from meshctl.server.limits import ClientLedger, StreamLimits, release_free_memory
 from meshctl.server.pacing import TokenBucket
 from meshctl.server.subscription import Push, RequestKind
 from meshctl.snapshot.proxy import METADATA_KEYS, Proxy, ProxyNode, parse_node_id
@@ -60,6 +60,10 @@ TOO_MANY_NEW_STREAMS = "too many new streams on this replica; retry"
 
 #: Unsupported type URLs logged per stream; a client asking for more is not worth more lines.
 _UNSUPPORTED_LOGGED = 8
+
+
+#: A status to end a stream with, and its message.
+Ending = tuple[grpc.StatusCode, str]
 
 
 @dataclass(eq=False)
@@ -85,7 +89,7 @@ class Stream:
     #: Counted in the ledger (and in the servicer's node ids) once admitted.
     counted: bool = False
     #: Set to end the stream with this status (its binding changed): the serving task does.
-    ending: tuple[grpc.StatusCode, str] | None = None
+    ending: Ending | None = None
 
 
 class PushObserver:
@@ -145,6 +149,7 @@ class AdsServicer:
         self._left = left
         #: node id -> its streams open
         self._nodes: Counter[str] = Counter()
+        self._trim: asyncio.TimerHandle | None = None
         self._blocks = BlockCache()
 
     def handlers(self) -> grpc.GenericRpcHandler[Any, Any]:
@@ -233,10 +238,44 @@ class AdsServicer:
     async def _read(
         self, stream: Stream, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
+        """Apply the stream's requests until it ends or one of them ends it. The abort is raised
+        here, where no request is in reach: gRPC keeps the abort's exception while it finishes
+        the call, and with it everything its traceback reaches (a request of 100,000 names is
+        tens of MB parsed)."""
+        ending = await self._apply_requests(stream, requests, context)
+        if ending is None:
+            return
+        # gRPC's request iterator is an async generator holding the last request it yielded,
+        # and lives as long as the call: closed, it lets go of it.
+        aclose = getattr(requests.__aiter__(), "aclose", None)
+        del requests
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
+        if ending[0] is grpc.StatusCode.RESOURCE_EXHAUSTED:
+            self._trim_soon()
+        await context.abort(*ending)
+
+    def _trim_soon(self) -> None:
+        """Release the free memory a refused stream's requests took, a second after (once for a
+        burst of refusals): see `limits.release_free_memory`."""
+        if self._trim is None:
+            self._trim = asyncio.get_running_loop().call_later(1.0, self._release_free_memory)
+
+    def _release_free_memory(self) -> None:
+        self._trim = None
+        release_free_memory()
+
+    async def _apply_requests(
+        self, stream: Stream, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Ending | None:
+        """The requests of a stream applied to its connection; the status to end it with, if any."""
         conn = stream.connection
         async for request in requests:
             if stream.node is None:
-                await self._admit(stream, request, context)
+                refusal = await self._admit(stream, request, context)
+                if refusal is not None:
+                    return refusal
             type_url = request.type_url
             if type_url not in types.SHORT_NAMES:
                 if len(stream.unsupported) < _UNSUPPORTED_LOGGED and type_url not in stream.unsupported:
@@ -247,34 +286,37 @@ class AdsServicer:
                 outcome = conn.handle(type_url, request)
             except SubscriptionLimitError as exc:
                 logger.warning("ended the stream of proxy %s: %s", stream.label, exc)
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+                return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
             if outcome.kind is RequestKind.NACK and not outcome.repeated:
                 short = types.SHORT_NAMES[type_url]
                 logger.warning("proxy %s rejected %s: %s", stream.label, short, untrusted(outcome.error, 2000))
                 self._observer.rejected(stream, type_url, outcome.error)
             stream.wake.set()
+        return None
 
-    async def _admit(self, stream: Stream, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        """The first request: parse and authorize its node, then bind it and generate its config."""
+    async def _admit(
+        self, stream: Stream, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Ending | None:
+        """The first request: parse and authorize its node, then bind it and generate its config;
+        the status to end the stream with when it may not be served."""
         if not request.HasField("node") or not request.node.id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first request must carry node.id")
+            return grpc.StatusCode.INVALID_ARGUMENT, "the first request must carry node.id"
         try:
             node = parse_node_id(request.node.id, _metadata(request.node.metadata))
         except NodeIdError as exc:
             logger.warning("refused a stream from %s: %s", context.peer(), exc)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
         stream.label = untrusted(node.id)
         if self._authorize is not None:
             attested = self._authorize(node, context)
             if isinstance(attested, str):
                 logger.warning("refused node %s from %s: %s", stream.label, context.peer(), attested)
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, attested)
-            else:
-                node = attested
+                return grpc.StatusCode.PERMISSION_DENIED, attested
+            node = attested
         over = self.ledger.open(stream.client, node.id, certified=stream.certified)
         if over is not None:
             logger.warning("refused node %s from %s: %s", stream.label, context.peer(), over)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, over)
+            return grpc.StatusCode.RESOURCE_EXHAUSTED, over
         conn = stream.connection
         stream.node = node
         stream.counted = True
@@ -287,10 +329,11 @@ class AdsServicer:
             await self._bind(stream, self._snapshot())
         except BindingError as exc:
             logger.warning("ended the stream of proxy %s: %s", stream.label, exc)
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            return grpc.StatusCode.PERMISSION_DENIED, str(exc)
         except Exception:
             logger.exception("generating config for %s failed", stream.label)
-            await context.abort(grpc.StatusCode.INTERNAL, "config generation failed; see the server log")
+            return grpc.StatusCode.INTERNAL, "config generation failed; see the server log"
+        return None
 
     async def _bind(self, stream: Stream, snapshot: object | None) -> None:
         node = stream.node

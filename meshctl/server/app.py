@@ -274,6 +274,7 @@ class Server:
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
                 ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+                ("grpc.http2.bdp_probe", 0),
                 ("grpc.keepalive_time_ms", 30_000),
                 ("grpc.keepalive_timeout_ms", 10_000),
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),

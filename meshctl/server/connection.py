@@ -150,7 +150,9 @@ class Connection:
                 if need > charged:
                     self._ledger.charge(self.client, need - charged, type_url)
                     charged = self._charged[type_url] = need
-            outcome = sub.handle(request)
+            # Names are kept as the offered resources' own strings: shared, never interned.
+            offered = self.resources.of(type_url) if self.resources is not None else {}
+            outcome = sub.handle(request, offered)
         except SubscriptionLimitError:
             if new:
                 del self.subscriptions[type_url]

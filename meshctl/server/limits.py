@@ -21,11 +21,21 @@ every service of a 10,000-service mesh watches about as many assignments.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
 from meshctl.errors import SubscriptionLimitError
 from meshctl.server.subscription import MAX_NAMES
+
+logger = logging.getLogger("meshctl.server.limits")
+
+#: glibc's `mallopt` parameter for the size from which allocations are mapped on their own.
+_M_MMAP_THRESHOLD = -3
+#: Allocations from this size on are mapped on their own and unmapped when freed.
+MMAP_THRESHOLD = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,3 +142,43 @@ class ClientLedger:
     def streams_of(self, client: str) -> int:
         held = self._clients.get(client)
         return held.streams if held is not None else 0
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c"))
+    except (OSError, TypeError):
+        return None
+
+
+def release_free_memory() -> None:
+    """Give the system back the free pages of every glibc arena (`malloc_trim`): after a stream
+    refused for sending too much, what parsing its requests took is free but still counted in
+    the server's RSS. A no-op elsewhere."""
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+def return_large_allocations() -> bool:
+    """Have glibc map every allocation of `MMAP_THRESHOLD` bytes or more on its own, so it goes
+    back to the system when freed; True when it was set (glibc only).
+
+    By default glibc raises that threshold to the largest block freed so far (up to 32 MB): after
+    a few large requests were parsed and dropped (a client sending 100,000 names at once, refused),
+    the blocks of later ones come from the heap, and the heap does not shrink. The server's RSS
+    then keeps what a burst of refused requests took (70 MB for eight streams) although nothing
+    holds it. A fixed threshold stops that adjustment. For the process that owns its allocator
+    (`meshctl serve`), not a server embedded in another program.
+    """
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False  # not glibc: its allocator has its own ways
+    if mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:
+        logger.debug("mallopt(M_MMAP_THRESHOLD) refused; large allocations follow glibc's defaults")
+        return False
+    return True
