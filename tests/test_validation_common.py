@@ -8,6 +8,7 @@ import pytest
 from conftest import DR, SC, SE, VS, document, load
 
 from meshctl.config.loader import load_text
+from meshctl.config.validation.common import header_name_problem, header_value_problem
 
 
 def test_finding_names_file_line_resource_and_field() -> None:
@@ -41,3 +42,12 @@ def test_every_problem_in_a_resource_is_reported_at_once() -> None:
 def test_an_empty_mapping_counts_as_set(kind: str, spec: str, message: str) -> None:
     _, findings = load(kind, spec)
     assert [message in f.message for f in findings] == [True]
+
+
+def test_header_names_and_values_envoy_adds_are_at_most_16_kib() -> None:
+    """Envoy's `HeaderValue` takes at most 16384 bytes of name and of value: a longer one in a
+    VirtualService's header operations makes every proxy refuse the route configuration."""
+    assert header_value_problem("v" * 16384) is None
+    assert "16385 bytes long: Envoy takes at most 16384" in (header_value_problem("v" * 16385) or "")
+    assert "Envoy takes at most 16384" in (header_value_problem("é" * 8193) or "")  # bytes, not characters
+    assert "Envoy takes at most 16384" in (header_name_problem("x" * 16385) or "")

@@ -321,6 +321,46 @@ a DestinationRule with a workloadSelector can only be exported to its namespace
     exportTo: ['*']  # <-
 """,
     ),
+    # Durations Envoy cannot hold: it takes every duration in int64 nanoseconds, and keepalive
+    # times in 32-bit seconds.
+    *cases(
+        DR,
+        """
+[dr-connect-timeout-beyond-envoy] spec.trafficPolicy.connectionPool.tcp.connectTimeout
+duration "99999999999999h" is longer than Envoy can hold
+    host: r.mesh
+    trafficPolicy:
+      connectionPool:
+        tcp:
+          connectTimeout: 99999999999999h  # <-
+
+[dr-outlier-interval-beyond-envoy] spec.trafficPolicy.outlierDetection.interval
+duration "9223372036s" is longer than Envoy can hold
+    host: r.mesh
+    trafficPolicy:
+      outlierDetection:
+        interval: 9223372036s  # <-
+
+[dr-ring-size-beyond-envoy] spec.trafficPolicy.loadBalancer.consistentHash.ringHash.minimumRingSize
+minimumRingSize 9000000 is more than Envoy takes (at most 8388608)
+    host: r.mesh
+    trafficPolicy:
+      loadBalancer:
+        consistentHash:
+          httpHeaderName: x-user
+          ringHash:
+            minimumRingSize: 9000000  # <-
+
+[dr-keepalive-beyond-32-bits] spec.trafficPolicy.connectionPool.tcp.tcpKeepalive.time
+tcpKeepalive.time of 4294967296s is longer than Envoy can hold here
+    host: r.mesh
+    trafficPolicy:
+      connectionPool:
+        tcp:
+          tcpKeepalive:
+            time: 4294967296s  # <-
+""",
+    ),
 ]
 
 WARNINGS = [

@@ -18,6 +18,30 @@ ERRORS = [
 a Gateway needs at least one server
     selector: {istio: ingressgateway}
 
+[gw-certificate-hash-not-sha256] spec.servers[0].tls.verifyCertificateHash[0]
+"abc" is not a hex SHA-256 of a certificate
+    servers:
+    - port: {number: 443, name: https, protocol: HTTPS}
+      hosts: [shop.example.com]
+      tls:
+        mode: MUTUAL
+        serverCertificate: /etc/certs/cert.pem
+        privateKey: /etc/certs/key.pem
+        caCertificates: /etc/certs/ca.pem
+        verifyCertificateHash: [abc]  # <-
+
+[gw-certificate-spki-not-sha256] spec.servers[0].tls.verifyCertificateSpki[0]
+is not a base64 SHA-256 of a public key
+    servers:
+    - port: {number: 443, name: https, protocol: HTTPS}
+      hosts: [shop.example.com]
+      tls:
+        mode: MUTUAL
+        serverCertificate: /etc/certs/cert.pem
+        privateKey: /etc/certs/key.pem
+        caCertificates: /etc/certs/ca.pem
+        verifyCertificateSpki: ["c2hh"]  # <-
+
 [gw-no-hosts] spec.servers[0].hosts
 a server needs at least one host
     servers:

@@ -87,7 +87,7 @@ is not a valid URL: it needs a host
       jwksUri: https:///jwks.json  # <-
 
 [ra-jwks-uri-port] spec.jwtRules[0].jwksUri
-a port (if given) in 1..65535
+its port "99999" is not a number in 1..65535
     jwtRules:
     - issuer: issuer-foo
       jwksUri: https://example.com:99999/jwks.json  # <-
@@ -99,13 +99,13 @@ jwks parse error: not JSON
       jwks: "{keys: ["  # <-
 
 [ra-jwks-key-without-type] spec.jwtRules[0].jwks
-jwks parse error: key 0 has an unknown kty None
+jwks parse error: key 0: kty must be a string (RSA, EC, oct or OKP), found None
     jwtRules:
     - issuer: issuer-foo
       jwks: '{"keys": [{"n": "abc", "e": "AQAB"}]}'  # <-
 
 [ra-jwks-rsa-without-exponent] spec.jwtRules[0].jwks
-jwks parse error: RSA key 1 lacks e
+jwks parse error: key 1: RSA key lacks e
     jwtRules:
     - issuer: issuer-foo
       jwks: '{"keys": [{"kty": "oct", "k": "c2VjcmV0"}, {"kty": "RSA", "n": "abc"}]}'  # <-
@@ -243,6 +243,97 @@ empty key is not allowed in a selector
 """,
 )
 
+# What Istio's Go parsers take and every Envoy refuses: a jwksUri its URL parser cannot read, and
+# key sets jwt_verify_lib cannot (measured against Envoy: tests/test_e2e_envoy_refusals.py).
+_RSA_EVEN = base64.urlsafe_b64encode((1 << 2047).to_bytes(256, "big")).rstrip(b"=").decode()
+_SECP256K1_X = _b64url(0x79BE667EF9DCBBAC55A06295CE870B07029BFCDB2DCE28D959F2815B16F81798)
+ERRORS += cases(
+    RA,
+    f"""
+[ra-jwks-uri-pipe-in-host] spec.jwtRules[0].jwksUri
+host "a|b" is not a DNS name or an IP address
+    jwtRules:
+    - issuer: issuer-foo
+      jwksUri: "http://a|b:80/"  # <-
+
+[ra-jwks-uri-space] spec.jwtRules[0].jwksUri
+printable ASCII only
+    jwtRules:
+    - issuer: issuer-foo
+      jwksUri: "http://example.com/a b"  # <-
+
+[ra-jwks-uri-nul] spec.jwtRules[0].jwksUri
+printable ASCII only
+    jwtRules:
+    - issuer: issuer-foo
+      jwksUri: "http://exa\\0mple.com/"  # <-
+
+[ra-jwks-uri-non-ascii-host] spec.jwtRules[0].jwksUri
+printable ASCII only
+    jwtRules:
+    - issuer: issuer-foo
+      jwksUri: "http://b\u00fccher.example/"  # <-
+
+[ra-jwks-uri-two-at] spec.jwtRules[0].jwksUri
+more than one "@"
+    jwtRules:
+    - issuer: issuer-foo
+      jwksUri: "http://u@v@example.com/"  # <-
+
+[ra-jwks-uri-empty-port] spec.jwtRules[0].jwksUri
+is not a valid URL
+    jwtRules:
+    - issuer: issuer-foo
+      jwksUri: "http://example.com:/keys"  # <-
+
+[ra-jwks-rsa-even-modulus] spec.jwtRules[0].jwks
+RSA modulus n (2048 bits, even) is not a valid key
+    jwtRules:
+    - issuer: issuer-foo
+      jwks: '{{"keys": [{{"kty": "RSA", "n": "{_RSA_EVEN}", "e": "AQAB"}}]}}'  # <-
+
+[ra-jwks-rsa-exponent] spec.jwtRules[0].jwks
+RSA exponent e=5 is not 3 or 65537
+    jwtRules:
+    - issuer: issuer-foo
+      jwks: '{{"keys": [{{"kty": "RSA", "n": "{_RSA_EVEN}", "e": "BQ"}}]}}'  # <-
+
+[ra-jwks-unsupported-curve] spec.jwtRules[0].jwks
+curve "secp256k1" is not supported
+    jwtRules:
+    - issuer: issuer-foo
+      jwks: '{{"keys": [{{"kty": "EC", "crv": "secp256k1", "x": "{_SECP256K1_X}", "y": "{_SECP256K1_X}"}}]}}'  # <-
+
+[ra-jwks-point-off-curve] spec.jwtRules[0].jwks
+x and y are not a point on P-256
+    jwtRules:
+    - issuer: issuer-foo
+      jwks: '{{"keys": [{{"kty": "EC", "crv": "P-256", "x": "{_SECP256K1_X}", "y": "{_SECP256K1_X}"}}]}}'  # <-
+
+[ra-jwks-empty-set] spec.jwtRules[0].jwks
+the key set has no keys
+    jwtRules:
+    - issuer: issuer-foo
+      jwks: '{{"keys": []}}'  # <-
+
+[ra-from-header-prefix-line-break] spec.jwtRules[0].fromHeaders[0].prefix
+contains a NUL, carriage return or line feed
+    jwtRules:
+    - issuer: issuer-foo
+      jwksUri: https://example.com/keys
+      fromHeaders:
+      - name: x-jwt
+        prefix: "Bearer\\n"  # <-
+
+[ra-timeout-beyond-envoy] spec.jwtRules[0].timeout
+longer than Envoy can hold here
+    jwtRules:
+    - issuer: issuer-foo
+      jwksUri: https://example.com/keys
+      timeout: 4294967296s  # <-
+""",
+)
+
 
 @pytest.mark.parametrize(("kind", "spec", "field", "message"), ERRORS)
 def test_broken_rule_is_an_error_at_its_field(kind: str, spec: str, field: str, message: str) -> None:
@@ -267,7 +358,7 @@ workload selector has no labels: the RequestAuthentication applies to every work
 jwksUri is ignored: the rule's jwks is used
     jwtRules:
     - issuer: issuer-foo
-      jwks: '{"keys": []}'
+      jwks: '{"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}'
       jwksUri: https://example.com/.well-known/jwks.json  # <-
 
 [ra-no-keys] spec.jwtRules[0]
@@ -299,16 +390,19 @@ def test_questionable_config_is_a_warning_at_its_field(kind: str, spec: str, fie
 
 
 @pytest.mark.parametrize(
-    "jwks",
+    ("jwks", "reason"),
     [
-        '{"keys": []}',
-        '{"kty": "RSA", "n": "abc", "e": "AQAB"}',
-        '{"keys": [{"kty": "OKP", "crv": "Ed25519", "x": "abc"}, {"kty": "oct", "k": "c2VjcmV0"}]}',
+        ('{"keys": []}', "the key set has no keys"),
+        ('{"kty": "RSA", "n": "abc", "e": "AQAB"}', 'no "keys" list'),
+        ('{"keys": [{"kty": "OKP", "crv": "Ed25519", "x": "abc"}]}', "not a 32-byte Ed25519 public key"),
+        ('{"keys": [{"kty": "oct", "k": "c2VjcmV0"}], "keys": []}', '"keys" is written twice'),
     ],
 )
-def test_key_sets_and_single_keys_parse(jwks: str) -> None:
-    """Istio parses `jwks` with jwx's `jwk.Parse`, which takes a set or one key."""
-    assert jwks_problem(jwks) is None
+def test_key_sets_envoy_cannot_read_are_refused(jwks: str, reason: str) -> None:
+    """jwx's `jwk.Parse` (Istio's check) takes these, and every Envoy refuses them: an empty set,
+    one bare key, a key of the wrong size, a member written twice."""
+    problem = jwks_problem(jwks)
+    assert problem is not None and reason in problem, problem
 
 
 # Istio's documented examples (istio/api security/v1beta1/request_authentication.proto, istio.io

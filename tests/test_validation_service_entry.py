@@ -158,6 +158,19 @@ exportTo "~" (no one) cannot be combined
     exportTo: ['~', shop]  # <-
 """,
     ),
+    *cases(
+        SE,
+        """
+[se-endpoint-service-account] spec.endpoints[0].serviceAccount
+"team/a" is not a valid service account name
+    hosts: [a.mesh]
+    ports: [{number: 80, name: http, protocol: HTTP}]
+    resolution: STATIC
+    endpoints:
+    - address: 10.0.0.1
+      serviceAccount: team/a  # <-
+""",
+    ),
 ]
 
 WARNINGS = [

@@ -474,6 +474,42 @@ finer than the supported 1ms precision
       timeout: 1.0005s  # <-
 """,
     ),
+    # What Envoy writes into a request or a redirect cannot hold a NUL, CR or LF (Envoy refuses the
+    # route configuration), and a header it adds is at most 16 KiB.
+    *cases(
+        VS,
+        f"""
+[http-rewrite-uri-line-break] spec.http[0].rewrite.uri
+contains a NUL, carriage return or line feed, which Envoy refuses
+    hosts: [r.shop.mesh]
+    http:
+    - route: [{{destination: {{host: a.mesh}}}}]
+      rewrite: {{uri: "/v2\\r\\nx-injected: 1"}}  # <-
+
+[http-rewrite-authority-line-break] spec.http[0].rewrite.authority
+contains a NUL, carriage return or line feed
+    hosts: [r.shop.mesh]
+    http:
+    - route: [{{destination: {{host: a.mesh}}}}]
+      rewrite: {{authority: "a\\nb"}}  # <-
+
+[http-redirect-uri-line-break] spec.http[0].redirect.uri
+contains a NUL, carriage return or line feed
+    hosts: [r.shop.mesh]
+    http:
+    - redirect: {{uri: "/v2\\n"}}  # <-
+
+[http-header-value-too-long] spec.http[0].headers.request.set.x-big
+Envoy takes at most 16384
+    hosts: [r.shop.mesh]
+    http:
+    - route: [{{destination: {{host: a.mesh}}}}]
+      headers:
+        request:
+          set:
+            x-big: {"v" * 16385}  # <-
+""",
+    ),
 ]
 
 WARNINGS = [

@@ -109,6 +109,40 @@ port number 70000
       tcpSocket: {port: 70000}  # <-
 """,
     ),
+    *cases(
+        WE,
+        f"""
+[we-unix-path-too-long] spec.address
+is longer than Envoy takes (107 bytes)
+    address: unix:///run/{"s" * 110}.sock  # <-
+""",
+    ),
+    # A service account is the last segment of a SPIFFE URI: a Kubernetes name, no "/" (Envoy
+    # and the CA would take `payments/admin` as another path).
+    *cases(
+        WE,
+        """
+[we-service-account-slash] spec.serviceAccount
+"payments/admin" is not a valid service account name
+    address: 10.0.0.1
+    serviceAccount: payments/admin  # <-
+
+[we-service-account-uppercase] spec.serviceAccount
+"Payments" is not a valid service account name
+    address: 10.0.0.1
+    serviceAccount: Payments  # <-
+""",
+    ),
+    *cases(
+        WG,
+        """
+[wg-template-service-account] spec.template.serviceAccount
+"a/b" is not a valid service account name
+    metadata: {labels: {app: a}}
+    template:
+      serviceAccount: a/b  # <-
+""",
+    ),
 ]
 
 WARNINGS = [

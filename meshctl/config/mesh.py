@@ -18,13 +18,17 @@ file is silently ignored:
 | defaultConfig.holdApplicationUntilProxyStarts | ignored: a VM has no pod start order         |
 | anything else Istio has          | a warning: read by Istio, not applied by meshctl yet       |
 
-A file that does not load keeps the settings last loaded from it (as a config file does).
+A value every Envoy would refuse is an error at its field and line, as in a config file: a trust
+domain that is not lowercase DNS labels (Istio's rule; it is the host of every SPIFFE URI), an
+access-log format Envoy cannot parse (`validation/access_log_format.py`), a connect timeout of
+292 years or more (`validation/envoy_limits.py`). A file that does not load keeps the settings
+last loaded from it (as a config file does).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -33,6 +37,8 @@ from meshctl.config import yamlsource
 from meshctl.config.files import decode_text, read_config_file
 from meshctl.config.findings import Finding, Severity, format_path
 from meshctl.config.schema import parse_duration, parse_spec
+from meshctl.config.validation.access_log_format import access_log_format_problem
+from meshctl.config.validation.envoy_limits import duration_limit_problem, trust_domain_problem
 from meshctl.errors import ConfigError, YamlError
 
 #: Istio's root namespace: a Sidecar or DestinationRule here applies mesh-wide as a fallback.
@@ -135,30 +141,61 @@ def load_mesh_config(
         return None, [Finding(Severity.ERROR, f"cannot read file: {exc.strerror or exc}", display)]
     data: Any = docs[0].data if docs else {}
     try:
-        data = _mesh_document(data)
+        data, place = _mesh_document(data, text)
     except YamlError as exc:
         return None, [Finding(Severity.ERROR, exc.message, display, exc.line, exc.column)]
-    return mesh_settings(data, display)
+    settings, findings = mesh_settings(data, display)
+    return settings, [_placed(f, place) for f in findings]
 
 
-def _mesh_document(data: Any) -> Any:
-    """The MeshConfig mapping of a ConfigMap (`data.mesh`), of a `mesh:` key, or the document."""
+#: Where a MeshConfig field is written: (line, column) of a field path in the file.
+_Place = Callable[[tuple[str | int, ...]], tuple[int, int]]
+
+
+def _mesh_document(data: Any, text: str) -> tuple[Any, _Place]:
+    """The MeshConfig mapping of a ConfigMap (`data.mesh`), of a `mesh:` key, or the document,
+    and where each of its fields is written in `text`."""
+    outer: tuple[str, ...] = ()
     if isinstance(data, Mapping) and data.get("kind") == "ConfigMap":
         data = (data.get("data") or {}).get("mesh", "")
+        outer = ("data", "mesh")
     elif isinstance(data, Mapping) and set(data) == {"mesh"}:
         data = data["mesh"]
-    if isinstance(data, str):
-        docs = yamlsource.parse_documents(data)
-        data = docs[0].data if docs else {}
-    return data
+        outer = ("mesh",)
+    if not isinstance(data, str):
+        return data, lambda path: yamlsource.locate(text, 0, (*outer, *path))
+    docs = yamlsource.parse_documents(data)
+    inner = data
+
+    def place(path: tuple[str | int, ...]) -> tuple[int, int]:
+        # The MeshConfig is a block of text inside the file (`mesh: |`): its lines start on the
+        # line after its key, each indented by the block's indentation.
+        line, column = yamlsource.locate(inner, 0, path)
+        key_line, _ = yamlsource.locate(text, 0, outer)
+        lines = text.splitlines()
+        if not line or not key_line or key_line >= len(lines):
+            return (0, 0)
+        first = lines[key_line]
+        return key_line + line, column + len(first) - len(first.lstrip())
+
+    return (docs[0].data if docs else {}), place
+
+
+def _placed(finding: Finding, place: _Place) -> Finding:
+    """`finding` with the line and column of its field, when it names one."""
+    if not finding.field or finding.line:
+        return finding
+    path = tuple(int(p) if p.isdigit() else p for p in finding.field.replace("[", ".").replace("]", "").split("."))
+    line, column = place(path)
+    return replace(finding, line=line, column=column)
 
 
 def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettings | None, list[Finding]]:
     """MeshSettings from a MeshConfig mapping, with Istio's defaults for what it leaves out."""
     findings: list[Finding] = []
 
-    def problem(message: str, severity: Severity = Severity.ERROR) -> None:
-        findings.append(Finding(severity, message, display))
+    def problem(message: str, severity: Severity = Severity.ERROR, field: str = "") -> None:
+        findings.append(Finding(severity, message, display, field=field or message.partition(" ")[0]))
 
     if data is None:
         data = {}
@@ -179,14 +216,20 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
             policy = mode
     timeout = defaults.connect_timeout_seconds
     if "connectTimeout" in data:
-        seconds = _duration(data["connectTimeout"])
-        if seconds is None or seconds <= 0:
+        value = data["connectTimeout"]
+        nanos = parse_duration(value) if isinstance(value, str) else None
+        if nanos is None or nanos <= 0:
             problem("connectTimeout must be a positive duration (10s, 500ms)")
+        elif (too_long := duration_limit_problem(nanos, value)) is not None:
+            problem(too_long, field="connectTimeout")
         else:
-            timeout = seconds
+            timeout = nanos / 1e9
     trust = data.get("trustDomain", defaults.trust_domain)
     if not isinstance(trust, str) or not trust:
         problem("trustDomain must be a domain name")
+        trust = defaults.trust_domain
+    elif (bad_domain := trust_domain_problem(trust)) is not None:
+        problem(bad_domain, field="trustDomain")
         trust = defaults.trust_domain
     auto_mtls = data.get("enableAutoMtls", defaults.enable_auto_mtls)
     if not isinstance(auto_mtls, bool):
@@ -204,11 +247,14 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
     if not isinstance(log_format, str):
         problem("accessLogFormat must be a format string")
         log_format = ""
+    elif log_format and (bad_format := access_log_format_problem(log_format)) is not None:
+        problem(bad_format, field="accessLogFormat")
+        log_format = ""
     locality = b""
     if data.get("localityLbSetting") is not None:
         setting, issues = parse_spec(data["localityLbSetting"], LocalityLoadBalancerSetting, ("localityLbSetting",))
         for issue in issues:
-            problem(f"{format_path(issue.path)}: {issue.message}")
+            problem(f"{format_path(issue.path)}: {issue.message}", field=format_path(issue.path))
         locality = setting.SerializeToString(deterministic=True)
     exports: dict[str, frozenset[str]] = {}
     for key, field_name in _EXPORT_DEFAULTS.items():
@@ -246,8 +292,3 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
     )
     return settings, findings
 
-
-def _duration(value: Any) -> float | None:
-    """Seconds of a duration as MeshConfig writes it (Go's syntax: `10s`, `1.5s`, `500ms`)."""
-    nanos = parse_duration(value) if isinstance(value, str) else None
-    return None if nanos is None else nanos / 1e9

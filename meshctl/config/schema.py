@@ -23,6 +23,7 @@ from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescript
 from google.protobuf.message import Message
 
 from meshctl.config.findings import FieldPath
+from meshctl.config.validation.envoy_limits import duration_limit_problem
 
 M = TypeVar("M", bound=Message)
 
@@ -58,7 +59,6 @@ _UNIT_NANOS = {
     "m": 60 * 10**9,
     "h": 3600 * 10**9,
 }
-_MAX_DURATION_SECONDS = 315_576_000_000  # protobuf Duration's range
 
 
 def parse_duration(text: str) -> int | None:
@@ -393,8 +393,10 @@ class _Parser:
                 return
             seconds, rest = divmod(abs(nanos), 1_000_000_000)
             sign = -1 if nanos < 0 else 1
-            if seconds > _MAX_DURATION_SECONDS:
-                self.fail(path, f'duration "{data}" is too long')
+            # Every duration of a resource ends up in Envoy, which holds less than protobuf can.
+            too_long = duration_limit_problem(nanos, data)
+            if too_long is not None:
+                self.fail(path, too_long)
                 return
             msg.seconds = sign * seconds  # type: ignore[attr-defined]
             msg.nanos = sign * rest  # type: ignore[attr-defined]

@@ -200,7 +200,7 @@ class Server:
             members.append(self.consul)
         self.registry = AggregateRegistry(members)
         self.metrics = Metrics()
-        self.cache = ResourceCache()
+        self.cache = ResourceCache(on_failure=self.metrics.internal_errors.inc)
         self.mesh_config = MeshConfigFile(settings.mesh_config, settings.mesh) if settings.mesh_config else None
         mesh = self.mesh_config.settings if self.mesh_config is not None else settings.mesh
         self.discovery = Discovery(self.store, self.registry, self._publish, mesh=mesh, debounce=settings.debounce)

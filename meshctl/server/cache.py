@@ -24,6 +24,14 @@ the same route config and the same outbound clusters). Equal resources are inter
 thousand proxies hold one copy of each, and equal sets of them are one `ResourceSet`, whose set
 version is computed once for every stream that is sent it.
 
+Generation failing for one proxy (an input validation let through, a generator bug) stops only
+that proxy: it keeps its last good config (`resources` hands back the last view generated for its
+key, and /debug/syncz shows its snapshot behind the latest), every other proxy gets the
+publication, the failure is counted (`pilot_total_xds_internal_errors`), and the error is logged
+once per key and config version, naming the proxy and the inputs that changed since its last
+good config (`changed_inputs`), the likely culprit. A proxy with no good config yet gets the
+error (the server refuses its stream rather than sending half a config).
+
 A resource's version is a hash of its serialized bytes, so two replicas fed the same inputs give
 Envoy the same versions. Only the two most recent config and snapshot versions are kept (the
 current one, and the one before for a change that is undone): a fleet-wide change otherwise
@@ -32,15 +40,17 @@ leaves a full copy of every proxy's config behind per version.
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Generic, TypeVar
 
 from google.protobuf.message import Message
 
+from meshctl.config.model import ConfigKey
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyNode, bind_proxy, outbound_of
 from meshctl.snapshot.scope import ProxyScope, rule_digest
@@ -60,6 +70,28 @@ from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.memo import GenerationMemo
 from meshctl.xds.names import eds_cluster_names, parse_cluster_name
 from meshctl.xds.resources import Resource, ResourceSet, to_resource
+
+logger = logging.getLogger("meshctl.server.cache")
+
+#: How many changed inputs a generation error names.
+_NAMED_INPUTS = 5
+#: Failures logged, remembered so each is logged once (per key and config version).
+_MAX_FAILURES_REMEMBERED = 10_000
+
+
+class GenerationError(Exception):
+    """A proxy's config could not be generated and it has no earlier config to keep."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _LastGood:
+    """The last view generated for a key, the snapshot it came from (to say what changed since),
+    and the snapshot version it was last asked for at (to forget keys no proxy asks for, and the
+    snapshots they hold)."""
+
+    view: ProxyResources
+    snapshot: Snapshot
+    asked_at: str
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -176,7 +208,9 @@ def _rules_digest(snapshot: Snapshot) -> bytes:
 class ResourceCache:
     """Shared, serialized resources for every proxy; safe to call from several threads."""
 
-    def __init__(self, *, keep_versions: int = 2) -> None:
+    def __init__(self, *, keep_versions: int = 2, on_failure: Callable[[], object] | None = None) -> None:
+        #: called (outside the lock) for each proxy view whose generation failed: a metric
+        self._on_failure = on_failure
         self._memos = GenerationMemos()
         self._memo_version = ""
         self._lock = threading.Lock()
@@ -212,6 +246,11 @@ class ResourceCache:
         self.outbound_generations = 0
         self.cluster_generations = 0  # outbound parts whose clusters had to be generated
         self.eds_builds = 0
+        #: Proxy views whose generation failed (each kept its last good config, or had none).
+        self.generation_failures = 0
+        #: the last good view per generation key, for a proxy whose generation fails
+        self._last_good: dict[tuple[object, ...], _LastGood] = {}
+        self._failures_logged: set[tuple[str, tuple[object, ...]]] = set()
 
     def route_translations(self) -> tuple[int, int]:
         """VirtualService translations run and reused (`RouteMemo`), for the tests and benchmarks."""
@@ -229,19 +268,73 @@ class ResourceCache:
         return Resolved(proxy, self.resources(snapshot, proxy))
 
     def resources(self, snapshot: Snapshot, proxy: Proxy) -> ProxyResources:
+        """Everything `proxy` may be sent at `snapshot`; when generating it fails, the last good
+        view of its key (see the module docstring), or GenerationError when there is none."""
         key = proxy.generation_key()
         with self._lock:
             view = self._views.get(snapshot.version, key)
         if view is not None:
             return view
+        try:
+            view = self._generate_view(snapshot, proxy, key)
+        except Exception as exc:
+            return self._last_good_for(snapshot, proxy, key, exc)
+        with self._lock:
+            dropped = self._views.put(snapshot.version, key, view)
+            self._last_good[key] = _LastGood(view, snapshot, snapshot.version)
+            if dropped:
+                self._forget_last_good()
+        return view
+
+    def _last_good_for(
+        self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...], exc: Exception
+    ) -> ProxyResources:
+        """The view a proxy keeps when its generation failed; the error logged once per key and
+        config version, naming the inputs that changed since that view."""
+        with self._lock:
+            self.generation_failures += 1
+            last = self._last_good.get(key)
+            if last is not None:
+                self._last_good[key] = _LastGood(last.view, last.snapshot, snapshot.version)
+            first = (snapshot.config_version, key) not in self._failures_logged
+            if len(self._failures_logged) >= _MAX_FAILURES_REMEMBERED:
+                self._failures_logged.clear()  # bounded even if nothing ever generates again
+            self._failures_logged.add((snapshot.config_version, key))
+        if self._on_failure is not None:
+            self._on_failure()
+        inputs = changed_inputs(last.snapshot, snapshot) if last is not None else []
+        named = ", ".join(inputs[:_NAMED_INPUTS]) + (
+            f" and {len(inputs) - _NAMED_INPUTS} more" if len(inputs) > _NAMED_INPUTS else ""
+        )
+        where = f"proxy {proxy.id}" + (f" (workload {proxy.workload})" if proxy.workload else "")
+        if last is None:
+            raise GenerationError(
+                f"cannot generate config for {where} at snapshot {snapshot.version}: {type(exc).__name__}: {exc}"
+            ) from exc
+        if first:
+            logger.error(
+                "cannot generate config for %s at snapshot %s (%s: %s); it keeps its last good config "
+                "(snapshot %s). Inputs changed since: %s",
+                where, snapshot.version, type(exc).__name__, exc, last.view.snapshot_version, named or "none",
+                exc_info=exc,
+            )  # fmt: skip
+        return last.view
+
+    def _forget_last_good(self) -> None:
+        """Drop what no proxy asked for at a snapshot version still kept (proxies that left), so
+        the last good views, and the snapshots they hold, do not pile up. Called with the lock
+        held."""
+        kept = set(self._views.versions)
+        self._last_good = {k: g for k, g in self._last_good.items() if g.asked_at in kept}
+        configs = set(self._config.versions)
+        self._failures_logged = {f for f in self._failures_logged if f[0] in configs}
+
+    def _generate_view(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> ProxyResources:
         config = self._config_for(snapshot, proxy, key)
         by_type: dict[str, Mapping[str, Resource]] = dict(config.by_type)
         views = eds_localities(snapshot, proxy, config.eds_names) if proxy.locality else {}
         by_type[types.ENDPOINT] = self._eds_set(snapshot, config.eds_names, views)
-        view = ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
-        with self._lock:
-            self._views.put(snapshot.version, key, view)
-        return view
+        return ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
 
     def _config_for(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> _Config:
         with self._lock:
@@ -423,3 +516,21 @@ class ResourceCache:
             else:
                 self._eds_variants[(cluster, locality)] = (view, resource)
         return resource, view
+
+
+def changed_inputs(before: Snapshot, now: Snapshot) -> list[str]:
+    """The inputs that differ between two snapshots, each as `kind namespace/name (file:line)`
+    (or `MeshConfig`): what a generation error that did not happen at `before` comes from."""
+    out: list[str] = []
+    if before.mesh != now.mesh:
+        out.append("MeshConfig")
+    for kind in sorted(set(before.kind_digests) | set(now.kind_digests)):
+        if before.kind_digests.get(kind) == now.kind_digests.get(kind):
+            continue
+        old: dict[ConfigKey, str] = {c.key: c.content_digest() for c in before.of_kind(kind)}
+        for config in now.of_kind(kind):
+            if old.get(config.key) != config.content_digest():
+                out.append(f"{config.key} ({config.source})")
+    if before.registry_digest != now.registry_digest:
+        out.append("the registry's services")
+    return out

@@ -169,6 +169,10 @@ class Metrics(PushObserver):
             _TRIGGERS,
         )
         self.services = Gauge("pilot_services", "Total services known to pilot.")
+        # Istio's name; here, proxy configs that could not be generated (each kept its last good one).
+        self.internal_errors = Counter(
+            "pilot_total_xds_internal_errors", "Total number of internal XDS errors in pilot."
+        )
         self.config_size = Histogram(
             "pilot_xds_config_size_bytes",
             "Distribution of configuration sizes pushed to clients",
@@ -185,6 +189,7 @@ class Metrics(PushObserver):
             self.triggers,
             self.services,
             self.config_size,
+            self.internal_errors,
         )
 
     # PushObserver

@@ -56,6 +56,8 @@ from envoy.extensions.path.match.uri_template.v3 import uri_template_match_pb2
 from envoy.type.matcher.v3 import metadata_pb2, path_pb2, regex_pb2, string_pb2, value_pb2
 from google.protobuf.message import Message
 
+from meshctl.config.validation.authz_values import namespace_principal_regex, service_account_principal_regex
+from meshctl.config.validation.regex_program import re2_escape
 from meshctl.security.authorization import with_trust_domain
 from meshctl.xds import jwt_metadata
 from meshctl.xds.listener_filters import cidr_range, typed
@@ -68,7 +70,6 @@ URI_TEMPLATE_MATCHER: Final = "envoy.path.match.uri_template.uri_template_matche
 #: Istio's security.MatchOneTemplate and MatchAnyTemplate in `paths`.
 _MATCH_ONE: Final = "{*}"
 _MATCH_ANY: Final = "{**}"
-_RE2_SPECIAL: Final = re.compile(r"([\\.^$|?*+()\[\]{}])")
 _PORT: Final = re.compile(r"[0-9]+")
 
 
@@ -93,11 +94,6 @@ class Translation:
 
 
 # -- Envoy matchers, as Istio's `authz/matcher` builds them --------------------------------------
-
-
-def re2_escape(text: str) -> str:
-    """`text` as an RE2 literal (only the characters RE2 gives a meaning, so names stay legible)."""
-    return _RE2_SPECIAL.sub(r"\\\1", text)
 
 
 def regex_matcher(regex: str) -> string_pb2.StringMatcher:
@@ -275,7 +271,7 @@ def _nested_brackets(field: str, text: str) -> list[str]:
 
 
 def _namespace_principal(value: str) -> rbac_pb2.Principal:
-    regex = ".*/ns/" + ".*".join(re2_escape(part) for part in value.split("*")) + "/.*"
+    regex = namespace_principal_regex(value)
     return Principal(authenticated=Principal.Authenticated(principal_name=regex_matcher(regex)))
 
 
@@ -289,7 +285,7 @@ def _service_account(policy_namespace: str) -> OneValue:
         namespace, sep, account = value.partition("/")
         if not sep:
             namespace, account = policy_namespace, value
-        regex = f"spiffe://.+/ns/{re2_escape(namespace)}/(.+/|)sa/{re2_escape(account)}(/.+)?"
+        regex = service_account_principal_regex(namespace, account)
         return Principal(authenticated=Principal.Authenticated(principal_name=regex_matcher(regex)))
 
     return build

@@ -9,6 +9,8 @@
   no empty strings in any list; IP blocks are addresses or CIDR blocks; ports are numbers up to
   65535; path templates (`{*}`, `{**}`) are well formed; a `when` condition has a known key
   (`authz_values`) and at least one of `values` and `notValues`, each valid for its key.
+- Values Envoy matches by a regex (namespaces, principals led by `*`) short enough for the
+  regex to compile under Envoy's program size limit (`regex_program`).
 - Istio's warning for a DENY rule made only of HTTP attributes: on a TCP port those cannot be
   checked, so the rule matches, and denies, every connection.
 
@@ -31,10 +33,14 @@ from meshctl.config.validation.authz_values import (
     PORT_KEY,
     SERVICE_ACCOUNT_KEY,
     condition_key_problem,
+    condition_regex_problem,
     condition_value_problem,
     ip_block_problem,
+    namespace_principal_regex,
     path_template_problem,
     port_value_problem,
+    principal_regex,
+    regex_size_problem,
     wildcard_problem,
 )
 from meshctl.config.validation.common import Report, enum_name
@@ -63,6 +69,11 @@ _OPERATION: Final = (
     ("paths", "paths"),
     ("notPaths", "not_paths"),
 )
+#: The regex Envoy matches a value of these lists with (its size is bounded).
+_REGEXES: Final[dict[str, Callable[[str], str | None]]] = {
+    **dict.fromkeys(("namespaces", "notNamespaces"), namespace_principal_regex),
+    **dict.fromkeys(("principals", "notPrincipals"), principal_regex),
+}
 _IP_FIELDS: Final = frozenset({"ipBlocks", "notIpBlocks", "remoteIpBlocks", "notRemoteIpBlocks"})
 #: The check of each value of a list, for the lists whose values have a form.
 _VALUE_PROBLEMS: Final[dict[str, Callable[[str], str | None]]] = {
@@ -175,7 +186,7 @@ def _condition(report: Report, path: FieldPath, condition: Any) -> None:
         if key == SERVICE_ACCOUNT_KEY and len(values) > MAX_SERVICE_ACCOUNTS:
             report.error((*path, field), f"may not have more than {MAX_SERVICE_ACCOUNTS} values")
         for i, value in enumerate(values):
-            problem = condition_value_problem(key, value)
+            problem = condition_value_problem(key, value) or condition_regex_problem(key, value)
             report.error((*path, field, i), problem)
             if problem is None and not literal:
                 report.warn((*path, field, i), wildcard_problem(value))
@@ -190,6 +201,9 @@ def _check_values(report: Report, path: FieldPath, name: str, values: Iterable[s
             continue
         if problem is not None:
             report.error((*path, i), problem(value))
+        regex = _REGEXES.get(name)
+        if regex is not None:
+            report.error((*path, i), regex_size_problem(regex(value)))
         if name in _WILDCARD_FIELDS and not (name in ("paths", "notPaths") and "{" in value):
             report.warn((*path, i), wildcard_problem(value))
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 import re
 from typing import Final
 
+import re2
+
 from meshctl.config.validation.common import ip_or_cidr_problem
+from meshctl.config.validation.regex_program import RE2_MAX_PROGRAM_SIZE, program_size_problem, re2_escape
 
 MATCH_ONE: Final = "{*}"
 MATCH_ANY: Final = "{**}"
@@ -40,6 +43,42 @@ _PLAIN_KEYS: Final = frozenset(
         "connection.sni",
     }
 )
+
+
+#: How a principal's SPIFFE URI begins (`spiffe://TRUST_DOMAIN/ns/NS/sa/SA`).
+SPIFFE_PREFIX: Final = "spiffe://"
+
+
+def namespace_principal_regex(value: str) -> str:
+    """The regex a source namespace (`*` a wildcard) matches principals with, as Istio's."""
+    return ".*/ns/" + ".*".join(re2_escape(part) for part in value.split("*")) + "/.*"
+
+
+def service_account_principal_regex(namespace: str, account: str) -> str:
+    """The regex a `source.serviceAccount` condition matches principals with, as Istio's."""
+    return f"spiffe://.+/ns/{re2_escape(namespace)}/(.+/|)sa/{re2_escape(account)}(/.+)?"
+
+
+def principal_regex(value: str) -> str | None:
+    """The regex a principal led by `*` is matched with (`*/sa/x`), None when it needs none."""
+    if value == "*" or not value.startswith("*"):
+        return None
+    return re2_escape(SPIFFE_PREFIX) + ".*" + re2_escape(value[1:])
+
+
+def regex_size_problem(regex: str | None) -> str | None:
+    """A regex generated from a value that Envoy would refuse for its size (a value of tens of
+    thousands of characters): it NACKs the listener of every workload the policy selects."""
+    if regex is None or len(regex) * 2 + 64 < RE2_MAX_PROGRAM_SIZE:
+        # These regexes are literals joined by `.*`: a program of at most about two instructions
+        # per character. Only a value of thousands of characters needs compiling to be sure.
+        return None
+    try:
+        compiled = re2.compile(regex)
+    except re2.error:  # pragma: no cover - every part is escaped
+        return "the value cannot be matched as a regex"
+    problem = program_size_problem(compiled)
+    return f"the value is too long to match: its {problem}" if problem else None
 
 
 def ip_block_problem(value: str) -> str | None:
@@ -111,6 +150,15 @@ def service_account_problem(value: str) -> str | None:
         return f"expected format 'serviceAccount' or 'namespace/serviceAccount', found {value!r}"
     if len(value) > 320:
         return f"value cannot exceed 320 characters, found {value[:40]!r}..."
+    return None
+
+
+def condition_regex_problem(key: str, value: str) -> str | None:
+    """A `when` value whose regex Envoy would refuse for its size."""
+    if key == "source.namespace":
+        return regex_size_problem(namespace_principal_regex(value))
+    if key == "source.principal":
+        return regex_size_problem(principal_regex(value))
     return None
 
 

@@ -22,6 +22,7 @@ import re2
 from meshctl.config.findings import FieldPath, Severity
 from meshctl.config.hosts import is_ip
 from meshctl.config.validation import Issue
+from meshctl.config.validation.envoy_limits import header_bytes_problem
 from meshctl.config.validation.regex_program import program_size_problem
 
 UNIX_PREFIX: Final = "unix://"
@@ -43,6 +44,8 @@ _PSEUDO_HEADERS: Final = frozenset((":method", ":scheme", ":authority", ":path",
 _HEADER_VALUE_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _JWT_CLAIM_HEADER = re.compile(r"@request\.auth\.claims(\.[^.\[\]]+|\[[^\[\]]+\])+")
 _MAX_REGEX_LENGTH: Final = 1024
+#: A unix socket path holds at most 107 bytes (`sun_path`, with its NUL): Envoy refuses more.
+_MAX_UNIX_PATH: Final = 108
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # the error comes back to us; RE2 would also print it to stderr
 
@@ -158,6 +161,8 @@ def unix_address_problem(path: str) -> str | None:
     """The part after `unix://`: an absolute file path, or an abstract socket name led by `@`."""
     if not path:
         return "unix domain socket address must not be empty"
+    if len(path.encode()) >= _MAX_UNIX_PATH:
+        return f'unix domain socket path "{path[:40]}..." is longer than Envoy takes ({_MAX_UNIX_PATH - 1} bytes)'
     if path.startswith("@"):
         return None
     if not posixpath.isabs(path) or path.endswith("/"):
@@ -351,7 +356,7 @@ def header_name_problem(name: str, *, jwt_claims: bool = False, pseudo: bool = F
         return None
     if not _HEADER_NAME.fullmatch(name):
         return f'invalid header name "{name}": use letters, digits and !#$%&\'*+-.^_`|~ (an RFC 7230 token)'
-    return None
+    return header_bytes_problem(name, f"header name {name[:40]!r}...")
 
 
 def probe_header_name_problem(name: str) -> str | None:
@@ -410,6 +415,9 @@ def header_value_problem(value: str) -> str | None:
     Envoy's commands (`%HOSTNAME%`, `%REQ(x-id)%`, `%REQ(x-id):10%` to truncate)."""
     if _HEADER_VALUE_FORBIDDEN.search(value):
         return f"header value {value!r} contains control characters"
+    too_long = header_bytes_problem(value, f"header value {value[:40]!r}...")
+    if too_long is not None:
+        return too_long
     unterminated = f'header value "{value}" has an unterminated "%" variable: write a literal % as "%%"'
     i, n = 0, len(value)
     while i < n:

@@ -28,6 +28,7 @@ from meshctl.config.validation.common import (
     port_problem,
     wildcard_domain_problem,
 )
+from meshctl.config.validation.envoy_limits import ring_size_problem, seconds32_problem
 
 _MAGLEV_TABLE_LIMIT: Final = 5_000_011
 _TOPOLOGY_LABELS: Final = frozenset(
@@ -172,7 +173,12 @@ def check_connection_pool(report: Report, path: FieldPath, pool: Any) -> None:
         if tcp.HasField("tcp_keepalive"):
             for field in ("time", "interval"):
                 if tcp.tcp_keepalive.HasField(field):
-                    report.error((*at, "tcpKeepalive", field), duration_problem(getattr(tcp.tcp_keepalive, field)))
+                    value = getattr(tcp.tcp_keepalive, field)
+                    report.error((*at, "tcpKeepalive", field), duration_problem(value))
+                    # Envoy holds keepalive times in 32-bit seconds.
+                    report.error(
+                        (*at, "tcpKeepalive", field), seconds32_problem(value.seconds, f"tcpKeepalive.{field}")
+                    )
 
 
 def _is_prime(n: int) -> bool:
@@ -188,6 +194,9 @@ def _load_balancer(report: Report, path: FieldPath, lb: Any, outlier: Any | None
             _http_cookie(report, (*at, "httpCookie"), ch.http_cookie)
         if ch.minimum_ring_size:
             report.warn((*at, "minimumRingSize"), 'minimumRingSize is deprecated: use "ringHash.minimumRingSize"')
+            report.error((*at, "minimumRingSize"), ring_size_problem(ch.minimum_ring_size))
+        if ch.HasField("ring_hash"):
+            report.error((*at, "ringHash", "minimumRingSize"), ring_size_problem(ch.ring_hash.minimum_ring_size))
             if ch.WhichOneof("hash_algorithm"):
                 report.error((*at, "minimumRingSize"), 'minimumRingSize cannot be set with "ringHash" or "maglev"')
         if ch.HasField("maglev"):

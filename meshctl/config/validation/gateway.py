@@ -24,6 +24,7 @@ from meshctl.config.validation.common import (
     port_problem,
     unix_address_problem,
 )
+from meshctl.config.validation.envoy_limits import certificate_hash_problem, certificate_spki_problem
 
 # The cipher suites Envoy (BoringSSL) accepts by name.
 _CIPHER_SUITES: Final = frozenset(
@@ -150,6 +151,10 @@ def check_server_tls(report: Report, path: FieldPath, tls: Any) -> None:
         elif suite in seen:
             report.warn((*path, "cipherSuites", i), f'duplicate cipher suite "{suite}" is ignored')
         seen.add(suite)
+    for i, digest in enumerate(tls.verify_certificate_hash):
+        report.error((*path, "verifyCertificateHash", i), certificate_hash_problem(digest))
+    for i, digest in enumerate(tls.verify_certificate_spki):
+        report.error((*path, "verifyCertificateSpki", i), certificate_spki_problem(digest))
     files = {
         "serverCertificate": tls.server_certificate,
         "privateKey": tls.private_key,

@@ -17,11 +17,18 @@ The size is RE2's own count (`RE2::ProgramSize()`), the number Envoy compares: g
 
 from __future__ import annotations
 
+import re
 from typing import Final, Protocol
 
 #: `re2.max_program_size.error_level` in the bootstrap's runtime layer, and the largest program
 #: size `meshctl validate` accepts. Istio's value (`pkg/bootstrap/config.go`).
 RE2_MAX_PROGRAM_SIZE: Final = 32768
+_RE2_SPECIAL: Final = re.compile(r"([\\.^$|?*+()\[\]{}])")
+
+
+def re2_escape(text: str) -> str:
+    """`text` as an RE2 literal (only the characters RE2 gives a meaning, so names stay legible)."""
+    return _RE2_SPECIAL.sub(r"\\\1", text)
 
 
 class CompiledRegex(Protocol):

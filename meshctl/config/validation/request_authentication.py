@@ -3,10 +3,11 @@ each at its field.
 
 - What it applies to: a `selector` or `targetRef(s)`, not both (`policy_target`).
 - Each JWT rule: an `issuer` or a `jwksUri`; `jwksUri` an http or https URL with a host (and a
-  port, if given, in 1..65535); `jwks` a JSON Web Key Set (or one key) whose keys have their
-  type's members; no empty audience, header name (`fromHeaders`), query parameter or cookie
-  name; `outputClaimToHeaders` with a claim and a header name of letters, digits and `-` (so no
-  `:authority`-style pseudo-header); `timeout` at least 1ms, in whole milliseconds.
+  port, if given, in 1..65535) that Envoy can parse (`config/jwks_uri.py`); `jwks` a JSON Web
+  Key Set whose every key Envoy can read (`jwks.py`); no empty audience, header name
+  (`fromHeaders`), query parameter or cookie name; `outputClaimToHeaders` with a claim and a
+  header name of letters, digits and `-` (so no `:authority`-style pseudo-header); `timeout` at
+  least 1ms, in whole milliseconds, and below 2^32 s (Envoy's bound on a fetch timeout).
 
 meshctl adds warnings where it behaves as Istio does but the config is unlikely to do what was
 meant: a rule with both `jwks` and `jwksUri` (the URI is ignored), and a rule with neither: istiod
@@ -17,19 +18,19 @@ not, is refused when set, as Istio's schema would refuse it.
 
 from __future__ import annotations
 
-import json
-from typing import Any, Final
+from typing import Any
 
 from google.protobuf.message import Message
 
 from meshctl.config.findings import FieldPath
-from meshctl.config.jwks_uri import parse_jwks_uri
+from meshctl.config.jwks_uri import jwks_uri_problem_detail, parse_jwks_uri
 from meshctl.config.validation import Issue
 from meshctl.config.validation.common import Report, duration_problem, probe_header_name_problem
+from meshctl.config.validation.envoy_limits import line_break_problem, seconds32_problem
+from meshctl.config.validation.jwks import jwks_problem
 from meshctl.config.validation.policy_target import check_policy_target
 
-#: The members each key type needs (RFC 7518 section 6, RFC 8037).
-_KEY_MEMBERS: Final = {"RSA": ("n", "e"), "EC": ("crv", "x", "y"), "oct": ("k",), "OKP": ("crv", "x")}
+__all__ = ["jwks_problem", "jwks_uri_problem", "validate"]
 
 
 def validate(spec: Message) -> list[Issue]:
@@ -62,6 +63,10 @@ def _jwt_rule(report: Report, path: FieldPath, rule: Any) -> None:
     for i, location in enumerate(rule.from_headers):
         if not location.name:
             report.error((*path, "fromHeaders", i, "name"), "location header name must be non-empty string")
+        for field, value in (("name", location.name), ("prefix", location.prefix)):
+            report.error((*path, "fromHeaders", i, field), line_break_problem(value, f"header {field}"))
+    if rule.output_payload_to_header:
+        report.error((*path, "outputPayloadToHeader"), line_break_problem(rule.output_payload_to_header, "header name"))
     for i, param in enumerate(rule.from_params):
         if not param:
             report.error((*path, "fromParams", i), "location query must be non-empty string")
@@ -72,6 +77,8 @@ def _jwt_rule(report: Report, path: FieldPath, rule: Any) -> None:
         _claim_to_header(report, (*path, "outputClaimToHeaders", i), output)
     if rule.HasField("timeout"):
         report.error((*path, "timeout"), duration_problem(rule.timeout))
+        # Envoy's `HttpUri.timeout` is below 2^32 seconds.
+        report.error((*path, "timeout"), seconds32_problem(rule.timeout.seconds, "the key set fetch timeout"))
     if rule.failure_mode:
         report.error(
             (*path, "failureMode"),
@@ -95,32 +102,8 @@ def _claim_to_header(report: Report, path: FieldPath, output: Any) -> None:
 
 
 def jwks_uri_problem(uri: str) -> str | None:
-    """An http or https URL with a host, as Istio's `ParseJwksURI` and the CRD take it."""
+    """An http or https URL with a host, as Istio's `ParseJwksURI` and the CRD take it, and as
+    Envoy's jwt_authn filter parses it (`jwks_uri`)."""
     if parse_jwks_uri(uri) is not None:
         return None
-    scheme = uri.partition("://")[0] if "://" in uri else ""
-    if scheme not in ("http", "https"):
-        return f'jwksUri "{uri}": URI scheme "{scheme}" is not supported: use an http:// or https:// URL'
-    return f'jwksUri "{uri}" is not a valid URL: it needs a host, and a port (if given) in 1..65535'
-
-
-def jwks_problem(text: str) -> str | None:
-    """A JSON Web Key Set, or a single key, whose keys have a known `kty` and its members."""
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        return f"jwks parse error: not JSON ({exc})"
-    keys = data.get("keys") if isinstance(data, dict) and "keys" in data else [data]
-    if not isinstance(keys, list):
-        return 'jwks parse error: "keys" must be a list of keys'
-    for i, key in enumerate(keys):
-        if not isinstance(key, dict):
-            return f"jwks parse error: key {i} is not an object"
-        kty = key.get("kty")
-        members = _KEY_MEMBERS.get(kty) if isinstance(kty, str) else None
-        if members is None:
-            return f"jwks parse error: key {i} has an unknown kty {kty!r} (use RSA, EC, oct or OKP)"
-        missing = [m for m in members if not isinstance(key.get(m), str) or not key[m]]
-        if missing:
-            return f"jwks parse error: {kty} key {i} lacks {', '.join(missing)}"
-    return None
+    return f'jwksUri "{uri}" is not a valid URL: {jwks_uri_problem_detail(uri)}'

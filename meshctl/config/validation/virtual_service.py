@@ -37,6 +37,7 @@ from meshctl.config.validation.common import (
     regex_problem,
     wildcard_domain_problem,
 )
+from meshctl.config.validation.envoy_limits import line_break_problem
 
 # Envoy's x-envoy-retry-on and x-envoy-retry-grpc-on policies.
 _RETRY_ON: Final = frozenset(
@@ -341,6 +342,8 @@ def _redirect(report: Report, path: FieldPath, redirect: Any) -> None:
         report.error((*path, "scheme"), f'redirect scheme "{redirect.scheme}" must be "http" or "https"')
     if redirect.WhichOneof("redirect_port") == "port" and redirect.port:
         report.error((*path, "port"), port_problem(redirect.port))
+    for field, json_name in (("uri", "uri"), ("authority", "authority"), ("prefix_rewrite", "prefixRewrite")):
+        report.error((*path, json_name), line_break_problem(getattr(redirect, field), f"redirect {json_name}"))
 
 
 def _direct_response(report: Report, path: FieldPath, response: Any) -> None:
@@ -386,6 +389,9 @@ def _rewrite(report: Report, path: FieldPath, rewrite: Any) -> None:
             report.error((*path, "uriRegexRewrite"), 'uriRegexRewrite needs both "match" and "rewrite"')
         else:
             report.error((*path, "uriRegexRewrite", "match"), regex_problem(match))
+            report.error((*path, "uriRegexRewrite", "rewrite"), line_break_problem(replacement, "rewrite"))
+    for field in ("uri", "authority"):
+        report.error((*path, field), line_break_problem(getattr(rewrite, field), f"rewrite {field}"))
 
 
 def _route_destinations(report: Report, path: FieldPath, routes: Any, *, http: bool) -> None:

@@ -1,4 +1,5 @@
-"""WorkloadEntry rules: an address (IP, DNS name or unix socket), named ports, valid labels.
+"""WorkloadEntry rules: an address (IP, DNS name or unix socket), named ports, valid labels, and
+a service account Kubernetes could name (it is the last segment of the workload's SPIFFE URI).
 
 The same rules apply to a ServiceEntry's inline endpoints, which may also only use the port
 names the ServiceEntry declares, and to a WorkloadGroup's template (where the address is filled
@@ -24,6 +25,7 @@ from meshctl.config.validation.common import (
     port_problem,
     unix_address_problem,
 )
+from meshctl.config.validation.envoy_limits import service_account_name_problem
 
 
 def validate(spec: Message) -> list[Issue]:
@@ -66,3 +68,5 @@ def check_workload_entry(
         report.error(at, port_name_problem(name))
         report.error(at, port_problem(number))
     check_labels(report, (*path, "labels"), entry.labels)
+    if entry.service_account:
+        report.error((*path, "serviceAccount"), service_account_name_problem(entry.service_account))

@@ -19,6 +19,7 @@ from meshctl.config.validation.common import (
     port_problem,
     probe_header_name_problem,
 )
+from meshctl.config.validation.envoy_limits import service_account_name_problem
 
 _PROBE_COUNTS = (
     ("initial_delay_seconds", "initialDelaySeconds"),
@@ -49,6 +50,8 @@ def _template(report: Report, path: FieldPath, template: Any) -> None:
     if template.labels:
         report.warn((*path, "labels"), 'labels belong in "metadata.labels", not in the template')
     check_labels(report, (*path, "labels"), template.labels)
+    if template.service_account:
+        report.error((*path, "serviceAccount"), service_account_name_problem(template.service_account))
     for name, number in sorted(template.ports.items()):
         report.error((*path, "ports", name), port_name_problem(name))
         report.error((*path, "ports", name), port_problem(number))
