@@ -224,6 +224,6 @@ class WorkloadSecrets:
             heapq.heappush(self._due, (certificate.renew_at, identity.uri, identity))
             self.issued += 1
         logger.info(
-            "issued %s (for proxy %s) until %s", identity.uri, untrusted(proxy.id), certificate.not_after.isoformat()
+            "issued %s to proxy %s until %s", identity.uri, untrusted(proxy.id), certificate.not_after.isoformat()
         )
         return held
