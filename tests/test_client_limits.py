@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from meshctl.server.connection import Connection
 from meshctl.server.limits import ClientLedger, StreamLimits
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.serve_process import ServeProcess
-from meshctl.testing.server import run
+from meshctl.testing.server import run, serving
 from meshctl.xds import types
 
 METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/"
@@ -90,6 +91,49 @@ def test_a_certificate_names_a_bounded_number_of_node_ids() -> None:
     assert all(ledger.open("10.0.0.1", f"n{i}", certified=False) is None for i in range(5))
     ledger.close("cert", "b")
     assert ledger.open("cert", "c", certified=True) is None
+
+
+def test_a_stream_refused_for_its_names_keeps_no_request_alive(tmp_path: Path) -> None:
+    """gRPC keeps an abort's exception, and its request iterator the last message, while it
+    finishes the call: a refused request must not be reachable from either, or a burst of
+    refused floods stays in memory."""
+    mesh = tmp_path / "mesh"
+    mesh.mkdir()
+    (mesh / "shop.yaml").write_text(MESH)
+    node = f"sidecar~10.1.0.3~attacker.{NS}~{NS}.svc.cluster.local"
+    # Serialized here: the only requests parsed in this process are the server's.
+    floods = [
+        delta(types.ENDPOINT, [f"outbound|80||s{k}-{i}.flood.example" for i in range(2000)], node).SerializeToString()
+        for k in range(8)
+    ]
+
+    def alive() -> int:
+        gc.collect()
+        return sum(isinstance(o, discovery_pb2.DeltaDiscoveryRequest) for o in gc.get_objects())
+
+    async def test() -> None:
+        async with serving(mesh, limits=StreamLimits(max_names_per_client=1000)) as server:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.xds_port}") as channel:
+                calls = [
+                    channel.stream_stream(
+                        METHOD + "DeltaAggregatedResources",
+                        request_serializer=bytes,
+                        response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString,
+                    )()
+                    for _ in floods
+                ]
+                readers: Readers = []
+                codes = await asyncio.gather(*(hold(c, [f], readers) for c, f in zip(calls, floods, strict=True)))
+                await asyncio.gather(*readers)
+            assert None not in codes
+            # gRPC finishes the calls on its own time: wait for it (without the fix they stay).
+            end = time.monotonic() + 10
+            while alive() and time.monotonic() < end:
+                await asyncio.sleep(0.1)
+            assert alive() == 0
+            assert server.ads.ledger.names == 0 and server.ads.streams == {}
+
+    run(test)
 
 
 # -- the attacks, against meshctl serve ----------------------------------------------------------

@@ -285,7 +285,9 @@ class AdsServicer:
             try:
                 outcome = conn.handle(type_url, request)
             except SubscriptionLimitError as exc:
-                logger.warning("ended the stream of proxy %s: %s", stream.label, exc)
+                logger.warning(
+                    "ended the stream of proxy %s: %s", stream.label, str(exc)
+                )  # not the exception: a kept record would keep its request
                 return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
             if outcome.kind is RequestKind.NACK and not outcome.repeated:
                 short = types.SHORT_NAMES[type_url]
@@ -294,9 +296,7 @@ class AdsServicer:
             stream.wake.set()
         return None
 
-    async def _admit(
-        self, stream: Stream, request: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> Ending | None:
+    async def _admit(self, stream: Stream, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Ending | None:
         """The first request: parse and authorize its node, then bind it and generate its config;
         the status to end the stream with when it may not be served."""
         if not request.HasField("node") or not request.node.id:
@@ -304,7 +304,7 @@ class AdsServicer:
         try:
             node = parse_node_id(request.node.id, _metadata(request.node.metadata))
         except NodeIdError as exc:
-            logger.warning("refused a stream from %s: %s", context.peer(), exc)
+            logger.warning("refused a stream from %s: %s", context.peer(), str(exc))
             return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
         stream.label = untrusted(node.id)
         if self._authorize is not None:
@@ -328,7 +328,7 @@ class AdsServicer:
         try:
             await self._bind(stream, self._snapshot())
         except BindingError as exc:
-            logger.warning("ended the stream of proxy %s: %s", stream.label, exc)
+            logger.warning("ended the stream of proxy %s: %s", stream.label, str(exc))
             return grpc.StatusCode.PERMISSION_DENIED, str(exc)
         except Exception:
             logger.exception("generating config for %s failed", stream.label)
@@ -398,7 +398,7 @@ class AdsServicer:
             for stream, result in zip(chunk, results, strict=True):
                 if isinstance(result, BindingError):
                     if stream.ending is None:
-                        logger.warning("ended the stream of proxy %s: %s", stream.label, result)
+                        logger.warning("ended the stream of proxy %s: %s", stream.label, str(result))
                         stream.ending = (grpc.StatusCode.PERMISSION_DENIED, str(result))
                         stream.wake.set()
                     continue
