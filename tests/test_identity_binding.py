@@ -207,3 +207,28 @@ def test_a_stream_whose_workload_is_deleted_is_ended_and_its_key_forgotten(
     ended = [r.getMessage() for r in caplog.records if "ended the stream of proxy" in r.getMessage()]
     assert len(ended) == 1 and B_AT_VICTIM in ended[0] and "shop/victim" in ended[0], ended
     assert not any("victim-sa" in r.getMessage() and "issued" in r.getMessage() for r in caplog.records)
+
+
+def test_a_node_proved_by_its_registry_endpoint_is_ended_when_the_endpoints_at_its_ip_change() -> None:
+    """Bound by IP to payments' inline endpoint: another account at that IP, or a WorkloadEntry
+    taking it, is not what the certificate proved."""
+    node = attested("sidecar~10.0.0.31~payments-vm.shop~shop.svc.cluster.local", "URI:spiffe://td/ns/shop/sa/payments")
+    ledger = """---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: ledger, namespace: shop}
+spec:
+  hosts: [ledger.shop.mesh]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 9080, name: http, protocol: HTTP}]
+  endpoints: [{address: 10.0.0.31}]
+"""
+    with pytest.raises(BindingError, match="payments-vm"):
+        bind_proxy(node, snapshot_from_yaml(MESH + ledger))  # a second endpoint, running as default
+    entry = "---\n" + B_ENTRY.replace("name: b,", "name: squatter,").replace("10.0.0.33", "10.0.0.31")
+    with pytest.raises(BindingError, match="now binds to workload shop/squatter"):
+        bind_proxy(node, snapshot_from_yaml(MESH + entry))
+    # Another endpoint of the same account at the IP is the same identity: still served.
+    same = ledger.replace("{address: 10.0.0.31}", "{address: 10.0.0.31, serviceAccount: payments}")
+    assert bind_proxy(node, snapshot_from_yaml(MESH + same)).service_account == "payments"

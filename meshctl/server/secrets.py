@@ -31,6 +31,7 @@ import datetime
 import heapq
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -90,6 +91,8 @@ class WorkloadSecrets:
         self._held: dict[WorkloadIdentity, _Held] = {}
         #: node id -> the identity whose certificate it was last sent
         self._holders: dict[str, WorkloadIdentity] = {}
+        #: identity -> how many nodes hold it (a node leaving is then no scan of every node)
+        self._holding: Counter[WorkloadIdentity] = Counter()
         #: (renewal time, URI, identity) of every certificate issued (the URI orders equal times);
         #: entries no longer held (renewed, forgotten) are dropped when they reach the top.
         self._due: list[tuple[datetime.datetime, str, WorkloadIdentity]] = []
@@ -166,8 +169,11 @@ class WorkloadSecrets:
         longer holds); its identity's certificate goes with its last node."""
         with self._lock:
             identity = self._holders.pop(node_id, None)
-            if identity is not None and identity not in self._holders.values():
-                self._held.pop(identity, None)
+            if identity is not None:
+                self._holding[identity] -= 1
+                if self._holding[identity] <= 0:
+                    del self._holding[identity]
+                    self._held.pop(identity, None)
 
     def due(self) -> datetime.datetime | None:
         """When the first certificate held needs renewing (None: none held); cheap, whatever the
@@ -198,7 +204,22 @@ class WorkloadSecrets:
             for identity in gone:
                 del self._held[identity]
             self._holders = {n: i for n, i in self._holders.items() if i not in gone}
+            for identity in gone:
+                self._holding.pop(identity, None)
         return len(gone)
+
+    def _hold(self, node_id: str, identity: WorkloadIdentity) -> None:
+        """Note that `node_id` holds `identity`'s certificate (with the lock held)."""
+        before = self._holders.get(node_id)
+        if before == identity:
+            return
+        if before is not None:
+            self._holding[before] -= 1
+            if self._holding[before] <= 0:
+                del self._holding[before]
+                self._held.pop(before, None)
+        self._holders[node_id] = identity
+        self._holding[identity] += 1
 
     def _certificate(self, proxy: Proxy, state: Any) -> _Held:
         assert self._ca is not None and self._root is not None  # only for nodes `may_send_keys` allows
@@ -207,7 +228,7 @@ class WorkloadSecrets:
         with self._lock:
             held = self._held.get(identity)
             if held is not None and now < held.renew_from:
-                self._holders[proxy.id] = identity
+                self._hold(proxy.id, identity)
                 return held
         certificate = self._ca.issue_workload(identity, self._lifetime, now)
         secret = mesh_tls.tls_certificate_secret(
@@ -220,7 +241,7 @@ class WorkloadSecrets:
         held = _Held(identity, certificate, secrets, (secret, self._root_message), renew_from)
         with self._lock:
             self._held[identity] = held
-            self._holders[proxy.id] = identity
+            self._hold(proxy.id, identity)
             heapq.heappush(self._due, (certificate.renew_at, identity.uri, identity))
             self.issued += 1
         logger.info(
