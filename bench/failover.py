@@ -94,6 +94,8 @@ def start_replicas(root: Path, tmp: Path, pacing: float) -> tuple[ServeProcess, 
     """Two replicas on one config: the second's state directory is a copy of the first's, taken
     once the first has made its CA, so both sign with one root (docs/replicas.md)."""
     flags = ["--max-new-streams-per-second", f"{pacing:g}", "--max-connection-age", "0"]
+    # The simulated fleet connects from one address, which serve takes for one client.
+    flags += ["--max-streams-per-client", "0", "--max-names-per-client", "0"]
     state_a, state_b = tmp / "state-a", tmp / "state-b"
     for state in (state_a, state_b):
         shutil.rmtree(state, ignore_errors=True)

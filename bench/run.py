@@ -255,6 +255,11 @@ class Target:
         return 0
 
 
+#: The simulated fleet connects from one address, which `meshctl serve` takes for one client:
+#: its per-client bounds are for real clients, so the benchmark lifts them.
+FLEET_FROM_ONE_ADDRESS = ("--max-streams-per-client", "0", "--max-names-per-client", "0")
+
+
 class Meshctl(Target):
     name = "meshctl"
 
@@ -264,7 +269,10 @@ class Meshctl(Target):
         self.fleet, self.consul, self.keep_log, self.profile = fleet, consul, options.server_log, options.profile
         self.profiler: subprocess.Popen[bytes] | None = None
         self.serve = ServeProcess(
-            [fleet.root], consul=consul.address if consul is not None else None, debounce=options.debounce
+            [fleet.root],
+            consul=consul.address if consul is not None else None,
+            debounce=options.debounce,
+            extra_args=FLEET_FROM_ONE_ADDRESS,
         )
 
     def start(self) -> None:

@@ -6,7 +6,8 @@
     ├── RegistryError          a service registry that cannot be read (Consul down, bad answer)
     ├── CredentialError        a certificate, key, CA or token file that cannot be used
     ├── NodeIdError            an Envoy node id that is not Istio's TYPE~IP~NAME.NAMESPACE~DOMAIN
-    ├── SubscriptionLimitError a stream asking the server to hold more names of one type than it allows
+    ├── SubscriptionLimitError a stream asking the server to hold more names than it allows
+    ├── BindingError           an attested node that no longer binds to the workload it proved
     ├── UsageError             a command given flags, files or addresses it cannot work with
     └── OfflineError           a config tree an offline command (dump, diff) cannot build a snapshot from
 
@@ -61,6 +62,11 @@ class SubscriptionLimitError(MeshctlError):
         super().__init__(message)
         self.type_url = type_url
         self.limit = limit
+
+
+class BindingError(MeshctlError):
+    """An attested node whose workload, in a new snapshot, is not the one its certificate proved
+    (deleted, or running as another service account): its stream ends, never re-bound."""
 
 
 class UsageError(MeshctlError):

@@ -39,7 +39,7 @@ from meshctl.server.auth import (
     authorize_node,
     check_identity,
     parse_spiffe_id,
-    workload_service_accounts,
+    workload_service_account,
 )
 from meshctl.snapshot.proxy import bind_proxy, parse_node_id
 from meshctl.testing.ads_client import AdsClient
@@ -160,30 +160,34 @@ def peer(*sans: str) -> PeerIdentity:
 
 
 @pytest.mark.parametrize(
-    ("sans", "accounts", "allowed"),
+    ("sans", "account", "allowed"),
     [
-        (["URI:spiffe://cluster.local/ns/bookinfo/sa/bookinfo-reviews"], {"bookinfo-reviews"}, True),
+        (["URI:spiffe://cluster.local/ns/bookinfo/sa/bookinfo-reviews"], "bookinfo-reviews", True),
         # The trust domain is the CA's business, as in istiod.
-        (["URI:spiffe://example.org/ns/bookinfo/sa/bookinfo-reviews"], {"bookinfo-reviews"}, True),
-        (["URI:spiffe://cluster.local/ns/bookinfo/sa/anything"], set(), True),
-        (["URI:spiffe://cluster.local/ns/bookinfo/sa/bookinfo-ratings"], {"bookinfo-reviews"}, False),
-        (["URI:spiffe://cluster.local/ns/other/sa/bookinfo-reviews"], {"bookinfo-reviews"}, False),
-        (["URI:spiffe://cluster.local/ns/other/sa/x"], set(), False),
-        (["DNS:reviews-v1-vm.bookinfo"], {"bookinfo-reviews"}, True),
-        (["DNS:Reviews-V1-VM.Bookinfo"], set(), True),
-        (["DNS:reviews-v2-vm.bookinfo"], set(), False),
-        (["DNS:*.bookinfo"], set(), False),
-        (["DNS:reviews-v1-vm.other"], set(), False),
+        (["URI:spiffe://example.org/ns/bookinfo/sa/bookinfo-reviews"], "bookinfo-reviews", True),
+        # A workload without a service account runs as `default`: the certificate must say so.
+        (["URI:spiffe://cluster.local/ns/bookinfo/sa/default"], "default", True),
+        (["URI:spiffe://cluster.local/ns/bookinfo/sa/anything"], "default", False),
+        # No one account (endpoints that disagree): no URI SAN proves it.
+        (["URI:spiffe://cluster.local/ns/bookinfo/sa/anything"], "", False),
+        (["URI:spiffe://cluster.local/ns/bookinfo/sa/bookinfo-ratings"], "bookinfo-reviews", False),
+        (["URI:spiffe://cluster.local/ns/other/sa/bookinfo-reviews"], "bookinfo-reviews", False),
+        (["URI:spiffe://cluster.local/ns/other/sa/x"], "x", False),
+        (["DNS:reviews-v1-vm.bookinfo"], "bookinfo-reviews", True),
+        (["DNS:Reviews-V1-VM.Bookinfo"], "default", True),
+        (["DNS:reviews-v2-vm.bookinfo"], "default", False),
+        (["DNS:*.bookinfo"], "default", False),
+        (["DNS:reviews-v1-vm.other"], "default", False),
         # A DNS SAN spelling the SPIFFE id is still a DNS SAN, and a URI SAN is no DNS name.
-        (["DNS:spiffe://cluster.local/ns/bookinfo/sa/bookinfo-reviews"], set(), False),
-        (["URI:reviews-v1-vm.bookinfo"], set(), False),
+        (["DNS:spiffe://cluster.local/ns/bookinfo/sa/bookinfo-reviews"], "bookinfo-reviews", False),
+        (["URI:reviews-v1-vm.bookinfo"], "default", False),
         # Any one matching SAN is enough.
-        (["URI:spiffe://cluster.local/ns/other/sa/x", "DNS:reviews-v1-vm.bookinfo"], set(), True),
-        ([], set(), False),
+        (["URI:spiffe://cluster.local/ns/other/sa/x", "DNS:reviews-v1-vm.bookinfo"], "x", True),
+        ([], "default", False),
     ],
 )
-def test_the_certificate_must_name_the_nodes_workload(sans: list[str], accounts: set[str], allowed: bool) -> None:
-    refusal = check_identity(parse_node_id(REVIEWS_V1), peer(*sans), accounts)
+def test_the_certificate_must_name_the_nodes_workload(sans: list[str], account: str, allowed: bool) -> None:
+    refusal = check_identity(parse_node_id(REVIEWS_V1), peer(*sans), account)
     assert (refusal is None) is allowed, refusal
     if not allowed:
         assert refusal is not None
@@ -193,13 +197,14 @@ def test_the_certificate_must_name_the_nodes_workload(sans: list[str], accounts:
 def test_the_namespace_checked_is_the_one_config_is_served_for() -> None:
     """NAMESPACE in node metadata wins over the id for config, so it is what must be certified."""
     node = parse_node_id(REVIEWS_V1, {"NAMESPACE": "payments"})
-    assert check_identity(node, peer("URI:spiffe://cluster.local/ns/bookinfo/sa/bookinfo-reviews")) is not None
-    assert check_identity(node, peer("DNS:reviews-v1-vm.bookinfo")) is not None
-    assert check_identity(node, peer("URI:spiffe://cluster.local/ns/payments/sa/bookinfo-reviews")) is None
+    sa = "bookinfo-reviews"
+    assert check_identity(node, peer("URI:spiffe://cluster.local/ns/bookinfo/sa/bookinfo-reviews"), sa) is not None
+    assert check_identity(node, peer("DNS:reviews-v1-vm.bookinfo"), sa) is not None
+    assert check_identity(node, peer("URI:spiffe://cluster.local/ns/payments/sa/bookinfo-reviews"), sa) is None
 
 
 def test_no_certificate_is_refused_whatever_the_sans() -> None:
-    refusal = check_identity(parse_node_id(REVIEWS_V1), PeerIdentity(dns=("reviews-v1-vm.bookinfo",)))
+    refusal = check_identity(parse_node_id(REVIEWS_V1), PeerIdentity(dns=("reviews-v1-vm.bookinfo",)), "default")
     assert refusal is not None and "no client certificate" in refusal
 
 
@@ -241,22 +246,29 @@ apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
 metadata: {name: cart-1, namespace: shop}
 spec: {address: 10.0.0.8, serviceAccount: cart-sa}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: loner, namespace: shop}
+spec: {address: 10.0.0.10}
 """
 
 
 @pytest.mark.parametrize(
-    ("node_id", "accounts"),
+    ("node_id", "account"),
     [
-        ("sidecar~10.0.0.8~cart-1.shop~shop.svc.cluster.local", {"cart-sa"}),  # by name, in no service
-        ("sidecar~10.0.0.8~vm-hostname.shop~shop.svc.cluster.local", {"cart-sa"}),  # bound by IP
-        ("sidecar~10.0.0.7~ratings-1.shop~shop.svc.cluster.local", {"ratings-sa"}),  # the group's default
-        ("sidecar~10.0.0.9~nobody.shop~shop.svc.cluster.local", set()),
-        ("sidecar~10.0.0.8~cart-1.elsewhere~elsewhere.svc.cluster.local", set()),
+        ("sidecar~10.0.0.8~cart-1.shop~shop.svc.cluster.local", "cart-sa"),  # by name, in no service
+        ("sidecar~10.0.0.8~vm-hostname.shop~shop.svc.cluster.local", "cart-sa"),  # bound by IP
+        ("sidecar~10.0.0.7~ratings-1.shop~shop.svc.cluster.local", "ratings-sa"),  # the group's default
+        ("sidecar~10.0.0.7~other-name.shop~shop.svc.cluster.local", "ratings-sa"),  # the group's, by IP
+        ("sidecar~10.0.0.10~loner.shop~shop.svc.cluster.local", "default"),  # an entry naming none
+        ("sidecar~10.0.0.9~nobody.shop~shop.svc.cluster.local", ""),
+        ("sidecar~10.0.0.8~cart-1.elsewhere~elsewhere.svc.cluster.local", ""),
     ],
 )
-def test_service_accounts_come_from_the_workload_the_node_binds_to(node_id: str, accounts: set[str]) -> None:
+def test_a_workload_runs_as_exactly_one_service_account(node_id: str, account: str) -> None:
     snapshot = snapshot_from_yaml(WORKLOADS)
-    assert workload_service_accounts(parse_node_id(node_id), snapshot) == accounts
+    assert workload_service_account(parse_node_id(node_id), snapshot) == account
 
 
 # -- credentials --------------------------------------------------------------------------------
@@ -634,11 +646,12 @@ spec: {address: 10.0.0.30, serviceAccount: billing-sa, labels: {app: billing}}
 def test_a_certificate_must_name_a_workload_the_mesh_has(
     node_id: str, sans: list[str], refused_because: str | None
 ) -> None:
-    refusal = authorize_node(parse_node_id(node_id), peer(*sans), snapshot_from_yaml(SHOP_WORKLOADS))
+    outcome = authorize_node(parse_node_id(node_id), peer(*sans), snapshot_from_yaml(SHOP_WORKLOADS))
     if refused_because is None:
-        assert refusal is None
+        assert not isinstance(outcome, str), outcome
+        assert outcome.attested and outcome.workload and outcome.service_account
     else:
-        assert refusal is not None and refused_because in refusal, refusal
+        assert isinstance(outcome, str) and refused_because in outcome, outcome
 
 
 def test_an_attested_nodes_labels_are_its_workloads_whatever_its_metadata_says() -> None:

@@ -188,18 +188,69 @@ def serve(
             "refused with UNAVAILABLE, which Envoy retries, so a reconnect storm is paced; 0 for no limit.",
         ),
     ] = 0.0,
+    max_names_per_stream: Annotated[
+        int,
+        typer.Option(
+            envvar="MESHCTL_MAX_NAMES_PER_STREAM",
+            metavar="N",
+            min=0,
+            help="Names of one type (clusters, routes...) one xDS stream may subscribe to; past it the stream "
+            "ends with RESOURCE_EXHAUSTED; 0 for no limit.",
+        ),
+    ] = 100_000,
+    max_names_per_client: Annotated[
+        int,
+        typer.Option(
+            envvar="MESHCTL_MAX_NAMES_PER_CLIENT",
+            metavar="N",
+            min=0,
+            help="Names one client (its TLS client certificate, else its address) may subscribe to over all "
+            "its streams and types; past it the stream asking ends with RESOURCE_EXHAUSTED; 0 for no limit.",
+        ),
+    ] = 100_000,
+    max_names_total: Annotated[
+        int,
+        typer.Option(
+            envvar="MESHCTL_MAX_NAMES_TOTAL",
+            metavar="N",
+            min=0,
+            help="Names all xDS streams together may subscribe to; past it the stream asking ends with "
+            "RESOURCE_EXHAUSTED; 0 for no limit.",
+        ),
+    ] = 5_000_000,
+    max_streams_per_client: Annotated[
+        int,
+        typer.Option(
+            envvar="MESHCTL_MAX_STREAMS_PER_CLIENT",
+            metavar="N",
+            min=0,
+            help="xDS streams one client (its TLS client certificate, else its address) may have open; more "
+            "are refused with RESOURCE_EXHAUSTED; 0 for no limit.",
+        ),
+    ] = 100,
+    max_nodes_per_client: Annotated[
+        int,
+        typer.Option(
+            envvar="MESHCTL_MAX_NODES_PER_CLIENT",
+            metavar="N",
+            min=0,
+            help="Distinct node ids the streams of one client certificate may name at once; more are refused "
+            "with RESOURCE_EXHAUSTED; 0 for no limit.",
+        ),
+    ] = 100,
 ) -> None:
     """Serve Envoy config (ADS, state of the world and delta) for the Istio YAML in --config-dir.
 
     Reloads on every change of the directory (and on SIGHUP), follows Consul when given, and
     keeps serving the last good config when an input breaks.
 
-    Identity rule: with --client-ca, a proxy gets config only for the workload its certificate
-    names. Its node id TYPE~IP~NAME.NAMESPACE~DOMAIN is allowed when the certificate has a URI SAN
-    spiffe://TRUST_DOMAIN/ns/NAMESPACE/sa/SERVICE_ACCOUNT with the node's namespace (and, when the
-    WorkloadEntry or registry endpoint the node binds to has a serviceAccount, that service
-    account), or a DNS SAN equal to NAME.NAMESPACE. Other streams are refused with
-    PERMISSION_DENIED and logged.
+    Identity rule: with --client-ca, a proxy gets config and keys only for the workload its
+    certificate names. Its node id TYPE~IP~NAME.NAMESPACE~DOMAIN is allowed when the certificate
+    has a URI SAN spiffe://TRUST_DOMAIN/ns/NAMESPACE/sa/SERVICE_ACCOUNT with the node's namespace
+    and the service account its workload runs as (the WorkloadEntry's serviceAccount, default when
+    it has none), or a DNS SAN equal to NAME.NAMESPACE. Other streams are refused with
+    PERMISSION_DENIED and logged; a stream whose workload later changes (deleted, another at its
+    IP) is ended, never re-bound.
     """
     import asyncio
     import datetime
@@ -213,6 +264,7 @@ def serve(
     from meshctl.server.app import DEFAULT_STATE_DIR, Server, ServeSettings, split_address
     from meshctl.server.auth import XdsTls
     from meshctl.server.discovery import DebounceSettings
+    from meshctl.server.limits import StreamLimits, return_large_allocations
     from meshctl.server.notify import NotifySettings
 
     config_dir = config_dir or []
@@ -275,7 +327,15 @@ def serve(
         insecure_send_keys=insecure_send_keys,
         max_connection_age=max_age / 1e9 if max_age else None,
         max_new_streams_per_second=max_new_streams_per_second,
+        limits=StreamLimits(
+            max_names_per_stream=max_names_per_stream,
+            max_names_per_client=max_names_per_client,
+            max_names_total=max_names_total,
+            max_streams_per_client=max_streams_per_client,
+            max_nodes_per_client=max_nodes_per_client,
+        ),
     )
+    return_large_allocations()  # this process owns its allocator (see limits.return_large_allocations)
     try:
         asyncio.run(Server(settings).run())
     except (OSError, CredentialError) as exc:  # a busy or foreign address, unusable TLS files

@@ -8,6 +8,12 @@ here: it goes from `publish` to the source untouched. A new snapshot is resolved
 stream; only a stream offered sets other than those it holds is woken (`Connection.update`),
 and it then decides alone what to send, so a change outside a proxy's scope sends it nothing.
 
+A stream is served only within the bounds of `limits`: streams, node ids and names per client
+(its TLS client certificate, else its peer address) and names in total; past one it ends with
+RESOURCE_EXHAUSTED. An attested node whose binding a new snapshot changes (`BindingError`: its
+workload deleted, another at its IP, another service account) has its stream ended with
+PERMISSION_DENIED, never re-bound; Envoy reconnects and is checked again.
+
 Binding and generation run on one worker thread, never on the event loop. Generating a large
 proxy's config takes a good fraction of a second; on the loop, a fleet connecting at once would
 keep it busy for minutes, during which gRPC accepts no new call (and cancels those it has held
@@ -20,23 +26,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import logging
+import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import json_format
 
-from meshctl.errors import NodeIdError, SubscriptionLimitError
+from meshctl.errors import BindingError, NodeIdError, SubscriptionLimitError
 from meshctl.logs import untrusted
 from meshctl.server.cache import ProxyResources, Resolved
 from meshctl.server.connection import Connection
 from meshctl.server.encode import BlockCache, encode_delta, encode_sotw
+from meshctl.server.limits import ClientLedger, StreamLimits, release_free_memory
 from meshctl.server.pacing import TokenBucket
 from meshctl.server.subscription import Push, RequestKind
 from meshctl.snapshot.proxy import METADATA_KEYS, Proxy, ProxyNode, parse_node_id
@@ -50,6 +60,10 @@ TOO_MANY_NEW_STREAMS = "too many new streams on this replica; retry"
 
 #: Unsupported type URLs logged per stream; a client asking for more is not worth more lines.
 _UNSUPPORTED_LOGGED = 8
+
+
+#: A status to end a stream with, and its message.
+Ending = tuple[grpc.StatusCode, str]
 
 
 @dataclass(eq=False)
@@ -69,6 +83,13 @@ class Stream:
     label: str = ""
     #: Unsupported type URLs already logged for this stream (at most `_UNSUPPORTED_LOGGED`).
     unsupported: set[str] = field(default_factory=set)
+    #: Who holds the stream, for its bounds (`limits`): a certificate's digest or a peer address.
+    client: str = ""
+    certified: bool = False
+    #: Counted in the ledger (and in the servicer's node ids) once admitted.
+    counted: bool = False
+    #: Set to end the stream with this status (its binding changed): the serving task does.
+    ending: Ending | None = None
 
 
 class PushObserver:
@@ -83,10 +104,10 @@ class PushObserver:
     def converged(self, stream: Stream, seconds: float) -> None: ...
 
 
-#: Decides whether a stream may ask for a node's config: None to allow, else why not (the
-#: stream is then refused with PERMISSION_DENIED and the reason is logged). A node an authorizer
-#: allowed is bound as attested (`ProxyNode.attested`).
-Authorizer = Callable[[ProxyNode, "grpc.aio.ServicerContext[Any, Any]"], str | None]
+#: Decides whether a stream may ask for a node's config: the node as attested (`ProxyNode.attested`,
+#: with what its certificate proved) to allow, else why not (the stream is then refused with
+#: PERMISSION_DENIED and the reason is logged).
+Authorizer = Callable[[ProxyNode, "grpc.aio.ServicerContext[Any, Any]"], ProxyNode | str]
 
 
 class ConfigSource(Protocol):
@@ -108,6 +129,8 @@ class AdsServicer:
         admit: Callable[[], str | None] | None = None,
         *,
         pace: TokenBucket | None = None,
+        limits: StreamLimits | None = None,
+        left: Callable[[str], None] | None = None,
     ) -> None:
         self._cache = cache
         self._snapshot = snapshot
@@ -121,6 +144,12 @@ class AdsServicer:
         self.streams: dict[str, Stream] = {}
         self._epoch = 0
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshctl-generate")
+        self.ledger = ClientLedger(limits)
+        #: Called with a node id once its last stream ended (its workload certificate can go).
+        self._left = left
+        #: node id -> its streams open
+        self._nodes: Counter[str] = Counter()
+        self._trim: asyncio.TimerHandle | None = None
         self._blocks = BlockCache()
 
     def handlers(self) -> grpc.GenericRpcHandler[Any, Any]:
@@ -146,7 +175,15 @@ class AdsServicer:
             logger.debug("refused a stream from %s: over %g new streams a second", context.peer(), self._pace.rate)
             await context.abort(grpc.StatusCode.UNAVAILABLE, TOO_MANY_NEW_STREAMS)
         conn_id = f"{context.peer()}-{next(self._ids)}"
-        stream = Stream(Connection(conn_id, delta=delta))
+        client, certified = client_of(context)
+        connection = Connection(
+            conn_id,
+            delta=delta,
+            max_names=self.ledger.limits.max_names_per_stream or sys.maxsize,  # 0: no limit
+            ledger=self.ledger,
+            client=client,
+        )
+        stream = Stream(connection, client=client, certified=certified)
         reader = asyncio.create_task(self._read(stream, requests, context))
         # The reader ending wakes the stream too: one event to wait on, no task per wake-up.
         reader.add_done_callback(lambda _: stream.wake.set())
@@ -158,6 +195,8 @@ class AdsServicer:
                     reader.result()  # raises what ended the reader (an abort), else the client left
                     return
                 stream.wake.clear()
+                if stream.ending is not None:
+                    await context.abort(*stream.ending)
                 # Decided here, so a wake-up with nothing to send (an ACK, most of them) costs no
                 # task: only writes need watching.
                 pushes = stream.connection.pushes()
@@ -182,17 +221,67 @@ class AdsServicer:
                 if task is not None:
                     task.cancel()
                     task.add_done_callback(_consume)
+            self._release(stream)
             if self.streams.pop(conn_id, None) is not None:
                 self._observer.connected(len(self.streams))
                 logger.info("proxy %s disconnected", stream.label or conn_id)
 
+    def _release(self, stream: Stream) -> None:
+        """What an ending stream held goes back: its names, its place in its client's bounds,
+        and (its node's last stream) what the source keeps for the node."""
+        stream.connection.close()
+        if not stream.counted or stream.node is None:
+            return
+        stream.counted = False
+        node_id = stream.node.id
+        self.ledger.close(stream.client, node_id)
+        self._nodes[node_id] -= 1
+        if self._nodes[node_id] <= 0:
+            del self._nodes[node_id]
+            if self._left is not None:
+                self._left(node_id)
+
     async def _read(
         self, stream: Stream, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
+        """Apply the stream's requests until it ends or one of them ends it. The abort is raised
+        here, where no request is in reach: gRPC keeps the abort's exception while it finishes
+        the call, and with it everything its traceback reaches (a request of 100,000 names is
+        tens of MB parsed)."""
+        ending = await self._apply_requests(stream, requests, context)
+        if ending is None:
+            return
+        # gRPC's request iterator is an async generator holding the last request it yielded,
+        # and lives as long as the call: closed, it lets go of it.
+        aclose = getattr(requests.__aiter__(), "aclose", None)
+        del requests
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
+        if ending[0] is grpc.StatusCode.RESOURCE_EXHAUSTED:
+            self._trim_soon()
+        await context.abort(*ending)
+
+    def _trim_soon(self) -> None:
+        """Release the free memory a refused stream's requests took, a second after (once for a
+        burst of refusals): see `limits.release_free_memory`."""
+        if self._trim is None:
+            self._trim = asyncio.get_running_loop().call_later(1.0, self._release_free_memory)
+
+    def _release_free_memory(self) -> None:
+        self._trim = None
+        release_free_memory()
+
+    async def _apply_requests(
+        self, stream: Stream, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Ending | None:
+        """The requests of a stream applied to its connection; the status to end it with, if any."""
         conn = stream.connection
         async for request in requests:
             if stream.node is None:
-                await self._admit(stream, request, context)
+                refusal = await self._admit(stream, request, context)
+                if refusal is not None:
+                    return refusal
             type_url = request.type_url
             if type_url not in types.SHORT_NAMES:
                 if len(stream.unsupported) < _UNSUPPORTED_LOGGED and type_url not in stream.unsupported:
@@ -202,41 +291,55 @@ class AdsServicer:
             try:
                 outcome = conn.handle(type_url, request)
             except SubscriptionLimitError as exc:
-                logger.warning("ended the stream of proxy %s: %s", stream.label, exc)
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+                logger.warning(
+                    "ended the stream of proxy %s: %s", stream.label, str(exc)
+                )  # not the exception: a kept record would keep its request
+                return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
             if outcome.kind is RequestKind.NACK and not outcome.repeated:
                 short = types.SHORT_NAMES[type_url]
                 logger.warning("proxy %s rejected %s: %s", stream.label, short, untrusted(outcome.error, 2000))
                 self._observer.rejected(stream, type_url, outcome.error)
             stream.wake.set()
+        return None
 
-    async def _admit(self, stream: Stream, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        """The first request: parse and authorize its node, then bind it and generate its config."""
+    async def _admit(self, stream: Stream, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Ending | None:
+        """The first request: parse and authorize its node, then bind it and generate its config;
+        the status to end the stream with when it may not be served."""
         if not request.HasField("node") or not request.node.id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first request must carry node.id")
+            return grpc.StatusCode.INVALID_ARGUMENT, "the first request must carry node.id"
         try:
             node = parse_node_id(request.node.id, _metadata(request.node.metadata))
         except NodeIdError as exc:
-            logger.warning("refused a stream from %s: %s", context.peer(), exc)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            logger.warning("refused a stream from %s: %s", context.peer(), str(exc))
+            return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
         stream.label = untrusted(node.id)
         if self._authorize is not None:
-            refusal = self._authorize(node, context)
-            if refusal is not None:
-                logger.warning("refused node %s from %s: %s", stream.label, context.peer(), refusal)
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
-            node = replace(node, attested=True)
+            attested = self._authorize(node, context)
+            if isinstance(attested, str):
+                logger.warning("refused node %s from %s: %s", stream.label, context.peer(), attested)
+                return grpc.StatusCode.PERMISSION_DENIED, attested
+            node = attested
+        over = self.ledger.open(stream.client, node.id, certified=stream.certified)
+        if over is not None:
+            logger.warning("refused node %s from %s: %s", stream.label, context.peer(), over)
+            return grpc.StatusCode.RESOURCE_EXHAUSTED, over
         conn = stream.connection
         stream.node = node
+        stream.counted = True
+        self._nodes[node.id] += 1
         conn.node_id = node.id
         self.streams[conn.id] = stream
         self._observer.connected(len(self.streams))
         logger.info("proxy %s connected (%s)", stream.label, "delta" if conn.delta else "sotw")
         try:
             await self._bind(stream, self._snapshot())
+        except BindingError as exc:
+            logger.warning("ended the stream of proxy %s: %s", stream.label, str(exc))
+            return grpc.StatusCode.PERMISSION_DENIED, str(exc)
         except Exception:
             logger.exception("generating config for %s failed", stream.label)
-            await context.abort(grpc.StatusCode.INTERNAL, "config generation failed; see the server log")
+            return grpc.StatusCode.INTERNAL, "config generation failed; see the server log"
+        return None
 
     async def _bind(self, stream: Stream, snapshot: object | None) -> None:
         node = stream.node
@@ -273,9 +376,7 @@ class AdsServicer:
         stream.proxy = proxy
         return stream.connection.update(resources)
 
-    async def _flush(
-        self, stream: Stream, pushes: Sequence[Push], context: grpc.aio.ServicerContext[Any, Any]
-    ) -> None:
+    async def _flush(self, stream: Stream, pushes: Sequence[Push], context: grpc.aio.ServicerContext[Any, Any]) -> None:
         conn = stream.connection
         for push in pushes:
             data = encode_delta(push) if conn.delta else encode_sotw(push, blocks=self._blocks)
@@ -296,13 +397,17 @@ class AdsServicer:
         self._epoch += 1
         epoch = self._epoch
         loop = asyncio.get_running_loop()
-        streams = [
-            s for s in self.streams.values() if nodes is None or (s.node is not None and s.node.id in nodes)
-        ]
+        streams = [s for s in self.streams.values() if nodes is None or (s.node is not None and s.node.id in nodes)]
         for start in range(0, len(streams), batch):
             chunk = streams[start : start + batch]
             results = await loop.run_in_executor(self._worker, self._resolve_many, chunk, snapshot)
             for stream, result in zip(chunk, results, strict=True):
+                if isinstance(result, BindingError):
+                    if stream.ending is None:
+                        logger.warning("ended the stream of proxy %s: %s", stream.label, str(result))
+                        stream.ending = (grpc.StatusCode.PERMISSION_DENIED, str(result))
+                        stream.wake.set()
+                    continue
                 if isinstance(result, BaseException):
                     # One proxy whose config cannot be generated must not stop the others' pushes.
                     logger.error(
@@ -319,6 +424,17 @@ class AdsServicer:
 def _consume(task: asyncio.Future[None]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+def client_of(context: grpc.aio.ServicerContext[Any, Any]) -> tuple[str, bool]:
+    """Who holds a stream, for its bounds: the digest of its TLS client certificate (and True),
+    else its peer address without the port (and False): what a client cannot change by opening
+    another stream."""
+    pem = b"".join(context.auth_context().get("x509_pem_cert", ()))
+    if pem:
+        return f"certificate sha256:{hashlib.sha256(pem).hexdigest()[:16]}", True
+    peer = context.peer()
+    return peer.rpartition(":")[0] or peer, False
 
 
 def _metadata(struct: Any) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from meshctl.server.ads import AdsServicer
 from meshctl.server.auth import BearerToken, XdsTls, identity_authorizer, is_loopback
 from meshctl.server.cache import ResourceCache
 from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
+from meshctl.server.limits import StreamLimits
 from meshctl.server.mesh_config import MeshConfigFile
 from meshctl.server.metrics import Metrics
 from meshctl.server.notify import NotifySettings, SystemdNotifier, service_status
@@ -138,6 +139,8 @@ class ServeSettings:
     #: New ADS streams a second this server admits (a token bucket, `meshctl.server.pacing`);
     #: more are refused with UNAVAILABLE, which Envoy retries. 0: no limit.
     max_new_streams_per_second: float = 0.0
+    #: What the clients of the xDS port may make the server hold (`meshctl.server.limits`).
+    limits: StreamLimits = field(default_factory=StreamLimits)
 
 
 #: How long a stream past its connection's max age may still run (istiod's
@@ -219,6 +222,8 @@ class Server:
             authorize=authorize,
             admit=self.admission,
             pace=TokenBucket(rate) if (rate := settings.max_new_streams_per_second) > 0 else None,
+            limits=settings.limits,
+            left=self.secrets.forget,
         )
         self._renewal: asyncio.Task[None] | None = None
         self.status = ServerStatus(self)
@@ -269,6 +274,7 @@ class Server:
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_send_message_length", 64 * 1024 * 1024),
                 ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+                ("grpc.http2.bdp_probe", 0),
                 ("grpc.keepalive_time_ms", 30_000),
                 ("grpc.keepalive_timeout_ms", 10_000),
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),

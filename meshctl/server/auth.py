@@ -7,28 +7,33 @@ change on disk (checked at each new connection, a `stat` per file), because VM c
 short-lived and rotated by an agent: a rotation must not need a restart that drops every stream.
 A half-written rotation is not applied; the last good files stay in use until all three load.
 
-The identity rule (with `--client-ca`). Config is secret enough that a proxy gets only the config
-of the workload its certificate names. A stream's node id `TYPE~IP~NAME.NAMESPACE~DOMAIN` is
-allowed when the client certificate has
+The identity rule (with `--client-ca`). A client certificate proves one workload running as one
+service account, and a proxy gets the config and the key of exactly that. A stream's node id
+`TYPE~IP~NAME.NAMESPACE~DOMAIN` is bound as an attested node (`bind_proxy`: its own namespace
+only; bound to a WorkloadEntry, only that entry's endpoints are its instances, whatever else is
+at the IP it claims), and allowed when the client certificate has
 
 - a URI SAN `spiffe://TRUST_DOMAIN/ns/NAMESPACE/sa/SERVICE_ACCOUNT` whose namespace is the node's
   namespace (the one config is served for: `NAMESPACE` in node metadata wins over the id, as in
-  `parse_node_id`) and, when the mesh says which service account the node's workload runs as (the
-  bound WorkloadEntry's `serviceAccount`, or that of the registry endpoints the node is bound to,
-  WorkloadGroup defaults included), whose service account is one of those; or
+  `parse_node_id`) and whose service account is the one the workload runs as: the WorkloadEntry's
+  `serviceAccount`, else its WorkloadGroup template's, else `default` (as Istio); bound by IP to
+  registry endpoints, the one they all run as (`default` where they name none; endpoints that
+  disagree name no one identity and are refused); or
 - a DNS SAN equal to `NAME.NAMESPACE` of the node (compared without case, as DNS does; wildcard
-  SANs name no single workload and never match), for plain VM setups without SPIFFE.
+  SANs name no single workload and never match) when the workload is the one so named, for plain
+  VM setups without SPIFFE.
 
 Any one matching SAN is enough, and the trust domain is not compared: the client CA decides which
 trust domains are accepted, as istiod does (`checkConnectionIdentity`). The workload must exist:
 a WorkloadEntry of the node's namespace named by the node id or at its IP, or a registry endpoint
-of that namespace at its IP; a DNS SAN also needs it to be the one named. The rule is checked once,
-when the stream names its node, against the snapshot of that moment; from then on the node is
-bound as attested (`ProxyNode.attested`): only within its namespace, with its workload's labels and
-never those its metadata claims, so what the certificate proves bounds what the node is sent. A refused stream ends with
-PERMISSION_DENIED and the reason is logged (`AdsServicer`). SANs are read from gRPC's auth context,
-where gRPC core has already split them by type (`peer_uri`, `peer_dns`) from the verified leaf
-certificate, so no certificate parsing happens here: a DNS SAN can never pass for a URI one.
+of that namespace at its IP. What was proved (the workload and its service account) goes with the
+node (`ProxyNode.workload`, `ProxyNode.service_account`), and every later binding is checked
+against it: a snapshot in which the node would bind elsewhere or run as another account ends its
+stream (`BindingError`, in `AdsServicer.publish`), and its certificate is forgotten. A refused
+stream ends with PERMISSION_DENIED and the reason is logged (`AdsServicer`). SANs are read from
+gRPC's auth context, where gRPC core has already split them by type (`peer_uri`, `peer_dns`)
+from the verified leaf certificate, so no certificate parsing happens here: a DNS SAN can never
+pass for a URI one.
 
 The admin bearer token (`BearerToken`). `/debug/*` shows every proxy's config and the whole
 registry. With `--admin-token-file` those pages need `Authorization: Bearer TOKEN` wherever the
@@ -54,7 +59,7 @@ import grpc
 from meshctl.errors import CredentialError
 from meshctl.logs import untrusted
 from meshctl.server.ads import Authorizer
-from meshctl.snapshot.model import Snapshot, spec
+from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import ProxyNode, bind_proxy
 
 logger = logging.getLogger("meshctl.server.auth")
@@ -213,26 +218,25 @@ class PeerIdentity:
 
 
 def check_identity(
-    node: ProxyNode, peer: PeerIdentity, service_accounts: Iterable[str] = (), *, bound_by_name: bool = True
+    node: ProxyNode, peer: PeerIdentity, service_account: str, *, bound_by_name: bool = True
 ) -> str | None:
     """None when `peer`'s certificate names the workload `node` claims (the rule in this module's
     docstring), else the reason to refuse, naming what was presented and what was expected.
 
-    `service_accounts` are those the mesh gives the node's workload; empty means any.
-    `bound_by_name` says the workload the node binds to is the one its id names (not one found at
-    its IP): a DNS SAN names one workload, so it proves nothing about another one at that IP.
+    `service_account` is the one the mesh says the node's workload runs as: a URI SAN must name
+    exactly it ("" names no single account, and no URI SAN then matches). `bound_by_name` says
+    the workload the node binds to is the one its id names (not one found at its IP): a DNS SAN
+    names one workload, so it proves nothing about another one at that IP.
     """
     if not peer.has_certificate:
         return "no client certificate (the server requires one signed by its --client-ca)"
-    accounts = frozenset(service_accounts)
     workload = f"{node.name}.{node.namespace}"
     for uri in peer.uris:
         identity = parse_spiffe_id(uri)
         if identity is None or identity.namespace != node.namespace:
             continue
-        if accounts and identity.service_account not in accounts:
-            continue
-        return None
+        if service_account and identity.service_account == service_account:
+            return None
     dns_match = any(not d.startswith("*") and d.lower() == workload.lower() for d in peer.dns)
     if dns_match and bound_by_name:
         return None
@@ -242,7 +246,7 @@ def check_identity(
             f"workload {untrusted(node.name)} in namespace {untrusted(node.namespace)}: the node would bind "
             f"to another workload at {untrusted(node.ip)}"
         )
-    sa = "|".join(sorted(accounts)) or "SERVICE_ACCOUNT"
+    sa = service_account or "SERVICE_ACCOUNT"
     return (
         f"the client certificate ({peer.describe()}) does not name workload {untrusted(workload)}: "
         f"expected URI SAN spiffe://TRUST_DOMAIN/ns/{node.namespace}/sa/{sa} or DNS SAN {workload}"
@@ -257,43 +261,39 @@ class BoundWorkload:
     key: str
     #: its name: the node's own when it was found by the name in the node id
     name: str
-    #: the service accounts the mesh says it runs as (usually one, often none)
-    service_accounts: frozenset[str]
+    #: the one service account the mesh says it runs as; "" when its endpoints disagree
+    service_account: str
+    #: the accounts its registry endpoints name, when they disagree (for the refusal)
+    disputed: tuple[str, ...] = ()
 
 
 def bound_workload(node: ProxyNode, snapshot: Snapshot) -> BoundWorkload | None:
-    """The workload `node` binds to once attested (only its own namespace counts, see
-    `bind_proxy`), or None when the mesh has none for it.
-
-    The service accounts are the bound WorkloadEntry's own `serviceAccount`, and those of the
-    registry endpoints the node is bound to (which carry WorkloadGroup defaults and Consul or
-    inline ServiceEntry endpoints).
-    """
-    proxy = bind_proxy(replace(node, attested=True), snapshot)
+    """The workload `node` binds to once attested (see `bind_proxy`: its own namespace only, and
+    instances of that workload only), or None when the mesh has none for it."""
+    proxy = bind_proxy(replace(node, attested=True, workload="", service_account=""), snapshot)
     if not proxy.workload:
         return None
-    accounts = {i.endpoint.service_account for i in proxy.instances if i.endpoint.service_account}
-    namespace, _, name = proxy.workload.partition("/")
-    entry = snapshot.get("WorkloadEntry", namespace, name) if name else None
-    if entry is not None:
-        account = str(spec(entry).service_account)
-        if account:
-            accounts.add(account)
-    return BoundWorkload(proxy.workload, name, frozenset(accounts))
+    _, _, name = proxy.workload.partition("/")
+    disputed: tuple[str, ...] = ()
+    if not proxy.service_account:
+        disputed = tuple(sorted({i.endpoint.service_account or "default" for i in proxy.instances}))
+    return BoundWorkload(proxy.workload, name, proxy.service_account, disputed)
 
 
-def workload_service_accounts(node: ProxyNode, snapshot: Snapshot) -> frozenset[str]:
-    """The service accounts the mesh says `node`'s workload runs as (see `bound_workload`)."""
+def workload_service_account(node: ProxyNode, snapshot: Snapshot) -> str:
+    """The service account the mesh says `node`'s workload runs as once attested ("" for none)."""
     workload = bound_workload(node, snapshot)
-    return workload.service_accounts if workload is not None else frozenset()
+    return workload.service_account if workload is not None else ""
 
 
-def authorize_node(node: ProxyNode, peer: PeerIdentity, snapshot: Snapshot | None) -> str | None:
-    """The whole identity rule for a stream: the certificate must name the node's workload, and
-    that workload must exist in the mesh (a certificate for a workload that does not exist would
-    otherwise bind, by the node's IP, to whatever workload has it)."""
+def authorize_node(node: ProxyNode, peer: PeerIdentity, snapshot: Snapshot | None) -> ProxyNode | str:
+    """The whole identity rule for a stream: the node as attested (bound to the workload and
+    service account its certificate proved, which later snapshots must keep: `bind_proxy`),
+    else the reason to refuse it. The workload must exist in the mesh (a certificate for a
+    workload that does not exist would otherwise bind, by the node's IP, to whatever workload
+    has it) and run as one service account."""
     if not peer.has_certificate:
-        return check_identity(node, peer)
+        return check_identity(node, peer, "") or "no client certificate"
     if snapshot is None:
         return "the server has not loaded its config yet"
     workload = bound_workload(node, snapshot)
@@ -303,13 +303,21 @@ def authorize_node(node: ProxyNode, peer: PeerIdentity, snapshot: Snapshot | Non
             f"{untrusted(node.name)} in namespace {untrusted(node.namespace)}, and no WorkloadEntry or "
             f"registry endpoint of that namespace at {untrusted(node.ip)}"
         )
-    return check_identity(node, peer, workload.service_accounts, bound_by_name=workload.name == node.name)
+    if not workload.service_account:
+        return (
+            f"node {untrusted(node.id)} binds to endpoints at {untrusted(node.ip)} that run as several service "
+            f"accounts ({', '.join(workload.disputed)}): no one certificate proves them"
+        )
+    refusal = check_identity(node, peer, workload.service_account, bound_by_name=workload.name == node.name)
+    if refusal is not None:
+        return refusal
+    return replace(node, attested=True, workload=workload.key, service_account=workload.service_account)
 
 
 def identity_authorizer(snapshot: Callable[[], Snapshot | None]) -> Authorizer:
     """The `AdsServicer` hook enforcing the identity rule against the current snapshot."""
 
-    def authorize(node: ProxyNode, context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    def authorize(node: ProxyNode, context: grpc.aio.ServicerContext[Any, Any]) -> ProxyNode | str:
         return authorize_node(node, PeerIdentity.from_auth_context(context.auth_context()), snapshot())
 
     return authorize

@@ -17,7 +17,9 @@ resources with `update`; `pushes()` then says what to send, in make-before-break
 What one stream makes the server hold is bounded, whatever its client sends: `max_names` names
 per type (`subscription`), subscriptions of the types the server serves only, at most
 `max_names` retained clusters, the last `_SENT_VERSIONS_KEPT` versions sent per type, and
-changed clusters only while they exist or are retained.
+changed clusters only while they exist or are retained. The names it subscribes also count
+against its client's and the server's (`limits.ClientLedger`, charged before a request is
+applied, released by `close`).
 
 Everything here is driven directly by tests, with no gRPC and no clock.
 """
@@ -32,6 +34,7 @@ from typing import Any
 
 from meshctl.errors import SubscriptionLimitError
 from meshctl.server.cache import ProxyResources
+from meshctl.server.limits import ClientLedger
 from meshctl.server.subscription import (
     MAX_NAMES,
     DeltaSubscription,
@@ -70,8 +73,20 @@ class Connection:
     `max_names` bounds the names each subscription may have (`SubscriptionLimitError`) and the
     clusters kept for the routes that still name them."""
 
-    def __init__(self, conn_id: str, *, delta: bool, max_names: int = MAX_NAMES) -> None:
+    def __init__(
+        self,
+        conn_id: str,
+        *,
+        delta: bool,
+        max_names: int = MAX_NAMES,
+        ledger: ClientLedger | None = None,
+        client: str = "",
+    ) -> None:
         self.id = conn_id
+        self._ledger = ledger
+        self.client = client
+        #: per type: the names charged to the client for it (`ClientLedger.charge`)
+        self._charged: dict[str, int] = {}
         self.delta = delta
         self.max_names = max_names
         self.node_id = ""
@@ -128,12 +143,24 @@ class Connection:
         A `repeated` NACK is not counted in `nacks` again."""
         new = type_url not in self.subscriptions
         sub = self.subscription(type_url)
+        charged = self._charged.get(type_url, 0)
         try:
-            outcome = sub.handle(request)
+            if self._ledger is not None:
+                need = sub.names_after(request)
+                if need > charged:
+                    self._ledger.charge(self.client, need - charged, type_url)
+                    charged = self._charged[type_url] = need
+            # Names are kept as the offered resources' own strings: shared, never interned.
+            offered = self.resources.of(type_url) if self.resources is not None else {}
+            outcome = sub.handle(request, offered)
         except SubscriptionLimitError:
             if new:
                 del self.subscriptions[type_url]
             raise
+        if self._ledger is not None and sub.held_names != charged:
+            # What the request left held (the charge was at most that): the rest goes back.
+            self._ledger.charge(self.client, sub.held_names - charged, type_url)
+            self._charged[type_url] = sub.held_names
         if outcome.kind is RequestKind.NACK:
             if not outcome.repeated:
                 self.nacks += 1
@@ -148,6 +175,12 @@ class Connection:
                 self._sent_generation[type_url] = {v: g for v, g in sent.items() if g >= acked}
             self._release_retained()
         return outcome
+
+    def close(self) -> None:
+        """The stream ended: give back the names charged to its client."""
+        if self._ledger is not None:
+            self._ledger.charge(self.client, -sum(self._charged.values()), "")
+            self._charged.clear()
 
     # -- resources ---------------------------------------------------------------------------
 

@@ -12,13 +12,17 @@ when the operator opted in for a loopback demo (`--insecure-send-keys`), to any 
 proxy gets config without mutual TLS, and the server says so once per node.
 
 The identity is Istio's `spiffe://TRUST_DOMAIN/ns/NAMESPACE/sa/SERVICE_ACCOUNT`: the namespace
-the proxy is bound in and the service account of its workload (the WorkloadEntry's, else its
-registry endpoints', else `default`).
+the proxy is bound in and the service account of its workload (`Proxy.service_account`: for an
+attested node, exactly the one its certificate proved; a workload naming none runs as `default`).
+A node whose binding no longer holds (`BindingError`) has its certificate forgotten at once.
 
-Certificates are issued per node, kept while the node's identity stays the same, and replaced
-once two thirds of their lifetime is spent (`due`): the server then publishes again, every stream
-re-resolves, and only the secrets of the renewed nodes change, so Envoy swaps the certificate
-under live connections without touching a cluster or a listener.
+Certificates are issued per identity, not per node: the nodes of one identity share one
+certificate and key (as they would share a service account's), so a client naming thousands of
+node ids costs one certificate, not thousands. A certificate is kept while a node holds it and
+replaced once two thirds of its lifetime is spent (`due`): the server then publishes again to the
+nodes holding it, they re-resolve, and only their secrets change, so Envoy swaps the certificate
+under live connections without touching a cluster or a listener. A node whose last stream ends
+is forgotten (`forget`), and with its identity's last node, the certificate.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import datetime
 import heapq
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -34,11 +39,11 @@ from typing import Any
 
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 
+from meshctl.errors import BindingError
 from meshctl.logs import untrusted
 from meshctl.security.ca import CertificateAuthority, IssuedCertificate
 from meshctl.security.identity import WorkloadIdentity
 from meshctl.server.cache import ProxyResources, Resolved
-from meshctl.snapshot.model import Snapshot, spec
 from meshctl.snapshot.proxy import Proxy, ProxyNode
 from meshctl.xds import mesh_tls, types
 from meshctl.xds.resources import Resource, to_resource
@@ -82,10 +87,15 @@ class WorkloadSecrets:
         self._unauthenticated = send_keys_unauthenticated
         self._clock = clock
         self._lock = threading.Lock()
-        self._held: dict[str, _Held] = {}
-        #: (renewal time, node id) of every certificate issued; entries no longer held (renewed,
-        #: forgotten) are dropped when they reach the top.
-        self._due: list[tuple[datetime.datetime, str]] = []
+        #: identity -> its certificate, shared by the nodes holding it
+        self._held: dict[WorkloadIdentity, _Held] = {}
+        #: node id -> the identity whose certificate it was last sent
+        self._holders: dict[str, WorkloadIdentity] = {}
+        #: identity -> how many nodes hold it (a node leaving is then no scan of every node)
+        self._holding: Counter[WorkloadIdentity] = Counter()
+        #: (renewal time, URI, identity) of every certificate issued (the URI orders equal times);
+        #: entries no longer held (renewed, forgotten) are dropped when they reach the top.
+        self._due: list[tuple[datetime.datetime, str, WorkloadIdentity]] = []
         #: Certificates due within this long of a round are renewed in it: proxies that connected
         #: within a few seconds of each other then renew in one round, not one round each.
         self._window = min(lifetime / 20, datetime.timedelta(minutes=10))
@@ -118,7 +128,11 @@ class WorkloadSecrets:
 
     def resolve(self, node: ProxyNode, state: Any) -> Resolved:
         allowed = self.may_send_keys(node)
-        resolved = self._resolve(replace(node, mesh_certificates=allowed), state)
+        try:
+            resolved = self._resolve(replace(node, mesh_certificates=allowed), state)
+        except BindingError:
+            self.forget(node.id)  # its stream ends: the key it held is no longer its
+            raise
         if not allowed:
             if self._ca is not None and node.id not in self._refused and len(self._refused) < 10_000:
                 self._refused.add(node.id)
@@ -136,30 +150,49 @@ class WorkloadSecrets:
     def held(self, node_id: str) -> tuple[secret_pb2.Secret, ...]:
         """The secrets last issued to `node_id` (for the debug dump, which redacts the key)."""
         with self._lock:
-            found = self._held.get(node_id)
+            identity = self._holders.get(node_id)
+            found = self._held.get(identity) if identity is not None else None
         return found.messages if found is not None else ()
 
     def held_nodes(self) -> list[str]:
         """The node ids holding a certificate (for the debug pages and tests)."""
         with self._lock:
-            return sorted(self._held)
+            return sorted(self._holders)
+
+    def held_identities(self) -> list[str]:
+        """The identities a certificate is held for (for the debug pages and tests)."""
+        with self._lock:
+            return sorted(i.uri for i in self._held)
+
+    def forget(self, node_id: str) -> None:
+        """`node_id` holds no certificate any more (its last stream ended, or its binding no
+        longer holds); its identity's certificate goes with its last node."""
+        with self._lock:
+            identity = self._holders.pop(node_id, None)
+            if identity is not None:
+                self._holding[identity] -= 1
+                if self._holding[identity] <= 0:
+                    del self._holding[identity]
+                    self._held.pop(identity, None)
 
     def due(self) -> datetime.datetime | None:
         """When the first certificate held needs renewing (None: none held); cheap, whatever the
         fleet (the top of a heap)."""
         with self._lock:
             while self._due:
-                at, node_id = self._due[0]
-                held = self._held.get(node_id)
+                at, _, identity = self._due[0]
+                held = self._held.get(identity)
                 if held is not None and held.certificate.renew_at == at:
                     return at
                 heapq.heappop(self._due)
             return None
 
     def due_nodes(self, now: datetime.datetime) -> set[str]:
-        """The nodes a renewal round at `now` renews: those due by now, and within the window."""
+        """The nodes a renewal round at `now` renews: those holding a certificate due by now, and
+        within the window."""
         with self._lock:
-            return {n for n, h in self._held.items() if h.renew_from <= now}
+            due = {i for i, h in self._held.items() if h.renew_from <= now}
+            return {n for n, i in self._holders.items() if i in due}
 
     def forget_due(self, now: datetime.datetime) -> int:
         """After a renewal round: drop the certificates still due at `now`. Every connected
@@ -167,19 +200,36 @@ class WorkloadSecrets:
         that left; kept, they would make every round due at once until they expire. Returns how
         many."""
         with self._lock:
-            gone = [n for n, h in self._held.items() if h.renew_from <= now]
-            for node_id in gone:
-                del self._held[node_id]
+            gone = {i for i, h in self._held.items() if h.renew_from <= now}
+            for identity in gone:
+                del self._held[identity]
+            self._holders = {n: i for n, i in self._holders.items() if i not in gone}
+            for identity in gone:
+                self._holding.pop(identity, None)
         return len(gone)
+
+    def _hold(self, node_id: str, identity: WorkloadIdentity) -> None:
+        """Note that `node_id` holds `identity`'s certificate (with the lock held)."""
+        before = self._holders.get(node_id)
+        if before == identity:
+            return
+        if before is not None:
+            self._holding[before] -= 1
+            if self._holding[before] <= 0:
+                del self._holding[before]
+                self._held.pop(before, None)
+        self._holders[node_id] = identity
+        self._holding[identity] += 1
 
     def _certificate(self, proxy: Proxy, state: Any) -> _Held:
         assert self._ca is not None and self._root is not None  # only for nodes `may_send_keys` allows
-        identity = WorkloadIdentity(self._trust_domain(), proxy.namespace, _service_account(proxy, state))
+        identity = WorkloadIdentity(self._trust_domain(), proxy.namespace, proxy.service_account or "default")
         now = self._clock()
         with self._lock:
-            held = self._held.get(proxy.id)
-        if held is not None and held.identity == identity and now < held.renew_from:
-            return held
+            held = self._held.get(identity)
+            if held is not None and now < held.renew_from:
+                self._hold(proxy.id, identity)
+                return held
         certificate = self._ca.issue_workload(identity, self._lifetime, now)
         secret = mesh_tls.tls_certificate_secret(
             mesh_tls.WORKLOAD_SECRET, certificate.cert_chain_pem, certificate.private_key_pem
@@ -190,20 +240,11 @@ class WorkloadSecrets:
         renew_from = certificate.renew_at - self._window
         held = _Held(identity, certificate, secrets, (secret, self._root_message), renew_from)
         with self._lock:
-            self._held[proxy.id] = held
-            heapq.heappush(self._due, (certificate.renew_at, proxy.id))
+            self._held[identity] = held
+            self._hold(proxy.id, identity)
+            heapq.heappush(self._due, (certificate.renew_at, identity.uri, identity))
             self.issued += 1
-        logger.info("issued %s to proxy %s until %s", identity.uri, proxy.id[:200], certificate.not_after.isoformat())
+        logger.info(
+            "issued %s to proxy %s until %s", identity.uri, untrusted(proxy.id), certificate.not_after.isoformat()
+        )
         return held
-
-
-def _service_account(proxy: Proxy, state: Any) -> str:
-    """The service account the proxy's workload runs as: its WorkloadEntry's, else its registry
-    endpoints' (the first by name), else Istio's `default`."""
-    if isinstance(state, Snapshot) and proxy.workload:
-        namespace, _, name = proxy.workload.partition("/")
-        entry = state.get("WorkloadEntry", namespace, name) if name else None
-        if entry is not None and spec(entry).service_account:
-            return str(spec(entry).service_account)
-    accounts = sorted({i.endpoint.service_account for i in proxy.instances if i.endpoint.service_account})
-    return accounts[0] if accounts else "default"

@@ -32,7 +32,7 @@ import enum
 import itertools
 import sys
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -114,10 +114,35 @@ def _shared_names(names: frozenset[str]) -> frozenset[str]:
     return names
 
 
+def _keeper(offered: Mapping[str, Resource] | None) -> Callable[[str], str]:
+    """How a name a client sent is kept. With the resources the stream is `offered`: as the name
+    of the resource under it, one string every stream asking for it shares, else as sent. Not
+    `sys.intern`, which only a caller without them gets: CPython's table of interned strings
+    grows for good, so a client that sends 100,000 made-up names would leave the server bigger
+    after its stream ended, and so would each such stream after it."""
+    if offered is None:
+        return sys.intern
+
+    def keep(name: str) -> str:
+        found = offered.get(name)
+        return found.name if found is not None else name
+
+    return keep
+
+
 def _too_many(type_url: str, count: int, what: str, limit: int) -> SubscriptionLimitError:
     return SubscriptionLimitError(
         f"{type_url}: {count} {what}, more than the {limit} one stream may have", type_url=type_url, limit=limit
     )
+
+
+def _version(offered: Mapping[str, Resource] | None, name: str, version: str) -> str:
+    """A version a client says it holds, kept as the offered resource's string when they are
+    the same (a thousand proxies resuming hold one copy), else as sent."""
+    if offered is None:
+        return sys.intern(version)
+    found = offered.get(name)
+    return found.version if found is not None and found.version == version else version
 
 
 class _Nonces:
@@ -207,10 +232,23 @@ class SotwSubscription:
         #: started by a reconnect naming a version: if it is the current one, the node holds it
         self._resumed = False
 
-    def handle(self, request: discovery_pb2.DiscoveryRequest) -> RequestOutcome:
+    @property
+    def held_names(self) -> int:
+        """How many names the client made this subscription hold (the wildcard aside)."""
+        return len(self.names)
+
+    def names_after(self, request: discovery_pb2.DiscoveryRequest) -> int:
+        """At most how many names this subscription holds once `request` is applied: what a
+        client is charged before it is (`limits.ClientLedger`)."""
+        return len(request.resource_names)
+
+    def handle(
+        self, request: discovery_pb2.DiscoveryRequest, offered: Mapping[str, Resource] | None = None
+    ) -> RequestOutcome:
         """Apply one request. A NACK of the version already rejected (the node says it again, as
-        Envoy does when it changes its names after a NACK) is `repeated`."""
-        names = frozenset(map(sys.intern, request.resource_names))  # one copy for all proxies
+        Envoy does when it changes its names after a NACK) is `repeated`. Names are kept as the
+        names of the resources `offered` (`_keeper`): one copy for all proxies."""
+        names = frozenset(map(_keeper(offered), request.resource_names))
         if len(names) - (WILDCARD in names) > self._max_names:
             raise _too_many(self.type_url, len(names) - (WILDCARD in names), "names requested", self._max_names)
         if not self.started:
@@ -426,9 +464,27 @@ class DeltaSubscription:
         self.nack: Nack | None = None
         #: A ResourceSet found to need no push; the same set needs none until a request comes.
         self._settled: ResourceSet | None = None
+        #: initial resource versions the first request claimed
+        self._claimed = 0
 
-    def handle(self, request: discovery_pb2.DeltaDiscoveryRequest) -> RequestOutcome:
+    @property
+    def held_names(self) -> int:
+        """How many names the client made this subscription hold: those subscribed, and the
+        initial resource versions it claimed (kept while the stream lives)."""
+        return len(self.names) + self._claimed
+
+    def names_after(self, request: discovery_pb2.DeltaDiscoveryRequest) -> int:
+        """At most how many names this subscription holds once `request` is applied (raises
+        `SubscriptionLimitError` past `max_names`): what a client is charged before it is."""
+        claimed = self._claimed if self.started else len(request.initial_resource_versions)
+        return self._check_limits(request) + claimed
+
+    def handle(
+        self, request: discovery_pb2.DeltaDiscoveryRequest, offered: Mapping[str, Resource] | None = None
+    ) -> RequestOutcome:
+        """Apply one request; names are kept as the names of the resources `offered` (`_keeper`)."""
         self._check_limits(request)
+        keep = _keeper(offered)
         self._settled = None
         changed = False
         kind = RequestKind.UPDATE
@@ -437,7 +493,8 @@ class DeltaSubscription:
             kind = RequestKind.INITIAL
             changed = True
             # Interned: a thousand proxies resuming on this replica name the same resources.
-            self.known.update((sys.intern(n), sys.intern(v)) for n, v in request.initial_resource_versions.items())
+            self.known.update((keep(n), _version(offered, n, v)) for n, v in request.initial_resource_versions.items())
+            self._claimed = len(request.initial_resource_versions)
             if not request.resource_names_subscribe and self._wildcard_when_empty:
                 self.wildcard = True
         for name in request.resource_names_subscribe:
@@ -445,7 +502,7 @@ class DeltaSubscription:
             if name == WILDCARD:
                 self.wildcard = True
                 continue
-            self.names.add(sys.intern(name))
+            self.names.add(keep(name))
             if kind is not RequestKind.INITIAL and name in self.known:
                 # An explicit subscribe asks for the resource even if the node had it before.
                 self.known[name] = _UNKNOWN
@@ -463,20 +520,22 @@ class DeltaSubscription:
             return RequestOutcome(kind, changed)
         return self._answered(request, kind, changed)
 
-    def _check_limits(self, request: discovery_pb2.DeltaDiscoveryRequest) -> None:
-        """Raise before anything changes if the request would pass `max_names`."""
+    def _check_limits(self, request: discovery_pb2.DeltaDiscoveryRequest) -> int:
+        """Raise before anything changes if the request would pass `max_names`; else at most
+        how many names are subscribed once it is applied."""
         limit = self._max_names
         if not self.started and len(request.initial_resource_versions) > limit:
             count = len(request.initial_resource_versions)
             raise _too_many(self.type_url, count, "initial resource versions", limit)
         subscribe = request.resource_names_subscribe
         if len(self.names) + len(subscribe) <= limit:
-            return
+            return len(self.names) + len(subscribe)
         unsubscribe = set(request.resource_names_unsubscribe)
         adding = {n for n in subscribe if n != WILDCARD and n not in self.names and n not in unsubscribe}
         count = len(self.names) - len(unsubscribe & self.names) + len(adding)
         if count > limit:
             raise _too_many(self.type_url, count, "names subscribed", limit)
+        return count
 
     def _answered(
         self, request: discovery_pb2.DeltaDiscoveryRequest, kind: RequestKind, changed: bool

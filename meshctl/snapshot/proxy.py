@@ -9,8 +9,21 @@ and the services it is an endpoint of give its inbound listeners.
 
 A node whose identity a client certificate proved (`ProxyNode.attested`, set by the server when it
 requires client certificates) is bound more strictly, because everything else in its request is
-the client's word: only to a workload of its own namespace, and with its workload's labels alone
-(node metadata cannot add a label that would select another workload's Sidecar or a Gateway).
+the client's word (its IP above all):
+
+- only to a workload of its own namespace, and with its workload's labels alone (node metadata
+  cannot add a label that would select another workload's Sidecar or a Gateway);
+- bound to a WorkloadEntry, its instances are that entry's endpoints alone: a ServiceEntry's
+  inline endpoint, another WorkloadEntry or a Consul instance at the IP it claims is not its
+  workload, and lends it neither an inbound listener nor a service account;
+- its workload runs as exactly one service account (`Proxy.service_account`): the entry's own,
+  else its WorkloadGroup template's, else Istio's `default`; bound by IP to registry endpoints,
+  the one they all agree on (endpoints at one address running as several name no single
+  identity, and prove nothing);
+- once the server has proved it (`ProxyNode.workload`, `ProxyNode.service_account`), it binds to
+  that workload as that service account or not at all: `bind_proxy` raises `BindingError` when a
+  later snapshot would bind it elsewhere (its entry deleted, another workload at its IP) or make
+  it run as another account, and the server ends its stream rather than re-bind it.
 
 What a node sends is untrusted and kept small: a node id longer than `MAX_NODE_ID` is refused,
 and of the metadata only the keys read here are kept.
@@ -27,9 +40,10 @@ from typing import Any
 from meshctl.api.networking.v1alpha3 import sidecar_pb2
 from meshctl.config.labels import labels_match, selector_labels
 from meshctl.config.model import Config
-from meshctl.errors import NodeIdError
+from meshctl.errors import BindingError, NodeIdError
 from meshctl.logs import untrusted
 from meshctl.registry.model import Endpoint, Service
+from meshctl.registry.serviceentry import GROUP_ANNOTATION
 from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import Snapshot, spec
 
@@ -62,6 +76,10 @@ class ProxyNode:
     metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     #: Its identity was proven by a client certificate: bound strictly (see the module docstring).
     attested: bool = False
+    #: The workload (`Proxy.workload`) and service account its certificate proved, once the server
+    #: checked it: an attested node binds to exactly these or not at all (`BindingError`).
+    workload: str = ""
+    service_account: str = ""
     #: It is sent the mesh's workload certificates over SDS, so its config may use mutual TLS
     #: (ISTIO_MUTUAL, auto mTLS, PeerAuthentication). The server says no for a proxy it may not
     #: send a key to; config that names a secret the proxy never gets would never start.
@@ -179,6 +197,9 @@ class Proxy:
     outbound: OutboundProxy | None = None
     #: The version of the snapshot it was bound in, which `outbound` belongs to.
     snapshot_version: str = ""
+    #: The service account its workload runs as (see the module docstring); "" when it is bound
+    #: to none, or (attested) to endpoints that disagree on one.
+    service_account: str = ""
 
     @property
     def id(self) -> str:
@@ -253,7 +274,8 @@ def _family(ip: str) -> str:
 def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
     """Bind `node` to its workload in `snapshot`: labels come from the workload, overlaid by the
     node's own `LABELS` metadata (what the node says about itself wins) unless it is attested,
-    when they come from the workload alone and only its own namespace's endpoints count."""
+    when it is bound as the module docstring says. Raises `BindingError` for an attested node
+    the server proved that no longer binds to what it proved."""
     labels: dict[str, str] = {}
     workload = ""
     entry = _workload_entry(node, snapshot)
@@ -263,9 +285,12 @@ def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
         workload = f"{entry.namespace}/{entry.name}"
     instances = []
     for service, ep in snapshot.index.endpoints_at(node.ip):
-        if entry is not None and ep.name and (ep.namespace, ep.name) != (entry.namespace, entry.name):
-            continue
-        if node.attested and ep.namespace != node.namespace:
+        if node.attested:
+            if ep.namespace != node.namespace:
+                continue
+            if entry is not None and (ep.namespace, ep.name) != (entry.namespace, entry.name):
+                continue  # at the IP it claims, but not its workload's
+        elif entry is not None and ep.name and (ep.namespace, ep.name) != (entry.namespace, entry.name):
             continue
         instances.append(ServiceInstance(service, ep))
         if entry is None:
@@ -273,10 +298,47 @@ def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
             workload = workload or (f"{ep.namespace}/{ep.name}" if ep.name else ep.address)
     if not node.attested:
         labels.update(node.labels)
+    account = _service_account(entry, instances, snapshot, strict=node.attested)
+    if node.attested and node.workload and (workload, account) != (node.workload, node.service_account):
+        now = f"workload {workload or 'none'}" + (f" as service account {account}" if account else "")
+        raise BindingError(
+            f"node {untrusted(node.id)} was proved as workload {node.workload} (service account "
+            f"{node.service_account}) and now binds to {now}"
+        )
     address_in_config = node.interception is not InterceptionMode.NONE or _any_sidecar_ingress(snapshot)
     proxy = Proxy(node, MappingProxyType(labels), workload, tuple(instances), address_in_config)
     outbound = outbound_proxy(proxy, snapshot)
-    return Proxy(node, proxy.labels, workload, proxy.instances, address_in_config, outbound, snapshot.version)
+    return Proxy(node, proxy.labels, workload, proxy.instances, address_in_config, outbound, snapshot.version, account)
+
+
+def entry_service_account(entry: Config, snapshot: Snapshot) -> str:
+    """The service account a WorkloadEntry runs as: its own, else its WorkloadGroup template's
+    (an auto-registered entry), else Istio's `default`."""
+    own = str(spec(entry).service_account)
+    if own:
+        return own
+    group_name = entry.annotations.get(GROUP_ANNOTATION, "")
+    group = snapshot.get("WorkloadGroup", entry.namespace, group_name) if group_name else None
+    if group is not None and spec(group).template.service_account:
+        return str(spec(group).template.service_account)
+    return "default"
+
+
+def _service_account(
+    entry: Config | None, instances: list[ServiceInstance], snapshot: Snapshot, *, strict: bool
+) -> str:
+    """The service account of the workload bound: its entry's, else that of its registry
+    endpoints. `strict` (an attested node, which must be one identity): an endpoint naming none
+    runs as `default`, and endpoints that disagree give "". Otherwise the first named, else
+    `default`."""
+    if entry is not None:
+        return entry_service_account(entry, snapshot)
+    if not instances:
+        return ""
+    if strict:
+        accounts = {i.endpoint.service_account or "default" for i in instances}
+        return accounts.pop() if len(accounts) == 1 else ""
+    return min((i.endpoint.service_account for i in instances if i.endpoint.service_account), default="default")
 
 
 def outbound_of(proxy: Proxy, snapshot: Snapshot) -> OutboundProxy:
