@@ -195,10 +195,10 @@ def _load_balancer(report: Report, path: FieldPath, lb: Any, outlier: Any | None
         if ch.minimum_ring_size:
             report.warn((*at, "minimumRingSize"), 'minimumRingSize is deprecated: use "ringHash.minimumRingSize"')
             report.error((*at, "minimumRingSize"), ring_size_problem(ch.minimum_ring_size))
-        if ch.HasField("ring_hash"):
-            report.error((*at, "ringHash", "minimumRingSize"), ring_size_problem(ch.ring_hash.minimum_ring_size))
             if ch.WhichOneof("hash_algorithm"):
                 report.error((*at, "minimumRingSize"), 'minimumRingSize cannot be set with "ringHash" or "maglev"')
+        if ch.HasField("ring_hash"):
+            report.error((*at, "ringHash", "minimumRingSize"), ring_size_problem(ch.ring_hash.minimum_ring_size))
         if ch.HasField("maglev"):
             size = ch.maglev.table_size
             if size == 0:
