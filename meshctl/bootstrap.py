@@ -329,6 +329,13 @@ def build_bootstrap(node: ProxyNode, options: BootstrapOptions) -> dict[str, Any
             "cds_config": _ads_source(),
             "lds_config": _ads_source(),
         },
+        # The Health Discovery Service on the same servers (same cluster, so the same TLS): the
+        # server tells this Envoy how to probe its own workload, and Envoy reports the results.
+        "hds_config": {
+            "api_type": "GRPC",
+            "transport_api_version": "V3",
+            "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}],
+        },
         "static_resources": static,
     }
 

@@ -151,6 +151,16 @@ def serve(
             "rootNamespace, outboundTrafficPolicy, connectTimeout, trustDomain; followed for changes.",
         ),
     ] = None,
+    health_grace: Annotated[
+        float,
+        typer.Option(
+            "--health-grace",
+            envvar="MESHCTL_HEALTH_GRACE",
+            metavar="SECONDS",
+            help="A health-checked workload whose Envoy has had no health stream for this long is "
+            "unhealthy until it reconnects and reports again (Istio's PILOT_WORKLOAD_ENTRY_GRACE_PERIOD).",
+        ),
+    ] = 10.0,
     registry_sync_timeout: Annotated[
         float,
         typer.Option(
@@ -318,6 +328,7 @@ def serve(
         admin_token_file=admin_token_file,
         notify=NotifySettings.from_environ(os.environ, os.getpid()),
         registry_sync_timeout=max(0.0, registry_sync_timeout),
+        health_grace=max(0.0, health_grace),
         mesh_config=mesh_config,
         freeze_startup=True,
         ca_dir=ca_dir,

@@ -38,7 +38,8 @@ class FileRegistry:
 
     def __init__(self, configs: Iterable[Config] = (), *, name: str = "files") -> None:
         self._name = name
-        self._lock = threading.Lock()
+        # Reentrant: a listener (called with it held) may read `configs()`.
+        self._lock = threading.RLock()
         self._configs: dict[ConfigKey, Config] = {c.key: c for c in configs if c.kind in KINDS}
         self._memo = BuildMemo()
         self._model = build_file_model(self._configs.values(), self._memo)
@@ -50,6 +51,11 @@ class FileRegistry:
 
     def model(self) -> ServiceModel:
         return self._model
+
+    def configs(self) -> tuple[Config, ...]:
+        """The ServiceEntry, WorkloadEntry and WorkloadGroup configs the model is built from."""
+        with self._lock:
+            return tuple(self._configs.values())
 
     def status(self) -> RegistryStatus:
         model = self._model

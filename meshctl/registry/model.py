@@ -185,6 +185,9 @@ class Endpoint:
     network: str = ""
     name: str = ""
     namespace: str = ""
+    #: Why `health` is what it is, for people (a failing probe, a stream gone); not part of what
+    #: Envoy is sent, so it neither compares nor counts in digests.
+    health_reason: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "labels", frozen(self.labels))

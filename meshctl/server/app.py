@@ -36,11 +36,13 @@ from meshctl.kv.source import KvLocation
 from meshctl.registry.aggregate import AggregateRegistry
 from meshctl.registry.base import Registry
 from meshctl.registry.consul import ConsulOptions, ConsulRegistry
+from meshctl.registry.health import HealthCheckedRegistry, HealthReports
 from meshctl.server.admin import AdminServer
 from meshctl.server.ads import AdsServicer
 from meshctl.server.auth import BearerToken, XdsTls, identity_authorizer, is_loopback
 from meshctl.server.cache import ResourceCache
 from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
+from meshctl.server.health import HealthDiscovery
 from meshctl.server.limits import StreamLimits
 from meshctl.server.mesh_config import MeshConfigFile
 from meshctl.server.metrics import Metrics
@@ -141,6 +143,9 @@ class ServeSettings:
     max_new_streams_per_second: float = 0.0
     #: What the clients of the xDS port may make the server hold (`meshctl.server.limits`).
     limits: StreamLimits = field(default_factory=StreamLimits)
+    #: Seconds a health-checked workload's Envoy may be without a health stream before the
+    #: workload counts as unhealthy (Istio's PILOT_WORKLOAD_ENTRY_GRACE_PERIOD).
+    health_grace: float = 10.0
 
 
 #: How long a stream past its connection's max age may still run (istiod's
@@ -195,7 +200,10 @@ class Server:
         )
         self.store, self.watcher, self.files = self.followed.store, self.followed.watcher, self.followed.registry
         self.consul = ConsulRegistry(settings.consul) if settings.consul is not None else None
-        members: list[Registry] = [self.files]
+        #: What the workloads' own Envoys report over HDS, laid over the files' endpoints.
+        self.health = HealthReports()
+        self.checked = HealthCheckedRegistry(self.files, self.health)
+        members: list[Registry] = [self.checked]
         if self.consul is not None:
             members.append(self.consul)
         self.registry = AggregateRegistry(members)
@@ -225,7 +233,15 @@ class Server:
             limits=settings.limits,
             left=self.secrets.forget,
         )
+        self.hds = HealthDiscovery(
+            self.health,
+            lambda: self.discovery.snapshot,
+            grace=settings.health_grace,
+            authorize=authorize,
+            admit=self.admission,
+        )
         self._renewal: asyncio.Task[None] | None = None
+        self._unfollow_checks: Callable[[], None] | None = None
         self.status = ServerStatus(self)
         self.notify = SystemdNotifier(settings.notify, lambda: service_status(self))
         self._grpc: grpc.aio.Server | None = None
@@ -253,6 +269,7 @@ class Server:
         first = await loop.run_in_executor(None, self.followed.start)
         for finding in first.errors:
             logger.error("%s", finding)
+        self._unfollow_checks = self.checked.follow(self.store)
         if self.consul is not None:
             self.consul.start()
         snapshot = await self.discovery.start()
@@ -284,7 +301,7 @@ class Server:
                 *grpc_age_options(self.settings.max_connection_age),
             ]
         )
-        self._grpc.add_generic_rpc_handlers((self.ads.handlers(),))
+        self._grpc.add_generic_rpc_handlers((self.ads.handlers(), self.hds.handlers()))
         host, port = split_address(self.settings.xds_address)
         listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
@@ -387,6 +404,10 @@ class Server:
         if self._sync_timer is not None:
             self._sync_timer.cancel()
         await self.discovery.stop()
+        self.hds.stop()
+        if self._unfollow_checks is not None:
+            self._unfollow_checks()
+        self.checked.close()
         if self._grpc is not None:
             await self._grpc.stop(self.settings.drain_seconds)
             self._grpc = None
@@ -423,6 +444,7 @@ class Server:
 
     async def _publish(self, snapshot: Snapshot, seen: float) -> None:
         self._observe(snapshot)
+        self.hds.publish(snapshot)
         await self.ads.publish(snapshot, seen)
 
     def _observe(self, snapshot: Snapshot) -> None:

@@ -121,6 +121,7 @@ class ServerStatus:
                             "ports": {str(k): v for k, v in ep.ports.items()},
                             "labels": dict(ep.labels),
                             "health": ep.health.value,
+                            "healthReason": ep.health_reason,
                             "locality": ep.locality,
                             "workload": f"{ep.namespace}/{ep.name}" if ep.name else "",
                         }

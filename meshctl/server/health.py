@@ -1,0 +1,238 @@
+"""Envoy's Health Discovery Service: each VM's Envoy probes its own app and reports here.
+
+`meshctl bootstrap` gives every proxy an `hds_config` naming the same xDS servers, and this
+servicer runs beside ADS on the same gRPC server. A stream's first message names its node; the
+node is admitted, attested and bound to its workload by exactly the rules ADS uses
+(`Server.admission`, `server/auth.py`, `bind_proxy`), so a node only ever hears of, and reports
+on, its own workload: its stream is sent that workload's check (`xds/health_checks.py`, none
+when it is not checked) and reports on any other cluster are ignored.
+
+Reports become registry state (`meshctl.registry.health.HealthReports`): the registry lays them
+over the files' endpoints, the snapshot carries them, and every proxy's EDS follows. A stream's
+ending is noted too; once a workload's Envoy has had no stream for `grace` seconds, the workload
+is unhealthy until its Envoy is back and reports (`HealthReports.expire`).
+
+A stream is sent a new specification only when its workload's check changes (a probe edited);
+Envoy rebuilds its health-check clusters on every specification it is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final
+
+import grpc
+from envoy.config.core.v3 import health_check_pb2
+from envoy.service.health.v3 import hds_pb2
+
+from meshctl.errors import BindingError, NodeIdError
+from meshctl.logs import untrusted
+from meshctl.registry.health import HealthReports, WorkloadKey
+from meshctl.registry.health_checks import WorkloadCheck, workload_checks
+from meshctl.server.ads import Authorizer, _metadata
+from meshctl.snapshot.model import Snapshot
+from meshctl.snapshot.proxy import ProxyNode, bind_proxy, parse_node_id
+from meshctl.xds.health_checks import STATUS_WORDS, health_check_specifier, health_cluster_name
+
+logger = logging.getLogger("meshctl.server.health")
+
+SERVICE: Final = "envoy.service.health.v3.HealthDiscoveryService"
+
+_HEALTHY: Final = frozenset({health_check_pb2.HEALTHY, health_check_pb2.DEGRADED})
+
+
+class _Stream:
+    __slots__ = ("check", "key", "label", "wake")
+
+    def __init__(self, key: WorkloadKey | None, label: str) -> None:
+        self.key = key
+        self.label = label
+        self.check: WorkloadCheck | None = None
+        self.wake = asyncio.Event()
+
+
+class HealthDiscovery:
+    """The HDS servicer: assignments out, reports in (see the module docstring)."""
+
+    def __init__(
+        self,
+        reports: HealthReports,
+        snapshot: Callable[[], Snapshot | None],
+        *,
+        grace: float = 10.0,
+        authorize: Authorizer | None = None,
+        admit: Callable[[], str | None] | None = None,
+    ) -> None:
+        self.reports = reports
+        self._snapshot = snapshot
+        self.grace = grace
+        self._authorize = authorize
+        self._admit = admit
+        self._ids = itertools.count(1)
+        #: stream id -> stream, for pushes and `proxy-status`
+        self.streams: dict[int, _Stream] = {}
+        self._checks: tuple[str, dict[WorkloadKey, WorkloadCheck]] = ("", {})
+        self._expiry: asyncio.TimerHandle | None = None
+
+    def handlers(self) -> grpc.GenericRpcHandler[Any, Any]:
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "StreamHealthCheck": grpc.stream_stream_rpc_method_handler(
+                    self.stream,
+                    request_deserializer=hds_pb2.HealthCheckRequestOrEndpointHealthResponse.FromString,
+                    response_serializer=hds_pb2.HealthCheckSpecifier.SerializeToString,
+                ),
+            },
+        )
+
+    def checks(self, snapshot: Snapshot) -> dict[WorkloadKey, WorkloadCheck]:
+        """The checked workloads of `snapshot`, computed once per version."""
+        version, found = self._checks
+        if version != snapshot.version:
+            found = workload_checks(snapshot.configs.values(), snapshot.services)
+            self._checks = (snapshot.version, found)
+        return found
+
+    def publish(self, snapshot: Snapshot) -> None:
+        """A new snapshot: wake the streams whose workload's check may have changed."""
+        checks = self.checks(snapshot)
+        for stream in self.streams.values():
+            if stream.key is not None and checks.get(stream.key) != stream.check:
+                stream.wake.set()
+
+    def stop(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+
+    # -- one stream --------------------------------------------------------------------------
+
+    async def stream(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        refusal = self._admit() if self._admit is not None else None
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
+        first = await anext(aiter(requests), None)
+        if first is None:
+            return
+        node = self._node(first, context)
+        if isinstance(node, tuple):
+            await context.abort(*node)
+        snapshot = self._snapshot()
+        if snapshot is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server has not loaded its config yet")
+        try:
+            proxy = bind_proxy(node, snapshot)
+        except BindingError as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        namespace, _, name = proxy.workload.partition("/")
+        stream_id = next(self._ids)
+        stream = _Stream((namespace, name) if name else None, untrusted(node.id))
+        self.streams[stream_id] = stream
+        if stream.key is not None:
+            self.reports.opened(stream.key)
+        logger.info("proxy %s opened a health stream (workload %s)", stream.label, proxy.workload or "none")
+        reader = asyncio.create_task(self._read(stream, requests))
+        reader.add_done_callback(lambda _: stream.wake.set())
+        try:
+            await self._send(stream, context, snapshot, first=True)
+            while True:
+                await stream.wake.wait()
+                stream.wake.clear()
+                if reader.done():
+                    reader.result()
+                    return
+                current = self._snapshot()
+                if current is not None:
+                    await self._send(stream, context, current)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            del self.streams[stream_id]
+            if stream.key is not None:
+                self.reports.closed(stream.key)
+                self._expire_later()
+            logger.info("proxy %s closed its health stream", stream.label)
+
+    def _node(self, first: Any, context: grpc.aio.ServicerContext[Any, Any]) -> ProxyNode | tuple[Any, str]:
+        request = first.health_check_request
+        if not first.HasField("health_check_request") or not request.node.id:
+            return grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a health_check_request with node.id"
+        try:
+            node = parse_node_id(request.node.id, _metadata(request.node.metadata))
+        except NodeIdError as exc:
+            return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+        if self._authorize is not None:
+            attested = self._authorize(node, context)
+            if isinstance(attested, str):
+                logger.warning("refused the health stream of node %s: %s", untrusted(node.id), attested)
+                return grpc.StatusCode.PERMISSION_DENIED, attested
+            node = attested
+        return node
+
+    async def _send(
+        self, stream: _Stream, context: grpc.aio.ServicerContext[Any, Any], snapshot: Snapshot, *, first: bool = False
+    ) -> None:
+        check = self.checks(snapshot).get(stream.key) if stream.key is not None else None
+        if not first and check == stream.check:
+            return
+        stream.check = check
+        await context.write(health_check_specifier([check] if check is not None else []))
+
+    async def _read(self, stream: _Stream, requests: AsyncIterator[Any]) -> None:
+        async for message in requests:
+            if message.HasField("endpoint_health_response") and stream.key is not None:
+                self._report(stream, message.endpoint_health_response)
+
+    def _report(self, stream: _Stream, response: Any) -> None:
+        """Take the report on this stream's own workload's cluster; anything else is ignored."""
+        check, key = stream.check, stream.key
+        if check is None or key is None:
+            return
+        wanted = health_cluster_name(*key)
+        statuses: dict[int, int] = {}
+        for cluster in response.cluster_endpoints_health:
+            if cluster.cluster_name != wanted:
+                continue
+            for locality in cluster.locality_endpoints_health:
+                for endpoint in locality.endpoints_health:
+                    statuses[endpoint.endpoint.address.socket_address.port_value] = endpoint.health_status
+        ports = check.probe.ports
+        if not ports or any(p not in statuses for p in ports):
+            return  # a report of an earlier assignment, or none on this cluster
+        failing = [(p, statuses[p]) for p in ports if statuses[p] not in _HEALTHY]
+        if not failing:
+            self.reports.report(key, True, f"{check.probe.kind.value} probe passing")
+            return
+        words = ", ".join(f"port {p} {STATUS_WORDS.get(s, 'failing')}" for p, s in failing)
+        self.reports.report(key, False, f"{check.probe.kind.value} probe: {words} (reported by its Envoy)")
+
+    # -- stream presence ---------------------------------------------------------------------
+
+    def _expire_later(self) -> None:
+        """Arrange for `HealthReports.expire` to run when the next stream gone passes the grace."""
+        due = self.reports.next_expiry(self.grace)
+        if due is None:
+            return
+        if self._expiry is not None:
+            self._expiry.cancel()
+        delay = max(0.0, due - time.time()) + 0.05
+        self._expiry = asyncio.get_running_loop().call_later(delay, self._expire)
+
+    def _expire(self) -> None:
+        self._expiry = None
+        self.reports.expire(self.grace)
+        self._expire_later()
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        """Per node label: its workload and whether it is checked, for `proxy-status`."""
+        return {
+            s.label: {"workload": "/".join(s.key) if s.key else "", "checked": s.check is not None}
+            for s in self.streams.values()
+        }

@@ -1,0 +1,200 @@
+"""End to end: VM health checked by each VM's own Envoy over HDS, seen in every proxy's EDS.
+
+Three real Envoys from `meshctl bootstrap` (which gives each an `hds_config`) against `meshctl
+serve`: a client VM without a workload of its own, and two server VMs of one service, `api` v1
+and v2, each a WorkloadEntry in a file with health checks enabled, in a WorkloadGroup whose probe
+connects to its app every second. Each app listens on loopback at its own port, where its VM's
+Envoy probes it; the server VMs' Sidecars call nothing, so only the client binds the service's
+outbound port.
+
+What a user sees is asserted: the client Envoy's `/clusters` (the `health_flags` of each host)
+and a request loop through it. Nothing waits a fixed time; each step waits for its outcome with
+a generous deadline, and the time each transition took is printed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+from conftest import DEADLINE, needs_envoy
+
+from meshctl.testing.backends import Backend, RequestLoop
+from meshctl.testing.envoy import EnvoyProcess, free_port
+from meshctl.testing.serve_process import ServeProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, needs_envoy]
+
+NS = "e2e"
+HOST = f"api.{NS}.mesh"
+CLIENT = f"sidecar~127.0.0.9~client.{NS}~{NS}.svc.cluster.local"
+PERIOD, FAILURES = 1, 2
+GRACE = 2.0
+
+
+def node_of(version: str) -> str:
+    return f"sidecar~127.0.0.1~api-{version}.{NS}~{NS}.svc.cluster.local"
+
+
+def mesh_yaml(service_port: int, app_ports: dict[str, int]) -> str:
+    docs = [
+        f"""apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: api, namespace: {NS}}}
+spec:
+  hosts: [{HOST}]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{{number: {service_port}, name: http, protocol: HTTP}}]
+  workloadSelector: {{labels: {{app: api}}}}
+""",
+        f"""apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {{name: api, namespace: {NS}}}
+spec:
+  workloadSelector: {{labels: {{app: api}}}}
+  egress:
+  - hosts: [./nothing.{NS}.mesh]
+""",
+    ]
+    for version, port in app_ports.items():
+        docs.append(f"""apiVersion: networking.istio.io/v1
+kind: WorkloadGroup
+metadata: {{name: api-{version}, namespace: {NS}}}
+spec:
+  metadata: {{labels: {{app: api, version: {version}}}}}
+  template: {{ports: {{http: {port}}}}}
+  probe:
+    periodSeconds: {PERIOD}
+    timeoutSeconds: 1
+    failureThreshold: {FAILURES}
+    tcpSocket: {{port: {port}}}
+""")
+        docs.append(f"""apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata:
+  name: api-{version}
+  namespace: {NS}
+  annotations:
+    istio.io/autoRegistrationGroup: api-{version}
+    proxy.istio.io/health-checks-enabled: "true"
+spec:
+  address: 127.0.0.1
+""")
+    return "---\n".join(docs)
+
+
+def host_flags(envoy: EnvoyProcess, cluster: str) -> dict[str, str]:
+    """`/clusters` of `envoy`: each host of `cluster` and its health flags."""
+    out: dict[str, str] = {}
+    for line in envoy.admin("clusters").splitlines():
+        parts = line.split("::")
+        if len(parts) == 4 and parts[0] == cluster and parts[2] == "health_flags":
+            out[parts[1]] = parts[3]
+    return out
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout: float = DEADLINE) -> float:
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not within {timeout:.0f}s: {what}")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+class VmMesh:
+    def __init__(self, root: Path, stack: ExitStack) -> None:
+        self.stack = stack
+        self.service_port = free_port()
+        self.ports = {"v1": free_port(), "v2": free_port()}
+        self.cluster = f"outbound|{self.service_port}||{HOST}"
+        config = root / "mesh"
+        config.mkdir()
+        (config / "mesh.yaml").write_text(mesh_yaml(self.service_port, self.ports))
+        self.backends = {v: stack.enter_context(Backend(f"api-{v}", "127.0.0.1", p)) for v, p in self.ports.items()}
+        self.server = ServeProcess([config], extra_args=["--health-grace", str(GRACE)])
+        stack.enter_context(self.server)
+        stack.callback(lambda: print(f"--- meshctl serve log:\n{self.server.log()[-8000:]}"))
+        self.client = self.envoy(CLIENT)
+        self.vms = {v: self.envoy(node_of(v)) for v in self.ports}
+
+    def envoy(self, node_id: str) -> EnvoyProcess:
+        envoy = EnvoyProcess(self.server.bootstrap(node_id))
+        self.stack.enter_context(envoy)
+        self.stack.callback(lambda: print(f"--- envoy {node_id} log:\n{envoy.log()[-3000:]}"))
+        return envoy
+
+    def host(self, version: str) -> str:
+        return f"127.0.0.1:{self.ports[version]}"
+
+    def healthy(self, version: str) -> bool:
+        return host_flags(self.client, self.cluster).get(self.host(version)) == "healthy"
+
+    def unhealthy(self, version: str) -> bool:
+        return "failed_eds_health" in host_flags(self.client, self.cluster).get(self.host(version), "")
+
+
+@pytest.fixture
+def mesh(tmp_path: Path) -> Iterator[VmMesh]:
+    with ExitStack() as stack:
+        yield VmMesh(tmp_path, stack)
+
+
+def test_failing_app_and_gone_envoy_leave_every_proxys_load_balancing(mesh: VmMesh) -> None:
+    wait_for(lambda: mesh.healthy("v1") and mesh.healthy("v2"), "both VMs healthy in the client's EDS")
+    with RequestLoop(mesh.service_port, HOST) as loop:
+        loop.wait_for_answers(20)
+        assert set(loop.since(0)) == {"api-v1", "api-v2"}
+
+        # The app of v1 stops: its own Envoy's probe fails, and every proxy stops sending it traffic.
+        mesh.backends["v1"].stop()
+        took = wait_for(lambda: mesh.unhealthy("v1"), "v1 unhealthy in the client's EDS after its app stopped")
+        print(f"app stopped -> unhealthy in the client's EDS: {took:.2f}s (budget {PERIOD * FAILURES + 2}s)")
+        assert not mesh.unhealthy("v2")
+        flagged = time.monotonic()
+        mark = loop.mark()
+        loop.wait_for_answers(50)
+        assert [f for f in loop.failures if f.at > flagged] == []
+        assert set(loop.since(mark)) == {"api-v2"}
+
+        # The app comes back: so does its endpoint.
+        mesh.stack.enter_context(Backend("api-v1", "127.0.0.1", mesh.ports["v1"]))
+        took = wait_for(lambda: mesh.healthy("v1"), "v1 healthy again after its app restarted")
+        print(f"app restarted -> healthy in the client's EDS: {took:.2f}s")
+        mark = loop.mark()
+        wait_for(lambda: "api-v1" in loop.since(mark), "traffic to v1 again")
+
+        # The VM's Envoy dies (the app still answers, but nothing checks it): out after the grace.
+        mesh.vms["v1"].stop(check=False)
+        took = wait_for(lambda: mesh.unhealthy("v1"), "v1 unhealthy after its Envoy went away")
+        print(f"VM's Envoy gone -> unhealthy in the client's EDS: {took:.2f}s (budget {GRACE + 2}s)")
+        assert took >= GRACE * 0.5  # within the grace, the last report stands
+        mark = loop.mark()
+        loop.wait_for_answers(30)
+        assert set(loop.since(mark)) == {"api-v2"}
+
+        # It comes back, reports, and is healthy again.
+        mesh.vms["v1"] = mesh.envoy(node_of("v1"))
+        wait_for(lambda: mesh.healthy("v1"), "v1 healthy again once its Envoy reported")
+    log = mesh.server.log()
+    assert "workload e2e/api-v1 is UNHEALTHY" in log and "workload e2e/api-v1 is HEALTHY" in log
+
+
+def test_a_checked_workload_whose_envoy_never_reported_is_unhealthy(mesh: VmMesh) -> None:
+    wait_for(lambda: mesh.healthy("v1") and mesh.healthy("v2"), "both VMs healthy in the client's EDS")
+    # A server restart forgets every report; v2's Envoy stays away, so v2 is not ready.
+    mesh.vms["v2"].stop(check=False)
+    mesh.server.restart()
+    wait_for(lambda: mesh.healthy("v1") and mesh.unhealthy("v2"), "v2 unhealthy: its Envoy has not reported")
+    registryz = mesh.server.admin_json("/debug/registryz")
+    endpoints = {
+        ep["workload"]: ep for svc in registryz["services"] if svc["hostname"] == HOST for ep in svc["endpoints"]
+    }
+    assert endpoints[f"{NS}/api-v2"]["health"] == "UNHEALTHY"
+    assert "not reported" in endpoints[f"{NS}/api-v2"]["healthReason"]
+    assert endpoints[f"{NS}/api-v1"]["health"] == "HEALTHY"
+
