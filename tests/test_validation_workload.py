@@ -75,6 +75,12 @@ a probe needs one of httpGet, tcpSocket, exec or grpc
     template: {serviceAccount: a}
     probe: {periodSeconds: 5}  # <-
 
+[wg-probe-exec] spec.probe.exec
+exec probes cannot run: each VM's Envoy checks its health, and Envoy runs only httpGet, tcpSocket and grpc probes
+    template: {serviceAccount: a}
+    probe:
+      exec: {command: [/bin/ready]}  # <-
+
 [wg-probe-negative] spec.probe.periodSeconds
 periodSeconds must not be negative
     template: {serviceAccount: a}
@@ -192,9 +198,6 @@ VALID = [
           httpGet: {port: 9080, path: /ready, scheme: HTTPS, httpHeaders: [{name: x-probe, value: "1"}]}
         """,
         id="workload-group",
-    ),
-    pytest.param(
-        WG, "template: {serviceAccount: a}\nprobe: {exec: {command: [/bin/ready]}}\n", id="workload-group-exec"
     ),
 ]
 

@@ -74,7 +74,11 @@ def _probe(report: Report, path: FieldPath, probe: Any) -> None:
     elif method == "tcp_socket":
         report.error((*path, "tcpSocket", "port"), port_problem(probe.tcp_socket.port))
     elif method == "exec":
-        if not probe.exec.command:
-            report.error((*path, "exec"), "exec needs a command")
+        # Health is checked by the VM's own Envoy (HDS), which cannot run a command.
+        report.error(
+            (*path, "exec"),
+            "exec probes cannot run: each VM's Envoy checks its health, and Envoy runs only httpGet, "
+            "tcpSocket and grpc probes",
+        )
     else:
         report.error((*path, "grpc", "port"), port_problem(probe.grpc.port))
