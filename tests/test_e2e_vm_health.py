@@ -14,6 +14,8 @@ a generous deadline, and the time each transition took is printed.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -24,7 +26,7 @@ from conftest import DEADLINE, needs_envoy
 
 from meshctl.testing.backends import Backend, RequestLoop
 from meshctl.testing.envoy import EnvoyProcess, free_port
-from meshctl.testing.serve_process import ServeProcess
+from meshctl.testing.serve_process import ServeProcess, meshctl_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, needs_envoy]
 
@@ -197,4 +199,20 @@ def test_a_checked_workload_whose_envoy_never_reported_is_unhealthy(mesh: VmMesh
     assert endpoints[f"{NS}/api-v2"]["health"] == "UNHEALTHY"
     assert "not reported" in endpoints[f"{NS}/api-v2"]["healthReason"]
     assert endpoints[f"{NS}/api-v1"]["health"] == "HEALTHY"
+
+    # `meshctl services --admin` says the same, and why; metrics count the checked endpoints.
+    proc = subprocess.run(
+        [*meshctl_command(), "services", "--admin", mesh.server.admin_address, "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    (service,) = [s for s in json.loads(proc.stdout)["services"] if s["hostname"] == HOST]
+    listed = {ep["name"]: (ep["health"], ep["healthReason"]) for ep in service["endpoints"]}
+    assert listed["api-v2"][0] == "UNHEALTHY" and "not reported" in listed["api-v2"][1]
+    assert listed["api-v1"] == ("HEALTHY", "tcp probe passing")
+    metrics = mesh.server.admin("/metrics")
+    assert 'meshctl_health_checked_endpoints{health="healthy"} 1' in metrics
+    assert 'meshctl_health_checked_endpoints{health="unhealthy"} 1' in metrics
 

@@ -79,6 +79,7 @@ def test_json_for_tools() -> None:
         "locality": "eu-west/zone-b",
         "weight": 0,
         "health": "HEALTHY",
+        "healthReason": "",
         "serviceAccount": "bookinfo-reviews",
         "tlsMode": "disabled",
         "network": "",

@@ -58,6 +58,19 @@ def services(
         typer.Option("--watch", "-w", help="Keep running and list again on every change (json: one line each)."),
     ] = False,
     namespace: Annotated[str | None, typer.Option("--namespace", "-n", help="Only services of this namespace.")] = None,
+    admin: Annotated[
+        str | None,
+        typer.Option(
+            "--admin",
+            help="Ask a running meshctl serve (its admin address) instead: its endpoints carry the health "
+            "their workloads' own Envoys report, and why.",
+            envvar="MESHCTL_ADMIN",
+        ),
+    ] = None,
+    admin_token_file: Annotated[
+        str | None,
+        typer.Option(help="File holding the admin bearer token (when serve has --admin-token-file)."),
+    ] = None,
 ) -> None:
     """List the services and endpoints meshctl sees, merged as the server merges them.
 
@@ -68,8 +81,13 @@ def services(
     """
     from meshctl.errors import UsageError
 
+    if admin is not None:
+        from meshctl.cli.admin_client import get_json
+
+        _print_model(model_of_registryz(get_json(admin, "/debug/registryz", admin_token_file)), output, namespace)
+        raise typer.Exit(EXIT_OK)
     if config_dir is None and consul is None:
-        raise UsageError("nothing to list: give --config-dir DIR, --consul ADDR, or both")
+        raise UsageError("nothing to list: give --config-dir DIR, --consul ADDR, --admin ADDR, or both")
     if config_dir is not None and not config_dir.exists():
         raise UsageError(f"no such file or directory: {config_dir}")
     consul_options = _consul_options(consul) if consul is not None else None
@@ -93,6 +111,35 @@ def services(
 
     show(merge_models(models))
     raise typer.Exit(EXIT_INVALID if failed else EXIT_OK)
+
+
+def model_of_registryz(data: dict[str, Any]) -> ServiceModel:
+    """A running server's `/debug/registryz` as the model it describes (what `--admin` lists)."""
+    from meshctl.registry.model import Endpoint, Health, Protocol, Resolution, Service, ServicePort, make_model
+
+    services: list[Service] = []
+    endpoints: dict[str, list[Endpoint]] = {}
+    for svc in data.get("services", []):
+        ports = tuple(ServicePort(p["name"], p["number"], Protocol.parse(p["protocol"])) for p in svc["ports"])
+        service = Service(
+            svc["hostname"], svc["namespace"], ports, Resolution(svc["resolution"]), registry=svc["registry"]
+        )
+        services.append(service)
+        for ep in svc["endpoints"]:
+            namespace, _, name = ep.get("workload", "").partition("/")
+            endpoints.setdefault(service.hostname, []).append(
+                Endpoint(
+                    ep["address"],
+                    {int(k): v for k, v in ep["ports"].items()},
+                    ep.get("labels", {}),
+                    locality=ep.get("locality", ""),
+                    health=Health(ep["health"]),
+                    health_reason=ep.get("healthReason", ""),
+                    name=name,
+                    namespace=namespace,
+                )
+            )
+    return make_model(services, endpoints, data.get("notes", []))
 
 
 def _consul_options(address: str) -> ConsulOptions:
@@ -220,7 +267,8 @@ def _endpoint_text(service: Service, endpoint: Endpoint) -> str:
     host = f"[{endpoint.address}]" if ":" in endpoint.address else endpoint.address
     where = f"{host}:{','.join(str(n) for n in numbers)}" if any(numbers) else endpoint.address
     labels = ",".join(f"{k}={v}" for k, v in sorted(endpoint.labels.items()))
-    return " ".join(part for part in (where, labels, endpoint.health.value) if part)
+    health = f"{endpoint.health.value} ({endpoint.health_reason})" if endpoint.health_reason else endpoint.health.value
+    return " ".join(part for part in (where, labels, health) if part)
 
 
 def service_data(service: Service, endpoints: Iterable[Endpoint]) -> dict[str, Any]:
@@ -247,6 +295,7 @@ def _endpoint_data(endpoint: Endpoint) -> dict[str, Any]:
         "locality": endpoint.locality,
         "weight": endpoint.weight,
         "health": endpoint.health.value,
+        "healthReason": endpoint.health_reason,
         "serviceAccount": endpoint.service_account,
         "tlsMode": endpoint.tls_mode.value,
         "network": endpoint.network,

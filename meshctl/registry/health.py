@@ -189,6 +189,20 @@ def _marked(ep: Endpoint, checks: Mapping[WorkloadKey, WorkloadCheck], reports: 
     return dataclasses.replace(ep, health=health, health_reason=reason)
 
 
+def checked_endpoint_counts(model: ServiceModel, checks: Mapping[WorkloadKey, WorkloadCheck]) -> tuple[int, int]:
+    """(healthy, unhealthy) endpoints of checked workloads in `model`, for metrics."""
+    healthy = unhealthy = 0
+    if checks:
+        for endpoints in model.endpoints.values():
+            for ep in endpoints:
+                if (ep.namespace, ep.name) in checks:
+                    if ep.health is Health.HEALTHY:
+                        healthy += 1
+                    else:
+                        unhealthy += 1
+    return healthy, unhealthy
+
+
 class HealthCheckedRegistry:
     """The file registry with its checked workloads' health laid over (see the module docstring).
 

@@ -36,7 +36,7 @@ from meshctl.kv.source import KvLocation
 from meshctl.registry.aggregate import AggregateRegistry
 from meshctl.registry.base import Registry
 from meshctl.registry.consul import ConsulOptions, ConsulRegistry
-from meshctl.registry.health import HealthCheckedRegistry, HealthReports
+from meshctl.registry.health import HealthCheckedRegistry, HealthReports, checked_endpoint_counts
 from meshctl.server.admin import AdminServer
 from meshctl.server.ads import AdsServicer
 from meshctl.server.auth import BearerToken, XdsTls, identity_authorizer, is_loopback
@@ -239,6 +239,7 @@ class Server:
             grace=settings.health_grace,
             authorize=authorize,
             admit=self.admission,
+            observe=self.metrics.hds_streams.set,
         )
         self._renewal: asyncio.Task[None] | None = None
         self._unfollow_checks: Callable[[], None] | None = None
@@ -449,6 +450,9 @@ class Server:
 
     def _observe(self, snapshot: Snapshot) -> None:
         self.metrics.services.set(len(snapshot.services.services))
+        healthy, unhealthy = checked_endpoint_counts(snapshot.services, self.checked.checks())
+        self.metrics.checked_endpoints.set(healthy, "healthy")
+        self.metrics.checked_endpoints.set(unhealthy, "unhealthy")
 
     def _debounced(self, seconds: float, trigger: Trigger) -> None:
         self.metrics.debounce.observe(seconds)

@@ -67,12 +67,15 @@ class HealthDiscovery:
         grace: float = 10.0,
         authorize: Authorizer | None = None,
         admit: Callable[[], str | None] | None = None,
+        observe: Callable[[int], None] | None = None,
     ) -> None:
         self.reports = reports
         self._snapshot = snapshot
         self.grace = grace
         self._authorize = authorize
         self._admit = admit
+        #: Told the number of streams open after each change (a metric).
+        self._observe = observe or (lambda _count: None)
         self._ids = itertools.count(1)
         #: stream id -> stream, for pushes and `proxy-status`
         self.streams: dict[int, _Stream] = {}
@@ -134,6 +137,7 @@ class HealthDiscovery:
         stream_id = next(self._ids)
         stream = _Stream((namespace, name) if name else None, untrusted(node.id))
         self.streams[stream_id] = stream
+        self._observe(len(self.streams))
         if stream.key is not None:
             self.reports.opened(stream.key)
         logger.info("proxy %s opened a health stream (workload %s)", stream.label, proxy.workload or "none")
@@ -155,6 +159,7 @@ class HealthDiscovery:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
             del self.streams[stream_id]
+            self._observe(len(self.streams))
             if stream.key is not None:
                 self.reports.closed(stream.key)
                 self._expire_later()

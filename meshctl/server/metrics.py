@@ -180,8 +180,18 @@ class Metrics(PushObserver):
             ["type"],
             _TYPES,
         )
+        # meshctl's own: the endpoints whose health their workload's Envoy checks (HDS), by health.
+        self.checked_endpoints = Gauge(
+            "meshctl_health_checked_endpoints",
+            "Endpoints whose health their workload's own Envoy checks, by health.",
+            ["health"],
+            (("healthy",), ("unhealthy",)),
+        )
+        self.hds_streams = Gauge("meshctl_hds_streams", "Health Discovery Service streams open on this server.")
         self._all: tuple[Counter | Histogram, ...] = (
             self.xds,
+            self.checked_endpoints,
+            self.hds_streams,
             self.pushes,
             self.convergence,
             self.rejects,
