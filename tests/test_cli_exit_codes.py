@@ -160,7 +160,7 @@ def test_answers_and_typers_own_errors_pass_through(exit: Exception) -> None:
     ("args", "line"),
     [
         (["validate", "nope/"], "error: no such file or directory: nope/"),
-        (["services"], "error: nothing to list: give --config-dir DIR, --consul ADDR, or both"),
+        (["services"], "error: nothing to list: give --config-dir DIR, --consul ADDR (or both), or --admin ADDR"),
         (["diff", str(EXAMPLES), str(EXAMPLES)], "error: give either --proxy NODE_ID or --all-proxies"),
         (["dump", "--config-dir", "nope", "--proxy", NODE], "error: no such file or directory: nope"),
         (["bootstrap", "--proxy", NODE, "--xds-address", "nowhere"], "error: 'nowhere' is not HOST:PORT"),

@@ -87,7 +87,7 @@ def services(
         _print_model(model_of_registryz(get_json(admin, "/debug/registryz", admin_token_file)), output, namespace)
         raise typer.Exit(EXIT_OK)
     if config_dir is None and consul is None:
-        raise UsageError("nothing to list: give --config-dir DIR, --consul ADDR, --admin ADDR, or both")
+        raise UsageError("nothing to list: give --config-dir DIR, --consul ADDR (or both), or --admin ADDR")
     if config_dir is not None and not config_dir.exists():
         raise UsageError(f"no such file or directory: {config_dir}")
     consul_options = _consul_options(consul) if consul is not None else None
