@@ -212,6 +212,15 @@ def test_a_checked_workload_whose_envoy_never_reported_is_unhealthy(mesh: VmMesh
     listed = {ep["name"]: (ep["health"], ep["healthReason"]) for ep in service["endpoints"]}
     assert listed["api-v2"][0] == "UNHEALTHY" and "not reported" in listed["api-v2"][1]
     assert listed["api-v1"] == ("HEALTHY", "tcp probe passing")
+    proc = subprocess.run(
+        [*meshctl_command(), "proxy-status", "--admin", mesh.server.admin_address, "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    hds = {row["proxy"]: row["HDS"] for row in json.loads(proc.stdout)}
+    assert hds == {CLIENT: "CONNECTED", node_of("v1"): "HEALTHY"}
     metrics = mesh.server.admin("/metrics")
     assert 'meshctl_health_checked_endpoints{health="healthy"} 1' in metrics
     assert 'meshctl_health_checked_endpoints{health="unhealthy"} 1' in metrics

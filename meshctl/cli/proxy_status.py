@@ -75,7 +75,13 @@ def proxy_status(
         answered += 1
         for e in entries:
             states = {t: sync_state(e["types"].get(t)) for t in TYPES}
-            row = {"proxy": e["proxy"], "workload": e.get("workload", ""), **states, "replica": replica}
+            row = {
+                "proxy": e["proxy"],
+                "workload": e.get("workload", ""),
+                **states,
+                "HDS": e.get("health", ""),
+                "replica": replica,
+            }
             rows.append({**row, "types": e["types"]})
     if not answered:
         raise UsageError(f"none of the {len(replicas)} replicas answered")
@@ -86,8 +92,10 @@ def proxy_status(
         sys.stdout.write("\n")
         return
     # A table on a terminal; aligned columns when piped, so grep and awk see whole node ids.
-    headers = ["NAME", "WORKLOAD", *TYPES, "REPLICA"]
-    out.print_listing(headers, [[r["proxy"], r["workload"], *(r[t] for t in TYPES), r["replica"]] for r in rows])
+    headers = ["NAME", "WORKLOAD", *TYPES, "HDS", "REPLICA"]
+    out.print_listing(
+        headers, [[r["proxy"], r["workload"], *(r[t] for t in TYPES), r["HDS"], r["replica"]] for r in rows]
+    )
     if errors:
         for r in rows:
             for t in TYPES:

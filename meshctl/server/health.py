@@ -47,11 +47,12 @@ _HEALTHY: Final = frozenset({health_check_pb2.HEALTHY, health_check_pb2.DEGRADED
 
 
 class _Stream:
-    __slots__ = ("check", "key", "label", "wake")
+    __slots__ = ("check", "key", "label", "node_id", "wake")
 
-    def __init__(self, key: WorkloadKey | None, label: str) -> None:
+    def __init__(self, key: WorkloadKey | None, node_id: str) -> None:
         self.key = key
-        self.label = label
+        self.node_id = node_id
+        self.label = untrusted(node_id)
         self.check: WorkloadCheck | None = None
         self.wake = asyncio.Event()
 
@@ -135,7 +136,7 @@ class HealthDiscovery:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         namespace, _, name = proxy.workload.partition("/")
         stream_id = next(self._ids)
-        stream = _Stream((namespace, name) if name else None, untrusted(node.id))
+        stream = _Stream((namespace, name) if name else None, node.id)
         self.streams[stream_id] = stream
         self._observe(len(self.streams))
         if stream.key is not None:
@@ -235,9 +236,12 @@ class HealthDiscovery:
         self.reports.expire(self.grace)
         self._expire_later()
 
-    def describe(self) -> dict[str, dict[str, Any]]:
-        """Per node label: its workload and whether it is checked, for `proxy-status`."""
-        return {
-            s.label: {"workload": "/".join(s.key) if s.key else "", "checked": s.check is not None}
-            for s in self.streams.values()
-        }
+    def state_of(self, node_id: str) -> str:
+        """What `proxy-status` shows in its HDS column: no stream, a stream with nothing to check,
+        or its workload's health as its reports made it."""
+        for stream in self.streams.values():
+            if stream.node_id == node_id:
+                if stream.check is None or stream.key is None:
+                    return "CONNECTED"
+                return self.reports.get(stream.key).verdict()[0].value
+        return "NOT CONNECTED"

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from meshctl.registry.aggregate import AggregateRegistry
     from meshctl.server.ads import AdsServicer
     from meshctl.server.discovery import Discovery
+    from meshctl.server.health import HealthDiscovery
     from meshctl.server.metrics import Metrics
     from meshctl.server.secrets import WorkloadSecrets
 
@@ -30,6 +31,7 @@ class RunningServer(Protocol):
     ads: AdsServicer
     metrics: Metrics
     secrets: WorkloadSecrets
+    hds: HealthDiscovery
 
     def ready(self) -> bool: ...
 
@@ -67,6 +69,7 @@ class ServerStatus:
                 "snapshot": conn.resources.snapshot_version if conn.resources else "",
                 "latest_snapshot": snapshot.version if snapshot else "",
                 "retained_clusters": sorted(conn.retained_clusters),
+                "health": self._server.hds.state_of(conn.node_id),
                 "types": {},
             }
             for status in conn.status():
