@@ -19,12 +19,12 @@ from typing import Final
 
 from envoy.config.core.v3 import address_pb2, health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2
+from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 from envoy.service.health.v3 import hds_pb2
 from google.protobuf import duration_pb2
 
 from meshctl.registry.health_checks import ProbeKind, WorkloadCheck
 
-_UPSTREAM_TLS: Final = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
 #: The transport socket match an HTTPS probe asks for (TLS without verifying the app's certificate,
 #: as Kubernetes' HTTPS probes do).
 _TLS_MATCH: Final = "meshctl-probe-tls"
@@ -94,7 +94,7 @@ def cluster_health_check(check: WorkloadCheck) -> hds_pb2.ClusterHealthCheck:
         match.name = _TLS_MATCH
         match.match.update({_TLS_MATCH: True})
         match.transport_socket.name = "envoy.transport_sockets.tls"
-        match.transport_socket.typed_config.type_url = _UPSTREAM_TLS
+        match.transport_socket.typed_config.Pack(tls_pb2.UpstreamTlsContext())
     return cluster
 
 
