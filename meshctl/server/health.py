@@ -82,6 +82,7 @@ class HealthDiscovery:
         self.streams: dict[int, _Stream] = {}
         self._checks: tuple[str, dict[WorkloadKey, WorkloadCheck]] = ("", {})
         self._expiry: asyncio.TimerHandle | None = None
+        self._stopped = False
 
     def handlers(self) -> grpc.GenericRpcHandler[Any, Any]:
         return grpc.method_handlers_generic_handler(
@@ -111,6 +112,8 @@ class HealthDiscovery:
                 stream.wake.set()
 
     def stop(self) -> None:
+        """No more expiry timers: streams closing as the server stops are not a VM going away."""
+        self._stopped = True
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
@@ -224,7 +227,7 @@ class HealthDiscovery:
     def _expire_later(self) -> None:
         """Arrange for `HealthReports.expire` to run when the next stream gone passes the grace."""
         due = self.reports.next_expiry(self.grace)
-        if due is None:
+        if due is None or self._stopped:
             return
         if self._expiry is not None:
             self._expiry.cancel()
