@@ -74,11 +74,21 @@ class FileResult:
     #: What each document gave, kept by a load that may be followed by another of the same file
     #: (the watcher's), so that one reuses the documents whose text did not change.
     pieces: tuple[documents.Piece, ...] = field(default=(), compare=False, repr=False)
+    #: The resources of a rejected file's documents that loaded complete: never served (the
+    #: file keeps its last good contents), but analysed by `validate`, so one broken document
+    #: neither hides the file's other findings nor makes its hosts look missing elsewhere.
+    rejected: tuple[Config, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
         """False when the file must not replace what the store last had from it."""
         return not has_errors(self.findings)
+
+    @property
+    def analysed(self) -> tuple[Config, ...]:
+        """What cross-resource analysis reads of this file: its resources, or those it would
+        have had, had it loaded."""
+        return self.configs or self.rejected
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +203,9 @@ def _load_pieces(
                 continue
             seen[config.key] = config.source
             configs.append(config)
-    kept = () if findings.has_errors else tuple(configs)
-    return FileResult(display, kept, findings.result(), tuple(pieces))
+    if findings.has_errors:
+        return FileResult(display, (), findings.result(), tuple(pieces), tuple(configs))
+    return FileResult(display, tuple(configs), findings.result(), tuple(pieces))
 
 
 def load_text(text: str, display: str, options: LoadOptions | None = None) -> FileResult:
@@ -222,7 +233,7 @@ def load_text(text: str, display: str, options: LoadOptions | None = None) -> Fi
         seen[config.key] = config.source
         configs.append(config)
     if findings.has_errors:
-        return FileResult(display, (), findings.result())
+        return FileResult(display, (), findings.result(), rejected=tuple(configs))
     return FileResult(display, tuple(configs), findings.result())
 
 
@@ -230,22 +241,23 @@ class _FileFindings:
     """One file's findings, bounded: a file of a million broken documents must not become a
     million log lines and a gigabyte of findings, in the server or in CI.
 
-    Findings alike (same severity, message and field) are kept as the first of them, which says
-    how many more there were; after `limit` distinct ones, the rest are only counted, and one
-    last finding says how many were left out, as an error if any of them was one, so a file with
-    errors is still rejected whole."""
+    Findings alike (same severity, message and field, of the same resource) are kept as the
+    first of them, which says how many more there were: a finding of another resource is never
+    folded into one it only resembles, or fixing the first would reveal it a run later. After
+    `limit` distinct ones, the rest are only counted, and one last finding says how many were
+    left out, as an error if any of them was one, so a file with errors is still rejected whole."""
 
     def __init__(self, display: str, limit: int) -> None:
         self._display, self._limit = display, limit
-        self._first: dict[tuple[Severity, str, str], Finding] = {}
-        self._count: dict[tuple[Severity, str, str], int] = {}
+        self._first: dict[tuple[Severity, str, str, ConfigKey | None], Finding] = {}
+        self._count: dict[tuple[Severity, str, str, ConfigKey | None], int] = {}
         self._dropped: dict[Severity, int] = {}
         self.has_errors = False
 
     def extend(self, findings: Iterable[Finding]) -> None:
         for finding in findings:
             self.has_errors = self.has_errors or finding.severity is Severity.ERROR
-            key = (finding.severity, finding.message, finding.field)
+            key = (finding.severity, finding.message, finding.field, finding.resource)
             if key in self._first:
                 self._count[key] += 1
             elif len(self._first) < self._limit:
@@ -332,6 +344,10 @@ def _load_document(
 
     spec, issues = parse_spec(data.get("spec"), _spec_class(kind))
     problems.extend(finding(i.message, i.path, key=key) for i in issues)
+    if issues:
+        # A spec that did not parse whole is no resource: analysing what parsed would report
+        # findings about fields the document does have.
+        return None, problems
     if options.validate and not issues:
         problems.extend(finding(i.message, i.path, i.severity, key) for i in validate_spec(kind, spec))
 
@@ -566,7 +582,7 @@ def _load_packed(paths: list[Path], options: LoadOptions) -> list[_PackedFile]:
                 (c.source.file, c.source.line, c.source.column, c.source.document),
                 c.created,
             )
-            for c in result.configs
+            for c in result.analysed
         )
         findings = tuple(
             (
@@ -586,26 +602,26 @@ def _load_packed(paths: list[Path], options: LoadOptions) -> list[_PackedFile]:
 
 
 def _unpack(packed: _PackedFile) -> FileResult:
-    path, configs, findings = packed
-    return FileResult(
-        path,
-        tuple(
-            Config(
-                ConfigKey(intern(kind), intern(namespace), name),
-                intern(api),
-                spec if kind in _PACKED_KINDS else _spec_class(kind).FromString(spec),
-                labels=labels,
-                annotations=annotations,
-                source=Source(*src),
-                created=created,
-            )
-            for (kind, namespace, name), api, spec, labels, annotations, src, created in configs
-        ),
-        tuple(
-            Finding(Severity(severity), message, file, line, column, None if key is None else ConfigKey(*key), at, code)
-            for severity, message, file, line, column, key, at, code in findings
-        ),
+    path, packed_configs, packed_findings = packed
+    configs = tuple(
+        Config(
+            ConfigKey(intern(kind), intern(namespace), name),
+            intern(api),
+            spec if kind in _PACKED_KINDS else _spec_class(kind).FromString(spec),
+            labels=labels,
+            annotations=annotations,
+            source=Source(*src),
+            created=created,
+        )
+        for (kind, namespace, name), api, spec, labels, annotations, src, created in packed_configs
     )
+    findings = tuple(
+        Finding(Severity(severity), message, file, line, column, None if key is None else ConfigKey(*key), at, code)
+        for severity, message, file, line, column, key, at, code in packed_findings
+    )
+    if has_errors(findings):
+        return FileResult(path, (), findings, rejected=configs)
+    return FileResult(path, configs, findings)
 
 
 def merge_files(files: Iterable[FileResult]) -> tuple[dict[ConfigKey, Config], list[Finding]]:
