@@ -114,3 +114,19 @@ def test_findings_alike_in_one_resource_are_still_counted_as_one(tmp_path: Path)
     code, found = findings(str(tmp_path))
     assert code == 1
     assert [f["message"] for f in found] == ["missing kind (and 4 more like it in this file)"]
+
+
+def test_routing_tests_among_the_config_are_skipped_with_a_note() -> None:
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    code, found = findings(str(examples))
+    assert code == 0, found
+    notes = [f for f in found if f["file"].endswith("routing-tests/bookinfo.yaml")]
+    assert [(n["severity"], n["line"]) for n in notes] == [("info", 9)]
+    assert "simulate --cases" in notes[0]["message"]
+
+
+def test_a_list_that_is_not_routing_tests_is_still_an_error(tmp_path: Path) -> None:
+    (tmp_path / "list.yaml").write_text("- name: a\n  request: {}\n- just a string\n")
+    code, found = findings(str(tmp_path))
+    assert code == 1
+    assert "a document must be a mapping (an object), not a list" in found[0]["message"]

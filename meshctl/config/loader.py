@@ -294,6 +294,8 @@ def _load_document(
         return Finding(severity, message, display, line, column, key, format_path(path))
 
     if not isinstance(data, dict):
+        if _routing_tests(data):
+            return None, [finding(ROUTING_TESTS_SKIPPED, severity=Severity.INFO)]
         return None, [finding(f"a document must be a mapping (an object), not a {_kind_of(data)}")]
     api_version, kind = data.get("apiVersion"), data.get("kind")
     if not isinstance(kind, str) or not kind:
@@ -442,6 +444,20 @@ def _creation_time(value: Any) -> float | object | None:
         return _INVALID
     seconds: float = when.timestamp()
     return seconds
+
+
+#: The note on a file of routing tests met among the config (`examples/` holds both).
+ROUTING_TESTS_SKIPPED = "skipped: a file of routing tests for `meshctl simulate --cases` (docs/routing-tests.md)"
+
+
+def _routing_tests(data: Any) -> bool:
+    """True for what `meshctl simulate --cases` reads: a list of cases, each a mapping with a
+    request and what to expect of it (the cases are checked by `simulate`, not here)."""
+    return (
+        isinstance(data, list)
+        and bool(data)
+        and all(isinstance(case, dict) and "request" in case and "expect" in case for case in data)
+    )
 
 
 def _kind_of(data: Any) -> str:
