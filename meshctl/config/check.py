@@ -70,6 +70,9 @@ def check(
         texts["<stdin>"] = stdin_text or ""
         files.append(load_text(stdin_text or "", "<stdin>", options))
     findings = list(result.findings)
+    if "-" in paths and not (files[-1].analysed or files[-1].findings):
+        # As for an empty directory: a pipe that brought nothing is a broken pipeline, not a pass.
+        findings.append(Finding(Severity.ERROR, "no YAML documents on stdin: nothing to check", "<stdin>"))
     loaded = [os.path.abspath(f) for f in result.files]
     for path in file_paths:
         # A directory with nothing to check is a mistake (a wrong path, a missing checkout), not
