@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PRODUCTPAGE, examples_copy
+from conftest import EXAMPLES, PRODUCTPAGE, examples_copy
 from typer.testing import CliRunner
 
 from meshctl.cli.app import app
@@ -113,3 +113,33 @@ def test_the_admin_config_dump_takes_name_dot_namespace(tmp_path: Path) -> None:
             assert (await asyncio.to_thread(get, server.admin_port, "nobody.bookinfo"))[0] == 404
 
     run(test)
+
+
+def test_simulate_prints_a_header_matcher_as_text_not_a_dict() -> None:
+    url = "http://reviews.bookinfo.mesh:9080/reviews/1"
+    args = ["simulate", url, "--config-dir", str(EXAMPLES), "--proxy", "productpage-v1-vm.bookinfo"]
+    result = runner.invoke(app, [*args, "-H", "end-user:jason"])
+    assert result.exit_code == 0, result.output
+    route = next(line for line in result.stdout.splitlines() if line.split()[:1] == ["route"])
+    assert route.split(None, 1)[1] == 'canary-jason: prefix /; header end-user exact "jason"'
+
+
+@pytest.mark.parametrize(
+    ("matcher", "text"),
+    [
+        ({"name": "x-debug", "present_match": True}, "x-debug present"),
+        ({"name": "x-debug", "present_match": True, "invert_match": True}, "x-debug absent"),
+        ({"name": "v", "string_match": {"prefix": "v1", "ignore_case": True}}, 'v prefix "v1" (any case)'),
+        ({"name": "v", "string_match": {"exact": "a"}, "invert_match": True}, 'v not exact "a"'),
+        ({"name": "v", "safe_regex_match": {"regex": "a.*"}}, 'v regex "a.*"'),
+        ({"name": "n", "range_match": {"start": 1, "end": 5}}, "n in [1, 5)"),
+    ],
+)
+def test_header_matchers_read_as_envoy_names_them(matcher: dict[str, Any], text: str) -> None:
+    from envoy.config.route.v3 import route_components_pb2
+    from google.protobuf import json_format
+
+    from meshctl.simulate.http import describe_match
+
+    match = json_format.ParseDict({"prefix": "/", "headers": [matcher]}, route_components_pb2.RouteMatch())
+    assert describe_match(match) == f"prefix /; header {text}"
