@@ -109,3 +109,26 @@ def test_an_enum_number_out_of_int32_range_is_a_finding() -> None:
     assert [(f.field, f.message) for f in result.findings] == [
         ("spec.location", 'invalid value "1099511627776": must be one of MESH_EXTERNAL, MESH_INTERNAL')
     ]
+
+
+def test_jobs_0_forks_workers_only_for_a_tree_big_enough_to_pay(
+    tree: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if loader.other_threads():
+        pytest.skip("threads are running in this process, so the loader does not fork")
+    unpacked: list[str] = []
+    real_unpack = loader._unpack
+
+    def unpack(packed: loader._PackedFile) -> loader.FileResult:
+        unpacked.append(packed[0])
+        return real_unpack(packed)
+
+    monkeypatch.setattr(loader, "_unpack", unpack)
+    monkeypatch.setattr(loader, "spare_cpus", lambda: 2)  # an idle machine of two cores
+    runner = CliRunner()
+    small = runner.invoke(app, ["validate", "-o", "json", "-j", "0", str(tree)])  # 150 files
+    assert small.exit_code == 1 and unpacked == []
+    big = tmp_path_factory.mktemp("big")
+    write_tree(big, 1000)
+    runner.invoke(app, ["validate", "-o", "json", "-j", "0", "--no-analyze", str(big)])
+    assert len(unpacked) == 1000

@@ -60,7 +60,8 @@ class LoadOptions:
     #: Distinct findings reported for one file; the rest are counted in one last finding.
     max_findings_per_file: int = 100
     #: Processes that load files side by side when there are many (see `load_paths`); 1 loads
-    #: everything in this process, as a server must (it runs threads, and workers are forked).
+    #: everything in this process, as a server must (it runs threads, and workers are forked);
+    #: 0 chooses by the tree's size and the idle CPUs (`auto_workers`).
     workers: int = 1
 
 
@@ -530,6 +531,20 @@ def spare_cpus() -> int:
 
 #: Below this many files per worker, starting workers costs more than it saves.
 _MIN_FILES_PER_WORKER: Final = 32
+#: The same, when the count is ours to choose (`validate -j 0`). Measured with `validate -j 1`
+#: and `-j 2 --no-analyze` on bench/meshgen.py trees, 2 cores, load average 2 to 3.5: a second
+#: worker lost at 64 and 256 files (0.40 s against 0.45 to 1.1 s; 0.55 against 0.65), broke
+#: even at 128, and won from 1,000 (1.3 s against 0.9) and at 5,000 (4.7 against 3.2): forking
+#: and sending results back costs a few tenths of a second that only a tree of about a thousand
+#: files earns back.
+_AUTO_FILES_PER_WORKER: Final = 500
+
+
+def auto_workers(files: int, spare: int) -> int:
+    """The workers `LoadOptions(workers=0)` loads `files` files with, `spare` CPUs being idle."""
+    return max(1, min(spare, files // _AUTO_FILES_PER_WORKER))
+
+
 #: Work is handed out in this many pieces per worker, so a worker that finishes early (its files
 #: were small, or its CPU less busy) takes more, and results come back while others still load.
 _CHUNKS_PER_WORKER: Final = 4
@@ -562,7 +577,10 @@ def _load_files(paths: list[Path], options: LoadOptions) -> list[FileResult]:
     in path order whatever finishes first, so findings and "first definition wins" are exactly
     as with one process.
     """
-    workers = min(options.workers, len(paths) // _MIN_FILES_PER_WORKER)
+    if options.workers == 0:
+        workers = auto_workers(len(paths), spare_cpus())
+    else:
+        workers = min(options.workers, len(paths) // _MIN_FILES_PER_WORKER)
     if workers < 2 or other_threads():
         return [load_file(p, options) for p in paths]
     import multiprocessing  # only when workers run: it would add 15 ms to every start-up
