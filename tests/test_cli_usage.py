@@ -143,3 +143,20 @@ def test_header_matchers_read_as_envoy_names_them(matcher: dict[str, Any], text:
 
     match = json_format.ParseDict({"prefix": "/", "headers": [matcher]}, route_components_pb2.RouteMatch())
     assert describe_match(match) == f"prefix /; header {text}"
+
+
+def test_serve_says_which_ca_signs_and_whether_it_was_found(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tree = examples_copy(tmp_path)
+    state = tmp_path / "state"
+
+    async def start() -> None:
+        async with serving(tree, state_dir=state):
+            pass
+
+    with caplog.at_level("INFO", logger="meshctl.server"):
+        run(start)
+        run(start)
+    lines = [r.getMessage() for r in caplog.records if "workload certificates are signed by" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert str(state / "ca") in lines[0] and "made on this start" in lines[0]
+    assert str(state / "ca") in lines[1] and "found" in lines[1]
