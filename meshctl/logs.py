@@ -120,6 +120,23 @@ class JsonFormatter(logging.Formatter):
         return f"<{_priority(record.levelno)}>{line}" if self.journald else line
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler that writes to `sys.stderr` as it is when a record comes, not as it was when
+    logging was set up: a command run in-process (typer's CliRunner) swaps stderr for a buffer
+    it closes afterwards, and the server's threads would then log into a closed file."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass  # always sys.stderr
+
+
 def configure_logging(
     level: str = "warning",
     fmt: str = "text",
@@ -139,7 +156,7 @@ def configure_logging(
         raise ValueError(f"log level {level!r} is not one of {', '.join(LOG_LEVELS)}")
     out = stream if stream is not None else sys.stderr
     journald = under_journald(out, environ)
-    handler = logging.StreamHandler(out)
+    handler = logging.StreamHandler(out) if stream is not None else _Stderr()
     handler.set_name(_HANDLER_NAME)
     handler.setFormatter(JsonFormatter(journald=journald) if fmt == "json" else TextFormatter(journald=journald))
     root = logging.getLogger()

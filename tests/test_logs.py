@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -209,3 +210,19 @@ def test_serve_under_journald_logs_without_timestamps(tmp_path: Path) -> None:
     out = _serve_until_serving(tmp_path, {"MESHCTL_LOG_LEVEL": "INFO"}, journal=True)
     assert any(line.startswith("<6>INFO meshctl.server: serving xDS on 127.0.0.1:") for line in out), out
     assert all(re.match(r"<\d>[A-Z]+ ", line) for line in out), out
+
+
+def test_the_default_handler_follows_stderr_so_a_closed_one_is_never_written(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As typer's CliRunner runs `meshctl serve`: stderr is a buffer while the command runs, and
+    # closed after; the server's threads go on logging.
+    borrowed = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", borrowed)
+    configure_logging("info", "text", environ={})
+    monkeypatch.undo()
+    borrowed.close()
+    logging.getLogger("meshctl.test").info("after the command")
+    err = capsys.readouterr().err
+    assert "Logging error" not in err
+    assert "after the command" in err
