@@ -130,3 +130,13 @@ def test_a_list_that_is_not_routing_tests_is_still_an_error(tmp_path: Path) -> N
     code, found = findings(str(tmp_path))
     assert code == 1
     assert "a document must be a mapping (an object), not a list" in found[0]["message"]
+
+
+def test_a_rejected_file_still_gives_the_server_nothing() -> None:
+    from meshctl.config.loader import load_text
+
+    typo = "apiVersion: networking.istio.io/v1\nkind: VirtualServise\nmetadata: {name: x, namespace: shop}\nspec: {}\n"
+    result = load_text(typo + "---\n" + PAYMENTS_SE, "a.yaml")
+    assert not result.ok
+    assert result.configs == ()  # the store keeps the file's last good contents
+    assert [c.key.name for c in result.analysed] == ["payments"]  # what validate analyses
