@@ -367,7 +367,8 @@ def _print_live(report: Any, delivery: list[dict[str, str]]) -> None:
         [d["type"], d["name"], d["drift"], d["meshctl_version"], d["envoy_version"]]
         for d in (x.as_dict() for x in report.differences)
     ]
-    tables.append(TableData("Drift", DRIFT_COLUMNS, rows))
+    if rows:  # no drift is said in a line on stderr, not by a table with no rows
+        tables.append(TableData("Drift", DRIFT_COLUMNS, rows))
     versions = [[v.section, v.meshctl, ",".join(v.envoy) or "-", str(v.stale)] for v in report.versions]
     tables.append(TableData("Versions", VERSION_COLUMNS, versions))
     if delivery:

@@ -93,7 +93,7 @@ def route(state: AdminState, path: str, query: Mapping[str, list[str]]) -> Respo
     if path == "/debug/config_dump":
         proxy_id = (query.get("proxyID") or query.get("proxyId") or [""])[0]
         if not proxy_id:
-            return Response.json({"error": "give ?proxyID=NODE_ID (see /debug/syncz)"}, 400)
+            return Response.json({"error": "give ?proxyID=NODE_ID or NAME.NAMESPACE (see /debug/syncz)"}, 400)
         dump = state.config_dump(proxy_id)
         if dump is None:
             return Response.json({"error": f"no proxy {proxy_id!r} is connected"}, 404)

@@ -325,6 +325,11 @@ class Server:
             len(snapshot.services.services),
         )
         if self.ca is not None:
+            # Which CA signs, and whether this start made it: a root found in a state directory
+            # (a root's first start reusing /var/lib/meshctl, say) must not be a surprise.
+            made = "made on this start" if self.ca.created else "found, as an earlier start left it"
+            how = "read from its files" if self.settings.ca_dir is not None else made
+            logger.info("workload certificates are signed by the %s (%s)", self.ca.source, how)
             self._renewal = asyncio.create_task(self._renew_certificates(), name="meshctl-renew")
         if self.settings.on_ready is not None:
             self.settings.on_ready(self.xds_port, self.admin_port)
