@@ -149,7 +149,6 @@ def _lifetime(text: str) -> timedelta:
 
     from meshctl.config.schema import parse_duration
     from meshctl.errors import UsageError
-
     from meshctl.security.selfsigned import ROOT_LIFETIME
 
     nanos = parse_duration(text)
