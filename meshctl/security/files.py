@@ -4,8 +4,7 @@ Reading: a key, certificate or token file is read with the config directory's ru
 (`meshctl.config.files`): only a regular file (a FIFO would hang start-up, a link to /dev/zero
 would be read without end), opened non-blocking, and at most `CREDENTIAL_LIMIT` bytes of it.
 
-Writing:
-A file is written whole under a temporary name in its own directory, with its final mode from the
+Writing: a file is written whole under a temporary name in its own directory, with its final mode from the
 moment it exists (a key is never readable by others, not even while being written), flushed to
 disk, and only then given its name: `os.replace` when an existing file may be replaced, `os.link`
 when it may not (the link fails if the name exists, so of two writers the first wins and nothing
