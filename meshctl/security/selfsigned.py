@@ -68,11 +68,11 @@ def load_or_create_root(state_dir: Path, trust_domain: str, now: datetime) -> St
     cert_file = directory / ROOT_CERT
     if _exists(cert_file):
         return StoredRoot(_load(directory, now), directory, created=False)
-    _refuse_lone_key(directory)
     _make_directory(directory)
     with _locked(directory / _LOCK):
         if _exists(cert_file):  # another process made it while we waited
             return StoredRoot(_load(directory, now), directory, created=False)
+        # Under the lock only: outside it, a key may be one another process is making a root for.
         _refuse_lone_key(directory)
         certificate, key = make_root(trust_domain, now)
         try:
