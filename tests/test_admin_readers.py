@@ -6,6 +6,7 @@ its deadline and its byte limit. And the server's own admin port against idle co
 
 from __future__ import annotations
 
+import os
 import resource
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES, PRODUCTPAGE
@@ -233,3 +235,11 @@ def _all_closed(conns: list[socket.socket]) -> bool:
         except OSError:
             pass  # reset: closed
     return True
+
+
+def test_a_token_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "token"
+    os.mkfifo(fifo)
+    with answering(answer(b"[]")) as address:
+        line, _ = meshctl("proxy-status", "--admin", address, "--admin-token-file", str(fifo))
+    assert f"cannot read the admin token file {fifo}" in line and "not a regular file (a FIFO)" in line

@@ -9,10 +9,12 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+from pathlib import Path
 from typing import Any, Final
 
 from meshctl.check.fetch import AnswerTooLarge, fetch
-from meshctl.errors import UsageError
+from meshctl.errors import CredentialError, UsageError
+from meshctl.security.files import read_credential
 
 DEFAULT_ADMIN = "127.0.0.1:15014"
 #: What an HTTP/2 server (gRPC, the xDS port) sends first: a SETTINGS frame, which an HTTP/1.1
@@ -37,12 +39,12 @@ def get_json(
     url = admin if "://" in admin else f"http://{admin}"
     headers = {}
     if token_file:
-        try:
-            with open(token_file, encoding="utf-8") as f:
-                headers["Authorization"] = f"Bearer {f.read(64 * 1024).strip()}"
-        except (OSError, UnicodeDecodeError) as exc:
+        try:  # a regular file, bounded: a FIFO or /dev/zero given by mistake is refused, not waited on
+            token = read_credential(Path(token_file), 64 * 1024).decode("utf-8").strip()
+        except (OSError, UnicodeDecodeError, CredentialError) as exc:
             reason = getattr(exc, "strerror", None) or exc
             raise UsageError(f"cannot read the admin token file {token_file}: {reason}") from None
+        headers["Authorization"] = f"Bearer {token}"
     try:
         answer = fetch(f"{url}{path}", timeout=timeout, limit=MAX_ANSWER_BYTES, headers=headers)
     except TimeoutError:
