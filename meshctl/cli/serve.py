@@ -131,7 +131,7 @@ def serve(
         typer.Option(
             envvar="MESHCTL_WORKLOAD_CERT_LIFETIME",
             metavar="DURATION",
-            help="Lifetime of workload certificates (24h, 90m; at least 5s); renewed when two thirds are spent.",
+            help="Lifetime of workload certificates (24h, 90m; at least 3s); renewed when two thirds are spent.",
         ),
     ] = "24h",
     insecure_send_keys: Annotated[

@@ -48,9 +48,10 @@ DEFAULT_LIFETIME = timedelta(hours=24)
 #: The share of a certificate's lifetime after which it is renewed (Istio's SECRET_GRACE_PERIOD_RATIO).
 RENEW_FRACTION = 2 / 3
 #: The shortest workload certificate lifetime `meshctl serve` takes. Certificates are issued on
-#: whole seconds (up to one back) and renewal rounds look once a second: below a few seconds a
-#: certificate is due, or expired, before the round that issued it has sent it, and renewal stops.
-MIN_WORKLOAD_LIFETIME = timedelta(seconds=5)
+#: whole seconds (up to one back), renewed at two thirds, by rounds that look once a second: at
+#: 3 s one is due a second or more after it was sent and valid for two; below, it can be due (at
+#: 1 s, expired) before the round that issued it has sent it, and renewal stops.
+MIN_WORKLOAD_LIFETIME = timedelta(seconds=3)
 #: A CA this close to its end is warned about (at start, then daily): renewing a plug-in CA is a
 #: person's job, a month is the time it takes; past its end it is an error every minute.
 EXPIRY_WARNING = timedelta(days=30)
