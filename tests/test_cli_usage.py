@@ -158,5 +158,5 @@ def test_serve_says_which_ca_signs_and_whether_it_was_found(tmp_path: Path, capl
         run(start)
     lines = [r.getMessage() for r in caplog.records if "workload certificates are signed by" in r.getMessage()]
     assert len(lines) == 2, lines
-    assert str(state / "ca") in lines[0] and "made on this start" in lines[0]
-    assert str(state / "ca") in lines[1] and "found" in lines[1]
+    assert str(state / "ca") in lines[0] and "(made now)" in lines[0]
+    assert str(state / "ca") in lines[1] and "(found)" in lines[1]

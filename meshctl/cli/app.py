@@ -303,7 +303,7 @@ def version(
         return
     from meshctl.cli.admin_client import get_json
 
-    remote = get_json(server, "/version", admin_token_file)
+    remote = get_json(server, "/version", admin_token_file, expect=dict)
     typer.echo(f"client: {__version__}")
     typer.echo(f"server: {remote.get('version', '?')} (snapshot {remote.get('snapshot') or 'none yet'})")
 

@@ -63,7 +63,7 @@ def proxy_status(
     import sys
 
     from meshctl.cli import output as out
-    from meshctl.cli.admin_client import get_json
+    from meshctl.cli.admin_client import syncz
     from meshctl.errors import UsageError
 
     replicas = list(dict.fromkeys(admin or ["127.0.0.1:15014"]))
@@ -71,7 +71,7 @@ def proxy_status(
     answered = 0
     for replica in replicas:
         try:
-            entries: list[dict[str, Any]] = get_json(replica, "/debug/syncz", admin_token_file)
+            entries = syncz(replica, admin_token_file)
         except UsageError as exc:
             if len(replicas) == 1:
                 raise
