@@ -20,7 +20,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -564,3 +564,16 @@ spec:
     jwks: '{second.jwks()}'
     forwardOriginalToken: true
 """
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_as_it_was() -> Iterator[None]:
+    """A test that runs `meshctl serve` in-process (CliRunner) sets the root logger's handler and
+    level as the command does; the next test gets the logger it would have had alone."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -247,12 +247,16 @@ def test_a_read_only_state_dir_is_named(tmp_path: Path) -> None:
         tmp_path.chmod(0o700)
 
 
-def test_a_key_left_without_its_root_by_a_crash_is_replaced(tmp_path: Path) -> None:
-    (tmp_path / "ca").mkdir(mode=0o700)
-    (tmp_path / "ca" / "ca-key.pem").write_bytes(b"half a key")
-    authority = CertificateAuthority.self_signed(tmp_path, now=NOW)
-    assert authority.created
-    assert CertificateAuthority.self_signed(tmp_path, now=NOW).root_pem == authority.root_pem
+def test_a_key_without_its_root_is_never_overwritten(tmp_path: Path) -> None:
+    """Deleting root-cert.pem and restarting must not make a new root over the key every workload
+    trusts: the error says what to restore, and the key is left as it was."""
+    CertificateAuthority.self_signed(tmp_path, now=NOW)
+    key = (tmp_path / "ca" / "ca-key.pem").read_bytes()
+    (tmp_path / "ca" / "root-cert.pem").unlink()
+    with pytest.raises(CredentialError, match=r"ca-key\.pem exists but .*root-cert\.pem does not: restore"):
+        CertificateAuthority.self_signed(tmp_path, now=NOW)
+    assert (tmp_path / "ca" / "ca-key.pem").read_bytes() == key
+    assert not (tmp_path / "ca" / "root-cert.pem").exists()
 
 
 def test_a_root_without_its_key_is_never_replaced_quietly(tmp_path: Path) -> None:

@@ -353,7 +353,8 @@ def test_a_hundred_idle_services_cost_almost_no_requests(
     for n in range(100):
         fake.register(instance(f"svc{n}", f"10.2.{n}.1", 8080))
     registry = registries(fake.address)
-    assert registry.wait_synced(10)
+    # A hundred watch threads' first answers: seconds on a machine busy with other work.
+    assert registry.wait_synced(60)
     paths = [CATALOG_PATH, *(health_path(f"svc{n}") for n in range(100))]
     wait_for(lambda: all(fake.in_flight(p) == 1 for p in paths), "every watch blocking")
 

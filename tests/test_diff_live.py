@@ -67,7 +67,10 @@ def test_a_synced_envoy_has_no_drift(synced: tuple[Path, ServeProcess, EnvoyProc
     with_server = live(envoy, tree, "--server", server.admin_address, "-o", "json")
     assert with_server.exit_code == 0, with_server.output
     assert {d["drift"] for d in json.loads(with_server.stdout)["delivery"]} == {"none"}
-    assert "no drift" in live(envoy, tree).stderr
+    text = live(envoy, tree)
+    assert "no drift" in text.stderr
+    assert "MESHCTL VERSION" not in text.stdout  # no empty Drift table, only the versions
+    assert text.stdout.startswith("TYPE ") and "STALE" in text.stdout.splitlines()[0], text.stdout
 
 
 def test_an_edit_the_envoy_never_got_is_exactly_the_changed_resources(

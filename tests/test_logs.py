@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -214,7 +215,6 @@ def test_serve_under_journald_logs_without_timestamps(tmp_path: Path) -> None:
 def test_the_default_handler_writes_to_stderr_as_it_is_now(capsys: pytest.CaptureFixture[str]) -> None:
     """A command run with its stderr swapped (a test runner, an embedding program) that closed
     it afterwards: later records go to the stderr of the moment, not to the closed stream."""
-    import io
 
     swapped = io.StringIO()
     saved = sys.stderr

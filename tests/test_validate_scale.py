@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from meshctl.cli.app import app
-from meshctl.config import loader
+from meshctl.config import loader, parallel
 from meshctl.config.check import check
 from meshctl.config.loader import LoadOptions, load_paths, load_text
 
@@ -62,25 +62,25 @@ def tree(tmp_path: Path) -> Path:
 
 
 def test_workers_load_what_one_process_loads_in_the_same_order(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    if loader.other_threads():
+    if parallel.other_threads():
         pytest.skip("threads are running in this process, so the loader does not fork")
     unpacked: list[str] = []
-    real_unpack = loader._unpack
+    real_unpack = parallel._unpack
 
-    def unpack(packed: loader._PackedFile) -> loader.FileResult:
+    def unpack(packed: parallel._PackedFile) -> loader.FileResult:
         unpacked.append(packed[0])
         return real_unpack(packed)
 
-    monkeypatch.setattr(loader, "_unpack", unpack)
+    monkeypatch.setattr(parallel, "_unpack", unpack)
 
     serial = load_paths([tree], LoadOptions(workers=1))
     assert unpacked == []
-    parallel = load_paths([tree], LoadOptions(workers=2))
+    forked = load_paths([tree], LoadOptions(workers=2))
     assert unpacked == list(serial.files)  # every file came back from a worker, in path order
 
-    assert list(parallel.files) == list(serial.files)
+    assert list(forked.files) == list(serial.files)
     for path, expected in serial.files.items():
-        got = parallel.files[path]
+        got = forked.files[path]
         assert got.findings == expected.findings
         assert [c.key for c in got.configs] == [c.key for c in expected.configs]
         for a, b in zip(got.configs, expected.configs, strict=True):
@@ -109,3 +109,26 @@ def test_an_enum_number_out_of_int32_range_is_a_finding() -> None:
     assert [(f.field, f.message) for f in result.findings] == [
         ("spec.location", 'invalid value "1099511627776": must be one of MESH_EXTERNAL, MESH_INTERNAL')
     ]
+
+
+def test_jobs_0_forks_workers_only_for_a_tree_big_enough_to_pay(
+    tree: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if parallel.other_threads():
+        pytest.skip("threads are running in this process, so the loader does not fork")
+    unpacked: list[str] = []
+    real_unpack = parallel._unpack
+
+    def unpack(packed: parallel._PackedFile) -> loader.FileResult:
+        unpacked.append(packed[0])
+        return real_unpack(packed)
+
+    monkeypatch.setattr(parallel, "_unpack", unpack)
+    monkeypatch.setattr(parallel, "spare_cpus", lambda: 2)  # an idle machine of two cores
+    runner = CliRunner()
+    small = runner.invoke(app, ["validate", "-o", "json", "-j", "0", str(tree)])  # 150 files
+    assert small.exit_code == 1 and unpacked == []
+    big = tmp_path_factory.mktemp("big")
+    write_tree(big, 1000)
+    runner.invoke(app, ["validate", "-o", "json", "-j", "0", "--no-analyze", str(big)])
+    assert len(unpacked) == 1000

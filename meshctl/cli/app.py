@@ -11,13 +11,16 @@ Every command ends the same way too: it raises an error of meshctl's tree and `@
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import os
+import re
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 from typer.models import OptionInfo
 
 from meshctl import __version__
@@ -32,6 +35,13 @@ from meshctl.cli import services as services_cmd
 from meshctl.cli import simulate as simulate_cmd
 from meshctl.cli import validate as validate_cmd
 from meshctl.cli.exits import reported
+
+try:  # a recent typer vendors click, and does not re-export this one of its errors
+    from typer._click.core import Context
+    from typer._click.exceptions import NoSuchOption
+except ImportError:  # an older typer, on click itself
+    from click.core import Context  # type: ignore[assignment,no-redef,import-not-found,unused-ignore]
+    from click.exceptions import NoSuchOption  # type: ignore[no-redef,import-not-found,unused-ignore]
 
 app = typer.Typer(
     name="meshctl",
@@ -114,9 +124,43 @@ def _reflow(doc: str | None) -> str | None:
     return "\n\n".join(paragraphs)
 
 
+#: How alike a mistyped option and a real one must be (difflib's ratio, dashes left out) for
+#: the real one to be suggested: `--strcit` gets `--strict`, `--server` is not told `--errors`.
+_SUGGEST_CUTOFF = 0.75
+
+
+class _Command(TyperCommand):
+    """typer's command, with usage errors that say only what helps: an unknown option is
+    offered only the options it nearly spells, and a bad choice lists the choices without
+    pydantic's "Value error," in front."""
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except NoSuchOption as exc:
+            exc.possibilities = _alike(exc.option_name, exc.possibilities or ())
+            raise
+        except typer.BadParameter as exc:
+            exc.message = _CHOICES.sub(_choices, exc.message.removeprefix("Value error, "))
+            raise
+
+
+#: typer's message for a value that is none of the choices: `'xml' is not one of 'text', 'json'.`
+_CHOICES = re.compile(r"^(?P<value>.*) is not one of (?P<choices>'.*')\.$")
+
+
+def _choices(match: re.Match[str]) -> str:
+    return f"{match['value']} is not one of {match['choices'].replace(chr(39), '')}"
+
+
+def _alike(typed: str, options: Iterable[str]) -> list[str]:
+    word = typed.lstrip("-")
+    return [o for o in options if difflib.SequenceMatcher(None, word, o.lstrip("-")).ratio() >= _SUGGEST_CUTOFF]
+
+
 def _command(name: str, function: Callable[..., Any], epilog: str, group: typer.Typer = app) -> None:
     _name_values(function)
-    group.command(name, help=_reflow(function.__doc__), epilog=epilog)(function)
+    group.command(name, cls=_Command, help=_reflow(function.__doc__), epilog=epilog)(function)
 
 
 _command(
@@ -259,7 +303,7 @@ def version(
         return
     from meshctl.cli.admin_client import get_json
 
-    remote = get_json(server, "/version", admin_token_file)
+    remote = get_json(server, "/version", admin_token_file, expect=dict)
     typer.echo(f"client: {__version__}")
     typer.echo(f"server: {remote.get('version', '?')} (snapshot {remote.get('snapshot') or 'none yet'})")
 

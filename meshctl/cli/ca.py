@@ -149,10 +149,15 @@ def _lifetime(text: str) -> timedelta:
 
     from meshctl.config.schema import parse_duration
     from meshctl.errors import UsageError
+    from meshctl.security.selfsigned import ROOT_LIFETIME
 
     nanos = parse_duration(text)
     if nanos is None or nanos <= 0:
         raise UsageError(f"--lifetime {text!r} is not a positive duration (e.g. 24h, 90m, 720h)")
+    # Nothing outlives the CA (a self-signed root lives ten years): longer is a typo, and
+    # past timedelta's range it would not even be a date.
+    if nanos // 1000 > ROOT_LIFETIME // timedelta(microseconds=1):
+        raise UsageError(f"--lifetime {text!r} is longer than the CA lives ({ROOT_LIFETIME.days} days)")
     return timedelta(microseconds=nanos // 1000)
 
 

@@ -313,7 +313,7 @@ def diff_live(
     """`diff --live`: compare, print, and return the exit status (0 no drift, 1 drift)."""
     from dataclasses import replace
 
-    from meshctl.check.drift import compare, holds_mesh_secrets
+    from meshctl.check.drift import DumpError, compare, holds_mesh_secrets
     from meshctl.check.envoy_admin import fetch_config_dump
     from meshctl.cli import offline
     from meshctl.cli import output as out
@@ -326,13 +326,22 @@ def diff_live(
     live = fetch_config_dump(admin_url)
     offline.report(tree)
     notes = []
-    if not holds_mesh_secrets(live) and target.node.mesh_certificates:
+    # Only the dump is untrusted here: an entry of the wrong JSON type ends as one of these.
+    untrusted = (DumpError, AttributeError, TypeError, KeyError)
+    try:
+        secrets = holds_mesh_secrets(live)
+    except untrusted as exc:
+        raise _not_a_dump(admin_url, exc) from None
+    if not secrets and target.node.mesh_certificates:
         # The server sends mesh certificates (and config that names them) only to a proxy whose
         # connection proved its identity; an Envoy that holds none was sent config without them.
         target = bind_proxy(replace(target.node, mesh_certificates=False), tree.snapshot)
         notes.append("Envoy holds no mesh secrets: compared with config without mutual TLS, as the server sends it")
     resources, _ = subscribed(generate(tree.snapshot, target))
-    report = compare(resources, live)
+    try:
+        report = compare(resources, live)
+    except untrusted as exc:
+        raise _not_a_dump(admin_url, exc) from None
     delivery = _delivery(server, target.id, resources) if server is not None else []
     if json_output:
         data = {"proxy": target.id, **report.as_dict()}
@@ -356,6 +365,12 @@ def diff_live(
     return EXIT_CHANGED if report.drifted else EXIT_OK
 
 
+def _not_a_dump(admin_url: str, exc: Exception) -> Exception:
+    from meshctl.errors import UsageError
+
+    return UsageError(f"{admin_url}: the config dump is not one Envoy writes ({type(exc).__name__}: {exc})")
+
+
 def _print_live(report: Any, delivery: list[dict[str, str]]) -> None:
     from meshctl.cli.output import TableData, print_tables
 
@@ -367,7 +382,8 @@ def _print_live(report: Any, delivery: list[dict[str, str]]) -> None:
         [d["type"], d["name"], d["drift"], d["meshctl_version"], d["envoy_version"]]
         for d in (x.as_dict() for x in report.differences)
     ]
-    tables.append(TableData("Drift", DRIFT_COLUMNS, rows))
+    if rows:  # no drift is said in a line on stderr, not by a table with no rows
+        tables.append(TableData("Drift", DRIFT_COLUMNS, rows))
     versions = [[v.section, v.meshctl, ",".join(v.envoy) or "-", str(v.stale)] for v in report.versions]
     tables.append(TableData("Versions", VERSION_COLUMNS, versions))
     if delivery:
@@ -383,17 +399,17 @@ def _delivery(server: str, node_id: str, resources: Any) -> list[dict[str, str]]
     """Per type, what the server sent the proxy, what it ACKed or NACKed, and the version the
     server would send now: `delivery` when the proxy has not taken what was sent, `config` when
     what was sent is not what would be sent now, `none` when all three agree."""
-    from meshctl.cli.admin_client import get_json
+    from meshctl.cli.admin_client import syncz
     from meshctl.errors import UsageError
     from meshctl.xds.config_dump import TYPE_BY_SECTION, type_version
 
-    entries = get_json(server, "/debug/syncz")
-    entry = next((e for e in entries if isinstance(e, dict) and e.get("proxy") == node_id), None)
+    entries = syncz(server)
+    entry = next((e for e in entries if e["proxy"] == node_id), None)
     if entry is None:
         raise UsageError(f"{server} has no stream for {node_id}: is the proxy connected to this server?")
     rows = []
     for short, section in _XDS_TYPES.items():
-        state = entry.get("types", {}).get(short, {})
+        state = entry["types"].get(short) or {}
         sent, acked, nack = state.get("sent", ""), state.get("acked", ""), state.get("nack", "")
         now = type_version(resources, TYPE_BY_SECTION[section])
         kind = "delivery" if nack or sent != acked else "config" if sent != now else "none"

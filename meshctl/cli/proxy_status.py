@@ -10,6 +10,8 @@ import typer
 from meshctl.cli.exits import reported
 
 TYPES = ("CDS", "LDS", "EDS", "RDS", "SDS")
+#: The states that make the answer "no" (exit 1), for CI and scripts that wait for a rollout.
+OUT_OF_SYNC = ("ERROR", "STALE")
 
 
 class Format(enum.StrEnum):
@@ -53,12 +55,15 @@ def proxy_status(
 
     With several --admin replicas, a replica that does not answer is one line on stderr and the
     others are still shown; the command fails (2) only when none answers.
+
+    Exit status: 0 every proxy shown is in sync, 1 a proxy shows ERROR (it rejected its config)
+    or STALE (it has not ACKed it yet), 2 usage error or no replica answered.
     """
     import json
     import sys
 
     from meshctl.cli import output as out
-    from meshctl.cli.admin_client import get_json
+    from meshctl.cli.admin_client import syncz
     from meshctl.errors import UsageError
 
     replicas = list(dict.fromkeys(admin or ["127.0.0.1:15014"]))
@@ -66,7 +71,7 @@ def proxy_status(
     answered = 0
     for replica in replicas:
         try:
-            entries: list[dict[str, Any]] = get_json(replica, "/debug/syncz", admin_token_file)
+            entries = syncz(replica, admin_token_file)
         except UsageError as exc:
             if len(replicas) == 1:
                 raise
@@ -87,10 +92,11 @@ def proxy_status(
         raise UsageError(f"none of the {len(replicas)} replicas answered")
     # A proxy between replicas can show on both for a moment; sorted, its rows stay together.
     rows.sort(key=lambda r: (r["proxy"], r["replica"]))
+    in_sync = not any(r[t] in OUT_OF_SYNC for r in rows for t in TYPES)
     if output is Format.json:
         json.dump([{k: v for k, v in r.items() if k != "types"} for r in rows], sys.stdout, indent=2)
         sys.stdout.write("\n")
-        return
+        raise typer.Exit(0 if in_sync else 1)
     # A table on a terminal; aligned columns when piped, so grep and awk see whole node ids.
     headers = ["NAME", "WORKLOAD", *TYPES, "HDS", "REPLICA"]
     out.print_listing(
@@ -102,3 +108,4 @@ def proxy_status(
                 nack = (r["types"].get(t) or {}).get("nack")
                 if nack:
                     out.error(f"{r['proxy']} {t}: {nack}")
+    raise typer.Exit(0 if in_sync else 1)

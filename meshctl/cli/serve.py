@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -130,7 +131,7 @@ def serve(
         typer.Option(
             envvar="MESHCTL_WORKLOAD_CERT_LIFETIME",
             metavar="DURATION",
-            help="Lifetime of workload certificates (24h, 90m); renewed when two thirds are spent.",
+            help="Lifetime of workload certificates (24h, 90m; at least 3s); renewed when two thirds are spent.",
         ),
     ] = "24h",
     insecure_send_keys: Annotated[
@@ -193,7 +194,6 @@ def serve(
         typer.Option(
             envvar="MESHCTL_MAX_NEW_STREAMS_PER_SECOND",
             metavar="N",
-            min=0,
             help="Admit at most N new xDS streams a second (a second's worth may come at once); more are "
             "refused with UNAVAILABLE, which Envoy retries, so a reconnect storm is paced; 0 for no limit.",
         ),
@@ -248,6 +248,16 @@ def serve(
             "with RESOURCE_EXHAUSTED; 0 for no limit.",
         ),
     ] = 100,
+    allow_empty_mesh: Annotated[
+        bool,
+        typer.Option(
+            "--allow-empty-mesh",
+            envvar="MESHCTL_ALLOW_EMPTY_MESH",
+            help="Serve a mesh with no config and no services. Without it (or a file named empty-mesh.yaml "
+            "in the config directory or KV prefix) such a server is not ready and refuses proxies: an empty "
+            "directory is more often a volume not mounted yet than a mesh meant to be empty.",
+        ),
+    ] = False,
 ) -> None:
     """Serve Envoy config (ADS, state of the world and delta) for the Istio YAML in --config-dir.
 
@@ -263,7 +273,6 @@ def serve(
     IP) is ended, never re-bound.
     """
     import asyncio
-    import datetime
     import os
 
     from meshctl.config.schema import parse_duration
@@ -289,6 +298,11 @@ def serve(
         split_address(admin_address)
     except ValueError as exc:  # the server's parser says what is wrong with the address
         raise UsageError(str(exc)) from exc
+    debounce = _seconds("--debounce", debounce)
+    debounce_max = _seconds("--debounce-max", debounce_max)
+    registry_sync_timeout = _seconds("--registry-sync-timeout", registry_sync_timeout)
+    health_grace = _seconds("--health-grace", health_grace)
+    max_new_streams_per_second = _seconds("--max-new-streams-per-second", max_new_streams_per_second)
     debounce_settings = DebounceSettings(debounce, max(debounce, debounce_max))
     if (tls_cert is None) != (tls_key is None):
         raise UsageError("--tls-cert and --tls-key go together")
@@ -310,12 +324,12 @@ def serve(
         if config_consul_kv is not None
         else None
     )
-    lifetime = parse_duration(workload_cert_lifetime)
-    if lifetime is None or lifetime <= 0:
-        raise UsageError(f"--workload-cert-lifetime {workload_cert_lifetime!r} is not a duration (24h, 90m)")
+    lifetime = _workload_cert_lifetime(workload_cert_lifetime)
     max_age = parse_duration(max_connection_age)
     if max_age is None or max_age < 0:
         raise UsageError(f"--max-connection-age {max_connection_age!r} is not a duration (30m, 1h; 0 for never)")
+    if max_age > _MAX_CONNECTION_AGE_NANOS:
+        raise UsageError(f"--max-connection-age {max_connection_age!r} is over gRPC's longest, 596h (0 for never)")
     settings = ServeSettings(
         config_dirs=tuple(config_dir),
         xds_address=xds_address,
@@ -327,14 +341,14 @@ def serve(
         tls=tls,
         admin_token_file=admin_token_file,
         notify=NotifySettings.from_environ(os.environ, os.getpid()),
-        registry_sync_timeout=max(0.0, registry_sync_timeout),
-        health_grace=max(0.0, health_grace),
+        registry_sync_timeout=registry_sync_timeout,
+        health_grace=health_grace,
         mesh_config=mesh_config,
         freeze_startup=True,
         ca_dir=ca_dir,
         state_dir=state_dir if state_dir is not None else DEFAULT_STATE_DIR,
         state_dir_given=state_dir is not None,
-        workload_cert_lifetime=datetime.timedelta(seconds=lifetime / 1e9),
+        workload_cert_lifetime=lifetime,
         insecure_send_keys=insecure_send_keys,
         max_connection_age=max_age / 1e9 if max_age else None,
         max_new_streams_per_second=max_new_streams_per_second,
@@ -345,9 +359,48 @@ def serve(
             max_streams_per_client=max_streams_per_client,
             max_nodes_per_client=max_nodes_per_client,
         ),
+        allow_empty_mesh=allow_empty_mesh,
     )
     return_large_allocations()  # this process owns its allocator (see limits.return_large_allocations)
     try:
         asyncio.run(Server(settings).run())
     except (OSError, CredentialError) as exc:  # a busy or foreign address, unusable TLS files
         raise UsageError(f"cannot serve: {exc}") from exc
+
+
+#: gRPC keeps `grpc.max_connection_age_ms` in a 32-bit int: about 596 hours.
+_MAX_CONNECTION_AGE_NANOS = (2**31 - 1) * 1_000_000
+
+
+def _seconds(flag: str, value: float) -> float:
+    """`value` of a flag counted in seconds (or per second), or UsageError: `nan`, `inf` and
+    negative numbers parse as floats but would make the server wait forever or never."""
+    import math
+
+    from meshctl.errors import UsageError
+
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"{flag} {value!r} is not a finite number of seconds, 0 or more")
+    return value
+
+
+def _workload_cert_lifetime(text: str) -> datetime.timedelta:
+    """`--workload-cert-lifetime`, or UsageError: a Go duration from the least that renewal can
+    keep up with (`MIN_WORKLOAD_LIFETIME`) to the longest a self-signed root lives."""
+    from meshctl.config.schema import parse_duration
+    from meshctl.errors import UsageError
+    from meshctl.security.ca import MIN_WORKLOAD_LIFETIME
+    from meshctl.security.selfsigned import ROOT_LIFETIME
+
+    nanos = parse_duration(text)
+    if nanos is None or nanos <= 0:
+        raise UsageError(f"--workload-cert-lifetime {text!r} is not a duration (24h, 90m)")
+    lifetime = datetime.timedelta(microseconds=nanos // 1000) if nanos // 1000 < 10**17 else ROOT_LIFETIME * 2
+    if lifetime < MIN_WORKLOAD_LIFETIME:
+        raise UsageError(
+            f"--workload-cert-lifetime {text!r} is shorter than renewal can serve "
+            f"(at least {MIN_WORKLOAD_LIFETIME.total_seconds():g}s; Istio's default is 24h)"
+        )
+    if lifetime > ROOT_LIFETIME:
+        raise UsageError(f"--workload-cert-lifetime {text!r} is longer than the CA lives ({ROOT_LIFETIME.days} days)")
+    return lifetime

@@ -48,7 +48,10 @@ def validate(
         str | None, typer.Option(help="Also check Istio's MeshConfig YAML, as serve --mesh-config reads it.")
     ] = None,
     jobs: Annotated[
-        int, typer.Option("--jobs", "-j", min=0, help="Processes loading files side by side; 0: one per idle CPU.")
+        int,
+        typer.Option(
+            "--jobs", "-j", min=0, help="Processes loading files side by side; 0: by the tree's size and idle CPUs."
+        ),
     ] = 0,
 ) -> None:
     """Check Istio YAML as Istio would: schema, per-kind rules and cross-resource analysis.
@@ -60,7 +63,7 @@ def validate(
     from meshctl.cli import output as out
     from meshctl.config.check import check
     from meshctl.config.findings import Severity, sort_findings
-    from meshctl.config.loader import LoadOptions, spare_cpus
+    from meshctl.config.loader import LoadOptions
     from meshctl.config.mesh import DEFAULT_ROOT_NAMESPACE
     from meshctl.errors import UsageError
 
@@ -72,7 +75,7 @@ def validate(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        options = LoadOptions(default_namespace=namespace, workers=jobs or spare_cpus())
+        options = LoadOptions(default_namespace=namespace, workers=jobs)
         stdin_text, refused = _read_stdin(options.max_file_bytes) if "-" in paths else (None, [])
         mesh_findings: list[Finding] = []
         root_namespace = DEFAULT_ROOT_NAMESPACE

@@ -5,6 +5,7 @@ Kept apart from the CLI so the server can show the same findings for its config 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from meshctl.config.files import decode_text, read_config_file
 from meshctl.config.findings import Finding, Severity, format_path, sort_findings
 from meshctl.config.loader import FileResult, LoadOptions, load_bytes, load_paths, load_text, merge_files
 from meshctl.config.mesh import DEFAULT_ROOT_NAMESPACE
-from meshctl.config.model import Config, Source
+from meshctl.config.model import Config, ConfigKey, Source
 from meshctl.errors import ConfigError
 
 
@@ -74,22 +75,32 @@ def check(
         texts["<stdin>"] = stdin_text or ""
         files.append(load_text(stdin_text or "", "<stdin>", options))
     findings = list(result.findings)
+    if "-" in paths and not (files[-1].analysed or files[-1].findings):
+        # As for an empty directory: a pipe that brought nothing is a broken pipeline, not a pass.
+        findings.append(Finding(Severity.ERROR, "no YAML documents on stdin: nothing to check", "<stdin>"))
+    loaded = [os.path.abspath(f) for f in result.files]
     for path in file_paths:
         # A directory with nothing to check is a mistake (a wrong path, a missing checkout), not
         # a pass: CI would stay green while checking nothing.
-        if path.is_dir() and not any(_is_under(f, str(path)) for f in result.files):
+        if path.is_dir() and not any(_is_under(f, os.path.abspath(path)) for f in loaded):
             message = f"no YAML files (*.yaml, *.yml) in {path}: nothing to check"
             findings.append(Finding(Severity.ERROR, message, str(path)))
     for f in files:
         findings.extend(f.findings)
-    configs, duplicate_findings = merge_files(files)
-    findings.extend(duplicate_findings)
+    findings.extend(merge_files(files)[1])
     if analysis:
-        findings.extend(analysis_findings(configs.values(), known_hosts, Positions(texts), root_namespace))
+        # Rejected files are analysed too (`FileResult.analysed`): the server would keep their
+        # last good contents, and without them their hosts would look missing elsewhere.
+        analysed: dict[ConfigKey, Config] = {}
+        for f in files:
+            for config in f.analysed:
+                analysed.setdefault(config.key, config)
+        findings.extend(analysis_findings(analysed.values(), known_hosts, Positions(texts), root_namespace))
     return sort_findings(findings)
 
 
 def _is_under(file: str, directory: str) -> bool:
+    """Both absolute: `validate .` names files `bookinfo/x.yaml`, not `./bookinfo/x.yaml`."""
     return file.startswith(directory.rstrip("/") + "/")
 
 

@@ -12,13 +12,11 @@ Parsing is fast (see `yamlsource`); field positions are computed only for findin
 from __future__ import annotations
 
 import difflib
-import os
 import re
-import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from functools import cache, partial
+from functools import cache
 from pathlib import Path
 from sys import intern
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -29,7 +27,6 @@ from meshctl.config.findings import FieldPath, Finding, Severity, format_path, h
 from meshctl.config.model import (
     GROUP_VERSIONS,
     ISTIO_KINDS,
-    KINDS,
     Config,
     ConfigKey,
     Source,
@@ -37,7 +34,7 @@ from meshctl.config.model import (
     spec_class,
 )
 from meshctl.config.schema import parse_spec
-from meshctl.config.validation import import_rules, validate_spec
+from meshctl.config.validation import validate_spec
 from meshctl.errors import ConfigError, YamlError
 
 if TYPE_CHECKING:
@@ -61,7 +58,8 @@ class LoadOptions:
     #: Distinct findings reported for one file; the rest are counted in one last finding.
     max_findings_per_file: int = 100
     #: Processes that load files side by side when there are many (see `load_paths`); 1 loads
-    #: everything in this process, as a server must (it runs threads, and workers are forked).
+    #: everything in this process, as a server must (it runs threads, and workers are forked);
+    #: 0 chooses by the tree's size and the idle CPUs (`parallel.auto_workers`).
     workers: int = 1
 
 
@@ -75,11 +73,21 @@ class FileResult:
     #: What each document gave, kept by a load that may be followed by another of the same file
     #: (the watcher's), so that one reuses the documents whose text did not change.
     pieces: tuple[documents.Piece, ...] = field(default=(), compare=False, repr=False)
+    #: The resources of a rejected file's documents that loaded complete: never served (the
+    #: file keeps its last good contents), but analysed by `validate`, so one broken document
+    #: neither hides the file's other findings nor makes its hosts look missing elsewhere.
+    rejected: tuple[Config, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
         """False when the file must not replace what the store last had from it."""
         return not has_errors(self.findings)
+
+    @property
+    def analysed(self) -> tuple[Config, ...]:
+        """What cross-resource analysis reads of this file: its resources, or those it would
+        have had, had it loaded."""
+        return self.configs or self.rejected
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,8 +203,9 @@ def _load_pieces(
                 continue
             seen[config.key] = config.source
             configs.append(config)
-    kept = () if findings.has_errors else tuple(configs)
-    return FileResult(display, kept, findings.result(), tuple(pieces))
+    if findings.has_errors:
+        return FileResult(display, (), findings.result(), tuple(pieces), tuple(configs))
+    return FileResult(display, tuple(configs), findings.result(), tuple(pieces))
 
 
 def load_text(text: str, display: str, options: LoadOptions | None = None) -> FileResult:
@@ -225,7 +234,7 @@ def load_text(text: str, display: str, options: LoadOptions | None = None) -> Fi
         seen[config.key] = config.source
         configs.append(config)
     if findings.has_errors:
-        return FileResult(display, (), findings.result())
+        return FileResult(display, (), findings.result(), rejected=tuple(configs))
     return FileResult(display, tuple(configs), findings.result())
 
 
@@ -233,22 +242,23 @@ class _FileFindings:
     """One file's findings, bounded: a file of a million broken documents must not become a
     million log lines and a gigabyte of findings, in the server or in CI.
 
-    Findings alike (same severity, message and field) are kept as the first of them, which says
-    how many more there were; after `limit` distinct ones, the rest are only counted, and one
-    last finding says how many were left out, as an error if any of them was one, so a file with
-    errors is still rejected whole."""
+    Findings alike (same severity, message and field, of the same resource) are kept as the
+    first of them, which says how many more there were: a finding of another resource is never
+    folded into one it only resembles, or fixing the first would reveal it a run later. After
+    `limit` distinct ones, the rest are only counted, and one last finding says how many were
+    left out, as an error if any of them was one, so a file with errors is still rejected whole."""
 
     def __init__(self, display: str, limit: int) -> None:
         self._display, self._limit = display, limit
-        self._first: dict[tuple[Severity, str, str], Finding] = {}
-        self._count: dict[tuple[Severity, str, str], int] = {}
+        self._first: dict[tuple[Severity, str, str, ConfigKey | None], Finding] = {}
+        self._count: dict[tuple[Severity, str, str, ConfigKey | None], int] = {}
         self._dropped: dict[Severity, int] = {}
         self.has_errors = False
 
     def extend(self, findings: Iterable[Finding]) -> None:
         for finding in findings:
             self.has_errors = self.has_errors or finding.severity is Severity.ERROR
-            key = (finding.severity, finding.message, finding.field)
+            key = (finding.severity, finding.message, finding.field, finding.resource)
             if key in self._first:
                 self._count[key] += 1
             elif len(self._first) < self._limit:
@@ -285,6 +295,8 @@ def _load_document(
         return Finding(severity, message, display, line, column, key, format_path(path))
 
     if not isinstance(data, dict):
+        if _routing_tests(data):
+            return None, [finding(ROUTING_TESTS_SKIPPED, severity=Severity.INFO)]
         return None, [finding(f"a document must be a mapping (an object), not a {_kind_of(data)}")]
     api_version, kind = data.get("apiVersion"), data.get("kind")
     if not isinstance(kind, str) or not kind:
@@ -335,6 +347,10 @@ def _load_document(
 
     spec, issues = parse_spec(data.get("spec"), _spec_class(kind))
     problems.extend(finding(i.message, i.path, key=key) for i in issues)
+    if issues:
+        # A spec that did not parse whole is no resource: analysing what parsed would report
+        # findings about fields the document does have.
+        return None, problems
     if options.validate and not issues:
         problems.extend(finding(i.message, i.path, i.severity, key) for i in validate_spec(kind, spec))
 
@@ -431,6 +447,20 @@ def _creation_time(value: Any) -> float | object | None:
     return seconds
 
 
+#: The note on a file of routing tests met among the config (`examples/` holds both).
+ROUTING_TESTS_SKIPPED = "skipped: a file of routing tests for `meshctl simulate --cases` (docs/routing-tests.md)"
+
+
+def _routing_tests(data: Any) -> bool:
+    """True for what `meshctl simulate --cases` reads: a list of cases, each a mapping with a
+    request and what to expect of it (the cases are checked by `simulate`, not here)."""
+    return (
+        isinstance(data, list)
+        and bool(data)
+        and all(isinstance(case, dict) and "request" in case and "expect" in case for case in data)
+    )
+
+
 def _kind_of(data: Any) -> str:
     if isinstance(data, list):
         return "list"
@@ -458,8 +488,10 @@ def _duplicate(config: Config, first: Source) -> Finding:
 def load_paths(paths: Sequence[Path], options: LoadOptions | None = None) -> LoadResult:
     """Load every YAML file under `paths`; a missing path is a finding, not an exception.
 
-    With `options.workers` above 1, a big tree is loaded by that many forked processes; the
-    result is the same, in the same order."""
+    With `options.workers` other than 1, a big tree is loaded by forked processes
+    (`meshctl.config.parallel`); the result is the same, in the same order."""
+    from meshctl.config.parallel import load_files  # it imports this module
+
     options = options or LoadOptions()
     tree_findings: list[Finding] = []
     existing: list[Path] = []
@@ -471,144 +503,8 @@ def load_paths(paths: Sequence[Path], options: LoadOptions | None = None) -> Loa
     walk = walk_yaml(existing)
     tree_findings.extend(walk.findings)
     found = walk.files
-    files = {str(p): result for p, result in zip(found, _load_files(found, options), strict=True)}
+    files = {str(p): result for p, result in zip(found, load_files(found, options), strict=True)}
     return LoadResult(files, tuple(tree_findings))
-
-
-#: More workers than this rarely pay: a CPU quota (a container's) can be far below the CPUs the
-#: process sees, and each worker costs a fork and its copy of the parent's pages.
-_MAX_AUTO_WORKERS: Final = 8
-
-
-def spare_cpus() -> int:
-    """CPUs this process may run on (its affinity) that other work is not using, judged by the
-    1-minute load average as `make -l` does: a default for `LoadOptions.workers`.
-
-    A worker only pays on an idle CPU. On a CPU that is busy anyway it competes with its
-    siblings and with the other work: on a shared 2-core machine, two workers then took up to a
-    third more CPU time than one process, and more wall time.
-    """
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # the load average is unknown
-        load = 0.0
-    return max(1, min(cpus, _MAX_AUTO_WORKERS, round(cpus - load)))
-
-
-#: Below this many files per worker, starting workers costs more than it saves.
-_MIN_FILES_PER_WORKER: Final = 32
-#: Work is handed out in this many pieces per worker, so a worker that finishes early (its files
-#: were small, or its CPU less busy) takes more, and results come back while others still load.
-_CHUNKS_PER_WORKER: Final = 4
-
-#: A FileResult as it crosses from a worker, in builtin types only, which pickle in C: a spec as
-#: its wire bytes, keys and sources as tuples. (A Config also wraps its labels in a read-only
-#: mapping that cannot be pickled at all.)
-_PackedConfig = tuple[
-    tuple[str, str, str], str, bytes, dict[str, str], dict[str, str], tuple[str, int, int, int], float | None
-]
-_PackedFinding = tuple[str, str, str | None, int, int, tuple[str, str, str] | None, str, str]
-_PackedFile = tuple[str, tuple[_PackedConfig, ...], tuple[_PackedFinding, ...]]
-
-
-def other_threads() -> bool:
-    """True when this process runs threads besides the main one, counting those Python does not
-    know about (gRPC's C core starts its own)."""
-    try:
-        return len(os.listdir("/proc/self/task")) > 1
-    except OSError:  # no /proc: only Python's threads can be counted
-        return threading.active_count() > 1
-
-
-def _load_files(paths: list[Path], options: LoadOptions) -> list[FileResult]:
-    """`load_file` for each path, in order, in worker processes when there are enough files.
-
-    Workers are forked, so they start at once with everything already imported. Forking a
-    process that runs threads (the server's watcher, gRPC's own threads, which Python does not
-    count) is unsafe, so then, and where fork does not exist, files load here. Results come back
-    in path order whatever finishes first, so findings and "first definition wins" are exactly
-    as with one process.
-    """
-    workers = min(options.workers, len(paths) // _MIN_FILES_PER_WORKER)
-    if workers < 2 or other_threads():
-        return [load_file(p, options) for p in paths]
-    import multiprocessing  # only when workers run: it would add 15 ms to every start-up
-
-    if "fork" not in multiprocessing.get_all_start_methods():
-        return [load_file(p, options) for p in paths]
-    # What every worker would import on first use is imported once, here, and shared by the fork.
-    for kind in KINDS:
-        _spec_class(kind)
-    if options.validate:
-        import_rules()
-    size = -(-len(paths) // (workers * _CHUNKS_PER_WORKER))
-    chunks = [paths[i : i + size] for i in range(0, len(paths), size)]
-    out: list[FileResult] = []
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
-        for packed in pool.imap(partial(_load_packed, options=options), chunks):
-            out.extend(_unpack(p) for p in packed)
-    return out
-
-
-def _load_packed(paths: list[Path], options: LoadOptions) -> list[_PackedFile]:
-    """What a worker does: load its files and pack the results for the trip back."""
-    out: list[_PackedFile] = []
-    for path in paths:
-        result = load_file(path, options)
-        configs = tuple(
-            (
-                (c.key.kind, c.key.namespace, c.key.name),
-                c.api_version,
-                c.spec_wire(),
-                dict(c.labels),
-                dict(c.annotations),
-                (c.source.file, c.source.line, c.source.column, c.source.document),
-                c.created,
-            )
-            for c in result.configs
-        )
-        findings = tuple(
-            (
-                f.severity.value,
-                f.message,
-                f.file,
-                f.line,
-                f.column,
-                None if f.resource is None else (f.resource.kind, f.resource.namespace, f.resource.name),
-                f.field,
-                f.code,
-            )
-            for f in result.findings
-        )
-        out.append((result.path, configs, findings))
-    return out
-
-
-def _unpack(packed: _PackedFile) -> FileResult:
-    path, configs, findings = packed
-    return FileResult(
-        path,
-        tuple(
-            Config(
-                ConfigKey(intern(kind), intern(namespace), name),
-                intern(api),
-                spec if kind in _PACKED_KINDS else _spec_class(kind).FromString(spec),
-                labels=labels,
-                annotations=annotations,
-                source=Source(*src),
-                created=created,
-            )
-            for (kind, namespace, name), api, spec, labels, annotations, src, created in configs
-        ),
-        tuple(
-            Finding(Severity(severity), message, file, line, column, None if key is None else ConfigKey(*key), at, code)
-            for severity, message, file, line, column, key, at, code in findings
-        ),
-    )
 
 
 def merge_files(files: Iterable[FileResult]) -> tuple[dict[ConfigKey, Config], list[Finding]]:

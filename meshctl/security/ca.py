@@ -47,6 +47,14 @@ logger = logging.getLogger("meshctl.security")
 DEFAULT_LIFETIME = timedelta(hours=24)
 #: The share of a certificate's lifetime after which it is renewed (Istio's SECRET_GRACE_PERIOD_RATIO).
 RENEW_FRACTION = 2 / 3
+#: The shortest workload certificate lifetime `meshctl serve` takes. Certificates are issued on
+#: whole seconds (up to one back), renewed at two thirds, by rounds that look once a second: at
+#: 3 s one is due a second or more after it was sent and valid for two; below, it can be due (at
+#: 1 s, expired) before the round that issued it has sent it, and renewal stops.
+MIN_WORKLOAD_LIFETIME = timedelta(seconds=3)
+#: A CA this close to its end is warned about (at start, then daily): renewing a plug-in CA is a
+#: person's job, a month is the time it takes; past its end it is an error every minute.
+EXPIRY_WARNING = timedelta(days=30)
 
 _LEAF_KEY_USAGE = x509.KeyUsage(
     digital_signature=True,
@@ -147,6 +155,39 @@ class CertificateAuthority:
     def not_after(self) -> datetime:
         """When the first certificate of the CA's chain expires: nothing it issues lasts longer."""
         return self._expires
+
+    @property
+    def root_not_after(self) -> datetime:
+        """When the root of the CA's chain expires (the trust bundle's, as workloads have it)."""
+        return self._material.chain[-1].not_valid_after_utc
+
+    def describe(self) -> str:
+        """Which CA this is, for the start-up log: where, new or found, whose, until when."""
+        subject = self._material.certificate.subject.rfc4514_string() or "(no subject)"
+        how = "made now" if self.created else "found"
+        return f"{self.source} ({how}): {subject}, valid until {self._expires.isoformat()}"
+
+    def expiry_notice(self, now: datetime | None = None) -> tuple[int, str] | None:
+        """(log level, message) when the CA is within `EXPIRY_WARNING` of its end or past it, else
+        None. The message names the certificate that ends first and what its end means."""
+        at = _utc(now)
+        ending = min(self._material.chain, key=lambda c: c.not_valid_after_utc)
+        what = "root" if ending is self._material.chain[-1] else "CA certificate"
+        subject = ending.subject.rfc4514_string() or "(no subject)"
+        left = self._expires - at
+        if left <= timedelta(0):
+            return logging.ERROR, (
+                f"{self.source}: the {what} {subject} expired at {self._expires.isoformat()}: no workload "
+                "certificate can be issued or renewed, and proxies lose mutual TLS as theirs expire; "
+                "replace the CA and restart"
+            )
+        if left <= EXPIRY_WARNING:
+            return logging.WARNING, (
+                f"{self.source}: the {what} {subject} expires at {self._expires.isoformat()}, in "
+                f"{left.total_seconds() / 86400:.1f} days; workload certificates end with it: "
+                "replace the CA before then"
+            )
+        return None
 
     def issue_workload(
         self, identity: WorkloadIdentity, lifetime: timedelta = DEFAULT_LIFETIME, now: datetime | None = None

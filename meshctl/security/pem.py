@@ -7,6 +7,7 @@ should hold, and none ever quotes a file's contents.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -16,15 +17,19 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from meshctl.errors import CredentialError
+from meshctl.security.files import group_or_world_readable, read_credential
+
+logger = logging.getLogger("meshctl.security")
 
 #: The keys a CA can sign with: ECDSA (what meshctl makes) and RSA (what many plug-in CAs have).
 SigningKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 
 
 def read_file(path: Path) -> bytes:
-    """The bytes of `path`; CredentialError when it is missing or unreadable."""
+    """The bytes of `path` (`files.read_credential`: a regular file, bounded); CredentialError
+    when it is missing, unreadable or not such a file."""
     try:
-        return path.read_bytes()
+        return read_credential(path)
     except FileNotFoundError:
         raise CredentialError(f"{path}: no such file") from None
     except OSError as exc:
@@ -49,6 +54,14 @@ def load_private_key(path: Path) -> SigningKey:
     """The unencrypted PEM private key of `path`. The underlying error is dropped on purpose:
     nothing parsed out of a key file may reach a message."""
     data = read_file(path)
+    mode = group_or_world_readable(path)
+    if mode is not None:
+        logger.warning(
+            "%s is readable by %s (mode %04o): it is a CA's private key; chmod 600 it",
+            path,
+            "everyone" if mode & 0o004 else "its group",
+            mode,
+        )
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except TypeError:

@@ -10,11 +10,14 @@ Every identity in the mesh hangs off this root, so a restart must find the same 
 start makes it, every later one loads it. Making it is guarded by an exclusive lock on `.lock`, so
 two processes (or threads) starting at once on an empty directory end with one root: the second
 waits, then finds and loads the first one's. The key is written before the certificate, each
-whole (`meshctl.security.files`), so `root-cert.pem` existing means the root is complete; a key
-left without a certificate by a crash was never trusted by anyone and is replaced.
+whole (`meshctl.security.files`), so `root-cert.pem` existing means the root is complete.
 
 A root that is found but unusable (key missing or not its key, expired) is an error and is never
-replaced quietly: every workload trusts it, and a new one would cut them all off at once.
+replaced quietly: every workload trusts it, and a new one would cut them all off at once. Nor is a
+key found without its certificate: far more often `root-cert.pem` was deleted or lost in a restore
+than a first start crashed between the two writes, and making a new root would overwrite the key
+of the one every workload trusts. The operator restores the certificate, or moves the key away to
+have a new root made.
 """
 
 from __future__ import annotations
@@ -69,10 +72,16 @@ def load_or_create_root(state_dir: Path, trust_domain: str, now: datetime) -> St
     with _locked(directory / _LOCK):
         if _exists(cert_file):  # another process made it while we waited
             return StoredRoot(_load(directory, now), directory, created=False)
+        # Under the lock only: outside it, a key may be one another process is making a root for.
+        _refuse_lone_key(directory)
         certificate, key = make_root(trust_domain, now)
         try:
-            write_atomically(directory / CA_KEY, private_key_pem(key), mode=PRIVATE_MODE)
+            # Never over a key (`replace=False`): the check above and this write are one step.
+            write_atomically(directory / CA_KEY, private_key_pem(key), mode=PRIVATE_MODE, replace=False)
             write_atomically(cert_file, certificates_pem([certificate]), mode=PUBLIC_MODE)
+        except FileExistsError:
+            _refuse_lone_key(directory)
+            raise
         except OSError as exc:
             raise CredentialError(f"{directory}: cannot write the new root CA: {exc.strerror or exc}") from None
     logger.info("created a new self-signed root CA in %s (trust domain %s)", directory, trust_domain)
@@ -131,6 +140,16 @@ def _load(directory: Path, now: datetime) -> SigningMaterial:
     key = load_private_key(key_file)
     check_signing_pair(roots[0], cert_file, key, key_file, now)
     return SigningMaterial(roots[0], key, (roots[0],), root_pem)
+
+
+def _refuse_lone_key(directory: Path) -> None:
+    """CredentialError when `directory` holds a CA key but no root certificate (see the module's docstring)."""
+    key_file, cert_file = directory / CA_KEY, directory / ROOT_CERT
+    if os.path.lexists(key_file):
+        raise CredentialError(
+            f"{key_file} exists but {cert_file} does not: restore {ROOT_CERT} (the root every workload trusts), "
+            f"or move {CA_KEY} away to have a new root made (which every workload must then be given)"
+        )
 
 
 def _exists(path: Path) -> bool:

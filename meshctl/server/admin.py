@@ -13,6 +13,12 @@ for long.
     /debug/registryz            services and endpoints, and each registry's status
     /debug/configz              loaded resources and the errors of files that failed to load
 
+Connections are untrusted: a client has `REQUEST_TIMEOUT` seconds to send its request head, and
+at most `MAX_CONNECTIONS` are open at once; a new one past that closes the connection that has
+waited longest for its head (an idle one), so a flood of idle connections cannot keep curl or
+Prometheus out, nor use up the process's file descriptors. Connections closed that way, or that
+broke, are not logged one by one: one line a minute at most says how many there were.
+
 Access: `/ready`, `/version` and `/metrics` are always open (health checks and Prometheus hold no secret).
 The `/debug` pages show every proxy's config and the whole registry, so with a bearer token
 (`--admin-token-file`) they answer 401 unless the request carries `Authorization: Bearer TOKEN`;
@@ -25,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -44,6 +51,12 @@ _REASONS = {
     503: "Service Unavailable",
 }
 _MAX_REQUEST_BYTES = 16 * 1024
+#: Seconds a client has to send its request head once connected.
+REQUEST_TIMEOUT = 5.0
+#: Connections open at once; past this the one idle longest is closed.
+MAX_CONNECTIONS = 128
+#: The least time between two lines about connections closed unanswered.
+_QUIET_LOG_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +106,7 @@ def route(state: AdminState, path: str, query: Mapping[str, list[str]]) -> Respo
     if path == "/debug/config_dump":
         proxy_id = (query.get("proxyID") or query.get("proxyId") or [""])[0]
         if not proxy_id:
-            return Response.json({"error": "give ?proxyID=NODE_ID (see /debug/syncz)"}, 400)
+            return Response.json({"error": "give ?proxyID=NODE_ID or NAME.NAMESPACE (see /debug/syncz)"}, 400)
         dump = state.config_dump(proxy_id)
         if dump is None:
             return Response.json({"error": f"no proxy {proxy_id!r} is connected"}, 404)
@@ -151,6 +164,12 @@ class AdminServer:
         self._token = token
         self._loopback = is_loopback(host)
         self._server: asyncio.Server | None = None
+        #: Open connections, oldest first, each True while it waits for its request head.
+        self._open: dict[asyncio.StreamWriter, bool] = {}
+        #: Connections closed without an answer (idle, evicted, broken) since the last line said so.
+        self.unanswered = 0
+        self._unanswered_total = 0
+        self._said_at = 0.0
 
     @property
     def port(self) -> int:
@@ -159,36 +178,81 @@ class AdminServer:
         port: int = self._server.sockets[0].getsockname()[1]
         return port
 
+    @property
+    def unanswered_total(self) -> int:
+        """Connections closed without an answer since start (idle, evicted over the limit, broken)."""
+        return self._unanswered_total
+
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._handle, self._host, self._port)
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+            for writer in list(self._open):
+                writer.close()
             await self._server.wait_closed()
             self._server = None
+        self._say_unanswered(force=True)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._make_room()
+        self._open[writer] = True
         try:
-            response = await self._respond(reader, writer.get_extra_info("peername"))
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=REQUEST_TIMEOUT)
+            except (OSError, EOFError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                self._unanswered()
+                return
+            self._open[writer] = False
+            try:
+                response = self.answer(head, writer.get_extra_info("peername"))
+            except Exception:
+                logger.exception("admin request failed")  # a page's own bug, not the client's doing
+                response = Response.json({"error": "internal error"}, 500)
             extra = "".join(f"{name}: {value}\r\n" for name, value in response.headers)
-            head = (
-                f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Error')}\r\n"
+            status = f"{response.status} {_REASONS.get(response.status, 'Error')}"
+            head_out = (
+                f"HTTP/1.1 {status}\r\n"
                 f"Content-Type: {response.content_type}\r\nContent-Length: {len(response.body)}\r\n"
                 f"{extra}Connection: close\r\n\r\n"
             )
-            writer.write(head.encode() + response.body)
-            await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            pass
-        except Exception:
-            logger.exception("admin request failed")
+            try:
+                writer.write(head_out.encode() + response.body)
+                await asyncio.wait_for(writer.drain(), timeout=REQUEST_TIMEOUT * 6)
+            except (OSError, TimeoutError):
+                self._unanswered()
         finally:
+            self._open.pop(writer, None)
             writer.close()
 
-    async def _respond(self, reader: asyncio.StreamReader, peer: object) -> Response:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
-        return self.answer(head, peer)
+    def _make_room(self) -> None:
+        """Close the connection idle longest when `MAX_CONNECTIONS` are open (see the module docstring)."""
+        if len(self._open) < MAX_CONNECTIONS:
+            return
+        oldest = next((w for w, idle in self._open.items() if idle), None)
+        if oldest is not None:
+            self._open.pop(oldest)
+            oldest.close()  # its pending read ends, and counts it
+
+    def _unanswered(self) -> None:
+        self.unanswered += 1
+        self._unanswered_total += 1
+        self._say_unanswered()
+
+    def _say_unanswered(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.unanswered or (not force and now - self._said_at < _QUIET_LOG_SECONDS):
+            return
+        logger.info(
+            "closed %d admin connection(s) without an answer: no request within %gs, over the limit of %d "
+            "open, or broken (%d since start)",
+            self.unanswered,
+            REQUEST_TIMEOUT,
+            MAX_CONNECTIONS,
+            self._unanswered_total,
+        )
+        self.unanswered, self._said_at = 0, now
 
     def answer(self, head: bytes, peer: object = None) -> Response:
         """The response to a request head (request line and headers), without I/O."""

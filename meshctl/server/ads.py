@@ -60,6 +60,8 @@ TOO_MANY_NEW_STREAMS = "too many new streams on this replica; retry"
 
 #: Unsupported type URLs logged per stream; a client asking for more is not worth more lines.
 _UNSUPPORTED_LOGGED = 8
+#: How long a refused stream waits for its first request before the refusal is sent anyway.
+_FIRST_REQUEST_WAIT = 1.0
 
 
 #: A status to end a stream with, and its message.
@@ -169,11 +171,11 @@ class AdsServicer:
         refusal = self._admission() if self._admission is not None else None
         if refusal is not None:
             logger.debug("refused a stream from %s: %s", context.peer(), refusal)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
+            await _refuse(requests, context, refusal)
         if self._pace is not None and not self._pace.take():
             # Envoy retries with jittered backoff; the streams already open are not slowed down.
             logger.debug("refused a stream from %s: over %g new streams a second", context.peer(), self._pace.rate)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, TOO_MANY_NEW_STREAMS)
+            await _refuse(requests, context, TOO_MANY_NEW_STREAMS)
         conn_id = f"{context.peer()}-{next(self._ids)}"
         client, certified = client_of(context)
         connection = Connection(
@@ -435,6 +437,19 @@ def client_of(context: grpc.aio.ServicerContext[Any, Any]) -> tuple[str, bool]:
         return f"certificate sha256:{hashlib.sha256(pem).hexdigest()[:16]}", True
     peer = context.peer()
     return peer.rpartition(":")[0] or peer, False
+
+
+async def _refuse(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any], why: str) -> None:
+    """End a stream with UNAVAILABLE once its first request is in (or after a second without one).
+
+    A status sent while the client is still writing its first request fails that write, and
+    gRPC's asyncio client then reports INTERNAL "Internal error from Core" in place of our
+    UNAVAILABLE, which a client must retry (grpc/grpc#36066). Envoy sends its first request at
+    once and nothing more until answered, so waiting for it makes the refusal arrive whole.
+    """
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(anext(aiter(requests)), _FIRST_REQUEST_WAIT)
+    await context.abort(grpc.StatusCode.UNAVAILABLE, why)
 
 
 def _metadata(struct: Any) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from meshctl.registry.health import HealthCheckedRegistry, HealthReports, checke
 from meshctl.server.admin import AdminServer
 from meshctl.server.ads import AdsServicer
 from meshctl.server.auth import BearerToken, XdsTls, identity_authorizer, is_loopback
+from meshctl.server.ca_expiry import CaExpiryWatch
 from meshctl.server.cache import ResourceCache
 from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
 from meshctl.server.health import HealthDiscovery
@@ -59,6 +60,10 @@ logger = logging.getLogger("meshctl.server")
 
 #: What a proxy is told while the server cannot serve a complete mesh yet (istiod's words).
 NOT_READY = "server is not ready to serve discovery information"
+
+#: A file (or KV key) of this name in the config source says that a mesh with no config and no
+#: services is meant (`Server.admission`); being YAML, it is read like any file and adds nothing.
+EMPTY_MESH_MARKER: Final = "empty-mesh.yaml"
 
 
 def split_address(address: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -138,6 +143,9 @@ class ServeSettings:
     #: streams of a fleet spread back over replicas that return; None for never. As istiod's
     #: `PILOT_KEEPALIVE_MAX_SERVER_CONNECTION_AGE` (30m), with its 10 s grace (`grpc_options`).
     max_connection_age: float | None = 1800.0
+    #: Serve a mesh with no config and no services (`--allow-empty-mesh`); without it (or the
+    #: `EMPTY_MESH_MARKER` file in the config source) such a mesh is not ready (`Server.admission`).
+    allow_empty_mesh: bool = False
     #: New ADS streams a second this server admits (a token bucket, `meshctl.server.pacing`);
     #: more are refused with UNAVAILABLE, which Envoy retries. 0: no limit.
     max_new_streams_per_second: float = 0.0
@@ -243,6 +251,7 @@ class Server:
         )
         self._renewal: asyncio.Task[None] | None = None
         self._unfollow_checks: Callable[[], None] | None = None
+        self._ca_watch: CaExpiryWatch | None = None
         self.status = ServerStatus(self)
         self.notify = SystemdNotifier(settings.notify, lambda: service_status(self))
         self._grpc: grpc.aio.Server | None = None
@@ -277,6 +286,7 @@ class Server:
         if self.mesh_config is not None:
             self._follow_mesh_config()
         self._observe(snapshot)
+        self._say_empty_mesh()
         if self.settings.freeze_startup:
             # Frozen objects are still freed by reference counting when a change drops them.
             gc.collect()
@@ -328,6 +338,13 @@ class Server:
                 if tls is not None and tls.client_ca_file
                 else " (no client certificates: any proxy may ask for any node's config)",
             )
+        proven = tls is not None and tls.client_ca_file is not None
+        if self.settings.insecure_send_keys and self.ca is not None and not proven and not is_loopback(host):
+            logger.warning(
+                "--insecure-send-keys on %s, beyond loopback: any host that reaches it and names a workload "
+                "is handed that workload's PRIVATE KEY and certificate; give --client-ca instead",
+                self.settings.xds_address,
+            )
         await self._grpc.start()
         admin_host, admin_port = split_address(self.settings.admin_address)
         self._admin = AdminServer(self.status, admin_host, admin_port, token)
@@ -344,6 +361,12 @@ class Server:
         )
         if self.ca is not None:
             self._renewal = asyncio.create_task(self._renew_certificates(), name="meshctl-renew")
+            self.metrics.watch_ca(self.ca.root_not_after.timestamp(), self.ca.not_after.timestamp())
+            # Which CA signs, and whether this start made it: a root found in a state directory
+            # (a root's first start reusing /var/lib/meshctl, say) must not be a surprise.
+            logger.info("workload certificates are signed by the %s", self.ca.describe())
+            self._ca_watch = CaExpiryWatch(self.ca)
+            self._ca_watch.start()
         if self.settings.on_ready is not None:
             self.settings.on_ready(self.xds_port, self.admin_port)
 
@@ -402,6 +425,8 @@ class Server:
             self._renewal = None
         if self._mesh_timer is not None:
             self._mesh_timer.cancel()
+        if self._ca_watch is not None:
+            self._ca_watch.stop()
         if self._sync_timer is not None:
             self._sync_timer.cancel()
         await self.discovery.stop()
@@ -474,9 +499,46 @@ class Server:
         # A KV config source counts as a registry here: a mesh served before it was read is empty.
         kv_synced = not isinstance(self.followed, FollowedKV) or self.followed.watcher.synced()
         consul_synced = self.consul is None or self.consul.wait_synced(0)
-        if (kv_synced and consul_synced) or time.monotonic() >= self._sync_deadline:
-            return None
-        return NOT_READY
+        if not (kv_synced and consul_synced) and time.monotonic() < self._sync_deadline:
+            return NOT_READY
+        if self.empty_mesh_refused():
+            return NOT_READY
+        return None
+
+    def empty_mesh_refused(self) -> bool:
+        """Whether the mesh now built is empty (no config, no service) without being meant so.
+
+        A config directory or KV prefix that holds nothing at start is far more often a volume not
+        mounted yet, a checkout half-way or a wrong prefix than a mesh meant to be empty, and a
+        replica that admits proxies with it makes every Envoy that fails over to it drop its
+        listeners and clusters. So an empty mesh is served only when said so: `--allow-empty-mesh`,
+        or a file named `EMPTY_MESH_MARKER` in the directory (a key of that name under the prefix).
+        """
+        snapshot = self.discovery.snapshot
+        if self.settings.allow_empty_mesh or snapshot is None:
+            return False
+        if snapshot.configs or snapshot.services.services:
+            return False
+        # Only an empty store gets here, so this walks a handful of file names at most.
+        return not any(Path(name).name == EMPTY_MESH_MARKER for name in self.store.file_status())
+
+    def _say_empty_mesh(self) -> None:
+        """Say at start-up why proxies are refused when the config source gave nothing (not while
+        Consul may still bring services or the KV prefix has not been read: that is said apart)."""
+        kv_unread = isinstance(self.followed, FollowedKV) and not self.followed.watcher.synced()
+        if self.consul is not None or kv_unread or not self.empty_mesh_refused():
+            return
+        source = (
+            self.settings.config_kv.display
+            if self.settings.config_kv is not None
+            else ", ".join(map(str, self.settings.config_dirs))
+        )
+        logger.error(
+            "%s holds no config and there are no services: proxies are refused (not ready) until it does; "
+            "to serve an empty mesh on purpose, put a file named %s in it or pass --allow-empty-mesh",
+            source,
+            EMPTY_MESH_MARKER,
+        )
 
     def _sync_overdue(self) -> None:
         self._sync_timer = None

@@ -58,6 +58,7 @@ import grpc
 
 from meshctl.errors import CredentialError
 from meshctl.logs import untrusted
+from meshctl.security.files import read_credential
 from meshctl.server.ads import Authorizer
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import ProxyNode, bind_proxy
@@ -105,7 +106,7 @@ class XdsTls:
 
 def _read(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        return read_credential(path)  # a regular file, bounded: a FIFO or /dev/zero is refused
     except OSError as exc:
         raise CredentialError(f"cannot read {path}: {exc.strerror or exc}") from exc
 

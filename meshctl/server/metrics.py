@@ -16,6 +16,7 @@ import math
 import os
 import resource
 import threading
+import time
 from collections.abc import Sequence
 from typing import Final
 
@@ -188,6 +189,8 @@ class Metrics(PushObserver):
             (("healthy",), ("unhealthy",)),
         )
         self.hds_streams = Gauge("meshctl_hds_streams", "Health Discovery Service streams open on this server.")
+        #: (root, chain) expiry times of the CA, as Unix seconds; None without a CA.
+        self._ca_expiry: tuple[float, float] | None = None
         self._all: tuple[Counter | Histogram, ...] = (
             self.xds,
             self.checked_endpoints,
@@ -217,9 +220,33 @@ class Metrics(PushObserver):
     def connected(self, count: int) -> None:
         self.xds.set(count)
 
+    def watch_ca(self, root_not_after: float, chain_not_after: float) -> None:
+        """Export the CA's expiry (Unix seconds) as Istio's citadel gauges, and the time left."""
+        self._ca_expiry = (root_not_after, chain_not_after)
+
+    def _ca_metrics(self) -> list[Counter]:
+        if self._ca_expiry is None:
+            return []
+        now = time.time()
+        root, chain = self._ca_expiry
+        when = "The unix timestamp, in seconds, when the {} expires."
+        left = "The time remaining, in seconds, before the {} expires."
+        gauges = (
+            ("citadel_server_root_cert_expiry_timestamp", when.format("root CA"), root),
+            ("citadel_server_cert_chain_expiry_timestamp", when.format("CA chain"), chain),
+            ("citadel_server_root_cert_expiry_seconds", left.format("root CA"), root - now),
+            ("citadel_server_cert_chain_expiry_seconds", left.format("CA chain"), chain - now),
+        )
+        out: list[Counter] = []
+        for name, help_text, value in gauges:
+            gauge = Gauge(name, help_text)
+            gauge.set(round(value, 3))
+            out.append(gauge)
+        return out
+
     def render(self) -> str:
         lines: list[str] = []
-        for metric in (*self._all, *process_metrics()):
+        for metric in (*self._all, *self._ca_metrics(), *process_metrics()):
             lines.extend(metric.header())
             lines.extend(metric.render())
         return "\n".join(lines) + "\n"

@@ -220,6 +220,8 @@ def service_status(server: ServedState) -> str:
     errors = len(server.store.errors())
     if errors:
         text += f"; {_count(errors, 'config error')} (see /debug/configz)"
-    if not server.ready():
+    if not server.ready() and not facts["configs"] and not facts["services"]:
+        text += "; not ready: no config and no services yet (see the log)"
+    elif not server.ready():
         text += "; waiting for the registries' first sync"
     return text

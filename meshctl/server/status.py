@@ -90,11 +90,16 @@ class ServerStatus:
         from meshctl.xds.generate import generate
 
         snapshot = self._server.discovery.snapshot
-        for stream in self._server.ads.streams.values():
-            if stream.connection.node_id == proxy_id and stream.proxy is not None and snapshot is not None:
-                resources = {**generate(snapshot, stream.proxy), types.SECRET: self._server.secrets.held(proxy_id)}
-                return config_dump_dict(build_config_dump(resources))
-        return None
+        streams = [s for s in self._server.ads.streams.values() if s.proxy is not None]
+        # The full node id, or NAME.NAMESPACE (its third part) as every CLI command takes a proxy.
+        found = [s for s in streams if s.connection.node_id == proxy_id] or [
+            s for s in streams if s.connection.node_id.split("~")[2:3] == [proxy_id]
+        ]
+        if len({s.connection.node_id for s in found}) != 1 or snapshot is None or found[0].proxy is None:
+            return None
+        node_id = found[0].connection.node_id
+        resources = {**generate(snapshot, found[0].proxy), types.SECRET: self._server.secrets.held(node_id)}
+        return config_dump_dict(build_config_dump(resources))
 
     def registryz(self) -> dict[str, Any]:
         registry = self._server.registry

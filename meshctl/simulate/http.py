@@ -12,6 +12,7 @@ fault filter's per-route config, header changes of the route, virtual host and r
 
 from __future__ import annotations
 
+import json
 import re
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -183,15 +184,50 @@ def describe_match(match: Any) -> str:
     if match.HasField("case_sensitive") and not match.case_sensitive.value:
         text += " (any case)"
     parts = [text]
-    parts += [f"header {_compact(h, 'name')}" for h in match.headers]
-    parts += [f"query {_compact(q, 'name')}" for q in match.query_parameters]
+    parts += [f"header {_header_matcher(h)}" for h in match.headers]
+    parts += [f"query {_query(q)}" for q in match.query_parameters]
     return "; ".join(parts)
 
 
-def _compact(message: Any, name_field: str) -> str:
-    data = json_format.MessageToDict(message, preserving_proto_field_name=True)
-    name = data.pop(name_field, "")
-    return f"{name} {data}" if data else name
+def _header_matcher(matcher: Any) -> str:
+    """A HeaderMatcher as a person reads it: `end-user exact "jason"`, `x-debug present`,
+    `version not prefix "v1"`, in the words of Envoy's own field names."""
+    kind = matcher.WhichOneof("header_match_specifier")
+    negate = "not " if matcher.invert_match else ""
+    if kind == "present_match":
+        present = bool(matcher.present_match) != bool(matcher.invert_match)
+        return f"{matcher.name} {'present' if present else 'absent'}"
+    if kind is None:
+        return f"{matcher.name} {'absent' if matcher.invert_match else 'present'}"
+    if kind == "string_match":
+        text = _string(matcher.string_match)
+    elif kind == "safe_regex_match":
+        text = f"regex {json.dumps(matcher.safe_regex_match.regex)}"
+    elif kind == "range_match":
+        text = f"in [{matcher.range_match.start}, {matcher.range_match.end})"
+    else:  # the deprecated exact_match, prefix_match, ...: their kind, then the value
+        text = f"{kind.removesuffix('_match')} {json.dumps(getattr(matcher, kind))}"
+    missing = " (missing as empty)" if matcher.treat_missing_header_as_empty else ""
+    return f"{matcher.name} {negate}{text}{missing}"
+
+
+def _query(matcher: Any) -> str:
+    kind = matcher.WhichOneof("query_parameter_match_specifier")
+    if kind == "string_match":
+        return f"{matcher.name} {_string(matcher.string_match)}"
+    if kind == "present_match" and not matcher.present_match:
+        return f"{matcher.name} absent"
+    return f"{matcher.name} present"
+
+
+def _string(matcher: Any) -> str:
+    """A StringMatcher: `exact "jason"`, `prefix "v1" (any case)`, `regex "^a.*"`."""
+    kind = matcher.WhichOneof("match_pattern")
+    if kind == "safe_regex":
+        return f"regex {json.dumps(matcher.safe_regex.regex)}"
+    if kind is None:
+        return "?"
+    return f"{kind} {json.dumps(getattr(matcher, kind))}" + (" (any case)" if matcher.ignore_case else "")
 
 
 def action_of(config: Any, vhost: Any, route: Any) -> dict[str, Any]:
