@@ -10,7 +10,8 @@ HDS clusters carry no traffic, and Envoy probes a cluster without traffic at its
 `no_traffic_interval` (60 s by default) instead of its interval; both no-traffic intervals are set
 to the period, or the probe would run six times slower than asked. Envoy reports at the
 specifier's `interval`: half the shortest period (at least 0.5 s, at most 5 s), so a transition is
-reported within half a period of Envoy seeing it.
+reported within half a period of Envoy seeing it; a proxy with nothing to check reports once a
+minute.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def health_cluster_name(namespace: str, name: str) -> str:
 def report_interval(checks: list[WorkloadCheck]) -> float:
     """Seconds between Envoy's reports for these checks (see the module docstring)."""
     if not checks:
-        return 5.0
+        return 60.0  # nothing to check: an empty report a minute keeps the stream alive, no more
     return min(5.0, max(0.5, min(c.probe.period for c in checks) / 2))
 
 
