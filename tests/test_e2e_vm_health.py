@@ -171,10 +171,12 @@ def test_failing_app_and_gone_envoy_leave_every_proxys_load_balancing(mesh: VmMe
         wait_for(lambda: "api-v1" in loop.since(mark), "traffic to v1 again")
 
         # The VM's Envoy dies (the app still answers, but nothing checks it): out after the grace.
+        killed = time.monotonic()
         mesh.vms["v1"].stop(check=False)
-        took = wait_for(lambda: mesh.unhealthy("v1"), "v1 unhealthy after its Envoy went away")
+        wait_for(lambda: mesh.unhealthy("v1"), "v1 unhealthy after its Envoy went away")
+        took = time.monotonic() - killed
         print(f"VM's Envoy gone -> unhealthy in the client's EDS: {took:.2f}s (budget {GRACE + 2}s)")
-        assert took >= GRACE * 0.5  # within the grace, the last report stands
+        assert took >= GRACE * 0.9  # within the grace, the last report stands
         mark = loop.mark()
         loop.wait_for_answers(30)
         assert set(loop.since(mark)) == {"api-v2"}
