@@ -279,6 +279,8 @@ def build_bootstrap(node: ProxyNode, options: BootstrapOptions) -> dict[str, Any
         "NAMESPACE": node.namespace,
         "INTERCEPTION_MODE": node.interception.value,
     }
+    if group := node.metadata.get("AUTO_REGISTER_GROUP"):
+        metadata["AUTO_REGISTER_GROUP"] = str(group)
     labels = {**node.labels, **options.labels}
     if labels:
         metadata["LABELS"] = dict(labels)

@@ -41,7 +41,22 @@ def node_of(version: str) -> str:
     return f"sidecar~127.0.0.1~api-{version}.{NS}~{NS}.svc.cluster.local"
 
 
-def mesh_yaml(service_port: int, app_ports: dict[str, int]) -> str:
+def group_yaml(version: str, port: int) -> str:
+    return f"""apiVersion: networking.istio.io/v1
+kind: WorkloadGroup
+metadata: {{name: api-{version}, namespace: {NS}}}
+spec:
+  metadata: {{labels: {{app: api, version: {version}}}}}
+  template: {{ports: {{http: {port}}}}}
+  probe:
+    periodSeconds: {PERIOD}
+    timeoutSeconds: 1
+    failureThreshold: {FAILURES}
+    tcpSocket: {{port: {port}}}
+"""
+
+
+def mesh_yaml(service_port: int, app_ports: dict[str, int], groups: dict[str, int]) -> str:
     docs = [
         f"""apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -62,19 +77,9 @@ spec:
   - hosts: [./nothing.{NS}.mesh]
 """,
     ]
+    docs.extend(group_yaml(version, port) for version, port in groups.items())
     for version, port in app_ports.items():
-        docs.append(f"""apiVersion: networking.istio.io/v1
-kind: WorkloadGroup
-metadata: {{name: api-{version}, namespace: {NS}}}
-spec:
-  metadata: {{labels: {{app: api, version: {version}}}}}
-  template: {{ports: {{http: {port}}}}}
-  probe:
-    periodSeconds: {PERIOD}
-    timeoutSeconds: 1
-    failureThreshold: {FAILURES}
-    tcpSocket: {{port: {port}}}
-""")
+        docs.append(group_yaml(version, port))
         docs.append(f"""apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
 metadata:
@@ -113,10 +118,12 @@ class VmMesh:
         self.stack = stack
         self.service_port = free_port()
         self.ports = {"v1": free_port(), "v2": free_port()}
+        #: A group without WorkloadEntries: its VM registers itself (`meshctl bootstrap --group`).
+        self.group_port = free_port()
         self.cluster = f"outbound|{self.service_port}||{HOST}"
         config = root / "mesh"
         config.mkdir()
-        (config / "mesh.yaml").write_text(mesh_yaml(self.service_port, self.ports))
+        (config / "mesh.yaml").write_text(mesh_yaml(self.service_port, self.ports, {"v3": self.group_port}))
         self.backends = {v: stack.enter_context(Backend(f"api-{v}", "127.0.0.1", p)) for v, p in self.ports.items()}
         self.server = ServeProcess([config], extra_args=["--health-grace", str(GRACE)])
         stack.enter_context(self.server)
@@ -124,8 +131,8 @@ class VmMesh:
         self.client = self.envoy(CLIENT)
         self.vms = {v: self.envoy(node_of(v)) for v in self.ports}
 
-    def envoy(self, node_id: str) -> EnvoyProcess:
-        envoy = EnvoyProcess(self.server.bootstrap(node_id))
+    def envoy(self, node_id: str, *extra_args: str) -> EnvoyProcess:
+        envoy = EnvoyProcess(self.server.bootstrap(node_id, extra_args=extra_args))
         self.stack.enter_context(envoy)
         self.stack.callback(lambda: print(f"--- envoy {node_id} log:\n{envoy.log()[-3000:]}"))
         return envoy
@@ -227,3 +234,32 @@ def test_a_checked_workload_whose_envoy_never_reported_is_unhealthy(mesh: VmMesh
     assert 'meshctl_health_checked_endpoints{health="healthy"} 1' in metrics
     assert 'meshctl_health_checked_endpoints{health="unhealthy"} 1' in metrics
 
+
+
+def test_a_vm_registers_into_its_group_and_leaves_after_the_grace(mesh: VmMesh) -> None:
+    wait_for(lambda: mesh.healthy("v1") and mesh.healthy("v2"), "both VMs healthy in the client's EDS")
+    host = f"127.0.0.1:{mesh.group_port}"
+    mesh.stack.enter_context(Backend("api-v3", "127.0.0.1", mesh.group_port))
+    vm = mesh.envoy("", "--group", f"api-v3.{NS}", "--ip", "127.0.0.1")
+    wait_for(lambda: host_flags(mesh.client, mesh.cluster).get(host) == "healthy", "the registered VM healthy")
+    with RequestLoop(mesh.service_port, HOST) as loop:
+        wait_for(lambda: "api-v3" in loop.since(0), "traffic to the registered VM")
+    proc = subprocess.run(
+        [*meshctl_command(), "services", "--admin", mesh.server.admin_address, "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    (service,) = [s for s in json.loads(proc.stdout)["services"] if s["hostname"] == HOST]
+    (entry,) = [ep for ep in service["endpoints"] if ep["name"] == "api-v3-127.0.0.1"]
+    assert entry["labels"] == {"app": "api", "version": "v3"}
+    assert entry["health"] == "HEALTHY"
+
+    stopped = time.monotonic()
+    vm.stop(check=False)
+    wait_for(lambda: host not in host_flags(mesh.client, mesh.cluster), "the VM's endpoint removed")
+    took = time.monotonic() - stopped
+    print(f"registered VM's Envoy gone -> endpoint removed from the client's EDS: {took:.2f}s")
+    assert took >= GRACE * 0.9
+    assert "removed workload e2e/api-v3-127.0.0.1" in mesh.server.log()

@@ -24,7 +24,17 @@ def bootstrap(
             "--proxy",
             help="Node id TYPE~IP~NAME.NAMESPACE~DOMAIN, or NAME.NAMESPACE with --ip.",
         ),
-    ],
+    ] = "",
+    group: Annotated[
+        str | None,
+        typer.Option(
+            "--group",
+            metavar="NAME.NAMESPACE",
+            help="Instead of --proxy: register this VM (--ip) into the WorkloadGroup NAME of NAMESPACE when its "
+            "Envoy connects; its WorkloadEntry is made from the group's template and removed once the Envoy "
+            "has been gone for meshctl serve's --health-grace.",
+        ),
+    ] = None,
     xds_address: Annotated[
         list[str] | None,
         typer.Option(
@@ -124,6 +134,12 @@ def bootstrap(
     from meshctl.server.app import split_address
     from meshctl.snapshot.proxy import parse_node_id
 
+    if group is not None:
+        if proxy or "." not in group or not ip:
+            raise UsageError("--group NAME.NAMESPACE needs --ip ADDRESS, and takes the place of --proxy")
+        proxy = group
+    elif not proxy:
+        raise UsageError("give --proxy NODE (or --group NAME.NAMESPACE with --ip)")
     node_id = proxy
     if ip is not None and not is_ip(ip):
         raise UsageError(f"--ip {ip!r} is not an IPv4 or IPv6 address")
@@ -138,7 +154,10 @@ def bootstrap(
         if not sep or not key:
             raise UsageError(f"--label {item!r} is not KEY=VALUE")
         labels[key] = value
-    node = parse_node_id(node_id, {"INTERCEPTION_MODE": interception})  # a NodeIdError says what is wrong
+    metadata = {"INTERCEPTION_MODE": interception}
+    if group is not None:
+        metadata["AUTO_REGISTER_GROUP"] = group.split(".", 1)[0]
+    node = parse_node_id(node_id, metadata)  # a NodeIdError says what is wrong
     addresses: list[tuple[str, int]] = []
     for address in xds_address or ["127.0.0.1:15010"]:
         try:

@@ -41,6 +41,8 @@ class FileRegistry:
         # Reentrant: a listener (called with it held) may read `configs()`.
         self._lock = threading.RLock()
         self._configs: dict[ConfigKey, Config] = {c.key: c for c in configs if c.kind in KINDS}
+        #: WorkloadEntries of VMs that registered themselves into a WorkloadGroup (`set_registered`).
+        self._registered: dict[ConfigKey, Config] = {}
         self._memo = BuildMemo()
         self._model = build_file_model(self._configs.values(), self._memo)
         self._listeners: list[Listener] = []
@@ -112,7 +114,16 @@ class FileRegistry:
         """Take `configs` as everything the files now hold; returns (and publishes) the change."""
         relevant = {c.key: c for c in configs if c.kind in KINDS}
         with self._lock:
+            for key, config in self._registered.items():
+                relevant.setdefault(key, config)  # a file's WorkloadEntry of the same name wins
             return self._rebuild(relevant)
+
+    def set_registered(self, configs: Iterable[Config], files: Iterable[Config]) -> RegistryChange | None:
+        """Take `configs` as the WorkloadEntries of every VM registered now (auto-registration),
+        beside `files` (the store's configs); returns (and publishes) the change."""
+        with self._lock:
+            self._registered = {c.key: c for c in configs}
+            return self.replace(files)
 
     def apply(self, updated: Iterable[Config] = (), deleted: Iterable[ConfigKey] = ()) -> RegistryChange | None:
         """Apply creates/updates and deletes to the configs held; returns (and publishes) the change."""

@@ -40,6 +40,7 @@ from meshctl.registry.health import HealthCheckedRegistry, HealthReports, checke
 from meshctl.server.admin import AdminServer
 from meshctl.server.ads import AdsServicer
 from meshctl.server.auth import BearerToken, XdsTls, identity_authorizer, is_loopback
+from meshctl.server.autoregister import AutoRegistrar
 from meshctl.server.ca_expiry import CaExpiryWatch
 from meshctl.server.cache import ResourceCache
 from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
@@ -241,6 +242,8 @@ class Server:
             limits=settings.limits,
             left=self.secrets.forget,
         )
+        # The store's view is replaced on each change: read at each call, not bound now.
+        self.registrar = AutoRegistrar(self.files, lambda: self.store.configs.values(), settings.health_grace)  # noqa: PLW0108
         self.hds = HealthDiscovery(
             self.health,
             lambda: self.discovery.snapshot,
@@ -248,6 +251,8 @@ class Server:
             authorize=authorize,
             admit=self.admission,
             observe=self.metrics.hds_streams.set,
+            registrar=self.registrar,
+            checks=self.checked.checks,
         )
         self._renewal: asyncio.Task[None] | None = None
         self._unfollow_checks: Callable[[], None] | None = None
@@ -434,6 +439,7 @@ class Server:
         if self._unfollow_checks is not None:
             self._unfollow_checks()
         self.checked.close()
+        self.registrar.close()
         if self._grpc is not None:
             await self._grpc.stop(self.settings.drain_seconds)
             self._grpc = None

@@ -23,7 +23,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Final
 
 import grpc
@@ -35,6 +35,8 @@ from meshctl.logs import untrusted
 from meshctl.registry.health import HealthReports, WorkloadKey
 from meshctl.registry.health_checks import WorkloadCheck, workload_checks
 from meshctl.server.ads import Authorizer, _metadata
+from meshctl.server.auth import PeerIdentity
+from meshctl.server.autoregister import AutoRegistrar, group_of
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import ProxyNode, bind_proxy, parse_node_id
 from meshctl.xds.health_checks import STATUS_WORDS, health_check_specifier, health_cluster_name
@@ -69,18 +71,25 @@ class HealthDiscovery:
         authorize: Authorizer | None = None,
         admit: Callable[[], str | None] | None = None,
         observe: Callable[[int], None] | None = None,
+        registrar: AutoRegistrar | None = None,
+        checks: Callable[[], Mapping[WorkloadKey, WorkloadCheck]] | None = None,
     ) -> None:
         self.reports = reports
         self._snapshot = snapshot
         self.grace = grace
         self._authorize = authorize
         self._admit = admit
+        #: Registers the VMs of `meshctl bootstrap --group` (`meshctl.server.autoregister`).
+        self._registrar = registrar
         #: Told the number of streams open after each change (a metric).
         self._observe = observe or (lambda _count: None)
         self._ids = itertools.count(1)
         #: stream id -> stream, for pushes and `proxy-status`
         self.streams: dict[int, _Stream] = {}
-        self._checks: tuple[str, dict[WorkloadKey, WorkloadCheck]] = ("", {})
+        self._checks: tuple[str, Mapping[WorkloadKey, WorkloadCheck]] = ("", {})
+        #: The checks the registry lays health over (`HealthCheckedRegistry.checks`), which know of
+        #: registered VMs' entries too; without it, those of each snapshot's configs.
+        self._current_checks = checks
         self._expiry: asyncio.TimerHandle | None = None
         self._stopped = False
 
@@ -96,8 +105,10 @@ class HealthDiscovery:
             },
         )
 
-    def checks(self, snapshot: Snapshot) -> dict[WorkloadKey, WorkloadCheck]:
+    def checks(self, snapshot: Snapshot) -> Mapping[WorkloadKey, WorkloadCheck]:
         """The checked workloads of `snapshot`, computed once per version."""
+        if self._current_checks is not None:
+            return self._current_checks()
         version, found = self._checks
         if version != snapshot.version:
             found = workload_checks(snapshot.configs.values(), snapshot.services)
@@ -133,22 +144,37 @@ class HealthDiscovery:
         snapshot = self._snapshot()
         if snapshot is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the server has not loaded its config yet")
-        try:
-            proxy = bind_proxy(node, snapshot)
-        except BindingError as exc:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
-        namespace, _, name = proxy.workload.partition("/")
+        registered: WorkloadKey | None = None
+        if self._registrar is not None and group_of(node):
+            peer = PeerIdentity.from_auth_context(context.auth_context()) if self._authorize is not None else None
+            found = self._registrar.entry_for(node, snapshot, peer)
+            if isinstance(found, str):
+                logger.warning("refused the registration of node %s: %s", untrusted(node.id), found)
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, found)
+            node, entry = found
+            registered = (entry.namespace, entry.name)
+            if self._registrar.opened(entry):
+                await self._registrar.apply()
+            workload = node.workload
+        else:
+            try:
+                workload = bind_proxy(node, snapshot).workload
+            except BindingError as exc:
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        namespace, _, name = workload.partition("/")
         stream_id = next(self._ids)
         stream = _Stream((namespace, name) if name else None, node.id)
         self.streams[stream_id] = stream
         self._observe(len(self.streams))
         if stream.key is not None:
             self.reports.opened(stream.key)
-        logger.info("proxy %s opened a health stream (workload %s)", stream.label, proxy.workload or "none")
+        logger.info("proxy %s opened a health stream (workload %s)", stream.label, workload or "none")
         reader = asyncio.create_task(self._read(stream, requests))
         reader.add_done_callback(lambda _: stream.wake.set())
         try:
-            await self._send(stream, context, snapshot, first=True)
+            # The snapshot now, not the one the stream was bound in: a registration may have been
+            # published meanwhile, before this stream was there to be woken.
+            await self._send(stream, context, self._snapshot() or snapshot, first=True)
             while True:
                 await stream.wake.wait()
                 stream.wake.clear()
@@ -166,7 +192,9 @@ class HealthDiscovery:
             self._observe(len(self.streams))
             if stream.key is not None:
                 self.reports.closed(stream.key)
-                self._expire_later()
+            if registered is not None and self._registrar is not None:
+                self._registrar.closed(registered)
+            self._expire_later()
             logger.info("proxy %s closed its health stream", stream.label)
 
     def _node(self, first: Any, context: grpc.aio.ServicerContext[Any, Any]) -> ProxyNode | tuple[Any, str]:
@@ -177,7 +205,7 @@ class HealthDiscovery:
             node = parse_node_id(request.node.id, _metadata(request.node.metadata))
         except NodeIdError as exc:
             return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
-        if self._authorize is not None:
+        if self._authorize is not None and not (self._registrar is not None and group_of(node)):
             attested = self._authorize(node, context)
             if isinstance(attested, str):
                 logger.warning("refused the health stream of node %s: %s", untrusted(node.id), attested)
@@ -226,7 +254,10 @@ class HealthDiscovery:
 
     def _expire_later(self) -> None:
         """Arrange for `HealthReports.expire` to run when the next stream gone passes the grace."""
-        due = self.reports.next_expiry(self.grace)
+        times = [self.reports.next_expiry(self.grace)]
+        if self._registrar is not None:
+            times.append(self._registrar.next_expiry())
+        due = min((t for t in times if t is not None), default=None)
         if due is None or self._stopped:
             return
         if self._expiry is not None:
@@ -237,6 +268,8 @@ class HealthDiscovery:
     def _expire(self) -> None:
         self._expiry = None
         self.reports.expire(self.grace)
+        if self._registrar is not None and self._registrar.expire():
+            self._registrar.apply_soon()
         self._expire_later()
 
     def state_of(self, node_id: str) -> str:

@@ -53,7 +53,7 @@ MAX_NODE_ID = 1024
 #: Labels a node may claim in its metadata (`LABELS`).
 MAX_NODE_LABELS = 256
 #: The node metadata keys meshctl reads; the rest is not kept.
-METADATA_KEYS = ("NAMESPACE", "LABELS", "INTERCEPTION_MODE")
+METADATA_KEYS = ("NAMESPACE", "LABELS", "INTERCEPTION_MODE", "AUTO_REGISTER_GROUP")
 
 
 class ProxyType(enum.StrEnum):
