@@ -10,6 +10,8 @@ the grace period makes the workload unhealthy.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from envoy.service.health.v3 import hds_pb2
 
 from meshctl.registry.model import Health
 from meshctl.server.app import Server
+from meshctl.server.auth import XdsTls
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.server import run, serving
 from meshctl.xds import types
@@ -71,11 +74,15 @@ spec:
 class HdsStream:
     """One HDS stream as Envoy opens it: the node first, then reports when told to."""
 
-    def __init__(self, server: Server, node_id: str) -> None:
-        self._channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.xds_port}")
+    def __init__(
+        self, server: Server, node_id: str, *, channel: grpc.aio.Channel | None = None, group: str = ""
+    ) -> None:
+        self._channel = channel or grpc.aio.insecure_channel(f"127.0.0.1:{server.xds_port}")
         self._outbox: asyncio.Queue[Any] = asyncio.Queue()
         request = hds_pb2.HealthCheckRequestOrEndpointHealthResponse()
         request.health_check_request.node.id = node_id
+        if group:
+            request.health_check_request.node.metadata.update({"AUTO_REGISTER_GROUP": group})
         self._outbox.put_nowait(request)
         call = self._channel.stream_stream(
             METHOD,
@@ -194,5 +201,74 @@ def test_a_stream_gone_longer_than_the_grace_makes_its_workload_unhealthy(mesh: 
                 await until(lambda: health_of(server)["api-a"][0] is Health.HEALTHY, "api-a healthy again")
             finally:
                 await hds.close()
+
+    run(test)
+
+
+def _openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True, timeout=60)
+
+
+def _issue(directory: Path, name: str, sans: str) -> tuple[Path, Path]:
+    """A leaf certificate signed by the directory's `ca`, with `sans` as openssl writes them."""
+    cert, key, csr, ext = (directory / f"{name}.{x}" for x in ("pem", "key", "csr", "ext"))
+    ext.write_text(f"subjectAltName={sans}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth,clientAuth\n")
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+             "-keyout", key, "-out", csr, "-subj", f"/CN={name}")  # fmt: skip
+    _openssl("x509", "-req", "-in", csr, "-CA", directory / "ca.pem", "-CAkey", directory / "ca.key",
+             "-out", cert, "-days", "2", "-set_serial", "7", "-extfile", ext)  # fmt: skip
+    return cert, key
+
+
+def test_a_vm_registers_into_its_group_only_with_the_groups_service_account(mesh: Path, tmp_path: Path) -> None:
+    """With client certificates, a VM registering into a group must present the group's service
+    account in its namespace; once registered its entry is an endpoint with the group's labels,
+    and it is removed once its stream has been gone for the grace period."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl CLI to make certificates")
+    (mesh / "group.yaml").write_text(
+        f"apiVersion: networking.istio.io/v1\nkind: WorkloadGroup\nmetadata: {{name: api-vm, namespace: {NS}}}\n"
+        "spec:\n  metadata: {labels: {app: api, track: vm}}\n  template: {serviceAccount: api}\n"
+    )
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+             "-keyout", pki / "ca.key", "-out", pki / "ca.pem", "-days", "2", "-subj", "/CN=ca",
+             "-addext", "basicConstraints=critical,CA:TRUE")  # fmt: skip
+    server_pair = _issue(pki, "server", "IP:127.0.0.1")
+    right = _issue(pki, "right", f"URI:spiffe://cluster.local/ns/{NS}/sa/api")
+    wrong = _issue(pki, "wrong", f"URI:spiffe://cluster.local/ns/{NS}/sa/billing")
+    node = node_of("api-vm", "10.0.0.7")
+
+    def channel(server: Server, pair: tuple[Path, Path]) -> grpc.aio.Channel:
+        credentials = grpc.ssl_channel_credentials(
+            (pki / "ca.pem").read_bytes(), pair[1].read_bytes(), pair[0].read_bytes()
+        )
+        return grpc.aio.secure_channel(f"127.0.0.1:{server.xds_port}", credentials)
+
+    def registered(server: Server) -> dict[str, Any]:
+        snapshot = server.discovery.snapshot
+        assert snapshot is not None
+        return {ep.name: dict(ep.labels) for ep in snapshot.services.endpoints_of(HOST)}
+
+    async def test() -> None:
+        tls = XdsTls(server_pair[0], server_pair[1], pki / "ca.pem")
+        async with serving(mesh, tls=tls, health_grace=0.5) as server:
+            refused = HdsStream(server, node, channel=channel(server, wrong), group="api-vm")
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await refused.specifier()
+            assert error.value.code() is grpc.StatusCode.PERMISSION_DENIED
+            assert "sa/api" in (error.value.details() or "")
+            await refused.close()
+            assert "api-vm-10.0.0.7" not in registered(server)
+
+            hds = HdsStream(server, node, channel=channel(server, right), group="api-vm")
+            try:
+                await hds.specifier()
+                await until(lambda: "api-vm-10.0.0.7" in registered(server), "the VM registered")
+                assert registered(server)["api-vm-10.0.0.7"] == {"app": "api", "track": "vm"}
+            finally:
+                await hds.close()
+            await until(lambda: "api-vm-10.0.0.7" not in registered(server), "the VM removed after the grace")
 
     run(test)

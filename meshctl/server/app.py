@@ -484,6 +484,7 @@ class Server:
         healthy, unhealthy = checked_endpoint_counts(snapshot.services, self.checked.checks())
         self.metrics.checked_endpoints.set(healthy, "healthy")
         self.metrics.checked_endpoints.set(unhealthy, "unhealthy")
+        self.metrics.registered.set(self.registrar.registered())
 
     def _debounced(self, seconds: float, trigger: Trigger) -> None:
         self.metrics.debounce.observe(seconds)

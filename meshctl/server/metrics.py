@@ -189,12 +189,16 @@ class Metrics(PushObserver):
             (("healthy",), ("unhealthy",)),
         )
         self.hds_streams = Gauge("meshctl_hds_streams", "Health Discovery Service streams open on this server.")
+        self.registered = Gauge(
+            "meshctl_registered_workloads", "WorkloadEntries of VMs registered into their WorkloadGroup."
+        )
         #: (root, chain) expiry times of the CA, as Unix seconds; None without a CA.
         self._ca_expiry: tuple[float, float] | None = None
         self._all: tuple[Counter | Histogram, ...] = (
             self.xds,
             self.checked_endpoints,
             self.hds_streams,
+            self.registered,
             self.pushes,
             self.convergence,
             self.rejects,
