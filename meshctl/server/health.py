@@ -154,7 +154,12 @@ class HealthDiscovery:
             node, entry = found
             registered = (entry.namespace, entry.name)
             if self._registrar.opened(entry):
-                await self._registrar.apply()
+                try:
+                    await self._registrar.apply()
+                except BaseException:  # the client left meanwhile: its stream is gone as well
+                    self._registrar.closed(registered)
+                    self._expire_later()
+                    raise
             workload = node.workload
         else:
             try:
