@@ -1,11 +1,20 @@
 """Sidecar inbound listeners: traffic to the proxy's own workload, handed to the app on its port.
 
-The inbound ports are the distinct endpoint ports of the services the workload is an endpoint of
-(Istio's service targets), plus the ports of the Sidecar's `ingress` listeners, which take
-precedence on a port both name (Istio with `ENABLE_SIDECAR_SERVICE_INBOUND_LISTENER_MERGE`). Each
-goes to the cluster `inbound|PORT||`: HTTP through an HCM with Istio's inline inbound route
-config (virtual host `inbound|http|SERVICEPORT`, every domain, no timeout, a retry of requests
-reset before they were sent), anything else through tcp_proxy.
+The inbound ports (Istio's `buildInboundChainConfigs`) are the ports of the Sidecar's `ingress`
+listeners when it has any (they replace the services' ports, as in Istio without
+`ENABLE_SIDECAR_SERVICE_INBOUND_LISTENER_MERGE`: a service port they do not list is left to the
+passthrough chains), else the distinct endpoint ports of the services the workload is an endpoint
+of (Istio's service targets). Each goes to the cluster `inbound|PORT||`: HTTP through an HCM with
+Istio's inline inbound route config (virtual host `inbound|http|SERVICEPORT`, every domain, no
+timeout, a retry of requests reset before they were sent), anything else through tcp_proxy. A
+port without a declared protocol gets both, told apart by the HTTP inspector.
+
+A port's chains follow its PeerAuthentication mode and protocol by Istio's match tables
+(`inbound_match`): STRICT mutual TLS only, PERMISSIVE mutual TLS (told by Istio's ALPN values),
+plaintext and, on TCP and sniffed ports, TLS that is not the mesh's passed to the app untouched,
+DISABLE plaintext. Every chain of a port is named after it, as Istio names them: `0.0.0.0_9080`
+for a service port, the proxy's address (`10.0.0.5_9080`) or the listener's `bind` for a Sidecar
+ingress listener.
 
 How traffic arrives decides the listener:
 
@@ -14,13 +23,18 @@ How traffic arrives decides the listener:
   its `defaultEndpoint` (`127.0.0.1:8080`). Without iptables the app already owns its ports (often
   on every address, where Envoy could not bind beside it), so meshctl does not take them on its
   own: the app keeps serving clients directly, and a Sidecar ingress opts a port into the proxy.
-- REDIRECT/TPROXY: iptables sends inbound traffic to `virtualInbound` (0.0.0.0:15006), which has a
-  filter chain per port (matched on the original destination port), a chain that drops traffic
-  aimed at 15006 itself, and passthrough chains sending everything else to the original
-  destination through `InboundPassthroughCluster`.
+  Nothing reaches the proxy on the other ports, so no PeerAuthentication or policy applies there
+  (`meshctl validate` says so: MC0002, MC0005). A proxy on a loopback address binds it, where
+  Istio (naming by a unicast address only) would bind 0.0.0.0.
+- REDIRECT/TPROXY: iptables sends inbound traffic to `virtualInbound` (0.0.0.0:15006), which has
+  the chains of each port (matched on the original destination port), a chain that drops traffic
+  aimed at 15006 itself, and passthrough chains (`buildInboundPassthroughChains`) sending
+  everything else to the original destination through `InboundPassthroughCluster`, under the
+  workload's mode (STRICT refuses plaintext there too) and under their own port-level modes.
 
 A Sidecar ingress listener with `tls` (SIMPLE/MUTUAL with certificate files) terminates TLS on
-that port, as Istio does with `ENABLE_TLS_ON_SIDECAR_INGRESS`.
+that port, as Istio does with `ENABLE_TLS_ON_SIDECAR_INGRESS`, but only where the port's mode is
+DISABLE: otherwise the mesh's mutual TLS wins, as in Istio, and a warning says so.
 
 Every chain that hands traffic to the workload (each port's mutual TLS and plaintext chains, and
 the passthrough chains of `virtualInbound`) enforces the AuthorizationPolicies that select it:
