@@ -100,3 +100,38 @@ def test_dump_says_which_inbound_ports_the_proxy_does_not_take_without_iptables(
     assert "no PeerAuthentication, AuthorizationPolicy or RequestAuthentication applies" in plain.stderr
     redirected = runner.invoke(app, [*args, "--interception", "REDIRECT"])
     assert redirected.exit_code == 0 and "takes no inbound traffic" not in redirected.stderr
+
+
+GATEWAY_BEHIND_TARGET_PORT = """apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: ingress, namespace: edge}
+spec:
+  hosts: [ingress.edge.mesh]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 80, name: http, protocol: HTTP, targetPort: 8080}]
+  workloadSelector: {labels: {istio: ingressgateway}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: ingress-vm, namespace: edge}
+spec: {address: 10.0.9.1, labels: {istio: ingressgateway}}
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: web, namespace: edge}
+spec:
+  selector: {istio: ingressgateway}
+  servers: [{port: {number: 80, name: http, protocol: HTTP}, hosts: ["*"]}]
+"""
+
+
+def test_dump_says_where_istio_would_bind_a_gateways_target_port(tmp_path: Path) -> None:
+    """Istio's resolvePorts binds a gateway server on the targetPort of the gateway's own service;
+    meshctl binds the server port as written, and dump says what that means for mesh clients."""
+    (tmp_path / "mesh.yaml").write_text(GATEWAY_BEHIND_TARGET_PORT)
+    node = "router~10.0.9.1~ingress-vm.edge~edge.svc.cluster.local"
+    result = runner.invoke(app, ["dump", "--config-dir", str(tmp_path), "--proxy", node, "--type", "listeners"])
+    assert result.exit_code == 0, result.output
+    assert "Gateway edge/web server port 80 is bound as written; Istio binds 8080" in result.stderr
+    assert "Route: http.80" in result.stdout

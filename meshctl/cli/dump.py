@@ -90,6 +90,7 @@ def dump(
     for note in [
         *offline.hidden_port_notes(tree.snapshot, target),
         *offline.bypassed_port_notes(tree.snapshot, target),
+        *offline.gateway_target_port_notes(tree.snapshot, target),
     ]:
         _stderr(f"note: {note}")
     resources, unrequested = subscribed(generate(tree.snapshot, target))
