@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from meshctl.testing.backends import Backend
+from meshctl.testing.backends import Backend, send
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 from meshctl.testing.envoy import EnvoyProcess, bootstrap, free_port
 from meshctl.xds import types
@@ -238,3 +238,29 @@ def test_http_authorization_policy_applies_on_a_port_without_a_protocol() -> Non
             assert _status(denied) == 403
             assert b"RBAC: access denied" in denied
             assert app.served == 1
+
+
+def test_http_authorization_policy_on_a_sidecar_ingress_port_without_a_protocol_on_a_vm() -> None:
+    """The same without iptables (INTERCEPTION_MODE NONE, the VM default): a Sidecar ingress
+    listener without a protocol binds the VM's address and sniffs HTTP, so the path rule holds."""
+    with Backend("web-app", "127.0.0.1") as app:
+        port = free_port(APP_IP)
+        sidecar = f"""---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {{name: web, namespace: e2e}}
+spec:
+  workloadSelector: {{labels: {{app: web}}}}
+  ingress: [{{port: {{number: {port}, name: web}}, defaultEndpoint: "127.0.0.1:{app.port}"}}]
+"""
+        snapshot = snapshot_from_yaml(mesh_yaml(web_port=app.port, mode="PERMISSIVE", extra=DENY_ADMIN + sidecar))
+        generated = generate_config(snapshot, proxy_for(snapshot, NODE))
+        listeners = [item for item in generated[types.LISTENER] if item.name == f"{APP_IP}_{port}"]
+        assert len(listeners) == 1
+        config = bootstrap({types.CLUSTER: generated[types.CLUSTER], types.LISTENER: listeners})
+        with EnvoyProcess(config):
+            allowed = send(port, "web", address=APP_IP)
+            denied = send(port, "web", path="/admin", address=APP_IP)
+        assert (allowed.status, allowed.backend) == (200, "web-app")
+        assert denied.status == 403 and "RBAC: access denied" in denied.body
+        assert app.served == 1
