@@ -301,3 +301,24 @@ def test_without_the_mesh_certificates_strict_accepts_nothing_and_permissive_no_
     permissive = virtual_inbound(MESH, certificates=False)
     assert not [c for c in permissive.filter_chains if c.HasField("transport_socket")]
     assert reached(permissive, 6000, OTHER_TLS) == PASS_TCP
+
+
+def test_a_vm_sidecar_ingress_listener_takes_the_same_chains_on_its_own_address() -> None:
+    """INTERCEPTION_MODE NONE: a Sidecar ingress listener binds the VM's address
+    (`inboundCustomListener`), with the chains a redirected port gets: a port without a protocol
+    is sniffed under PERMISSIVE, and STRICT refuses plaintext there."""
+    sidecar = """---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: web}
+spec:
+  workloadSelector: {labels: {app: web}}
+  ingress: [{port: {number: 7443, name: web}, defaultEndpoint: "127.0.0.1:7070"}]
+"""
+    none = {"INTERCEPTION_MODE": "NONE"}
+    permissive = listeners(MESH + sidecar, none)["10.0.0.5_7443"]
+    assert reached(permissive, 7443, PLAINTEXT_HTTP) == "10.0.0.5_7443 -> http inbound|7443||"
+    assert reached(permissive, 7443, OTHER_TLS) == "10.0.0.5_7443 -> inbound|7443||"
+    strict = listeners(MESH + sidecar + peer_authentication("STRICT"), none)["10.0.0.5_7443"]
+    assert reached(strict, 7443, PLAINTEXT_HTTP) is None
+    assert reached(strict, 7443, MESH_HTTP) == "10.0.0.5_7443 -> http inbound|7443|| (mTLS)"
