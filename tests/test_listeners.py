@@ -187,6 +187,13 @@ spec:
     hosts: [./ratings.default.mesh]
   - port: {number: 15432, protocol: TCP, name: tcp-db}
     hosts: [./db.default.mesh]
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: reviews-own-tls}
+spec:
+  selector: {matchLabels: {app: reviews}}
+  portLevelMtls: {9443: {mode: DISABLE}}  # the ingress tls applies only under DISABLE
 """
 
 REDIRECT_SERVICES = """
@@ -625,7 +632,9 @@ def test_redirect_mode_listeners() -> None:
     assert tcp_clusters(by_port[9000]) == ["inbound|9000||"]
     assert hcm_of(by_port[8080]).route_config.name == "inbound|8080||"
     assert tcp_clusters(by_port[15006]) == ["BlackHoleCluster"]
-    assert tcp_clusters(inbound.filter_chains[2]) == ["InboundPassthroughCluster"]
+    passthrough = [c for c in inbound.filter_chains if c.name == "virtualInbound"]
+    assert [c.filter_chain_match.transport_protocol for c in passthrough] == ["tls", "raw_buffer", "tls"]
+    assert all(tcp_clusters(c) == ["InboundPassthroughCluster"] for c in passthrough)
 
 
 def test_inbound_http_connection_manager_and_default_route() -> None:

@@ -418,3 +418,21 @@ def test_tcp_through_the_command(mesh: Path) -> None:
     assert "serves HTTP" in json.loads(result.stdout)["outcome"]["reason"]
     usage = runner.invoke(app, ["simulate", "--sni", "x", "--config-dir", str(mesh), "--proxy", "sleep-vm.bookinfo"])
     assert usage.exit_code == 2
+
+
+def test_a_gateway_https_redirect_answers_before_any_route() -> None:
+    """A Gateway server with `httpsRedirect` sets the virtual host's `require_tls: ALL`: Envoy
+    answers a plaintext request with a 301 to https, whatever the routes say; a request marked
+    `x-forwarded-proto: https` is no different at a gateway, which sets that header itself."""
+    text = edge_yaml(8080, Backend("v1", port=8001), Backend("v2", port=8002)).replace(
+        "hosts: [app.edge.mesh]}]", "hosts: [app.edge.mesh], tls: {httpsRedirect: true}}]"
+    )
+    snapshot = snapshot_from_yaml(text, namespace=EDGE)
+    resources = generate(snapshot, proxy_for(snapshot, ROUTER, {"LABELS": {"istio": "ingressgateway"}}))
+    for headers in ((), ("x-forwarded-proto: https",)):
+        result = simulate(
+            resources, parse_request("http://app.edge.mesh:8080/gone?a=1", "GET", headers), Target(ROUTER, router=True)
+        )
+        assert (result.outcome.status, result.outcome.routed) == (301, True), result.outcome
+        assert result.action is not None and result.action["location"] == "https://app.edge.mesh:8080/gone?a=1"
+        assert "require_tls" in result.outcome.reason

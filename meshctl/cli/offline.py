@@ -203,6 +203,61 @@ def hidden_port_notes(snapshot: Snapshot, proxy: Proxy) -> list[str]:
     return notes
 
 
+def bypassed_port_notes(snapshot: Snapshot, proxy: Proxy) -> list[str]:
+    """The workload's service ports no Sidecar ingress listener takes, on a proxy without
+    iptables: clients reach the app there directly, where Istio (which redirects them) would
+    apply the port's mutual TLS mode and the workload's policies."""
+    from meshctl.snapshot.model import spec
+    from meshctl.snapshot.proxy import ProxyType
+    from meshctl.snapshot.scope import ProxyScope
+
+    if proxy.type is not ProxyType.SIDECAR or proxy.interception is not InterceptionMode.NONE:
+        return []
+    sidecar = ProxyScope(snapshot, proxy).sidecar
+    taken = {ing.port.number for ing in spec(sidecar).ingress} if sidecar is not None else set()
+    ports = sorted({p for i in proxy.instances for p in i.endpoint.ports.values() if p and p not in taken})
+    if not ports:
+        return []
+    listed = ", ".join(str(p) for p in ports)
+    return [
+        f"{proxy.workload or proxy.id} takes no inbound traffic on port(s) {listed} of its services: without "
+        "iptables (INTERCEPTION_MODE NONE) clients reach the app there directly, so no PeerAuthentication, "
+        "AuthorizationPolicy or RequestAuthentication applies (Istio, which redirects them, would); add a "
+        "Sidecar ingress listener for the port, or run with INTERCEPTION_MODE REDIRECT"
+    ]
+
+
+def gateway_target_port_notes(snapshot: Snapshot, proxy: Proxy) -> list[str]:
+    """Gateway server ports that a service of the gateway's own workload maps to another port
+    (`targetPort`, or the WorkloadEntry's port): Istio binds that target port (its
+    `resolvePorts`, for a Kubernetes Service in front of the gateway); meshctl binds the server
+    port, so mesh clients of that service, sent to the target port, find no listener."""
+    from meshctl.snapshot.model import spec
+    from meshctl.snapshot.proxy import ProxyType
+    from meshctl.snapshot.scope import ProxyScope
+
+    if proxy.type is not ProxyType.ROUTER:
+        return []
+    targets: dict[int, int] = {}
+    for instance in proxy.instances:
+        for port in instance.service.ports:
+            target = instance.endpoint.ports.get(port.number)
+            if target and target != port.number:
+                targets.setdefault(port.number, target)
+    notes = []
+    for gateway in ProxyScope(snapshot, proxy).gateways:
+        for server in spec(gateway).servers:
+            number = server.port.number
+            if number in targets:
+                notes.append(
+                    f"Gateway {gateway.namespace}/{gateway.name} server port {number} is bound as written; Istio "
+                    f"binds {targets[number]}, the port the gateway's service maps it to, and mesh clients of that "
+                    f"service connect to {targets[number]}: serve port {targets[number]} in the Gateway, or drop the "
+                    "targetPort"
+                )
+    return notes
+
+
 def proxy_note(proxy: Proxy) -> str:
     """One line for stderr saying which proxy the output is for, and what it was bound to."""
     bound = f"workload {proxy.workload}" if proxy.workload else "no workload (the id matches no WorkloadEntry)"

@@ -166,6 +166,12 @@ def _http(walk: _Walk, hcm: Any, resources: Mapping[str, Sequence[Any]], lookup:
             False,
         )
     walk.fields["virtual_host"] = vhost.name
+    tls_location = http.tls_redirect(hcm, vhost, request)
+    if tls_location is not None:
+        walk.fields["action"] = {"kind": "redirect", "status": 301, "location": tls_location}
+        return walk.end(
+            301, "", f"virtual host {vhost.name} requires TLS (require_tls): Envoy redirects to {tls_location}", True
+        )
     route = http.choose_route(vhost, request)
     if route is None:
         return walk.end(
