@@ -117,7 +117,9 @@ def build_provider(rule: Any, *, clear_route_cache: bool = False) -> config_pb2.
         from_cookies=list(rule.from_cookies),
         clear_route_cache=clear_route_cache,
     )
-    provider.normalize_payload_in_metadata.space_delimited_claims.extend(SPACE_DELIMITED_CLAIMS)
+    # Istio's buildSpaceDelimitedClaims: the rule's own claims with the two defaults, once each, sorted.
+    claims = sorted({*SPACE_DELIMITED_CLAIMS, *rule.space_delimited_claims})
+    provider.normalize_payload_in_metadata.space_delimited_claims.extend(claims)
     for claim in rule.output_claim_to_headers:
         provider.claim_to_headers.add(header_name=claim.header, claim_name=claim.claim)
     for location in rule.from_headers:

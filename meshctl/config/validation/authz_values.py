@@ -153,6 +153,16 @@ def service_account_problem(value: str) -> str | None:
     return None
 
 
+_TRUST_DOMAIN: Final = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*")
+
+
+def trust_domain_problem(value: str) -> str | None:
+    """A trust domain is matched as the host of the peer's SPIFFE URI: a DNS name, no wildcard."""
+    if _TRUST_DOMAIN.fullmatch(value):
+        return None
+    return f"invalid trust domain {value!r}: expected a DNS name such as cluster.local, without wildcards"
+
+
 def condition_regex_problem(key: str, value: str) -> str | None:
     """A `when` value whose regex Envoy would refuse for its size."""
     if key == "source.namespace":
