@@ -26,6 +26,9 @@ from conftest import DR, SC, SE, VS, WG, document, load, marked_line
 from meshctl.config.findings import Severity
 from meshctl.config.loader import load_text
 
+AP = "AuthorizationPolicy"
+PA = "PeerAuthentication"
+
 
 def case(kind: str, case_id: str, field: str, message: str, spec: str) -> object:
     return pytest.param(kind, spec, field, message, id=case_id)
@@ -202,6 +205,91 @@ ERRORS = [
           httpGet:
             port: 9080
             httpHeaders: [{name: x_probe, value: "1"}]  # <-
+        """,
+    ),
+    case(
+        AP,
+        "ValidateAuthorizationPolicy-serviceAccounts-with-principals",
+        "spec.rules[0].from[0].source.serviceAccounts",
+        "cannot set serviceAccounts with namespaces or principals",
+        """
+        rules:
+        - from:
+          - source:
+              principals: [cluster.local/ns/shop/sa/sleep]
+              serviceAccounts: [shop/sleep]  # <-
+        """,
+    ),
+    case(
+        AP,
+        "ValidateAuthorizationPolicy-notServiceAccounts-with-namespaces",
+        "spec.rules[0].from[0].source.notServiceAccounts",
+        "cannot set serviceAccounts with namespaces or principals",
+        """
+        rules:
+        - from:
+          - source:
+              namespaces: [shop]
+              notServiceAccounts: [shop/legacy]  # <-
+        """,
+    ),
+    case(
+        AP,
+        "CheckServiceAccount-serviceAccounts-wildcard",
+        "spec.rules[0].from[0].source.serviceAccounts[0]",
+        "wildcard not allowed",
+        """
+        rules:
+        - from:
+          - source:
+              serviceAccounts:
+              - shop/*  # <-
+        """,
+    ),
+    case(
+        AP,
+        "ValidateAuthorizationPolicy-empty-from",
+        "spec.rules[0].from",
+        "`from` must not be empty",
+        """
+        rules:
+        - from: []  # <-
+          to: [{operation: {methods: [GET]}}]
+        """,
+    ),
+    case(
+        AP,
+        "ValidateAuthorizationPolicy-empty-to",
+        "spec.rules[0].to",
+        "`to` must not be empty",
+        """
+        rules:
+        - from: [{source: {namespaces: [shop]}}]
+          to: []  # <-
+        """,
+    ),
+    case(
+        PA,
+        "ValidatePeerAuthentication-empty-port-level-mtls",
+        "spec.portLevelMtls",
+        "port level mTLS, if defined, must have at least one element",
+        """
+        selector: {matchLabels: {app: reviews}}
+        portLevelMtls: {}  # <-
+        """,
+    ),
+    case(
+        VS,
+        "validateHTTPRouteMatchRequest-null-header-match",
+        "spec.http[0].match[0].headers.x-user",
+        "header match x-user cannot be null",
+        """
+        hosts: [r.shop.mesh]
+        http:
+        - match:
+          - headers:
+              x-user:  # <-
+          route: [{destination: {host: r.shop.mesh}}]
         """,
     ),
 ]
