@@ -10,7 +10,7 @@ rules, which `istioctl validate` applies too): istio/api#3512 (retryBudget), #35
 attributes), #3733 (zoneAwareLbSetting).
 
 Every case failed before its rule was changed, except three that guard behaviour which already
-matched Istio (a lone `~` egress namespace, `~ns` refused, a backoff with attempts 0 accepted)
+matched Istio (a lone `~` egress namespace, a backoff with attempts 0 accepted)
 and the valid DestinationRule with the newer fields, which guards the new rules against
 refusing what Istio accepts.
 
@@ -373,7 +373,7 @@ VALID = [
         SC,
         """
         egress:
-        - hosts: ["~/*", "./*", "*/api.example.com"]
+        - hosts: ["~/*", "./*", "*/api.example.com", "~kube-system/*"]
         """,
         id="ValidateNamespaceSlashWildcardHostname-tilde-namespace",
     ),
@@ -415,9 +415,10 @@ def test_istio_accepts_it_so_meshctl_does(kind: str, spec: str) -> None:
     assert findings == [], "\n".join(map(str, findings))
 
 
-@pytest.mark.parametrize("namespace", ["~ns", "~~"])
-def test_ValidateNamespaceSlashWildcardHostname_only_a_lone_tilde(namespace: str) -> None:
-    """`~` alone is a Sidecar egress namespace (none); `~ns` is not a namespace at all."""
+@pytest.mark.parametrize("namespace", ["~~", "~-", "~a.b"])
+def test_ValidateNamespaceSlashWildcardHostname_tilde_then_a_namespace(namespace: str) -> None:
+    """`~` alone is a Sidecar egress namespace (none) and `~ns` every namespace but ns; what
+    follows the `~` must be a namespace name."""
     _, findings = load(SC, f"egress:\n- hosts: ['{namespace}/*']\n")
     assert [f.message for f in findings] == [f'host "{namespace}/*": invalid namespace "{namespace}"']
 
