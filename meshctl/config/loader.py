@@ -38,6 +38,7 @@ from meshctl.config.model import (
 )
 from meshctl.config.schema import parse_spec
 from meshctl.config.validation import import_rules, validate_spec
+from meshctl.config.validation.annotations import validate_annotations
 from meshctl.errors import ConfigError, YamlError
 
 if TYPE_CHECKING:
@@ -334,6 +335,8 @@ def _load_document(
     problems.extend(finding(i.message, i.path, key=key) for i in issues)
     if options.validate and not issues:
         problems.extend(finding(i.message, i.path, i.severity, key) for i in validate_spec(kind, spec))
+        for i in validate_annotations(kind, key.namespace, name, annotations, spec):
+            problems.append(finding(i.message, i.path, i.severity, key))
 
     kept = spec.SerializeToString(deterministic=True) if kind in _PACKED_KINDS else _compact(spec)
     config = Config(
