@@ -28,6 +28,7 @@ from meshctl.config.loader import load_text
 
 AP = "AuthorizationPolicy"
 PA = "PeerAuthentication"
+RA = "RequestAuthentication"
 
 
 def case(kind: str, case_id: str, field: str, message: str, spec: str) -> object:
@@ -292,6 +293,90 @@ ERRORS = [
           route: [{destination: {host: r.shop.mesh}}]
         """,
     ),
+    case(
+        VS,
+        "validateHTTPRedirect-uri-and-prefixRewrite",
+        "spec.http[0].redirect.prefixRewrite",
+        "a redirect cannot set both uri and prefixRewrite",
+        """
+        hosts: [r.shop.mesh]
+        http:
+        - match: [{uri: {prefix: /old}}]
+          redirect:
+            uri: /new
+            prefixRewrite: /newer  # <-
+        """,
+    ),
+    case(
+        VS,
+        "validateHTTPRedirect-prefixRewrite-with-exact-match",
+        "spec.http[0].match[1].uri.exact",
+        "prefixRewrite in a redirect needs prefix uri matches, found a exact match",
+        """
+        hosts: [r.shop.mesh]
+        http:
+        - match:
+          - uri: {prefix: /old}
+          - uri:
+              exact: /old/index.html  # <-
+          redirect: {prefixRewrite: /new}
+        """,
+    ),
+    case(
+        VS,
+        "validateHTTPRedirect-prefixRewrite-with-regex-match",
+        "spec.http[0].match[0].uri.regex",
+        "prefixRewrite in a redirect needs prefix uri matches, found a regex match",
+        """
+        hosts: [r.shop.mesh]
+        http:
+        - match:
+          - uri:
+              regex: /old/.*  # <-
+          redirect: {prefixRewrite: /new}
+        """,
+    ),
+    case(
+        DR,
+        "validateLoadBalancer-consistentHash-minimumRingSize-and-maglev",
+        "spec.trafficPolicy.loadBalancer.consistentHash.minimumRingSize",
+        'minimumRingSize cannot be set with "ringHash" or "maglev"',
+        """
+        host: r.shop.mesh
+        trafficPolicy:
+          loadBalancer:
+            consistentHash:
+              httpHeaderName: x-user
+              minimumRingSize: 1024  # <-
+              maglev: {tableSize: 65537}
+        """,
+    ),
+    case(
+        DR,
+        "validateConnectionPool-http2KeepAlive-without-interval",
+        "spec.trafficPolicy.connectionPool.http.http2KeepAlive",
+        "http2KeepAlive needs an interval",
+        """
+        host: r.shop.mesh
+        trafficPolicy:
+          connectionPool:
+            http:
+              http2KeepAlive: {timeout: 5s}  # <-
+        """,
+    ),
+    case(
+        DR,
+        "validateConnectionPool-http2KeepAlive-empty",
+        "spec.trafficPolicy.connectionPool.http.http2KeepAlive",
+        "http2KeepAlive needs an interval",
+        """
+        host: r.shop.mesh
+        trafficPolicy:
+          connectionPool:
+            http:
+              http2KeepAlive: {}  # <-
+        """,
+    ),
 ]
 
 WARNINGS = [
@@ -387,6 +472,18 @@ VALID = [
         """,
         id="validateHTTPRedirect-prefixRewrite-alone",
     ),
+    pytest.param(
+        DR,
+        """
+        host: r.shop.mesh
+        trafficPolicy:
+          loadBalancer:
+            consistentHash:
+              httpHeaderName: x-user
+              ringHash: {minimumRingSize: 1024}
+        """,
+        id="validateLoadBalancer-ringHash-alone",
+    ),
 ]
 
 
@@ -455,3 +552,46 @@ def test_validateHTTPStatus_600_stays_an_error_on_purpose(where: str) -> None:
     route = "" if "directResponse" in where else "route: [{destination: {host: r.shop.mesh}}]\n  "
     _, findings = load(VS, f"hosts: [r.shop.mesh]\nhttp:\n- {route}{where}\n")
     assert [f.severity for f in findings if "600 must be in the range 200..599" in f.message] == [Severity.ERROR]
+
+
+def _dry_run_document(kind: str, action: str, value: str, spec: str) -> str:
+    group = "security.istio.io/v1"
+    head = (
+        f"apiVersion: {group}\nkind: {kind}\nmetadata:\n  name: example\n  namespace: shop\n"
+        f"  annotations:\n    istio.io/dry-run: '{value}'  # <-\n"
+    )
+    return head + f"spec:\n  {spec}\n" + (f"  action: {action}\n" if action else "")
+
+
+@pytest.mark.parametrize(
+    ("kind", "action", "value", "spec", "message"),
+    [
+        pytest.param(
+            AP, "ALLOW", "yes", "rules: [{}]",
+            'shop/example has annotation istio.io/dry-run with invalid value (yes): strconv.ParseBool: parsing "yes"',
+            id="checkDryRunAnnotation-invalid-value",
+        ),
+        pytest.param(
+            AP, "AUDIT", "true", "rules: [{}]",
+            "the annotation istio.io/dry-run currently only supports action ALLOW/DENY, found action AUDIT",
+            id="checkDryRunAnnotation-AUDIT",
+        ),
+        pytest.param(
+            RA, "", "true", "jwtRules: [{issuer: https://issuer.example, jwks: '{\"keys\": []}'}]",
+            "shop/example has unsupported annotation istio.io/dry-run, please remove the annotation",
+            id="checkDryRunAnnotation-RequestAuthentication",
+        ),
+    ],
+)  # fmt: skip
+def test_checkDryRunAnnotation(kind: str, action: str, value: str, spec: str, message: str) -> None:
+    text = _dry_run_document(kind, action, value, spec)
+    findings = [f for f in load_text(text, "parity.yaml").findings if message in f.message]
+    assert findings, "\n".join(map(str, load_text(text, "parity.yaml").findings))
+    assert findings[0].field == "metadata.annotations.istio.io/dry-run"
+    assert findings[0].severity is Severity.ERROR and findings[0].line == marked_line(text)
+
+
+@pytest.mark.parametrize("value", ["true", "False", "1"])
+def test_checkDryRunAnnotation_takes_what_ParseBool_takes(value: str) -> None:
+    result = load_text(_dry_run_document(AP, "DENY", value, "rules: [{}]"), "parity.yaml")
+    assert result.ok and list(result.findings) == [], "\n".join(map(str, result.findings))
