@@ -377,6 +377,55 @@ ERRORS = [
               http2KeepAlive: {}  # <-
         """,
     ),
+    case(
+        SE,
+        "ValidateServiceEntry-DYNAMIC_DNS-TCP-port",
+        "spec.ports[0].protocol",
+        "resolution DYNAMIC_DNS needs HTTP or TLS ports",
+        """
+        hosts: ["*.wikipedia.org"]
+        ports:
+        - {number: 5432, name: pg, protocol: TCP}  # <-
+        resolution: DYNAMIC_DNS
+        """,
+    ),
+    case(
+        SE,
+        "ValidateServiceEntry-DYNAMIC_DNS-FQDN-host",
+        "spec.hosts[0]",
+        "resolution DYNAMIC_DNS is for wildcard hosts",
+        """
+        hosts:
+        - www.wikipedia.org  # <-
+        ports: [{number: 443, name: tls, protocol: TLS}]
+        resolution: DYNAMIC_DNS
+        """,
+    ),
+    case(
+        SE,
+        "ValidateServiceEntry-DYNAMIC_DNS-endpoints",
+        "spec.endpoints",
+        "resolution DYNAMIC_DNS takes no endpoints",
+        """
+        hosts: ["*.wikipedia.org"]
+        ports: [{number: 443, name: tls, protocol: TLS}]
+        resolution: DYNAMIC_DNS
+        endpoints:  # <-
+        - address: 198.51.100.7
+        """,
+    ),
+    case(
+        SE,
+        "ValidateServiceEntry-DYNAMIC_DNS-addresses",
+        "spec.addresses",
+        "resolution DYNAMIC_DNS takes no addresses",
+        """
+        hosts: ["*.wikipedia.org"]
+        addresses: [240.0.0.9]  # <-
+        ports: [{number: 443, name: tls, protocol: TLS}]
+        resolution: DYNAMIC_DNS
+        """,
+    ),
 ]
 
 WARNINGS = [
@@ -595,3 +644,17 @@ def test_checkDryRunAnnotation(kind: str, action: str, value: str, spec: str, me
 def test_checkDryRunAnnotation_takes_what_ParseBool_takes(value: str) -> None:
     result = load_text(_dry_run_document(AP, "DENY", value, "rules: [{}]"), "parity.yaml")
     assert result.ok and list(result.findings) == [], "\n".join(map(str, result.findings))
+
+
+def test_ValidateServiceEntry_DYNAMIC_DNS_MESH_INTERNAL_with_a_waypoint() -> None:
+    text = (
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata:\n  name: example\n  namespace: shop\n"
+        "  labels:\n    istio.io/use-waypoint: waypoint  # <-\n"
+        "spec:\n  hosts: ['*.svc.cluster.local']\n  ports: [{number: 9080, name: http, protocol: HTTP}]\n"
+        "  location: MESH_INTERNAL\n  resolution: DYNAMIC_DNS\n"
+    )
+    findings = [f for f in load_text(text, "parity.yaml").findings if f.severity is Severity.ERROR]
+    assert [(f.field, f.line) for f in findings] == [("metadata.labels.istio.io/use-waypoint", marked_line(text))]
+    assert "cannot use a waypoint" in findings[0].message
+    external = text.replace("MESH_INTERNAL", "MESH_EXTERNAL")
+    assert load_text(external, "parity.yaml").ok

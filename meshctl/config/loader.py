@@ -38,7 +38,7 @@ from meshctl.config.model import (
 )
 from meshctl.config.schema import parse_spec
 from meshctl.config.validation import import_rules, validate_spec
-from meshctl.config.validation.annotations import validate_annotations
+from meshctl.config.validation.metadata import validate_metadata
 from meshctl.errors import ConfigError, YamlError
 
 if TYPE_CHECKING:
@@ -335,7 +335,7 @@ def _load_document(
     problems.extend(finding(i.message, i.path, key=key) for i in issues)
     if options.validate and not issues:
         problems.extend(finding(i.message, i.path, i.severity, key) for i in validate_spec(kind, spec))
-        for i in validate_annotations(kind, key.namespace, name, annotations, spec):
+        for i in validate_metadata(key, labels, annotations, spec):
             problems.append(finding(i.message, i.path, i.severity, key))
 
     kept = spec.SerializeToString(deterministic=True) if kind in _PACKED_KINDS else _compact(spec)

@@ -1,4 +1,5 @@
-"""Annotations Istio's validation reads (`checkDryRunAnnotation`, run before every kind's rules).
+"""Metadata Istio's validation reads: annotations (`checkDryRunAnnotation`, run before every
+kind's rules) and the waypoint label of a DYNAMIC_DNS ServiceEntry.
 
 `istio.io/dry-run` belongs to AuthorizationPolicy alone, and there only to ALLOW and DENY (the
 actions whose RBAC filter has shadow rules), with a value Go's `strconv.ParseBool` reads. Istio
@@ -13,15 +14,30 @@ from typing import Any, Final
 
 from google.protobuf.message import Message
 
+from meshctl.config.model import ConfigKey
 from meshctl.config.validation import Issue
 from meshctl.config.validation.common import enum_name
 
 DRY_RUN: Final = "istio.io/dry-run"
+USE_WAYPOINT: Final = "istio.io/use-waypoint"
 #: What Go's strconv.ParseBool takes.
 GO_BOOLEANS: Final = frozenset({"1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False"})
 
 
-def validate_annotations(
+def validate_metadata(
+    key: ConfigKey, labels: Mapping[str, str], annotations: Mapping[str, str], spec: Message
+) -> list[Issue]:
+    kind = key.kind
+    issues = _dry_run(kind, key.namespace, key.name, annotations, spec)
+    if kind == "ServiceEntry" and USE_WAYPOINT in labels:
+        entry: Any = spec
+        if enum_name(entry, "resolution") == "DYNAMIC_DNS" and enum_name(entry, "location") == "MESH_INTERNAL":
+            message = "a MESH_INTERNAL ServiceEntry with resolution DYNAMIC_DNS cannot use a waypoint"
+            issues.append(Issue(("metadata", "labels", USE_WAYPOINT), message))
+    return issues
+
+
+def _dry_run(
     kind: str, namespace: str, name: str, annotations: Mapping[str, str], spec: Message
 ) -> list[Issue]:
     value = annotations.get(DRY_RUN)
