@@ -295,3 +295,30 @@ spec:
 
     wait_for(lambda: denied(call("reader auditor")), "a token whose roles lack admin is refused")
     assert call("reader admin").ok
+
+
+def test_a_required_jwt_rule_refuses_a_request_without_its_token(mesh: Mesh) -> None:
+    """RequestAuthentication `presence: REQUIRED` (istio/istio#60830): no token is a 401 from
+    jwt_authn itself, without any AuthorizationPolicy; a valid one passes."""
+    key = SigningKey.generate("k1")
+    mesh.write(
+        "jwt.yaml",
+        f"""apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {{name: jwt, namespace: {NS}}}
+spec:
+  selector: {{matchLabels: {{app: reviews}}}}
+  jwtRules:
+  - issuer: {ISSUER}
+    jwks: '{key.jwks()}'
+    presence: REQUIRED
+""",
+    )
+    token = key.token({"iss": ISSUER, "sub": "alice", "exp": int(time.time()) + 600})
+
+    def call(token: str | None) -> Reply:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return send(mesh.ingress_port, HOST, headers=headers, address=SERVER_IP)
+
+    wait_for(lambda: call(None).status == 401, "a request without the required token is refused")
+    assert call(token).ok

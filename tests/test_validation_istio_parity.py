@@ -426,6 +426,31 @@ ERRORS = [
         resolution: DYNAMIC_DNS
         """,
     ),
+    case(
+        RA,
+        "reqauth-invalid-space-delimited-claims",
+        "spec.jwtRules[0].spaceDelimitedClaims[0]",
+        "a space-delimited claim must be a non-empty string",
+        """
+        jwtRules:
+        - issuer: https://issuer.example
+          jwksUri: https://issuer.example/keys.json
+          spaceDelimitedClaims:
+          - ""  # <-
+        """,
+    ),
+    case(
+        RA,
+        "reqauth-invalid-presence-value",
+        "spec.jwtRules[0].presence",
+        'invalid value "MANDATORY"',
+        """
+        jwtRules:
+        - issuer: https://issuer.example
+          jwksUri: https://issuer.example/keys.json
+          presence: MANDATORY  # <-
+        """,
+    ),
 ]
 
 WARNINGS = [
@@ -532,6 +557,28 @@ VALID = [
               ringHash: {minimumRingSize: 1024}
         """,
         id="validateLoadBalancer-ringHash-alone",
+    ),
+    pytest.param(
+        RA,
+        """
+        jwtRules:
+        - issuer: https://issuer.example
+          jwksUri: https://issuer.example/keys.json
+          spaceDelimitedClaims: [roles, tenant.groups]
+          presence: REQUIRED
+        """,
+        id="reqauth-valid-spaceDelimitedClaims-and-presence",
+    ),
+    pytest.param(
+        AP,
+        """
+        rules:
+        - from:
+          - source: {serviceAccounts: [other/sleep, sleep], notServiceAccounts: [shop/legacy]}
+          - source: {principals: [cluster.local/ns/shop/sa/admin]}
+          - source: {namespaces: [other], trustDomains: [cluster.local]}
+        """,
+        id="authz-valid-serviceAccounts-beside-principals-in-other-sources",
     ),
 ]
 
