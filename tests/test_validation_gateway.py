@@ -88,6 +88,12 @@ port number 0 must be in the range 1..65535
     - port: {number: 0, name: http, protocol: HTTP}  # <-
       hosts: ['*']
 
+[gw-target-port] spec.servers[0].port.targetPort
+targetPort has no effect on a Gateway
+    servers:
+    - port: {number: 80, name: http, protocol: HTTP, targetPort: 8080}  # <-
+      hosts: ['*']
+
 [gw-port-name] spec.servers[0].port
 the server port needs a name
     servers:
@@ -201,12 +207,6 @@ WARNINGS = [
     *cases(
         GW,
         """
-[gw-target-port] spec.servers[0].port.targetPort
-targetPort is deprecated and has no effect on a Gateway
-    servers:
-    - port: {number: 80, name: http, protocol: HTTP, targetPort: 8080}  # <-
-      hosts: ['*']
-
 [gw-https-redirect-on-https] spec.servers[0].tls.httpsRedirect
 httpsRedirect only applies to HTTP servers
     servers:

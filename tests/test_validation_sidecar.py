@@ -39,6 +39,11 @@ invalid port name "Http_1"
     ingress:
     - port: {number: 9080, name: Http_1, protocol: HTTP}  # <-
 
+[sc-ingress-target-port] spec.ingress[0].port.targetPort
+targetPort has no effect on a Sidecar
+    ingress:
+    - port: {number: 9080, protocol: HTTP, targetPort: 8080}  # <-
+
 [sc-ingress-bind] spec.ingress[0].bind
 "eth0" is not a valid IP address
     ingress:
@@ -191,11 +196,6 @@ WARNINGS = [
     *cases(
         SC,
         """
-[sc-ingress-target-port] spec.ingress[0].port.targetPort
-targetPort is deprecated and has no effect on a Sidecar
-    ingress:
-    - port: {number: 9080, protocol: HTTP, targetPort: 8080}  # <-
-
 [sc-egress-duplicate-host] spec.egress[0].hosts[1]
 duplicate egress host "./api.example.com"
     egress:

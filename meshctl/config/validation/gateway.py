@@ -116,7 +116,7 @@ def _server(report: Report, path: FieldPath, server: Any) -> None:
     if port.number or not unix:
         report.error((*at, "number"), port_problem(port.number))
     if port.target_port:
-        report.warn((*at, "targetPort"), "targetPort is deprecated and has no effect on a Gateway")
+        report.error((*at, "targetPort"), "targetPort has no effect on a Gateway")
     if not port.name:
         report.error(at, "the server port needs a name")
     if protocol is None:

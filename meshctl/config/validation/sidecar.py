@@ -70,7 +70,7 @@ def _port_and_bind(report: Report, path: FieldPath, port: Any, bind: str) -> Non
     if bind:
         report.error((*path, "bind"), ip_problem(bind))
     if port.target_port:
-        report.warn((*path, "port", "targetPort"), "targetPort is deprecated and has no effect on a Sidecar")
+        report.error((*path, "port", "targetPort"), "targetPort has no effect on a Sidecar")
 
 
 def _ingress(report: Report, path: FieldPath, listener: Any, ports: set[int]) -> None:
@@ -167,7 +167,7 @@ def _egress_port(report: Report, path: FieldPath, listener: Any, ports: set[int]
         report.error((*path, "port", "name"), port_name_problem(port.name))
     report.error((*path, "port", "protocol"), protocol_problem(port.protocol))
     if port.target_port:
-        report.warn((*path, "port", "targetPort"), "targetPort is deprecated and has no effect on a Sidecar")
+        report.error((*path, "port", "targetPort"), "targetPort has no effect on a Sidecar")
     if not bind.startswith(UNIX_PREFIX):
         report.error((*path, "bind"), "an egress listener with port 0 needs a unix:// bind address")
     else:
