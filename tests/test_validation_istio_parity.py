@@ -7,7 +7,13 @@ ValidateHTTPHeaderNameOrJwtClaimRoute, ValidateCORSHTTPHeaderName, ValidateProbe
 ValidateServiceEntry; agent/validation.go: ValidateNamespaceSlashWildcardHostname), and for
 fields whose Go validation could not be read, the API change that added them (its CRD schema
 rules, which `istioctl validate` applies too): istio/api#3512 (retryBudget), #3523 (cookie
-attributes), #3733 (zoneAwareLbSetting).
+attributes), #3733 (zoneAwareLbSetting), #3737 (JWTRule presence); and Istio's CRD test files
+(`pkg/config/validation/testdata/crds/*-valid.yaml`, `*-invalid.yaml`: the `reqauth-`,
+`authz-` and `peerauth-` cases) for the newer security fields. ValidateAuthorizationPolicy
+(serviceAccounts, empty `from`/`to`), validateHTTPRouteMatchRequest (null header match),
+checkDryRunAnnotation and validateLoadBalancer (minimumRingSize beside a hash algorithm) follow
+Istio's Go code; the DYNAMIC_DNS, http2KeepAlive and redirect prefixRewrite cases follow the
+list of what Istio refuses, worded by meshctl (docs/validation.md says so).
 
 Every case failed before its rule was changed, except three that guard behaviour which already
 matched Istio (a lone `~` egress namespace, a backoff with attempts 0 accepted)
