@@ -582,7 +582,7 @@ VALID = [
         - from:
           - source: {serviceAccounts: [other/sleep, sleep], notServiceAccounts: [shop/legacy]}
           - source: {principals: [cluster.local/ns/shop/sa/admin]}
-          - source: {namespaces: [other], trustDomains: [cluster.local]}
+          - source: {namespaces: [other], trustDomains: [cluster.local, "cluster.*"], notTrustDomains: ["legacy.*"]}
         """,
         id="authz-valid-serviceAccounts-beside-principals-in-other-sources",
     ),

@@ -16,7 +16,7 @@ rest into the principals. The order is Istio's, so a dump reads like istiod's:
 | `from.source.principals`                 | `authenticated.principal_name`, `spiffe://` + value      |
 | `from.source.requestPrincipals`          | jwt_authn payload `iss` and `sub` (`sourced_metadata`)   |
 | `from.source.serviceAccounts`            | as `when` `source.serviceAccount`                        |
-| `from.source.trustDomains`               | `authenticated.principal_name` prefix `spiffe://TD/`     |
+| `from.source.trustDomains`               | principal prefix `spiffe://TD/`; `*` as regex `[^/]*`    |
 | `from.source.namespaces`                 | `authenticated.principal_name` regex `.*/ns/NS/.*`       |
 | `from.source.remoteIpBlocks`             | `remote_ip`                                              |
 | `from.source.ipBlocks`                   | `direct_remote_ip`                                       |
@@ -425,8 +425,14 @@ def _with(
 
 
 def _trust_domain(value: str) -> rbac_pb2.Principal:
-    """A peer whose SPIFFE URI is in trust domain `value`: its principal begins `spiffe://TD/`."""
-    match = string_pb2.StringMatcher(prefix=f"{SPIFFE_PREFIX}{value}/")
+    """A peer whose SPIFFE URI is in trust domain `value`: its principal begins `spiffe://TD/`.
+    A `*` stands for any characters but `/` (istio/istio#59358), so it stays within the trust
+    domain; the literal parts are escaped."""
+    if "*" not in value:
+        match = string_pb2.StringMatcher(prefix=f"{SPIFFE_PREFIX}{value}/")
+    else:
+        domain = "[^/]*".join(re2_escape(part) for part in value.split("*"))
+        match = regex_matcher(f"{re2_escape(SPIFFE_PREFIX)}{domain}/.*")
     return Principal(authenticated=Principal.Authenticated(principal_name=match))
 
 

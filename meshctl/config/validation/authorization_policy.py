@@ -6,7 +6,7 @@
   which Istio does not support with CUSTOM; `provider` goes with CUSTOM only; DENY without rules
   would never match (an empty rule `{}` matches every request).
 - Each rule: a `from` entry needs a non-empty `source` (`serviceAccounts`, as `NAMESPACE/NAME`
-  without wildcards, not beside principals or namespaces; `trustDomains` plain DNS names), a
+  without wildcards, not beside principals or namespaces; `trustDomains` without `/`), a
   `to` entry a non-empty `operation`;
   no empty strings in any list; IP blocks are addresses or CIDR blocks; ports are numbers up to
   65535; path templates (`{*}`, `{**}`) are well formed; a `when` condition has a known key
@@ -45,6 +45,7 @@ from meshctl.config.validation.authz_values import (
     regex_size_problem,
     service_account_problem,
     trust_domain_problem,
+    trust_domain_regex,
     wildcard_problem,
 )
 from meshctl.config.validation.common import Report, enum_name
@@ -81,6 +82,7 @@ _OPERATION: Final = (
 _REGEXES: Final[dict[str, Callable[[str], str | None]]] = {
     **dict.fromkeys(("namespaces", "notNamespaces"), namespace_principal_regex),
     **dict.fromkeys(("principals", "notPrincipals"), principal_regex),
+    **dict.fromkeys(("trustDomains", "notTrustDomains"), trust_domain_regex),
 }
 _IP_FIELDS: Final = frozenset({"ipBlocks", "notIpBlocks", "remoteIpBlocks", "notRemoteIpBlocks"})
 #: The check of each value of a list, for the lists whose values have a form.
