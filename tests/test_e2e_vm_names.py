@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import dns.exception
 import dns.message
 import dns.query
 import dns.rcode
@@ -56,9 +57,12 @@ class Vm:
     dns_port: int
 
     def lookup(self, name: str) -> tuple[str, list[str]]:
-        """(rcode, A answers) from the Envoy's DNS listener."""
+        """(rcode, A answers) from the Envoy's DNS listener; ("unanswered", []) when nothing answers."""
         query = dns.message.make_query(name, dns.rdatatype.A)
-        reply = dns.query.udp(query, "127.0.0.1", port=self.dns_port, timeout=5)
+        try:
+            reply = dns.query.udp(query, "127.0.0.1", port=self.dns_port, timeout=5)
+        except (OSError, dns.exception.Timeout):
+            return "unanswered", []
         addresses = [item.address for rrset in reply.answer for item in rrset if rrset.rdtype == dns.rdatatype.A]
         return dns.rcode.to_text(reply.rcode()), addresses
 
