@@ -82,3 +82,16 @@ def test_a_proxy_that_names_nothing_is_a_usage_error(tmp_path: Path) -> None:
     result = runner.invoke(app, ["hosts", "--config-dir", str(tmp_path), "--proxy", "nobody.shop"])
     assert result.exit_code == 2
     assert "orders-vm.shop" in result.output
+
+
+def test_services_the_table_cannot_tell_apart_are_warned_about(tmp_path: Path) -> None:
+    """With the loopback range turned off, two TCP services on 5432 both answer 127.0.0.1."""
+    (tmp_path / "mesh").mkdir()
+    (tmp_path / "mesh" / "mesh.yaml").write_text(MESH)
+    (tmp_path / "meshconfig.yaml").write_text('loopbackRange: ""\n')
+    args = ["hosts", "--config-dir", str(tmp_path / "mesh"), "--proxy", "orders-vm.shop"]
+    shared = runner.invoke(app, [*args, "--mesh-config", str(tmp_path / "meshconfig.yaml")])
+    assert shared.exit_code == 0, shared.output
+    assert "pg-a.db.mesh, pg-b.db.mesh resolve to 127.0.0.1 and share port 5432" in shared.stderr
+    apart = runner.invoke(app, args)
+    assert apart.exit_code == 0 and "share port" not in apart.stderr

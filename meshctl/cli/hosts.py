@@ -47,24 +47,35 @@ def hosts(
     mesh_config: options.MeshConfig = None,
 ) -> None:
     """Print the /etc/hosts lines of a proxy's mesh names: the names and addresses its Envoy's
-    DNS listener answers, for VMs whose lookups do not reach it.
+    DNS listener answers, for VMs whose lookups do not reach it. Names or addresses two
+    services of the proxy's view claim are warned about on stderr.
 
     Exit status: 0 printed, 2 usage error, missing directory, a file that fails to load, or a
     proxy that names nothing.
     """
     from meshctl.cli import offline
     from meshctl.snapshot.scope import ProxyScope
-    from meshctl.xds.dns_table import mesh_domains, name_table
+    from meshctl.xds.dns_table import mesh_domains, name_table, table_conflicts
+    from meshctl.xds.listeners_outbound import outbound_answers
 
     tree = offline.load_tree(config_dir, consul=consul, namespace=namespace, mesh=offline.mesh_from(mesh_config))
     target = offline.resolve_proxy(tree, proxy, namespace, interception.value)
     offline.report(tree)
     scope = ProxyScope(tree.snapshot, target)
-    names = name_table(scope)
+    answers = outbound_answers(scope)
+    names = name_table(scope, answers)
+    for conflict in table_conflicts(scope, answers):
+        _stderr(f"warning: {conflict}")
     if resolved:
         sys.stdout.write(resolved_drop_in(mesh_domains(scope, names), dns_port, target.id))
         return
     sys.stdout.write(hosts_lines(names, target.id))
+
+
+def _stderr(message: str) -> None:
+    from meshctl.cli import output as out
+
+    out.stderr_console().print(message, markup=False, soft_wrap=True, highlight=False)
 
 
 def hosts_lines(names: Mapping[str, str], proxy_id: str) -> str:

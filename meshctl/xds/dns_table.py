@@ -43,7 +43,8 @@ from envoy.data.dns.v3 import dns_table_pb2
 from envoy.extensions.filters.udp.dns_filter.v3 import dns_filter_pb2
 from google.protobuf import duration_pb2
 
-from meshctl.registry.model import Location
+from meshctl.registry.model import Location, Protocol
+from meshctl.snapshot.loopback import is_tcp_level
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import listener_filters as lf
 from meshctl.xds.listeners_outbound import LOCALHOST, outbound_answers
@@ -87,6 +88,38 @@ def name_table(scope: ProxyScope, answers: Mapping[str, list[str]] | None = None
         for name in istio_names(host, scope.proxy.namespace, scope.proxy.domain):
             out.setdefault(name, address)
     return MappingProxyType(dict(sorted(out.items())))
+
+
+def table_conflicts(scope: ProxyScope, answers: Mapping[str, list[str]] | None = None) -> list[str]:
+    """What the table cannot answer apart, in words: a name two hosts claim with different
+    addresses (the first host in name order keeps it), and plain TCP hosts (TLS ones are told
+    apart by SNI) answered with one address on one port (the loopback range full or turned
+    off, or one service address under iptables), where a connection reaches the first alone."""
+    if answers is None:
+        answers = outbound_answers(scope)
+    services = {s.hostname: s for s in scope.services}
+    claimed: dict[str, tuple[str, str]] = {}
+    sharing: dict[tuple[str, int], list[str]] = {}
+    out: list[str] = []
+    for host in sorted(answers):
+        address = _answer(answers[host])
+        if not address:
+            continue
+        for name in istio_names(host, scope.proxy.namespace, scope.proxy.domain):
+            first = claimed.setdefault(name, (host, address))
+            if first[1] != address:
+                out.append(f"name {name} is claimed by {first[0]} and {host}: it resolves to {first[0]}'s {first[1]}")
+        service = services.get(host)
+        for port in service.ports if service is not None else ():
+            if is_tcp_level(port.protocol) and port.protocol not in (Protocol.TLS, Protocol.HTTPS):  # SNI tells
+                sharing.setdefault((address, port.number), []).append(host)
+    for (address, number), hosts in sorted(sharing.items()):
+        if len(hosts) > 1:
+            out.append(
+                f"{', '.join(hosts)} resolve to {address} and share port {number}: nothing in a TCP "
+                f"connection tells them apart, so it reaches {hosts[0]} (give the range room: MeshConfig loopbackRange)"
+            )
+    return out
 
 
 def _answer(addresses: list[str]) -> str:
