@@ -95,3 +95,23 @@ def test_services_the_table_cannot_tell_apart_are_warned_about(tmp_path: Path) -
     assert "pg-a.db.mesh, pg-b.db.mesh resolve to 127.0.0.1 and share port 5432" in shared.stderr
     apart = runner.invoke(app, args)
     assert apart.exit_code == 0 and "share port" not in apart.stderr
+
+
+def test_wildcard_names_are_left_out_of_etc_hosts_and_routed_by_resolved(tmp_path: Path) -> None:
+    wildcard = """---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: cdn, namespace: shop}
+spec:
+  hosts: ["*.cdn.example.com"]
+  location: MESH_EXTERNAL
+  resolution: NONE
+  ports: [{number: 443, name: tls, protocol: TLS}]
+"""
+    (tmp_path / "mesh.yaml").write_text(MESH + wildcard)
+    args = ["hosts", "--config-dir", str(tmp_path), "--proxy", "orders-vm.shop"]
+    lines = runner.invoke(app, args)
+    assert lines.exit_code == 0, lines.output
+    assert "*" not in lines.stdout and "left out: *.cdn.example.com" in lines.stderr
+    drop_in = runner.invoke(app, [*args, "--resolved"])
+    assert "~cdn.example.com" in drop_in.stdout.split("Domains=")[1].split()

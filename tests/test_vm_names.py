@@ -214,3 +214,18 @@ def test_other_names_are_forwarded_unless_the_node_says_not() -> None:
 def test_envoy_accepts_the_dns_listener() -> None:
     _, resources, _ = listeners(MESH)
     validate_resources(resources)
+
+
+def test_a_wildcard_host_is_answered_for_the_names_under_it() -> None:
+    wildcard = """apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: cdn, namespace: shop}
+spec:
+  hosts: ["*.cdn.example.com"]
+  location: MESH_EXTERNAL
+  resolution: NONE
+  ports: [{number: 443, name: tls, protocol: TLS}]
+"""
+    snapshot, _, by_name = listeners(MESH + wildcard)
+    assert "*.cdn.example.com" not in snapshot.index.loopback  # no one address for many names
+    assert table(by_name["dns_15053"])["*.cdn.example.com"] == ["127.0.0.1"]

@@ -69,7 +69,10 @@ def hosts(
     if resolved:
         sys.stdout.write(resolved_drop_in(mesh_domains(scope, names), dns_port, target.id))
         return
-    sys.stdout.write(hosts_lines(names, target.id))
+    wildcards = sorted(n for n in names if n.startswith("*"))
+    if wildcards:
+        _stderr(f"note: /etc/hosts cannot hold wildcard names; left out: {', '.join(wildcards)}")
+    sys.stdout.write(hosts_lines({n: a for n, a in names.items() if not n.startswith("*")}, target.id))
 
 
 def _stderr(message: str) -> None:

@@ -17,7 +17,8 @@ holds what that proxy can reach:
   to the VM's resolvers, as Istio does without address allocation;
 - short names as Istio's DNS proxy answers them: `NAME.NS.svc.SUFFIX` also as `NAME.NS.svc`,
   `NAME.NS` and, from a proxy of namespace NS, `NAME`; other hosts by their full name only.
-  Wildcard hosts are not in the table (the filter answers exact names only).
+  A wildcard host is in the table as written (`*.example.com`): the filter answers it for every
+  name under the suffix (not for the suffix itself).
 
 Names the table lacks go to the resolvers of the VM's /etc/resolv.conf (Envoy's default
 resolver), or, with `DNS_FORWARD: false`, are answered NXDOMAIN. Behind a systemd-resolved that
@@ -140,7 +141,9 @@ def mesh_domains(scope: ProxyScope, names: Mapping[str, str] | None = None) -> l
         service = services.get(host)
         if service is None:
             continue  # a short name: within its host's domain
-        if service.location is Location.MESH_EXTERNAL or host.count(".") < 2:
+        if host.startswith("*."):
+            found.add(host[2:])
+        elif service.location is Location.MESH_EXTERNAL or host.count(".") < 2:
             found.add(host)
         else:
             found.add(host.partition(".")[2])
