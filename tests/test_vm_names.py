@@ -229,3 +229,13 @@ spec:
     snapshot, _, by_name = listeners(MESH + wildcard)
     assert "*.cdn.example.com" not in snapshot.index.loopback  # no one address for many names
     assert table(by_name["dns_15053"])["*.cdn.example.com"] == ["127.0.0.1"]
+
+
+def test_under_iptables_the_answer_is_of_the_proxys_family() -> None:
+    dual = entry("dual", "shop", "dual.shop.mesh", 8000, "TCP", extra="  addresses: [240.0.0.8, 2001:db8::8]\n")
+    redirect = {**DNS, "INTERCEPTION_MODE": "REDIRECT"}
+    _, _, v4 = listeners(MESH + dual, metadata=redirect)
+    assert table(v4["dns_15053"])["dual.shop.mesh"] == ["240.0.0.8"]
+    v6_node = "sidecar~2001:db8::99~client.shop~shop.svc.cluster.local"
+    _, _, v6 = listeners(MESH + dual, node_id=v6_node, metadata=redirect)
+    assert table(v6["dns_15053"])["dual.shop.mesh"] == ["2001:db8::8"]

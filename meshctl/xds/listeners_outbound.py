@@ -265,9 +265,14 @@ class _OutboundBuilder:
 
     def _answer(self, svc: Service, bind: str, egress: _Egress) -> None:
         """Note where the app reaches `svc`: the bound address without iptables (its own
-        loopback address over 127.0.0.1), else the service's address, which iptables sends here."""
+        loopback address over 127.0.0.1), else the service's address, which iptables sends here
+        (one of the proxy's family first: A for an IPv4 proxy, AAAA for an IPv6 one)."""
         found = self.answers.setdefault(svc.hostname, [])
-        address = bind if egress.bind_to_port else next((a for a in svc.addresses if is_ip(a)), "")
+        if egress.bind_to_port:
+            address = bind
+        else:
+            ips = [a for a in svc.addresses if is_ip(a)]
+            address = next((a for a in ips if (":" in a) == (self.proxy.family == "v6")), ips[0] if ips else "")
         if address and address != WILDCARD and address not in found:
             found.append(address)
 
