@@ -7,12 +7,14 @@ address it got:
 
 - two TCP ServiceEntries on port 5432, each with its own echo backend, are both reached by name:
   each host has a loopback address of its own, where the Envoy listens on 5432;
-- a name the mesh does not have is NXDOMAIN (`--no-dns-forward`);
+- a name the mesh does not have is NXDOMAIN (`--no-dns-forward`), or, from an Envoy that
+  forwards (the default), answered as the VM's own resolution answers it;
 - a ServiceEntry written to the directory later resolves (and connects) without a restart.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,3 +121,29 @@ def test_a_service_added_by_a_file_edit_resolves_without_a_restart(vm: Vm) -> No
     (vm.directory.parent / f"{vm.directory.name}-pg-c.yaml").rename(vm.directory / "pg-c.yaml")
     wait_for(lambda: vm.connect_by_name(f"pg-c.{NS}.mesh") == b"pg-c:hello", "pg-c reached by name", vm.envoy.log)
     assert vm.envoy.running()
+
+
+def vm_answer(name: str) -> list[str]:
+    """The IPv4 addresses the VM's own resolution gives `name` (/etc/hosts, then the resolvers
+    of /etc/resolv.conf: what Envoy's default resolver reads too); [] when it gives none."""
+    try:
+        found = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+    except OSError:
+        return []
+    return sorted({str(info[4][0]) for info in found})
+
+
+def test_a_forwarding_envoy_answers_other_names_as_the_vm_does(vm: Vm) -> None:
+    """`meshctl bootstrap` forwards by default: a name outside the mesh (`localhost`) gets the
+    answer the VM's own resolution gives it; the Envoy run with --no-dns-forward says NXDOMAIN."""
+    expected = vm_answer("localhost")
+    if not expected:
+        pytest.skip("this machine does not resolve localhost")
+    dns_port = free_port()
+    config = vm.server.bootstrap(CLIENT, extra_args=["--dns-port", str(dns_port)])
+    with EnvoyProcess(config) as envoy:
+        forwarding = Vm(vm.directory, vm.server, envoy, dns_port)
+        wait_for(lambda: forwarding.lookup(f"pg-a.{NS}.mesh")[1], "the DNS table", envoy.log)
+        rcode, addresses = forwarding.lookup("localhost")
+        assert rcode == "NOERROR" and sorted(addresses) == expected
+    assert vm.lookup("localhost") == ("NXDOMAIN", [])
