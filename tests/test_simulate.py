@@ -17,6 +17,7 @@ from conftest import DEADLINE, SLEEP_VM, envoy_log_left_open, examples_copy, nee
 from meshctl.cli.app import app
 from meshctl.simulate import Target, parse_request, simulate
 from meshctl.simulate.request import parse_connection
+from meshctl.snapshot.model import MeshSettings
 from meshctl.testing.backends import Backend
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 from meshctl.testing.envoy import EnvoyProcess, bootstrap, free_port
@@ -386,12 +387,19 @@ spec:
 
 
 def test_a_tcp_connection_and_a_tls_connection_by_sni() -> None:
-    """--tcp: a connection Envoy passes through; with --sni, the chain of that server name."""
+    """--tcp: a connection Envoy passes through, to the address the proxy's DNS table gives the
+    name (the TCP service's own loopback address); with --sni, on a listener TLS services share
+    (no loopback range), the chain of that server name."""
     snapshot = snapshot_from_yaml(PASS_THROUGH, namespace=NS)
-    resources = generate(snapshot, proxy_for(snapshot, CLIENT))
+    resources = generate(snapshot, proxy_for(snapshot, CLIENT, {"DNS_PORT": "15053"}))
     tcp = simulate(resources, parse_connection("db.shop.mesh:3306"), Target(CLIENT))
     assert tcp.outcome.routed and tcp.action is not None and tcp.action["kind"] == "tcp_proxy"
     assert [c["name"] for c in tcp.action["clusters"]] == ["outbound|3306||db.shop.mesh"]
+    own = snapshot.index.loopback["db.shop.mesh"]
+    assert tcp.listener == f"{own}_3306"
+    assert f"db.shop.mesh resolves to {own} (the proxy's DNS table)" in tcp.notes
+    shared = snapshot_from_yaml(PASS_THROUGH, namespace=NS, mesh=MeshSettings(loopback_range=""))
+    resources = generate(shared, proxy_for(shared, CLIENT))
     tls = simulate(resources, parse_connection("api.example.com:443", "pay.example.com"), Target(CLIENT))
     assert tls.outcome.routed and tls.action is not None
     assert [c["name"] for c in tls.action["clusters"]] == ["outbound|443||pay.example.com"]

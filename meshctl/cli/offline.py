@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshctl.errors import MeshctlError, OfflineError
-from meshctl.snapshot.interception import InterceptionMode
+from meshctl.snapshot.interception import DEFAULT_DNS_PORT, InterceptionMode
 
 if TYPE_CHECKING:
     from meshctl.config.findings import Finding
@@ -143,6 +143,11 @@ def is_node_id(ref: str) -> bool:
     return "~" in ref
 
 
+#: The node metadata `meshctl bootstrap` writes by default for the DNS listener: offline commands
+#: show the proxy as that bootstrap runs it.
+DEFAULT_DNS = {"DNS_PORT": str(DEFAULT_DNS_PORT), "DNS_FORWARD": "true"}
+
+
 def find_proxy(snapshot: Snapshot, ref: str, namespace: str = "default", interception: str = "NONE") -> Proxy | None:
     """The proxy `ref` names in `snapshot`: a full node id always names one (the server serves any
     node), a WorkloadEntry reference only when the entry exists. `interception` is what the
@@ -159,7 +164,7 @@ def find_proxy(snapshot: Snapshot, ref: str, namespace: str = "default", interce
             return None
         node_id = node_id_for(snapshot, entry)
     try:
-        return bind_proxy(parse_node_id(node_id, {"INTERCEPTION_MODE": interception}), snapshot)
+        return bind_proxy(parse_node_id(node_id, {"INTERCEPTION_MODE": interception, **DEFAULT_DNS}), snapshot)
     except NodeIdError as exc:
         raise OfflineError(str(exc)) from exc
 

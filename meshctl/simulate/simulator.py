@@ -112,7 +112,10 @@ def simulate(
 def _listener(walk: _Walk, listeners: Sequence[Any]) -> Any | None:
     request, target = walk.request, walk.target
     if target.router or not target.intercepted:
-        return listen.bound_listener(listeners, request, target.router)
+        resolved = None if target.router else listen.dns_answer(listeners, request.host)
+        if resolved is not None:
+            walk.notes.append(f"{request.host} resolves to {resolved} (the proxy's DNS table)")
+        return listen.bound_listener(listeners, request, target.router, resolved)
     virtual = next((ln for ln in listeners if ln.name == listen.VIRTUAL_OUTBOUND), None)
     if virtual is None:
         return None

@@ -147,7 +147,8 @@ def _ports(report: Report, entry: Any) -> set[str]:
             report.warn(
                 (*path, "protocol"),
                 f"port {port.number} carries TCP (or an unset protocol) and the entry has no addresses: "
-                "clients are told apart by port alone, so another TCP service on this port will conflict",
+                "under iptables clients are told apart by port alone, so another TCP service on this port "
+                "will conflict (a VM without iptables reaches it on a loopback address of its own)",
             )
     return names
 
