@@ -2,6 +2,7 @@
 
     python bench/change_cost.py                       # 1,000 / 5,000 / 10,000 services, 1,000 proxies
     python bench/change_cost.py --services 1000 --proxies 1000 --runs 3
+    python bench/change_cost.py --services 1000 --dns-port 15053   # every sidecar with a DNS listener
 
 The mesh is the fleet benchmark's (`bench/fleet.py`), written to a temporary directory and loaded
 by the very parts `meshctl serve` runs: the directory watcher into a config store, the file
@@ -18,6 +19,11 @@ bytes a stream sends:
   or generated (`ResourceCache.resources`): the publication's work on the generation thread;
 - streams: each stream's `Connection.update` and `pushes()`, and the responses encoded (what the
   event loop does before `write`).
+
+With `--dns-port`, every proxy's node asks for a DNS listener (`xds/dns_table.py`), as `meshctl
+bootstrap --dns-port` writes it; the result then also says what LDS weighs per proxy, how much of
+it the DNS listener is, and how many distinct DNS listeners the fleet's proxies hold (shared per
+view, as the other listeners are).
 
 The numbers are CPU seconds of this process (`time.process_time`), best of `--runs`, so they
 move little with the machine's load. The last line is one JSON object.
@@ -63,7 +69,7 @@ STAGES = ("reload+registry", "snapshot", "bind+resources", "streams")
 class Server:
     """The server's pipeline, driven by hand, one stage at a time."""
 
-    def __init__(self, root: Path, node_ids: list[str]) -> None:
+    def __init__(self, root: Path, node_ids: list[str], metadata: dict[str, str] | None = None) -> None:
         self.store = ConfigStore()
         self.watcher = DirectoryWatcher([root], self.store)
         self.files = FileRegistry()
@@ -74,7 +80,8 @@ class Server:
         self.blocks = BlockCache()
         # As `meshctl serve` binds the fleet's proxies: no identity proven, so no keys, and
         # config without mutual TLS (`WorkloadSecrets`; bench/mtls_cost.py measures it with).
-        self.nodes = [replace(parse_node_id(n), mesh_certificates=False) for n in node_ids]
+        self.nodes = [replace(parse_node_id(n, metadata), mesh_certificates=False) for n in node_ids]
+        self.views: list[Any] = []
         self.connections = [Connection(str(i), delta=False) for i in range(len(node_ids))]
         self.timings: dict[str, float] = {}
         self.snapshot: Snapshot | None = None
@@ -97,6 +104,7 @@ class Server:
             snapshot.index.endpoints_at("")
         with self.stage("bind+resources"):
             views = [self.cache.resources(snapshot, bind_proxy(node, snapshot)) for node in self.nodes]
+        self.views = views
         with self.stage("streams"):
             for conn, view in zip(self.connections, views, strict=True):
                 conn.update(view)
@@ -132,14 +140,29 @@ def _ack(conn: Connection, push: Any) -> None:
     conn.handle(push.type_url, sotw_request(push.type_url, names, version=push.version, nonce=push.nonce))
 
 
-def measure(services: int, proxies: int, runs: int) -> dict[str, Any]:
+def lds_weight(views: list[Any]) -> dict[str, Any]:
+    """LDS bytes per proxy (mean), the DNS listener's part of them, and how many distinct DNS
+    listener resources the proxies hold between them (one per view when shared)."""
+    listeners = [view.of(types.LISTENER) for view in views]
+    total = [sum(len(r.body) for r in held.values()) for held in listeners]
+    dns = [r for held in listeners for name, r in held.items() if name.startswith("dns_")]
+    return {
+        "lds_bytes_per_proxy": round(sum(total) / max(len(total), 1)),
+        "dns_bytes_per_proxy": round(sum(len(r.body) for r in dns) / max(len(total), 1)),
+        "distinct_dns_listeners": len({id(r) for r in dns}),
+    }
+
+
+def measure(services: int, proxies: int, runs: int, dns_port: int = 0) -> dict[str, Any]:
     spec = FleetSpec(services=services, endpoints=10, proxies=proxies)
     with tempfile.TemporaryDirectory(prefix="meshctl-cost-") as tmp:
         fleet = Fleet(spec, Path(tmp))
         fleet.write()
         big = _big_file(fleet)
-        server = Server(Path(tmp), [p.node_id for p in fleet.proxies])
+        metadata = {"DNS_PORT": str(dns_port)} if dns_port else None
+        server = Server(Path(tmp), [p.node_id for p in fleet.proxies], metadata)
         cold = server.change()
+        weight = lds_weight(server.views)
         gc.collect()
         gc.freeze()  # as `meshctl serve` does after start-up
         churn = fleet.churn_path()
@@ -182,6 +205,7 @@ def measure(services: int, proxies: int, runs: int) -> dict[str, Any]:
         "services": services,
         "proxies": proxies,
         "cold": {k: round(v, 3) for k, v in cold.items()},
+        "lds": weight,
         "changes": results,
     }
 
@@ -222,13 +246,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--services", type=parse_int_list, default=[1000, 5000, 10000])
     parser.add_argument("--proxies", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--dns-port", type=int, default=0, help="give every proxy a DNS listener on this port")
     args = parser.parse_args(argv)
     out = []
     for n in args.services:
         gc.collect()
-        result = measure(n, args.proxies, args.runs)
+        result = measure(n, args.proxies, args.runs, args.dns_port)
         out.append(result)
         print(f"\n{n:,} services, {args.proxies:,} proxies (CPU s; cold: {result['cold']})", file=sys.stderr)
+        print(f"LDS: {result['lds']}", file=sys.stderr)
         print("| change | " + " | ".join(STAGES) + " | total | pushes |", file=sys.stderr)
         print("|---" * (len(STAGES) + 3) + "|", file=sys.stderr)
         for name, t in result["changes"].items():

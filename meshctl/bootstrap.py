@@ -205,6 +205,11 @@ class BootstrapOptions:
     #: Further meshctl replicas (HOST, PORT) beside `xds_host`:`xds_port`: the `xds-grpc` cluster
     #: gets one endpoint each, so Envoy reconnects to a live one when its replica goes away.
     more_xds: tuple[tuple[str, int], ...] = ()
+    #: The sidecar's DNS listener on 127.0.0.1 (`xds/dns_table.py`), sent as node metadata
+    #: `DNS_PORT`; 0: none. `dns_forward`: names outside the mesh go to the VM's resolvers
+    #: (`DNS_FORWARD`), else they are answered NXDOMAIN.
+    dns_port: int = 0
+    dns_forward: bool = True
 
     @property
     def xds_addresses(self) -> tuple[tuple[str, int], ...]:
@@ -284,6 +289,9 @@ def build_bootstrap(node: ProxyNode, options: BootstrapOptions) -> dict[str, Any
     labels = {**node.labels, **options.labels}
     if labels:
         metadata["LABELS"] = dict(labels)
+    if options.dns_port:
+        metadata["DNS_PORT"] = str(options.dns_port)
+        metadata["DNS_FORWARD"] = "true" if options.dns_forward else "false"
     problem = port_problem(node, options) or options.stats_inclusion.problem()
     if problem is not None:
         raise ValueError(problem)

@@ -99,3 +99,15 @@ def test_a_policy_on_a_workload_whose_port_bypasses_its_proxy_is_mc0005() -> Non
     assert ("MC0005", "p") not in codes(PAYMENTS_SERVICE + PAYMENTS_INGRESS + deny)
     jwt = policy("RequestAuthentication", "shop", "{selector: {matchLabels: {app: payments}}, jwtRules: [{issuer: x}]}")
     assert ("MC0005", "p") in codes(PAYMENTS_SERVICE + jwt)
+
+
+def test_a_service_accounts_rule_where_no_workload_gets_mutual_tls_is_mc0004() -> None:
+    """`serviceAccounts` and `trustDomains` read the peer certificate too."""
+    for field, value in (("serviceAccounts", "shop/frontend"), ("notTrustDomains", "other.example")):
+        spec = (
+            "{selector: {matchLabels: {app: legacy}},"
+            f' rules: [{{from: [{{source: {{{field}: ["{value}"]}}}}]}}]}}'
+        )
+        found = analyze(configs_from_yaml(WORKLOADS + policy("AuthorizationPolicy", "shop", spec)))
+        (issue,) = [i for i in found if i.code == "MC0004"]
+        assert issue.path == ("spec", "rules", 0, "from", 0, "source", field)

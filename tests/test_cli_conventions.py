@@ -17,7 +17,18 @@ from meshctl.cli.output import print_listing
 from meshctl.testing.serve_process import ServeProcess, meshctl_command
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
-COMMANDS = ["validate", "serve", "services", "dump", "diff", "bootstrap", "proxy-status", "version", "simulate"]
+COMMANDS = [
+    "validate",
+    "serve",
+    "services",
+    "dump",
+    "diff",
+    "bootstrap",
+    "proxy-status",
+    "version",
+    "simulate",
+    "hosts",
+]
 NODE = "sidecar~10.10.0.41~reviews-v1-vm.bookinfo~bookinfo.svc.cluster.local"
 
 runner = CliRunner()

@@ -969,10 +969,12 @@ def test_inbound_clusters_point_at_localhost() -> None:
 
 
 def test_inbound_from_sidecar_ingress() -> None:
+    """Istio's buildInboundClusters: a Sidecar with ingress listeners declares every inbound
+    cluster; the service's port 19080, which it does not list, gets none (its traffic takes the
+    passthrough chains and InboundPassthroughCluster)."""
     clusters, _ = generate(REVIEWS + INBOUND_SIDECAR, REVIEWS_V1, {"INTERCEPTION_MODE": "TPROXY"})
     by_name = {c.name: c for c in clusters}
     assert {n for n in by_name if n.startswith(("inbound", "Inbound"))} == {
-        "inbound|19080||",
         "inbound|9090||",
         "inbound|7000||",
         "inbound|7002||",
@@ -986,7 +988,7 @@ def test_inbound_from_sidecar_ingress() -> None:
     assert pipe.path == "/var/run/reviews.sock"
     # Connection pools: the ingress listener's, else the Sidecar-wide one.
     assert by_name["inbound|7002||"].circuit_breakers.thresholds[0].max_connections.value == 7
-    assert by_name["inbound|19080||"].circuit_breakers.thresholds[0].max_pending_requests.value == 3
+    assert by_name["inbound|9090||"].circuit_breakers.thresholds[0].max_pending_requests.value == 3
     assert not by_name["inbound|7002||"].HasField("upstream_bind_config")
 
 

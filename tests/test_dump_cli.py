@@ -111,8 +111,13 @@ def test_json_is_envoys_config_dump_with_istio_names() -> None:
     } <= set(clusters)
     endpoints = names_and_versions(sections["endpoints"], "endpoints")
     assert "outbound|9080|v1|reviews.bookinfo.mesh" in endpoints
-    # Without iptables the app keeps its own port; the proxy binds outbound ports on 127.0.0.1.
-    assert set(names_and_versions(sections["listeners"], "listeners")) == {"127.0.0.1_9080", "127.0.0.1_443"}
+    # Without iptables the app keeps its own port; the proxy binds outbound ports on 127.0.0.1,
+    # and a TLS host's on a loopback address of its own (127.240.0.0/16 by default).
+    # Plus the DNS listener `meshctl bootstrap` asks for by default (--dns-port 15053).
+    listeners = set(names_and_versions(sections["listeners"], "listeners"))
+    (tls,) = listeners - {"127.0.0.1_9080", "dns_15053"}
+    assert "dns_15053" in listeners
+    assert tls.startswith("127.240.") and tls.endswith("_443"), listeners
 
 
 def test_a_client_gets_its_outbound_listener_and_the_route_config_it_names(with_client: Path) -> None:

@@ -192,6 +192,34 @@ def test_a_principals_rule_lets_in_the_right_service_account_only(mesh: Mesh) ->
     assert denied(mesh.straight_to_server())
 
 
+def test_a_service_accounts_rule_lets_in_the_right_caller_only(mesh: Mesh) -> None:
+    """Istio's `source.serviceAccounts` (`NAMESPACE/NAME`), then `trustDomains`, through Envoy."""
+    mesh.write(
+        "allow.yaml",
+        authorization_policy("sleep-sa", "ALLOW", f'[{{from: [{{source: {{serviceAccounts: ["{NS}/sleep"]}}}}]}}]'),
+    )
+    wait_for(lambda: denied(mesh.straight_to_server()), "a plaintext client is refused")
+    with mesh.client(SLEEP):
+        wait_for(lambda: mesh.through_mesh().ok, "sleep gets in through the mesh")
+    with mesh.client(CLIENT):
+        wait_for(lambda: mesh.through_mesh().status != 0, "the client's proxy is up")
+        assert denied(mesh.through_mesh())  # mutual TLS as `default`: not the account named
+
+    mesh.write(
+        "allow.yaml",
+        authorization_policy("other-td", "ALLOW", '[{from: [{source: {trustDomains: ["other.example"]}}]}]'),
+    )
+    with mesh.client(CLIENT):
+        wait_for(lambda: denied(mesh.through_mesh()), "a peer of another trust domain only: `default` is out")
+    mesh.write(
+        "allow.yaml",
+        authorization_policy("mesh-td", "ALLOW", '[{from: [{source: {trustDomains: ["cluster.*"]}}]}]'),
+    )
+    with mesh.client(CLIENT):
+        wait_for(lambda: mesh.through_mesh().ok, "a wildcard on the mesh's trust domain lets `default` in")
+    assert denied(mesh.straight_to_server())
+
+
 ISSUER = "https://issuer.e2e.example"
 
 
@@ -233,3 +261,64 @@ spec:
     assert call("/public").ok  # no token, and none required
     assert call("/public", expired).status == 401
     assert call("/private", forged).status == 401
+
+
+def test_a_space_delimited_claim_of_the_rule_matches_one_of_its_words(mesh: Mesh) -> None:
+    """RequestAuthentication `spaceDelimitedClaims` (Istio's buildSpaceDelimitedClaims): a claim
+    `roles: "reader admin"` is split, so a condition on `admin` matches it; `scope` is always split."""
+    key = SigningKey.generate("k1")
+    mesh.write(
+        "jwt.yaml",
+        f"""apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {{name: jwt, namespace: {NS}}}
+spec:
+  selector: {{matchLabels: {{app: reviews}}}}
+  jwtRules:
+  - issuer: {ISSUER}
+    jwks: '{key.jwks()}'
+    spaceDelimitedClaims: [roles]
+---
+"""
+        + authorization_policy(
+            "admins",
+            "ALLOW",
+            '[{when: [{key: "request.auth.claims[roles]", values: [admin]},'
+            ' {key: "request.auth.claims[scope]", values: [write]}]}]',
+        ),
+    )
+    now = int(time.time())
+
+    def call(roles: str) -> Reply:
+        token = key.token({"iss": ISSUER, "sub": "alice", "exp": now + 600, "roles": roles, "scope": "read write"})
+        return send(mesh.ingress_port, HOST, headers={"Authorization": f"Bearer {token}"}, address=SERVER_IP)
+
+    wait_for(lambda: denied(call("reader auditor")), "a token whose roles lack admin is refused")
+    assert call("reader admin").ok
+
+
+def test_a_required_jwt_rule_refuses_a_request_without_its_token(mesh: Mesh) -> None:
+    """RequestAuthentication `presence: REQUIRED` (istio/istio#60830): no token is a 401 from
+    jwt_authn itself, without any AuthorizationPolicy; a valid one passes."""
+    key = SigningKey.generate("k1")
+    mesh.write(
+        "jwt.yaml",
+        f"""apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {{name: jwt, namespace: {NS}}}
+spec:
+  selector: {{matchLabels: {{app: reviews}}}}
+  jwtRules:
+  - issuer: {ISSUER}
+    jwks: '{key.jwks()}'
+    presence: REQUIRED
+""",
+    )
+    token = key.token({"iss": ISSUER, "sub": "alice", "exp": int(time.time()) + 600})
+
+    def call(token: str | None) -> Reply:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return send(mesh.ingress_port, HOST, headers=headers, address=SERVER_IP)
+
+    wait_for(lambda: call(None).status == 401, "a request without the required token is refused")
+    assert call(token).ok

@@ -191,3 +191,21 @@ def test_inline_key_sets(key_set: dict[str, Any]) -> None:
 def test_access_log_formats(text: str) -> None:
     mesh = MeshSettings(access_log_file="/dev/stdout", access_log_format=text)
     assert (access_log_format_problem(text) is None) == envoy_accepts(mesh), text
+
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 9, 65537])
+def test_maglev_table_sizes(size: int) -> None:
+    """Istio takes a maglev table of 1 (its isPrime says yes); Envoy refuses the cluster, so
+    meshctl refuses it too (docs/validation.md): meshctl's verdict is Envoy's."""
+    from meshctl.api.networking.v1alpha3.destination_rule_pb2 import DestinationRule
+    from meshctl.config.loader import load_text  # the verdict `meshctl validate` gives
+
+    spec = {"host": "other.example.com", "trafficPolicy": {"loadBalancer": {"consistentHash": {
+        "useSourceIp": True, "maglev": {"tableSize": size}}}}}  # fmt: skip
+    parsed, issues = parse_spec(spec, DestinationRule)
+    assert not issues
+    rule = Config(ConfigKey("DestinationRule", "default", "maglev"), "networking.istio.io/v1", parsed)
+    head = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: maglev}\n"
+    text = f"{head}spec: {json.dumps(spec)}\n"
+    assert load_text(text, "dr.yaml").ok == envoy_accepts(None, rule), size

@@ -96,10 +96,12 @@ def grpc_call(port: int, host: str, seconds: float, deadline: float | None = Non
         return answer, time.monotonic() - start
 
 
-def send(port: int, host: str, path: str = "/", headers: dict[str, str] | None = None) -> Reply:
+def send(
+    port: int, host: str, path: str = "/", headers: dict[str, str] | None = None, address: str = "127.0.0.1"
+) -> Reply:
     """One GET through Envoy's outbound listener on its own connection, `Host` naming the service,
     waited for as long as anything in these tests."""
-    return backends.send(port, host, path=path, headers=headers, timeout=DEADLINE)
+    return backends.send(port, host, path=path, headers=headers, address=address, timeout=DEADLINE)
 
 
 # -- the mesh -----------------------------------------------------------------------------------
@@ -316,12 +318,12 @@ class Mesh:
         return out
 
 
-def wait_until_routing(port: int, service: str) -> None:
+def wait_until_routing(port: int, service: str, address: str = "127.0.0.1") -> None:
     """Envoy reports LIVE before its listener takes connections on a loaded machine; wait for a 200."""
     deadline = time.monotonic() + DEADLINE
     last: object = None
     while time.monotonic() < deadline:
-        reply = send(port, host(service))
+        reply = send(port, host(service), address=address)
         if reply.status == 200:
             return
         last = reply
@@ -595,6 +597,8 @@ spec:
 class SniffedMesh:
     port: int
     backends: dict[str, LineOrHttpBackend]
+    #: The host's own loopback address, where the proxy listens for it (a TCP-level port)
+    address: str
 
 
 @pytest.fixture(scope="module")
@@ -609,23 +613,25 @@ def sniffed() -> Iterator[SniffedMesh]:
         resources = generate(snapshot, proxy_for(snapshot, CLIENT))
         envoy = stack.enter_context(EnvoyProcess(bootstrap(resources, node_id=CLIENT)))
         stack.callback(lambda: print(f"--- envoy log:\n{envoy.log()[-6000:]}"))
-        wait_until_routing(port, "sniffed")
-        yield SniffedMesh(port, backends)
+        address = snapshot.index.loopback[host("sniffed")]
+        wait_until_routing(port, "sniffed", address)
+        yield SniffedMesh(port, backends, address)
 
 
 def test_sniffed_port_applies_http_rules(sniffed: SniffedMesh) -> None:
     """HTTP on a port without a protocol goes through the HCM: the VirtualService's header match
     picks v2, its default route v1 (a plain TCP proxy would spread both over the two)."""
     for _ in range(10):
-        assert send(sniffed.port, host("sniffed"), headers={"x-canary": "yes"}).backend == "sniffed-v2"
-        assert send(sniffed.port, host("sniffed")).backend == "sniffed-v1"
+        canary = send(sniffed.port, host("sniffed"), headers={"x-canary": "yes"}, address=sniffed.address)
+        assert canary.backend == "sniffed-v2"
+        assert send(sniffed.port, host("sniffed"), address=sniffed.address).backend == "sniffed-v1"
 
 
 def test_sniffed_port_still_carries_raw_tcp(sniffed: SniffedMesh) -> None:
     """Bytes the HTTP inspector does not take for HTTP go to the tcp_proxy chain, to either
     endpoint, and come back echoed; a second line on the same connection too."""
     before = sum(b.echoed for b in sniffed.backends.values())
-    with socket.create_connection(("127.0.0.1", sniffed.port), timeout=DEADLINE) as conn:
+    with socket.create_connection((sniffed.address, sniffed.port), timeout=DEADLINE) as conn:
         reader = conn.makefile("rb")
         for text in (b"hello through a sniffed port\n", b"and another line\n"):
             conn.sendall(text)

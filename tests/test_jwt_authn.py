@@ -266,6 +266,24 @@ def test_several_rules_accept_any_valid_token_and_reject_any_invalid_one() -> No
     }
 
 
+def test_a_required_rule_is_anded_without_allow_missing_and_the_shortcut_goes() -> None:
+    """istio/istio#60830: REQUIRED -> the bare provider; mixed -> AND(P0, OR(P1, missing));
+    no outer alternatives, so the optional token cannot stand in for the required one."""
+    config = build_jwt_authn([rule(issuer="a", presence="REQUIRED"), rule(issuer="b")])
+    assert config is not None
+    (requirement,) = config.rules
+    assert json_format.MessageToDict(requirement.requires) == {
+        "requiresAll": {
+            "requirements": [
+                {"providerName": "origins-0"},
+                {"requiresAny": {"requirements": [{"providerName": "origins-1"}, {"allowMissing": {}}]}},
+            ]
+        }
+    }
+    alone = build_jwt_authn([rule(issuer="a", presence="REQUIRED")])
+    assert alone is not None and json_format.MessageToDict(alone.rules[0].requires) == {"providerName": "origins-0"}
+
+
 def test_the_filter_is_named_as_istio_names_it() -> None:
     http_filter = jwt_authn_filter([FULL_RULE])
     assert http_filter is not None and http_filter.name == FILTER_NAME == "envoy.filters.http.jwt_authn"

@@ -187,6 +187,13 @@ spec:
     hosts: [./ratings.default.mesh]
   - port: {number: 15432, protocol: TCP, name: tcp-db}
     hosts: [./db.default.mesh]
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: reviews-own-tls}
+spec:
+  selector: {matchLabels: {app: reviews}}
+  portLevelMtls: {9443: {mode: DISABLE}}  # the ingress tls applies only under DISABLE
 """
 
 REDIRECT_SERVICES = """
@@ -315,6 +322,11 @@ GATEWAY_META = {"LABELS": {"istio": "ingressgateway"}}
 # -- helpers ----------------------------------------------------------------------------------
 
 
+#: Every service on 127.0.0.1, as without loopback allocation (`loopbackRange: ""`): what the
+#: tests of services sharing a loopback port need.
+NO_LOOPBACK = MeshSettings(loopback_range="")
+
+
 def scope_for(
     text: str, node_id: str = CLIENT, metadata: Mapping[str, Any] | None = None, mesh: MeshSettings | None = None
 ) -> ProxyScope:
@@ -426,19 +438,22 @@ def golden(name: str, listeners: list[Any], tls_files: Mapping[str, str] | None 
 
 
 def test_sidecar_none_outbound_golden() -> None:
-    golden("sidecar_none_outbound", build_listeners(scope_for(SERVICES)))
+    golden("sidecar_none_outbound", build_listeners(scope_for(SERVICES, mesh=NO_LOOPBACK)))
 
 
 def test_sidecar_none_shared_ports_golden() -> None:
-    golden("sidecar_none_shared_ports", build_listeners(scope_for(SHARED_PORTS)))
+    golden("sidecar_none_shared_ports", build_listeners(scope_for(SHARED_PORTS, mesh=NO_LOOPBACK)))
 
 
 def test_sidecar_none_l4_routes_golden() -> None:
-    golden("sidecar_none_l4_routes", build_listeners(scope_for(SERVICES + "---" + SHARED_PORTS + "---" + L4_ROUTES)))
+    golden(
+        "sidecar_none_l4_routes",
+        build_listeners(scope_for(SERVICES + "---" + SHARED_PORTS + "---" + L4_ROUTES, mesh=NO_LOOPBACK)),
+    )
 
 
 def test_sidecar_egress_and_ingress_ports_golden(tls_files: dict[str, str] | None) -> None:
-    listeners = build_listeners(scope_for(SERVICES + "---" + SIDECAR_PORTS, REVIEWS_VM))
+    listeners = build_listeners(scope_for(SERVICES + "---" + SIDECAR_PORTS, REVIEWS_VM, mesh=NO_LOOPBACK))
     golden("sidecar_egress_ingress_ports", listeners, tls_files)
 
 
@@ -495,9 +510,15 @@ def test_listeners_name_only_generated_clusters_and_routes(
 
 def test_none_mode_binds_outbound_on_loopback_and_leaves_inbound_to_the_app() -> None:
     """Without iptables the app owns its ports: as in Istio, only a Sidecar ingress listener
-    puts the proxy in front of it; outbound listeners bind real ports on 127.0.0.1."""
-    listeners = by_name(build_listeners(scope_for(SERVICES, REVIEWS_VM)))
-    assert sorted(listeners) == ["127.0.0.1_5432", "127.0.0.1_9080"]
+    puts the proxy in front of it; outbound listeners bind real ports on 127.0.0.1, and a host
+    with a TCP port on its own loopback address (its HTTP ports there too)."""
+    scope = scope_for(SERVICES, REVIEWS_VM)
+    own = scope.snapshot.index.loopback
+    assert set(own) == {"db.default.mesh", "reviews.default.mesh"}  # ratings is HTTP alone
+    listeners = by_name(build_listeners(scope))
+    assert sorted(listeners) == sorted(
+        ["127.0.0.1_9080", f"{own['db.default.mesh']}_5432", f"{own['reviews.default.mesh']}_9080"]
+    )
     for name, listener in listeners.items():
         ip, port = name.split("_")
         assert (listener.address.socket_address.address, listener.address.socket_address.port_value) == (ip, int(port))
@@ -513,18 +534,18 @@ def test_none_mode_binds_outbound_on_loopback_and_leaves_inbound_to_the_app() ->
 def test_none_mode_skips_outbound_ports_the_app_listens_on() -> None:
     """ratings:8080 and reviews:9000 are the app's own ports on the reviews VM: binding
     127.0.0.1 there would fight the app, so only a client without them gets those listeners."""
-    client = by_name(build_listeners(scope_for(SERVICES)))
+    client = by_name(build_listeners(scope_for(SERVICES, mesh=NO_LOOPBACK)))
     assert {"127.0.0.1_8080", "127.0.0.1_9000"} <= set(client)
-    vm = by_name(build_listeners(scope_for(SERVICES, REVIEWS_VM)))
+    vm = by_name(build_listeners(scope_for(SERVICES, REVIEWS_VM, mesh=NO_LOOPBACK)))
     assert "127.0.0.1_8080" not in vm
     assert "127.0.0.1_9000" not in vm
     # A Sidecar egress listener on another port reaches ratings from the VM after all.
-    with_sidecar = by_name(build_listeners(scope_for(SERVICES + "---" + SIDECAR_PORTS, REVIEWS_VM)))
+    with_sidecar = by_name(build_listeners(scope_for(SERVICES + "---" + SIDECAR_PORTS, REVIEWS_VM, mesh=NO_LOOPBACK)))
     assert hcm_of(with_sidecar["127.0.0.2_18080"].filter_chains[0]).rds.route_config_name == "18080"
 
 
 def test_sidecar_egress_ports_produce_exactly_those_listeners() -> None:
-    listeners = by_name(build_listeners(scope_for(SERVICES + "---" + SIDECAR_PORTS, REVIEWS_VM)))
+    listeners = by_name(build_listeners(scope_for(SERVICES + "---" + SIDECAR_PORTS, REVIEWS_VM, mesh=NO_LOOPBACK)))
     outbound = sorted(n for n, lis in listeners.items() if lis.traffic_direction == 2)
     assert outbound == ["127.0.0.1_15432", "127.0.0.2_18080"]
     # The service's only port names the cluster, not the listener's port (Istio's rule).
@@ -537,7 +558,7 @@ def test_sidecar_egress_ports_produce_exactly_those_listeners() -> None:
 
 
 def test_shared_ports_tls_by_sni_and_first_tcp_service_wins() -> None:
-    listeners = by_name(build_listeners(scope_for(SHARED_PORTS)))
+    listeners = by_name(build_listeners(scope_for(SHARED_PORTS, mesh=NO_LOOPBACK)))
     tls = listeners["127.0.0.1_443"]
     assert [(list(c.filter_chain_match.server_names), tcp_clusters(c)) for c in tls.filter_chains] == [
         (["api.example.com"], ["outbound|443||api.example.com"]),
@@ -553,13 +574,15 @@ def test_shared_ports_tls_by_sni_and_first_tcp_service_wins() -> None:
 def test_none_mode_unmatched_tls_goes_to_blackhole_even_with_allow_any() -> None:
     """PassthroughCluster would dial the listener's own address again: a loop, not egress."""
     only_tls = SHARED_PORTS.split("---", maxsplit=1)[0]
-    listener = by_name(build_listeners(scope_for(only_tls)))["127.0.0.1_443"]
+    listener = by_name(build_listeners(scope_for(only_tls, mesh=NO_LOOPBACK)))["127.0.0.1_443"]
     assert listener.default_filter_chain.name == "PassthroughFilterChain"
     assert tcp_clusters(listener.default_filter_chain) == ["BlackHoleCluster"]
 
 
 def test_virtual_service_l4_routes() -> None:
-    listeners = by_name(build_listeners(scope_for(SERVICES + "---" + SHARED_PORTS + "---" + L4_ROUTES)))
+    listeners = by_name(
+        build_listeners(scope_for(SERVICES + "---" + SHARED_PORTS + "---" + L4_ROUTES, mesh=NO_LOOPBACK))
+    )
     db = listeners["127.0.0.1_5432"]
     # The route for other source labels is not this proxy's; the subnet match gets its own chain.
     assert [(list(c.filter_chain_match.prefix_ranges), tcp_clusters(c)) for c in db.filter_chains] == [
@@ -625,7 +648,9 @@ def test_redirect_mode_listeners() -> None:
     assert tcp_clusters(by_port[9000]) == ["inbound|9000||"]
     assert hcm_of(by_port[8080]).route_config.name == "inbound|8080||"
     assert tcp_clusters(by_port[15006]) == ["BlackHoleCluster"]
-    assert tcp_clusters(inbound.filter_chains[2]) == ["InboundPassthroughCluster"]
+    passthrough = [c for c in inbound.filter_chains if c.name == "virtualInbound"]
+    assert [c.filter_chain_match.transport_protocol for c in passthrough] == ["tls", "raw_buffer", "tls"]
+    assert all(tcp_clusters(c) == ["InboundPassthroughCluster"] for c in passthrough)
 
 
 def test_inbound_http_connection_manager_and_default_route() -> None:
@@ -904,7 +929,7 @@ spec:
 
 
 def test_sidecar_sniffed_port_golden() -> None:
-    golden("sidecar_sniffed", build_listeners(scope_for(SNIFFED)))
+    golden("sidecar_sniffed", build_listeners(scope_for(SNIFFED, mesh=NO_LOOPBACK)))
 
 
 @pytest.mark.parametrize(
@@ -916,7 +941,7 @@ def test_port_without_protocol_is_sniffed(metadata: Mapping[str, Any] | None, na
     """Istio's outbound protocol sniffing: the HTTP inspector sends plaintext HTTP/1.1 and h2c to
     the HCM of route config `7000`, everything else to the tcp_proxy of the default chain."""
     assert Protocol.from_port_name("web").is_sniffed
-    scope = scope_for(SNIFFED, metadata=metadata)
+    scope = scope_for(SNIFFED, metadata=metadata, mesh=NO_LOOPBACK)
     listener = by_name(build_listeners(scope))[name]
     assert listener.HasField("bind_to_port") is not bind_to_port
     assert [f.name for f in listener.listener_filters] == [TLS_INSPECTOR, HTTP_INSPECTOR]
@@ -969,7 +994,7 @@ spec:
   resolution: STATIC
   ports: [{number: 7000, name: http, protocol: HTTP}]
 """
-    scope = scope_for(SNIFFED + "---" + extra)
+    scope = scope_for(SNIFFED + "---" + extra, mesh=NO_LOOPBACK)
     listener = by_name(build_listeners(scope))["127.0.0.1_7000"]
     (http,) = listener.filter_chains
     assert hcm_of(http).rds.route_config_name == "7000"
@@ -980,8 +1005,8 @@ spec:
 
 
 def test_declared_tcp_port_is_not_sniffed() -> None:
-    listener = by_name(build_listeners(scope_for(SNIFFED.replace("name: web}", "name: web, protocol: TCP}"))))[
-        "127.0.0.1_7000"
-    ]
+    listener = by_name(
+        build_listeners(scope_for(SNIFFED.replace("name: web}", "name: web, protocol: TCP}"), mesh=NO_LOOPBACK))
+    )["127.0.0.1_7000"]
     assert list(listener.listener_filters) == []
     assert tcp_clusters(listener.filter_chains[0]) == ["outbound|7000||legacy.default.mesh"]

@@ -528,8 +528,10 @@ def test_inbound_http_chains_start_with_the_rbac_filters(caplog: pytest.LogCaptu
     snapshot = snapshot_with(*ALL_ACTIONS)
     with caplog.at_level(logging.WARNING, "meshctl.xds.rbac"):
         found = listener(snapshot, REVIEWS, HTTP_PORT)
-    # PERMISSIVE: a mutual TLS chain and a plaintext one, the same filters on both.
-    assert [c.name for c in found.filter_chains] == [f"10.0.0.5_{HTTP_PORT}-mtls", f"10.0.0.5_{HTTP_PORT}"]
+    # PERMISSIVE: a mutual TLS chain and a plaintext one, the same filters on both (Istio names
+    # every chain of a port alike).
+    assert [c.name for c in found.filter_chains] == [f"10.0.0.5_{HTTP_PORT}"] * 2
+    assert [c.filter_chain_match.transport_protocol for c in found.filter_chains] == ["tls", "raw_buffer"]
     for chain in found.filter_chains:
         names = [f.name for f in hcm(chain).http_filters]
         assert names == [

@@ -17,6 +17,7 @@ from conftest import DEADLINE, SLEEP_VM, envoy_log_left_open, examples_copy, nee
 from meshctl.cli.app import app
 from meshctl.simulate import Target, parse_request, simulate
 from meshctl.simulate.request import parse_connection
+from meshctl.snapshot.model import MeshSettings
 from meshctl.testing.backends import Backend
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 from meshctl.testing.envoy import EnvoyProcess, bootstrap, free_port
@@ -386,12 +387,19 @@ spec:
 
 
 def test_a_tcp_connection_and_a_tls_connection_by_sni() -> None:
-    """--tcp: a connection Envoy passes through; with --sni, the chain of that server name."""
+    """--tcp: a connection Envoy passes through, to the address the proxy's DNS table gives the
+    name (the TCP service's own loopback address); with --sni, on a listener TLS services share
+    (no loopback range), the chain of that server name."""
     snapshot = snapshot_from_yaml(PASS_THROUGH, namespace=NS)
-    resources = generate(snapshot, proxy_for(snapshot, CLIENT))
+    resources = generate(snapshot, proxy_for(snapshot, CLIENT, {"DNS_PORT": "15053"}))
     tcp = simulate(resources, parse_connection("db.shop.mesh:3306"), Target(CLIENT))
     assert tcp.outcome.routed and tcp.action is not None and tcp.action["kind"] == "tcp_proxy"
     assert [c["name"] for c in tcp.action["clusters"]] == ["outbound|3306||db.shop.mesh"]
+    own = snapshot.index.loopback["db.shop.mesh"]
+    assert tcp.listener == f"{own}_3306"
+    assert f"db.shop.mesh resolves to {own} (the proxy's DNS table)" in tcp.notes
+    shared = snapshot_from_yaml(PASS_THROUGH, namespace=NS, mesh=MeshSettings(loopback_range=""))
+    resources = generate(shared, proxy_for(shared, CLIENT))
     tls = simulate(resources, parse_connection("api.example.com:443", "pay.example.com"), Target(CLIENT))
     assert tls.outcome.routed and tls.action is not None
     assert [c["name"] for c in tls.action["clusters"]] == ["outbound|443||pay.example.com"]
@@ -418,3 +426,21 @@ def test_tcp_through_the_command(mesh: Path) -> None:
     assert "serves HTTP" in json.loads(result.stdout)["outcome"]["reason"]
     usage = runner.invoke(app, ["simulate", "--sni", "x", "--config-dir", str(mesh), "--proxy", "sleep-vm.bookinfo"])
     assert usage.exit_code == 2
+
+
+def test_a_gateway_https_redirect_answers_before_any_route() -> None:
+    """A Gateway server with `httpsRedirect` sets the virtual host's `require_tls: ALL`: Envoy
+    answers a plaintext request with a 301 to https, whatever the routes say; a request marked
+    `x-forwarded-proto: https` is no different at a gateway, which sets that header itself."""
+    text = edge_yaml(8080, Backend("v1", port=8001), Backend("v2", port=8002)).replace(
+        "hosts: [app.edge.mesh]}]", "hosts: [app.edge.mesh], tls: {httpsRedirect: true}}]"
+    )
+    snapshot = snapshot_from_yaml(text, namespace=EDGE)
+    resources = generate(snapshot, proxy_for(snapshot, ROUTER, {"LABELS": {"istio": "ingressgateway"}}))
+    for headers in ((), ("x-forwarded-proto: https",)):
+        result = simulate(
+            resources, parse_request("http://app.edge.mesh:8080/gone?a=1", "GET", headers), Target(ROUTER, router=True)
+        )
+        assert (result.outcome.status, result.outcome.routed) == (301, True), result.outcome
+        assert result.action is not None and result.action["location"] == "https://app.edge.mesh:8080/gone?a=1"
+        assert "require_tls" in result.outcome.reason

@@ -87,3 +87,51 @@ def test_a_port_envoy_takes_for_inbound_still_has_its_outbound_listener_on_loopb
     node = "sidecar~10.10.0.52~inventory-v2.shop~shop.svc.cluster.local"
     names = {listener.name for listener in generate(snapshot, proxy_for(snapshot, node))[types.LISTENER]}
     assert {"10.10.0.52_9080", "127.0.0.1_9080"} <= names
+
+
+def test_dump_says_which_inbound_ports_the_proxy_does_not_take_without_iptables(bookinfo_on_9080: Path) -> None:
+    """Istio (iptables) applies a port's mutual TLS mode and the workload's policies on every
+    service port; a VM proxy without iptables only on its Sidecar ingress ports: dump names the
+    others, and says nothing under REDIRECT, where virtualInbound takes them."""
+    args = ["dump", "--config-dir", str(bookinfo_on_9080), "--proxy", "reviews-vm.bookinfo", "--type", "listeners"]
+    plain = runner.invoke(app, args)
+    assert plain.exit_code == 0, plain.output
+    assert "reviews-vm takes no inbound traffic on port(s) 9080" in plain.stderr.replace("bookinfo/", "")
+    assert "no PeerAuthentication, AuthorizationPolicy or RequestAuthentication applies" in plain.stderr
+    redirected = runner.invoke(app, [*args, "--interception", "REDIRECT"])
+    assert redirected.exit_code == 0 and "takes no inbound traffic" not in redirected.stderr
+
+
+GATEWAY_BEHIND_TARGET_PORT = """apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: ingress, namespace: edge}
+spec:
+  hosts: [ingress.edge.mesh]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 80, name: http, protocol: HTTP, targetPort: 8080}]
+  workloadSelector: {labels: {istio: ingressgateway}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: ingress-vm, namespace: edge}
+spec: {address: 10.0.9.1, labels: {istio: ingressgateway}}
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: web, namespace: edge}
+spec:
+  selector: {istio: ingressgateway}
+  servers: [{port: {number: 80, name: http, protocol: HTTP}, hosts: ["*"]}]
+"""
+
+
+def test_dump_says_where_istio_would_bind_a_gateways_target_port(tmp_path: Path) -> None:
+    """Istio's resolvePorts binds a gateway server on the targetPort of the gateway's own service;
+    meshctl binds the server port as written, and dump says what that means for mesh clients."""
+    (tmp_path / "mesh.yaml").write_text(GATEWAY_BEHIND_TARGET_PORT)
+    node = "router~10.0.9.1~ingress-vm.edge~edge.svc.cluster.local"
+    result = runner.invoke(app, ["dump", "--config-dir", str(tmp_path), "--proxy", node, "--type", "listeners"])
+    assert result.exit_code == 0, result.output
+    assert "Gateway edge/web server port 80 is bound as written; Istio binds 8080" in result.stderr
+    assert "Route: http.80" in result.stdout

@@ -14,9 +14,13 @@ The page marks each ```sh block with an HTML comment just before it:
   files into a credentials directory; `systemctl enable --now meshctl` runs `ExecStart=` of
   systemd/meshctl.service with its environment and env file; `systemctl enable --now
   envoy-sidecar@INSTANCE` runs `ExecStartPre=` (the bootstrap) and `ExecStart=` (Envoy) of
-  systemd/envoy-sidecar@.service as systemd would, one Envoy per instance; the /etc/hosts lines
-  become curl `resolve` entries; stopping and starting Consul stops and starts the fake Consul
-  that stands in for the control plane's agent.
+  systemd/envoy-sidecar@.service as systemd would, one Envoy per instance; installing
+  systemd/meshctl-resolved.conf makes this test play systemd-resolved: before each block, every
+  name of a curl URL in the block that falls under the drop-in's `Domains=` is looked up with a
+  real DNS client at its `DNS=` (the Envoy's DNS listener), and the answer becomes a curl
+  `resolve` entry (no answer, no entry: curl fails and a waiting block tries again); stopping
+  and starting Consul stops and starts the fake Consul that stands in for the control plane's
+  agent.
 
 An unmarked ```sh block fails the test, so every command of the page is either run or knowingly
 skipped.
@@ -29,15 +33,16 @@ block and unit line is rewritten first (`Rewriter`):
   directory; `/usr/local/bin/meshctl` and `/usr/local/bin/envoy` in the units become this venv's;
 - addresses: `10.10.0.N` becomes `127.0.0.N` (control plane 127.0.0.1, the VMs 127.0.0.41 and,
   from section 9, 127.0.0.52);
-- ports: 15010 (xDS), 15014 (meshctl admin), 15000 (Envoy admin), 8500 (Consul), 9080 and 9443
+- ports: 15010 (xDS), 15014 (meshctl admin), 15000 (Envoy admin), 15053 (Envoy's DNS listener),
+  8500 (Consul), 9080 and 9443
   (service ports, which Envoy binds on 127.0.0.1), 8443 (inventory's ingress port, on
   127.0.0.52) and 8080 (the apps) become free ports, so the test runs beside anything else on
-  this machine. Each VM has an Envoy admin port 15000 of its own on 127.0.0.1: the blocks that
+  this machine. Each VM has an Envoy admin port 15000 and a DNS port 15053 of its own on 127.0.0.1: the blocks that
   run on the second VM (`Expected.on`) get another free port for it.
 
 Commands run in a clean environment (no MESHCTL_* or proxy variables of this shell) with this
 venv's bin first on PATH (`meshctl`, `python3`), `CURL_HOME` pointing at a `.curlrc` that plays
-the part of /etc/hosts, `COLUMNS=200` as in a wide terminal (tables are cut to the width), and
+the part of the VM's resolver, `COLUMNS=200` as in a wide terminal (tables are cut to the width), and
 `MESHCTL_STATE_DIR` naming the moved `/var/lib/meshctl`, the default `meshctl ca` has on a host.
 """
 
@@ -77,9 +82,9 @@ pytestmark = [
 DEADLINE = 20.0
 
 #: The page's ports, replaced by free ones.
-PORTS = (15010, 15014, 15000, 8500, 9080, 9443, 8443, 8080)
+PORTS = (15010, 15014, 15000, 15053, 8500, 9080, 9443, 8443, 8080)
 #: The ports each VM has one of on its own 127.0.0.1 (Envoy's admin): on loopback, they differ per VM.
-VM_PORTS = (15000,)
+VM_PORTS = (15000, 15053)
 #: The VM of section 9, whose blocks get their own VM_PORTS.
 INVENTORY_VM = "10.10.0.52"
 
@@ -342,6 +347,9 @@ class Walkthrough:
     processes: dict[str, tuple[subprocess.Popen[bytes], Path]] = field(default_factory=dict)
     credentials: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     transcript: list[str] = field(default_factory=list)
+    #: The resolved drop-in, once installed: its DNS= (address, port) and its routing domains.
+    dns: tuple[str, int] | None = None
+    domains: tuple[str, ...] = ()
 
     @property
     def home(self) -> Path:
@@ -379,6 +387,7 @@ class Walkthrough:
             return
         deadline = time.monotonic() + DEADLINE
         while True:
+            self.resolve_names(script)
             proc = subprocess.run(
                 ["bash", "-euo", "pipefail", "-c", script],
                 cwd=self.home,
@@ -509,18 +518,37 @@ class Walkthrough:
         [exec_start] = service["ExecStart"]
         self.start(unit, command_line(expand_specifiers(exec_start, runtime, instance), env), self.env(env))
 
-    def hosts(self, block: Block) -> None:
-        """The /etc/hosts lines, as curl `resolve` entries for every service port."""
-        assert ">> /etc/hosts" in block.text, block.text
-        lines = re.findall(r"^(\d+\.\d+\.\d+\.\d+)\s+(.+)$", self.rewrite(block.text), re.M)
-        assert lines, block.text
-        resolve = [
-            f"resolve = {name}:{self.rewrite.port(port)}:{address}"
-            for address, names in lines
-            for name in names.split()
-            for port in (9080, 9443)
-        ]
-        (self.home / ".curlrc").write_text("\n".join(resolve) + "\n")
+    def resolved(self, block: Block) -> None:
+        """The resolved drop-in installed: where it sends the mesh's domains, and which."""
+        assert "systemd/meshctl-resolved.conf" in block.text and "resolved.conf.d" in block.text, block.text
+        text = self.rewrite((UNITS / "meshctl-resolved.conf").read_text())
+        (server,) = re.findall(r"^DNS=(\S+)$", text, re.M)
+        (domains,) = re.findall(r"^Domains=(.+)$", text, re.M)
+        host, _, port = server.rpartition(":")
+        self.dns = (host, int(port))
+        self.domains = tuple(d.removeprefix("~") for d in domains.split())
+
+    def resolve_names(self, script: str) -> None:
+        """As systemd-resolved would: the block's URL hosts under the drop-in's domains, asked of
+        the Envoy's DNS listener; the answers as curl `resolve` entries."""
+        if self.dns is None:
+            return
+        import dns.exception
+        import dns.message
+        import dns.query
+        import dns.rdatatype
+
+        entries = []
+        for name, port in sorted(set(re.findall(r"https?://([\w.-]+):(\d+)", script))):
+            if not any(name == d or name.endswith("." + d) for d in self.domains):
+                continue
+            try:
+                reply = dns.query.udp(dns.message.make_query(name, "A"), self.dns[0], port=self.dns[1], timeout=2)
+            except (OSError, dns.exception.DNSException):
+                continue
+            for rrset in reply.answer:
+                entries.extend(f"resolve = {name}:{port}:{r.address}" for r in rrset if rrset.rdtype == dns.rdatatype.A)
+        (self.home / ".curlrc").write_text("".join(f"{e}\n" for e in entries))
 
     def remember_credentials(self, block: Block) -> None:
         unit, pairs = load_credentials(block.text)
@@ -539,7 +567,7 @@ HOST_STEPS: dict[str, Callable[[Walkthrough, Block], None]] = {
     "meshctl-credentials": Walkthrough.remember_credentials,
     "start-meshctl": Walkthrough.start_meshctl,
     "envoy-credentials": Walkthrough.remember_credentials,
-    "hosts": Walkthrough.hosts,
+    "resolved": Walkthrough.resolved,
     "start-envoy": Walkthrough.start_envoy,
     "start-inventory-envoy": Walkthrough.start_envoy,
     "stop-consul": Walkthrough.stop_consul,

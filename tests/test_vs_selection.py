@@ -107,3 +107,13 @@ def test_a_creation_time_that_is_no_rfc3339_time_is_an_error() -> None:
     text = vs("x", "reviews.shop.mesh", "yesterday").lstrip("\n-")
     (finding,) = load_text(text, "t.yaml").findings
     assert finding.severity is Severity.ERROR and finding.field == "metadata.creationTimestamp"
+
+
+def test_a_sidecar_egress_host_led_by_tilde_imports_every_namespace_but_that_one() -> None:
+    """Istio's Sidecar egress `~NS/host`: the host from any namespace except NS."""
+    other = SERVICES.replace("namespace: shop}", "namespace: other}").replace(".shop.mesh", ".other.mesh")
+    sidecar = SIDECAR.replace('["./reviews.shop.mesh", "./ratings.shop.mesh"]', '["~other/*"]')
+    snapshot = snapshot_from_yaml(SERVICES + "---\n" + other + sidecar)
+    imported = {s.hostname for s in ProxyScope(snapshot, proxy_for(snapshot, CLIENT)).services}
+    assert imported == {"reviews.shop.mesh", "ratings.shop.mesh"}
+    assert load_text(sidecar, "sidecar.yaml").ok

@@ -363,6 +363,16 @@ def holds_mesh_secrets(live: Any) -> bool:
     return bool(read_dump(live).resources.get("secrets"))
 
 
+def node_metadata(live: Any) -> Mapping[str, Any]:
+    """The node metadata of the live Envoy's bootstrap (what it told the server about itself),
+    or an empty mapping when the dump has no bootstrap."""
+    for config in live.get("configs", ()) if isinstance(live, Mapping) else ():
+        if isinstance(config, Mapping) and str(config.get("@type", "")).endswith("BootstrapConfigDump"):
+            metadata = config.get("bootstrap", {}).get("node", {}).get("metadata", {})
+            return metadata if isinstance(metadata, Mapping) else {}
+    return {}
+
+
 _EDS: Final = 3  # envoy.config.cluster.v3.Cluster.DiscoveryType.EDS
 _TYPE_URLS: Final = {name: type_url for type_url, name in SECTION_NAMES.items()}
 

@@ -28,6 +28,7 @@ from meshctl.cli import bootstrap as bootstrap_cmd
 from meshctl.cli import ca as ca_cmd
 from meshctl.cli import diff as diff_cmd
 from meshctl.cli import dump as dump_cmd
+from meshctl.cli import hosts as hosts_cmd
 from meshctl.cli import kv as kv_cmd
 from meshctl.cli import proxy_status as proxy_status_cmd
 from meshctl.cli import serve as serve_cmd
@@ -193,6 +194,13 @@ _command(
     dump_cmd.dump,
     "Examples:\n\n  meshctl dump --config-dir examples/configs --proxy reviews-v1-vm.bookinfo\n\n"
     "  meshctl dump --config-dir configs/ --proxy ingressgateway-vm.bookinfo -o short --type routes",
+)
+
+_command(
+    "hosts",
+    hosts_cmd.hosts,
+    "Examples:\n\n  meshctl hosts --config-dir /etc/meshctl/mesh --proxy orders-vm.shop >> /etc/hosts\n\n"
+    "  meshctl hosts --config-dir /etc/meshctl/mesh --proxy orders-vm.shop --resolved",
 )
 
 _command(

@@ -112,6 +112,21 @@ def bootstrap(
             "(default: the --xds-address host, as a DNS or IP SAN)."
         ),
     ] = None,
+    dns_port: Annotated[
+        int,
+        typer.Option(
+            help="The sidecar's DNS listener on 127.0.0.1 (UDP), answering the mesh's names; 0 for none.",
+            min=0,
+            max=65535,
+        ),
+    ] = 15053,
+    dns_forward: Annotated[
+        bool,
+        typer.Option(
+            help="Forward names outside the mesh to the VM's resolvers (/etc/resolv.conf); "
+            "--no-dns-forward answers them NXDOMAIN (behind systemd-resolved, which asks only for the mesh's)."
+        ),
+    ] = True,
     output: Annotated[BootstrapFormat, typer.Option("--output", "-o", help="yaml or json.")] = BootstrapFormat.yaml,
 ) -> None:
     """Print a complete Envoy bootstrap for a VM proxy: `meshctl bootstrap ... > envoy.yaml && envoy -c envoy.yaml`."""
@@ -194,6 +209,8 @@ def bootstrap(
         stats_port=stats_port,
         health_port=health_port,
         stats_inclusion=inclusion,
+        dns_port=0 if router else dns_port,
+        dns_forward=dns_forward,
     )
     problem = stats_port_problem(options) if stats_port else None
     if problem is not None:

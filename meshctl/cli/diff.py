@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from google.protobuf.message import Message
 
     from meshctl.cli.offline import LoadedTree
+    from meshctl.snapshot.model import Snapshot
     from meshctl.snapshot.proxy import Proxy
 
 
@@ -298,6 +299,20 @@ DRIFT_COLUMNS = ("TYPE", "NAME", "DRIFT", "MESHCTL VERSION", "ENVOY VERSION")
 VERSION_COLUMNS = ("TYPE", "MESHCTL", "ENVOY", "STALE")
 
 
+def _with_live_dns(target: Proxy, live: Mapping[str, Any], snapshot: Snapshot) -> Proxy:
+    from dataclasses import replace
+    from types import MappingProxyType
+
+    from meshctl.snapshot.interception import DNS_METADATA_KEYS
+    from meshctl.snapshot.proxy import bind_proxy
+
+    kept = {k: v for k, v in target.node.metadata.items() if k not in DNS_METADATA_KEYS}
+    dns = {k: live[k] for k in DNS_METADATA_KEYS if k in live}
+    if dns == {k: v for k, v in target.node.metadata.items() if k in DNS_METADATA_KEYS}:
+        return target
+    return bind_proxy(replace(target.node, metadata=MappingProxyType({**kept, **dns})), snapshot)
+
+
 def diff_live(
     admin_url: str,
     ref: str,
@@ -313,7 +328,7 @@ def diff_live(
     """`diff --live`: compare, print, and return the exit status (0 no drift, 1 drift)."""
     from dataclasses import replace
 
-    from meshctl.check.drift import DumpError, compare, holds_mesh_secrets
+    from meshctl.check.drift import DumpError, compare, holds_mesh_secrets, node_metadata
     from meshctl.check.envoy_admin import fetch_config_dump
     from meshctl.cli import offline
     from meshctl.cli import output as out
@@ -330,8 +345,12 @@ def diff_live(
     untrusted = (DumpError, AttributeError, TypeError, KeyError)
     try:
         secrets = holds_mesh_secrets(live)
+        live_metadata = node_metadata(live)
     except untrusted as exc:
         raise _not_a_dump(admin_url, exc) from None
+    # The DNS listener is the node's own choice (`meshctl bootstrap --dns-port`): compare with
+    # what the server sends a node with the live Envoy's DNS metadata.
+    target = _with_live_dns(target, live_metadata, tree.snapshot)
     if not secrets and target.node.mesh_certificates:
         # The server sends mesh certificates (and config that names them) only to a proxy whose
         # connection proved its identity; an Envoy that holds none was sent config without them.

@@ -87,7 +87,11 @@ def dump(
     target = offline.resolve_proxy(tree, proxy, namespace, interception.value)
     offline.report(tree)
     _stderr(offline.proxy_note(target))
-    for note in offline.hidden_port_notes(tree.snapshot, target):
+    for note in [
+        *offline.hidden_port_notes(tree.snapshot, target),
+        *offline.bypassed_port_notes(tree.snapshot, target),
+        *offline.gateway_target_port_notes(tree.snapshot, target),
+    ]:
         _stderr(f"note: {note}")
     resources, unrequested = subscribed(generate(tree.snapshot, target))
     if unrequested:
@@ -144,9 +148,7 @@ def secret_rows(resources: Mapping[str, Sequence[Message]]) -> list[list[str]]:
     from meshctl.xds.mesh_tls import ROOT_SECRET, secret_names
 
     names = secret_names(resources.get(types.CLUSTER, ()), resources.get(types.LISTENER, ()))
-    return [
-        [name, "CA" if name == ROOT_SECRET else "Cert Chain", "issued by meshctl serve"] for name in sorted(names)
-    ]
+    return [[name, "CA" if name == ROOT_SECRET else "Cert Chain", "issued by meshctl serve"] for name in sorted(names)]
 
 
 def describe_config(metadata: Any) -> str:

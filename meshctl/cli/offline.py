@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshctl.errors import MeshctlError, OfflineError
-from meshctl.snapshot.interception import InterceptionMode
+from meshctl.snapshot.interception import DEFAULT_DNS_PORT, InterceptionMode
 
 if TYPE_CHECKING:
     from meshctl.config.findings import Finding
@@ -143,6 +143,11 @@ def is_node_id(ref: str) -> bool:
     return "~" in ref
 
 
+#: The node metadata `meshctl bootstrap` writes by default for the DNS listener: offline commands
+#: show the proxy as that bootstrap runs it.
+DEFAULT_DNS = {"DNS_PORT": str(DEFAULT_DNS_PORT), "DNS_FORWARD": "true"}
+
+
 def find_proxy(snapshot: Snapshot, ref: str, namespace: str = "default", interception: str = "NONE") -> Proxy | None:
     """The proxy `ref` names in `snapshot`: a full node id always names one (the server serves any
     node), a WorkloadEntry reference only when the entry exists. `interception` is what the
@@ -159,7 +164,7 @@ def find_proxy(snapshot: Snapshot, ref: str, namespace: str = "default", interce
             return None
         node_id = node_id_for(snapshot, entry)
     try:
-        return bind_proxy(parse_node_id(node_id, {"INTERCEPTION_MODE": interception}), snapshot)
+        return bind_proxy(parse_node_id(node_id, {"INTERCEPTION_MODE": interception, **DEFAULT_DNS}), snapshot)
     except NodeIdError as exc:
         raise OfflineError(str(exc)) from exc
 
@@ -200,6 +205,61 @@ def hidden_port_notes(snapshot: Snapshot, proxy: Proxy) -> list[str]:
                 (i.service.hostname for i in proxy.instances if port in i.endpoint.ports.values()), "a Sidecar ingress"
             )
             notes.append(hidden_port_message(proxy.workload or proxy.id, port, served, called))
+    return notes
+
+
+def bypassed_port_notes(snapshot: Snapshot, proxy: Proxy) -> list[str]:
+    """The workload's service ports no Sidecar ingress listener takes, on a proxy without
+    iptables: clients reach the app there directly, where Istio (which redirects them) would
+    apply the port's mutual TLS mode and the workload's policies."""
+    from meshctl.snapshot.model import spec
+    from meshctl.snapshot.proxy import ProxyType
+    from meshctl.snapshot.scope import ProxyScope
+
+    if proxy.type is not ProxyType.SIDECAR or proxy.interception is not InterceptionMode.NONE:
+        return []
+    sidecar = ProxyScope(snapshot, proxy).sidecar
+    taken = {ing.port.number for ing in spec(sidecar).ingress} if sidecar is not None else set()
+    ports = sorted({p for i in proxy.instances for p in i.endpoint.ports.values() if p and p not in taken})
+    if not ports:
+        return []
+    listed = ", ".join(str(p) for p in ports)
+    return [
+        f"{proxy.workload or proxy.id} takes no inbound traffic on port(s) {listed} of its services: without "
+        "iptables (INTERCEPTION_MODE NONE) clients reach the app there directly, so no PeerAuthentication, "
+        "AuthorizationPolicy or RequestAuthentication applies (Istio, which redirects them, would); add a "
+        "Sidecar ingress listener for the port, or run with INTERCEPTION_MODE REDIRECT"
+    ]
+
+
+def gateway_target_port_notes(snapshot: Snapshot, proxy: Proxy) -> list[str]:
+    """Gateway server ports that a service of the gateway's own workload maps to another port
+    (`targetPort`, or the WorkloadEntry's port): Istio binds that target port (its
+    `resolvePorts`, for a Kubernetes Service in front of the gateway); meshctl binds the server
+    port, so mesh clients of that service, sent to the target port, find no listener."""
+    from meshctl.snapshot.model import spec
+    from meshctl.snapshot.proxy import ProxyType
+    from meshctl.snapshot.scope import ProxyScope
+
+    if proxy.type is not ProxyType.ROUTER:
+        return []
+    targets: dict[int, int] = {}
+    for instance in proxy.instances:
+        for port in instance.service.ports:
+            target = instance.endpoint.ports.get(port.number)
+            if target and target != port.number:
+                targets.setdefault(port.number, target)
+    notes = []
+    for gateway in ProxyScope(snapshot, proxy).gateways:
+        for server in spec(gateway).servers:
+            number = server.port.number
+            if number in targets:
+                notes.append(
+                    f"Gateway {gateway.namespace}/{gateway.name} server port {number} is bound as written; Istio "
+                    f"binds {targets[number]}, the port the gateway's service maps it to, and mesh clients of that "
+                    f"service connect to {targets[number]}: serve port {targets[number]} in the Gateway, or drop the "
+                    "targetPort"
+                )
     return notes
 
 

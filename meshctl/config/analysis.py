@@ -238,7 +238,8 @@ def hidden_port_message(workload: str, port: int, served: str, called: Sequence[
     words `meshctl validate` and `meshctl dump` both say."""
     shown = ", ".join(called[:3]) + (f" and {len(called) - 3} more" if len(called) > 3 else "")
     return (
-        f"without iptables the proxy of workload {workload} binds no outbound listener on 127.0.0.1:{port}: "
+        f"without iptables the proxy of workload {workload} binds no outbound listener on 127.0.0.1:{port} "
+        f"(nor on a TCP service's own loopback address: an app on every address holds the port there too): "
         f"its app listens on port {port} (as an endpoint of {served}), so its calls to {shown} on port {port} "
         "cannot go through the proxy; give the ServiceEntry port a targetPort so the app listens on another port, or "
         "give its Sidecar an egress listener with a port and bind of its own"

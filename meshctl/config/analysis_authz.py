@@ -24,13 +24,18 @@ from meshctl.config.findings import FieldPath
 from meshctl.config.labels import labels_match, selector_labels
 from meshctl.config.model import Config
 
-_IDENTITY_FIELDS: Final = ("principals", "not_principals", "namespaces", "not_namespaces")
+_IDENTITY_FIELDS: Final = ("principals", "not_principals", "namespaces", "not_namespaces", "service_accounts",
+                           "not_service_accounts", "trust_domains", "not_trust_domains")  # fmt: skip
 _IDENTITY_KEYS: Final = frozenset({"source.principal", "source.namespace", "source.serviceAccount"})
 _JSON_NAMES: Final = {
     "principals": "principals",
     "not_principals": "notPrincipals",
     "namespaces": "namespaces",
     "not_namespaces": "notNamespaces",
+    "service_accounts": "serviceAccounts",
+    "not_service_accounts": "notServiceAccounts",
+    "trust_domains": "trustDomains",
+    "not_trust_domains": "notTrustDomains",
 }
 _TLS_MODE_LABEL: Final = "security.istio.io/tlsMode"
 _DISABLE: Final = 1

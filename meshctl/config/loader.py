@@ -35,6 +35,7 @@ from meshctl.config.model import (
 )
 from meshctl.config.schema import parse_spec
 from meshctl.config.validation import validate_spec
+from meshctl.config.validation.metadata import validate_metadata
 from meshctl.errors import ConfigError, YamlError
 
 if TYPE_CHECKING:
@@ -353,6 +354,8 @@ def _load_document(
         return None, problems
     if options.validate and not issues:
         problems.extend(finding(i.message, i.path, i.severity, key) for i in validate_spec(kind, spec))
+        for i in validate_metadata(key, labels, annotations, spec):
+            problems.append(finding(i.message, i.path, i.severity, key))
 
     kept = spec.SerializeToString(deterministic=True) if kind in _PACKED_KINDS else _compact(spec)
     config = Config(

@@ -16,6 +16,7 @@ file is silently ignored:
 | localityLbSetting                | every cluster's locality settings unless its DestinationRule has its own |
 | default*ExportTo                 | where services, VirtualServices, DestinationRules that say nothing are seen |
 | defaultConfig.holdApplicationUntilProxyStarts | ignored: a VM has no pod start order         |
+| loopbackRange (meshctl's own)    | where TCP-level services get loopback addresses (127.240.0.0/16; "" none) |
 | anything else Istio has          | a warning: read by Istio, not applied by meshctl yet       |
 
 A value every Envoy would refuse is an error at its field and line, as in a config file: a trust
@@ -27,6 +28,7 @@ last loaded from it (as a config file does).
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -43,6 +45,21 @@ from meshctl.errors import ConfigError, YamlError
 
 #: Istio's root namespace: a Sidecar or DestinationRule here applies mesh-wide as a fallback.
 DEFAULT_ROOT_NAMESPACE: Final = "istio-system"
+#: Where TCP-level services get their own loopback addresses unless `loopbackRange` says.
+DEFAULT_LOOPBACK_RANGE: Final = "127.240.0.0/16"
+
+
+def loopback_range_problem(cidr: str) -> str | None:
+    """Why `cidr` cannot be the range loopback addresses are allocated from, or None."""
+    try:
+        network = ipaddress.IPv4Network(cidr, strict=True)
+    except ValueError as exc:
+        return f"{cidr!r} is not an IPv4 CIDR range ({exc})"
+    if not network.subnet_of(ipaddress.IPv4Network("127.0.0.0/8")):
+        return f"{cidr} is not inside 127.0.0.0/8: only loopback addresses are local to every VM"
+    if network.num_addresses < 4:
+        return f"{cidr} is too small: it needs room for at least two addresses"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +88,9 @@ class MeshSettings:
     #: MeshConfig's enableAutoMtls: clients use mutual TLS towards endpoints that run a proxy
     #: (`security.istio.io/tlsMode: istio`) unless a DestinationRule says otherwise.
     enable_auto_mtls: bool = True
+    #: meshctl's own `loopbackRange`: the part of 127.0.0.0/8 that TCP-level services get their
+    #: own addresses from on VMs without iptables (`snapshot/loopback.py`).
+    loopback_range: str = DEFAULT_LOOPBACK_RANGE
 
     def locality_default(self) -> LocalityLoadBalancerSetting:
         return LocalityLoadBalancerSetting.FromString(self.locality_lb_setting)
@@ -120,6 +140,7 @@ _READ: Final = frozenset(
         "accessLogEncoding",
         "accessLogFormat",
         "localityLbSetting",
+        "loopbackRange",
         *_EXPORT_DEFAULTS,
     }
 )
@@ -265,6 +286,11 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
             problem(f"{key} must be a list of namespaces, '.' or '*'")
             continue
         exports[field_name] = frozenset(value)
+    loopback = data.get("loopbackRange", defaults.loopback_range)
+    if not isinstance(loopback, str) or (loopback and (bad_range := loopback_range_problem(loopback)) is not None):
+        why = bad_range if isinstance(loopback, str) else "must be a CIDR range (127.240.0.0/16)"
+        problem(f"loopbackRange: {why}", field="loopbackRange")
+        loopback = defaults.loopback_range
     default_config = data.get("defaultConfig")
     if isinstance(default_config, Mapping) and "holdApplicationUntilProxyStarts" in default_config:
         problem("defaultConfig.holdApplicationUntilProxyStarts is ignored: a VM has no pod start order", Severity.INFO)
@@ -289,6 +315,6 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
         default_virtual_service_export_to=exports.get("default_virtual_service_export_to", public),
         default_destination_rule_export_to=exports.get("default_destination_rule_export_to", public),
         enable_auto_mtls=auto_mtls,
+        loopback_range=loopback,
     )
     return settings, findings
-

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
@@ -284,6 +284,22 @@ def _shape(descriptor: Descriptor) -> _Shape:
     return _Shape(descriptor.name, spelling, fields)
 
 
+#: Lists and maps that protobuf cannot tell apart from absent ones once parsed, but that Istio
+#: refuses when written empty (Go keeps `from: []` as an empty, non-nil slice): checked here,
+#: where the YAML is still at hand, with Istio's words.
+_WRITTEN_EMPTY: Final[Mapping[tuple[str, str], str]] = {
+    ("istio.security.v1beta1.Rule", "from"): "`from` must not be empty",
+    ("istio.security.v1beta1.Rule", "to"): "`to` must not be empty",
+    ("istio.security.v1beta1.PeerAuthentication", "port_level_mtls"): (
+        "port level mTLS, if defined, must have at least one element"
+    ),
+}
+#: Maps of messages whose null values Istio refuses (elsewhere null means unset).
+_NULL_MAP_VALUE: Final[Mapping[tuple[str, str], str]] = {
+    ("istio.networking.v1alpha3.HTTPMatchRequest", "headers"): "header match {key} cannot be null",
+}
+
+
 class _Parser:
     __slots__ = ("issues",)
 
@@ -314,6 +330,11 @@ class _Parser:
                 continue
             if value is None:
                 continue  # null means unset in protobuf JSON
+            if not value and isinstance(value, (list, dict)):
+                written_empty = _WRITTEN_EMPTY.get((msg.DESCRIPTOR.full_name, f.name))
+                if written_empty is not None:
+                    self.fail((*path, key), written_empty)
+                    continue
             if f.oneof is not None:
                 if f.oneof in oneofs_seen:
                     self.fail((*path, key), f'"{key}" cannot be set together with "{oneofs_seen[f.oneof]}"')
@@ -329,7 +350,8 @@ class _Parser:
             elif kind == _MESSAGE:
                 self.message(value, getattr(msg, f.name), (*path, key))
             elif kind == _MAP:
-                self.map_field(value, getattr(msg, f.name), f, (*path, key))
+                null_value = _NULL_MAP_VALUE.get((msg.DESCRIPTOR.full_name, f.name))
+                self.map_field(value, getattr(msg, f.name), f, (*path, key), null_value)
             elif not isinstance(value, list):
                 self.fail((*path, key), f"expected a list, got {_type_name(value)}")
             elif kind == _REPEATED_MESSAGE:
@@ -348,7 +370,9 @@ class _Parser:
                     else:
                         self.fail((*path, key, i), converted)
 
-    def map_field(self, value: Any, container: Any, f: _Field, path: FieldPath) -> None:
+    def map_field(
+        self, value: Any, container: Any, f: _Field, path: FieldPath, null_value: str | None = None
+    ) -> None:
         if not isinstance(value, dict):
             self.fail(path, f"expected a mapping, got {_type_name(value)}")
             return
@@ -362,6 +386,8 @@ class _Parser:
                 continue
             if convert is None:
                 if item is None:
+                    if null_value is not None:
+                        self.fail(item_path, null_value.format(key=raw_key))
                     continue
                 self.message(item, container[key], item_path)
             else:

@@ -162,6 +162,32 @@ def _domain_index(config: Any) -> _DomainIndex:
     return index
 
 
+#: VirtualHost.TlsRequirementType, by enum number.
+_TLS_EXTERNAL_ONLY, _TLS_ALL = 1, 2
+
+
+def tls_redirect(hcm: Any, vhost: Any, request: Request) -> str | None:
+    """The Location of the redirect Envoy answers before any route when the virtual host's
+    `require_tls` is not met (Istio's Gateway `httpsRedirect` sets ALL), else None.
+
+    Envoy (VirtualHostImpl::getRouteFromEntries) goes by `x-forwarded-proto`: a connection
+    manager that uses the remote address (a gateway's) sets it from the connection, a sidecar's
+    keeps the one the client sent, else the connection's. EXTERNAL_ONLY spares requests marked
+    internal (`x-envoy-internal: true`). The Location is `https://` with the Host and path as
+    sent (Http::Utility::createSslRedirectPath)."""
+    requirement = vhost.require_tls
+    if requirement not in (_TLS_EXTERNAL_ONLY, _TLS_ALL):
+        return None
+    forwarded = request.scheme
+    if not (hcm.HasField("use_remote_address") and hcm.use_remote_address.value):
+        forwarded = request.headers.get("x-forwarded-proto", request.scheme)
+    if forwarded == "https":
+        return None
+    if requirement == _TLS_EXTERNAL_ONLY and request.headers.get("x-envoy-internal") == "true":
+        return None
+    return f"https://{request.authority}{request.path_and_query}"
+
+
 def choose_route(vhost: Any, request: Request) -> Any | None:
     """The first route of `vhost` whose match holds, or None (404 NR)."""
     return next((route for route in vhost.routes if route_matches(route.match, request)), None)

@@ -1,7 +1,8 @@
 """Which listener takes a connection, and which of its filter chains, as Envoy decides.
 
 With no interception (`INTERCEPTION_MODE: NONE`, the VM default) the application connects to a
-port the proxy binds: the outbound listener on 127.0.0.1:PORT or 0.0.0.0:PORT. With REDIRECT or
+port the proxy binds: the outbound listener on 127.0.0.1:PORT or 0.0.0.0:PORT, or, for a name the
+proxy's DNS listener answers, on the address it answers (a TCP service's own loopback address). With REDIRECT or
 TPROXY, iptables sends every outbound connection to `virtualOutbound` (15001), whose
 `use_original_dst` hands it to the listener for the original destination (IP:PORT, else
 0.0.0.0:PORT); with none, `virtualOutbound`'s own chains take it. A router's (gateway's)
@@ -21,6 +22,7 @@ from typing import Any
 
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
+from envoy.extensions.filters.udp.dns_filter.v3 import dns_filter_pb2
 
 from meshctl.simulate.request import Request
 
@@ -28,6 +30,7 @@ VIRTUAL_OUTBOUND = "virtualOutbound"
 _HTTP_INSPECTOR = "envoy.filters.listener.http_inspector"
 _TLS_INSPECTOR = "envoy.filters.listener.tls_inspector"
 _LOCAL = ("127.0.0.1", "0.0.0.0", "::", "::1")
+_DNS_FILTER = "envoy.filters.udp.dns_filter"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +69,13 @@ def _ip_literal(host: str) -> str | None:
         return None
 
 
-def bound_listener(listeners: Sequence[Any], request: Request, router: bool) -> Any | None:
+def bound_listener(
+    listeners: Sequence[Any], request: Request, router: bool, resolved: str | None = None
+) -> Any | None:
     """The listener a connection to the URL's port reaches when nothing intercepts it: for a
     sidecar an outbound one on a local address, for a router any on the port; a listener on
-    the URL's literal IP before a wildcard one."""
-    ip = _ip_literal(request.host)
+    the URL's literal IP (or the address its name `resolved` to) before a wildcard one."""
+    ip = _ip_literal(request.host) or resolved
     on_port = [ln for ln in listeners if _port(ln) == request.port and _binds(ln)]
     if not router:
         on_port = [
@@ -80,6 +85,23 @@ def bound_listener(listeners: Sequence[Any], request: Request, router: bool) -> 
         ]
     exact = [ln for ln in on_port if ip is not None and _address(ln) == ip]
     return (exact or on_port or [None])[0]
+
+
+def dns_answer(listeners: Sequence[Any], host: str) -> str | None:
+    """The address the proxy's DNS listener answers for `host` (`xds/dns_table.py`), or None
+    (an IP literal, a name it does not know, a proxy with no DNS listener)."""
+    if _ip_literal(host) is not None:
+        return None
+    for listener in listeners:
+        for listener_filter in listener.listener_filters:
+            if listener_filter.name != _DNS_FILTER:
+                continue
+            config = dns_filter_pb2.DnsFilterConfig()
+            listener_filter.typed_config.Unpack(config)
+            for domain in config.server_config.inline_dns_table.virtual_domains:
+                if domain.name == host.lower().rstrip(".") and domain.endpoint.address_list.address:
+                    return str(domain.endpoint.address_list.address[0])
+    return None
 
 
 def _binds(listener: Any) -> bool:

@@ -112,7 +112,10 @@ def simulate(
 def _listener(walk: _Walk, listeners: Sequence[Any]) -> Any | None:
     request, target = walk.request, walk.target
     if target.router or not target.intercepted:
-        return listen.bound_listener(listeners, request, target.router)
+        resolved = None if target.router else listen.dns_answer(listeners, request.host)
+        if resolved is not None:
+            walk.notes.append(f"{request.host} resolves to {resolved} (the proxy's DNS table)")
+        return listen.bound_listener(listeners, request, target.router, resolved)
     virtual = next((ln for ln in listeners if ln.name == listen.VIRTUAL_OUTBOUND), None)
     if virtual is None:
         return None
@@ -166,6 +169,12 @@ def _http(walk: _Walk, hcm: Any, resources: Mapping[str, Sequence[Any]], lookup:
             False,
         )
     walk.fields["virtual_host"] = vhost.name
+    tls_location = http.tls_redirect(hcm, vhost, request)
+    if tls_location is not None:
+        walk.fields["action"] = {"kind": "redirect", "status": 301, "location": tls_location}
+        return walk.end(
+            301, "", f"virtual host {vhost.name} requires TLS (require_tls): Envoy redirects to {tls_location}", True
+        )
     route = http.choose_route(vhost, request)
     if route is None:
         return walk.end(

@@ -18,6 +18,7 @@ from meshctl.config.mesh import MeshSettings
 from meshctl.config.model import Config, ConfigKey
 from meshctl.config.references import is_exported
 from meshctl.registry.model import Endpoint, Resolution, Service, ServiceModel
+from meshctl.snapshot.loopback import allocate_services
 
 T = TypeVar("T")
 
@@ -115,6 +116,7 @@ class SnapshotIndex:
         self._selectors: tuple[LabelSelector, ...] | None = None
         self._policy_selectors: tuple[LabelSelector, ...] | None = None
         self._dns: bool | None = None
+        self._loopback: Mapping[str, str] | None = None
         self._by_address: dict[str, list[tuple[Service, Endpoint]]] | None = None
         self._previous = previous
 
@@ -152,6 +154,8 @@ class SnapshotIndex:
             self._policy_selectors = previous._policy_selectors
         if previous is not None and previous._services is services:
             self._dns = previous._dns
+            if previous._mesh.loopback_range == mesh.loopback_range:
+                self._loopback = previous._loopback
         #: What scopes computed from the index's inputs alone, by their arguments (see `scoped`).
         self._scoped: dict[tuple[str, Hashable], Any] = {}
         if previous is not None and previous._mesh == mesh:
@@ -283,6 +287,15 @@ class SnapshotIndex:
         if self._dns is None:
             self._dns = any(s.resolution in _DNS for s in self._services.services.values())
         return self._dns
+
+    @property
+    def loopback(self) -> Mapping[str, str]:
+        """host -> its own loopback address, for the TCP-level services of the mesh: allocated
+        once per snapshot from every service host (`snapshot/loopback.py`), so every proxy and
+        every replica sees the same address for a host."""
+        if self._loopback is None:
+            self._loopback = allocate_services(self._services.services.values(), self._mesh.loopback_range)
+        return self._loopback
 
     def endpoints_at(self, address: str) -> list[tuple[Service, Endpoint]]:
         """Every (service, endpoint) whose endpoint has `address`, by service hostname: how a

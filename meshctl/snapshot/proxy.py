@@ -44,7 +44,7 @@ from meshctl.errors import BindingError, NodeIdError
 from meshctl.logs import untrusted
 from meshctl.registry.model import Endpoint, Service
 from meshctl.registry.serviceentry import GROUP_ANNOTATION
-from meshctl.snapshot.interception import InterceptionMode
+from meshctl.snapshot.interception import DNS_METADATA_KEYS, InterceptionMode, dns_settings
 from meshctl.snapshot.model import Snapshot, spec
 
 #: Istio's node ids are a few hundred characters at most (a Kubernetes name, a namespace, an IP
@@ -53,7 +53,7 @@ MAX_NODE_ID = 1024
 #: Labels a node may claim in its metadata (`LABELS`).
 MAX_NODE_LABELS = 256
 #: The node metadata keys meshctl reads; the rest is not kept.
-METADATA_KEYS = ("NAMESPACE", "LABELS", "INTERCEPTION_MODE", "AUTO_REGISTER_GROUP")
+METADATA_KEYS = ("NAMESPACE", "LABELS", "INTERCEPTION_MODE", "AUTO_REGISTER_GROUP", *DNS_METADATA_KEYS)
 
 
 class ProxyType(enum.StrEnum):
@@ -118,6 +118,10 @@ def parse_node_id(node_id: str, metadata: Mapping[str, Any] | None = None) -> Pr
         mode = InterceptionMode(mode_text)
     except ValueError:
         raise NodeIdError(f"INTERCEPTION_MODE {untrusted(mode_text)} is not NONE, REDIRECT or TPROXY") from None
+    try:
+        dns_settings(metadata)
+    except ValueError as exc:
+        raise NodeIdError(f"node {untrusted(node_id)}: {exc}") from None
     return ProxyNode(
         id=node_id,
         type=proxy_type,
@@ -156,7 +160,8 @@ class OutboundProxy:
       otherwise only its family, which DNS lookups follow;
     - its workload's locality only where the mesh has DNS clusters (their inline endpoints get
       locality priorities);
-    - the ports its app listens on (`app_ports`), where it binds no outbound listener.
+    - the ports its app listens on (`app_ports`), where it binds no outbound listener;
+    - its DNS listener's port (0: none) and whether it forwards names outside the mesh.
     """
 
     type: ProxyType
@@ -171,6 +176,8 @@ class OutboundProxy:
     locality: str
     app_ports: frozenset[int]
     mesh_certificates: bool
+    dns_port: int = 0
+    dns_forward: bool = True
 
     @property
     def labels(self) -> Mapping[str, str]:
@@ -256,6 +263,7 @@ class Proxy:
             self.node.ip if self.address_in_config else _family(self.node.ip),
             inbound,
             self.node.mesh_certificates,
+            dns_settings(self.node.metadata) if self.node.type is ProxyType.SIDECAR else (0, True),
         )
 
     @property
@@ -359,6 +367,7 @@ def outbound_proxy(proxy: Proxy, snapshot: Snapshot) -> OutboundProxy:
     kept = {pair for selector in tested if all(labels.get(k) == v for k, v in selector) for pair in selector}
     redirected = proxy.interception is not InterceptionMode.NONE
     sidecar = select_sidecar(snapshot, proxy.type, proxy.namespace, labels)
+    dns_port, dns_forward = dns_settings(proxy.node.metadata) if proxy.type is ProxyType.SIDECAR else (0, True)
     return OutboundProxy(
         type=proxy.type,
         namespace=proxy.namespace,
@@ -370,6 +379,8 @@ def outbound_proxy(proxy: Proxy, snapshot: Snapshot) -> OutboundProxy:
         locality=proxy.locality if index.has_dns_services else "",
         app_ports=app_ports(proxy, sidecar),
         mesh_certificates=proxy.node.mesh_certificates,
+        dns_port=dns_port,
+        dns_forward=dns_forward,
     )
 
 

@@ -30,23 +30,23 @@ MESH_GATEWAY = _MESH
 class EgressHost:
     """One `ns/host` of a Sidecar egress listener, namespace resolved (`.` -> the Sidecar's)."""
 
-    namespace: str  # a namespace, `*` any, `~` none
+    namespace: str  # a namespace, `*` any, `~` none, `~NS` any but NS
     host: str
 
+    def takes_namespace(self, namespace: str) -> bool:
+        ns = self.namespace
+        if ns.startswith("~"):
+            return len(ns) > 1 and ns[1:] != namespace
+        return ns in ("*", namespace)
+
     def covers(self, namespace: str, host: str) -> bool:
-        if self.namespace == "~":
-            return False
-        if self.namespace not in ("*", namespace):
-            return False
-        return host_matches(self.host, host)
+        return self.takes_namespace(namespace) and host_matches(self.host, host)
 
     def overlaps(self, namespace: str, host: str) -> bool:
         """Whether a VirtualService host of `namespace` is imported: as Istio's
         `selectVirtualServices` does with `host.Name.Matches`, either side may be the wildcard,
         so `*.bookinfo.mesh` is kept for an egress host `bookinfo/reviews.bookinfo.mesh`."""
-        if self.namespace == "~" or self.namespace not in ("*", namespace):
-            return False
-        return hosts_overlap(self.host, host)
+        return self.takes_namespace(namespace) and hosts_overlap(self.host, host)
 
 
 @dataclass(frozen=True, slots=True)

@@ -318,3 +318,67 @@ class RequestLoop:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.succeeded} answers, wanted {target}; failures: {self.failures[-5:]}")
             time.sleep(0.01)
+
+
+class TcpEcho:
+    """One workload's plain TCP server on `host:port`; a context manager. It answers each
+    connection's first read with its name and what it read (`pg-a:hello`), then closes: what a
+    test of TCP routing needs to see which backend a connection reached. Nothing in the bytes
+    names a service, so only the address the client dialled can choose the backend."""
+
+    def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.name = name
+        self.host = host
+        self.port = port
+        self._socket: socket.socket | None = None
+
+    def start(self) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        sock.listen(16)
+        self.port = sock.getsockname()[1]
+        self._socket = sock
+        threading.Thread(target=self._serve, args=(sock,), name=f"tcp-echo-{self.name}", daemon=True).start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return  # closed by stop()
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.settimeout(5)
+            data = conn.recv(4096)
+            conn.sendall(self.name.encode() + b":" + data)
+
+    def stop(self) -> None:
+        sock, self._socket = self._socket, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def __enter__(self) -> TcpEcho:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def tcp_exchange(host: str, port: int, data: bytes = b"hello", timeout: float = 5.0) -> bytes:
+    """Send `data` on a new connection to `host:port` and read until the peer closes; b"" when
+    the connection fails or is closed unanswered (no route, no listener)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as conn:
+            conn.sendall(data)
+            chunks = []
+            while chunk := conn.recv(4096):
+                chunks.append(chunk)
+            return b"".join(chunks)
+    except OSError:
+        return b""

@@ -212,8 +212,8 @@ class ServeProcess:
         cmd = [*meshctl_command(), "bootstrap", "--proxy", node_id, "--xds-address", self.xds_address, "-o", "json"]
         if delta:
             cmd.append("--delta")
-        # Not the fixed 15090 and 15021: tests run many Envoys side by side on one host.
-        for flag in ("--stats-port", "--health-port"):
+        # Not the fixed 15090, 15021 and 15053: tests run many Envoys side by side on one host.
+        for flag in ("--stats-port", "--health-port", "--dns-port"):
             if flag not in extra_args:
                 cmd += [flag, "0"]
         proc = subprocess.run([*cmd, *extra_args], capture_output=True, text=True, timeout=60, check=False)

@@ -11,9 +11,11 @@
   Traffic policy: `cluster_policy` and `cluster_tls`.
 - `inbound|PORT||` for each port the proxy's workload serves (the endpoint port of each service
   it is an instance of): STATIC to 127.0.0.1:PORT, since the application on a VM listens on
-  localhost. A Sidecar ingress listener for a port replaces that cluster with one to its
+  localhost. A Sidecar with `ingress` listeners replaces them all with one per listener, to its
   `defaultEndpoint` (`127.0.0.1:P`, `0.0.0.0:P` for the proxy's IP, `unix://path`; none means
-  ORIGINAL_DST); ingress ports the workload does not serve get clusters too. Istio builds no
+  ORIGINAL_DST), as Istio does without ENABLE_SIDECAR_SERVICE_INBOUND_LISTENER_MERGE: a service
+  port it does not list is served by the passthrough cluster when traffic is redirected, and by
+  nothing without iptables (the app takes it directly). Istio builds no
   inbound clusters in NONE interception without a Sidecar; meshctl does, because its VM default
   is NONE with inbound listeners on the workload's address. Only the connection pool of a
   traffic policy applies inbound (the DestinationRule's, overridden by the Sidecar's).
@@ -418,12 +420,11 @@ def _targets(view: InboundView) -> dict[int, list[_Target]]:
 def _inbound(view: InboundView) -> list[cluster_pb2.Cluster]:
     sidecar = view.sidecar_config
     ingress = list(spec(sidecar).ingress) if sidecar is not None else []
-    ingress_ports = {listener.port.number for listener in ingress}
     by_port = _targets(view)
     out = []
-    for endpoint_port in sorted(by_port):
-        if endpoint_port in ingress_ports:
-            continue
+    # Istio's buildInboundClusters: a Sidecar with ingress listeners declares every inbound
+    # cluster (the services' other ports go to the passthrough cluster, as their listeners do).
+    for endpoint_port in () if ingress else sorted(by_port):
         targets = by_port[endpoint_port]
         out.append(_inbound_cluster(view, endpoint_port, (LOCALHOST, endpoint_port), targets[0].port.protocol, targets))
     for listener in ingress:

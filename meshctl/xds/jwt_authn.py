@@ -29,6 +29,10 @@ where the outer alternatives let a token pass when several providers read the sa
 inner `requires_all` then fails it for the providers of other issuers). CORS preflight requests
 pass without a token (`bypass_cors_preflight`), as in Istio; `failed_status_in_metadata` is not set,
 as Istio does not set it.
+
+A rule with `presence: REQUIRED` (istio/istio#60830) drops its `allow_missing`: its provider is
+required on its own, the rules are ANDed (`requires_all {P0, any {P1, allow_missing}, ...}`)
+and the outer alternatives go, so a request without that token gets 401.
 """
 
 from __future__ import annotations
@@ -79,13 +83,20 @@ def build_jwt_authn(rules: Sequence[Any], *, clear_route_cache: bool = False) ->
     names = [provider_name(i) for i in range(len(rules))]
     for name, rule in zip(names, rules, strict=True):
         config.providers[name].CopyFrom(build_provider(rule, clear_route_cache=clear_route_cache))
-    each = [_any_of(_provider(name), _allow_missing()) for name in names]
+    required = [_presence(rule) == "REQUIRED" for rule in rules]
+    # A REQUIRED rule's provider stands alone (no allow_missing): its token must be there.
+    each = [
+        _provider(name) if must else _any_of(_provider(name), _allow_missing())
+        for name, must in zip(names, required, strict=True)
+    ]
     if len(each) == 1:
         requires = each[0]
     else:
         every = _Requirement()
         every.requires_all.requirements.extend(each)
-        requires = _any_of(*(_provider(name) for name in names), every)
+        # The outer alternatives (one valid token of any rule passes) would let an optional
+        # token stand in for a required one, so Istio drops them when a rule is REQUIRED.
+        requires = every if any(required) else _any_of(*(_provider(name) for name in names), every)
     rule = config.rules.add()
     rule.match.CopyFrom(route_components_pb2.RouteMatch(prefix="/"))
     rule.requires.CopyFrom(requires)
@@ -117,7 +128,9 @@ def build_provider(rule: Any, *, clear_route_cache: bool = False) -> config_pb2.
         from_cookies=list(rule.from_cookies),
         clear_route_cache=clear_route_cache,
     )
-    provider.normalize_payload_in_metadata.space_delimited_claims.extend(SPACE_DELIMITED_CLAIMS)
+    # Istio's buildSpaceDelimitedClaims: the rule's own claims with the two defaults, once each, sorted.
+    claims = sorted({*SPACE_DELIMITED_CLAIMS, *rule.space_delimited_claims})
+    provider.normalize_payload_in_metadata.space_delimited_claims.extend(claims)
     for claim in rule.output_claim_to_headers:
         provider.claim_to_headers.add(header_name=claim.header, claim_name=claim.claim)
     for location in rule.from_headers:
@@ -140,6 +153,10 @@ def _set_keys(provider: config_pb2.JwtProvider, rule: Any) -> None:
     remote.http_uri.cluster = cluster_name(jwks)
     remote.http_uri.timeout.CopyFrom(timeout)
     remote.cache_duration.seconds = JWKS_CACHE_SECONDS
+
+
+def _presence(rule: Any) -> str:
+    return str(type(rule).JWTRequirement.Name(rule.presence))
 
 
 def _provider(name: str) -> config_pb2.JwtRequirement:

@@ -1,6 +1,7 @@
 """LDS: every listener of one proxy, as Istio's pilot would generate it.
 
-A sidecar gets outbound listeners for the services it may call (`listeners_outbound`) and inbound
+A sidecar gets outbound listeners for the services it may call (`listeners_outbound`), a DNS
+listener for their names when its node asks for one (`dns_table`), and inbound
 listeners for its own workload (`listeners_inbound`); a router gets one listener per port of the
 Gateway servers selecting it (`listeners_gateway`). The shared Envoy pieces (HCM, tcp_proxy,
 inspectors, filter chain merging) live in `listener_filters`, downstream TLS in `listener_tls`,
@@ -23,10 +24,11 @@ from envoy.config.listener.v3 import listener_pb2
 
 from meshctl.snapshot.proxy import ProxyType
 from meshctl.snapshot.scope import ProxyScope
+from meshctl.xds.dns_table import build_dns_listener
 from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.listeners_gateway import build_gateway
 from meshctl.xds.listeners_inbound import build_inbound
-from meshctl.xds.listeners_outbound import build_outbound
+from meshctl.xds.listeners_outbound import build_outbound_with_answers
 
 
 def build_listeners(scope: ProxyScope) -> list[listener_pb2.Listener]:
@@ -38,7 +40,10 @@ def build_outbound_listeners(scope: ProxyScope) -> list[listener_pb2.Listener]:
     """A sidecar's outbound listeners, or a router's Gateway listeners."""
     if scope.proxy.type is ProxyType.ROUTER:
         return sort_listeners(build_gateway(scope))
-    return sort_listeners(build_outbound(scope))
+    listeners, answers = build_outbound_with_answers(scope)
+    if scope.proxy.dns_port:
+        listeners.append(build_dns_listener(scope, answers))
+    return sort_listeners(listeners)
 
 
 def build_inbound_listeners(view: InboundView) -> list[listener_pb2.Listener]:

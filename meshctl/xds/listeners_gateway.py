@@ -18,7 +18,9 @@ AUTO_PASSTHROUGH, see `listener_tls`) is left out with a warning naming the Gate
 `httpsRedirect` needs nothing here: the route config answers plaintext requests with a redirect.
 A server `bind` gives the listener that address (`10.0.0.5_80`) and, as in Istio, suffixes its
 route config names with `.BIND`. Istio translates a server port to the target port of the
-gateway's own Kubernetes Service; VMs have no such Service, so the server port is the port bound.
+gateway's own Kubernetes Service (`resolvePorts`); a VM gateway has no Kubernetes Service, so
+the server port is the port bound, and `meshctl dump` says so for a gateway whose own
+ServiceEntry maps the port elsewhere (`targetPort`), where mesh clients would be sent.
 """
 
 from __future__ import annotations

@@ -1,11 +1,20 @@
 """Sidecar inbound listeners: traffic to the proxy's own workload, handed to the app on its port.
 
-The inbound ports are the distinct endpoint ports of the services the workload is an endpoint of
-(Istio's service targets), plus the ports of the Sidecar's `ingress` listeners, which take
-precedence on a port both name (Istio with `ENABLE_SIDECAR_SERVICE_INBOUND_LISTENER_MERGE`). Each
-goes to the cluster `inbound|PORT||`: HTTP through an HCM with Istio's inline inbound route
-config (virtual host `inbound|http|SERVICEPORT`, every domain, no timeout, a retry of requests
-reset before they were sent), anything else through tcp_proxy.
+The inbound ports (Istio's `buildInboundChainConfigs`) are the ports of the Sidecar's `ingress`
+listeners when it has any (they replace the services' ports, as in Istio without
+`ENABLE_SIDECAR_SERVICE_INBOUND_LISTENER_MERGE`: a service port they do not list is left to the
+passthrough chains), else the distinct endpoint ports of the services the workload is an endpoint
+of (Istio's service targets). Each goes to the cluster `inbound|PORT||`: HTTP through an HCM with
+Istio's inline inbound route config (virtual host `inbound|http|SERVICEPORT`, every domain, no
+timeout, a retry of requests reset before they were sent), anything else through tcp_proxy. A
+port without a declared protocol gets both, told apart by the HTTP inspector.
+
+A port's chains follow its PeerAuthentication mode and protocol by Istio's match tables
+(`inbound_match`): STRICT mutual TLS only, PERMISSIVE mutual TLS (told by Istio's ALPN values),
+plaintext and, on TCP and sniffed ports, TLS that is not the mesh's passed to the app untouched,
+DISABLE plaintext. Every chain of a port is named after it, as Istio names them: `0.0.0.0_9080`
+for a service port, the proxy's address (`10.0.0.5_9080`) or the listener's `bind` for a Sidecar
+ingress listener.
 
 How traffic arrives decides the listener:
 
@@ -14,13 +23,18 @@ How traffic arrives decides the listener:
   its `defaultEndpoint` (`127.0.0.1:8080`). Without iptables the app already owns its ports (often
   on every address, where Envoy could not bind beside it), so meshctl does not take them on its
   own: the app keeps serving clients directly, and a Sidecar ingress opts a port into the proxy.
-- REDIRECT/TPROXY: iptables sends inbound traffic to `virtualInbound` (0.0.0.0:15006), which has a
-  filter chain per port (matched on the original destination port), a chain that drops traffic
-  aimed at 15006 itself, and passthrough chains sending everything else to the original
-  destination through `InboundPassthroughCluster`.
+  Nothing reaches the proxy on the other ports, so no PeerAuthentication or policy applies there
+  (`meshctl validate` says so: MC0002, MC0005). A proxy on a loopback address binds it, where
+  Istio (naming by a unicast address only) would bind 0.0.0.0.
+- REDIRECT/TPROXY: iptables sends inbound traffic to `virtualInbound` (0.0.0.0:15006), which has
+  the chains of each port (matched on the original destination port), a chain that drops traffic
+  aimed at 15006 itself, and passthrough chains (`buildInboundPassthroughChains`) sending
+  everything else to the original destination through `InboundPassthroughCluster`, under the
+  workload's mode (STRICT refuses plaintext there too) and under their own port-level modes.
 
 A Sidecar ingress listener with `tls` (SIMPLE/MUTUAL with certificate files) terminates TLS on
-that port, as Istio does with `ENABLE_TLS_ON_SIDECAR_INGRESS`.
+that port, as Istio does with `ENABLE_TLS_ON_SIDECAR_INGRESS`, but only where the port's mode is
+DISABLE: otherwise the mesh's mutual TLS wins, as in Istio, and a warning says so.
 
 Every chain that hands traffic to the workload (each port's mutual TLS and plaintext chains, and
 the passthrough chains of `virtualInbound`) enforces the AuthorizationPolicies that select it:
@@ -29,6 +43,7 @@ RBAC HTTP filters first in the HCM, RBAC network filters before tcp_proxy (`rbac
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from dataclasses import dataclass
 from typing import Any, Final
@@ -41,16 +56,19 @@ from google.protobuf import wrappers_pb2
 
 from meshctl.api.networking.v1alpha3 import gateway_pb2
 from meshctl.registry.model import Protocol
+from meshctl.security.peer_authentication import MtlsMode
 from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import spec
 from meshctl.snapshot.proxy import binds_to_port
 from meshctl.xds import listener_filters as lf
 from meshctl.xds import mesh_tls
+from meshctl.xds.inbound_match import ChainProtocol, match_options, own_tls_options
 from meshctl.xds.inbound_view import InboundView
 from meshctl.xds.listener_tls import downstream_tls_context, unsupported_reason
 from meshctl.xds.names import (
     BLACKHOLE_CLUSTER,
     VIRTUAL_INBOUND,
+    VIRTUAL_INBOUND_CATCHALL_HTTP,
     VIRTUAL_INBOUND_PORT,
     inbound_cluster,
     listener_name,
@@ -84,12 +102,17 @@ def port_protocol(port: Any) -> Protocol:
 
 
 def inbound_ports(view: InboundView) -> list[InboundPort]:
-    """The proxy's inbound ports by target port; the first service on a port wins (Istio keeps
-    the oldest), a Sidecar ingress listener wins over services."""
+    """The proxy's inbound ports by target port (Istio's `buildInboundChainConfigs`). A Sidecar
+    with `ingress` listeners declares them all: the services' ports are left to the passthrough
+    chains, as in Istio without ENABLE_SIDECAR_SERVICE_INBOUND_LISTENER_MERGE. Otherwise the
+    services' endpoint ports, unless nothing redirects traffic to the proxy (INTERCEPTION_MODE
+    NONE). On a port named twice the first wins (Istio keeps the oldest service)."""
     proxy = view.proxy.value
     none_mode = proxy.interception is InterceptionMode.NONE
+    sidecar = view.sidecar_config
+    ingress = list(spec(sidecar).ingress) if sidecar is not None else []
     by_port: dict[int, InboundPort] = {}
-    for inst in () if none_mode else proxy.instances:
+    for inst in () if none_mode or ingress else proxy.instances:
         for sp in inst.service.ports:
             target = inst.endpoint.ports.get(sp.number)
             if target is None or sp.protocol is Protocol.UDP:
@@ -108,19 +131,39 @@ def inbound_ports(view: InboundView) -> list[InboundPort]:
                         old.hostname,
                     )
                 continue
-            bind = proxy.ip if none_mode else WILDCARD
-            by_port[target] = InboundPort(target, sp.number, sp.protocol, inst.service.hostname, bind, none_mode)
-    sidecar = view.sidecar_config
-    if sidecar is not None:
-        for ing in spec(sidecar).ingress:
-            number = ing.port.number
-            bind_to_port = binds_to_port(ing.capture_mode, proxy.interception)
-            bind = ing.bind or (proxy.ip if bind_to_port else WILDCARD)
-            where = f"{sidecar.namespace}/{sidecar.name}"
-            tls = _ingress_tls(ing, where, proxy.node.mesh_certificates) if ing.HasField("tls") else None
-            host = f"{sidecar.name}.{sidecar.namespace}"  # Istio's synthetic name for telemetry
-            by_port[number] = InboundPort(number, number, port_protocol(ing.port), host, bind, bind_to_port, tls)
+            by_port[target] = InboundPort(target, sp.number, sp.protocol, inst.service.hostname, WILDCARD, False)
+    for ing in ingress:
+        assert sidecar is not None
+        number = ing.port.number
+        if number in by_port:
+            continue
+        bind_to_port = binds_to_port(ing.capture_mode, proxy.interception)
+        # Istio binds (or names) the listener on the proxy's unicast address, else on 0.0.0.0; a VM
+        # proxy on a loopback address still binds that address, where its app's port is free.
+        bind = ing.bind or (proxy.ip if bind_to_port or _global_unicast(proxy.ip) else WILDCARD)
+        where = f"{sidecar.namespace}/{sidecar.name}"
+        tls = _ingress_tls(ing, where, proxy.node.mesh_certificates) if ing.HasField("tls") else None
+        protocol = port_protocol(ing.port)
+        if ing.HasField("tls"):
+            protocol = _after_termination(protocol)
+        host = f"{sidecar.name}.{sidecar.namespace}"  # Istio's synthetic name for telemetry
+        by_port[number] = InboundPort(number, number, protocol, host, bind, bind_to_port, tls)
     return [by_port[p] for p in sorted(by_port)]
+
+
+def _global_unicast(ip: str) -> bool:
+    """Go's `IsGlobalUnicast`, which Istio's `GlobalUnicastIP` is chosen by (private ranges count)."""
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return False
+    return not (
+        address.is_loopback
+        or address.is_link_local
+        or address.is_multicast
+        or address.is_unspecified
+        or str(address) == "255.255.255.255"
+    )
 
 
 def _ingress_tls(ing: Any, sidecar: str, mesh_certificates: bool) -> Any:
@@ -196,56 +239,62 @@ def _inbound_hcm(stat_prefix: str, route_config: route_pb2.RouteConfiguration, h
     return hcm
 
 
-def inbound_chain(port: InboundPort, trust_domain: str, authz: InboundAuthz | None = None) -> lf.ChainOpts:
-    """The filter chain for one inbound port, matched on its destination port, enforcing
-    `authz` (none: no AuthorizationPolicy)."""
-    authz = authz if authz is not None else InboundAuthz((), trust_domain)
+def _chain_filters(port: InboundPort, name: str, *, http: bool, authz: InboundAuthz) -> list[Any]:
+    """An HTTP chain's connection manager with Istio's inline inbound route, or a TCP chain's
+    RBAC and tcp_proxy."""
     cluster = inbound_cluster(port.target)
-    name = listener_name(port.bind, port.target)
-    protocol = _after_termination(port.protocol) if port.tls is not None else port.protocol
-    if protocol.is_http:
-        rc = inbound_route_config(cluster, port.hostname, port.service_port, protocol)
-        filters = [lf.hcm_filter(_inbound_hcm(f"inbound_{name}", rc, protocol.is_http2, authz))]
-    else:
-        filters = [*authz.network, *lf.cluster_filters(cluster)]
-    return lf.ChainOpts(
-        filters=filters,
-        destination_port=port.target,
-        transport_protocol=lf.TLS_TRANSPORT if port.tls is not None else lf.RAW_BUFFER,
-        tls_context=downstream_tls_context(port.tls, trust_domain=trust_domain) if port.tls is not None else None,
-        name=name,
-        kind="http" if protocol.is_http else "tcp",
-    )
+    if http:
+        rc = inbound_route_config(cluster, port.hostname, port.service_port, port.protocol)
+        return [lf.hcm_filter(_inbound_hcm(f"inbound_{name}", rc, port.protocol.is_http2, authz))]
+    return [*authz.network, *lf.cluster_filters(cluster)]
 
 
 def inbound_chains(port: InboundPort, view: InboundView, authz: InboundAuthz | None = None) -> list[lf.ChainOpts]:
-    """The filter chains of one inbound port under its PeerAuthentication mode (Istio's
-    inbound mTLS chains): DISABLE plaintext only; PERMISSIVE mutual TLS for clients that say they
-    are the mesh's (TLS with Istio's ALPN) and plaintext for the others; STRICT mutual TLS only.
-    A port the Sidecar terminates TLS on keeps the Sidecar's TLS; a proxy without the mesh's
-    certificates has no mutual TLS to offer (plaintext, or nothing under STRICT). Every chain
-    enforces the same `authz` (by default the view's policies)."""
+    """The filter chains of one inbound port (Istio's `buildInboundListeners` per chain config):
+    its own TLS when a Sidecar ingress listener sets `tls` and the port's mTLS mode is DISABLE,
+    else the chains of its mTLS mode and protocol (`inbound_match`). Every chain is named after
+    the port (`0.0.0.0_9080`, `10.0.0.5_9080` for a Sidecar ingress listener) and enforces the
+    same `authz` (by default the view's policies)."""
     if authz is None:
         authz = inbound_authz(view)
-    plain = inbound_chain(port, view.mesh.trust_domain, authz)
-    if port.tls is not None:
-        return [plain]
+    trust_domain = view.mesh.trust_domain
     mode = view.mtls.for_port(port.target)
-    if not view.proxy.value.node.mesh_certificates:
-        return [plain] if mode.accepts_plaintext else []
-    if not mode.accepts_mtls:
-        return [plain]
-    http = plain.kind == "http"
-    mtls = lf.ChainOpts(
-        filters=plain.filters,
-        destination_port=plain.destination_port,
-        transport_protocol=lf.TLS_TRANSPORT,
-        application_protocols=mesh_tls.MESH_ALPNS if mode.accepts_plaintext else (),
-        tls_context=mesh_tls.downstream_context(view.mesh.trust_domain, http),
-        name=f"{plain.name}-mtls",
-        kind=plain.kind,
-    )
-    return [mtls, plain] if mode.accepts_plaintext else [mtls]
+    protocol = port.protocol
+    name = listener_name(port.bind, port.target)
+    if port.tls is not None and mode is MtlsMode.DISABLE:
+        chain_protocol = ChainProtocol.of(protocol)
+        options = own_tls_options(chain_protocol)
+        own_context = downstream_tls_context(port.tls, trust_domain=trust_domain)
+    else:
+        if port.tls is not None:
+            logger.warning(
+                "%s: Sidecar ingress port %d sets tls, but the port's mTLS mode is %s; as in Istio, "
+                "the ingress tls is used only under DISABLE, so the port takes the mesh's mutual TLS",
+                view.proxy.value.id,
+                port.target,
+                mode.value,
+            )
+        options = match_options(
+            mode, ChainProtocol.of(protocol), mesh_certificates=view.proxy.value.node.mesh_certificates
+        )
+        own_context = None
+    chains = []
+    for option in options:
+        context = None
+        if option.terminate:
+            context = own_context if own_context is not None else mesh_tls.downstream_context(trust_domain, option.http)
+        chains.append(
+            lf.ChainOpts(
+                filters=_chain_filters(port, name, http=option.http, authz=authz),
+                destination_port=port.target,
+                transport_protocol=option.transport,
+                application_protocols=option.alpns,
+                tls_context=context,
+                name=name,
+                kind="http" if option.http else "tcp",
+            )
+        )
+    return chains
 
 
 def _inbound_listener(
@@ -278,29 +327,41 @@ def inbound_authz(view: InboundView) -> InboundAuthz:
     )
 
 
-def _passthrough_chains(authz: InboundAuthz) -> list[lf.ChainOpts]:
-    """Istio's `buildInboundPassthroughChains` without mTLS: 15006 itself is dropped (it would
-    loop), plaintext HTTP and anything else go to the original destination, through the
-    workload's RBAC filters as every inbound chain."""
+def _passthrough_chains(view: InboundView, declared: set[int], authz: InboundAuthz) -> list[lf.ChainOpts]:
+    """Istio's `buildInboundPassthroughChains`: 15006 itself is dropped (it would loop), and
+    traffic to any other port no chain declares goes to its original destination, through the
+    workload's RBAC filters as every inbound chain, with the chains of the workload's mTLS mode
+    for a sniffed port (so STRICT refuses plaintext there too). A port-level mode for a port no
+    chain declares gets passthrough chains of its own (`ForPassthrough`)."""
     blackhole = lf.ChainOpts(
         filters=lf.cluster_filters(BLACKHOLE_CLUSTER),
         destination_port=VIRTUAL_INBOUND_PORT,
         name=f"{VIRTUAL_INBOUND}-blackhole",
     )
+    trust_domain = view.mesh.trust_domain
+    certificates = view.proxy.value.node.mesh_certificates
     rc = inbound_route_config(INBOUND_PASSTHROUGH_CLUSTER, "", 0, Protocol.HTTP)
-    http = lf.ChainOpts(
-        filters=[lf.hcm_filter(_inbound_hcm(INBOUND_PASSTHROUGH_CLUSTER, rc, http2=False, authz=authz))],
-        application_protocols=lf.PLAINTEXT_HTTP_ALPNS,
-        transport_protocol=lf.RAW_BUFFER,
-        name=f"{VIRTUAL_INBOUND}-catchall-http",
-        kind="http",
-    )
-    tcp = lf.ChainOpts(
-        filters=[*authz.network, *lf.cluster_filters(INBOUND_PASSTHROUGH_CLUSTER)],
-        transport_protocol=lf.RAW_BUFFER,
-        name=VIRTUAL_INBOUND,
-    )
-    return [blackhole, http, tcp]
+    modes = [(0, view.mtls.mode), *((p, m) for p, m in view.mtls.ports if p not in declared)]
+    out = [blackhole]
+    for port, mode in modes:
+        for option in match_options(mode, ChainProtocol.AUTO, mesh_certificates=certificates):
+            if option.http:
+                filters = [lf.hcm_filter(_inbound_hcm(INBOUND_PASSTHROUGH_CLUSTER, rc, http2=False, authz=authz))]
+            else:
+                filters = [*authz.network, *lf.cluster_filters(INBOUND_PASSTHROUGH_CLUSTER)]
+            context = mesh_tls.downstream_context(trust_domain, option.http) if option.terminate else None
+            out.append(
+                lf.ChainOpts(
+                    filters=filters,
+                    destination_port=port,
+                    application_protocols=option.alpns,
+                    transport_protocol=option.transport,
+                    tls_context=context,
+                    name=VIRTUAL_INBOUND_CATCHALL_HTTP if option.http else VIRTUAL_INBOUND,
+                    kind="http" if option.http else "tcp",
+                )
+            )
+    return out
 
 
 def build_inbound(view: InboundView) -> list[listener_pb2.Listener]:
@@ -326,7 +387,8 @@ def build_inbound(view: InboundView) -> list[listener_pb2.Listener]:
         else:
             virtual_chains.extend(chains)
     if interception is not InterceptionMode.NONE:
-        chains = _passthrough_chains(authz) + virtual_chains
+        declared = {c.destination_port for c in virtual_chains}
+        chains = _passthrough_chains(view, declared, authz) + virtual_chains
         out.append(
             _inbound_listener(
                 VIRTUAL_INBOUND, WILDCARD, VIRTUAL_INBOUND_PORT, chains, bound=False, interception=interception

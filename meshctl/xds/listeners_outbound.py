@@ -22,10 +22,14 @@ timeout stays at Istio's default `protocolDetectionTimeout` of 0s (none): a serv
 on a sniffed port waits for the client forever, so declare such ports (`protocol: TCP`).
 
 Services meeting on one listener are merged as in Istio: a later chain whose
-match equals an earlier one's is dropped. On a loopback listener nothing tells plain TCP services
-apart (Istio needs a VIP for that), so the first service in hostname order wins; TLS services
-sharing a port are told apart by SNI (meshctl's addition: Istio matches SNI only on wildcard
-listeners).
+match equals an earlier one's is dropped. Without iptables, a host with a TCP-level port (TCP,
+TLS, Mongo, MySQL, Redis, sniffed) listens on its own loopback address, allocated per snapshot
+(`SnapshotIndex.loopback`, `snapshot/loopback.py`): `127.240.3.7_5432`, so two databases on 5432
+are both reachable by name (its DNS answer is that address, `dns_table`). Its HTTP ports listen
+there too, besides the shared `127.0.0.1_PORT`. Where a range is full and TCP services still meet
+on a loopback listener, nothing tells them apart (Istio needs a VIP for that), so the first
+service in hostname order wins; TLS services sharing a port are told apart by SNI (meshctl's
+addition: Istio matches SNI only on wildcard listeners).
 
 Rules that keep a NONE-mode proxy working:
 
@@ -121,6 +125,11 @@ class _OutboundBuilder:
         self.none_mode = scope.proxy.interception is InterceptionMode.NONE
         self.app_ports = scope.proxy.app_ports
         self.entries: dict[tuple[str, int], _Entry] = {}
+        #: host -> its own loopback address (this snapshot's allocation)
+        self.loopback = scope.snapshot.index.loopback
+        #: host -> the addresses where this proxy takes the app's connections for it: its DNS
+        #: answers (`dns_table`), so the table is scoped exactly as the listeners are
+        self.answers: dict[str, list[str]] = {}
 
     # -- egress listeners --------------------------------------------------------------------
 
@@ -177,7 +186,12 @@ class _OutboundBuilder:
         if egress.bind:
             return [((egress.bind, port.number), "")]
         if egress.bind_to_port:
-            return [((LOCALHOST, port.number), "")]
+            own = self.loopback.get(svc.hostname)
+            if own is None:
+                return [((LOCALHOST, port.number), "")]
+            if port.protocol.is_http:
+                return [((LOCALHOST, port.number), ""), ((own, port.number), "")]
+            return [((own, port.number), "")]
         if port.protocol.is_http:
             return [((WILDCARD, port.number), "")]
         address = svc.addresses[0] if svc.addresses else WILDCARD
@@ -213,6 +227,7 @@ class _OutboundBuilder:
         entry = self.entries.get(key)
         if entry is not None and entry.locked:
             return
+        self._answer(svc, bind, egress)
         kind = _kind(port.protocol)
         if kind == "http":
             if entry is not None and entry.has_http:
@@ -248,6 +263,19 @@ class _OutboundBuilder:
                 port.number,
             )
 
+    def _answer(self, svc: Service, bind: str, egress: _Egress) -> None:
+        """Note where the app reaches `svc`: the bound address without iptables (its own
+        loopback address over 127.0.0.1), else the service's address, which iptables sends here
+        (one of the proxy's family first: A for an IPv4 proxy, AAAA for an IPv6 one)."""
+        found = self.answers.setdefault(svc.hostname, [])
+        if egress.bind_to_port:
+            address = bind
+        else:
+            ips = [a for a in svc.addresses if is_ip(a)]
+            address = next((a for a in ips if (":" in a) == (self.proxy.family == "v6")), ips[0] if ips else "")
+        if address and address != WILDCARD and address not in found:
+            found.append(address)
+
     def _may_bind(self, svc: Service, bind: str, port: int, name: str) -> bool:
         if port in RESERVED_PORTS:
             logger.warning(
@@ -258,7 +286,7 @@ class _OutboundBuilder:
                 name,
             )
             return False
-        if port in self.app_ports and bind in (LOCALHOST, WILDCARD):
+        if port in self.app_ports and (bind in (LOCALHOST, WILDCARD) or bind == self.loopback.get(svc.hostname)):
             logger.info(
                 "%s: no outbound listener %s for %s: the workload's app listens on port %d; "
                 "use a Sidecar egress listener with another port or bind to reach it",
@@ -428,7 +456,19 @@ def build_virtual_outbound(scope: ProxyScope) -> listener_pb2.Listener:
 
 def build_outbound(scope: ProxyScope) -> list[listener_pb2.Listener]:
     """Outbound listeners, plus `virtualOutbound` when traffic is redirected to the proxy."""
-    out = _OutboundBuilder(scope).build()
+    return build_outbound_with_answers(scope)[0]
+
+
+def build_outbound_with_answers(scope: ProxyScope) -> tuple[list[listener_pb2.Listener], dict[str, list[str]]]:
+    """`build_outbound`, and for each host the listeners serve the addresses where the app
+    reaches it (the DNS answers, `dns_table`)."""
+    builder = _OutboundBuilder(scope)
+    out = builder.build()
     if scope.proxy.interception is not InterceptionMode.NONE:
         out.append(build_virtual_outbound(scope))
-    return out
+    return out, {host: found for host, found in builder.answers.items() if found}
+
+
+def outbound_answers(scope: ProxyScope) -> dict[str, list[str]]:
+    """host -> where the app reaches it through this proxy (see `build_outbound_with_answers`)."""
+    return build_outbound_with_answers(scope)[1]

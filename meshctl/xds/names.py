@@ -21,6 +21,8 @@ BLACKHOLE_CLUSTER: Final = "BlackHoleCluster"
 PASSTHROUGH_CLUSTER: Final = "PassthroughCluster"
 VIRTUAL_OUTBOUND: Final = "virtualOutbound"
 VIRTUAL_INBOUND: Final = "virtualInbound"
+#: Istio's name for the passthrough chains that serve HTTP (`VirtualInboundCatchAllHTTPFilterChainName`).
+VIRTUAL_INBOUND_CATCHALL_HTTP: Final = "virtualInbound-catchall-http"
 VIRTUAL_OUTBOUND_PORT: Final = 15001
 VIRTUAL_INBOUND_PORT: Final = 15006
 

@@ -15,6 +15,8 @@ rest into the principals. The order is Istio's, so a dump reads like istiod's:
 | `to.operation.ports`                     | `destination_port`                                       |
 | `from.source.principals`                 | `authenticated.principal_name`, `spiffe://` + value      |
 | `from.source.requestPrincipals`          | jwt_authn payload `iss` and `sub` (`sourced_metadata`)   |
+| `from.source.serviceAccounts`            | as `when` `source.serviceAccount`                        |
+| `from.source.trustDomains`               | principal prefix `spiffe://TD/`; `*` as regex `[^/]*`    |
 | `from.source.namespaces`                 | `authenticated.principal_name` regex `.*/ns/NS/.*`       |
 | `from.source.remoteIpBlocks`             | `remote_ip`                                              |
 | `from.source.ipBlocks`                   | `direct_remote_ip`                                       |
@@ -422,7 +424,19 @@ def _with(
     return _Field(field.name, field.values, field.not_values, one, many, http_only)
 
 
-def _source_fields(source: Any, trust_domain: str) -> list[_Field]:
+def _trust_domain(value: str) -> rbac_pb2.Principal:
+    """A peer whose SPIFFE URI is in trust domain `value`: its principal begins `spiffe://TD/`.
+    A `*` stands for any characters but `/` (istio/istio#59358), so it stays within the trust
+    domain; the literal parts are escaped."""
+    if "*" not in value:
+        match = string_pb2.StringMatcher(prefix=f"{SPIFFE_PREFIX}{value}/")
+    else:
+        domain = "[^/]*".join(re2_escape(part) for part in value.split("*"))
+        match = regex_matcher(f"{re2_escape(SPIFFE_PREFIX)}{domain}/.*")
+    return Principal(authenticated=Principal.Authenticated(principal_name=match))
+
+
+def _source_fields(source: Any, trust_domain: str, policy_namespace: str) -> list[_Field]:
     """A `from.source` in Istio's order (each inserted at the front: the last listed first)."""
     prefix = "from.source."
     principals = _Field(
@@ -437,6 +451,15 @@ def _source_fields(source: Any, trust_domain: str) -> list[_Field]:
         list(source.not_request_principals),
         many=_request_principals,
         http_only=True,
+    )
+    service_accounts = _Field(
+        prefix + "serviceAccounts",
+        list(source.service_accounts),
+        list(source.not_service_accounts),
+        one=_service_account(policy_namespace),
+    )
+    trust_domains = _Field(
+        prefix + "trustDomains", list(source.trust_domains), list(source.not_trust_domains), one=_trust_domain
     )
     namespaces = _Field(
         prefix + "namespaces", list(source.namespaces), list(source.not_namespaces), one=_namespace_principal
@@ -455,7 +478,7 @@ def _source_fields(source: Any, trust_domain: str) -> list[_Field]:
         list(source.not_ip_blocks),
         one=lambda v: Principal(direct_remote_ip=direct(v)),
     )
-    return [principals, request_principals, namespaces, remote_ips, ips]
+    return [principals, request_principals, service_accounts, trust_domains, namespaces, remote_ips, ips]
 
 
 def _operation_fields(operation: Any) -> list[_Field]:
@@ -500,7 +523,9 @@ def translate_rule(rule: Any, *, policy_namespace: str, trust_domain: str, for_t
         side, field = found
         (base_permissions if side is _PERMISSION else base_principals).append(field)
 
-    sources = [_source_fields(f.source, trust_domain) + base_principals for f in getattr(rule, "from")]
+    sources = [
+        _source_fields(f.source, trust_domain, policy_namespace) + base_principals for f in getattr(rule, "from")
+    ]
     operations = [_operation_fields(t.operation) + base_permissions for t in rule.to]
     problems: list[FieldError] = []
     try:

@@ -3,7 +3,10 @@
 Each kind has one module with a `validate(spec) -> list[Issue]` function; `validate_spec`
 dispatches on the kind. Rules see one resource at a time; rules that need several resources
 (a host that no ServiceEntry defines, two gateways claiming one port) live in
-`meshctl.config.analysis`.
+`meshctl.config.analysis`. Rules that read a resource's metadata (the `istio.io/dry-run`
+annotation, a ServiceEntry's waypoint label) are in `metadata.py`, which the loader calls with
+the resource's key; lists written empty, which the parsed spec cannot show, are caught by the
+schema layer (`config/schema.py`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@
   identities (namespaces, principals, request principals, and the `when` keys that read them),
   which Istio does not support with CUSTOM; `provider` goes with CUSTOM only; DENY without rules
   would never match (an empty rule `{}` matches every request).
-- Each rule: a `from` entry needs a non-empty `source`, a `to` entry a non-empty `operation`;
+- Each rule: a `from` entry needs a non-empty `source` (`serviceAccounts`, as `NAMESPACE/NAME`
+  without wildcards, not beside principals or namespaces; `trustDomains` without `/`), a
+  `to` entry a non-empty `operation`;
   no empty strings in any list; IP blocks are addresses or CIDR blocks; ports are numbers up to
   65535; path templates (`{*}`, `{**}`) are well formed; a `when` condition has a known key
   (`authz_values`) and at least one of `values` and `notValues`, each valid for its key.
@@ -41,6 +43,9 @@ from meshctl.config.validation.authz_values import (
     port_value_problem,
     principal_regex,
     regex_size_problem,
+    service_account_problem,
+    trust_domain_problem,
+    trust_domain_regex,
     wildcard_problem,
 )
 from meshctl.config.validation.common import Report, enum_name
@@ -58,6 +63,10 @@ _SOURCE: Final = (
     ("notIpBlocks", "not_ip_blocks"),
     ("remoteIpBlocks", "remote_ip_blocks"),
     ("notRemoteIpBlocks", "not_remote_ip_blocks"),
+    ("serviceAccounts", "service_accounts"),
+    ("notServiceAccounts", "not_service_accounts"),
+    ("trustDomains", "trust_domains"),
+    ("notTrustDomains", "not_trust_domains"),
 )
 _OPERATION: Final = (
     ("hosts", "hosts"),
@@ -73,6 +82,7 @@ _OPERATION: Final = (
 _REGEXES: Final[dict[str, Callable[[str], str | None]]] = {
     **dict.fromkeys(("namespaces", "notNamespaces"), namespace_principal_regex),
     **dict.fromkeys(("principals", "notPrincipals"), principal_regex),
+    **dict.fromkeys(("trustDomains", "notTrustDomains"), trust_domain_regex),
 }
 _IP_FIELDS: Final = frozenset({"ipBlocks", "notIpBlocks", "remoteIpBlocks", "notRemoteIpBlocks"})
 #: The check of each value of a list, for the lists whose values have a form.
@@ -80,18 +90,25 @@ _VALUE_PROBLEMS: Final[dict[str, Callable[[str], str | None]]] = {
     **dict.fromkeys(_IP_FIELDS, ip_block_problem),
     **dict.fromkeys(("ports", "notPorts"), port_value_problem),
     **dict.fromkeys(("paths", "notPaths"), path_template_problem),
+    **dict.fromkeys(("serviceAccounts", "notServiceAccounts"), service_account_problem),
+    **dict.fromkeys(("trustDomains", "notTrustDomains"), trust_domain_problem),
 }
+#: Source fields naming a peer identity that `serviceAccounts` may not be combined with.
+_IDENTITY_FIELDS: Final = ("principals", "notPrincipals", "namespaces", "notNamespaces")
+_SERVICE_ACCOUNT_FIELDS: Final = ("serviceAccounts", "notServiceAccounts")
 # Source fields an L4 (TCP) rule can check; the others need HTTP (Istio's tcpRulesInFrom).
 _TCP_SOURCE: Final = frozenset(
-    {"principals", "notPrincipals", "namespaces", "notNamespaces", *_IP_FIELDS}
+    {"principals", "notPrincipals", "namespaces", "notNamespaces", "serviceAccounts", "notServiceAccounts",
+     "trustDomains", "notTrustDomains", *_IP_FIELDS}
 )  # fmt: skip
 _WILDCARD_FIELDS: Final = frozenset(
     {"principals", "notPrincipals", "requestPrincipals", "notRequestPrincipals", "namespaces", "notNamespaces",
      "hosts", "notHosts", "paths", "notPaths"}
 )  # fmt: skip
 # What CUSTOM cannot match on: identities, and the `when` keys that read them.
-_CUSTOM_SOURCE: Final = ("namespaces", "notNamespaces", "principals", "notPrincipals", "requestPrincipals",
-                         "notRequestPrincipals")  # fmt: skip
+_CUSTOM_SOURCE: Final = ("namespaces", "notNamespaces", "serviceAccounts", "notServiceAccounts", "principals",
+                         "notPrincipals", "requestPrincipals", "notRequestPrincipals", "trustDomains",
+                         "notTrustDomains")  # fmt: skip
 _CUSTOM_KEYS: Final = frozenset({"source.namespace", "source.serviceAccount", "source.principal"})
 
 _DENY_HTTP_ONLY: Final = (
@@ -150,6 +167,10 @@ def _rule(report: Report, path: FieldPath, rule: Any, *, deny: bool) -> None:
         set_fields = [name for name, _ in _SOURCE if _values(source, name)]
         if not set_fields:
             report.error((*at, "source"), "`from.source` must not be empty")
+        if any(name in set_fields for name in _IDENTITY_FIELDS):
+            for name in _SERVICE_ACCOUNT_FIELDS:
+                if name in set_fields:
+                    report.error((*at, "source", name), "cannot set serviceAccounts with namespaces or principals")
         tcp_in_from = tcp_in_from or any(name in _TCP_SOURCE for name in set_fields)
         for name in set_fields:
             _check_values(report, (*at, "source", name), name, _values(source, name))
@@ -201,6 +222,8 @@ def _check_values(report: Report, path: FieldPath, name: str, values: Iterable[s
             continue
         if problem is not None:
             report.error((*path, i), problem(value))
+        if name in _SERVICE_ACCOUNT_FIELDS and i == MAX_SERVICE_ACCOUNTS:
+            report.error(path, f"may not have more than {MAX_SERVICE_ACCOUNTS} values")
         regex = _REGEXES.get(name)
         if regex is not None:
             report.error((*path, i), regex_size_problem(regex(value)))

@@ -153,6 +153,21 @@ def service_account_problem(value: str) -> str | None:
     return None
 
 
+def trust_domain_problem(value: str) -> str | None:
+    """A trust domain is matched as the host of the peer's SPIFFE URI, a `*` standing for any
+    characters but `/` (istio/istio#59358): a value with a `/` could never match."""
+    if "/" in value:
+        return f"invalid trust domain {value!r}: a trust domain holds no '/'"
+    return None
+
+
+def trust_domain_regex(value: str) -> str | None:
+    """The regex a trust domain with a `*` is matched with, None when it needs none."""
+    if "*" not in value:
+        return None
+    return re2_escape(SPIFFE_PREFIX) + "[^/]*".join(re2_escape(part) for part in value.split("*")) + "/.*"
+
+
 def condition_regex_problem(key: str, value: str) -> str | None:
     """A `when` value whose regex Envoy would refuse for its size."""
     if key == "source.namespace":

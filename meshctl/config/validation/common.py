@@ -187,7 +187,9 @@ def namespace_host_problems(host: str, *, gateway: bool) -> list[str]:
     if not ns or not name:
         problems.append(f'host "{host}": namespace and dnsName must not be empty')
     specials = ("*", ".") if gateway else ("*", ".", "~")
-    if ns not in specials and not is_dns_label(ns):
+    # A Sidecar's `~NS/host`: every namespace but NS.
+    excluded = ns[1:] if not gateway and ns.startswith("~") and len(ns) > 1 else None
+    if ns not in specials and not is_dns_label(excluded if excluded is not None else ns):
         problems.append(f'host "{host}": invalid namespace "{ns}"')
     return problems + _hostname_part_problems(name, gateway=gateway)
 

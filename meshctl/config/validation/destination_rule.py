@@ -154,6 +154,9 @@ def check_connection_pool(report: Report, path: FieldPath, pool: Any) -> None:
             report.error((*at, "useClientProtocol"), "useClientProtocol cannot be true when h2UpgradePolicy is UPGRADE")
         if http.HasField("http2_keep_alive"):
             keep_alive = http.http2_keep_alive
+            if not keep_alive.HasField("interval"):
+                # Envoy sends PINGs only every `interval`: without one the setting does nothing.
+                report.error((*at, "http2KeepAlive"), "http2KeepAlive needs an interval")
             for field in ("interval", "timeout"):
                 if keep_alive.HasField(field):
                     report.error((*at, "http2KeepAlive", field), crd_duration_problem(getattr(keep_alive, field)))
@@ -195,10 +198,11 @@ def _load_balancer(report: Report, path: FieldPath, lb: Any, outlier: Any | None
         if ch.minimum_ring_size:
             report.warn((*at, "minimumRingSize"), 'minimumRingSize is deprecated: use "ringHash.minimumRingSize"')
             report.error((*at, "minimumRingSize"), ring_size_problem(ch.minimum_ring_size))
-            if ch.WhichOneof("hash_algorithm"):
-                report.error((*at, "minimumRingSize"), 'minimumRingSize cannot be set with "ringHash" or "maglev"')
         if ch.HasField("ring_hash"):
             report.error((*at, "ringHash", "minimumRingSize"), ring_size_problem(ch.ring_hash.minimum_ring_size))
+        # The deprecated size and its replacements say one thing twice (Istio refuses both).
+        if ch.minimum_ring_size and ch.WhichOneof("hash_algorithm"):
+            report.error((*at, "minimumRingSize"), 'minimumRingSize cannot be set with "ringHash" or "maglev"')
         if ch.HasField("maglev"):
             size = ch.maglev.table_size
             if size == 0:

@@ -6,7 +6,8 @@ each at its field.
   port, if given, in 1..65535) that Envoy can parse (`config/jwks_uri.py`); `jwks` a JSON Web
   Key Set whose every key Envoy can read (`jwks.py`); no empty audience, header name
   (`fromHeaders`), query parameter or cookie name; `outputClaimToHeaders` with a claim and a
-  header name of letters, digits and `-` (so no `:authority`-style pseudo-header); `timeout` at
+  header name of letters, digits and `-` (so no `:authority`-style pseudo-header); no empty
+  `spaceDelimitedClaims` entry (the CRD's rule); `timeout` at
   least 1ms, in whole milliseconds, and below 2^32 s (Envoy's bound on a fetch timeout).
 
 meshctl adds warnings where it behaves as Istio does but the config is unlikely to do what was
@@ -73,6 +74,9 @@ def _jwt_rule(report: Report, path: FieldPath, rule: Any) -> None:
     for i, cookie in enumerate(rule.from_cookies):
         if not cookie:
             report.error((*path, "fromCookies", i), "cookie name must be non-empty string")
+    for i, claim in enumerate(rule.space_delimited_claims):
+        if not claim:
+            report.error((*path, "spaceDelimitedClaims", i), "a space-delimited claim must be a non-empty string")
     for i, output in enumerate(rule.output_claim_to_headers):
         _claim_to_header(report, (*path, "outputClaimToHeaders", i), output)
     if rule.HasField("timeout"):

@@ -78,6 +78,7 @@ def validate(spec: Message) -> list[Issue]:
         # Istio accepts it (Envoy's dynamic forward proxy, for wildcard hosts); meshctl's
         # registry has no model for it and leaves the entry out of the mesh.
         report.warn(("spec", "resolution"), _DYNAMIC_DNS_SKIPPED)
+        _dynamic_dns(report, entry)
     else:
         report.error(("spec", "resolution"), f"resolution {resolution} is not supported")
     if resolution != "NONE" and len(entry.hosts) > 1:
@@ -91,6 +92,28 @@ def validate(spec: Message) -> list[Issue]:
                 break
     check_export_to(report, ("spec", "exportTo"), entry.export_to, service_entry=True)
     return report.issues
+
+
+def _dynamic_dns(report: Report, entry: Any) -> None:
+    """DYNAMIC_DNS resolves, per request, the host name the client asked for (HTTP Host, TLS
+    SNI): it is for wildcard hosts, with ports that carry a host name, and nothing to resolve
+    beforehand (no endpoints, no addresses)."""
+    for i, host in enumerate(entry.hosts):
+        if host != "*" and not host.startswith("*"):
+            report.error(
+                ("spec", "hosts", i),
+                f'resolution DYNAMIC_DNS is for wildcard hosts ("*.example.com"): use resolution DNS for "{host}"',
+            )
+    for i, port in enumerate(entry.ports):
+        if port.protocol and not is_http(port.protocol) and not is_tls(port.protocol):
+            report.error(
+                ("spec", "ports", i, "protocol"),
+                f"resolution DYNAMIC_DNS needs HTTP or TLS ports: a {port.protocol} connection carries no host name",
+            )
+    if entry.endpoints:
+        report.error(("spec", "endpoints"), "resolution DYNAMIC_DNS takes no endpoints: the requested host is resolved")
+    if entry.addresses:
+        report.error(("spec", "addresses"), "resolution DYNAMIC_DNS takes no addresses: the requested host is resolved")
 
 
 def _hosts(report: Report, entry: Any) -> None:
@@ -124,7 +147,8 @@ def _ports(report: Report, entry: Any) -> set[str]:
             report.warn(
                 (*path, "protocol"),
                 f"port {port.number} carries TCP (or an unset protocol) and the entry has no addresses: "
-                "clients are told apart by port alone, so another TCP service on this port will conflict",
+                "under iptables clients are told apart by port alone, so another TCP service on this port "
+                "will conflict (a VM without iptables reaches it on a loopback address of its own)",
             )
     return names
 

@@ -154,6 +154,7 @@ def _http_route(report: Report, path: FieldPath, http: Any, *, delegate: bool, g
             _mirror_percentage(report, (*path, "mirrors", j, "percentage"), mirror.percentage.value)
     if http.HasField("redirect"):
         _redirect(report, (*path, "redirect"), http.redirect)
+        _prefix_rewrite_matches(report, path, http)
     if http.HasField("direct_response"):
         _direct_response(report, (*path, "directResponse"), http.direct_response)
     if http.HasField("retries"):
@@ -344,6 +345,24 @@ def _redirect(report: Report, path: FieldPath, redirect: Any) -> None:
         report.error((*path, "port"), port_problem(redirect.port))
     for field, json_name in (("uri", "uri"), ("authority", "authority"), ("prefix_rewrite", "prefixRewrite")):
         report.error((*path, json_name), line_break_problem(getattr(redirect, field), f"redirect {json_name}"))
+
+
+def _prefix_rewrite_matches(report: Report, path: FieldPath, http: Any) -> None:
+    """A redirect's `prefixRewrite` swaps the matched prefix: it cannot go with `uri` (Envoy's
+    RedirectAction takes one path rewrite), and needs every uri match to be a prefix."""
+    redirect = http.redirect
+    if not redirect.prefix_rewrite:
+        return
+    at: FieldPath = (*path, "redirect", "prefixRewrite")
+    if redirect.uri:
+        report.error(at, "a redirect cannot set both uri and prefixRewrite")
+    for j, match in enumerate(http.match):
+        kind = match.uri.WhichOneof("match_type") if match.HasField("uri") else None
+        if kind in ("exact", "regex"):
+            report.error(
+                (*path, "match", j, "uri", kind),
+                f"prefixRewrite in a redirect needs prefix uri matches, found a {kind} match",
+            )
 
 
 def _direct_response(report: Report, path: FieldPath, response: Any) -> None:

@@ -59,7 +59,7 @@ class Rule(_message.Message):
     def __init__(self, to: _Optional[_Iterable[_Union[Rule.To, _Mapping]]] = ..., when: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., **kwargs) -> None: ...
 
 class Source(_message.Message):
-    __slots__ = ("principals", "not_principals", "request_principals", "not_request_principals", "namespaces", "not_namespaces", "ip_blocks", "not_ip_blocks", "remote_ip_blocks", "not_remote_ip_blocks")
+    __slots__ = ("principals", "not_principals", "request_principals", "not_request_principals", "namespaces", "not_namespaces", "ip_blocks", "not_ip_blocks", "remote_ip_blocks", "not_remote_ip_blocks", "service_accounts", "not_service_accounts", "trust_domains", "not_trust_domains")
     PRINCIPALS_FIELD_NUMBER: _ClassVar[int]
     NOT_PRINCIPALS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_PRINCIPALS_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,10 @@ class Source(_message.Message):
     NOT_IP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     REMOTE_IP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NOT_REMOTE_IP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_ACCOUNTS_FIELD_NUMBER: _ClassVar[int]
+    NOT_SERVICE_ACCOUNTS_FIELD_NUMBER: _ClassVar[int]
+    TRUST_DOMAINS_FIELD_NUMBER: _ClassVar[int]
+    NOT_TRUST_DOMAINS_FIELD_NUMBER: _ClassVar[int]
     principals: _containers.RepeatedScalarFieldContainer[str]
     not_principals: _containers.RepeatedScalarFieldContainer[str]
     request_principals: _containers.RepeatedScalarFieldContainer[str]
@@ -80,7 +84,11 @@ class Source(_message.Message):
     not_ip_blocks: _containers.RepeatedScalarFieldContainer[str]
     remote_ip_blocks: _containers.RepeatedScalarFieldContainer[str]
     not_remote_ip_blocks: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, principals: _Optional[_Iterable[str]] = ..., not_principals: _Optional[_Iterable[str]] = ..., request_principals: _Optional[_Iterable[str]] = ..., not_request_principals: _Optional[_Iterable[str]] = ..., namespaces: _Optional[_Iterable[str]] = ..., not_namespaces: _Optional[_Iterable[str]] = ..., ip_blocks: _Optional[_Iterable[str]] = ..., not_ip_blocks: _Optional[_Iterable[str]] = ..., remote_ip_blocks: _Optional[_Iterable[str]] = ..., not_remote_ip_blocks: _Optional[_Iterable[str]] = ...) -> None: ...
+    service_accounts: _containers.RepeatedScalarFieldContainer[str]
+    not_service_accounts: _containers.RepeatedScalarFieldContainer[str]
+    trust_domains: _containers.RepeatedScalarFieldContainer[str]
+    not_trust_domains: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, principals: _Optional[_Iterable[str]] = ..., not_principals: _Optional[_Iterable[str]] = ..., request_principals: _Optional[_Iterable[str]] = ..., not_request_principals: _Optional[_Iterable[str]] = ..., namespaces: _Optional[_Iterable[str]] = ..., not_namespaces: _Optional[_Iterable[str]] = ..., ip_blocks: _Optional[_Iterable[str]] = ..., not_ip_blocks: _Optional[_Iterable[str]] = ..., remote_ip_blocks: _Optional[_Iterable[str]] = ..., not_remote_ip_blocks: _Optional[_Iterable[str]] = ..., service_accounts: _Optional[_Iterable[str]] = ..., not_service_accounts: _Optional[_Iterable[str]] = ..., trust_domains: _Optional[_Iterable[str]] = ..., not_trust_domains: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Operation(_message.Message):
     __slots__ = ("hosts", "not_hosts", "ports", "not_ports", "methods", "not_methods", "paths", "not_paths")

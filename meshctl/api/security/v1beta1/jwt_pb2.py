@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asecurity/v1beta1/jwt.proto\x12\x16istio.security.v1beta1\x1a\x1egoogle/protobuf/duration.proto\"\xe0\x03\n\x07JWTRule\x12\x0e\n\x06issuer\x18\x01 \x01(\t\x12\x11\n\taudiences\x18\x02 \x03(\t\x12\x10\n\x08jwks_uri\x18\x03 \x01(\t\x12\x0c\n\x04jwks\x18\n \x01(\t\x12\x37\n\x0c\x66rom_headers\x18\x06 \x03(\x0b\x32!.istio.security.v1beta1.JWTHeader\x12\x13\n\x0b\x66rom_params\x18\x07 \x03(\t\x12 \n\x18output_payload_to_header\x18\x08 \x01(\t\x12\x14\n\x0c\x66rom_cookies\x18\x0c \x03(\t\x12\x1e\n\x16\x66orward_original_token\x18\t \x01(\x08\x12\x46\n\x17output_claim_to_headers\x18\x0b \x03(\x0b\x32%.istio.security.v1beta1.ClaimToHeader\x12*\n\x07timeout\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x41\n\x0c\x66\x61ilure_mode\x18\x0e \x01(\x0e\x32+.istio.security.v1beta1.JWTRule.FailureMode\"5\n\x0b\x46\x61ilureMode\x12\x0e\n\nPERMISSIVE\x10\x00\x12\n\n\x06IGNORE\x10\x01\x12\n\n\x06STRICT\x10\x02\")\n\tJWTHeader\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\".\n\rClaimToHeader\x12\x0e\n\x06header\x18\x01 \x01(\t\x12\r\n\x05\x63laim\x18\x02 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asecurity/v1beta1/jwt.proto\x12\x16istio.security.v1beta1\x1a\x1egoogle/protobuf/duration.proto\"\xf0\x04\n\x07JWTRule\x12\x0e\n\x06issuer\x18\x01 \x01(\t\x12\x11\n\taudiences\x18\x02 \x03(\t\x12\x10\n\x08jwks_uri\x18\x03 \x01(\t\x12\x0c\n\x04jwks\x18\n \x01(\t\x12\x37\n\x0c\x66rom_headers\x18\x06 \x03(\x0b\x32!.istio.security.v1beta1.JWTHeader\x12\x13\n\x0b\x66rom_params\x18\x07 \x03(\t\x12 \n\x18output_payload_to_header\x18\x08 \x01(\t\x12\x14\n\x0c\x66rom_cookies\x18\x0c \x03(\t\x12\x1e\n\x16\x66orward_original_token\x18\t \x01(\x08\x12\x46\n\x17output_claim_to_headers\x18\x0b \x03(\x0b\x32%.istio.security.v1beta1.ClaimToHeader\x12*\n\x07timeout\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x41\n\x0c\x66\x61ilure_mode\x18\x0e \x01(\x0e\x32+.istio.security.v1beta1.JWTRule.FailureMode\x12\x1e\n\x16space_delimited_claims\x18\x0f \x03(\t\x12@\n\x08presence\x18\x10 \x01(\x0e\x32..istio.security.v1beta1.JWTRule.JWTRequirement\"5\n\x0b\x46\x61ilureMode\x12\x0e\n\nPERMISSIVE\x10\x00\x12\n\n\x06IGNORE\x10\x01\x12\n\n\x06STRICT\x10\x02\",\n\x0eJWTRequirement\x12\x0c\n\x08OPTIONAL\x10\x00\x12\x0c\n\x08REQUIRED\x10\x01\")\n\tJWTHeader\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06prefix\x18\x02 \x01(\t\".\n\rClaimToHeader\x12\x0e\n\x06header\x18\x01 \x01(\t\x12\r\n\x05\x63laim\x18\x02 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,11 +33,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'meshctl.api.security.v1beta
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JWTRULE']._serialized_start=87
-  _globals['_JWTRULE']._serialized_end=567
-  _globals['_JWTRULE_FAILUREMODE']._serialized_start=514
-  _globals['_JWTRULE_FAILUREMODE']._serialized_end=567
-  _globals['_JWTHEADER']._serialized_start=569
-  _globals['_JWTHEADER']._serialized_end=610
-  _globals['_CLAIMTOHEADER']._serialized_start=612
-  _globals['_CLAIMTOHEADER']._serialized_end=658
+  _globals['_JWTRULE']._serialized_end=711
+  _globals['_JWTRULE_FAILUREMODE']._serialized_start=612
+  _globals['_JWTRULE_FAILUREMODE']._serialized_end=665
+  _globals['_JWTRULE_JWTREQUIREMENT']._serialized_start=667
+  _globals['_JWTRULE_JWTREQUIREMENT']._serialized_end=711
+  _globals['_JWTHEADER']._serialized_start=713
+  _globals['_JWTHEADER']._serialized_end=754
+  _globals['_CLAIMTOHEADER']._serialized_start=756
+  _globals['_CLAIMTOHEADER']._serialized_end=802
 # @@protoc_insertion_point(module_scope)

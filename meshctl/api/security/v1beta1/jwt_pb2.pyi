@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class JWTRule(_message.Message):
-    __slots__ = ("issuer", "audiences", "jwks_uri", "jwks", "from_headers", "from_params", "output_payload_to_header", "from_cookies", "forward_original_token", "output_claim_to_headers", "timeout", "failure_mode")
+    __slots__ = ("issuer", "audiences", "jwks_uri", "jwks", "from_headers", "from_params", "output_payload_to_header", "from_cookies", "forward_original_token", "output_claim_to_headers", "timeout", "failure_mode", "space_delimited_claims", "presence")
     class FailureMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         PERMISSIVE: _ClassVar[JWTRule.FailureMode]
@@ -20,6 +20,12 @@ class JWTRule(_message.Message):
     PERMISSIVE: JWTRule.FailureMode
     IGNORE: JWTRule.FailureMode
     STRICT: JWTRule.FailureMode
+    class JWTRequirement(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OPTIONAL: _ClassVar[JWTRule.JWTRequirement]
+        REQUIRED: _ClassVar[JWTRule.JWTRequirement]
+    OPTIONAL: JWTRule.JWTRequirement
+    REQUIRED: JWTRule.JWTRequirement
     ISSUER_FIELD_NUMBER: _ClassVar[int]
     AUDIENCES_FIELD_NUMBER: _ClassVar[int]
     JWKS_URI_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +38,8 @@ class JWTRule(_message.Message):
     OUTPUT_CLAIM_TO_HEADERS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     FAILURE_MODE_FIELD_NUMBER: _ClassVar[int]
+    SPACE_DELIMITED_CLAIMS_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_FIELD_NUMBER: _ClassVar[int]
     issuer: str
     audiences: _containers.RepeatedScalarFieldContainer[str]
     jwks_uri: str
@@ -44,7 +52,9 @@ class JWTRule(_message.Message):
     output_claim_to_headers: _containers.RepeatedCompositeFieldContainer[ClaimToHeader]
     timeout: _duration_pb2.Duration
     failure_mode: JWTRule.FailureMode
-    def __init__(self, issuer: _Optional[str] = ..., audiences: _Optional[_Iterable[str]] = ..., jwks_uri: _Optional[str] = ..., jwks: _Optional[str] = ..., from_headers: _Optional[_Iterable[_Union[JWTHeader, _Mapping]]] = ..., from_params: _Optional[_Iterable[str]] = ..., output_payload_to_header: _Optional[str] = ..., from_cookies: _Optional[_Iterable[str]] = ..., forward_original_token: _Optional[bool] = ..., output_claim_to_headers: _Optional[_Iterable[_Union[ClaimToHeader, _Mapping]]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., failure_mode: _Optional[_Union[JWTRule.FailureMode, str]] = ...) -> None: ...
+    space_delimited_claims: _containers.RepeatedScalarFieldContainer[str]
+    presence: JWTRule.JWTRequirement
+    def __init__(self, issuer: _Optional[str] = ..., audiences: _Optional[_Iterable[str]] = ..., jwks_uri: _Optional[str] = ..., jwks: _Optional[str] = ..., from_headers: _Optional[_Iterable[_Union[JWTHeader, _Mapping]]] = ..., from_params: _Optional[_Iterable[str]] = ..., output_payload_to_header: _Optional[str] = ..., from_cookies: _Optional[_Iterable[str]] = ..., forward_original_token: _Optional[bool] = ..., output_claim_to_headers: _Optional[_Iterable[_Union[ClaimToHeader, _Mapping]]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., failure_mode: _Optional[_Union[JWTRule.FailureMode, str]] = ..., space_delimited_claims: _Optional[_Iterable[str]] = ..., presence: _Optional[_Union[JWTRule.JWTRequirement, str]] = ...) -> None: ...
 
 class JWTHeader(_message.Message):
     __slots__ = ("name", "prefix")
