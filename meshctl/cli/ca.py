@@ -125,9 +125,68 @@ def issue(
         issued = authority.issue_server(dns, ips, valid_for)
         names = ", ".join([*dns, *ips])
     _write(files, issued, authority.root_pem, force=force)
+    if proxy is not None:
+        _write_sds_file(out)
     typer.echo(
         f"wrote {', '.join(str(p) for p in files.values())}: {names}, valid until "
         f"{issued.not_after.isoformat()} (renew after {issued.renew_at.isoformat(timespec='seconds')})",
+        err=True,
+    )
+
+
+@reported
+def renew(
+    server: Annotated[
+        str,
+        typer.Option(metavar="HOST:PORT", help="meshctl serve's xDS address, where its certificate service answers."),
+    ],
+    directory: Annotated[
+        Path,
+        typer.Option(
+            "--dir",
+            metavar="PATH",
+            help="The directory `meshctl ca issue --proxy` wrote: cert-chain.pem, key.pem and root-cert.pem.",
+        ),
+    ],
+    sni: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME",
+            show_default=False,
+            help="The name meshctl's certificate must carry (default: the --server host), as bootstrap's --xds-sni.",
+        ),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Renew now, even before two thirds of its life.")] = False,
+) -> None:
+    """Renew this VM's xDS client certificate from meshctl serve, with a key made here.
+
+    It is due at two thirds of its validity; before that nothing is done (exit 0), so a timer
+    may run it often. The server signs exactly the workload the current certificate proves.
+    """
+    import datetime
+
+    from meshctl.bootstrap import xds_client_sds_file
+    from meshctl.errors import UsageError
+    from meshctl.security.renewal import read_current
+    from meshctl.security.renewal import renew as renew_certificate
+    from meshctl.server.app import split_address
+
+    try:
+        split_address(server)
+    except ValueError as exc:
+        raise UsageError(f"--server: {exc}") from None
+    current = read_current(directory)
+    now = datetime.datetime.now(datetime.UTC)
+    if not force and now < current.due_at:
+        typer.echo(
+            f"{directory / 'cert-chain.pem'} ({current.describe()}) is not due: valid until "
+            f"{current.not_after.isoformat()}, renewed from {current.due_at.isoformat(timespec='seconds')}",
+            err=True,
+        )
+        return
+    renewed = renew_certificate(directory, server, server_name=sni, sds_file=xds_client_sds_file)
+    typer.echo(
+        f"renewed {directory / 'cert-chain.pem'}: {renewed.names}, valid until {renewed.not_after.isoformat()}",
         err=True,
     )
 
@@ -213,3 +272,17 @@ def _write(files: dict[str, Path], issued: IssuedCertificate, root_pem: bytes, *
             raise UsageError(f"{files[name]} already exists; --force replaces") from None
         except OSError as exc:
             raise CredentialError(f"{files[name]}: cannot write it: {exc.strerror or exc}") from None
+
+
+def _write_sds_file(directory: Path) -> None:
+    """The SDS file `meshctl bootstrap --xds-cert-dir` has Envoy read the pair through."""
+    from meshctl.bootstrap import xds_client_sds_file
+    from meshctl.errors import CredentialError
+    from meshctl.security.files import PUBLIC_MODE, write_atomically
+    from meshctl.security.renewal import SDS_FILE
+
+    try:
+        (directory / SDS_FILE).parent.mkdir(mode=0o755, exist_ok=True)
+        write_atomically(directory / SDS_FILE, xds_client_sds_file(directory), mode=PUBLIC_MODE)
+    except OSError as exc:
+        raise CredentialError(f"{directory / SDS_FILE}: cannot write it: {exc.strerror or exc}") from None

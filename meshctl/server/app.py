@@ -40,6 +40,7 @@ from meshctl.server.admin import AdminServer
 from meshctl.server.ads import AdsServicer
 from meshctl.server.auth import BearerToken, XdsTls, identity_authorizer, is_loopback
 from meshctl.server.ca_expiry import CaExpiryWatch
+from meshctl.server.ca_service import CertificateService
 from meshctl.server.cache import ResourceCache
 from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
 from meshctl.server.limits import StreamLimits
@@ -295,6 +296,14 @@ class Server:
             ]
         )
         self._grpc.add_generic_rpc_handlers((self.ads.handlers(),))
+        if self.ca is not None:  # Istio's CA service: VMs renew their xDS client certificates
+            ca_service = CertificateService(
+                self.ca,
+                lambda: self.discovery.snapshot,
+                self.settings.workload_cert_lifetime,
+                tls.client_ca_file if tls else None,
+            )
+            self._grpc.add_generic_rpc_handlers((ca_service.handlers(),))
         host, port = split_address(self.settings.xds_address)
         listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
