@@ -67,7 +67,9 @@ def auth_of(issued: IssuedCertificate) -> dict[str, list[bytes]]:
     }
 
 
-def csr(*names: x509.GeneralName, validity: int = 0) -> tuple[ca_pb2.IstioCertificateRequest, ec.EllipticCurvePrivateKey]:
+def csr(
+    *names: x509.GeneralName, validity: int = 0
+) -> tuple[ca_pb2.IstioCertificateRequest, ec.EllipticCurvePrivateKey]:
     key = ec.generate_private_key(ec.SECP256R1())
     builder = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([]))
     if names:
@@ -84,13 +86,17 @@ def sans(cert: x509.Certificate) -> list[str]:
     return [str(n.value) for n in cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value]
 
 
-def refusal(service: CertificateService, request: ca_pb2.IstioCertificateRequest, auth: object, **kw: object) -> Refusal:
+def refusal(
+    service: CertificateService, request: ca_pb2.IstioCertificateRequest, auth: object, **kw: object
+) -> Refusal:
     with pytest.raises(Refusal) as caught:
         service.sign(request, auth, **kw)  # type: ignore[arg-type]
     return caught.value
 
 
-def test_the_proven_names_are_signed_for_the_requests_key(service: CertificateService, ca: CertificateAuthority) -> None:
+def test_the_proven_names_are_signed_for_the_requests_key(
+    service: CertificateService, ca: CertificateAuthority
+) -> None:
     current = client_cert(ca, ["client.shop"])
     request, key = csr(x509.DNSName("client.shop"))
     response = service.sign(request, auth_of(current))
@@ -176,7 +182,8 @@ def test_renew_says_in_one_line_why_it_cannot(tmp_path: Path, ca: CertificateAut
     assert missing.exit_code == 2
     assert missing.output.count("\n") == 1 and "cert-chain.pem" in missing.output
     issued = runner.invoke(
-        app, ["ca", "issue", "--proxy", "client.shop", "--out", str(tmp_path / "vm"), "--state-dir", str(tmp_path / "s")]
+        app,
+        ["ca", "issue", "--proxy", "client.shop", "--out", str(tmp_path / "vm"), "--state-dir", str(tmp_path / "s")],
     )
     assert issued.exit_code == 0, issued.output
     # Not due (a 30-day certificate just made): nothing is done, whatever the server.

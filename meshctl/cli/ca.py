@@ -157,6 +157,15 @@ def renew(
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Renew now, even before two thirds of its life.")] = False,
+    group: Annotated[
+        str | None,
+        typer.Option(
+            metavar="GROUP",
+            show_default=False,
+            help="Make the new key.pem readable by this group (mode 0640), e.g. the group Envoy's unit is given "
+            "with SupplementaryGroups=; default: its owner only.",
+        ),
+    ] = None,
 ) -> None:
     """Renew this VM's xDS client certificate from meshctl serve, with a key made here.
 
@@ -175,6 +184,14 @@ def renew(
         split_address(server)
     except ValueError as exc:
         raise UsageError(f"--server: {exc}") from None
+    gid = None
+    if group is not None:
+        import grp
+
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise UsageError(f"--group {group!r}: no such group") from None
     current = read_current(directory)
     now = datetime.datetime.now(datetime.UTC)
     if not force and now < current.due_at:
@@ -184,7 +201,7 @@ def renew(
             err=True,
         )
         return
-    renewed = renew_certificate(directory, server, server_name=sni, sds_file=xds_client_sds_file)
+    renewed = renew_certificate(directory, server, server_name=sni, sds_file=xds_client_sds_file, group=gid)
     typer.echo(
         f"renewed {directory / 'cert-chain.pem'}: {renewed.names}, valid until {renewed.not_after.isoformat()}",
         err=True,

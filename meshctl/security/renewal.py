@@ -45,6 +45,8 @@ ROOT_FILE: Final = "root-cert.pem"
 SDS_DIR: Final = "sds"
 SDS_FILE: Final = f"{SDS_DIR}/xds-client-cert.yaml"
 METHOD: Final = "/istio.v1.auth.IstioCertificateService/CreateCertificate"
+#: A key its group may read (`--group`): Envoy's, which runs as another user.
+GROUP_MODE: Final = 0o640
 #: How long a renewal waits for the server: a signature takes milliseconds, a connection seconds.
 TIMEOUT: Final = 30.0
 
@@ -111,10 +113,12 @@ def renew(
     *,
     server_name: str | None = None,
     sds_file: Callable[[Path], bytes] | None = None,
+    group: int | None = None,
     now: datetime.datetime | None = None,
 ) -> Renewed:
     """Renew the certificate in `directory` from `server` (HOST:PORT), whatever its age; raises
-    CredentialError. `sds_file` gives the SDS file to write again once the pair is in place."""
+    CredentialError. `sds_file` gives the SDS file to write again once the pair is in place;
+    with `group` (a gid) the key is readable by that group (Envoy's, under systemd)."""
     at = now or datetime.datetime.now(datetime.UTC)
     current = read_current(directory)
     if at >= current.not_after:
@@ -140,19 +144,17 @@ def renew(
     credentials = grpc.ssl_channel_credentials(root_certificates=root, private_key=key_pem, certificate_chain=chain)
     response = call(server, credentials, request, server_name)
     issued = _check_response(response, key)
-    writes = [(KEY_FILE, private_key_pem(key), PRIVATE_MODE)]
+    writes = [(KEY_FILE, private_key_pem(key), PRIVATE_MODE if group is None else GROUP_MODE)]
     writes.append((CERT_FILE, "".join(response.cert_chain).encode("ascii"), PUBLIC_MODE))
     if sds_file is not None:
         writes.append((SDS_FILE, sds_file(directory), PUBLIC_MODE))
     for name, data, mode in writes:
         try:
             (directory / name).parent.mkdir(mode=0o755, exist_ok=True)
-            write_atomically(directory / name, data, mode=mode)
+            write_atomically(directory / name, data, mode=mode, group=group if name == KEY_FILE else None)
         except OSError as exc:
             raise CredentialError(f"cannot write {directory / name}: {exc.strerror or exc}") from None
     return Renewed(issued.not_valid_after_utc, CurrentCertificate(issued).describe())
-
-
 
 
 def call(
