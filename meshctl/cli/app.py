@@ -251,6 +251,13 @@ _command(
     "  meshctl ca renew --server meshctl.example.com:15010 --dir /etc/meshctl/xds --force",
     ca_app,
 )
+_command(
+    "token",
+    ca_cmd.token,
+    "Examples:\n\n  meshctl ca token --proxy orders-vm.shop > orders-vm.token\n\n"
+    "  meshctl ca token --proxy orders-vm.shop --ttl 15m",
+    ca_app,
+)
 app.add_typer(ca_app)
 
 

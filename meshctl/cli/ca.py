@@ -145,9 +145,35 @@ def renew(
         typer.Option(
             "--dir",
             metavar="PATH",
-            help="The directory `meshctl ca issue --proxy` wrote: cert-chain.pem, key.pem and root-cert.pem.",
+            help="The directory `meshctl ca issue --proxy` wrote: cert-chain.pem, key.pem and root-cert.pem "
+            "(with --token: where to make them).",
         ),
     ],
+    token: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            show_default=False,
+            help="Get the first certificate for this join token (meshctl ca token) from serve's --join-address "
+            "(given as --server), instead of renewing one; needs --root.",
+        ),
+    ] = None,
+    root: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            show_default=False,
+            help="With --token: the mesh's root (meshctl ca root) to check the server with; copied to --dir.",
+        ),
+    ] = None,
+    proxy: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME.NAMESPACE",
+            show_default=False,
+            help="With --token: the workload this VM is; a token for another one is refused. Default: the token's.",
+        ),
+    ] = None,
     sni: Annotated[
         str | None,
         typer.Option(
@@ -192,6 +218,11 @@ def renew(
             gid = grp.getgrnam(group).gr_gid
         except KeyError:
             raise UsageError(f"--group {group!r}: no such group") from None
+    if token is not None:
+        _join(directory, server, token, root, proxy, sni, gid)
+        return
+    if root is not None or proxy is not None:
+        raise UsageError("--root and --proxy go with --token")
     current = read_current(directory)
     now = datetime.datetime.now(datetime.UTC)
     if not force and now < current.due_at:
@@ -208,6 +239,67 @@ def renew(
     )
 
 
+def _join(
+    directory: Path,
+    server: str,
+    token_file: Path,
+    root: Path | None,
+    proxy: str | None,
+    sni: str | None,
+    gid: int | None,
+) -> None:
+    from meshctl.bootstrap import xds_client_sds_file
+    from meshctl.errors import CredentialError, UsageError
+    from meshctl.security.files import read_credential
+    from meshctl.security.renewal import join, token_workload
+
+    if root is None:
+        raise UsageError("--token needs --root FILE, the mesh's root to check the server with (meshctl ca root)")
+    try:
+        token, root_pem = read_credential(token_file).decode("ascii", "replace"), read_credential(root)
+    except OSError as exc:
+        raise CredentialError(f"cannot read {exc.filename}: {exc.strerror or exc}") from None
+    workload = token_workload(token)
+    if proxy is not None:
+        name, namespace = _proxy_name(proxy, "--proxy")
+        workload = f"{name}.{namespace}"
+    joined = join(
+        directory, server, token, root_pem, workload, server_name=sni, sds_file=xds_client_sds_file, group=gid
+    )
+    typer.echo(
+        f"joined as {joined.names}: wrote {directory / 'cert-chain.pem'}, valid until {joined.not_after.isoformat()}",
+        err=True,
+    )
+
+
+@reported
+def token(
+    proxy: Annotated[
+        str,
+        typer.Option(
+            metavar="NAME.NAMESPACE",
+            help="The workload (its WorkloadEntry) whose VM may get its first xDS client certificate with the token.",
+        ),
+    ],
+    ttl: Annotated[str, typer.Option(metavar="DURATION", help="How long the token is good: 1h, 15m.")] = "1h",
+    ca_dir: CaDirOption = None,
+    state_dir: StateDirOption = DEFAULT_STATE_DIR,
+    trust_domain: TrustDomainOption = DEFAULT_TRUST_DOMAIN,
+) -> None:
+    """Print a join token: a VM exchanges it once, before it ends, for the first xDS client
+    certificate of that workload (`meshctl ca renew --token FILE --root ROOT`), with a key made
+    on the VM. It is MACed with a key derived from the CA's, so every server sharing the CA takes
+    it; its single use is recorded in the state directory of the server that takes it.
+    """
+    from meshctl.security.join_token import PURPOSE, mint
+
+    name, namespace = _proxy_name(proxy, "--proxy")
+    valid_for = _lifetime(ttl, "--ttl")
+    authority = _authority(ca_dir, state_dir, trust_domain)
+    typer.echo(mint(authority.derive_key(PURPOSE), f"{name}.{namespace}", valid_for))
+    typer.echo(f"a join token for {name}.{namespace}, good once for {ttl}", err=True)
+
+
 def _authority(ca_dir: Path | None, state_dir: Path, trust_domain: str) -> CertificateAuthority:
     from meshctl.security.ca import CertificateAuthority
 
@@ -219,7 +311,7 @@ def _authority(ca_dir: Path | None, state_dir: Path, trust_domain: str) -> Certi
     return authority
 
 
-def _lifetime(text: str) -> timedelta:
+def _lifetime(text: str, flag: str = "--lifetime") -> timedelta:
     """A Go duration (`24h`, `90m`, `720h`) as a timedelta; UsageError unless it is positive."""
     from datetime import timedelta
 
@@ -229,15 +321,15 @@ def _lifetime(text: str) -> timedelta:
 
     nanos = parse_duration(text)
     if nanos is None or nanos <= 0:
-        raise UsageError(f"--lifetime {text!r} is not a positive duration (e.g. 24h, 90m, 720h)")
+        raise UsageError(f"{flag} {text!r} is not a positive duration (e.g. 24h, 90m, 720h)")
     # Nothing outlives the CA (a self-signed root lives ten years): longer is a typo, and
     # past timedelta's range it would not even be a date.
     if nanos // 1000 > ROOT_LIFETIME // timedelta(microseconds=1):
-        raise UsageError(f"--lifetime {text!r} is longer than the CA lives ({ROOT_LIFETIME.days} days)")
+        raise UsageError(f"{flag} {text!r} is longer than the CA lives ({ROOT_LIFETIME.days} days)")
     return timedelta(microseconds=nanos // 1000)
 
 
-def _proxy_name(proxy: str) -> tuple[str, str]:
+def _proxy_name(proxy: str, flag: str = "--proxy") -> tuple[str, str]:
     """NAME and NAMESPACE of `--proxy`, each a DNS label, as in the proxy's node id."""
     from meshctl.config.validation.common import is_dns_label
     from meshctl.errors import UsageError
@@ -245,7 +337,7 @@ def _proxy_name(proxy: str) -> tuple[str, str]:
     name, _, namespace = proxy.partition(".")
     if not is_dns_label(name) or not is_dns_label(namespace):
         raise UsageError(
-            f"--proxy {proxy!r} is not NAME.NAMESPACE (e.g. reviews-v1-vm.bookinfo), the workload part of the node id"
+            f"{flag} {proxy!r} is not NAME.NAMESPACE (e.g. reviews-v1-vm.bookinfo), the workload part of the node id"
         )
     return name, namespace
 

@@ -163,6 +163,17 @@ class CertificateAuthority:
         """When the root of the CA's chain expires (the trust bundle's, as workloads have it)."""
         return self._material.chain[-1].not_valid_after_utc
 
+    def derive_key(self, purpose: bytes) -> bytes:
+        """A 32-byte secret for `purpose`, derived from the CA's private key (HKDF-SHA256): every
+        server holding this CA derives the same one, and no other secret needs keeping."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+        secret = self._key.private_bytes(
+            serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=purpose).derive(secret)
+
     def describe(self) -> str:
         """Which CA this is, for the start-up log: where, new or found, whose, until when."""
         subject = self._material.certificate.subject.rfc4514_string() or "(no subject)"

@@ -133,6 +133,66 @@ def renew(
         chain, key_pem, root = (read_credential(directory / f) for f in (CERT_FILE, KEY_FILE, ROOT_FILE))
     except OSError as exc:
         raise CredentialError(f"cannot read {exc.filename}: {exc.strerror or exc}") from None
+    credentials = grpc.ssl_channel_credentials(root_certificates=root, private_key=key_pem, certificate_chain=chain)
+    return _obtain(directory, server, credentials, names, server_name=server_name, sds_file=sds_file, group=group)
+
+
+def join(
+    directory: Path,
+    server: str,
+    token: str,
+    root_pem: bytes,
+    workload: str,
+    *,
+    server_name: str | None = None,
+    sds_file: Callable[[Path], bytes] | None = None,
+    group: int | None = None,
+) -> Renewed:
+    """The first certificate of `workload` (NAME.NAMESPACE) for a join token, from `server`'s join
+    port, trusting `root_pem` for the server; the files are made in `directory` (the root too)."""
+    credentials = grpc.ssl_channel_credentials(root_certificates=root_pem)
+    try:
+        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CredentialError(f"{directory}: cannot make the directory: {exc.strerror or exc}") from None
+    names: list[x509.GeneralName] = [x509.DNSName(workload)]
+    metadata = (("authorization", f"Bearer {token.strip()}"),)
+    extra = [(ROOT_FILE, root_pem, PUBLIC_MODE)]
+    return _obtain(
+        directory, server, credentials, names, server_name=server_name, sds_file=sds_file, group=group,
+        metadata=metadata, extra=extra,
+    )  # fmt: skip
+
+
+def token_workload(token: str) -> str:
+    """The workload a join token names (its payload is not secret: the server checks the MAC)."""
+    import base64
+    import json
+
+    parts = token.strip().split(".")
+    try:
+        if len(parts) != 3:
+            raise ValueError
+        workload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))["workload"]
+    except (ValueError, KeyError, TypeError):
+        raise CredentialError("not a meshctl join token (meshctl ca token makes them)") from None
+    return str(workload)
+
+
+def _obtain(
+    directory: Path,
+    server: str,
+    credentials: grpc.ChannelCredentials,
+    names: list[x509.GeneralName],
+    *,
+    server_name: str | None,
+    sds_file: Callable[[Path], bytes] | None,
+    group: int | None,
+    metadata: tuple[tuple[str, str], ...] = (),
+    extra: list[tuple[str, bytes, int]] | None = None,
+) -> Renewed:
+    """A new key, a signing request for `names`, the call, and the files written: the key first,
+    then the certificate (then `extra`), then the SDS file (the module's docstring)."""
     key = ec.generate_private_key(ec.SECP256R1())
     csr = (
         x509.CertificateSigningRequestBuilder()
@@ -141,11 +201,11 @@ def renew(
         .sign(key, hashes.SHA256())
     )
     request = ca_pb2.IstioCertificateRequest(csr=csr.public_bytes(serialization.Encoding.PEM).decode("ascii"))
-    credentials = grpc.ssl_channel_credentials(root_certificates=root, private_key=key_pem, certificate_chain=chain)
-    response = call(server, credentials, request, server_name)
+    response = call(server, credentials, request, server_name, metadata)
     issued = _check_response(response, key)
     writes = [(KEY_FILE, private_key_pem(key), PRIVATE_MODE if group is None else GROUP_MODE)]
     writes.append((CERT_FILE, "".join(response.cert_chain).encode("ascii"), PUBLIC_MODE))
+    writes += extra or []
     if sds_file is not None:
         writes.append((SDS_FILE, sds_file(directory), PUBLIC_MODE))
     for name, data, mode in writes:
@@ -162,6 +222,7 @@ def call(
     credentials: grpc.ChannelCredentials,
     request: ca_pb2.IstioCertificateRequest,
     server_name: str | None = None,
+    metadata: tuple[tuple[str, str], ...] = (),
 ) -> ca_pb2.IstioCertificateResponse:
     """One `CreateCertificate` call to `server`; raises CredentialError with the server's reason."""
     options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
@@ -172,7 +233,9 @@ def call(
             response_deserializer=ca_pb2.IstioCertificateResponse.FromString,
         )
         try:
-            response: ca_pb2.IstioCertificateResponse = method(request, timeout=TIMEOUT, wait_for_ready=False)
+            response: ca_pb2.IstioCertificateResponse = method(
+                request, timeout=TIMEOUT, wait_for_ready=False, metadata=metadata or None
+            )
         except grpc.RpcError as exc:
             # What a failed call raises is also a grpc.Call (grpc-stubs type it apart).
             text = str(exc)

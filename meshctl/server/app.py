@@ -40,7 +40,7 @@ from meshctl.server.admin import AdminServer
 from meshctl.server.ads import AdsServicer
 from meshctl.server.auth import BearerToken, XdsTls, identity_authorizer, is_loopback
 from meshctl.server.ca_expiry import CaExpiryWatch
-from meshctl.server.ca_service import CertificateService
+from meshctl.server.ca_service import CertificateService, serve_joins
 from meshctl.server.cache import ResourceCache
 from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
 from meshctl.server.limits import StreamLimits
@@ -136,6 +136,8 @@ class ServeSettings:
     #: workload mutual TLS off with a warning instead of stopping the server.
     state_dir_given: bool = True
     workload_cert_lifetime: datetime.timedelta = datetime.timedelta(hours=24)
+    #: Where join tokens are exchanged for first certificates (`meshctl.server.ca_service`); None: nowhere.
+    join_address: str | None = None
     #: Send keys to proxies whose identity the xDS connection did not prove (loopback demos).
     insecure_send_keys: bool = False
     #: Seconds after which gRPC sends a connection GOAWAY (gRPC core adds ±10 % jitter), so the
@@ -239,6 +241,8 @@ class Server:
         self.status = ServerStatus(self)
         self.notify = SystemdNotifier(settings.notify, lambda: service_status(self))
         self._grpc: grpc.aio.Server | None = None
+        self._joins: grpc.aio.Server | None = None
+        self.join_port = 0
         self._admin: AdminServer | None = None
         self._stopping: asyncio.Event | None = None
         self.xds_port = 0
@@ -296,12 +300,15 @@ class Server:
             ]
         )
         self._grpc.add_generic_rpc_handlers((self.ads.handlers(),))
+        ca_service = None
         if self.ca is not None:  # Istio's CA service: VMs renew their xDS client certificates
             ca_service = CertificateService(
                 self.ca,
                 lambda: self.discovery.snapshot,
                 self.settings.workload_cert_lifetime,
                 tls.client_ca_file if tls else None,
+                state_dir=self.settings.state_dir,
+                trust_domain=lambda: self.discovery.mesh.trust_domain,
             )
             self._grpc.add_generic_rpc_handlers((ca_service.handlers(),))
         host, port = split_address(self.settings.xds_address)
@@ -337,6 +344,11 @@ class Server:
                 self.settings.xds_address,
             )
         await self._grpc.start()
+        if self.settings.join_address and ca_service is not None and tls is not None:
+            joins = XdsTls(tls.cert_file, tls.key_file)  # no client certificate: a joining VM has none yet
+            self._joins, self.join_port = await serve_joins(
+                split_address(self.settings.join_address), joins, ca_service
+            )
         admin_host, admin_port = split_address(self.settings.admin_address)
         self._admin = AdminServer(self.status, admin_host, admin_port, token)
         await self._admin.start()
@@ -421,6 +433,9 @@ class Server:
         if self._sync_timer is not None:
             self._sync_timer.cancel()
         await self.discovery.stop()
+        if self._joins is not None:
+            await self._joins.stop(0)
+            self._joins = None
         if self._grpc is not None:
             await self._grpc.stop(self.settings.drain_seconds)
             self._grpc = None

@@ -16,6 +16,12 @@ on the TLS connection is the whole of its claim. The rule, in order:
   account it runs as. A workload taken out of the mesh therefore stops renewing;
 - the request asks for no name beyond those, and is signed by its own key.
 
+A VM's first certificate comes the same way for a join token instead (`meshctl ca token`,
+`meshctl.security.join_token`), on a port of its own (`--join-address`): TLS with the server's
+certificate and no client certificate asked for, since the VM has none yet; the xDS port keeps
+requiring one. There the token proves the workload (which the mesh must have), the certificate
+names it and the SPIFFE id of the account the mesh says it runs as, and the token is spent.
+
 What is signed names exactly what was proved (the DNS SAN and the SPIFFE URIs the rule accepted;
 the request's other fields are not read), for the server's workload certificate lifetime
 (`--workload-cert-lifetime`; a request may ask for less, never more). The service never touches
@@ -43,9 +49,11 @@ from meshctl.api.security.v1alpha1 import ca_pb2
 from meshctl.config.validation.common import is_dns_label
 from meshctl.errors import CredentialError
 from meshctl.logs import untrusted
+from meshctl.security import join_token
 from meshctl.security.ca import MIN_WORKLOAD_LIFETIME
 from meshctl.security.files import read_credential
-from meshctl.server.auth import PeerIdentity, authorize_node, parse_spiffe_id
+from meshctl.security.join_token import JoinToken
+from meshctl.server.auth import PeerIdentity, XdsTls, authorize_node, bound_workload, parse_spiffe_id
 from meshctl.snapshot.model import Snapshot, spec
 from meshctl.snapshot.proxy import ProxyNode, ProxyType
 
@@ -94,22 +102,7 @@ def proven_identity(peer: PeerIdentity, snapshot: Snapshot) -> ProvenIdentity:
             "only certificates naming one workload, as `meshctl ca issue --proxy` makes them, are renewed",
         )
     name, _, namespace = workloads[0].partition(".")
-    entry = snapshot.get("WorkloadEntry", namespace, name)
-    if entry is None:
-        raise Refusal(
-            grpc.StatusCode.PERMISSION_DENIED,
-            f"the client certificate names workload {untrusted(name)}.{untrusted(namespace)}, and the mesh has no "
-            f"WorkloadEntry {untrusted(name)} in namespace {untrusted(namespace)}",
-        )
-    address = str(spec(entry).address) or "0.0.0.0"
-    node = ProxyNode(
-        id=f"sidecar~{address}~{name}.{namespace}~{namespace}.svc.cluster.local",
-        type=ProxyType.SIDECAR,
-        ip=address,
-        name=name,
-        namespace=namespace,
-        domain=f"{namespace}.svc.cluster.local",
-    )
+    node = _workload_node(name, namespace, snapshot, "the client certificate")
     outcome = authorize_node(node, peer, snapshot)
     if isinstance(outcome, str):
         raise Refusal(grpc.StatusCode.PERMISSION_DENIED, outcome)
@@ -123,6 +116,38 @@ def proven_identity(peer: PeerIdentity, snapshot: Snapshot) -> ProvenIdentity:
             uris.append(uri)
     dns = tuple(d for d in peer.dns if d.lower() == workloads[0])[:1]
     return ProvenIdentity(outcome.workload, outcome.service_account, dns, tuple(uris))
+
+
+def _workload_node(name: str, namespace: str, snapshot: Snapshot, what: str) -> ProxyNode:
+    """The node of the WorkloadEntry `name` in `namespace`, as its proxy would connect (by name,
+    at its address); raises Refusal when the mesh has no such entry."""
+    entry = snapshot.get("WorkloadEntry", namespace, name)
+    if entry is None:
+        raise Refusal(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"{what} names workload {untrusted(name)}.{untrusted(namespace)}, and the mesh has no "
+            f"WorkloadEntry {untrusted(name)} in namespace {untrusted(namespace)}",
+        )
+    address = str(spec(entry).address) or "0.0.0.0"
+    return ProxyNode(
+        id=f"sidecar~{address}~{name}.{namespace}~{namespace}.svc.cluster.local",
+        type=ProxyType.SIDECAR,
+        ip=address,
+        name=name,
+        namespace=namespace,
+        domain=f"{namespace}.svc.cluster.local",
+    )
+
+
+def token_identity(token: JoinToken, snapshot: Snapshot, trust_domain: str) -> ProvenIdentity:
+    """What a join token proves: its workload, which the mesh must have, as the workload's DNS
+    name and the SPIFFE id of the account the mesh says it runs as."""
+    node = _workload_node(token.name, token.namespace, snapshot, "the join token")
+    workload = bound_workload(node, snapshot)
+    if workload is None or not workload.service_account:
+        raise Refusal(grpc.StatusCode.PERMISSION_DENIED, f"workload {token.workload} runs as no one service account")
+    uri = f"spiffe://{trust_domain}/ns/{token.namespace}/sa/{workload.service_account}"
+    return ProvenIdentity(workload.key, workload.service_account, (token.workload,), (uri,))
 
 
 def _workload_name(dns: str) -> bool:
@@ -139,11 +164,73 @@ class CertificateService:
         snapshot: Callable[[], Snapshot | None],
         lifetime: datetime.timedelta,
         client_ca_file: Path | None,
+        *,
+        state_dir: Path | None = None,
+        trust_domain: Callable[[], str] = lambda: "cluster.local",
     ) -> None:
         self._ca = ca
         self._snapshot = snapshot
         self._lifetime = lifetime
         self._client_ca_file = client_ca_file
+        self._state_dir = state_dir
+        self._trust_domain = trust_domain
+        self._token_key = ca.derive_key(join_token.PURPOSE)
+
+    def join_handlers(self) -> grpc.GenericRpcHandler[Any, Any]:
+        """The same service for the join port: the caller proves itself by a join token
+        (`authorization: Bearer TOKEN` metadata), not by a client certificate."""
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "CreateCertificate": grpc.unary_unary_rpc_method_handler(
+                    self.exchange_token,
+                    request_deserializer=ca_pb2.IstioCertificateRequest.FromString,
+                    response_serializer=ca_pb2.IstioCertificateResponse.SerializeToString,
+                )
+            },
+        )
+
+    async def exchange_token(
+        self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ca_pb2.IstioCertificateResponse:
+        metadata = dict(context.invocation_metadata() or ())
+        scheme, _, token = str(metadata.get("authorization", "")).partition(" ")
+        try:
+            if scheme.lower() != "bearer" or not token:
+                raise Refusal(grpc.StatusCode.UNAUTHENTICATED, "no join token (authorization: Bearer TOKEN)")
+            return self.sign_joining(request, token, context.peer())
+        except Refusal as refusal:
+            logger.warning("refused a join from %s: %s", untrusted(context.peer()), refusal)
+            await context.abort(refusal.code, str(refusal))
+            raise
+
+    def sign_joining(
+        self, request: ca_pb2.IstioCertificateRequest, token: str, peer: str = "", now: datetime.datetime | None = None
+    ) -> ca_pb2.IstioCertificateResponse:
+        """A workload's first certificate for a join token (the module docstring of
+        `meshctl.security.join_token`); raises Refusal. The token is spent only once everything
+        else has passed."""
+        at = now or datetime.datetime.now(datetime.UTC)
+        try:
+            claims = join_token.verify(self._token_key, token, at)
+        except join_token.TokenRefused as exc:
+            raise Refusal(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
+        snapshot = self._snapshot()
+        if snapshot is None:
+            raise Refusal(grpc.StatusCode.UNAVAILABLE, "the server has not loaded its config yet")
+        identity = token_identity(claims, snapshot, self._trust_domain())
+        public_key = _verified_request(request.csr, identity, "the join token")
+        if self._state_dir is None:
+            raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, "join tokens need a state directory to record their use")
+        try:
+            join_token.use(self._state_dir, claims, at)
+        except join_token.TokenRefused as exc:
+            raise Refusal(grpc.StatusCode.PERMISSION_DENIED, str(exc)) from None
+        except CredentialError as exc:
+            raise Refusal(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+        return self._signed(
+            public_key, identity, self._requested_lifetime(request), at, peer=peer, why="for a join token"
+        )
 
     def handlers(self) -> grpc.GenericRpcHandler[Any, Any]:
         return grpc.method_handlers_generic_handler(
@@ -196,20 +283,36 @@ class CertificateService:
             raise Refusal(grpc.StatusCode.UNAVAILABLE, "the server has not loaded its config yet")
         identity = proven_identity(PeerIdentity.from_auth_context(auth), snapshot)
         public_key = _verified_request(request.csr, identity)
-        lifetime = self._lifetime
+        return self._signed(public_key, identity, self._requested_lifetime(request), at, peer=peer, why="to renew")
+
+    def _requested_lifetime(self, request: ca_pb2.IstioCertificateRequest) -> datetime.timedelta:
+        """The server's lifetime, or less when asked (never below what renewal can serve)."""
         if request.validity_duration < 0:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "validity_duration must not be negative")
-        if request.validity_duration:
-            asked = datetime.timedelta(seconds=request.validity_duration)
-            lifetime = max(MIN_WORKLOAD_LIFETIME, min(lifetime, asked))
+        if not request.validity_duration:
+            return self._lifetime
+        asked = datetime.timedelta(seconds=request.validity_duration)
+        return max(MIN_WORKLOAD_LIFETIME, min(self._lifetime, asked))
+
+    def _signed(
+        self,
+        public_key: Any,
+        identity: ProvenIdentity,
+        lifetime: datetime.timedelta,
+        at: datetime.datetime,
+        *,
+        peer: str,
+        why: str,
+    ) -> ca_pb2.IstioCertificateResponse:
         try:
             issued = self._ca.sign_client(public_key, identity.dns_names, identity.uris, lifetime, at)
         except CredentialError as exc:
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
         logger.info(
-            "signed the xDS client certificate of workload %s (%s) for %s, valid until %s",
+            "signed the xDS client certificate of workload %s (%s) %s, for %s, valid until %s",
             identity.workload,
             ", ".join(identity.names),
+            why,
             untrusted(peer) or "a client",
             issued.not_after.isoformat(),
         )
@@ -238,7 +341,7 @@ class CertificateService:
             )
 
 
-def _verified_request(csr_pem: str, identity: ProvenIdentity) -> Any:
+def _verified_request(csr_pem: str, identity: ProvenIdentity, prover: str = "the client certificate") -> Any:
     """The public key of a well-formed, self-signed request asking for no name beyond
     `identity`'s; raises Refusal."""
     if not csr_pem or len(csr_pem) > MAX_CSR_BYTES:
@@ -261,7 +364,7 @@ def _verified_request(csr_pem: str, identity: ProvenIdentity) -> Any:
     if extra:
         raise Refusal(
             grpc.StatusCode.PERMISSION_DENIED,
-            f"csr asks for {', '.join(untrusted(n) for n in extra)}, which the client certificate does not prove "
+            f"csr asks for {', '.join(untrusted(n) for n in extra)}, which {prover} does not prove "
             f"(it proves {', '.join(identity.names)})",
         )
     return key
@@ -273,3 +376,23 @@ def _requested_names(csr: x509.CertificateSigningRequest) -> Sequence[str]:
     except x509.ExtensionNotFound:
         return ()
     return [str(name.value) for name in sans]
+
+
+async def serve_joins(
+    address: tuple[str, int], tls: XdsTls, service: CertificateService
+) -> tuple[grpc.aio.Server, int]:
+    """The join port: TLS with the server's certificate and no client certificate asked for,
+    answering only the certificate service, and only for join tokens (`--join-address`)."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server.add_generic_rpc_handlers((service.join_handlers(),))
+    host, port = address
+    listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = server.add_secure_port(listen, tls.server_credentials())
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise OSError(f"cannot listen for join tokens on {host}:{port}")
+    await server.start()
+    logger.info("exchanging join tokens for first certificates on %s:%d", host, bound)
+    return server, bound
