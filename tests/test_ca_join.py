@@ -7,6 +7,8 @@ from `meshctl ca token` on the server's state directory, and the VM side is `mes
 
 from __future__ import annotations
 
+import grp
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -68,8 +70,13 @@ def test_a_vm_joins_once_with_a_token_for_its_own_workload(tmp_path: Path) -> No
         assert (vm / "root-cert.pem").read_bytes() == root.read_bytes()
 
         # The certificate is one the xDS port takes: it renews itself there.
-        renewed = meshctl("ca", "renew", "--server", serve.xds_address, "--dir", vm, "--force")
+        group = grp.getgrgid(os.getgid()).gr_name
+        renewed = meshctl("ca", "renew", "--server", serve.xds_address, "--dir", vm, "--force", "--group", group)
         assert renewed.returncode == 0, renewed.stderr
+        # --group: the new key is its group's to read (Envoy's, under systemd), and no one else's.
+        renewed_key = (vm / "key.pem").stat()
+        assert (renewed_key.st_mode & 0o777, renewed_key.st_gid) == (0o640, os.getgid())
+        assert x509.load_pem_x509_certificate((vm / "cert-chain.pem").read_bytes()).serial_number != leaf.serial_number
 
         # A second use, an expired token and a token for another workload get nothing.
         again = join(first, tmp_path / "again")
