@@ -150,6 +150,16 @@ def test_envoy_follows_three_renewals_without_a_restart(tmp_path: Path) -> None:
                     serve.log,
                 )
                 assert envoy.running() and envoy._proc is not None and envoy._proc.pid == pid
+                # The server exports the expiry of the certificate the proxy connected with: the new one.
+                ends = new.not_valid_after_utc
+                [entry] = [p for p in serve.admin_json("debug/syncz") if p["proxy"] == CLIENT]
+                assert entry["client_cert_expires"] == ends.timestamp()
+                metric = f'meshctl_xds_client_cert_expiry_timestamp{{workload="{NS}/client"}} {int(ends.timestamp())}'
+                assert metric in serve.admin("metrics")
+                status = meshctl("proxy-status", "--admin", serve.admin_address, "-o", "json")
+                assert json.loads(status.stdout)[0]["client_cert_expires"] == ends.isoformat(timespec="seconds")
+                # Twenty seconds is well within the hour: proxy-status says so, before it ends.
+                assert f"expires at {ends.isoformat(timespec='seconds')}" in status.stderr
                 assert dynamic_config(envoy) == held
             assert "refused node" not in serve.log()
             # Envoy read each pair once both files were in place.

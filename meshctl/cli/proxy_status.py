@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -81,12 +82,14 @@ def proxy_status(
         for e in entries:
             states = {t: sync_state(e["types"].get(t)) for t in TYPES}
             row = {"proxy": e["proxy"], "workload": e.get("workload", ""), **states, "replica": replica}
+            row["client_cert_expires"] = _when(e.get("client_cert_expires"))
             rows.append({**row, "types": e["types"]})
     if not answered:
         raise UsageError(f"none of the {len(replicas)} replicas answered")
     # A proxy between replicas can show on both for a moment; sorted, its rows stay together.
     rows.sort(key=lambda r: (r["proxy"], r["replica"]))
     in_sync = not any(r[t] in OUT_OF_SYNC for r in rows for t in TYPES)
+    _warn_expiring(rows, out.error)
     if output is Format.json:
         json.dump([{k: v for k, v in r.items() if k != "types"} for r in rows], sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -101,3 +104,32 @@ def proxy_status(
                 if nack:
                     out.error(f"{r['proxy']} {t}: {nack}")
     raise typer.Exit(0 if in_sync else 1)
+
+
+#: A client certificate this close to its end is said on stderr: renewal (at two thirds of its
+#: life, every few minutes) has been failing for a long while.
+EXPIRY_WARNING_SECONDS = 3600
+
+
+def _when(timestamp: float | None) -> str | None:
+    import datetime
+
+    if not timestamp:
+        return None
+    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(timespec="seconds")
+
+
+def _warn_expiring(rows: list[dict[str, Any]], say: Callable[[str], None]) -> None:
+    """One line per proxy whose xDS client certificate ends within the hour (or has ended)."""
+    import datetime
+
+    now = datetime.datetime.now(datetime.UTC)
+    for r in rows:
+        if not r.get("client_cert_expires"):
+            continue
+        ends = datetime.datetime.fromisoformat(r["client_cert_expires"])
+        if (ends - now).total_seconds() < EXPIRY_WARNING_SECONDS:
+            say(
+                f"{r['proxy']}: its xDS client certificate expires at {r['client_cert_expires']}: it reconnects "
+                "only with a renewed one (meshctl ca renew; is meshctl-ca-renew@ running on the VM?)"
+            )

@@ -181,6 +181,14 @@ class Metrics(PushObserver):
             ["type"],
             _TYPES,
         )
+        # Per attested workload (bounded by the mesh), kept after its proxy leaves: "seen".
+        self.client_cert_expiry = Gauge(
+            "meshctl_xds_client_cert_expiry_timestamp",
+            "The unix timestamp, in seconds, when the xDS client certificate a workload's proxy last connected "
+            "with expires.",
+            ["workload"],
+            (),
+        )
         #: (root, chain) expiry times of the CA, as Unix seconds; None without a CA.
         self._ca_expiry: tuple[float, float] | None = None
         self._all: tuple[Counter | Histogram, ...] = (
@@ -193,6 +201,7 @@ class Metrics(PushObserver):
             self.services,
             self.config_size,
             self.internal_errors,
+            self.client_cert_expiry,
         )
 
     # PushObserver
@@ -209,6 +218,11 @@ class Metrics(PushObserver):
 
     def connected(self, count: int) -> None:
         self.xds.set(count)
+
+    def certificate_seen(self, stream: Stream) -> None:
+        node = stream.node
+        if stream.certificate_not_after and node is not None and node.workload:
+            self.client_cert_expiry.set(stream.certificate_not_after, node.workload)
 
     def watch_ca(self, root_not_after: float, chain_not_after: float) -> None:
         """Export the CA's expiry (Unix seconds) as Istio's citadel gauges, and the time left."""

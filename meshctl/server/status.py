@@ -67,6 +67,7 @@ class ServerStatus:
                 "snapshot": conn.resources.snapshot_version if conn.resources else "",
                 "latest_snapshot": snapshot.version if snapshot else "",
                 "retained_clusters": sorted(conn.retained_clusters),
+                "client_cert_expires": stream.certificate_not_after or None,
                 "types": {},
             }
             for status in conn.status():
