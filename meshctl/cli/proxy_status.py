@@ -86,6 +86,9 @@ def proxy_status(
             rows.append({**row, "types": e["types"]})
     if not answered:
         raise UsageError(f"none of the {len(replicas)} replicas answered")
+    split = _split_trust(replicas, admin_token_file) if len(replicas) > 1 else None
+    if split is not None:
+        out.error(split)
     # A proxy between replicas can show on both for a moment; sorted, its rows stay together.
     rows.sort(key=lambda r: (r["proxy"], r["replica"]))
     in_sync = not any(r[t] in OUT_OF_SYNC for r in rows for t in TYPES)
@@ -93,7 +96,7 @@ def proxy_status(
     if output is Format.json:
         json.dump([{k: v for k, v in r.items() if k != "types"} for r in rows], sys.stdout, indent=2)
         sys.stdout.write("\n")
-        raise typer.Exit(0 if in_sync else 1)
+        raise typer.Exit(0 if in_sync and split is None else 1)
     # A table on a terminal; aligned columns when piped, so grep and awk see whole node ids.
     headers = ["NAME", "WORKLOAD", *TYPES, "REPLICA"]
     out.print_listing(headers, [[r["proxy"], r["workload"], *(r[t] for t in TYPES), r["replica"]] for r in rows])
@@ -103,7 +106,7 @@ def proxy_status(
                 nack = (r["types"].get(t) or {}).get("nack")
                 if nack:
                     out.error(f"{r['proxy']} {t}: {nack}")
-    raise typer.Exit(0 if in_sync else 1)
+    raise typer.Exit(0 if in_sync and split is None else 1)
 
 
 #: A client certificate this close to its end is said on stderr: renewal (at two thirds of its
@@ -133,3 +136,29 @@ def _warn_expiring(rows: list[dict[str, Any]], say: Callable[[str], None]) -> No
                 f"{r['proxy']}: its xDS client certificate expires at {r['client_cert_expires']}: it reconnects "
                 "only with a renewed one (meshctl ca renew; is meshctl-ca-renew@ running on the VM?)"
             )
+
+
+def _split_trust(replicas: list[str], token_file: str | None) -> str | None:
+    """Why the replicas do not serve one mesh, or None: each publishes the fingerprints of the
+    roots its certificates chain to (`/version`), and replicas with different roots split the
+    mesh (a proxy failing over to the other is refused, its workload certificates untrusted).
+    Replicas that do not answer, or publish none, are left out."""
+    from meshctl.cli.admin_client import get_json
+    from meshctl.errors import UsageError
+
+    roots: dict[str, tuple[str, ...]] = {}
+    for replica in replicas:
+        try:
+            page = get_json(replica, "/version", token_file, expect=dict)
+        except UsageError:
+            continue
+        fingerprints = page.get("root_fingerprints")
+        if isinstance(fingerprints, list) and fingerprints:
+            roots[replica] = tuple(sorted(str(f) for f in fingerprints))
+    if len(set(roots.values())) <= 1:
+        return None
+    said = "; ".join(f"{r}: {', '.join(f[:23] + '...' for f in fps)}" for r, fps in roots.items())
+    return (
+        f"the replicas do not share one root CA ({said}): proxies that fail over between them are refused and "
+        "their mutual TLS breaks; give every replica the same --ca-dir or state directory (docs/replicas.md)"
+    )

@@ -149,6 +149,13 @@ class CertificateAuthority:
         return self._material.root_pem
 
     @property
+    def root_fingerprints(self) -> tuple[str, ...]:
+        """`sha256:HEX` of each root in the trust bundle, sorted: replicas that sign for one mesh
+        must show the same ones (a replica with a root of its own splits the mesh silently)."""
+        roots = x509.load_pem_x509_certificates(self.root_pem)
+        return tuple(sorted(f"sha256:{r.fingerprint(hashes.SHA256()).hex()}" for r in roots))
+
+    @property
     def certificate(self) -> x509.Certificate:
         """The certificate the CA signs with (the root itself, when self-signed)."""
         return self._material.certificate

@@ -364,7 +364,9 @@ class Server:
         )
         if self.ca is not None:
             self._renewal = asyncio.create_task(self._renew_certificates(), name="meshctl-renew")
-            self.metrics.watch_ca(self.ca.root_not_after.timestamp(), self.ca.not_after.timestamp())
+            self.metrics.watch_ca(
+                self.ca.root_not_after.timestamp(), self.ca.not_after.timestamp(), self.ca.root_fingerprints
+            )
             # Which CA signs, and whether this start made it: a root found in a state directory
             # (a root's first start reusing /var/lib/meshctl, say) must not be a surprise.
             logger.info("workload certificates are signed by the %s", self.ca.describe())

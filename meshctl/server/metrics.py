@@ -189,6 +189,12 @@ class Metrics(PushObserver):
             ["workload"],
             (),
         )
+        self.root_info = Gauge(
+            "meshctl_ca_root_info",
+            "The roots workload certificates chain to, by SHA-256 fingerprint.",
+            ["fingerprint"],
+            (),
+        )
         #: (root, chain) expiry times of the CA, as Unix seconds; None without a CA.
         self._ca_expiry: tuple[float, float] | None = None
         self._all: tuple[Counter | Histogram, ...] = (
@@ -202,6 +208,7 @@ class Metrics(PushObserver):
             self.config_size,
             self.internal_errors,
             self.client_cert_expiry,
+            self.root_info,
         )
 
     # PushObserver
@@ -224,9 +231,12 @@ class Metrics(PushObserver):
         if stream.certificate_not_after and node is not None and node.workload:
             self.client_cert_expiry.set(stream.certificate_not_after, node.workload)
 
-    def watch_ca(self, root_not_after: float, chain_not_after: float) -> None:
-        """Export the CA's expiry (Unix seconds) as Istio's citadel gauges, and the time left."""
+    def watch_ca(self, root_not_after: float, chain_not_after: float, fingerprints: Sequence[str] = ()) -> None:
+        """Export the CA's expiry (Unix seconds) as Istio's citadel gauges, and the time left; and
+        the fingerprints of its roots, which replicas of one mesh share."""
         self._ca_expiry = (root_not_after, chain_not_after)
+        for fingerprint in fingerprints:
+            self.root_info.set(1, fingerprint)
 
     def _ca_metrics(self) -> list[Counter]:
         if self._ca_expiry is None:

@@ -14,6 +14,7 @@ from meshctl.xds import types
 if TYPE_CHECKING:
     from meshctl.config.store import ConfigStore
     from meshctl.registry.aggregate import AggregateRegistry
+    from meshctl.security.ca import CertificateAuthority
     from meshctl.server.ads import AdsServicer
     from meshctl.server.discovery import Discovery
     from meshctl.server.metrics import Metrics
@@ -30,6 +31,7 @@ class RunningServer(Protocol):
     ads: AdsServicer
     metrics: Metrics
     secrets: WorkloadSecrets
+    ca: CertificateAuthority | None
 
     def ready(self) -> bool: ...
 
@@ -48,7 +50,13 @@ class ServerStatus:
         from meshctl import __version__
 
         snapshot = self._server.discovery.snapshot
-        return {"version": __version__, "snapshot": snapshot.version if snapshot else ""}
+        ca = self._server.ca
+        return {
+            "version": __version__,
+            "snapshot": snapshot.version if snapshot else "",
+            # What `proxy-status` compares across replicas: one mesh, one trust.
+            "root_fingerprints": list(ca.root_fingerprints) if ca is not None else [],
+        }
 
     def metrics_text(self) -> str:
         return self._server.metrics.render()
