@@ -3,6 +3,7 @@ replicas that do not share them (two servers with roots of their own split the m
 
 from __future__ import annotations
 
+import datetime
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 from test_ca_renewal_envoy import mesh_config
 
+from meshctl.server.metrics import Metrics
 from meshctl.testing.envoy import free_port
 from meshctl.testing.serve_process import ServeProcess, meshctl_command
 
@@ -26,7 +28,8 @@ def test_proxy_status_flags_replicas_with_different_roots(tmp_path: Path) -> Non
     mesh = tmp_path / "mesh"
     mesh.mkdir()
     (mesh / "mesh.yaml").write_text(mesh_config(free_port()))
-    with ServeProcess([mesh], extra_args=["--state-dir", str(tmp_path / "a")]) as a:
+    short = ["--workload-cert-lifetime", "2h"]
+    with ServeProcess([mesh], extra_args=["--state-dir", str(tmp_path / "a"), *short]) as a:
         shutil.copytree(tmp_path / "a", tmp_path / "shared")
         with (
             ServeProcess([mesh], extra_args=["--state-dir", str(tmp_path / "b")]) as b,
@@ -44,3 +47,16 @@ def test_proxy_status_flags_replicas_with_different_roots(tmp_path: Path) -> Non
             assert split.returncode == 1, split.stderr
             assert "do not share one root CA" in split.stderr
             assert a.admin_address in split.stderr and b.admin_address in split.stderr
+
+            # Outage arithmetic: 2 h renewed at two thirds leaves 40 min without any replica.
+            assert "after 0:40:00 without any replica: under an hour" in a.log()
+            assert "without any replica" not in b.log()
+
+
+def test_the_earliest_workload_certificate_expiry_is_exported() -> None:
+    metrics = Metrics()
+    assert "meshctl_workload_cert_earliest_expiry_seconds" not in metrics.render()
+    ends = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=8)
+    metrics.watch_workload_certificates(lambda: ends)
+    [line] = [x for x in metrics.render().splitlines() if x.startswith("meshctl_workload_cert_earliest_expiry_seconds")]
+    assert 8 * 3600 - 60 < float(line.split()[-1]) <= 8 * 3600

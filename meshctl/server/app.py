@@ -36,6 +36,7 @@ from meshctl.kv.source import KvLocation
 from meshctl.registry.aggregate import AggregateRegistry
 from meshctl.registry.base import Registry
 from meshctl.registry.consul import ConsulOptions, ConsulRegistry
+from meshctl.security.ca import RENEW_FRACTION
 from meshctl.server.admin import AdminServer
 from meshctl.server.ads import AdsServicer
 from meshctl.server.auth import BearerToken, XdsTls, identity_authorizer, is_loopback
@@ -152,6 +153,11 @@ class ServeSettings:
     max_new_streams_per_second: float = 0.0
     #: What the clients of the xDS port may make the server hold (`meshctl.server.limits`).
     limits: StreamLimits = field(default_factory=StreamLimits)
+
+
+#: The least outage of every replica that workload certificates should outlast (a third of their
+#: lifetime: the default 24 h gives 8 h); less is warned about at start.
+OUTAGE_WARNING: Final = datetime.timedelta(hours=1)
 
 
 #: How long a stream past its connection's max age may still run (istiod's
@@ -370,6 +376,14 @@ class Server:
             # Which CA signs, and whether this start made it: a root found in a state directory
             # (a root's first start reusing /var/lib/meshctl, say) must not be a surprise.
             logger.info("workload certificates are signed by the %s", self.ca.describe())
+            self.metrics.watch_workload_certificates(self.secrets.earliest_expiry)
+            if (outage := self.settings.workload_cert_lifetime * (1 - RENEW_FRACTION)) < OUTAGE_WARNING:
+                logger.warning(
+                    "--workload-cert-lifetime %s: certificates are renewed at two thirds of it, so proxies lose "
+                    "mutual TLS (and VMs their xDS certificate) after %s without any replica: under an hour",
+                    self.settings.workload_cert_lifetime,
+                    outage,
+                )
             self._ca_watch = CaExpiryWatch(self.ca)
             self._ca_watch.start()
         if self.settings.on_ready is not None:

@@ -12,12 +12,13 @@ seconds, open file descriptors, start time), read from /proc at each scrape.
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import resource
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from meshctl.server.ads import PushObserver, Stream
@@ -195,6 +196,8 @@ class Metrics(PushObserver):
             ["fingerprint"],
             (),
         )
+        #: When the earliest workload certificate held expires (`WorkloadSecrets.earliest_expiry`).
+        self._earliest_expiry: Callable[[], datetime.datetime | None] | None = None
         #: (root, chain) expiry times of the CA, as Unix seconds; None without a CA.
         self._ca_expiry: tuple[float, float] | None = None
         self._all: tuple[Counter | Histogram, ...] = (
@@ -238,9 +241,23 @@ class Metrics(PushObserver):
         for fingerprint in fingerprints:
             self.root_info.set(1, fingerprint)
 
+    def watch_workload_certificates(self, earliest_expiry: Callable[[], datetime.datetime | None]) -> None:
+        """Export how long until the earliest workload certificate held expires: the outage the
+        fleet can take from here (two thirds of a lifetime are spent before renewal)."""
+        self._earliest_expiry = earliest_expiry
+
     def _ca_metrics(self) -> list[Counter]:
+        out: list[Counter] = []
+        earliest = self._earliest_expiry() if self._earliest_expiry is not None else None
+        if earliest is not None:
+            gauge = Gauge(
+                "meshctl_workload_cert_earliest_expiry_seconds",
+                "The time remaining, in seconds, before the earliest workload certificate held expires.",
+            )
+            gauge.set(round(earliest.timestamp() - time.time(), 3))
+            out.append(gauge)
         if self._ca_expiry is None:
-            return []
+            return out
         now = time.time()
         root, chain = self._ca_expiry
         when = "The unix timestamp, in seconds, when the {} expires."
@@ -251,7 +268,6 @@ class Metrics(PushObserver):
             ("citadel_server_root_cert_expiry_seconds", left.format("root CA"), root - now),
             ("citadel_server_cert_chain_expiry_seconds", left.format("CA chain"), chain - now),
         )
-        out: list[Counter] = []
         for name, help_text, value in gauges:
             gauge = Gauge(name, help_text)
             gauge.set(round(value, 3))
