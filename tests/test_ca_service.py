@@ -195,3 +195,33 @@ def test_renew_says_in_one_line_why_it_cannot(tmp_path: Path, ca: CertificateAut
     assert forced.exit_code == 2, forced.output
     assert forced.output.count("\n") == 1 and "127.0.0.1:1" in forced.output
     assert (tmp_path / "vm" / "cert-chain.pem").read_bytes() == before
+
+
+# -- meshctl bootstrap --xds-cert-dir -------------------------------------------------------------
+
+
+def test_bootstrap_reads_the_certificate_directory_through_sds(tmp_path: Path) -> None:
+    import json
+
+    runner = CliRunner()
+    vm = tmp_path / "vm"
+    base = ["bootstrap", "--proxy", "client.shop", "--ip", "10.0.0.9", "--xds-address", "10.0.0.1:15010", "-o", "json"]
+    both = runner.invoke(app, [*base, "--xds-cert-dir", str(vm), "--xds-cert", "c.pem", "--xds-key", "k.pem"])
+    assert both.exit_code == 2 and "--xds-cert-dir" in both.output
+    vm.mkdir()
+    made = runner.invoke(app, [*base, "--xds-cert-dir", str(vm)])
+    assert made.exit_code == 0, made.output
+    cluster = json.loads(made.stdout)["static_resources"]["clusters"][0]
+    common = cluster["transport_socket"]["typed_config"]["common_tls_context"]
+    assert "tls_certificates" not in common
+    [sds] = common["tls_certificate_sds_secret_configs"]
+    source = sds["sds_config"]["path_config_source"]
+    assert source == {
+        "path": str(vm.absolute() / "sds" / "xds-client-cert.yaml"),
+        "watched_directory": {"path": str(vm.absolute() / "sds")},
+    }
+    assert common["validation_context"]["trusted_ca"]["filename"] == str(vm.absolute() / "root-cert.pem")
+    # The SDS file it names was written, naming the pair in the directory.
+    secret = json.loads((vm / "sds" / "xds-client-cert.yaml").read_text())["resources"][0]
+    assert secret["name"] == sds["name"]
+    assert secret["tls_certificate"]["private_key"] == {"filename": str(vm.absolute() / "key.pem")}

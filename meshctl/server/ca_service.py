@@ -33,6 +33,7 @@ generated gRPC stubs are needed (they pin the gRPC runtime to the generator's ve
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 from collections.abc import Callable, Sequence
@@ -198,7 +199,9 @@ class CertificateService:
         try:
             if scheme.lower() != "bearer" or not token:
                 raise Refusal(grpc.StatusCode.UNAUTHENTICATED, "no join token (authorization: Bearer TOKEN)")
-            return self.sign_joining(request, token, context.peer())
+            # Off the event loop: spending a token writes (and syncs) a file.
+            sign = self.sign_joining
+            return await asyncio.get_running_loop().run_in_executor(None, sign, request, token, context.peer())
         except Refusal as refusal:
             logger.warning("refused a join from %s: %s", untrusted(context.peer()), refusal)
             await context.abort(refusal.code, str(refusal))
@@ -247,8 +250,10 @@ class CertificateService:
     async def create_certificate(
         self, request: ca_pb2.IstioCertificateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> ca_pb2.IstioCertificateResponse:
+        auth, peer = context.auth_context(), context.peer()
         try:
-            return self.sign(request, context.auth_context(), context.peer())
+            # Off the event loop: a signature, and file reads, must not hold up the xDS streams.
+            return await asyncio.get_running_loop().run_in_executor(None, self.sign, request, auth, peer)
         except Refusal as refusal:
             logger.warning("refused a certificate request from %s: %s", untrusted(context.peer()), refusal)
             await context.abort(refusal.code, str(refusal))
