@@ -38,6 +38,7 @@ CA ever signed), and presents its own certificate when one is given, which `mesh
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,6 +163,50 @@ class XdsClientTls:
     key_file: Path | None = None
     #: The server name to send and to find in the server's certificate (default: the xDS host).
     sni: str | None = None
+    #: A directory holding the certificate and key as `meshctl ca issue --proxy` and `ca renew`
+    #: write them, read through file-based SDS that follows renewals (`xds_client_sds_file`);
+    #: instead of `cert_file`/`key_file`.
+    cert_dir: Path | None = None
+
+
+#: The SDS secret of the xDS client certificate, and the file it is read from in `cert_dir`.
+XDS_CLIENT_SECRET = "xds-client-cert"
+_SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+
+
+def xds_client_sds_file(directory: Path) -> bytes:
+    """The SDS file of `XdsClientTls.cert_dir` (JSON, which Envoy reads as YAML): one Secret naming
+    the certificate and key files of `directory`.
+
+    Envoy watches the directory of this file (`watched_directory`, `SDS_DIR` of `directory`, not
+    `directory` itself) and, when a file is moved into it, reads this file and the pair again,
+    checking that the pair did not change between the two reads. `meshctl ca renew` and `ca issue`
+    write this file last, once key and certificate are both in place, so Envoy reads the pair
+    once and whole; a certificate and key that do not match are refused and the last good pair
+    kept. The connection to meshctl uses the new pair from its next handshake,
+    with no restart, and the config Envoy holds does not change."""
+    from meshctl.security.renewal import CERT_FILE, KEY_FILE, SDS_DIR
+
+    watched = {"path": str((directory / SDS_DIR).absolute())}
+    secret = {
+        "@type": _SECRET,
+        "name": XDS_CLIENT_SECRET,
+        "tls_certificate": {
+            "certificate_chain": _filename(directory / CERT_FILE),
+            "private_key": _filename(directory / KEY_FILE),
+            "watched_directory": watched,
+        },
+    }
+    return (json.dumps({"resources": [secret]}, indent=2) + "\n").encode()
+
+
+def xds_client_sds_config(directory: Path) -> dict[str, Any]:
+    """The `tls_certificate_sds_secret_configs` entry reading `xds_client_sds_file` of `directory`."""
+    from meshctl.security.renewal import SDS_DIR, SDS_FILE
+
+    watched = {"path": str((directory / SDS_DIR).absolute())}
+    source = {"path": str((directory / SDS_FILE).absolute()), "watched_directory": watched}
+    return {"name": XDS_CLIENT_SECRET, "sds_config": {"path_config_source": source, "resource_api_version": "V3"}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +287,9 @@ def xds_transport_socket(tls: XdsClientTls, xds_host: str) -> dict[str, Any]:
             "match_typed_subject_alt_names": [{"san_type": san_type, "matcher": {"exact": server_name}}],
         },
     }
-    if tls.cert_file is not None and tls.key_file is not None:
+    if tls.cert_dir is not None:
+        common["tls_certificate_sds_secret_configs"] = [xds_client_sds_config(tls.cert_dir)]
+    elif tls.cert_file is not None and tls.key_file is not None:
         common["tls_certificates"] = [
             {"certificate_chain": _filename(tls.cert_file), "private_key": _filename(tls.key_file)}
         ]

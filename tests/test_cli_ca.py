@@ -65,8 +65,11 @@ def test_issue_for_a_vm_proxy(tmp_path: Path) -> None:
     out = tmp_path / "out"
     status, stdout, stderr = ca("issue", "--proxy", "web.bookinfo", "--out", out, "--state-dir", tmp_path / "state")
     assert (status, stdout) == (0, ""), stderr
-    assert sorted(p.name for p in out.iterdir()) == ["cert-chain.pem", "key.pem", "root-cert.pem"]
+    assert sorted(p.name for p in out.iterdir()) == ["cert-chain.pem", "key.pem", "root-cert.pem", "sds"]
     assert stat.S_IMODE((out / "key.pem").stat().st_mode) == 0o600
+    # The SDS file `meshctl bootstrap --xds-cert-dir` has Envoy read the pair through.
+    sds = (out / "sds" / "xds-client-cert.yaml").read_text()
+    assert str((out / "cert-chain.pem").absolute()) in sds and str((out / "key.pem").absolute()) in sds
     leaf, rest = leaf_and_rest(out)
     roots = x509.load_pem_x509_certificates((out / "root-cert.pem").read_bytes())
     verified = PolicyBuilder().store(Store(roots)).build_client_verifier().verify(leaf, rest)

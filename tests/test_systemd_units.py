@@ -44,6 +44,7 @@ from meshctl.testing.ads_client import AdsClient
 
 MESHCTL_UNIT = UNITS / "meshctl.service"
 GIT_SYNC_UNITS = (UNITS / "meshctl-git-sync.service", UNITS / "meshctl-git-sync.timer")
+RENEW_UNIT, RENEW_TIMER = UNITS / "meshctl-ca-renew@.service", UNITS / "meshctl-ca-renew@.timer"
 
 #: Variables systemd itself sets for a service's commands (systemd.exec(5)).
 SYSTEMD_VARIABLES = {"MAINPID", "RUNTIME_DIRECTORY", "CREDENTIALS_DIRECTORY"}
@@ -113,7 +114,7 @@ def installable_units(tmp_path: Path) -> Iterator[list[Path]]:
     """Copies of the units whose programs exist here: verify checks that ExecStart= is executable,
     and /usr/local/bin/meshctl and envoy are where a host installs them, not where a test runs."""
     copies = []
-    for unit in (MESHCTL_UNIT, ENVOY_UNIT, *GIT_SYNC_UNITS):
+    for unit in (MESHCTL_UNIT, ENVOY_UNIT, *GIT_SYNC_UNITS, RENEW_UNIT, RENEW_TIMER):
         text = unit.read_text()
         for program in ("/usr/local/bin/meshctl", "/usr/local/bin/envoy", "/usr/local/lib/meshctl/meshctl-git-sync"):
             text = text.replace(program, sys.executable)
@@ -428,3 +429,59 @@ def test_serve_works_without_writable_executable_memory(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# -- the certificate renewal units ---------------------------------------------------------------
+
+
+def timer_section(path: Path) -> dict[str, str]:
+    section, values = "", {}
+    for line in path.read_text().splitlines():
+        if line.startswith("["):
+            section = line
+        elif section == "[Timer]" and "=" in line:
+            key, _, value = line.partition("=")
+            values[key] = value
+    return values
+
+
+def test_renewal_timer_runs_often_with_jitter() -> None:
+    timer = timer_section(RENEW_TIMER)
+    assert timer["RandomizedDelaySec"] and timer["OnUnitInactiveSec"]
+
+
+def run_renewal(tmp_path: Path, environ: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    """ExecStart= of the renewal unit as systemd runs it, with this venv's CLI."""
+    argv = command_line(expand_specifiers(one(RENEW_UNIT, "ExecStart"), tmp_path), environ)
+    assert "exec /usr/local/bin/meshctl ca renew " in argv[2]
+    argv[2] = argv[2].replace("/usr/local/bin/meshctl", f"{shlex.quote(sys.executable)} -m meshctl")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **environ}
+    return subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=120)
+
+
+def test_renewal_unit_runs_ca_renew_with_flags_it_knows_and_documents_its_variables() -> None:
+    renew = typer.main.get_command(app).commands["ca"].commands["renew"]  # type: ignore[attr-defined]
+    known = {opt for p in renew.params for opt in p.opts}
+    script = command_line(expand_specifiers(one(RENEW_UNIT, "ExecStart"), Path("/run")), {})[2]
+    documented = documented_settings(RENEW_UNIT)
+    used = set(long_flags(shlex.split(script))) | set(long_flags(documented["MESHCTL_RENEW_ARGS"].split()))
+    assert {"--server", "--dir"} <= used <= known
+    assert referenced_variables(RENEW_UNIT) == set(documented)
+
+
+@pytest.mark.slow
+def test_renewal_unit_command_runs_and_names_the_env_file(tmp_path: Path) -> None:
+    certs = tmp_path / "xds"
+    issued = subprocess.run(
+        [sys.executable, "-m", "meshctl", "ca", "issue", "--proxy", INSTANCE, "--out", str(certs),
+         "--state-dir", str(tmp_path / "state")],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert issued.returncode == 0, issued.stderr
+    environ = {"MESHCTL_XDS_ADDRESS": "127.0.0.1:1", "MESHCTL_XDS_CERT_DIR": str(certs)}
+    # A certificate just issued is not due: the run does nothing and succeeds, server or not.
+    result = run_renewal(tmp_path, environ)
+    assert result.returncode == 0 and "is not due" in result.stderr, result.stderr
+    missing = run_renewal(tmp_path, {"MESHCTL_XDS_CERT_DIR": str(certs)})
+    assert missing.returncode != 0
+    assert f"MESHCTL_XDS_ADDRESS: is not set in /etc/meshctl/envoy-{INSTANCE}.env" in missing.stderr

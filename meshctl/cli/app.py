@@ -252,6 +252,20 @@ _command(
     "  meshctl ca issue --server meshctl.example.com --server 10.10.0.1 --out /etc/meshctl/tls",
     ca_app,
 )
+_command(
+    "renew",
+    ca_cmd.renew,
+    "Examples:\n\n  meshctl ca renew --server 10.10.0.1:15010 --dir /etc/meshctl/xds\n\n"
+    "  meshctl ca renew --server meshctl.example.com:15010 --dir /etc/meshctl/xds --force",
+    ca_app,
+)
+_command(
+    "token",
+    ca_cmd.token,
+    "Examples:\n\n  meshctl ca token --proxy orders-vm.shop > orders-vm.token\n\n"
+    "  meshctl ca token --proxy orders-vm.shop --ttl 15m",
+    ca_app,
+)
 app.add_typer(ca_app)
 
 

@@ -105,6 +105,17 @@ def bootstrap(
         ),
     ] = None,
     xds_key: Annotated[Path | None, typer.Option(help="The PEM private key of --xds-cert.")] = None,
+    xds_cert_dir: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="PATH",
+            show_default=False,
+            help="Instead of --xds-cert/--xds-key: the directory `meshctl ca issue --proxy` and `meshctl ca renew` "
+            "keep cert-chain.pem and key.pem in. Envoy reads them through SDS and follows renewals without a "
+            "restart (through its sds/xds-client-cert.yaml, written when missing); --xds-ca defaults to its "
+            "root-cert.pem.",
+        ),
+    ] = None,
     xds_sni: Annotated[
         str | None,
         typer.Option(
@@ -185,6 +196,11 @@ def bootstrap(
         raise UsageError(f"the node id's IP {node.ip!r} is not an IPv4 or IPv6 address")
     if (xds_cert is None) != (xds_key is None):
         raise UsageError("--xds-cert and --xds-key go together")
+    if xds_cert_dir is not None:
+        if xds_cert is not None:
+            raise UsageError("--xds-cert-dir replaces --xds-cert and --xds-key: give one or the other")
+        xds_ca = xds_ca or xds_cert_dir / "root-cert.pem"
+        _ensure_sds_file(xds_cert_dir)
     if xds_ca is None and (xds_cert is not None or xds_sni is not None):
         raise UsageError(
             "--xds-cert, --xds-key and --xds-sni need --xds-ca: TLS without checking the server is not offered"
@@ -194,7 +210,7 @@ def bootstrap(
             "several --xds-address hosts with --xds-ca need --xds-sni NAME, a DNS SAN every replica's "
             "certificate carries: Envoy checks one name for the whole xds-grpc cluster"
         )
-    tls = XdsClientTls(xds_ca, xds_cert, xds_key, xds_sni) if xds_ca is not None else None
+    tls = XdsClientTls(xds_ca, xds_cert, xds_key, xds_sni, xds_cert_dir) if xds_ca is not None else None
     inclusion = StatsInclusion(
         tuple(stats_inclusion_prefix or ()), tuple(stats_inclusion_suffix or ()), tuple(stats_inclusion_regex or ())
     )
@@ -230,3 +246,28 @@ def bootstrap(
         yaml = YAML(typ="safe", pure=True)
         yaml.default_flow_style = False
         yaml.dump(config, sys.stdout)
+
+
+def _ensure_sds_file(directory: Path) -> None:
+    """Write the SDS file of `directory` unless it already says what it must (UsageError when it
+    does not and cannot be written: under the Envoy unit the directory is read-only)."""
+    from meshctl.bootstrap import xds_client_sds_file
+    from meshctl.errors import UsageError
+    from meshctl.security.files import PUBLIC_MODE, write_atomically
+    from meshctl.security.renewal import SDS_FILE
+
+    path = directory / SDS_FILE
+    wanted = xds_client_sds_file(directory)
+    try:
+        if path.read_bytes() == wanted:
+            return
+    except OSError:
+        pass
+    try:
+        path.parent.mkdir(mode=0o755, exist_ok=True)
+        write_atomically(path, wanted, mode=PUBLIC_MODE)
+    except OSError as exc:
+        raise UsageError(
+            f"--xds-cert-dir: cannot write {path} ({exc.strerror or exc}); `meshctl ca renew --force --dir "
+            f"{directory}` or `meshctl ca issue --proxy ... --out {directory}` writes it"
+        ) from None

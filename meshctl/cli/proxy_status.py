@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -87,16 +88,21 @@ def proxy_status(
                 "HDS": e.get("health", ""),
                 "replica": replica,
             }
+            row["client_cert_expires"] = _when(e.get("client_cert_expires"))
             rows.append({**row, "types": e["types"]})
     if not answered:
         raise UsageError(f"none of the {len(replicas)} replicas answered")
+    split = _split_trust(replicas, admin_token_file) if len(replicas) > 1 else None
+    if split is not None:
+        out.error(split)
     # A proxy between replicas can show on both for a moment; sorted, its rows stay together.
     rows.sort(key=lambda r: (r["proxy"], r["replica"]))
     in_sync = not any(r[t] in OUT_OF_SYNC for r in rows for t in TYPES)
+    _warn_expiring(rows, out.error)
     if output is Format.json:
         json.dump([{k: v for k, v in r.items() if k != "types"} for r in rows], sys.stdout, indent=2)
         sys.stdout.write("\n")
-        raise typer.Exit(0 if in_sync else 1)
+        raise typer.Exit(0 if in_sync and split is None else 1)
     # A table on a terminal; aligned columns when piped, so grep and awk see whole node ids.
     headers = ["NAME", "WORKLOAD", *TYPES, "HDS", "REPLICA"]
     out.print_listing(
@@ -108,4 +114,59 @@ def proxy_status(
                 nack = (r["types"].get(t) or {}).get("nack")
                 if nack:
                     out.error(f"{r['proxy']} {t}: {nack}")
-    raise typer.Exit(0 if in_sync else 1)
+    raise typer.Exit(0 if in_sync and split is None else 1)
+
+
+#: A client certificate this close to its end is said on stderr: renewal (at two thirds of its
+#: life, every few minutes) has been failing for a long while.
+EXPIRY_WARNING_SECONDS = 3600
+
+
+def _when(timestamp: float | None) -> str | None:
+    import datetime
+
+    if not timestamp:
+        return None
+    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(timespec="seconds")
+
+
+def _warn_expiring(rows: list[dict[str, Any]], say: Callable[[str], None]) -> None:
+    """One line per proxy whose xDS client certificate ends within the hour (or has ended)."""
+    import datetime
+
+    now = datetime.datetime.now(datetime.UTC)
+    for r in rows:
+        if not r.get("client_cert_expires"):
+            continue
+        ends = datetime.datetime.fromisoformat(r["client_cert_expires"])
+        if (ends - now).total_seconds() < EXPIRY_WARNING_SECONDS:
+            say(
+                f"{r['proxy']}: its xDS client certificate expires at {r['client_cert_expires']}: it reconnects "
+                "only with a renewed one (meshctl ca renew; is meshctl-ca-renew@ running on the VM?)"
+            )
+
+
+def _split_trust(replicas: list[str], token_file: str | None) -> str | None:
+    """Why the replicas do not serve one mesh, or None: each publishes the fingerprints of the
+    roots its certificates chain to (`/version`), and replicas with different roots split the
+    mesh (a proxy failing over to the other is refused, its workload certificates untrusted).
+    Replicas that do not answer, or publish none, are left out."""
+    from meshctl.cli.admin_client import get_json
+    from meshctl.errors import UsageError
+
+    roots: dict[str, tuple[str, ...]] = {}
+    for replica in replicas:
+        try:
+            page = get_json(replica, "/version", token_file, expect=dict)
+        except UsageError:
+            continue
+        fingerprints = page.get("root_fingerprints")
+        if isinstance(fingerprints, list) and fingerprints:
+            roots[replica] = tuple(sorted(str(f) for f in fingerprints))
+    if len(set(roots.values())) <= 1:
+        return None
+    said = "; ".join(f"{r}: {', '.join(f[:23] + '...' for f in fps)}" for r, fps in roots.items())
+    return (
+        f"the replicas do not share one root CA ({said}): proxies that fail over between them are refused and "
+        "their mutual TLS breaks; give every replica the same --ca-dir or state directory (docs/replicas.md)"
+    )

@@ -100,6 +100,16 @@ def serve(
             "workload of its node id (the identity rule above). Needs --tls-cert.",
         ),
     ] = None,
+    join_address: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MESHCTL_JOIN_ADDRESS",
+            metavar="HOST:PORT",
+            show_default=False,
+            help="Exchange join tokens (meshctl ca token) for a VM's first xDS client certificate here: TLS with "
+            "--tls-cert and no client certificate asked for. Needs --client-ca. Default: no join port.",
+        ),
+    ] = None,
     allow_unenforced_security: Annotated[
         bool,
         typer.Option(
@@ -306,6 +316,13 @@ def serve(
     debounce_settings = DebounceSettings(debounce, max(debounce, debounce_max))
     if (tls_cert is None) != (tls_key is None):
         raise UsageError("--tls-cert and --tls-key go together")
+    if join_address is not None and client_ca is None:
+        raise UsageError("--join-address needs --client-ca: the certificates it hands out are for the xDS port")
+    if join_address is not None:
+        try:
+            split_address(join_address)
+        except ValueError as exc:
+            raise UsageError(f"--join-address: {exc}") from None
     if client_ca is not None and tls_cert is None:
         raise UsageError("--client-ca needs --tls-cert and --tls-key: client certificates are checked over TLS")
     tls = XdsTls(tls_cert, tls_key, client_ca) if tls_cert is not None and tls_key is not None else None
@@ -349,6 +366,7 @@ def serve(
         state_dir=state_dir if state_dir is not None else DEFAULT_STATE_DIR,
         state_dir_given=state_dir is not None,
         workload_cert_lifetime=lifetime,
+        join_address=join_address,
         insecure_send_keys=insecure_send_keys,
         max_connection_age=max_age / 1e9 if max_age else None,
         max_new_streams_per_second=max_new_streams_per_second,

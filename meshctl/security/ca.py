@@ -32,7 +32,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from meshctl.errors import CredentialError
@@ -74,6 +74,8 @@ _NOT_A_CA = x509.BasicConstraints(ca=False, path_length=None)
 _EMPTY_NAME = x509.Name([])
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+#: The keys a signing request may carry that meshctl certifies (what TLS peers accept).
+CertificatePublicKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey | ed25519.Ed25519PublicKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +149,13 @@ class CertificateAuthority:
         return self._material.root_pem
 
     @property
+    def root_fingerprints(self) -> tuple[str, ...]:
+        """`sha256:HEX` of each root in the trust bundle, sorted: replicas that sign for one mesh
+        must show the same ones (a replica with a root of its own splits the mesh silently)."""
+        roots = x509.load_pem_x509_certificates(self.root_pem)
+        return tuple(sorted(f"sha256:{r.fingerprint(hashes.SHA256()).hex()}" for r in roots))
+
+    @property
     def certificate(self) -> x509.Certificate:
         """The certificate the CA signs with (the root itself, when self-signed)."""
         return self._material.certificate
@@ -160,6 +169,17 @@ class CertificateAuthority:
     def root_not_after(self) -> datetime:
         """When the root of the CA's chain expires (the trust bundle's, as workloads have it)."""
         return self._material.chain[-1].not_valid_after_utc
+
+    def derive_key(self, purpose: bytes) -> bytes:
+        """A 32-byte secret for `purpose`, derived from the CA's private key (HKDF-SHA256): every
+        server holding this CA derives the same one, and no other secret needs keeping."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+        secret = self._key.private_bytes(
+            serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=purpose).derive(secret)
 
     def describe(self) -> str:
         """Which CA this is, for the start-up log: where, new or found, whose, until when."""
@@ -213,6 +233,20 @@ class CertificateAuthority:
             sans, _CLIENT_USAGE, lifetime, now, ", ".join([*names, *([str(identity)] if identity else [])])
         )
 
+    def sign_client(
+        self,
+        public_key: CertificatePublicKey,
+        dns_names: Sequence[str],
+        uris: Sequence[str] = (),
+        lifetime: timedelta = DEFAULT_LIFETIME,
+        now: datetime | None = None,
+    ) -> IssuedCertificate:
+        """An xDS client certificate, like `issue_client`, for a key made elsewhere (the public key
+        of a signing request): the key never comes here, so `private_key_pem` is empty."""
+        sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+        sans += [x509.UniformResourceIdentifier(u) for u in uris]
+        return self._issue(sans, _CLIENT_USAGE, lifetime, now, ", ".join([*dns_names, *uris]), public_key=public_key)
+
     def issue_server(
         self,
         dns_names: Iterable[str] = (),
@@ -234,9 +268,12 @@ class CertificateAuthority:
         lifetime: timedelta,
         now: datetime | None,
         what: str,
+        *,
+        public_key: CertificatePublicKey | None = None,
     ) -> IssuedCertificate:
-        """Sign a leaf for `sans`. No names or a lifetime that is not positive is the caller's
-        mistake (ValueError); a CA that has expired is CredentialError."""
+        """Sign a leaf for `sans`, with a new key unless `public_key` is given. No names or a
+        lifetime that is not positive is the caller's mistake (ValueError); a CA that has expired
+        is CredentialError."""
         if not sans:
             raise ValueError("a certificate needs at least one name")
         if lifetime <= timedelta(0):
@@ -246,13 +283,15 @@ class CertificateAuthority:
             raise CredentialError(f"{self.source}: expired at {self._expires.isoformat()}, so it cannot issue")
         not_before = start - CLOCK_SKEW
         not_after = min(start + lifetime, self._expires)
-        key = ec.generate_private_key(ec.SECP256R1())
+        key = ec.generate_private_key(ec.SECP256R1()) if public_key is None else None
+        certified = key.public_key() if key is not None else public_key
+        assert certified is not None
         serial = secrets.randbits(128) or 1
         certificate = (
             x509.CertificateBuilder()
             .subject_name(_EMPTY_NAME)
             .issuer_name(self._issuer)
-            .public_key(key.public_key())
+            .public_key(certified)
             .serial_number(serial)
             .not_valid_before(not_before)
             .not_valid_after(not_after)
@@ -266,7 +305,7 @@ class CertificateAuthority:
         logger.debug("issued a certificate for %s, serial %x, until %s", what, serial, not_after.isoformat())
         return IssuedCertificate(
             cert_chain_pem=certificates_pem([certificate]) + self._chain_pem,
-            private_key_pem=private_key_pem(key),
+            private_key_pem=private_key_pem(key) if key is not None else b"",
             not_before=not_before,
             not_after=not_after,
             serial=serial,

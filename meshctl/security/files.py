@@ -66,12 +66,16 @@ def _check_regular(path: Path, st: os.stat_result) -> None:
         raise CredentialError(f"{path}: not a regular file ({what}); only regular files are read")
 
 
-def write_atomically(path: Path, data: bytes, *, mode: int, replace: bool = True) -> None:
+def write_atomically(path: Path, data: bytes, *, mode: int, replace: bool = True, group: int | None = None) -> None:
     """Give `path` the contents `data` in one step (see the module's docstring). With
-    `replace=False` an existing `path` raises FileExistsError and is left as it was."""
+    `replace=False` an existing `path` raises FileExistsError and is left as it was. `group`
+    (a gid) owns the file from before it has its name, for a reader in that group."""
     temporary = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
+        if group is not None:
+            os.fchown(fd, -1, group)
+            os.fchmod(fd, mode)  # the umask may have taken group bits away
         with os.fdopen(fd, "wb") as file:
             file.write(data)
             file.flush()

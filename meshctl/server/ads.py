@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import grpc
+from cryptography import x509
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import json_format
 
@@ -88,6 +89,8 @@ class Stream:
     #: Who holds the stream, for its bounds (`limits`): a certificate's digest or a peer address.
     client: str = ""
     certified: bool = False
+    #: When its TLS client certificate expires (Unix seconds); 0 without one.
+    certificate_not_after: float = 0.0
     #: Counted in the ledger (and in the servicer's node ids) once admitted.
     counted: bool = False
     #: Set to end the stream with this status (its binding changed): the serving task does.
@@ -104,6 +107,8 @@ class PushObserver:
     def connected(self, count: int) -> None: ...
 
     def converged(self, stream: Stream, seconds: float) -> None: ...
+
+    def certificate_seen(self, stream: Stream) -> None: ...
 
 
 #: Decides whether a stream may ask for a node's config: the node as attested (`ProxyNode.attested`,
@@ -185,7 +190,7 @@ class AdsServicer:
             ledger=self.ledger,
             client=client,
         )
-        stream = Stream(connection, client=client, certified=certified)
+        stream = Stream(connection, client=client, certified=certified, certificate_not_after=certificate_end(context))
         reader = asyncio.create_task(self._read(stream, requests, context))
         # The reader ending wakes the stream too: one event to wait on, no task per wake-up.
         reader.add_done_callback(lambda _: stream.wake.set())
@@ -332,6 +337,7 @@ class AdsServicer:
         conn.node_id = node.id
         self.streams[conn.id] = stream
         self._observer.connected(len(self.streams))
+        self._observer.certificate_seen(stream)
         logger.info("proxy %s connected (%s)", stream.label, "delta" if conn.delta else "sotw")
         try:
             await self._bind(stream, self._snapshot())
@@ -437,6 +443,18 @@ def client_of(context: grpc.aio.ServicerContext[Any, Any]) -> tuple[str, bool]:
         return f"certificate sha256:{hashlib.sha256(pem).hexdigest()[:16]}", True
     peer = context.peer()
     return peer.rpartition(":")[0] or peer, False
+
+
+def certificate_end(context: grpc.aio.ServicerContext[Any, Any]) -> float:
+    """When the stream's verified client certificate expires (Unix seconds), 0 without one: a VM
+    whose renewal fails shows here, and in `proxy-status`, before its certificate ends."""
+    pem = b"".join(context.auth_context().get("x509_pem_cert", ()))
+    if not pem:
+        return 0.0
+    try:
+        return x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp()
+    except ValueError:
+        return 0.0
 
 
 async def _refuse(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any], why: str) -> None:

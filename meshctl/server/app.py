@@ -37,11 +37,13 @@ from meshctl.registry.aggregate import AggregateRegistry
 from meshctl.registry.base import Registry
 from meshctl.registry.consul import ConsulOptions, ConsulRegistry
 from meshctl.registry.health import HealthCheckedRegistry, HealthReports, checked_endpoint_counts
+from meshctl.security.ca import RENEW_FRACTION
 from meshctl.server.admin import AdminServer
 from meshctl.server.ads import AdsServicer
 from meshctl.server.auth import BearerToken, XdsTls, identity_authorizer, is_loopback
 from meshctl.server.autoregister import AutoRegistrar
 from meshctl.server.ca_expiry import CaExpiryWatch
+from meshctl.server.ca_service import CertificateService, serve_joins
 from meshctl.server.cache import ResourceCache
 from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
 from meshctl.server.health import HealthDiscovery
@@ -138,6 +140,8 @@ class ServeSettings:
     #: workload mutual TLS off with a warning instead of stopping the server.
     state_dir_given: bool = True
     workload_cert_lifetime: datetime.timedelta = datetime.timedelta(hours=24)
+    #: Where join tokens are exchanged for first certificates (`meshctl.server.ca_service`); None: nowhere.
+    join_address: str | None = None
     #: Send keys to proxies whose identity the xDS connection did not prove (loopback demos).
     insecure_send_keys: bool = False
     #: Seconds after which gRPC sends a connection GOAWAY (gRPC core adds ±10 % jitter), so the
@@ -155,6 +159,11 @@ class ServeSettings:
     #: Seconds a health-checked workload's Envoy may be without a health stream before the
     #: workload counts as unhealthy (Istio's PILOT_WORKLOAD_ENTRY_GRACE_PERIOD).
     health_grace: float = 10.0
+
+
+#: The least outage of every replica that workload certificates should outlast (a third of their
+#: lifetime: the default 24 h gives 8 h); less is warned about at start.
+OUTAGE_WARNING: Final = datetime.timedelta(hours=1)
 
 
 #: How long a stream past its connection's max age may still run (istiod's
@@ -260,6 +269,8 @@ class Server:
         self.status = ServerStatus(self)
         self.notify = SystemdNotifier(settings.notify, lambda: service_status(self))
         self._grpc: grpc.aio.Server | None = None
+        self._joins: grpc.aio.Server | None = None
+        self.join_port = 0
         self._admin: AdminServer | None = None
         self._stopping: asyncio.Event | None = None
         self.xds_port = 0
@@ -318,6 +329,17 @@ class Server:
             ]
         )
         self._grpc.add_generic_rpc_handlers((self.ads.handlers(), self.hds.handlers()))
+        ca_service = None
+        if self.ca is not None:  # Istio's CA service: VMs renew their xDS client certificates
+            ca_service = CertificateService(
+                self.ca,
+                lambda: self.discovery.snapshot,
+                self.settings.workload_cert_lifetime,
+                tls.client_ca_file if tls else None,
+                state_dir=self.settings.state_dir,
+                trust_domain=lambda: self.discovery.mesh.trust_domain,
+            )
+            self._grpc.add_generic_rpc_handlers((ca_service.handlers(),))
         host, port = split_address(self.settings.xds_address)
         listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
@@ -351,6 +373,11 @@ class Server:
                 self.settings.xds_address,
             )
         await self._grpc.start()
+        if self.settings.join_address and ca_service is not None and tls is not None:
+            joins = XdsTls(tls.cert_file, tls.key_file)  # no client certificate: a joining VM has none yet
+            self._joins, self.join_port = await serve_joins(
+                split_address(self.settings.join_address), joins, ca_service
+            )
         admin_host, admin_port = split_address(self.settings.admin_address)
         self._admin = AdminServer(self.status, admin_host, admin_port, token)
         await self._admin.start()
@@ -366,10 +393,20 @@ class Server:
         )
         if self.ca is not None:
             self._renewal = asyncio.create_task(self._renew_certificates(), name="meshctl-renew")
-            self.metrics.watch_ca(self.ca.root_not_after.timestamp(), self.ca.not_after.timestamp())
+            self.metrics.watch_ca(
+                self.ca.root_not_after.timestamp(), self.ca.not_after.timestamp(), self.ca.root_fingerprints
+            )
             # Which CA signs, and whether this start made it: a root found in a state directory
             # (a root's first start reusing /var/lib/meshctl, say) must not be a surprise.
             logger.info("workload certificates are signed by the %s", self.ca.describe())
+            self.metrics.watch_workload_certificates(self.secrets.earliest_expiry)
+            if (outage := self.settings.workload_cert_lifetime * (1 - RENEW_FRACTION)) < OUTAGE_WARNING:
+                logger.warning(
+                    "--workload-cert-lifetime %s: certificates are renewed at two thirds of it, so proxies lose "
+                    "mutual TLS (and VMs their xDS certificate) after %s without any replica: under an hour",
+                    self.settings.workload_cert_lifetime,
+                    outage,
+                )
             self._ca_watch = CaExpiryWatch(self.ca)
             self._ca_watch.start()
         if self.settings.on_ready is not None:
@@ -440,6 +477,9 @@ class Server:
             self._unfollow_checks()
         self.checked.close()
         self.registrar.close()
+        if self._joins is not None:
+            await self._joins.stop(0)
+            self._joins = None
         if self._grpc is not None:
             await self._grpc.stop(self.settings.drain_seconds)
             self._grpc = None

@@ -12,12 +12,13 @@ seconds, open file descriptors, start time), read from /proc at each scrape.
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import resource
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from meshctl.server.ads import PushObserver, Stream
@@ -192,6 +193,22 @@ class Metrics(PushObserver):
         self.registered = Gauge(
             "meshctl_registered_workloads", "WorkloadEntries of VMs registered into their WorkloadGroup."
         )
+        # Per attested workload (bounded by the mesh), kept after its proxy leaves: "seen".
+        self.client_cert_expiry = Gauge(
+            "meshctl_xds_client_cert_expiry_timestamp",
+            "The unix timestamp, in seconds, when the xDS client certificate a workload's proxy last connected "
+            "with expires.",
+            ["workload"],
+            (),
+        )
+        self.root_info = Gauge(
+            "meshctl_ca_root_info",
+            "The roots workload certificates chain to, by SHA-256 fingerprint.",
+            ["fingerprint"],
+            (),
+        )
+        #: When the earliest workload certificate held expires (`WorkloadSecrets.earliest_expiry`).
+        self._earliest_expiry: Callable[[], datetime.datetime | None] | None = None
         #: (root, chain) expiry times of the CA, as Unix seconds; None without a CA.
         self._ca_expiry: tuple[float, float] | None = None
         self._all: tuple[Counter | Histogram, ...] = (
@@ -207,6 +224,8 @@ class Metrics(PushObserver):
             self.services,
             self.config_size,
             self.internal_errors,
+            self.client_cert_expiry,
+            self.root_info,
         )
 
     # PushObserver
@@ -224,13 +243,35 @@ class Metrics(PushObserver):
     def connected(self, count: int) -> None:
         self.xds.set(count)
 
-    def watch_ca(self, root_not_after: float, chain_not_after: float) -> None:
-        """Export the CA's expiry (Unix seconds) as Istio's citadel gauges, and the time left."""
+    def certificate_seen(self, stream: Stream) -> None:
+        node = stream.node
+        if stream.certificate_not_after and node is not None and node.workload:
+            self.client_cert_expiry.set(stream.certificate_not_after, node.workload)
+
+    def watch_ca(self, root_not_after: float, chain_not_after: float, fingerprints: Sequence[str] = ()) -> None:
+        """Export the CA's expiry (Unix seconds) as Istio's citadel gauges, and the time left; and
+        the fingerprints of its roots, which replicas of one mesh share."""
         self._ca_expiry = (root_not_after, chain_not_after)
+        for fingerprint in fingerprints:
+            self.root_info.set(1, fingerprint)
+
+    def watch_workload_certificates(self, earliest_expiry: Callable[[], datetime.datetime | None]) -> None:
+        """Export how long until the earliest workload certificate held expires: the outage the
+        fleet can take from here (two thirds of a lifetime are spent before renewal)."""
+        self._earliest_expiry = earliest_expiry
 
     def _ca_metrics(self) -> list[Counter]:
+        out: list[Counter] = []
+        earliest = self._earliest_expiry() if self._earliest_expiry is not None else None
+        if earliest is not None:
+            gauge = Gauge(
+                "meshctl_workload_cert_earliest_expiry_seconds",
+                "The time remaining, in seconds, before the earliest workload certificate held expires.",
+            )
+            gauge.set(round(earliest.timestamp() - time.time(), 3))
+            out.append(gauge)
         if self._ca_expiry is None:
-            return []
+            return out
         now = time.time()
         root, chain = self._ca_expiry
         when = "The unix timestamp, in seconds, when the {} expires."
@@ -241,7 +282,6 @@ class Metrics(PushObserver):
             ("citadel_server_root_cert_expiry_seconds", left.format("root CA"), root - now),
             ("citadel_server_cert_chain_expiry_seconds", left.format("CA chain"), chain - now),
         )
-        out: list[Counter] = []
         for name, help_text, value in gauges:
             gauge = Gauge(name, help_text)
             gauge.set(round(value, 3))

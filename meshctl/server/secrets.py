@@ -175,6 +175,12 @@ class WorkloadSecrets:
                     del self._holding[identity]
                     self._held.pop(identity, None)
 
+    def earliest_expiry(self) -> datetime.datetime | None:
+        """When the first workload certificate held expires (None: none held): how long the fleet
+        lasts if this server, and every replica, stopped renewing now."""
+        with self._lock:
+            return min((h.certificate.not_after for h in self._held.values()), default=None)
+
     def due(self) -> datetime.datetime | None:
         """When the first certificate held needs renewing (None: none held); cheap, whatever the
         fleet (the top of a heap)."""

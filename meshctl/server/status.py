@@ -14,6 +14,7 @@ from meshctl.xds import types
 if TYPE_CHECKING:
     from meshctl.config.store import ConfigStore
     from meshctl.registry.aggregate import AggregateRegistry
+    from meshctl.security.ca import CertificateAuthority
     from meshctl.server.ads import AdsServicer
     from meshctl.server.discovery import Discovery
     from meshctl.server.health import HealthDiscovery
@@ -32,6 +33,7 @@ class RunningServer(Protocol):
     metrics: Metrics
     secrets: WorkloadSecrets
     hds: HealthDiscovery
+    ca: CertificateAuthority | None
 
     def ready(self) -> bool: ...
 
@@ -50,7 +52,13 @@ class ServerStatus:
         from meshctl import __version__
 
         snapshot = self._server.discovery.snapshot
-        return {"version": __version__, "snapshot": snapshot.version if snapshot else ""}
+        ca = self._server.ca
+        return {
+            "version": __version__,
+            "snapshot": snapshot.version if snapshot else "",
+            # What `proxy-status` compares across replicas: one mesh, one trust.
+            "root_fingerprints": list(ca.root_fingerprints) if ca is not None else [],
+        }
 
     def metrics_text(self) -> str:
         return self._server.metrics.render()
@@ -70,6 +78,7 @@ class ServerStatus:
                 "latest_snapshot": snapshot.version if snapshot else "",
                 "retained_clusters": sorted(conn.retained_clusters),
                 "health": self._server.hds.state_of(conn.node_id),
+                "client_cert_expires": stream.certificate_not_after or None,
                 "types": {},
             }
             for status in conn.status():
