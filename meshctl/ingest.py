@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshctl.config import loader
+from meshctl.config import loader, tree
 from meshctl.config.findings import Finding, Severity, sort_findings
 from meshctl.config.loader import LoadOptions
 from meshctl.config.model import Config, ConfigKey
@@ -49,7 +49,7 @@ class LoadedFiles:
 
 def load_files(paths: Sequence[Path], options: LoadOptions | None = None) -> LoadedFiles:
     """Load `paths` as the server would, once."""
-    result = loader.load_paths(list(paths), options or LoadOptions())
+    result = tree.load_paths(list(paths), options or LoadOptions())
     configs, duplicates = loader.merge_files(result.files.values())
     return LoadedFiles(configs, tuple(sort_findings([*result.all_findings(), *duplicates])))
 

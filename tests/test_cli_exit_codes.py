@@ -176,7 +176,7 @@ def test_a_users_mistake_is_one_line_and_exit_2(args: list[str], line: str) -> N
     ("args", "module", "function"),
     [
         (["validate", str(EXAMPLES)], "meshctl.config.check", "check"),
-        (["services", "--config-dir", str(EXAMPLES)], "meshctl.config.loader", "load_paths"),
+        (["services", "--config-dir", str(EXAMPLES)], "meshctl.config.tree", "load_paths"),
         (["dump", "--config-dir", str(EXAMPLES), "--proxy", NODE], "meshctl.xds.generate", "generate"),
         (["bootstrap", "--proxy", NODE], "meshctl.bootstrap", "build_bootstrap"),
     ],

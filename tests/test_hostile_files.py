@@ -19,9 +19,10 @@ from typer.testing import CliRunner
 from meshctl.cli.app import app
 from meshctl.config import files
 from meshctl.config.findings import Severity
-from meshctl.config.loader import LoadOptions, discover, load_file, load_paths
+from meshctl.config.loader import LoadOptions, discover, load_file
 from meshctl.config.model import ConfigKey
 from meshctl.config.store import ConfigStore
+from meshctl.config.tree import load_paths
 from meshctl.config.watcher import DirectoryWatcher, WatchOptions
 from meshctl.errors import ConfigError
 

@@ -8,8 +8,9 @@ import pytest
 
 from meshctl.api.networking.v1alpha3.workload_entry_pb2 import WorkloadEntry
 from meshctl.config.findings import Severity
-from meshctl.config.loader import LoadOptions, load_file, load_paths, load_text, merge_files
+from meshctl.config.loader import LoadOptions, load_file, load_text, merge_files
 from meshctl.config.model import ConfigKey, make_config
+from meshctl.config.tree import load_paths
 
 VS = """apiVersion: networking.istio.io/{version}
 kind: VirtualService

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from meshctl.cli.app import app
 from meshctl.config import loader, parallel
 from meshctl.config.check import check
-from meshctl.config.loader import LoadOptions, load_paths, load_text
+from meshctl.config.loader import LoadOptions, load_text
+from meshctl.config.tree import load_paths
 
 HEAD = "apiVersion: networking.istio.io/v1\nkind: {kind}\nmetadata:\n  name: {name}\n  namespace: ns-{ns}\nspec:\n"
 

@@ -13,9 +13,10 @@ from meshctl.config import yamlsource
 from meshctl.config.analysis import analyze
 from meshctl.config.files import decode_text, read_config_file
 from meshctl.config.findings import Finding, Severity, format_path, sort_findings
-from meshctl.config.loader import FileResult, LoadOptions, load_bytes, load_paths, load_text, merge_files
+from meshctl.config.loader import FileResult, LoadOptions, load_bytes, load_text, merge_files
 from meshctl.config.mesh import DEFAULT_ROOT_NAMESPACE
 from meshctl.config.model import Config, ConfigKey, Source
+from meshctl.config.tree import load_paths
 from meshctl.errors import ConfigError
 
 

@@ -58,7 +58,7 @@ class LoadOptions:
     validate: bool = True
     #: Distinct findings reported for one file; the rest are counted in one last finding.
     max_findings_per_file: int = 100
-    #: Processes that load files side by side when there are many (see `load_paths`); 1 loads
+    #: Processes that load files side by side when there are many (see `tree.load_paths`); 1 loads
     #: everything in this process, as a server must (it runs threads, and workers are forked);
     #: 0 chooses by the tree's size and the idle CPUs (`parallel.auto_workers`).
     workers: int = 1
@@ -486,28 +486,6 @@ def _duplicate(config: Config, first: Source) -> Finding:
         src.column,
         config.key,
     )
-
-
-def load_paths(paths: Sequence[Path], options: LoadOptions | None = None) -> LoadResult:
-    """Load every YAML file under `paths`; a missing path is a finding, not an exception.
-
-    With `options.workers` other than 1, a big tree is loaded by forked processes
-    (`meshctl.config.parallel`); the result is the same, in the same order."""
-    from meshctl.config.parallel import load_files  # it imports this module
-
-    options = options or LoadOptions()
-    tree_findings: list[Finding] = []
-    existing: list[Path] = []
-    for path in paths:
-        if path.exists():
-            existing.append(path)
-        else:
-            tree_findings.append(_file_error(str(path), "no such file or directory"))
-    walk = walk_yaml(existing)
-    tree_findings.extend(walk.findings)
-    found = walk.files
-    files = {str(p): result for p, result in zip(found, load_files(found, options), strict=True)}
-    return LoadResult(files, tuple(tree_findings))
 
 
 def merge_files(files: Iterable[FileResult]) -> tuple[dict[ConfigKey, Config], list[Finding]]:

@@ -1,6 +1,6 @@
 """Loading a big tree in forked worker processes: how many, and how results come back.
 
-`load_paths` hands its files here; a tree too small to pay for workers, or a process that runs
+`tree.load_paths` hands its files here; a tree too small to pay for workers, or a process that runs
 threads, loads in this process. Results come back in path order, so findings and "first
 definition wins" are exactly those of one process.
 """
