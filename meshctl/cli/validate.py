@@ -58,8 +58,10 @@ def validate(
 
     Exit status: 0 valid (warnings allowed), 1 invalid input, 2 usage or internal error.
     """
+    from functools import partial
     from pathlib import Path
 
+    from meshctl.check.names import name_clashes
     from meshctl.cli import output as out
     from meshctl.config.check import check
     from meshctl.config.findings import Severity, sort_findings
@@ -79,6 +81,7 @@ def validate(
         stdin_text, refused = _read_stdin(options.max_file_bytes) if "-" in paths else (None, [])
         mesh_findings: list[Finding] = []
         root_namespace = DEFAULT_ROOT_NAMESPACE
+        settings = None
         if mesh_config is not None:
             from meshctl.config.mesh import load_mesh_config
 
@@ -91,6 +94,7 @@ def validate(
             known_hosts=known_host or (),
             analysis=analyze,
             root_namespace=root_namespace,
+            proxy_analysis=partial(name_clashes, mesh=settings),
         )
         findings = sort_findings([*findings, *refused, *mesh_findings]) if refused or mesh_findings else findings
     finally:

@@ -6,11 +6,11 @@ Kept apart from the CLI so the server can show the same findings for its config 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from meshctl.config import yamlsource
-from meshctl.config.analysis import analyze
+from meshctl.config.analysis import AnalysisIssue, analyze
 from meshctl.config.files import decode_text, read_config_file
 from meshctl.config.findings import Finding, Severity, format_path, sort_findings
 from meshctl.config.loader import FileResult, LoadOptions, load_bytes, load_text, merge_files
@@ -18,6 +18,9 @@ from meshctl.config.mesh import DEFAULT_ROOT_NAMESPACE
 from meshctl.config.model import Config, ConfigKey, Source
 from meshctl.config.tree import load_paths
 from meshctl.errors import ConfigError
+
+#: Analysis of the proxies' view of the resources (see `check`).
+ProxyAnalysis = Callable[[Sequence[Config]], Iterable[AnalysisIssue]]
 
 
 class Positions:
@@ -61,9 +64,12 @@ def check(
     analysis: bool = True,
     root_namespace: str = DEFAULT_ROOT_NAMESPACE,
     contents: Mapping[str, bytes] | None = None,
+    proxy_analysis: ProxyAnalysis | None = None,
 ) -> list[Finding]:
     """Every finding for `paths` (`-` reads `stdin_text`), sorted, across all files at once.
-    `contents` are files the caller has read (name -> bytes): `kv push` writes exactly those."""
+    `contents` are files the caller has read (name -> bytes): `kv push` writes exactly those.
+    `proxy_analysis` adds issues about what proxies are sent, which takes the layers above this
+    one to know (`meshctl.check.names`); it runs with the analysis, on the same resources."""
     options = options or LoadOptions()
     file_paths = [Path(p) for p in paths if p != "-"]
     result = load_paths(file_paths, options)
@@ -96,7 +102,9 @@ def check(
         for f in files:
             for config in f.analysed:
                 analysed.setdefault(config.key, config)
-        findings.extend(analysis_findings(analysed.values(), known_hosts, Positions(texts), root_namespace))
+        findings.extend(
+            analysis_findings(analysed.values(), known_hosts, Positions(texts), root_namespace, proxy_analysis)
+        )
     return sort_findings(findings)
 
 
@@ -110,11 +118,14 @@ def analysis_findings(
     known_hosts: Collection[str],
     positions: Positions,
     root_namespace: str = DEFAULT_ROOT_NAMESPACE,
+    proxy_analysis: ProxyAnalysis | None = None,
 ) -> list[Finding]:
     """Cross-resource findings, placed at the field they are about."""
     loaded = list(configs)
     by_key = {c.key: c for c in loaded}
     issues = analyze(loaded, known_hosts, root_namespace)
+    if proxy_analysis is not None:
+        issues = [*issues, *proxy_analysis(loaded)]
     sources = [by_key[issue.key].source for issue in issues]
     # Placed file by file, so each file is parsed once; listed in the order analysis found them.
     places: dict[int, tuple[int, int]] = {}

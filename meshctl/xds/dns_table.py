@@ -35,6 +35,7 @@ every push: a new ServiceEntry's name resolves without a restart.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
@@ -91,17 +92,41 @@ def name_table(scope: ProxyScope, answers: Mapping[str, list[str]] | None = None
     return MappingProxyType(dict(sorted(out.items())))
 
 
-def table_conflicts(scope: ProxyScope, answers: Mapping[str, list[str]] | None = None) -> list[str]:
-    """What the table cannot answer apart, in words: a name two hosts claim with different
-    addresses (the first host in name order keeps it), and plain TCP hosts (TLS ones are told
-    apart by SNI) answered with one address on one port (the loopback range full or turned
-    off, or one service address under iptables), where a connection reaches the first alone."""
+@dataclass(frozen=True, slots=True)
+class TableConflict:
+    """Hosts a proxy's table cannot answer apart: `name`, claimed by `hosts[0]` and `hosts[1]`
+    with different addresses (the first keeps it: its `address` is the answer), or, where
+    `name` is "", plain TCP `hosts` answered with one `address` on one `port`, where a
+    connection reaches the first alone. Both `meshctl hosts` and `meshctl validate` (MC0006)
+    read these, so the two never disagree on what clashes."""
+
+    hosts: tuple[str, ...]
+    address: str
+    name: str = ""
+    port: int = 0
+
+    def __str__(self) -> str:
+        first = self.hosts[0]
+        if self.name:
+            second = self.hosts[1]
+            return f"name {self.name} is claimed by {first} and {second}: it resolves to {first}'s {self.address}"
+        return (
+            f"{', '.join(self.hosts)} resolve to {self.address} and share port {self.port}: nothing in a TCP "
+            f"connection tells them apart, so it reaches {first} (give the range room: MeshConfig loopbackRange)"
+        )
+
+
+def table_conflicts(scope: ProxyScope, answers: Mapping[str, list[str]] | None = None) -> list[TableConflict]:
+    """What the table cannot answer apart: a name two hosts claim with different addresses (the
+    first host in name order keeps it), and plain TCP hosts (TLS ones are told apart by SNI)
+    answered with one address on one port (the loopback range full or turned off, or one
+    service address under iptables), where a connection reaches the first alone."""
     if answers is None:
         answers = outbound_answers(scope)
     services = {s.hostname: s for s in scope.services}
     claimed: dict[str, tuple[str, str]] = {}
     sharing: dict[tuple[str, int], list[str]] = {}
-    out: list[str] = []
+    out: list[TableConflict] = []
     for host in sorted(answers):
         address = _answer(answers[host])
         if not address:
@@ -109,17 +134,14 @@ def table_conflicts(scope: ProxyScope, answers: Mapping[str, list[str]] | None =
         for name in istio_names(host, scope.proxy.namespace, scope.proxy.domain):
             first = claimed.setdefault(name, (host, address))
             if first[1] != address:
-                out.append(f"name {name} is claimed by {first[0]} and {host}: it resolves to {first[0]}'s {first[1]}")
+                out.append(TableConflict((first[0], host), first[1], name=name))
         service = services.get(host)
         for port in service.ports if service is not None else ():
             if is_tcp_level(port.protocol) and port.protocol not in (Protocol.TLS, Protocol.HTTPS):  # SNI tells
                 sharing.setdefault((address, port.number), []).append(host)
     for (address, number), hosts in sorted(sharing.items()):
         if len(hosts) > 1:
-            out.append(
-                f"{', '.join(hosts)} resolve to {address} and share port {number}: nothing in a TCP "
-                f"connection tells them apart, so it reaches {hosts[0]} (give the range room: MeshConfig loopbackRange)"
-            )
+            out.append(TableConflict(tuple(hosts), address, port=number))
     return out
 
 

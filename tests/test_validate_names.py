@@ -1,0 +1,140 @@
+"""`meshctl validate` MC0006: two services that claim one name or one address in a proxy's view."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from conftest import runner
+
+from meshctl.check.names import proxy_views
+from meshctl.cli.app import app
+from meshctl.ingest import load_files
+
+# A database the shop namespace runs, and a legacy one an ops team registered by the short name
+# its clients have always used. For a VM in namespace web both answer `db.shop`: Istio's DNS
+# proxy gives `db.shop.svc.cluster.local` the short forms `db.shop.svc` and `db.shop`.
+CLASH = """apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: db, namespace: shop}
+spec:
+  hosts: [db.shop.svc.cluster.local]
+  location: MESH_INTERNAL
+  resolution: DNS
+  ports: [{number: 5432, name: pg, protocol: TCP}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: legacy-db, namespace: ops}
+spec:
+  hosts: [db.shop]
+  location: MESH_EXTERNAL
+  resolution: DNS
+  ports: [{number: 5432, name: pg, protocol: TCP}]
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: web-vm, namespace: web}
+spec: {address: 10.2.0.41, labels: {app: web}}
+"""
+
+# The web VMs import only the shop namespace: the ops entry is not in their view.
+SCOPED = """---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: web}
+spec:
+  egress:
+  - hosts: [shop/*]
+"""
+
+
+def mc0006(tmp_path: Path, text: str, *args: str) -> tuple[int, list[dict[str, Any]]]:
+    (tmp_path / "mesh.yaml").write_text(text)
+    result = runner.invoke(app, ["validate", "-o", "json", *args, str(tmp_path / "mesh.yaml")])
+    return result.exit_code, [f for f in json.loads(result.stdout) if f["code"] == "MC0006"]
+
+
+def test_two_hosts_answering_one_short_name_are_warned_about_where_the_loser_is_written(tmp_path: Path) -> None:
+    code, findings = mc0006(tmp_path, CLASH)
+    assert code == 0
+    (finding,) = findings
+    assert {k: finding[k] for k in ("severity", "file", "line", "kind", "namespace", "name", "field")} == {
+        "severity": "warning",
+        "file": str(tmp_path / "mesh.yaml"),
+        "line": 5,
+        "kind": "ServiceEntry",
+        "namespace": "shop",
+        "name": "db",
+        "field": "spec.hosts[0]",
+    }
+    message = finding["message"]
+    assert "name db.shop is claimed by db.shop.svc.cluster.local" in message
+    assert f"ServiceEntry ops/legacy-db ({tmp_path / 'mesh.yaml'}:10)" in message
+    assert "namespace web (no Sidecar)" in message
+
+
+def test_warnings_fail_the_run_only_with_strict(tmp_path: Path) -> None:
+    code, findings = mc0006(tmp_path, CLASH, "--strict")
+    assert code == 1 and findings
+
+
+def test_a_sidecar_that_scopes_one_host_away_leaves_nothing_to_clash(tmp_path: Path) -> None:
+    code, findings = mc0006(tmp_path, CLASH + SCOPED)
+    assert findings == []
+    assert code == 0
+
+
+def test_the_view_named_is_the_sidecar_that_sees_the_clash(tmp_path: Path) -> None:
+    """A second namespace whose Sidecar imports both hosts: its view is named with its Sidecar."""
+    other = """---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: batch-vm, namespace: batch}
+spec: {address: 10.2.0.42, labels: {app: batch}}
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: batch, namespace: batch}
+spec:
+  workloadSelector: {labels: {app: batch}}
+  egress:
+  - hosts: [shop/*, ops/*]
+"""
+    _, (finding,) = mc0006(tmp_path, CLASH + SCOPED + other)
+    assert "namespace batch (Sidecar batch/batch)" in finding["message"]
+    assert "namespace web" not in finding["message"]
+
+
+def test_two_tcp_services_on_one_address_and_port_are_warned_about(tmp_path: Path) -> None:
+    """With the loopback range turned off, two databases on 5432 both answer 127.0.0.1."""
+    tree = tmp_path / "mesh"
+    tree.mkdir()
+    (tmp_path / "meshconfig.yaml").write_text('loopbackRange: ""\n')
+    text = CLASH.replace("db.shop]", "pg.ops.example]")
+    code, (finding,) = mc0006(tree, text, "--mesh-config", str(tmp_path / "meshconfig.yaml"))
+    assert code == 0
+    assert (finding["namespace"], finding["name"], finding["field"]) == ("ops", "legacy-db", "spec.hosts[0]")
+    assert "both resolve to 127.0.0.1 on TCP port 5432" in finding["message"]
+    assert "db.shop.svc.cluster.local of ServiceEntry shop/db" in finding["message"]
+    _, apart = mc0006(tree, text)
+    assert apart == []
+
+
+def test_a_namespace_of_many_vms_without_a_sidecar_is_one_view(tmp_path: Path) -> None:
+    vms = "".join(
+        f"""---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: vm-{i}, namespace: web}}
+spec: {{address: 10.3.{i // 200}.{i % 200 + 1}, labels: {{app: app-{i % 7}}}, ports: {{http: {8000 + i}}}}}
+"""
+        for i in range(600)
+    )
+    (tmp_path / "mesh.yaml").write_text(CLASH + vms)
+    loaded = load_files([tmp_path])
+    from meshctl.snapshot.model import build_snapshot
+
+    snapshot = build_snapshot(loaded.configs, loaded.services())
+    assert [v.namespace for v in proxy_views(snapshot)] == ["web"]
