@@ -11,6 +11,7 @@ from conftest import runner
 from meshctl.check.names import proxy_views
 from meshctl.cli.app import app
 from meshctl.ingest import load_files
+from meshctl.snapshot.model import build_snapshot
 
 # A database the shop namespace runs, and a legacy one an ops team registered by the short name
 # its clients have always used. For a VM in namespace web both answer `db.shop`: Istio's DNS
@@ -20,6 +21,7 @@ kind: ServiceEntry
 metadata: {name: db, namespace: shop}
 spec:
   hosts: [db.shop.svc.cluster.local]
+  addresses: [240.240.0.1]
   location: MESH_INTERNAL
   resolution: DNS
   ports: [{number: 5432, name: pg, protocol: TCP}]
@@ -29,6 +31,7 @@ kind: ServiceEntry
 metadata: {name: legacy-db, namespace: ops}
 spec:
   hosts: [db.shop]
+  addresses: [240.240.0.2]
   location: MESH_EXTERNAL
   resolution: DNS
   ports: [{number: 5432, name: pg, protocol: TCP}]
@@ -71,24 +74,18 @@ def test_two_hosts_answering_one_short_name_are_warned_about_where_the_loser_is_
     }
     message = finding["message"]
     assert "name db.shop is claimed by db.shop.svc.cluster.local" in message
-    assert f"ServiceEntry ops/legacy-db ({tmp_path / 'mesh.yaml'}:10)" in message
+    assert f"ServiceEntry ops/legacy-db ({tmp_path / 'mesh.yaml'}:11)" in message
     assert "namespace web (no Sidecar)" in message
 
 
-def test_warnings_fail_the_run_only_with_strict(tmp_path: Path) -> None:
+def test_the_warning_fails_the_run_only_with_strict(tmp_path: Path) -> None:
+    """The tree has no other finding: MC0006 alone decides the exit status."""
+    assert mc0006(tmp_path, CLASH)[0] == 0
     code, findings = mc0006(tmp_path, CLASH, "--strict")
-    assert code == 1 and findings
+    assert code == 1 and [f["code"] for f in findings] == ["MC0006"]
 
 
-def test_a_sidecar_that_scopes_one_host_away_leaves_nothing_to_clash(tmp_path: Path) -> None:
-    code, findings = mc0006(tmp_path, CLASH + SCOPED)
-    assert findings == []
-    assert code == 0
-
-
-def test_the_view_named_is_the_sidecar_that_sees_the_clash(tmp_path: Path) -> None:
-    """A second namespace whose Sidecar imports both hosts: its view is named with its Sidecar."""
-    other = """---
+BATCH = """---
 apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
 metadata: {name: batch-vm, namespace: batch}
@@ -102,9 +99,16 @@ spec:
   egress:
   - hosts: [shop/*, ops/*]
 """
-    _, (finding,) = mc0006(tmp_path, CLASH + SCOPED + other)
-    assert "namespace batch (Sidecar batch/batch)" in finding["message"]
+
+
+def test_a_sidecar_that_scopes_one_host_away_ends_the_warning_for_its_view(tmp_path: Path) -> None:
+    """web's Sidecar imports shop alone; batch's imports both: only batch's view is named."""
+    code, (finding,) = mc0006(tmp_path, CLASH + SCOPED + BATCH)
+    assert code == 0
+    assert "for the sidecars of namespace batch (Sidecar batch/batch):" in finding["message"]
     assert "namespace web" not in finding["message"]
+    code, findings = mc0006(tmp_path, CLASH + SCOPED, "--strict")
+    assert (code, findings) == (0, [])
 
 
 def test_two_tcp_services_on_one_address_and_port_are_warned_about(tmp_path: Path) -> None:
@@ -134,7 +138,5 @@ spec: {{address: 10.3.{i // 200}.{i % 200 + 1}, labels: {{app: app-{i % 7}}}, po
     )
     (tmp_path / "mesh.yaml").write_text(CLASH + vms)
     loaded = load_files([tmp_path])
-    from meshctl.snapshot.model import build_snapshot
-
     snapshot = build_snapshot(loaded.configs, loaded.services())
     assert [v.namespace for v in proxy_views(snapshot)] == ["web"]
