@@ -131,7 +131,7 @@ def test_a_namespace_of_many_vms_without_a_sidecar_is_one_view(tmp_path: Path) -
         f"""---
 apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
-metadata: {{name: vm-{i}, namespace: web}}
+metadata: {{name: vm.{i}, namespace: web}}
 spec: {{address: 10.3.{i // 200}.{i % 200 + 1}, labels: {{app: app-{i % 7}}}, ports: {{http: {8000 + i}}}}}
 """
         for i in range(600)

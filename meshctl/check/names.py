@@ -72,7 +72,8 @@ def proxy_views(snapshot: Snapshot) -> Iterator[OutboundProxy]:
     for namespace, name, address, labels in _workloads(snapshot):
         if any(labels_match(selector, labels) for selector in gateways):
             continue  # a gateway's VM runs a router, which has no DNS listener
-        node = parse_node_id(f"sidecar~{_ip(address)}~{name}.{namespace}~{namespace}.svc.cluster.local", _METADATA)
+        node_id = f"sidecar~{_ip(address)}~{name}.{namespace}~{namespace}.svc.cluster.local"
+        node = parse_node_id(node_id, {**_METADATA, "NAMESPACE": namespace})  # names may hold dots
         view = replace(outbound_proxy(Proxy(node, labels), snapshot), app_ports=frozenset())
         if view not in done:
             done.add(view)
