@@ -235,6 +235,17 @@ def test_an_invalid_tree_is_not_pushed(fake: FakeConsul, tmp_path: Path) -> None
     assert fake.kv_keys() == [] and not [r for r in fake.requests if r.method == "PUT"]
 
 
+def test_push_warns_as_validate_does_about_names_two_services_claim(fake: FakeConsul, tmp_path: Path) -> None:
+    from test_validate_names import CLASH
+
+    mesh = tmp_path / "mesh"
+    mesh.mkdir()
+    (mesh / "mesh.yaml").write_text(CLASH)
+    status, out, _ = push(mesh, "--prefix", "mesh", "--consul", fake.address, "--dry-run")
+    assert status == 0  # a warning, as validate gives it: the push goes ahead
+    assert "MC0006" in out and "db.shop" in out
+
+
 def test_push_writes_exactly_the_bytes_it_validated(
     fake: FakeConsul, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

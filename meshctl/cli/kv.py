@@ -71,6 +71,7 @@ def push(
     """
     import os
 
+    from meshctl.check.names import name_clashes
     from meshctl.cli import output as out
     from meshctl.config.check import check
     from meshctl.config.files import read_config_file, walk_yaml
@@ -99,13 +100,16 @@ def push(
             refused.append(Finding(Severity.ERROR, str(exc), path))
         except OSError as exc:
             raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    findings = [*refused, *check([], load, known_hosts=known_host or (), contents=files)]
+    # The same findings `validate` gives, the proxies' name clashes (MC0006) included.
+    checked = check([], load, known_hosts=known_host or (), contents=files, proxy_analysis=name_clashes)
+    findings = [*refused, *checked]
     if not files and not refused:
         message = f"no YAML files (*.yaml, *.yml) in {directory}: nothing to check"
         findings.append(Finding(Severity.ERROR, message, root))
-    if any(f.severity is Severity.ERROR for f in findings):
+    if findings:  # warnings are shown as validate shows them; only errors stop the push
         out.print_findings(findings, "text")
         out.summary(findings)
+    if any(f.severity is Severity.ERROR for f in findings):
         typer.echo(f"not pushed: {directory} is invalid", err=True)
         raise typer.Exit(EXIT_INVALID)
     tree = {os.path.relpath(path, root).replace(os.sep, "/"): data for path, data in files.items()}
