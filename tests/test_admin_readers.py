@@ -142,8 +142,7 @@ def test_an_endless_answer_is_refused_at_the_byte_limit(command: Callable[[str],
     assert "the answer is over" in line and "bytes" in line
 
 
-@pytest.mark.parametrize("handler", [trickle_body, trickle_head])
-@pytest.mark.parametrize("command", [proxy_status, version])
+@pytest.mark.parametrize(("command", "handler"), [(proxy_status, trickle_head), (version, trickle_body)])
 def test_a_trickle_ends_at_the_deadline(command: Callable[[str], tuple[str, float]], handler: Handler) -> None:
     with answering(handler) as address:
         line, took = command(address)
@@ -153,8 +152,35 @@ def test_a_trickle_ends_at_the_deadline(command: Callable[[str], tuple[str, floa
 
 def test_diff_live_against_a_trickle_ends_at_its_deadline() -> None:
     with answering(trickle_body) as address:
-        line, _ = diff_live(address)
-    assert "did not answer within 30s" in line
+        line, took = meshctl(
+            "diff",
+            "--live",
+            f"http://{address}",
+            "--live-timeout",
+            "3",
+            "--proxy",
+            PRODUCTPAGE,
+            "--config-dir",
+            str(EXAMPLES),
+        )
+    assert "did not answer within 3s" in line
+    assert took < 30  # a byte a second never ends without the deadline
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_diff_live_takes_only_a_usable_deadline(value: str) -> None:
+    line, _ = meshctl(
+        "diff",
+        "--live",
+        "http://127.0.0.1:1",
+        "--live-timeout",
+        value,
+        "--proxy",
+        PRODUCTPAGE,
+        "--config-dir",
+        str(EXAMPLES),
+    )
+    assert "--live-timeout" in line and "finite number of seconds" in line
 
 
 # -- JSON of the wrong shape ------------------------------------------------------------------------

@@ -125,6 +125,14 @@ def diff(
             help="With --live: meshctl serve's admin address, to tell delivery from config.",
         ),
     ] = None,
+    live_timeout: Annotated[
+        float,
+        typer.Option(
+            "--live-timeout",
+            metavar="SECONDS",
+            help="With --live: how long the Envoy may take to send its whole config dump.",
+        ),
+    ] = 30.0,
 ) -> None:
     """Show how the Envoy config of a proxy (or of every proxy) changes from OLD to NEW, or with
     --live how a running Envoy's config differs from what meshctl would send it now.
@@ -132,6 +140,8 @@ def diff(
     Exit status: 0 nothing changes (no drift), 1 something does, 2 usage error, input that fails
     to load, or an Envoy that cannot be read.
     """
+    import math
+
     from meshctl.cli import offline
     from meshctl.cli import output as out
     from meshctl.errors import UsageError
@@ -139,10 +149,13 @@ def diff(
     if live is not None:
         if old is not None or new is not None or all_proxies or proxy is None or config_dir is None:
             raise UsageError("--live takes --proxy NODE_ID and --config-dir DIR, and no OLD NEW directories")
+        if not math.isfinite(live_timeout) or live_timeout <= 0:
+            raise UsageError(f"--live-timeout {live_timeout!r} is not a finite number of seconds above 0")
         code = diff_live(
             live,
             proxy,
             config_dir,
+            timeout=live_timeout,
             consul=consul,
             server=server,
             json_output=output is Format.json,
@@ -318,6 +331,7 @@ def diff_live(
     ref: str,
     config_dir: Path,
     *,
+    timeout: float = 30.0,
     consul: str | None = None,
     server: str | None = None,
     json_output: bool = False,
@@ -338,7 +352,7 @@ def diff_live(
 
     tree = offline.load_tree(config_dir, consul=consul, namespace=namespace, mesh=offline.mesh_from(mesh_config))
     target = offline.resolve_proxy(tree, ref, namespace, interception)
-    live = fetch_config_dump(admin_url)
+    live = fetch_config_dump(admin_url, timeout=timeout)
     offline.report(tree)
     notes = []
     # Only the dump is untrusted here: an entry of the wrong JSON type ends as one of these.
