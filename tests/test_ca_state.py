@@ -80,7 +80,7 @@ def test_a_plug_in_ca_near_its_end_is_said_at_start_and_in_metrics(tmp_path: Pat
 
 
 def test_a_ca_that_expires_while_serving_is_an_error_from_that_moment(tmp_path: Path) -> None:
-    cacerts, _ = plug_in_ca(tmp_path / "cacerts", expires_in=timedelta(seconds=20))
+    cacerts, _ = plug_in_ca(tmp_path / "cacerts", expires_in=timedelta(seconds=10))
     with ServeProcess([EXAMPLES], extra_args=["--ca-dir", str(cacerts)]) as server:
         assert "WARNING" in next(line for line in server.log().splitlines() if "expires at" in line)
         deadline = time.monotonic() + 60
