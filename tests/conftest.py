@@ -577,3 +577,60 @@ def _root_logging_as_it_was() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+# -- meshes several modules use ------------------------------------------------------------------
+
+# A database the shop namespace runs, and a legacy one an ops team registered by the short name
+# its clients have always used. For a VM in namespace web both answer `db.shop`: Istio's DNS
+# proxy gives `db.shop.svc.cluster.local` the short forms `db.shop.svc` and `db.shop`.
+NAME_CLASH = """apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: db, namespace: shop}
+spec:
+  hosts: [db.shop.svc.cluster.local]
+  addresses: [240.240.0.1]
+  location: MESH_INTERNAL
+  resolution: DNS
+  ports: [{number: 5432, name: pg, protocol: TCP}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: legacy-db, namespace: ops}
+spec:
+  hosts: [db.shop]
+  addresses: [240.240.0.2]
+  location: MESH_EXTERNAL
+  resolution: DNS
+  ports: [{number: 5432, name: pg, protocol: TCP}]
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: web-vm, namespace: web}
+spec: {address: 10.2.0.41, labels: {app: web}}
+"""
+
+
+def ratings_mesh(namespace: str, port: int) -> str:
+    """A ratings service on 127.0.0.21 and a client VM on 127.0.0.9, each with its own service
+    account: the smallest mesh where mutual TLS between two workloads means something."""
+    return f"""apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: ratings, namespace: {namespace}}}
+spec:
+  hosts: [ratings.{namespace}.mesh]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{{number: {port}, name: http, protocol: HTTP}}]
+  workloadSelector: {{labels: {{app: ratings}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: ratings-1, namespace: {namespace}}}
+spec: {{address: 127.0.0.21, labels: {{app: ratings}}, serviceAccount: ratings}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: client, namespace: {namespace}}}
+spec: {{address: 127.0.0.9, labels: {{app: client}}, serviceAccount: client}}
+"""

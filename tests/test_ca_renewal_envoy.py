@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import envoy_log_left_open, needs_envoy
+from conftest import envoy_log_left_open, needs_envoy, ratings_mesh
 from cryptography import x509
 
 from meshctl.testing.envoy import EnvoyProcess, free_port
@@ -25,29 +25,6 @@ from meshctl.testing.serve_process import ServeProcess, meshctl_command
 
 NS = "renew"
 CLIENT = f"sidecar~127.0.0.9~client.{NS}~{NS}.svc.cluster.local"
-
-
-def mesh_config(port: int) -> str:
-    return f"""apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{name: ratings, namespace: {NS}}}
-spec:
-  hosts: [ratings.{NS}.mesh]
-  location: MESH_INTERNAL
-  resolution: STATIC
-  ports: [{{number: {port}, name: http, protocol: HTTP}}]
-  workloadSelector: {{labels: {{app: ratings}}}}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{name: ratings-1, namespace: {NS}}}
-spec: {{address: 127.0.0.21, labels: {{app: ratings}}, serviceAccount: ratings}}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{name: client, namespace: {NS}}}
-spec: {{address: 127.0.0.9, labels: {{app: client}}, serviceAccount: client}}
-"""
 
 
 def meshctl(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -99,7 +76,7 @@ def test_envoy_follows_three_renewals_without_a_restart(tmp_path: Path) -> None:
     assert issued.returncode == 0, issued.stderr
     mesh = tmp_path / "mesh"
     mesh.mkdir()
-    (mesh / "mesh.yaml").write_text(mesh_config(free_port()))
+    (mesh / "mesh.yaml").write_text(ratings_mesh(NS, free_port()))
     flags = [
         "--state-dir", str(state), "--tls-cert", str(tls / "cert-chain.pem"), "--tls-key", str(tls / "key.pem"),
         "--client-ca", str(tls / "root-cert.pem"), "--workload-cert-lifetime", "20s",

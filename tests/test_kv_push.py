@@ -236,11 +236,11 @@ def test_an_invalid_tree_is_not_pushed(fake: FakeConsul, tmp_path: Path) -> None
 
 
 def test_push_warns_as_validate_does_about_names_two_services_claim(fake: FakeConsul, tmp_path: Path) -> None:
-    from test_validate_names import CLASH
+    from conftest import NAME_CLASH
 
     mesh = tmp_path / "mesh"
     mesh.mkdir()
-    (mesh / "mesh.yaml").write_text(CLASH)
+    (mesh / "mesh.yaml").write_text(NAME_CLASH)
     status, out, _ = push(mesh, "--prefix", "mesh", "--consul", fake.address, "--dry-run")
     assert status == 0  # a warning, as validate gives it: the push goes ahead
     assert "MC0006" in out and "db.shop" in out

@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import PRODUCTPAGE, REVIEWS_V1, envoy_log_left_open, examples_copy, needs_envoy
+from conftest import PRODUCTPAGE, REVIEWS_V1, envoy_log_left_open, examples_copy, needs_envoy, ratings_mesh
 from typer.testing import CliRunner
 
 from meshctl.bootstrap import BootstrapOptions, XdsClientTls, build_bootstrap
@@ -492,29 +492,6 @@ def test_bootstrap_refuses_tls_flags_that_would_not_check_the_server(pki: Pki) -
 SHOP = "e2e-tls"
 
 
-def shop_config(port: int) -> str:
-    return f"""apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{name: ratings, namespace: {SHOP}}}
-spec:
-  hosts: [ratings.{SHOP}.mesh]
-  location: MESH_INTERNAL
-  resolution: STATIC
-  ports: [{{number: {port}, name: http, protocol: HTTP}}]
-  workloadSelector: {{labels: {{app: ratings}}}}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{name: ratings-1, namespace: {SHOP}}}
-spec: {{address: 127.0.0.21, labels: {{app: ratings}}, serviceAccount: ratings}}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{name: client, namespace: {SHOP}}}
-spec: {{address: 127.0.0.9, labels: {{app: client}}, serviceAccount: client}}
-"""
-
-
 def wait_until(what: str, check: Callable[[], bool], *, log: Callable[[], str] | None = None) -> None:
     """Poll `check` with a generous deadline: a slow machine makes the test slower, never flaky."""
     deadline = 30.0
@@ -538,7 +515,7 @@ def tls_serve(tmp_path: Path, pki: Pki) -> Iterator[tuple[ServeProcess, int]]:
     port = free_port()
     mesh = tmp_path / "mesh"
     mesh.mkdir()
-    (mesh / "shop.yaml").write_text(shop_config(port))
+    (mesh / "shop.yaml").write_text(ratings_mesh(SHOP, port))
     token = tmp_path / "admin-token"
     token.write_text("s3cret\n")
     flags = [
@@ -612,7 +589,9 @@ def test_envoy_from_meshctl_bootstrap_gets_its_config_over_mutual_tls(
 
 # -- what a certificate proves bounds what the node gets ----------------------------------------
 
-SHOP_WORKLOADS = WORKLOADS + """
+SHOP_WORKLOADS = (
+    WORKLOADS
+    + """
 ---
 apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
@@ -624,6 +603,7 @@ kind: WorkloadEntry
 metadata: {name: billing-1, namespace: billing}
 spec: {address: 10.0.0.30, serviceAccount: billing-sa, labels: {app: billing}}
 """
+)
 
 
 @pytest.mark.parametrize(

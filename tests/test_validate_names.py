@@ -6,41 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from conftest import NAME_CLASH as CLASH
 from conftest import runner
 
 from meshctl.check.names import proxy_views
 from meshctl.cli.app import app
 from meshctl.ingest import load_files
 from meshctl.snapshot.model import build_snapshot
-
-# A database the shop namespace runs, and a legacy one an ops team registered by the short name
-# its clients have always used. For a VM in namespace web both answer `db.shop`: Istio's DNS
-# proxy gives `db.shop.svc.cluster.local` the short forms `db.shop.svc` and `db.shop`.
-CLASH = """apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: db, namespace: shop}
-spec:
-  hosts: [db.shop.svc.cluster.local]
-  addresses: [240.240.0.1]
-  location: MESH_INTERNAL
-  resolution: DNS
-  ports: [{number: 5432, name: pg, protocol: TCP}]
----
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: legacy-db, namespace: ops}
-spec:
-  hosts: [db.shop]
-  addresses: [240.240.0.2]
-  location: MESH_EXTERNAL
-  resolution: DNS
-  ports: [{number: 5432, name: pg, protocol: TCP}]
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {name: web-vm, namespace: web}
-spec: {address: 10.2.0.41, labels: {app: web}}
-"""
 
 # The web VMs import only the shop namespace: the ops entry is not in their view.
 SCOPED = """---
