@@ -14,12 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ratings_mesh
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from test_ca_renewal_envoy import NS, mesh_config
 
 from meshctl.testing.envoy import free_port
 from meshctl.testing.serve_process import ServeProcess, meshctl_command
+
+NS = "renew"  # the namespace of the ratings mesh these tests serve
 
 
 def meshctl(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -34,7 +36,7 @@ def test_a_vm_joins_once_with_a_token_for_its_own_workload(tmp_path: Path) -> No
     assert meshctl("ca", "issue", "--server", "127.0.0.1", "--out", tls, "--state-dir", state).returncode == 0
     mesh = tmp_path / "mesh"
     mesh.mkdir()
-    (mesh / "mesh.yaml").write_text(mesh_config(free_port()))
+    (mesh / "mesh.yaml").write_text(ratings_mesh(NS, free_port()))
     join_port = free_port()
     flags = [
         "--state-dir", str(state), "--tls-cert", str(tls / "cert-chain.pem"), "--tls-key", str(tls / "key.pem"),

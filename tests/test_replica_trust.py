@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_ca_renewal_envoy import mesh_config
+from conftest import ratings_mesh
 
 from meshctl.server.metrics import Metrics
 from meshctl.testing.envoy import free_port
@@ -27,7 +27,7 @@ def proxy_status(*admins: str) -> subprocess.CompletedProcess[str]:
 def test_proxy_status_flags_replicas_with_different_roots(tmp_path: Path) -> None:
     mesh = tmp_path / "mesh"
     mesh.mkdir()
-    (mesh / "mesh.yaml").write_text(mesh_config(free_port()))
+    (mesh / "mesh.yaml").write_text(ratings_mesh("renew", free_port()))
     short = ["--workload-cert-lifetime", "2h"]
     with ServeProcess([mesh], extra_args=["--state-dir", str(tmp_path / "a"), *short]) as a:
         shutil.copytree(tmp_path / "a", tmp_path / "shared")
