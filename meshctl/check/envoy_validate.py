@@ -29,7 +29,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -64,6 +64,18 @@ _QUOTED: Final = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 #: Order in which a quoted value is looked for: a route config inlined into a listener is
 #: reported as the route config, as a proxy's NACK of RDS would be.
 _SEARCH_ORDER: Final = (types.ROUTE, types.CLUSTER, types.LISTENER, types.ENDPOINT)
+#: Kinds searched for a value Envoy refused, when the generated object names no Istio source.
+_HOLDER_KINDS: Final = (
+    "Gateway",
+    "VirtualService",
+    "DestinationRule",
+    "ServiceEntry",
+    "Sidecar",
+    "AuthorizationPolicy",
+    "RequestAuthentication",
+    "PeerAuthentication",
+    "WorkloadEntry",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +116,7 @@ class _Verdict:
     source: ConfigKey | None = None
     #: The value of the message that was found in the resource (to find its field in the YAML).
     value: str | None = None
+    runs: int = 0
 
 
 def find_envoy(explicit: str | None) -> str:
@@ -133,7 +146,24 @@ def envoy_version(binary: str) -> str:
     return match.group(1) if match else ""
 
 
-def envoy_findings(snapshot: Snapshot, proxies: Sequence[ProxyUnderTest], settings: EnvoySettings) -> list[Finding]:
+@dataclass(frozen=True, slots=True)
+class EnvoyReport:
+    """The findings, and what it took: proxies checked, distinct configs, Envoy runs."""
+
+    findings: list[Finding]
+    envoy: str
+    proxies: int
+    configs: int
+    runs: int
+
+    def summary(self) -> str:
+        return (
+            f"{self.envoy} checked {self.proxies} proxy config(s), {self.configs} distinct, "
+            f"in {self.runs} validate run(s)"
+        )
+
+
+def envoy_findings(snapshot: Snapshot, proxies: Sequence[ProxyUnderTest], settings: EnvoySettings) -> EnvoyReport:
     """What Envoy refuses, deprecates, or could not read for each of `proxies` (see the module)."""
     from meshctl.xds.config_dump import subscribed
     from meshctl.xds.generate import generate
@@ -144,22 +174,41 @@ def envoy_findings(snapshot: Snapshot, proxies: Sequence[ProxyUnderTest], settin
         config = static_config(generated_resources(resources))
         groups.setdefault(config.digest(settings.fleet), _Group(config)).members.append(member)
     version = envoy_version(settings.binary)
-    workers = max(1, min(len(groups), settings.jobs or os.cpu_count() or 1))
+    workers = max(1, min(len(groups), settings.jobs or _cores()))
     with tempfile.TemporaryDirectory(prefix="meshctl-envoy-") as tmp, ThreadPoolExecutor(workers) as pool:
         verdicts = list(pool.map(lambda g: _judge(g, settings, Path(tmp)), groups.values()))
-    found = _Findings(snapshot, f"Envoy {version}".strip())
+    envoy = f"Envoy {version}".strip()
+    found = _Findings(snapshot, envoy)
     for group, verdict in zip(groups.values(), verdicts, strict=True):
         found.add_group(group, verdict)
-    return found.findings()
+    return EnvoyReport(found.findings(), envoy, len(proxies), len(groups), sum(v.runs for v in verdicts))
+
+
+def _cores() -> int:
+    """The cores this process may run on (a container's share, not the host's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _judge(group: _Group, settings: EnvoySettings, tmp: Path) -> _Verdict:
     node_id = group.members[0].proxy.id
     static = group.config.static_resources
+    runs = 0
 
     def run(clusters: list[Any], listeners: list[Any]) -> _Run:
+        nonlocal runs
+        runs += 1
         trial = StaticConfig(group.config.resources, {**static, "clusters": clusters, "listeners": listeners})
         return _validate(settings.binary, bootstrap(trial, node_id, settings.fleet), tmp)
+
+    verdict = _refusal(group, run)
+    return replace(verdict, runs=runs)
+
+
+def _refusal(group: _Group, run: Callable[[list[Any], list[Any]], _Run]) -> _Verdict:
+    """Envoy's verdict on the group's config, and, when it refuses, which resource it refuses."""
+    static = group.config.static_resources
 
     whole = run(static["clusters"], static["listeners"])
     if not whole.refused:
@@ -168,7 +217,33 @@ def _judge(group: _Group, settings: EnvoySettings, tmp: Path) -> _Verdict:
     if located is not None:
         return _Verdict(whole, *located)
     resource = _bisect(group.config, lambda c, listeners: run(c, listeners).refused)
-    return _Verdict(whole, resource, istio_source(resource.data) if resource is not None else None)
+    if resource is None:
+        return _Verdict(whole)
+    value = _mentioned(resource.data, whole.message)
+    path = _path_to(resource.data, value) if value is not None else None
+    nearest = next((s for node in reversed(path or [resource.data]) if (s := istio_source(node)) is not None), None)
+    return _Verdict(whole, resource, nearest or istio_source(resource.data), value)
+
+
+#: The shortest value of a resource taken as named by an Envoy message that quotes nothing: a
+#: shorter one (`0.0.0.0`, `http`) is too likely to be there by chance.
+_MENTIONED_MIN: Final = 8
+
+
+def _mentioned(node: Any, message: str) -> str | None:
+    """The longest string value under `node` that `message` holds (a file path, a cluster name)."""
+    best: str | None = None
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if len(item) >= _MENTIONED_MIN and item in message and (best is None or len(item) > len(best)):
+                best = item
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return best
 
 
 def _validate(binary: str, config: Mapping[str, Any], tmp: Path) -> _Run:
@@ -344,6 +419,7 @@ class _Findings:
                 severity=Severity.INFO,
                 code=STUBBED,
                 source=stub.source,
+                value=stub.path,
                 verb="did not read a file",
                 text=text,
                 members=members,
@@ -372,15 +448,26 @@ class _Findings:
             if len(labels) > _PROXIES_NAMED:
                 named += f" and {len(labels) - _PROXIES_NAMED} more"
             config = self._snapshot.get(*source) if source is not None else None
-            if config is None:
-                config = members[0].workload
+            path = field_of(config, value) if config is not None and value is not None else ()
+            if value is not None and not path:
+                config, path = self._holder(value) or (config, ())
+            config = config or members[0].workload
             message = f"{self._envoy} {verb} for proxy {named}: {text}"
             if config is None:
                 out.append(Finding(severity, message, code=code))
                 continue
-            path = field_of(config, value) if value is not None and config.key == source else ()
             line, column = self._positions.locate(config.source, path)
             out.append(
                 Finding(severity, message, config.source.file, line, column, config.key, format_path(path), code)
             )
         return out
+
+    def _holder(self, value: str) -> tuple[Config, tuple[str | int, ...]] | None:
+        """The Istio resource, and its field, that holds `value` as written, when the generated
+        object Envoy refused does not say where it came from (a Gateway's TLS files, say)."""
+        for kind in _HOLDER_KINDS:
+            for config in self._snapshot.of_kind(kind):
+                path = field_of(config, value)
+                if path:
+                    return config, path
+        return None

@@ -168,7 +168,9 @@ def _envoy_findings(
         raise UsageError(f"--envoy: {path} describes no proxy (no WorkloadEntry); name one with --proxy NODE_ID")
     for note in notes:
         out.stderr_console().print(f"note: {note}", markup=False, soft_wrap=True)
-    return envoy_findings(snapshot, proxies, EnvoySettings(binary, fleet))
+    report = envoy_findings(snapshot, proxies, EnvoySettings(binary, fleet))
+    out.stderr_console().print(f"note: {report.summary()}", markup=False, soft_wrap=True)
+    return report.findings
 
 
 def _proxy_under_test(tree: LoadedTree, ref: str, namespace: str = "default") -> ProxyUnderTest:
