@@ -108,10 +108,14 @@ def test_runtime_layer_refusal_names_the_virtual_service(tmp_path: Path) -> None
 
     text = runner.invoke(app, ["validate", "--envoy", "--bootstrap", str(fleet), str(mesh)])
     assert text.exit_code == 1
-    assert f"error {mesh / 'bookinfo' / 'paths.yaml'}:{REGEX_LINE}:9 VirtualService bookinfo/details-paths " in text.stdout
+    assert (
+        f"error {mesh / 'bookinfo' / 'paths.yaml'}:{REGEX_LINE}:9 VirtualService bookinfo/details-paths " in text.stdout
+    )
     github = runner.invoke(app, ["validate", "--envoy", "--bootstrap", str(fleet), "-o", "github", str(mesh)])
     assert github.exit_code == 1
-    assert github.stdout.startswith(f"::error file={mesh / 'bookinfo' / 'paths.yaml'},line={REGEX_LINE},col=9,title=MC0101::")
+    assert github.stdout.startswith(
+        f"::error file={mesh / 'bookinfo' / 'paths.yaml'},line={REGEX_LINE},col=9,title=MC0101::"
+    )
 
 
 def test_only_the_named_proxy_is_checked(tmp_path: Path) -> None:
@@ -171,7 +175,10 @@ def test_tls_files_are_read_when_present_and_stubbed_when_not(tmp_path: Path) ->
     assert (finding["severity"], finding["code"], finding["kind"]) == ("error", "MC0101", "Gateway")
     assert finding["field"] == "spec.servers[1].tls.serverCertificate"
     assert finding["file"] == str(gateway)
-    assert f"refuses listener 0.0.0.0_8443 for proxy ingressgateway-vm.bookinfo: Failed to load certificate chain from {cert}" in finding["message"]
+    assert (
+        "refuses listener 0.0.0.0_8443 for proxy ingressgateway-vm.bookinfo: "
+        f"Failed to load certificate chain from {cert}" in finding["message"]
+    )
 
 
 def test_identical_configs_take_one_run(tmp_path: Path) -> None:
