@@ -10,12 +10,13 @@ so); and without an Envoy the command must say so and exit 2, never pass.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, cli_bootstrap, examples_copy, needs_envoy, runner
+from conftest import EXAMPLES, ROOT, cli_bootstrap, examples_copy, needs_envoy, runner
 from ruamel.yaml import YAML
 
 from meshctl.cli.app import app
@@ -66,6 +67,13 @@ spec:
 """
 
 
+DOC = ROOT / "docs" / "validation.md"
+
+
+def _versionless(line: str) -> str:
+    return re.sub(r"Envoy [0-9][^ ]* ", "Envoy VERSION ", line)
+
+
 def hardened_bootstrap(tmp_path: Path, error_level: int = 10) -> Path:
     """The bootstrap `meshctl bootstrap` writes for a VM, with the fleet's runtime layer
     lowering the RE2 program size limit, as an older or hardened fleet would run."""
@@ -108,6 +116,10 @@ def test_runtime_layer_refusal_names_the_virtual_service(tmp_path: Path) -> None
 
     text = runner.invoke(app, ["validate", "--envoy", "--bootstrap", str(fleet), str(mesh)])
     assert text.exit_code == 1
+    # docs/validation.md shows this very line, but for the tree's path and Envoy's version.
+    [shown] = re.findall(r"^error \S+ VirtualService bookinfo/details-paths .*\[MC0101\]$", DOC.read_text(), re.M)
+    [printed] = text.stdout.splitlines()
+    assert _versionless(printed.split(" ", 2)[2]) == _versionless(shown.split(" ", 2)[2])
     assert (
         f"error {mesh / 'bookinfo' / 'paths.yaml'}:{REGEX_LINE}:9 VirtualService bookinfo/details-paths " in text.stdout
     )
@@ -181,7 +193,7 @@ def test_tls_files_are_read_when_present_and_stubbed_when_not(tmp_path: Path) ->
     )
 
 
-def test_identical_configs_take_one_run(tmp_path: Path) -> None:
+def test_identical_configs_share_one_run(tmp_path: Path) -> None:
     mesh = examples_copy(tmp_path)
     with (mesh / "bookinfo" / "workloads.yaml").open("a") as f:
         f.write(CLIENTS)
