@@ -225,3 +225,35 @@ def test_envoy_options_usage(tmp_path: Path) -> None:
     result = runner.invoke(app, ["validate", "--envoy", "--bootstrap", str(bad), str(EXAMPLES)])
     assert result.exit_code == 2
     assert result.stderr.strip() == f"error: --bootstrap {bad}: not an Envoy bootstrap (a mapping)"
+
+
+MUTUAL_TLS = """apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata:
+  name: default
+  namespace: bookinfo
+spec:
+  mtls:
+    mode: STRICT
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata:
+  name: details-mtls
+  namespace: bookinfo
+spec:
+  host: details.bookinfo.mesh
+  trafficPolicy:
+    tls:
+      mode: ISTIO_MUTUAL
+"""
+
+
+def test_mesh_certificates_need_no_secrets(tmp_path: Path) -> None:
+    """Mutual TLS names the mesh's SDS secrets, which no CI machine holds (and which validate
+    mode cannot fetch: it crashes on the attempt); the config still loads, secrets stubbed."""
+    mesh = examples_copy(tmp_path)
+    (mesh / "bookinfo" / "mtls.yaml").write_text(MUTUAL_TLS)
+    result = runner.invoke(app, ["validate", "--envoy", "-o", "json", str(mesh)])
+    assert result.exit_code == 0, result.output
+    assert not [f for f in json.loads(result.stdout) if f["code"] in ("MC0101", "MC0102", "MC0103")]
