@@ -257,3 +257,18 @@ def test_mesh_certificates_need_no_secrets(tmp_path: Path) -> None:
     result = runner.invoke(app, ["validate", "--envoy", "-o", "json", str(mesh)])
     assert result.exit_code == 0, result.output
     assert not [f for f in json.loads(result.stdout) if f["code"] in ("MC0101", "MC0102", "MC0103")]
+
+
+def test_broken_trees_and_unknown_proxies(tmp_path: Path) -> None:
+    """Config is never built from a tree with errors: those are the answer (exit 1), and
+    Envoy is not asked. A --proxy the tree does not describe is a usage error."""
+    mesh = examples_copy(tmp_path)
+    traffic = mesh / "bookinfo" / "traffic.yaml"
+    traffic.write_text(traffic.read_text().replace("        subset: v2\n", "        subset: v9\n", 1))
+    result = runner.invoke(app, ["validate", "--envoy", str(mesh)])
+    assert result.exit_code == 1
+    assert "IST0101" in result.stdout
+    assert "--envoy skipped: the tree has errors" in result.stderr
+    unknown = runner.invoke(app, ["validate", "--envoy", "--proxy", "nobody.bookinfo", str(EXAMPLES)])
+    assert unknown.exit_code == 2
+    assert unknown.stderr.startswith("error: --proxy 'nobody.bookinfo' names no WorkloadEntry")
