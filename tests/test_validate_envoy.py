@@ -123,7 +123,8 @@ def test_runtime_layer_refusal_names_the_virtual_service(tmp_path: Path) -> None
     assert (
         f"error {mesh / 'bookinfo' / 'paths.yaml'}:{REGEX_LINE}:9 VirtualService bookinfo/details-paths " in text.stdout
     )
-    github = runner.invoke(app, ["validate", "--envoy", "--bootstrap", str(fleet), "-o", "github", str(mesh)])
+    one = ["--proxy", "details-v1-vm.bookinfo"]
+    github = runner.invoke(app, ["validate", "--envoy", "--bootstrap", str(fleet), *one, "-o", "github", str(mesh)])
     assert github.exit_code == 1
     assert github.stdout.startswith(
         f"::error file={mesh / 'bookinfo' / 'paths.yaml'},line={REGEX_LINE},col=9,title=MC0101::"
@@ -181,7 +182,8 @@ def test_tls_files_are_read_when_present_and_stubbed_when_not(tmp_path: Path) ->
     cert.parent.mkdir()
     cert.write_text("not a certificate\n")
     key.write_text("not a key\n")
-    result = runner.invoke(app, ["validate", "--envoy", "-o", "json", str(mesh)])
+    gateway_only = ["--proxy", "ingressgateway-vm.bookinfo"]
+    result = runner.invoke(app, ["validate", "--envoy", *gateway_only, "-o", "json", str(mesh)])
     assert result.exit_code == 1, result.output
     (finding,) = json.loads(result.stdout)
     assert (finding["severity"], finding["code"], finding["kind"]) == ("error", "MC0101", "Gateway")
