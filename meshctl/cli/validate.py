@@ -65,11 +65,18 @@ def validate(
         typer.Option("--proxy", help="With --envoy: only this WorkloadEntry NAME.NAMESPACE or node id; repeatable."),
     ] = None,
     envoy_binary: Annotated[
-        str | None, typer.Option("--envoy-binary", help="With --envoy: the envoy to run (default: PATH).")
+        str | None,
+        typer.Option(
+            "--envoy-binary",
+            metavar="PATH",
+            help="With --envoy: the envoy to run (default: beside meshctl, else on PATH).",
+        ),
     ] = None,
     bootstrap: Annotated[
         str | None,
-        typer.Option("--bootstrap", help="With --envoy: the fleet's Envoy bootstrap, for its runtime layers."),
+        typer.Option(
+            "--bootstrap", metavar="PATH", help="With --envoy: the fleet's Envoy bootstrap, for its runtime layers."
+        ),
     ] = None,
 ) -> None:
     """Check Istio YAML as Istio would: schema, per-kind rules and cross-resource analysis;
