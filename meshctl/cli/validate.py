@@ -6,7 +6,7 @@ import enum
 import gc
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -155,15 +155,10 @@ def _envoy_findings(
     from meshctl.cli import output as out
     from meshctl.errors import UsageError
 
-    fleet: dict[str, Any] = {}
-    notes: list[str] = []
-    if bootstrap is not None:
-        try:
-            fleet, notes = fleet_settings(read_bootstrap(Path(bootstrap)))
-        except ValueError as exc:
-            raise UsageError(f"--bootstrap {exc}") from exc
-    else:
-        fleet, notes = fleet_settings({})
+    try:
+        fleet, notes = fleet_settings(read_bootstrap(Path(bootstrap)) if bootstrap is not None else {})
+    except ValueError as exc:
+        raise UsageError(f"--bootstrap {exc}") from exc
     tree = offline.load_tree(
         path, namespace=namespace, mesh=offline.mesh_from(Path(mesh_config) if mesh_config else None)
     )
