@@ -201,7 +201,7 @@ def test_identical_configs_share_one_run(tmp_path: Path) -> None:
         f.write(CLIENTS)
     result = runner.invoke(app, ["validate", "--envoy", str(mesh)])
     assert result.exit_code == 0, result.output
-    assert "checked 9 proxy config(s), 8 distinct, in 8 validate run(s)" in result.stderr
+    assert "checked 9 proxy config(s), 8 distinct, in 9 validate run(s)" in result.stderr
 
 
 def test_no_envoy_is_an_error_not_a_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -274,3 +274,34 @@ def test_broken_trees_and_unknown_proxies(tmp_path: Path) -> None:
     unknown = runner.invoke(app, ["validate", "--envoy", "--proxy", "nobody.bookinfo", str(EXAMPLES)])
     assert unknown.exit_code == 2
     assert unknown.stderr.startswith("error: --proxy 'nobody.bookinfo' names no WorkloadEntry")
+
+
+def test_fleet_settings_that_only_the_vms_have(tmp_path: Path) -> None:
+    """A runtime layer read from a directory of the VMs, or served over RTDS, cannot be had
+    here: each is left out, with a note. Settings Envoy refuses on their own are the
+    bootstrap's fault, not the mesh's: exit 2, one line."""
+    data: dict[str, Any] = cli_bootstrap()
+    data["layered_runtime"]["layers"] += [
+        {"name": "vm-disk", "disk_layer": {"symlink_root": str(tmp_path / "runtime" / "current")}},
+        {"name": "rtds", "rtds_layer": {"name": "runtime", "rtds_config": {"ads": {}}}},
+    ]
+    fleet = tmp_path / "envoy.yaml"
+    YAML(typ="safe").dump(data, fleet)
+    result = runner.invoke(app, ["validate", "--envoy", "--bootstrap", str(fleet), str(EXAMPLES)])
+    assert result.exit_code == 0, result.output
+    assert f"runtime layer 'vm-disk' reads {tmp_path / 'runtime' / 'current'}, which is not on this machine" in (
+        result.stderr
+    )
+    assert "runtime layer 'rtds' comes over RTDS: left out of the check" in result.stderr
+
+    data["overload_manager"]["resource_monitors"].append(
+        {"name": "envoy.resource_monitors.none", "typed_config": {"@type": "type.googleapis.com/google.protobuf.Empty"}}
+    )
+    YAML(typ="safe").dump(data, fleet)
+    result = runner.invoke(app, ["validate", "--envoy", "--bootstrap", str(fleet), str(EXAMPLES)])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    [line] = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
+    assert line.startswith(f"error: --bootstrap {fleet}: Envoy ")
+    assert "refuses it with no mesh config at all: " in line
+    assert "envoy.resource_monitors.none" in line

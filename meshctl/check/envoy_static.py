@@ -24,7 +24,8 @@ removes something Envoy would check on a VM:
 
 The fleet's own bootstrap (`fleet_settings`) brings what changes how Envoy judges config: its
 runtime layers above all (`re2.max_program_size.error_level`), its regex engine, stats and
-overload settings. Without one, the runtime is the one `meshctl bootstrap` writes.
+overload settings; a layer this machine cannot have (RTDS, a disk layer of the VMs' own
+directory) is left out with a note. Without one, the runtime is the one `meshctl bootstrap` writes.
 """
 
 from __future__ import annotations
@@ -264,14 +265,30 @@ def fleet_settings(bootstrap: Mapping[str, Any]) -> tuple[dict[str, Any], list[s
     if isinstance(runtime, dict) and isinstance(runtime.get("layers"), list):
         kept = []
         for layer in runtime["layers"]:
+            name = layer.get("name", "?") if isinstance(layer, dict) else "?"
             if isinstance(layer, dict) and "rtds_layer" in layer:
-                notes.append(f"runtime layer {layer.get('name', '?')!r} comes over RTDS: left out of the check")
+                notes.append(f"runtime layer {name!r} comes over RTDS: left out of the check")
+            elif isinstance(layer, dict) and _missing_disk_layer(layer):
+                root = layer["disk_layer"]["symlink_root"]
+                notes.append(
+                    f"runtime layer {name!r} reads {root}, which is not on this machine: left out of the check"
+                )
             else:
                 kept.append(layer)
         runtime["layers"] = kept
     if "layered_runtime" not in out:
         out.update(default_runtime())
     return out, notes
+
+
+def _missing_disk_layer(layer: Mapping[str, Any]) -> bool:
+    """A disk layer whose directory is only on the VMs: Envoy refuses to start without it."""
+    disk = layer.get("disk_layer")
+    return (
+        isinstance(disk, dict)
+        and isinstance(disk.get("symlink_root"), str)
+        and not os.path.exists(disk["symlink_root"])
+    )
 
 
 def bootstrap(static: StaticConfig, node_id: str, fleet: Mapping[str, Any]) -> dict[str, Any]:

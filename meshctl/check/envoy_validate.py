@@ -92,6 +92,8 @@ class EnvoySettings:
     binary: str
     fleet: Mapping[str, Any]
     jobs: int = 0
+    #: Where `fleet` came from, for the error when Envoy refuses it alone.
+    origin: str = "meshctl bootstrap's runtime"
 
 
 @dataclass(slots=True)
@@ -175,13 +177,20 @@ def envoy_findings(snapshot: Snapshot, proxies: Sequence[ProxyUnderTest], settin
         groups.setdefault(config.digest(settings.fleet), _Group(config)).members.append(member)
     version = envoy_version(settings.binary)
     workers = max(1, min(len(groups), settings.jobs or _cores()))
-    with tempfile.TemporaryDirectory(prefix="meshctl-envoy-") as tmp, ThreadPoolExecutor(workers) as pool:
-        verdicts = list(pool.map(lambda g: _judge(g, settings, Path(tmp)), groups.values()))
     envoy = f"Envoy {version}".strip()
+    with tempfile.TemporaryDirectory(prefix="meshctl-envoy-") as tmp, ThreadPoolExecutor(workers) as pool:
+        # The settings alone first: a refusal there is no finding about the mesh, and would
+        # otherwise be blamed on every proxy's first resource.
+        empty = StaticConfig([], {"clusters": [], "listeners": []})
+        alone = _validate(settings.binary, bootstrap(empty, proxies[0].proxy.id, settings.fleet), Path(tmp))
+        if alone.refused:
+            raise UsageError(f"{settings.origin}: {envoy} refuses it with no mesh config at all: {alone.message}")
+        verdicts = list(pool.map(lambda g: _judge(g, settings, Path(tmp)), groups.values()))
     found = _Findings(snapshot, envoy)
     for group, verdict in zip(groups.values(), verdicts, strict=True):
         found.add_group(group, verdict)
-    return EnvoyReport(found.findings(), envoy, len(proxies), len(groups), sum(v.runs for v in verdicts))
+    runs = 1 + sum(v.runs for v in verdicts)
+    return EnvoyReport(found.findings(), envoy, len(proxies), len(groups), runs)
 
 
 def _cores() -> int:

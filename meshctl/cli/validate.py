@@ -170,7 +170,8 @@ def _envoy_findings(
         raise UsageError(f"--envoy: {path} describes no proxy (no WorkloadEntry); name one with --proxy NODE_ID")
     for note in notes:
         out.stderr_console().print(f"note: {note}", markup=False, soft_wrap=True)
-    report = envoy_findings(snapshot, proxies, EnvoySettings(binary, fleet))
+    origin = f"--bootstrap {bootstrap}" if bootstrap is not None else "meshctl bootstrap's runtime"
+    report = envoy_findings(snapshot, proxies, EnvoySettings(binary, fleet, origin=origin))
     out.stderr_console().print(f"note: {report.summary()}", markup=False, soft_wrap=True)
     return report.findings
 
