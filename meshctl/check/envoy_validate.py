@@ -8,7 +8,8 @@ static check passes). So the config `meshctl dump` would print for each proxy (t
 
 Cost: proxies whose bootstraps are equal but for their node id (most of a namespace without
 Sidecars) are checked by one run, and runs go side by side, one per core. A run takes about a
-tenth of a second.
+tenth of a second. One more run comes first: the fleet's settings with no mesh config at all.
+Envoy refusing those is the bootstrap's fault (exit 2), not a finding to blame on every proxy.
 
 Envoy stops at the first thing it refuses, and its message rarely names the resource. The
 resource is found from the message (a name it quotes, or a value it quotes that one resource
