@@ -196,14 +196,13 @@ def _stub_files(node: Any, resource: GeneratedResource, source: ConfigKey | None
     is the Istio resource whose metadata is nearest above."""
     if isinstance(node, dict):
         source = istio_source(node) or source
-        for key in ("tls_certificates",):
-            for certificate in node.get(key, ()) if isinstance(node.get(key), list) else ():
-                yield from _stub_certificate(certificate, resource, source)
-        for key in ("trusted_ca",):
-            if _missing(node.get(key)):
-                path = node[key]["filename"]
-                node[key] = {"inline_string": _throwaway_pem()[0]}
-                yield StubbedFile(path, "CA certificate", resource.type_url, resource.name, source)
+        certificates = node.get("tls_certificates")
+        for certificate in certificates if isinstance(certificates, list) else ():
+            yield from _stub_certificate(certificate, resource, source)
+        if _missing(node.get("trusted_ca")):
+            path = node["trusted_ca"]["filename"]
+            node["trusted_ca"] = {"inline_string": _throwaway_pem()[0]}
+            yield StubbedFile(path, "CA certificate", resource.type_url, resource.name, source)
         if _missing(node.get("crl")):
             path = node.pop("crl")["filename"]
             yield StubbedFile(path, "CRL", resource.type_url, resource.name, source)
