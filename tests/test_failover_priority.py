@@ -422,3 +422,33 @@ def test_proxies_that_the_rule_reads_alike_share_one_serialized_assignment() -> 
     assert builds(lb_mesh(priority_rule(ZONE, "rack"))) == [0, 1]
     with_regions = priority_rule("rack").replace("]}}", "], failover: [{from: us-east, to: us-west}]}}")
     assert builds(lb_mesh(with_regions)) == [1, 1]
+
+
+def traffic_distribution_findings(value: str, resolution: str = "STATIC") -> list[str]:
+    from meshctl.config.loader import load_text
+
+    text = f"""apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata:
+  name: api
+  namespace: lb
+  annotations: {{networking.istio.io/traffic-distribution: {value}}}
+spec:
+  hosts: [api.lb.mesh]
+  location: MESH_INTERNAL
+  resolution: {resolution}
+  ports: [{{number: 80, name: http, protocol: HTTP}}]
+  endpoints: [{{address: {"10.0.0.1" if resolution == "STATIC" else "api.example.com"}}}]
+"""
+    return [f"{f.severity.value} {f.message}" for f in load_text(text, "se.yaml").findings]
+
+
+def test_validate_warns_about_a_traffic_distribution_that_does_nothing() -> None:
+    """Istio reads an unknown value as Any (and logs it); on a DNS entry it orders nothing."""
+    assert traffic_distribution_findings("preferclose") == []
+    assert traffic_distribution_findings("PreferSameNode") == []
+    (unknown,) = traffic_distribution_findings("PreferNearby")
+    assert unknown.startswith("warning ") and '"PreferNearby"' in unknown and "served as Any" in unknown
+    (dns,) = traffic_distribution_findings("PreferClose", "DNS")
+    assert dns.startswith("warning ") and "resolution DNS it changes nothing" in dns
+    assert traffic_distribution_findings("Any", "DNS") == []

@@ -52,6 +52,7 @@ from meshctl.api.networking.v1alpha3 import service_entry_pb2, workload_entry_pb
 from meshctl.config.hosts import is_ip
 from meshctl.config.labels import labels_match
 from meshctl.config.model import Config, ConfigKey
+from meshctl.config.validation.metadata import TRAFFIC_DISTRIBUTION
 from meshctl.registry.model import (
     Endpoint,
     Location,
@@ -74,7 +75,6 @@ GROUP_ANNOTATION: Final = "istio.io/autoRegistrationGroup"
 TLS_MODE_LABEL: Final = "security.istio.io/tlsMode"
 LOCALITY_LABEL: Final = "istio-locality"
 NETWORK_LABEL: Final = "topology.istio.io/network"
-TRAFFIC_DISTRIBUTION_ANNOTATION: Final = "networking.istio.io/traffic-distribution"
 _UNIX_PREFIX: Final = "unix://"
 _DNS_RESOLUTIONS: Final = frozenset({Resolution.DNS, Resolution.DNS_ROUND_ROBIN})
 #: Resolutions by name. DYNAMIC_DNS (Envoy's dynamic forward proxy) is missing: the model has no
@@ -376,7 +376,7 @@ def convert_services(config: Config) -> list[Service]:
     export_to = frozenset(spec.export_to)
     addresses = tuple(a for a in (_normalize_address(a) for a in spec.addresses) if a)
     # An unknown value is Any, as in Istio (validation warns about it).
-    distribution = TrafficDistribution.parse(config.annotations.get(TRAFFIC_DISTRIBUTION_ANNOTATION, ""))
+    distribution = TrafficDistribution.parse(config.annotations.get(TRAFFIC_DISTRIBUTION, ""))
     seen: set[str] = set()
     out: list[Service] = []
     for host in spec.hosts:
