@@ -314,7 +314,7 @@ wildcards are not supported in selectors
     workloadSelector:
       matchLabels: {app: '*'}  # <-
 
-[dr-selector-export] spec.exportTo
+[dr-selector-export] spec.exportTo[0]
 a DestinationRule with a workloadSelector can only be exported to its namespace
     host: r.mesh
     workloadSelector: {matchLabels: {app: r}}

@@ -1,5 +1,6 @@
 """Metadata Istio's validation reads: annotations (`checkDryRunAnnotation`, run before every
-kind's rules) and the waypoint label of a DYNAMIC_DNS ServiceEntry.
+kind's rules), the waypoint label of a DYNAMIC_DNS ServiceEntry, and the resource's namespace
+(`own_namespace.py`).
 
 `istio.io/dry-run` belongs to AuthorizationPolicy alone, and there only to ALLOW and DENY (the
 actions whose RBAC filter has shadow rules), with a value Go's `strconv.ParseBool` reads. Istio
@@ -17,6 +18,7 @@ from google.protobuf.message import Message
 from meshctl.config.model import ConfigKey
 from meshctl.config.validation import Issue
 from meshctl.config.validation.common import enum_name
+from meshctl.config.validation.own_namespace import validate_own_namespace
 
 DRY_RUN: Final = "istio.io/dry-run"
 USE_WAYPOINT: Final = "istio.io/use-waypoint"
@@ -34,7 +36,7 @@ def validate_metadata(
         if enum_name(entry, "resolution") == "DYNAMIC_DNS" and enum_name(entry, "location") == "MESH_INTERNAL":
             message = "a MESH_INTERNAL ServiceEntry with resolution DYNAMIC_DNS cannot use a waypoint"
             issues.append(Issue(("metadata", "labels", USE_WAYPOINT), message))
-    return issues
+    return issues + validate_own_namespace(kind, key.namespace, spec)
 
 
 def _dry_run(
