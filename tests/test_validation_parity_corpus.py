@@ -42,6 +42,7 @@ _WRAPS: dict[str, tuple[str, Any]] = {
         "VirtualService",
         lambda part, case: {"hosts": ["foo.bar"], "http": [{"route": [{"destination": {"host": "foo.bar"}}], **part}]},
     ),
+    "vs-delegate": ("VirtualService", lambda part, case: {"http": [part]}),
     "vs-tcp": ("VirtualService", lambda part, case: {"hosts": ["foo.bar"], "tcp": [{"route": part}]}),
     "dr-tp": ("DestinationRule", lambda part, case: {"host": "reviews", "trafficPolicy": part}),
     "se-port": (
