@@ -65,6 +65,8 @@ CASES = _cases()
 
 def document(case: dict[str, Any]) -> str:
     """The case as one document (JSON, which is YAML too), as a user would write it."""
+    if "resource" in case:
+        return json.dumps(case["resource"], indent=2) + "\n"
     if "wrap" in case:
         kind, build = _WRAPS[case["wrap"]]
         spec = build(case["part"], case)
