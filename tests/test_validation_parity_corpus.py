@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ruamel.yaml import YAML
 from conftest import ROOT
+from ruamel.yaml import YAML
 
 from meshctl.config.loader import load_text
 from meshctl.config.model import served_group
@@ -34,7 +34,9 @@ _WRAPS: dict[str, tuple[str, Any]] = {
     "gw-tls": (
         "Gateway",
         lambda part, case: {
-            "servers": [{"hosts": ["foo.bar.com"], "port": {"number": 443, "name": "tls", "protocol": "TLS"}, "tls": part}]
+            "servers": [
+                {"hosts": ["foo.bar.com"], "port": {"number": 443, "name": "tls", "protocol": "TLS"}, "tls": part}
+            ]
         },
     ),
     "vs-http": ("VirtualService", lambda part, case: {"hosts": ["foo.bar"], "http": [part]}),
