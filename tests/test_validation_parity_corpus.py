@@ -47,6 +47,33 @@ _WRAPS: dict[str, tuple[str, Any]] = {
     "vs-delegate": ("VirtualService", lambda part, case: {"http": [part]}),
     "vs-tcp": ("VirtualService", lambda part, case: {"hosts": ["foo.bar"], "tcp": [{"route": part}]}),
     "dr-tp": ("DestinationRule", lambda part, case: {"host": "reviews", "trafficPolicy": part}),
+    "se-dns-endpoint": (
+        "ServiceEntry",
+        lambda part, case: {
+            "hosts": ["foo.bar.com"],
+            "resolution": "DNS",
+            "ports": [{"number": 80, "protocol": "http", "name": "http"}],
+            "endpoints": [{"address": part}],
+        },
+    ),
+    "se-static-endpoint": (
+        "ServiceEntry",
+        lambda part, case: {
+            "hosts": ["foo.bar.com"],
+            "resolution": "STATIC",
+            "ports": [{"number": 80, "protocol": "http", "name": "http"}],
+            "endpoints": [{"address": part}],
+        },
+    ),
+    "se-address": (
+        "ServiceEntry",
+        lambda part, case: {
+            "hosts": ["foo.bar.com"],
+            "resolution": "NONE",
+            "addresses": [part],
+            "ports": [{"number": 80, "protocol": "http", "name": "http"}],
+        },
+    ),
     "se-port": (
         "ServiceEntry",
         lambda part, case: {"hosts": ["foo.bar.com"], "resolution": "DNS", "ports": [part]},
