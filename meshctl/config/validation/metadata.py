@@ -1,6 +1,7 @@
 """Metadata Istio's validation reads: annotations (`checkDryRunAnnotation`, run before every
-kind's rules) and the waypoint label of a DYNAMIC_DNS ServiceEntry; and a ServiceEntry's
-traffic distribution annotation, whose unknown values Istio takes as `Any` with a warning.
+    if kind == "ServiceEntry" and TRAFFIC_DISTRIBUTION in annotations:
+        issues.extend(_traffic_distribution(annotations[TRAFFIC_DISTRIBUTION], spec))
+    return issues + validate_own_namespace(kind, key.namespace, spec)
 
 `istio.io/dry-run` belongs to AuthorizationPolicy alone, and there only to ALLOW and DENY (the
 actions whose RBAC filter has shadow rules), with a value Go's `strconv.ParseBool` reads. Istio
@@ -19,6 +20,7 @@ from meshctl.config.findings import Severity
 from meshctl.config.model import ConfigKey
 from meshctl.config.validation import Issue
 from meshctl.config.validation.common import enum_name
+from meshctl.config.validation.own_namespace import validate_own_namespace
 
 DRY_RUN: Final = "istio.io/dry-run"
 USE_WAYPOINT: Final = "istio.io/use-waypoint"
@@ -39,9 +41,13 @@ def validate_metadata(
         if enum_name(entry, "resolution") == "DYNAMIC_DNS" and enum_name(entry, "location") == "MESH_INTERNAL":
             message = "a MESH_INTERNAL ServiceEntry with resolution DYNAMIC_DNS cannot use a waypoint"
             issues.append(Issue(("metadata", "labels", USE_WAYPOINT), message))
+<<<<<<< HEAD
     if kind == "ServiceEntry" and TRAFFIC_DISTRIBUTION in annotations:
         issues.extend(_traffic_distribution(annotations[TRAFFIC_DISTRIBUTION], spec))
     return issues
+=======
+    return issues + validate_own_namespace(kind, key.namespace, spec)
+>>>>>>> parity
 
 
 def _traffic_distribution(value: str, spec: Message) -> list[Issue]:
