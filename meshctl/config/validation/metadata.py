@@ -1,7 +1,7 @@
 """Metadata Istio's validation reads: annotations (`checkDryRunAnnotation`, run before every
-    if kind == "ServiceEntry" and TRAFFIC_DISTRIBUTION in annotations:
-        issues.extend(_traffic_distribution(annotations[TRAFFIC_DISTRIBUTION], spec))
-    return issues + validate_own_namespace(kind, key.namespace, spec)
+kind's rules), the waypoint label of a DYNAMIC_DNS ServiceEntry, a ServiceEntry's traffic
+distribution annotation (unknown values Istio takes as `Any` with a warning), and the resource's
+namespace (`own_namespace.py`).
 
 `istio.io/dry-run` belongs to AuthorizationPolicy alone, and there only to ALLOW and DENY (the
 actions whose RBAC filter has shadow rules), with a value Go's `strconv.ParseBool` reads. Istio
@@ -41,13 +41,9 @@ def validate_metadata(
         if enum_name(entry, "resolution") == "DYNAMIC_DNS" and enum_name(entry, "location") == "MESH_INTERNAL":
             message = "a MESH_INTERNAL ServiceEntry with resolution DYNAMIC_DNS cannot use a waypoint"
             issues.append(Issue(("metadata", "labels", USE_WAYPOINT), message))
-<<<<<<< HEAD
     if kind == "ServiceEntry" and TRAFFIC_DISTRIBUTION in annotations:
         issues.extend(_traffic_distribution(annotations[TRAFFIC_DISTRIBUTION], spec))
-    return issues
-=======
     return issues + validate_own_namespace(kind, key.namespace, spec)
->>>>>>> parity
 
 
 def _traffic_distribution(value: str, spec: Message) -> list[Issue]:
