@@ -90,6 +90,10 @@ class Gauge(Counter):
         with self._lock:
             self._values[labels] = value
 
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
+
 
 class Histogram(_Metric):
     kind = "histogram"
@@ -252,6 +256,7 @@ class Metrics(PushObserver):
         """Export the CA's expiry (Unix seconds) as Istio's citadel gauges, and the time left; and
         the fingerprints of its roots, which replicas of one mesh share."""
         self._ca_expiry = (root_not_after, chain_not_after)
+        self.root_info.clear()  # a CA replaced while serving (--ca-dir) takes its roots' series along
         for fingerprint in fingerprints:
             self.root_info.set(1, fingerprint)
 
