@@ -1,0 +1,228 @@
+"""Rotating the mesh CA under traffic, as docs/vm-setup.md ("Rotating the CA") tells an operator.
+
+`meshctl serve --ca-dir` follows Istio's cacerts files while it runs. Two real Envoys (a client
+VM and a server VM behind its Sidecar ingress, ISTIO_MUTUAL, STRICT) carry a request loop through
+the whole procedure, each request on a new upstream connection (`maxRequestsPerConnection: 1`)
+so every request is a new mutual TLS handshake under the trust and certificates of that moment:
+
+1. a second root is added to `root-cert.pem` (both roots trusted);
+2. the signing certificate becomes an intermediate of the new root (its files written one by one,
+   as `cp` would): every workload certificate is reissued by it within the reissue window;
+3. the old root is removed from `root-cert.pem`.
+
+No request may fail, and at the end both Envoys trust only the new root and present a
+certificate chain that verifies up to it (read from their own admin API).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+from conftest import DEADLINE, needs_envoy
+from cryptography import x509
+from cryptography.x509.verification import PolicyBuilder, Store
+from test_ca import key_pem, make_ca_cert, pem, write_cacerts
+
+from meshctl.testing.backends import Backend, RequestLoop, send
+from meshctl.testing.builders import vm_behind_ingress_yaml
+from meshctl.testing.envoy import EnvoyProcess, free_port
+from meshctl.testing.serve_process import ServeProcess, meshctl_command
+
+NS = "rot"
+HOST = f"reviews.{NS}.mesh"
+SERVER_IP = "127.0.0.23"
+CLIENT = f"sidecar~127.0.0.9~client.{NS}~{NS}.svc.cluster.local"
+SERVER = f"sidecar~{SERVER_IP}~reviews-v1.{NS}~{NS}.svc.cluster.local"
+
+POLICY = f"""apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {{name: default, namespace: {NS}}}
+spec:
+  mtls: {{mode: STRICT}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {{name: reviews, namespace: {NS}}}
+spec:
+  host: {HOST}
+  trafficPolicy:
+    tls: {{mode: ISTIO_MUTUAL}}
+    connectionPool:
+      http: {{maxRequestsPerConnection: 1}}
+"""
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout: float = DEADLINE) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f}s: {what}")
+        time.sleep(0.1)
+
+
+def replace_file(path: Path, data: bytes, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.chmod(mode)
+    os.replace(tmp, path)
+
+
+def trusted_roots(envoy: EnvoyProcess) -> list[x509.Certificate]:
+    """The roots the Envoy's `ROOTCA` secret holds now (its config dump)."""
+    return x509.load_pem_x509_certificates(_secret(envoy, "ROOTCA")["validation_context"]["trusted_ca"])
+
+
+def workload_chain(envoy: EnvoyProcess) -> list[x509.Certificate]:
+    """The certificate chain of the Envoy's `default` secret now (leaf first)."""
+    return x509.load_pem_x509_certificates(_secret(envoy, "default")["tls_certificate"]["certificate_chain"])
+
+
+def _secret(envoy: EnvoyProcess, name: str) -> dict[str, dict[str, bytes]]:
+    dump = json.loads(envoy.admin("config_dump?resource=dynamic_active_secrets"))
+    for entry in dump["configs"]:
+        if entry["name"] == name:
+            secret = entry["secret"]
+            for part in (p for p in secret.values() if isinstance(p, dict)):
+                for field, value in part.items():
+                    if isinstance(value, dict) and "inline_bytes" in value:
+                        part[field] = base64.b64decode(value["inline_bytes"])
+            return secret  # type: ignore[no-any-return]
+    raise AssertionError(f"no secret {name}")
+
+
+def chains_to(chain: list[x509.Certificate], root: x509.Certificate) -> bool:
+    leaf, *rest = chain
+    verifier = PolicyBuilder().store(Store([root])).build_client_verifier()
+    try:
+        verifier.verify(leaf, rest)
+    except Exception:
+        return False
+    return True
+
+
+def handshakes(envoy: EnvoyProcess, port: int) -> int:
+    stats = dict(line.split(": ", 1) for line in envoy.admin("stats").splitlines() if ": " in line)
+    return int(stats.get(f"listener.{SERVER_IP}_{port}.ssl.handshake", "0"))
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@needs_envoy
+def test_rotating_to_a_new_root_under_traffic_fails_no_request(tmp_path: Path) -> None:
+    old_root, new_root = make_ca_cert("Example Corp root 2024"), make_ca_cert("Example Corp root 2025")
+    old_ca, new_ca = make_ca_cert("mesh CA 2024", old_root), make_ca_cert("mesh CA 2025", new_root)
+    cacerts = write_cacerts(tmp_path / "cacerts", old_ca, old_root)
+    (cacerts / "ca-key.pem").chmod(0o600)
+    mesh = tmp_path / "mesh"
+    mesh.mkdir()
+    service_port, ingress_port = free_port(), free_port(SERVER_IP)
+    with ExitStack() as stack:
+        app_server = stack.enter_context(Backend("reviews", "127.0.0.1"))
+        (mesh / "mesh.yaml").write_text(
+            vm_behind_ingress_yaml(
+                namespace=NS,
+                host=HOST,
+                address=SERVER_IP,
+                service_port=service_port,
+                ingress_port=ingress_port,
+                app_port=app_server.port,
+            )
+        )
+        (mesh / "policy.yaml").write_text(POLICY)
+        args = ["--insecure-send-keys", "--ca-dir", str(cacerts), "--ca-reissue-window", "2s"]
+        server = stack.enter_context(ServeProcess([mesh], extra_args=args))
+        stack.callback(lambda: print(f"--- meshctl serve log:\n{server.log()[-6000:]}"))
+        envoys = {}
+        for name, node in (("server", SERVER), ("client", CLIENT)):
+            envoys[name] = envoy = stack.enter_context(EnvoyProcess(server.bootstrap(node)))
+            stack.callback(lambda e=envoy, n=name: print(f"--- envoy {n} log:\n{e.log()[-3000:]}"))
+        wait_for(lambda: send(service_port, HOST).ok, "the client reaches reviews through the mesh")
+        for envoy in envoys.values():
+            assert chains_to(workload_chain(envoy), old_root.cert)
+
+        with RequestLoop(service_port, HOST) as loop:
+            loop.wait_for_answers(10)
+            # 1. The new root joins the bundle: both Envoys trust both.
+            replace_file(cacerts / "root-cert.pem", pem(old_root.cert, new_root.cert))
+            for envoy in envoys.values():
+                wait_for(lambda e=envoy: new_root.cert in trusted_roots(e), "the new root reaches each Envoy")
+            loop.wait_for_answers(10)
+
+            # 2. The new intermediate signs, its files copied in one by one: every workload
+            # certificate is reissued from it.
+            replace_file(cacerts / "ca-cert.pem", pem(new_ca.cert))
+            wait_for(lambda: "cannot be used, the CA in force stays" in server.log(), "the half-copied CA is refused")
+            replace_file(cacerts / "ca-key.pem", key_pem(new_ca.key), mode=0o600)
+            replace_file(cacerts / "cert-chain.pem", pem(new_ca.cert, new_root.cert))
+            for envoy in envoys.values():
+                wait_for(lambda e=envoy: workload_chain(e)[1] == new_ca.cert, "each Envoy's certificate is reissued")
+            loop.wait_for_answers(10)
+
+            # 3. The old root leaves the bundle.
+            replace_file(cacerts / "root-cert.pem", pem(new_root.cert))
+            for envoy in envoys.values():
+                wait_for(lambda e=envoy: trusted_roots(e) == [new_root.cert], "the old root leaves each Envoy")
+            before = handshakes(envoys["server"], ingress_port)
+            loop.wait_for_answers(20)
+            assert handshakes(envoys["server"], ingress_port) >= before + 10  # new connections, new trust only
+        assert loop.failures == []
+
+        for envoy in envoys.values():
+            assert trusted_roots(envoy) == [new_root.cert]
+            chain = workload_chain(envoy)
+            assert chains_to(chain, new_root.cert) and not chains_to(chain, old_root.cert)
+
+
+def test_a_replica_refuses_to_make_a_root_of_its_own(tmp_path: Path) -> None:
+    """Config from Consul KV, or a directory meshctl-git-sync keeps, says the server is one of
+    several replicas: a self-signed root made by it alone would split the mesh."""
+    state = tmp_path / "state"
+    base = ["serve", "--state-dir", str(state), "--xds-address", "127.0.0.1:0", "--admin-address", "127.0.0.1:0"]
+
+    def serve(*args: str) -> subprocess.CompletedProcess[str]:
+        # Started, it would wait for Consul or serve: the timeout fails the test then.
+        command = [*meshctl_command(), *base, *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+
+    result = serve("--config-consul-kv", "mesh", "--consul", "127.0.0.1:1")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "one of several replicas" in lines[0] and "--ca-dir" in lines[0], lines
+    assert not (state / "ca").exists()
+
+    # The layout meshctl-git-sync keeps: a link into its trees, beside its cache.
+    sync = tmp_path / "sync"
+    (sync / "cache.git").mkdir(parents=True)
+    (sync / "trees" / "0123abcd").mkdir(parents=True)
+    (sync / "current").symlink_to(sync / "trees" / "0123abcd")
+    result = serve("--config-dir", str(sync / "current"))
+    assert result.returncode == 2 and "meshctl-git-sync" in result.stderr, result.stderr
+    assert not (state / "ca").exists()
+
+
+def test_the_certificate_service_refuses_a_signing_root_the_xds_port_does_not_trust(tmp_path: Path) -> None:
+    """During a root rotation, a VM's xDS client certificate from the new root would lock it out
+    until `--client-ca` trusts that root: the bundle trusting the old one is not enough."""
+    from meshctl.security.ca import CertificateAuthority
+    from meshctl.server.ca_service import CertificateService, Refusal
+
+    old_root, new_root = make_ca_cert("old root"), make_ca_cert("new root")
+    new_ca = make_ca_cert("new mesh CA", new_root)
+    cacerts = write_cacerts(tmp_path / "cacerts", new_ca, new_root, roots=pem(old_root.cert, new_root.cert))
+    client_ca = tmp_path / "client-ca.pem"
+    client_ca.write_bytes(pem(old_root.cert))
+    ca = CertificateAuthority.from_ca_dir(cacerts)
+    service = CertificateService(ca, lambda: None, datetime.timedelta(days=1), client_ca)
+    with pytest.raises(Refusal, match="not trusted by --client-ca"):
+        service._check_trusted()
+    client_ca.write_bytes(pem(old_root.cert, new_root.cert))
+    service._check_trusted()
