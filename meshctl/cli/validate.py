@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import enum
 import gc
 import sys
@@ -47,6 +48,14 @@ def validate(
     mesh_config: Annotated[
         str | None, typer.Option(help="Also check Istio's MeshConfig YAML, as serve --mesh-config reads it.")
     ] = None,
+    ca_dir: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MESHCTL_CA_DIR",
+            help="With --mesh-config: the CA serve signs with (--ca-dir); a workload certificate lifetime "
+            "that outlasts it is warned about.",
+        ),
+    ] = None,
     jobs: Annotated[
         int,
         typer.Option(
@@ -85,7 +94,7 @@ def validate(
         if mesh_config is not None:
             from meshctl.config.mesh import load_mesh_config
 
-            settings, mesh_findings = load_mesh_config(Path(mesh_config))
+            settings, mesh_findings = load_mesh_config(Path(mesh_config), ca_not_after=_ca_end(ca_dir))
             root_namespace = settings.root_namespace if settings is not None else root_namespace
         findings = check(
             [p for p in paths if p != "-" or not refused],
@@ -105,6 +114,19 @@ def validate(
         out.summary(findings)
     failing = {Severity.ERROR, Severity.WARNING} if strict else {Severity.ERROR}
     raise typer.Exit(EXIT_INVALID if any(f.severity in failing for f in findings) else EXIT_OK)
+
+
+def _ca_end(ca_dir: str | None) -> datetime.datetime | None:
+    """When the CA of `ca_dir` (Istio's cacerts files) stops issuing; UsageError when unusable."""
+    if ca_dir is None:
+        return None
+    from meshctl.errors import CredentialError, UsageError
+    from meshctl.security.ca import CertificateAuthority
+
+    try:
+        return CertificateAuthority.from_ca_dir(ca_dir).not_after
+    except CredentialError as exc:
+        raise UsageError(f"--ca-dir: {exc}") from None
 
 
 def _read_stdin(limit: int) -> tuple[str | None, list[Finding]]:
