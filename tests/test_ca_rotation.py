@@ -165,6 +165,11 @@ def test_rotating_to_a_new_root_under_traffic_fails_no_request(tmp_path: Path) -
             replace_file(cacerts / "cert-chain.pem", pem(new_ca.cert, new_root.cert))
             for envoy in envoys.values():
                 wait_for(lambda e=envoy: workload_chain(e)[1] == new_ca.cert, "each Envoy's certificate is reissued")
+            # What tells the operator the step is done: only the new signer holds certificates.
+            signers = [
+                line for line in server.admin("metrics").splitlines() if line.startswith("meshctl_workload_certs{")
+            ]
+            assert signers == ['meshctl_workload_certs{signer="CN=mesh CA 2025"} 2'], signers
             loop.wait_for_answers(10)
 
             # 3. The old root leaves the bundle.

@@ -413,7 +413,7 @@ class Server:
             # Which CA signs, and whether this start made it: a root found in a state directory
             # (a root's first start reusing /var/lib/meshctl, say) must not be a surprise.
             logger.info("workload certificates are signed by the %s", self.ca.describe())
-            self.metrics.watch_workload_certificates(self.secrets.earliest_expiry)
+            self.metrics.watch_workload_certificates(self.secrets.earliest_expiry, self.secrets.signers)
             if (outage := self.settings.workload_cert_lifetime * (1 - RENEW_FRACTION)) < OUTAGE_WARNING:
                 logger.warning(
                     "--workload-cert-lifetime %s: certificates are renewed at two thirds of it, so proxies lose "
