@@ -231,3 +231,74 @@ def test_the_certificate_service_refuses_a_signing_root_the_xds_port_does_not_tr
         service._check_trusted()
     client_ca.write_bytes(pem(old_root.cert, new_root.cert))
     service._check_trusted()
+
+
+VM_MESH = """apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: client, namespace: shop}
+spec: {address: 10.0.0.9, serviceAccount: client}
+"""
+
+
+def test_a_vm_renews_from_the_new_root_once_the_server_follows_it(tmp_path: Path) -> None:
+    """The VM side of step 2: `meshctl ca renew`, as its timer runs it, gets a certificate from
+    the new CA (chained to the new root) once `--ca-dir` has switched, over the xDS port that
+    trusts both roots; after step 3 (the port trusts the new root alone) that certificate renews."""
+    from meshctl.security import renewal
+    from meshctl.security.ca import CertificateAuthority
+    from meshctl.server.auth import XdsTls
+    from meshctl.testing.server import run, serving
+
+    old_root, new_root = make_ca_cert("old root"), make_ca_cert("new root")
+    old_ca, new_ca = make_ca_cert("old mesh CA", old_root), make_ca_cert("new mesh CA", new_root)
+    cacerts = write_cacerts(tmp_path / "cacerts", old_ca, old_root, roots=pem(old_root.cert, new_root.cert))
+    (cacerts / "ca-key.pem").chmod(0o600)
+    mesh = tmp_path / "mesh"
+    mesh.mkdir()
+    (mesh / "client.yaml").write_text(VM_MESH)
+    signing = CertificateAuthority.from_ca_dir(cacerts)
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    served = signing.issue_server(ip_addresses=["127.0.0.1"])
+    (tls / "cert.pem").write_bytes(served.cert_chain_pem)
+    (tls / "key.pem").write_bytes(served.private_key_pem)
+    client_ca = tls / "client-ca.pem"
+    client_ca.write_bytes(pem(old_root.cert, new_root.cert))
+    vm = tmp_path / "vm"
+    vm.mkdir()
+    first = signing.issue_client(["client.shop"])
+    (vm / "cert-chain.pem").write_bytes(first.cert_chain_pem)
+    (vm / "key.pem").write_bytes(first.private_key_pem)
+    (vm / "root-cert.pem").write_bytes(pem(old_root.cert))  # what the VM trusts meshctl's certificate with
+
+    def chain() -> list[x509.Certificate]:
+        return x509.load_pem_x509_certificates((vm / "cert-chain.pem").read_bytes())
+
+    async def test() -> None:
+        import asyncio
+
+        settings = {"ca_dir": cacerts, "tls": XdsTls(tls / "cert.pem", tls / "key.pem", client_ca)}
+        async with serving(mesh, **settings) as server:
+            loop = asyncio.get_running_loop()
+            address = f"127.0.0.1:{server.xds_port}"
+            await loop.run_in_executor(None, renewal.renew, vm, address)
+            assert chain()[1] == old_ca.cert and chains_to(chain(), old_root.cert)
+
+            replace_file(cacerts / "ca-key.pem", key_pem(new_ca.key), mode=0o600)
+            replace_file(cacerts / "ca-cert.pem", pem(new_ca.cert))
+            replace_file(cacerts / "cert-chain.pem", pem(new_ca.cert, new_root.cert))
+            for _ in range(100):
+                if server.ca is not None and server.ca.certificate == new_ca.cert:
+                    break
+                await asyncio.sleep(0.1)
+            await loop.run_in_executor(None, renewal.renew, vm, address)
+            assert chain()[1] == new_ca.cert and chains_to(chain(), new_root.cert)
+
+            replace_file(client_ca, pem(new_root.cert))
+            replace_file(cacerts / "root-cert.pem", pem(new_root.cert))
+            # The port reads its TLS files again at the next handshake: the VM's new certificate is
+            # trusted by the new root alone.
+            await loop.run_in_executor(None, renewal.renew, vm, address)
+            assert chains_to(chain(), new_root.cert)
+
+    run(test)
