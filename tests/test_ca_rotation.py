@@ -5,6 +5,8 @@ VM and a server VM behind its Sidecar ingress, ISTIO_MUTUAL, STRICT) carry a req
 the whole procedure, each request on a new upstream connection (`maxRequestsPerConnection: 1`)
 so every request is a new mutual TLS handshake under the trust and certificates of that moment:
 
+0. the intermediate is replaced by another of the same root: every workload certificate is
+   reissued by it;
 1. a second root is added to `root-cert.pem` (both roots trusted);
 2. the signing certificate becomes an intermediate of the new root (its files written one by one,
    as `cp` would): every workload certificate is reissued by it within the reissue window;
@@ -119,8 +121,9 @@ def handshakes(envoy: EnvoyProcess, port: int) -> int:
 @needs_envoy
 def test_rotating_to_a_new_root_under_traffic_fails_no_request(tmp_path: Path) -> None:
     old_root, new_root = make_ca_cert("Example Corp root 2024"), make_ca_cert("Example Corp root 2025")
+    first_ca = make_ca_cert("mesh CA 2023", old_root)
     old_ca, new_ca = make_ca_cert("mesh CA 2024", old_root), make_ca_cert("mesh CA 2025", new_root)
-    cacerts = write_cacerts(tmp_path / "cacerts", old_ca, old_root)
+    cacerts = write_cacerts(tmp_path / "cacerts", first_ca, old_root)
     (cacerts / "ca-key.pem").chmod(0o600)
     mesh = tmp_path / "mesh"
     mesh.mkdir()
@@ -151,6 +154,14 @@ def test_rotating_to_a_new_root_under_traffic_fails_no_request(tmp_path: Path) -
 
         with RequestLoop(service_port, HOST) as loop:
             loop.wait_for_answers(10)
+            # 0. A new intermediate of the same root: the key first, then its certificate and chain.
+            replace_file(cacerts / "ca-key.pem", key_pem(old_ca.key), mode=0o600)
+            replace_file(cacerts / "ca-cert.pem", pem(old_ca.cert))
+            replace_file(cacerts / "cert-chain.pem", pem(old_ca.cert, old_root.cert))
+            for envoy in envoys.values():
+                wait_for(lambda e=envoy: workload_chain(e)[1] == old_ca.cert, "each Envoy's certificate is reissued")
+            loop.wait_for_answers(10)
+
             # 1. The new root joins the bundle: both Envoys trust both.
             replace_file(cacerts / "root-cert.pem", pem(old_root.cert, new_root.cert))
             for envoy in envoys.values():
