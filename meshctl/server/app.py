@@ -273,8 +273,7 @@ class Server:
         self._unfollow_checks: Callable[[], None] | None = None
         self._ca_watch: CaExpiryWatch | None = None
         self._ca_follower: CaDirFollower | None = None
-        self._ca_timer: asyncio.TimerHandle | None = None
-        self._ca_push: asyncio.Future[None] | None = None
+        self._ca_push: asyncio.Task[None] | None = None
         self.status = ServerStatus(self)
         self.notify = SystemdNotifier(settings.notify, lambda: service_status(self))
         self._grpc: grpc.aio.Server | None = None
@@ -425,7 +424,7 @@ class Server:
             self._ca_watch.start()
             if self.settings.ca_dir is not None and self.ca_holder is not None:
                 self._ca_follower = CaDirFollower(self.settings.ca_dir, self.ca_holder, self._ca_swapped)
-                self._follow_ca_dir()
+                self._ca_follower.start()
         if self.settings.on_ready is not None:
             self.settings.on_ready(self.xds_port, self.admin_port)
 
@@ -476,13 +475,6 @@ class Server:
             self.discovery.set_mesh(changed)
         self._mesh_timer = asyncio.get_running_loop().call_later(1.0, self._follow_mesh_config)
 
-    def _follow_ca_dir(self) -> None:
-        """Look at --ca-dir once a second (four stats); a new CA is put in force (`_ca_swapped`)."""
-        if self._ca_follower is None or self._stopping is None or self._stopping.is_set():
-            return
-        self._ca_follower.check()
-        self._ca_timer = asyncio.get_running_loop().call_later(1.0, self._follow_ca_dir)
-
     def _ca_swapped(self, before: CertificateAuthority, after: CertificateAuthority) -> None:
         """A new CA is in force: every proxy gets a new trust bundle now, and the certificates a
         signing certificate no longer in force issued are reissued within the window."""
@@ -495,7 +487,13 @@ class Server:
         self._ca_watch.start()
         snapshot = self.discovery.snapshot
         if nodes and snapshot is not None:
-            self._ca_push = asyncio.ensure_future(self.ads.publish(snapshot, nodes=nodes))
+            self._ca_push = asyncio.create_task(self._push_trust(snapshot, nodes), name="meshctl-trust-bundle")
+
+    async def _push_trust(self, snapshot: Snapshot, nodes: set[str]) -> None:
+        try:
+            await self.ads.publish(snapshot, nodes=nodes)
+        except Exception:  # the next renewal round or config push carries it; say so now
+            logger.exception("pushing the new trust bundle to %d proxies failed", len(nodes))
 
     async def stop(self) -> None:
         if self._renewal is not None:
@@ -507,8 +505,8 @@ class Server:
             self._mesh_timer.cancel()
         if self._ca_watch is not None:
             self._ca_watch.stop()
-        if self._ca_timer is not None:
-            self._ca_timer.cancel()
+        if self._ca_follower is not None:
+            self._ca_follower.stop()
         if self._sync_timer is not None:
             self._sync_timer.cancel()
         await self.discovery.stop()

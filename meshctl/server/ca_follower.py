@@ -24,6 +24,7 @@ that stays unusable is an error in the log, once per state of its files.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Callable
@@ -85,6 +86,23 @@ class CaDirFollower:
         self._holder = holder
         self._on_swap = on_swap
         self._stamp = _stamp(directory)
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        """Look once a second from now on (in the running event loop), until `stop`."""
+        self._timer = asyncio.get_running_loop().call_later(1.0, self._run)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _run(self) -> None:
+        try:
+            self.check()
+        except Exception:  # a follower that stops looking would leave the CA as it is, silently
+            logger.exception("following --ca-dir failed; looking again in a second")
+        self._timer = asyncio.get_running_loop().call_later(1.0, self._run)
 
     def check(self, now: datetime | None = None) -> bool:
         """Look at the files once; True when a new CA was put in force."""
