@@ -313,3 +313,43 @@ def test_a_vm_renews_from_the_new_root_once_the_server_follows_it(tmp_path: Path
             assert chains_to(chain(), new_root.cert)
 
     run(test)
+
+
+def test_certificates_of_a_replaced_signer_are_reissued_spread_over_the_window(tmp_path: Path) -> None:
+    """After the signing certificate changes, each certificate it issued is due at its own random
+    moment within the window, not all at the next round (the fleet does not renew in one burst),
+    and the trust bundle is unchanged when only the intermediate is."""
+    from conftest import PRODUCTPAGE, REVIEWS_V1, examples_copy
+
+    from meshctl.security.ca import CertificateAuthority
+    from meshctl.testing.ads_client import AdsClient
+    from meshctl.testing.server import run, serving
+    from meshctl.xds import types
+
+    root = make_ca_cert("root")
+    first, second = make_ca_cert("first mesh CA", root), make_ca_cert("second mesh CA", root)
+    cacerts = write_cacerts(tmp_path / "cacerts", first, root)
+    (cacerts / "ca-key.pem").chmod(0o600)
+    replacement = write_cacerts(tmp_path / "replacement", second, root)
+    (replacement / "ca-key.pem").chmod(0o600)
+    window = datetime.timedelta(seconds=600)
+
+    async def test() -> None:
+        async with serving(examples_copy(tmp_path), ca_dir=cacerts, insecure_send_keys=True) as server:
+            address = f"127.0.0.1:{server.xds_port}"
+            async with AdsClient(address, PRODUCTPAGE) as one, AdsClient(address, REVIEWS_V1) as two:
+                for client in (one, two):
+                    await client.wait_for(lambda c: len(c.resources[types.SECRET]) == 2, timeout=20)
+                assert server.secrets.signers() == {"CN=first mesh CA": 2}
+                assert server.ca_holder is not None
+                server.ca_holder.swap(CertificateAuthority.from_ca_dir(replacement))
+                now = datetime.datetime.now(datetime.UTC)
+                draws = iter([0.25, 0.75])
+                assert server.secrets.follow_ca(window, rng=lambda: next(draws)) == set()  # same bundle
+                due = server.secrets.due()
+                assert due is not None and now + window * 0.2 < due < now + window * 0.3
+                assert server.secrets.due_nodes(now) == set()
+                assert len(server.secrets.due_nodes(now + window / 2)) == 1
+                assert server.secrets.due_nodes(now + window) == {PRODUCTPAGE, REVIEWS_V1}
+
+    run(test)
