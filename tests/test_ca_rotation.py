@@ -194,6 +194,10 @@ def test_rotating_to_a_new_root_under_traffic_fails_no_request(tmp_path: Path) -
 
         for envoy in envoys.values():
             assert trusted_roots(envoy) == [new_root.cert]
+            # And as /certs shows them: the one CA it trusts is the new root.
+            certs = json.loads(envoy.admin("certs"))["certificates"]
+            serials = {int(c["serial_number"], 16) for entry in certs for c in entry.get("ca_cert", [])}
+            assert serials == {new_root.cert.serial_number}, serials
             chain = workload_chain(envoy)
             assert chains_to(chain, new_root.cert) and not chains_to(chain, old_root.cert)
 
