@@ -336,6 +336,9 @@ def test_certificates_of_a_replaced_signer_are_reissued_spread_over_the_window(t
     (cacerts / "ca-key.pem").chmod(0o600)
     replacement = write_cacerts(tmp_path / "replacement", second, root)
     (replacement / "ca-key.pem").chmod(0o600)
+    other_root = make_ca_cert("other root")
+    elsewhere = write_cacerts(tmp_path / "elsewhere", make_ca_cert("other mesh CA", other_root), other_root)
+    (elsewhere / "ca-key.pem").chmod(0o600)
     window = datetime.timedelta(seconds=600)
 
     async def test() -> None:
@@ -355,5 +358,11 @@ def test_certificates_of_a_replaced_signer_are_reissued_spread_over_the_window(t
                 assert server.secrets.due_nodes(now) == set()
                 assert len(server.secrets.due_nodes(now + window / 2)) == 1
                 assert server.secrets.due_nodes(now + window) == {PRODUCTPAGE, REVIEWS_V1}
+
+                # A bundle without the root they chain to: peers refuse them already, so they are
+                # due at once, and every holder is pushed the new bundle now.
+                server.ca_holder.swap(CertificateAuthority.from_ca_dir(elsewhere))
+                assert server.secrets.follow_ca(window) == {PRODUCTPAGE, REVIEWS_V1}
+                assert server.secrets.due_nodes(datetime.datetime.now(datetime.UTC)) == {PRODUCTPAGE, REVIEWS_V1}
 
     run(test)

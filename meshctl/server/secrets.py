@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
+from cryptography import x509
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 
 from meshctl.errors import BindingError
@@ -76,8 +77,10 @@ class _Held:
     #: The time its entry in the heap of due certificates carries (`WorkloadSecrets.due`): its
     #: renewal time, or the random time a CA rotation reissues it at.
     due_at: datetime.datetime
-    #: The CA certificate that signed it: one that is no longer in force has it reissued.
-    signer: Any = None
+    #: The CA certificate that signed it (one no longer in force has it reissued), and the root
+    #: its chain ends at (one no longer in the trust bundle has it reissued at once).
+    signer: x509.Certificate | None = None
+    root: x509.Certificate | None = None
 
 
 class WorkloadSecrets:
@@ -152,7 +155,8 @@ class WorkloadSecrets:
     def follow_ca(self, window: datetime.timedelta, rng: Callable[[], float] = random.random) -> set[str]:
         """After the holder's CA was replaced: every certificate held gets the new trust bundle,
         and each one a signing certificate no longer in force issued is due at a random time
-        within `window` from now (never later than it was). Returns the nodes to push to now:
+        within `window` from now (never later than it was), or at once when the bundle no longer
+        holds the root it chains to (peers refuse it already). Returns the nodes to push to now:
         every holder when the bundle changed (they must trust the new root before a peer shows
         them a certificate from it), else none."""
         if self._holder is None:
@@ -164,12 +168,13 @@ class WorkloadSecrets:
             if bundle_changed:
                 self._set_root(ca.root_pem)
             assert self._root is not None
+            trusted = set(x509.load_pem_x509_certificates(ca.root_pem))
             for identity, held in list(self._held.items()):
                 workload = held.secrets[mesh_tls.WORKLOAD_SECRET]
                 secrets = MappingProxyType({mesh_tls.WORKLOAD_SECRET: workload, mesh_tls.ROOT_SECRET: self._root})
                 renew_from, due_at = held.renew_from, held.due_at
                 if held.signer != ca.certificate:
-                    at = now + window * rng()
+                    at = now if held.root not in trusted else now + window * rng()
                     if at < renew_from:
                         renew_from = due_at = at
                         heapq.heappush(self._due, (at, identity.uri, identity))
@@ -316,7 +321,14 @@ class WorkloadSecrets:
             # The bundle under the lock: a rotation may have replaced it meanwhile.
             secrets = MappingProxyType({mesh_tls.WORKLOAD_SECRET: workload, mesh_tls.ROOT_SECRET: self._root})
             held = _Held(
-                identity, certificate, secrets, (secret, self._root_message), renew_from, due_at, ca.certificate
+                identity,
+                certificate,
+                secrets,
+                (secret, self._root_message),
+                renew_from,
+                due_at,
+                ca.certificate,
+                ca.chain[-1],
             )
             self._held[identity] = held
             self._hold(proxy.id, identity)
