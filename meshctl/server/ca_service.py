@@ -168,7 +168,7 @@ class CertificateService:
         trust_domain: Callable[[], str] = lambda: "cluster.local",
     ) -> None:
         #: The CA in force, read at each request: one replaced while serving signs the next.
-        self._holder = CaHolder(ca) if isinstance(ca, CertificateAuthority) else ca
+        self._holder = ca if isinstance(ca, CaHolder) else CaHolder(ca)
         self._snapshot = snapshot
         self._lifetime = lifetime
         self._client_ca_file = client_ca_file

@@ -97,7 +97,7 @@ class WorkloadSecrets:
         clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
     ) -> None:
         self._resolve = resolve
-        self._holder = CaHolder(ca) if isinstance(ca, CertificateAuthority) else ca
+        self._holder = ca if isinstance(ca, CaHolder) or ca is None else CaHolder(ca)
         self._trust_domain = trust_domain
         self._lifetime = lifetime
         self._unauthenticated = send_keys_unauthenticated
