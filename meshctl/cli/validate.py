@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import enum
 import gc
 import sys
@@ -49,6 +50,14 @@ def validate(
     ] = False,
     mesh_config: Annotated[
         str | None, typer.Option(help="Also check Istio's MeshConfig YAML, as serve --mesh-config reads it.")
+    ] = None,
+    ca_dir: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MESHCTL_CA_DIR",
+            help="With --mesh-config: the CA serve signs with (--ca-dir); a workload certificate lifetime "
+            "that outlasts it is warned about.",
+        ),
     ] = None,
     jobs: Annotated[
         int,
@@ -116,7 +125,7 @@ def validate(
         if mesh_config is not None:
             from meshctl.config.mesh import load_mesh_config
 
-            settings, mesh_findings = load_mesh_config(Path(mesh_config))
+            settings, mesh_findings = load_mesh_config(Path(mesh_config), ca_not_after=_ca_end(ca_dir))
             root_namespace = settings.root_namespace if settings is not None else root_namespace
         findings = check(
             [p for p in paths if p != "-" or not refused],
@@ -183,6 +192,19 @@ def _proxy_under_test(tree: LoadedTree, ref: str, namespace: str = "default") ->
     target = offline.resolve_proxy(tree, ref, namespace)
     entry = None if offline.is_node_id(ref) else offline.find_workload_entry(tree.snapshot, ref, namespace)
     return ProxyUnderTest(ref if entry is None else f"{entry.name}.{entry.namespace}", target, entry)
+
+
+def _ca_end(ca_dir: str | None) -> datetime.datetime | None:
+    """When the CA of `ca_dir` (Istio's cacerts files) stops issuing; UsageError when unusable."""
+    if ca_dir is None:
+        return None
+    from meshctl.errors import CredentialError, UsageError
+    from meshctl.security.ca import CertificateAuthority
+
+    try:
+        return CertificateAuthority.from_ca_dir(ca_dir).not_after
+    except CredentialError as exc:
+        raise UsageError(f"--ca-dir: {exc}") from None
 
 
 def _read_stdin(limit: int) -> tuple[str | None, list[Finding]]:
