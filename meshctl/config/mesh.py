@@ -8,7 +8,7 @@ file is silently ignored:
 | MeshConfig field                 | meshctl                                                    |
 |----------------------------------|------------------------------------------------------------|
 | rootNamespace                    | the namespace of mesh-wide Sidecars and DestinationRules   |
-| outboundTrafficPolicy.mode       | ALLOW_ANY or REGISTRY_ONLY when no Sidecar says            |
+| outboundTrafficPolicy.mode       | ALLOW_ANY, REGISTRY_ONLY or ALLOW_ANY_DYNAMIC_DNS when no Sidecar says |
 | connectTimeout                   | every cluster's connect timeout                            |
 | trustDomain                      | the SPIFFE trust domain of workload identities             |
 | enableAutoMtls                   | mutual TLS to endpoints with a proxy unless a rule says otherwise |
@@ -17,6 +17,7 @@ file is silently ignored:
 | default*ExportTo                 | where services, VirtualServices, DestinationRules that say nothing are seen |
 | defaultConfig.holdApplicationUntilProxyStarts | ignored: a VM has no pod start order         |
 | loopbackRange (meshctl's own)    | where TCP-level services get loopback addresses (127.240.0.0/16; "" none) |
+| dnsCacheMaxHosts (meshctl's own) | hosts each dynamic forward proxy DNS cache holds (1024)    |
 | anything else Istio has          | a warning: read by Istio, not applied by meshctl yet       |
 
 A value every Envoy would refuse is an error at its field and line, as in a config file: a trust
@@ -47,6 +48,12 @@ from meshctl.errors import ConfigError, YamlError
 DEFAULT_ROOT_NAMESPACE: Final = "istio-system"
 #: Where TCP-level services get their own loopback addresses unless `loopbackRange` says.
 DEFAULT_LOOPBACK_RANGE: Final = "127.240.0.0/16"
+#: Hosts one dynamic forward proxy DNS cache holds unless `dnsCacheMaxHosts` says (Envoy's own
+#: default): a bound on what clients can make a proxy resolve and remember.
+DEFAULT_DNS_CACHE_MAX_HOSTS: Final = 1024
+#: outboundTrafficPolicy modes: ALLOW_ANY_DYNAMIC_DNS is ALLOW_ANY whose HTTP requests for
+#: unknown hosts go through Envoy's dynamic forward proxy (resolved by their Host header).
+OUTBOUND_MODES: Final = ("ALLOW_ANY", "REGISTRY_ONLY", "ALLOW_ANY_DYNAMIC_DNS")
 
 
 def loopback_range_problem(cidr: str) -> str | None:
@@ -67,7 +74,8 @@ class MeshSettings:
     """Mesh-wide settings (Istio's MeshConfig subset that generation reads)."""
 
     root_namespace: str = DEFAULT_ROOT_NAMESPACE
-    #: ALLOW_ANY (PassthroughCluster) or REGISTRY_ONLY (BlackHoleCluster) when no Sidecar says.
+    #: ALLOW_ANY (PassthroughCluster), REGISTRY_ONLY (BlackHoleCluster) or ALLOW_ANY_DYNAMIC_DNS
+    #: (plaintext HTTP to unknown hosts through the dynamic forward proxy) when no Sidecar says.
     outbound_traffic_policy: str = "ALLOW_ANY"
     connect_timeout_seconds: float = 10.0
     #: Trust domain for SPIFFE identities in endpoint metadata.
@@ -91,6 +99,9 @@ class MeshSettings:
     #: meshctl's own `loopbackRange`: the part of 127.0.0.0/8 that TCP-level services get their
     #: own addresses from on VMs without iptables (`snapshot/loopback.py`).
     loopback_range: str = DEFAULT_LOOPBACK_RANGE
+    #: meshctl's own `dnsCacheMaxHosts`: how many hosts each DNS cache of Envoy's dynamic
+    #: forward proxy (DYNAMIC_DNS ServiceEntries, ALLOW_ANY_DYNAMIC_DNS) holds.
+    dns_cache_max_hosts: int = DEFAULT_DNS_CACHE_MAX_HOSTS
 
     def locality_default(self) -> LocalityLoadBalancerSetting:
         return LocalityLoadBalancerSetting.FromString(self.locality_lb_setting)
@@ -141,6 +152,7 @@ _READ: Final = frozenset(
         "accessLogFormat",
         "localityLbSetting",
         "loopbackRange",
+        "dnsCacheMaxHosts",
         *_EXPORT_DEFAULTS,
     }
 )
@@ -231,10 +243,17 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
     outbound = data.get("outboundTrafficPolicy")
     if outbound is not None:
         mode = outbound.get("mode") if isinstance(outbound, Mapping) else None
-        if mode not in ("ALLOW_ANY", "REGISTRY_ONLY"):
-            problem("outboundTrafficPolicy.mode must be ALLOW_ANY or REGISTRY_ONLY")
+        if mode not in OUTBOUND_MODES:
+            problem("outboundTrafficPolicy.mode must be ALLOW_ANY, REGISTRY_ONLY or ALLOW_ANY_DYNAMIC_DNS")
         else:
             policy = mode
+        if isinstance(outbound, Mapping) and outbound.get("tls") is not None:
+            problem(
+                "outboundTrafficPolicy.tls is Istio's, not applied by meshctl yet: "
+                "requests through the dynamic forward proxy stay plaintext",
+                Severity.WARNING,
+                field="outboundTrafficPolicy.tls",
+            )
     timeout = defaults.connect_timeout_seconds
     if "connectTimeout" in data:
         value = data["connectTimeout"]
@@ -291,6 +310,10 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
         why = bad_range if isinstance(loopback, str) else "must be a CIDR range (127.240.0.0/16)"
         problem(f"loopbackRange: {why}", field="loopbackRange")
         loopback = defaults.loopback_range
+    max_hosts = data.get("dnsCacheMaxHosts", defaults.dns_cache_max_hosts)
+    if isinstance(max_hosts, bool) or not isinstance(max_hosts, int) or not 1 <= max_hosts <= 2**32 - 1:
+        problem("dnsCacheMaxHosts must be a whole number from 1 to 4294967295", field="dnsCacheMaxHosts")
+        max_hosts = defaults.dns_cache_max_hosts
     default_config = data.get("defaultConfig")
     if isinstance(default_config, Mapping) and "holdApplicationUntilProxyStarts" in default_config:
         problem("defaultConfig.holdApplicationUntilProxyStarts is ignored: a VM has no pod start order", Severity.INFO)
@@ -316,5 +339,6 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
         default_destination_rule_export_to=exports.get("default_destination_rule_export_to", public),
         enable_auto_mtls=auto_mtls,
         loopback_range=loopback,
+        dns_cache_max_hosts=max_hosts,
     )
     return settings, findings
