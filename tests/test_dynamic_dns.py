@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from conftest import needs_envoy
-
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.extensions.clusters.dynamic_forward_proxy.v3 import cluster_pb2 as dfp_cluster_pb2
 from envoy.extensions.filters.http.dynamic_forward_proxy.v3 import dynamic_forward_proxy_pb2 as dfp_http_pb2
