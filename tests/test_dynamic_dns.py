@@ -240,3 +240,18 @@ def test_simulate_a_tls_connection_by_its_sni() -> None:
 def test_dump_lists_the_dfp_cluster_by_its_type() -> None:
     rows = cluster_rows(generated(entry(80, "HTTP"))[types.CLUSTER])
     assert [HOST, "80", "-", "outbound", "envoy.clusters.dynamic_forward_proxy", ""] in rows
+
+
+def test_the_proxys_dns_listener_leaves_dynamic_dns_names_to_the_vms_resolvers() -> None:
+    """The proxy resolves a DYNAMIC_DNS name itself, through the VM's resolvers, which may be
+    routed to the proxy's own DNS listener (`meshctl hosts`'s systemd-resolved setup): answered
+    there with 127.0.0.1, the request would loop back into the proxy. So the table and the
+    domains routed to it leave such names out."""
+    from meshctl.snapshot.scope import ProxyScope
+    from meshctl.xds.dns_table import mesh_domains, name_table
+
+    snapshot = snapshot_from_yaml(entry(80, "HTTP"))
+    proxy = proxy_for(snapshot, CLIENT, {"DNS_PORT": "15053"})
+    scope = ProxyScope(snapshot, proxy)
+    assert HOST not in name_table(scope)
+    assert "svc.example" not in mesh_domains(scope)

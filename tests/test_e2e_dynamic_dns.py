@@ -102,6 +102,17 @@ def test_http_to_any_name_under_the_wildcard_reaches_what_it_resolves_to(dns: Dn
         outside = send(port, f"x.anywhere.example:{port}")
         assert outside.status == 502, outside
         assert "x.anywhere.example" not in dns.queries
+        # An app on a VM without iptables can use the sidecar as its HTTP proxy: the request
+        # line's absolute URL gives the host.
+        assert _absolute_form(port, f"http://d.localtest.example:{port}/x").startswith("HTTP/1.1 200")
+        assert backend.served == 3
+
+
+def _absolute_form(port: int, url: str) -> str:
+    """The status line of `GET URL` sent in absolute form, as a client sends it to its proxy."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall(f"GET {url} HTTP/1.1\r\nConnection: close\r\n\r\n".encode())
+        return conn.makefile("rb").readline().decode()
 
 
 def test_allow_any_dynamic_dns_sends_http_for_unknown_hosts_through_the_forward_proxy(dns: DnsServer) -> None:

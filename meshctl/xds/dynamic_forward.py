@@ -18,7 +18,10 @@ one), bounded by MeshConfig `dnsCacheMaxHosts` (meshctl's own, 1024 by default, 
 default): a request for a name beyond the bound gets Envoy's 503 "DNS cache overflow" rather
 than growing the proxy's memory without end. Names are resolved by Envoy's default resolver
 (the VM's /etc/resolv.conf, or the bootstrap's `typed_dns_resolver_config`), never by the
-proxy's own DNS listener, whose answers point back at the proxy.
+proxy's own DNS listener, whose answers point back at the proxy; that listener leaves DYNAMIC_DNS
+names out (`listeners_outbound`), so a VM's resolver routed to it cannot loop a request back. An
+app on a VM without iptables reaches such hosts with the sidecar as its HTTP proxy
+(`http_proxy=http://127.0.0.1:PORT`), whose absolute URLs carry the host.
 
 Outbound policy `ALLOW_ANY_DYNAMIC_DNS` (Istio 1.31) uses the same pieces for the catch-all:
 plaintext HTTP for a host no service declares goes to `AllowAnyDynamicDNSCluster`, resolved by

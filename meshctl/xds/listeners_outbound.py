@@ -272,7 +272,12 @@ class _OutboundBuilder:
     def _answer(self, svc: Service, bind: str, egress: _Egress) -> None:
         """Note where the app reaches `svc`: the bound address without iptables (its own
         loopback address over 127.0.0.1), else the service's address, which iptables sends here
-        (one of the proxy's family first: A for an IPv4 proxy, AAAA for an IPv6 one)."""
+        (one of the proxy's family first: A for an IPv4 proxy, AAAA for an IPv6 one). Never for a
+        DYNAMIC_DNS host: the proxy resolves those names itself, through the VM's resolvers,
+        which may ask this very table; answered with the proxy's address, a request would come
+        back to the proxy forever."""
+        if dfp.is_dynamic(svc):
+            return
         found = self.answers.setdefault(svc.hostname, [])
         if egress.bind_to_port:
             address = bind
