@@ -161,7 +161,7 @@ def build_outbound_clusters(scope: ProxyScope, memo: ClusterMemo | None = None) 
     if scope.proxy.type is ProxyType.SIDECAR:
         out.append(_delimited_stats([_passthrough(names.PASSTHROUGH_CLUSTER, timeout)])[0])
         if dfp.allow_any_dynamic_dns(scope):
-            out.extend(_delimited_stats([_allow_any_dynamic_dns(scope, timeout)]))
+            out.extend(_delimited_stats([dfp.allow_any_cluster(scope, timeout)]))
     return merge_clusters(out)
 
 
@@ -298,15 +298,9 @@ def _dynamic(view: OutboundClusterView, rule: MergedDestinationRule | None) -> l
         return []
     rule_policy = traffic_policy(rule.spec) if rule is not None else None
     policy = policy_for_port(rule_policy, port.number) or Policy()
-    tls = policy.tls if port.protocol.is_http and originates_tls(policy.tls) else None
-    insecure = bool(tls is not None and tls.insecure_skip_verify.value)
     cache = dfp.dns_cache(dfp.cache_name(service.hostname), max_hosts=view.dns_cache_max_hosts, family=view.dns_family)
-    draft = ClusterDraft(dfp.cluster(names.outbound_cluster(port.number, service.hostname), cache, insecure=insecure))
-    apply_upstream_protocol(draft, port.protocol, sniffed=True)
-    apply_connection_pool(draft, policy.connection_pool, view.connect_timeout, policy.retry_budget)
-    apply_outlier_detection(draft.cluster, policy.outlier_detection)
-    apply_tls(draft, tls)
-    _check_named_host(draft, insecure)
+    name = names.outbound_cluster(port.number, service.hostname)
+    draft = dfp.port_cluster(name, cache, protocol=port.protocol, policy=policy, connect_timeout=view.connect_timeout)
     meta = _istio_metadata(draft.cluster)
     meta.update({"services": [_service_metadata(service)], "default_original_port": port.number})
     if service.location is Location.MESH_EXTERNAL:
@@ -314,32 +308,6 @@ def _dynamic(view: OutboundClusterView, rule: MergedDestinationRule | None) -> l
     if rule is not None:
         _rule_metadata(view.rule_path, draft.cluster, policy)
     return [draft.finish()]
-
-
-def _allow_any_dynamic_dns(scope: ProxyScope, timeout: float) -> cluster_pb2.Cluster:
-    """Istio's AllowAnyDynamicDNSCluster: HTTP for hosts no service declares, resolved by the
-    request's Host (plaintext: MeshConfig `outboundTrafficPolicy.tls` is not applied)."""
-    cluster = dfp.cluster(dfp.ALLOW_ANY_DYNAMIC_DNS_CLUSTER, dfp.allow_any_cache(scope))
-    cluster.connect_timeout.CopyFrom(duration(timeout))
-    cluster.circuit_breakers.thresholds.append(default_thresholds())
-    draft = ClusterDraft(cluster)
-    draft.use_downstream_protocol()
-    draft.http_options().common_http_protocol_options.idle_timeout.CopyFrom(duration(_PASSTHROUGH_IDLE_SECONDS))
-    _check_named_host(draft, insecure=False)
-    return draft.finish()
-
-
-def _check_named_host(draft: ClusterDraft, insecure: bool) -> None:
-    """Envoy refuses a DFP cluster with HTTP protocol options unless they set auto_sni and
-    auto_san_validation (TLS, when originated, names and checks the host each request names),
-    or the cluster allows insecure options (`insecureSkipVerify`)."""
-    if draft.options is None and draft.cluster.HasField("transport_socket"):
-        draft.http_options()
-    if draft.options is None:
-        return
-    upstream = draft.options.upstream_http_protocol_options
-    upstream.auto_sni = True
-    upstream.auto_san_validation = not insecure
 
 
 def _subset(

@@ -53,6 +53,16 @@ from envoy.extensions.filters.network.sni_dynamic_forward_proxy.v3 import (
 
 from meshctl.registry.model import Protocol, Resolution, Service, ServicePort
 from meshctl.snapshot.scope import ProxyScope
+from meshctl.xds.cluster_policy import (
+    ClusterDraft,
+    Policy,
+    apply_connection_pool,
+    apply_outlier_detection,
+    apply_upstream_protocol,
+    default_thresholds,
+    duration,
+)
+from meshctl.xds.cluster_tls import apply_tls, originates_tls
 from meshctl.xds.listener_filters import network_filter, typed
 
 CLUSTER_TYPE: Final = "envoy.clusters.dynamic_forward_proxy"
@@ -63,6 +73,8 @@ ALLOW_ANY_DYNAMIC_DNS_CLUSTER: Final = "AllowAnyDynamicDNSCluster"
 ALLOW_ANY_DYNAMIC_DNS: Final = "ALLOW_ANY_DYNAMIC_DNS"
 #: Istio's suffix of a DNS cache's name (`model.BuildDNSCacheName`).
 _CACHE_SUFFIX: Final = "_dfp_dns_cache"
+#: Istio's idle timeout of its catch-all clusters' connections.
+_CATCH_ALL_IDLE_SECONDS: Final = 300
 
 
 def cache_name(host: str) -> str:
@@ -103,6 +115,51 @@ def cluster(name: str, cache: dns_cache_pb2.DnsCacheConfig, *, insecure: bool = 
     out.cluster_type.name = CLUSTER_TYPE
     out.cluster_type.typed_config.CopyFrom(typed(config))
     return out
+
+
+def port_cluster(
+    name: str, cache: dns_cache_pb2.DnsCacheConfig, *, protocol: Protocol, policy: Policy, connect_timeout: float
+) -> ClusterDraft:
+    """A DYNAMIC_DNS service port's cluster with its DestinationRule's policy: connection pool,
+    outlier detection and, on an HTTP port, SIMPLE or MUTUAL `tls`, with the SNI and the
+    certificate's name checked against the host each request names (`insecureSkipVerify` drops
+    the check). The caller adds Istio's metadata and finishes it."""
+    tls = policy.tls if protocol.is_http and originates_tls(policy.tls) else None
+    insecure = bool(tls is not None and tls.insecure_skip_verify.value)
+    draft = ClusterDraft(cluster(name, cache, insecure=insecure))
+    apply_upstream_protocol(draft, protocol, sniffed=True)
+    apply_connection_pool(draft, policy.connection_pool, connect_timeout, policy.retry_budget)
+    apply_outlier_detection(draft.cluster, policy.outlier_detection)
+    apply_tls(draft, tls)
+    _name_the_requested_host(draft, insecure)
+    return draft
+
+
+def allow_any_cluster(scope: ProxyScope, connect_timeout: float) -> cluster_pb2.Cluster:
+    """Istio's AllowAnyDynamicDNSCluster: HTTP for hosts no service declares, in the client's
+    HTTP version, resolved by the request's Host (plaintext: MeshConfig
+    `outboundTrafficPolicy.tls` is not applied)."""
+    out = cluster(ALLOW_ANY_DYNAMIC_DNS_CLUSTER, allow_any_cache(scope))
+    out.connect_timeout.CopyFrom(duration(connect_timeout))
+    out.circuit_breakers.thresholds.append(default_thresholds())
+    draft = ClusterDraft(out)
+    draft.use_downstream_protocol()
+    draft.http_options().common_http_protocol_options.idle_timeout.CopyFrom(duration(_CATCH_ALL_IDLE_SECONDS))
+    _name_the_requested_host(draft, insecure=False)
+    return draft.finish()
+
+
+def _name_the_requested_host(draft: ClusterDraft, insecure: bool) -> None:
+    """Envoy refuses a DFP cluster with HTTP protocol options unless they set auto_sni and
+    auto_san_validation (TLS, when originated, names and checks the host each request names),
+    or the cluster allows insecure options (`insecureSkipVerify`)."""
+    if draft.options is None and draft.cluster.HasField("transport_socket"):
+        draft.http_options()
+    if draft.options is None:
+        return
+    upstream = draft.options.upstream_http_protocol_options
+    upstream.auto_sni = True
+    upstream.auto_san_validation = not insecure
 
 
 def http_filter(cache: dns_cache_pb2.DnsCacheConfig) -> hcm_pb2.HttpFilter:
