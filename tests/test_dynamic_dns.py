@@ -255,3 +255,20 @@ def test_the_proxys_dns_listener_leaves_dynamic_dns_names_to_the_vms_resolvers()
     scope = ProxyScope(snapshot, proxy)
     assert HOST not in name_table(scope)
     assert "svc.example" not in mesh_domains(scope)
+
+
+def test_simulate_cli_shows_the_cluster_resolving_per_request(tmp_path: Any) -> None:
+    from conftest import runner
+
+    from meshctl.cli.app import app
+
+    (tmp_path / "se.yaml").write_text(
+        entry(18080, "HTTP")
+        + "---\napiVersion: networking.istio.io/v1\nkind: WorkloadEntry\n"
+        + "metadata: {name: client, namespace: default}\nspec: {address: 127.0.0.9}\n"
+    )
+    args = ["simulate", "http://a.svc.example:18080/", "--config-dir", str(tmp_path), "--proxy", "client.default"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "(the host resolved per request)" in result.stdout
+    assert "the dynamic forward proxy resolves the Host a.svc.example:18080" in result.output
