@@ -27,6 +27,7 @@ from meshctl.testing.backends import Backend, Reply, send
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 from meshctl.testing.dns import DnsServer
 from meshctl.testing.envoy import EnvoyProcess, bootstrap, free_port
+from meshctl.testing.serve_process import ServeProcess
 from meshctl.xds import types
 from meshctl.xds.generate import generate
 
@@ -224,3 +225,36 @@ def test_tls_is_routed_by_its_sni_to_what_the_sni_resolves_to(dns: DnsServer, tm
             answer = _tls_call(tls_port, "a.localtest.example")
         assert answer == "hello a.localtest.example"
         assert _tls_call(tls_port, "x.anywhere.example").startswith("error")
+
+
+def test_a_dynamic_dns_entry_written_while_serving_reaches_envoy_over_ads(dns: DnsServer, tmp_path: Path) -> None:
+    """Through `meshctl serve` and an Envoy from `meshctl bootstrap`: the entry, written while
+    both run, is pushed and accepted (Envoy takes the DFP cluster, filters and routes over ADS),
+    and traffic to names under the wildcard flows; removing the entry takes the listener away."""
+    port = free_port()
+    config = tmp_path / "mesh"
+    config.mkdir()
+    (config / "client.yaml").write_text(
+        "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {name: default, namespace: egress}\n"
+        "spec: {egress: [{hosts: ['./*']}]}\n"
+    )
+    with (
+        Backend("wild", BACKEND_IP, port=port) as backend,
+        ServeProcess([config]) as server,
+    ):
+        envoy_bootstrap = server.bootstrap(CLIENT)
+        envoy_bootstrap["typed_dns_resolver_config"] = dns.resolver_config()
+        with EnvoyProcess(envoy_bootstrap):
+            assert send(port, f"a.localtest.example:{port}").status == 0  # no listener yet
+            (config / "wildcard.yaml").write_text(entry(port, free_port()))
+            deadline = time.monotonic() + 30
+            while not send(port, f"a.localtest.example:{port}").ok and time.monotonic() < deadline:
+                time.sleep(0.1)
+            reply = send(port, f"z.localtest.example:{port}")
+            assert (reply.status, reply.backend) == (200, "wild"), reply
+            assert backend.served >= 2
+            (config / "wildcard.yaml").unlink()
+            deadline = time.monotonic() + 30
+            while send(port, f"a.localtest.example:{port}").status != 0 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert send(port, f"a.localtest.example:{port}").status == 0
