@@ -189,6 +189,9 @@ def test_allow_any_dynamic_dns_routes_unknown_http_hosts_to_its_cluster() -> Non
     assert catch_all.name == "allow_any"
     assert catch_all.routes[0].route.cluster == "AllowAnyDynamicDNSCluster"
     assert list(catch_all.typed_per_filter_config) == ["dfp|AllowAnyDynamicDNSCluster_dfp_dns_cache"]
+    result = simulate(resources, parse_request("http://x.anywhere.example/"), Target(CLIENT))
+    assert [(c.name, c.type) for c in result.clusters] == [("AllowAnyDynamicDNSCluster", "DYNAMIC_FORWARD_PROXY")]
+    assert any("resolves the Host x.anywhere.example (port 80)" in note for note in result.notes)
 
 
 @needs_envoy
