@@ -54,14 +54,14 @@ spec:
 """
 
 
-def mesh(mode: str) -> MeshSettings:
-    settings, findings = mesh_settings({"outboundTrafficPolicy": {"mode": mode}, "dnsCacheMaxHosts": 16})
+def mesh(mode: str, max_hosts: int) -> MeshSettings:
+    settings, findings = mesh_settings({"outboundTrafficPolicy": {"mode": mode}, "dnsCacheMaxHosts": max_hosts})
     assert settings is not None, findings
     return settings
 
 
-def resources(mode: str, http_port: int, tls_port: int) -> dict[str, Any]:
-    snapshot = snapshot_from_yaml(entry(http_port, tls_port), mesh=mesh(mode))
+def resources(mode: str, http_port: int, tls_port: int, *, max_hosts: int = 16) -> dict[str, Any]:
+    snapshot = snapshot_from_yaml(entry(http_port, tls_port), mesh=mesh(mode, max_hosts))
     return generate(snapshot, proxy_for(snapshot, CLIENT))
 
 
@@ -114,6 +114,19 @@ def _absolute_form(port: int, url: str) -> str:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
         conn.sendall(f"GET {url} HTTP/1.1\r\nConnection: close\r\n\r\n".encode())
         return conn.makefile("rb").readline().decode()
+
+
+def test_the_dns_cache_holds_no_more_names_than_dnsCacheMaxHosts(dns: DnsServer) -> None:
+    """A client cannot make the proxy resolve and keep names without end: past the bound a
+    request for a new name gets Envoy's 503, while the names already held keep working."""
+    port = free_port()
+    generated = resources("REGISTRY_ONLY", port, free_port(), max_hosts=2)
+    with Backend("wild", BACKEND_IP, port=port), EnvoyProcess(envoy_config(generated, dns)):
+        assert first_answer(port, f"a.localtest.example:{port}").backend == "wild"
+        assert send(port, f"b.localtest.example:{port}").backend == "wild"
+        overflow = send(port, f"c.localtest.example:{port}")
+        assert (overflow.status, overflow.body) == (503, "DNS cache overflow"), overflow
+        assert send(port, f"a.localtest.example:{port}").backend == "wild"
 
 
 def test_allow_any_dynamic_dns_sends_http_for_unknown_hosts_through_the_forward_proxy(dns: DnsServer) -> None:
