@@ -173,10 +173,53 @@ def test_the_cache_bound_is_meshconfig_dnsCacheMaxHosts() -> None:
     assert [(f.field, f.severity.name) for f in bad] == [("dnsCacheMaxHosts", "ERROR")]
 
 
-def test_allow_any_dynamic_dns_is_accepted_and_its_tls_is_warned_as_not_applied() -> None:
-    settings, findings = mesh_settings({"outboundTrafficPolicy": {"mode": "ALLOW_ANY_DYNAMIC_DNS", "tls": {}}})
+def test_allow_any_dynamic_dns_is_accepted() -> None:
+    settings, findings = mesh_settings({"outboundTrafficPolicy": {"mode": "ALLOW_ANY_DYNAMIC_DNS"}})
     assert settings is not None and settings.outbound_traffic_policy == "ALLOW_ANY_DYNAMIC_DNS"
-    assert [(f.field, f.severity.name) for f in findings] == [("outboundTrafficPolicy.tls", "WARNING")]
+    assert not findings
+
+
+@pytest.mark.parametrize(
+    ("tls", "insecure"),
+    [
+        ({"mode": "SIMPLE", "insecureSkipVerify": True}, True),
+        ({"mode": "SIMPLE", "caCertificates": "/etc/ssl/ca.pem"}, False),
+        ({"mode": "MUTUAL", "clientCertificate": "/c.pem", "privateKey": "/k.pem"}, False),
+    ],
+)
+def test_outbound_traffic_policy_tls_is_originated_by_the_allow_any_cluster(
+    tls: dict[str, Any], insecure: bool
+) -> None:
+    """Istio's TestAllowAnyDynamicDNSWithTLS: `outboundTrafficPolicy.tls` makes the catch-all's
+    forward proxy originate TLS, naming (SNI) and checking the host each request names."""
+    settings, findings = mesh_settings({"outboundTrafficPolicy": {"mode": "ALLOW_ANY_DYNAMIC_DNS", "tls": tls}})
+    assert settings is not None and not findings
+    cluster = clusters(generated(entry(80, "HTTP"), settings))["AllowAnyDynamicDNSCluster"]
+    assert cluster.transport_socket.name == "envoy.transport_sockets.tls"
+    assert dfp_config(cluster).allow_insecure_cluster_options is insecure
+    upstream = upstream_options(cluster)
+    assert upstream.auto_sni and upstream.auto_san_validation is not insecure
+
+
+@pytest.mark.parametrize(
+    ("outbound", "field", "severity"),
+    [
+        ({"mode": "ALLOW_ANY_DYNAMIC_DNS", "tls": {"mode": "ISTIO_MUTUAL"}}, "outboundTrafficPolicy.tls", "ERROR"),
+        ({"mode": "ALLOW_ANY_DYNAMIC_DNS", "tls": {"mode": "MUTUAL"}}, "outboundTrafficPolicy.tls", "ERROR"),
+        (
+            {"mode": "ALLOW_ANY_DYNAMIC_DNS", "tls": {"mode": "SIMPLE", "credentialName": "x"}},
+            "outboundTrafficPolicy.tls",
+            "ERROR",
+        ),
+        ({"mode": "ALLOW_ANY_DYNAMIC_DNS", "tls": {"mode": "SIMPLY"}}, "outboundTrafficPolicy.tls.mode", "ERROR"),
+        ({"mode": "ALLOW_ANY", "tls": {"mode": "SIMPLE"}}, "outboundTrafficPolicy.tls", "WARNING"),
+    ],
+)
+def test_outbound_traffic_policy_tls_that_cannot_be_used_is_a_finding_at_its_field(
+    outbound: dict[str, Any], field: str, severity: str
+) -> None:
+    _, findings = mesh_settings({"outboundTrafficPolicy": outbound})
+    assert [(f.field, f.severity.name) for f in findings] == [(field, severity)]
 
 
 def test_allow_any_dynamic_dns_routes_unknown_http_hosts_to_its_cluster() -> None:
@@ -195,8 +238,15 @@ def test_allow_any_dynamic_dns_routes_unknown_http_hosts_to_its_cluster() -> Non
 
 
 @needs_envoy
-@pytest.mark.parametrize("mode", ["REGISTRY_ONLY", "ALLOW_ANY_DYNAMIC_DNS"])
-def test_envoy_accepts_the_dfp_config(mode: str) -> None:
+@pytest.mark.parametrize(
+    "outbound",
+    [
+        {"mode": "REGISTRY_ONLY"},
+        {"mode": "ALLOW_ANY_DYNAMIC_DNS"},
+        {"mode": "ALLOW_ANY_DYNAMIC_DNS", "tls": {"mode": "SIMPLE", "insecureSkipVerify": True}},
+    ],
+)
+def test_envoy_accepts_the_dfp_config(outbound: dict[str, Any]) -> None:
     """Two wildcard entries sharing an HTTP port (two caches on one connection manager), a TLS
     port, gRPC with TLS origination: what Envoy checks of DFP clusters and filters (one config
     per cache name, auto_sni with HTTP options) holds."""
@@ -220,7 +270,7 @@ spec:
   trafficPolicy: {portLevelSettings: [{port: {number: 9090}, tls: {mode: SIMPLE}}]}
 """
     )
-    settings, _ = mesh_settings({"outboundTrafficPolicy": {"mode": mode}})
+    settings, _ = mesh_settings({"outboundTrafficPolicy": outbound})
     validate_resources(generated(text, settings))
 
 

@@ -16,6 +16,7 @@ import ssl
 import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +55,17 @@ spec:
 """
 
 
-def mesh(mode: str, max_hosts: int) -> MeshSettings:
-    settings, findings = mesh_settings({"outboundTrafficPolicy": {"mode": mode}, "dnsCacheMaxHosts": max_hosts})
+def mesh(mode: str, max_hosts: int, tls: dict[str, Any] | None = None) -> MeshSettings:
+    outbound: dict[str, Any] = {"mode": mode, **({"tls": tls} if tls else {})}
+    settings, findings = mesh_settings({"outboundTrafficPolicy": outbound, "dnsCacheMaxHosts": max_hosts})
     assert settings is not None, findings
     return settings
 
 
-def resources(mode: str, http_port: int, tls_port: int, *, max_hosts: int = 16) -> dict[str, Any]:
-    snapshot = snapshot_from_yaml(entry(http_port, tls_port), mesh=mesh(mode, max_hosts))
+def resources(
+    mode: str, http_port: int, tls_port: int, *, max_hosts: int = 16, tls: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    snapshot = snapshot_from_yaml(entry(http_port, tls_port), mesh=mesh(mode, max_hosts, tls))
     return generate(snapshot, proxy_for(snapshot, CLIENT))
 
 
@@ -271,3 +275,52 @@ def test_a_dynamic_dns_entry_written_while_serving_reaches_envoy_over_ads(dns: D
             while send(port, f"a.localtest.example:{port}").status != 0 and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert send(port, f"a.localtest.example:{port}").status == 0
+
+
+class _HttpsBackend:
+    """An HTTPS server answering every GET with 200 and the SNI it was reached by."""
+
+    def __init__(self, host: str, port: int, cert: Path, key: Path) -> None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        seen: list[str] = []
+        context.sni_callback = lambda sock, name, ctx: seen.append(name or "") and None
+        self.seen = seen
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = b"over tls"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> _HttpsBackend:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def test_allow_any_dynamic_dns_originates_the_meshs_outbound_tls(dns: DnsServer, tmp_path: Path) -> None:
+    """Istio's TestAllowAnyDynamicDNSWithTLS: the app speaks plaintext HTTP, the forward proxy
+    resolves the Host and originates TLS (`outboundTrafficPolicy.tls`), naming the host in its
+    SNI."""
+    port = free_port()
+    cert, key = _self_signed(tmp_path)
+    tls = {"mode": "SIMPLE", "insecureSkipVerify": True}
+    generated = resources("ALLOW_ANY_DYNAMIC_DNS", port, free_port(), tls=tls)
+    with _HttpsBackend(OTHER_IP, port, cert, key) as backend, EnvoyProcess(envoy_config(generated, dns)):
+        reply = first_answer(port, f"x.anywhere.example:{port}")
+        assert (reply.status, reply.body) == (200, "over tls"), reply
+        assert backend.seen == ["x.anywhere.example"]

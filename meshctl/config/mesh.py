@@ -9,6 +9,7 @@ file is silently ignored:
 |----------------------------------|------------------------------------------------------------|
 | rootNamespace                    | the namespace of mesh-wide Sidecars and DestinationRules   |
 | outboundTrafficPolicy.mode       | ALLOW_ANY, REGISTRY_ONLY or ALLOW_ANY_DYNAMIC_DNS when no Sidecar says |
+| outboundTrafficPolicy.tls        | TLS (SIMPLE, MUTUAL) originated by ALLOW_ANY_DYNAMIC_DNS's cluster |
 | connectTimeout                   | every cluster's connect timeout                            |
 | trustDomain                      | the SPIFFE trust domain of workload identities             |
 | enableAutoMtls                   | mutual TLS to endpoints with a proxy unless a rule says otherwise |
@@ -35,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
-from meshctl.api.networking.v1alpha3.destination_rule_pb2 import LocalityLoadBalancerSetting
+from meshctl.api.networking.v1alpha3.destination_rule_pb2 import ClientTLSSettings, LocalityLoadBalancerSetting
 from meshctl.config import yamlsource
 from meshctl.config.files import decode_text, read_config_file
 from meshctl.config.findings import Finding, Severity, format_path
@@ -102,6 +103,9 @@ class MeshSettings:
     #: meshctl's own `dnsCacheMaxHosts`: how many hosts each DNS cache of Envoy's dynamic
     #: forward proxy (DYNAMIC_DNS ServiceEntries, ALLOW_ANY_DYNAMIC_DNS) holds.
     dns_cache_max_hosts: int = DEFAULT_DNS_CACHE_MAX_HOSTS
+    #: MeshConfig's `outboundTrafficPolicy.tls` in its wire form (b"" for none): the TLS that
+    #: ALLOW_ANY_DYNAMIC_DNS's cluster originates to the hosts it resolves.
+    outbound_tls: bytes = b""
 
     def locality_default(self) -> LocalityLoadBalancerSetting:
         return LocalityLoadBalancerSetting.FromString(self.locality_lb_setting)
@@ -240,6 +244,7 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
         problem("rootNamespace must be a namespace name")
         root = defaults.root_namespace
     policy = defaults.outbound_traffic_policy
+    outbound_tls = defaults.outbound_tls
     outbound = data.get("outboundTrafficPolicy")
     if outbound is not None:
         mode = outbound.get("mode") if isinstance(outbound, Mapping) else None
@@ -248,12 +253,7 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
         else:
             policy = mode
         if isinstance(outbound, Mapping) and outbound.get("tls") is not None:
-            problem(
-                "outboundTrafficPolicy.tls is Istio's, not applied by meshctl yet: "
-                "requests through the dynamic forward proxy stay plaintext",
-                Severity.WARNING,
-                field="outboundTrafficPolicy.tls",
-            )
+            outbound_tls = _outbound_tls(outbound["tls"], policy, problem)
     timeout = defaults.connect_timeout_seconds
     if "connectTimeout" in data:
         value = data["connectTimeout"]
@@ -340,5 +340,31 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
         enable_auto_mtls=auto_mtls,
         loopback_range=loopback,
         dns_cache_max_hosts=max_hosts,
+        outbound_tls=outbound_tls,
     )
     return settings, findings
+
+
+def _outbound_tls(data: Any, mode: str, problem: Callable[..., None]) -> bytes:
+    """`outboundTrafficPolicy.tls` in its wire form, b"" when it cannot be used (each reason a
+    finding): SIMPLE or MUTUAL with files, as a DestinationRule gives them on a VM."""
+    where = "outboundTrafficPolicy.tls"
+    tls, issues = parse_spec(data, ClientTLSSettings, ("outboundTrafficPolicy", "tls"))
+    for issue in issues:
+        problem(f"{format_path(issue.path)}: {issue.message}", field=format_path(issue.path))
+    if issues:
+        return b""
+    if mode != "ALLOW_ANY_DYNAMIC_DNS":
+        problem(f"{where} applies only with mode ALLOW_ANY_DYNAMIC_DNS: ignored", Severity.WARNING, field=where)
+    name = ClientTLSSettings.TLSmode.Name(tls.mode)
+    why = ""
+    if name == "ISTIO_MUTUAL":
+        why = "mode ISTIO_MUTUAL cannot be used: the hosts it reaches are outside the mesh"
+    elif tls.credential_name:
+        why = "credentialName needs Kubernetes secrets: give clientCertificate, privateKey, caCertificates files"
+    elif name == "MUTUAL" and not (tls.client_certificate and tls.private_key):
+        why = "mode MUTUAL needs clientCertificate and privateKey"
+    if why:
+        problem(f"{where}: {why}", field=where)
+        return b""
+    return tls.SerializeToString(deterministic=True) if name in ("SIMPLE", "MUTUAL") else b""

@@ -25,7 +25,8 @@ app on a VM without iptables reaches such hosts with the sidecar as its HTTP pro
 
 Outbound policy `ALLOW_ANY_DYNAMIC_DNS` (Istio 1.31) uses the same pieces for the catch-all:
 plaintext HTTP for a host no service declares goes to `AllowAnyDynamicDNSCluster`, resolved by
-its `Host`; other traffic passes through as under ALLOW_ANY. On a VM without iptables this is
+its `Host` (over TLS the cluster originates with MeshConfig `outboundTrafficPolicy.tls`); other
+traffic passes through as under ALLOW_ANY. On a VM without iptables this is
 the only way such requests leave at all (there is no original destination to pass through to).
 
 One HTTP connection manager may serve several caches (two DYNAMIC_DNS hosts on one port, and
@@ -51,6 +52,7 @@ from envoy.extensions.filters.network.sni_dynamic_forward_proxy.v3 import (
     sni_dynamic_forward_proxy_pb2 as dfp_sni_pb2,
 )
 
+from meshctl.api.networking.v1alpha3 import destination_rule_pb2 as dr_pb2
 from meshctl.registry.model import Protocol, Resolution, Service, ServicePort
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds.cluster_policy import (
@@ -137,15 +139,19 @@ def port_cluster(
 
 def allow_any_cluster(scope: ProxyScope, connect_timeout: float) -> cluster_pb2.Cluster:
     """Istio's AllowAnyDynamicDNSCluster: HTTP for hosts no service declares, in the client's
-    HTTP version, resolved by the request's Host (plaintext: MeshConfig
-    `outboundTrafficPolicy.tls` is not applied)."""
-    out = cluster(ALLOW_ANY_DYNAMIC_DNS_CLUSTER, allow_any_cache(scope))
+    HTTP version, resolved by the request's Host; with MeshConfig `outboundTrafficPolicy.tls`,
+    over TLS it originates (a Host without a port then means 443)."""
+    serialized = scope.snapshot.mesh.outbound_tls
+    tls = dr_pb2.ClientTLSSettings.FromString(serialized) if serialized else None
+    insecure = bool(tls is not None and tls.insecure_skip_verify.value)
+    out = cluster(ALLOW_ANY_DYNAMIC_DNS_CLUSTER, allow_any_cache(scope), insecure=insecure)
     out.connect_timeout.CopyFrom(duration(connect_timeout))
     out.circuit_breakers.thresholds.append(default_thresholds())
     draft = ClusterDraft(out)
     draft.use_downstream_protocol()
     draft.http_options().common_http_protocol_options.idle_timeout.CopyFrom(duration(_CATCH_ALL_IDLE_SECONDS))
-    _name_the_requested_host(draft, insecure=False)
+    apply_tls(draft, tls)
+    _name_the_requested_host(draft, insecure)
     return draft.finish()
 
 
