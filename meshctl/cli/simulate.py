@@ -229,12 +229,16 @@ def short_tables(result: Simulation) -> list[TableData]:
                 [u.name, str(u.weight), e.tls, e.address, e.locality or "-", str(e.priority), e.health]
             )
         if not u.endpoints:
-            none = "(original destination)" if u.type == "ORIGINAL_DST" else "(no endpoints)"
-            upstream_rows.append([u.name, str(u.weight), u.tls, none, "-", "-", "-"])
+            none_text = _NO_ENDPOINTS.get(u.type, "(no endpoints)")
+            upstream_rows.append([u.name, str(u.weight), u.tls, none_text, "-", "-", "-"])
     tables = [TableData("Route", STEP_COLUMNS, rows)]
     if upstream_rows:
         tables.append(TableData("Upstreams", UPSTREAM_COLUMNS, upstream_rows))
     return tables
+
+
+#: What a cluster that lists no endpoints connects to, by its type.
+_NO_ENDPOINTS = {"ORIGINAL_DST": "(original destination)", "DYNAMIC_FORWARD_PROXY": "(the host resolved per request)"}
 
 
 def _describe_action(action: dict[str, object]) -> str:

@@ -8,7 +8,8 @@ file is silently ignored:
 | MeshConfig field                 | meshctl                                                    |
 |----------------------------------|------------------------------------------------------------|
 | rootNamespace                    | the namespace of mesh-wide Sidecars and DestinationRules   |
-| outboundTrafficPolicy.mode       | ALLOW_ANY or REGISTRY_ONLY when no Sidecar says            |
+| outboundTrafficPolicy.mode       | ALLOW_ANY, REGISTRY_ONLY or ALLOW_ANY_DYNAMIC_DNS when no Sidecar says |
+| outboundTrafficPolicy.tls        | TLS (SIMPLE, MUTUAL) originated by ALLOW_ANY_DYNAMIC_DNS's cluster |
 | connectTimeout                   | every cluster's connect timeout                            |
 | trustDomain                      | the SPIFFE trust domain of workload identities             |
 | enableAutoMtls                   | mutual TLS to endpoints with a proxy unless a rule says otherwise |
@@ -17,6 +18,7 @@ file is silently ignored:
 | default*ExportTo                 | where services, VirtualServices, DestinationRules that say nothing are seen |
 | defaultConfig.holdApplicationUntilProxyStarts | ignored: a VM has no pod start order         |
 | loopbackRange (meshctl's own)    | where TCP-level services get loopback addresses (127.240.0.0/16; "" none) |
+| dnsCacheMaxHosts (meshctl's own) | hosts each dynamic forward proxy DNS cache holds (1024)    |
 | anything else Istio has          | a warning: read by Istio, not applied by meshctl yet       |
 
 A value every Envoy would refuse is an error at its field and line, as in a config file: a trust
@@ -35,7 +37,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
-from meshctl.api.networking.v1alpha3.destination_rule_pb2 import LocalityLoadBalancerSetting
+from meshctl.api.networking.v1alpha3.destination_rule_pb2 import ClientTLSSettings, LocalityLoadBalancerSetting
 from meshctl.config import yamlsource
 from meshctl.config.cert_lifetime import check_secret_ttl
 from meshctl.config.files import decode_text, read_config_file
@@ -49,6 +51,12 @@ from meshctl.errors import ConfigError, YamlError
 DEFAULT_ROOT_NAMESPACE: Final = "istio-system"
 #: Where TCP-level services get their own loopback addresses unless `loopbackRange` says.
 DEFAULT_LOOPBACK_RANGE: Final = "127.240.0.0/16"
+#: Hosts one dynamic forward proxy DNS cache holds unless `dnsCacheMaxHosts` says (Envoy's own
+#: default): a bound on what clients can make a proxy resolve and remember.
+DEFAULT_DNS_CACHE_MAX_HOSTS: Final = 1024
+#: outboundTrafficPolicy modes: ALLOW_ANY_DYNAMIC_DNS is ALLOW_ANY whose HTTP requests for
+#: unknown hosts go through Envoy's dynamic forward proxy (resolved by their Host header).
+OUTBOUND_MODES: Final = ("ALLOW_ANY", "REGISTRY_ONLY", "ALLOW_ANY_DYNAMIC_DNS")
 
 
 def loopback_range_problem(cidr: str) -> str | None:
@@ -69,7 +77,8 @@ class MeshSettings:
     """Mesh-wide settings (Istio's MeshConfig subset that generation reads)."""
 
     root_namespace: str = DEFAULT_ROOT_NAMESPACE
-    #: ALLOW_ANY (PassthroughCluster) or REGISTRY_ONLY (BlackHoleCluster) when no Sidecar says.
+    #: ALLOW_ANY (PassthroughCluster), REGISTRY_ONLY (BlackHoleCluster) or ALLOW_ANY_DYNAMIC_DNS
+    #: (plaintext HTTP to unknown hosts through the dynamic forward proxy) when no Sidecar says.
     outbound_traffic_policy: str = "ALLOW_ANY"
     connect_timeout_seconds: float = 10.0
     #: Trust domain for SPIFFE identities in endpoint metadata.
@@ -93,6 +102,12 @@ class MeshSettings:
     #: meshctl's own `loopbackRange`: the part of 127.0.0.0/8 that TCP-level services get their
     #: own addresses from on VMs without iptables (`snapshot/loopback.py`).
     loopback_range: str = DEFAULT_LOOPBACK_RANGE
+    #: meshctl's own `dnsCacheMaxHosts`: how many hosts each DNS cache of Envoy's dynamic
+    #: forward proxy (DYNAMIC_DNS ServiceEntries, ALLOW_ANY_DYNAMIC_DNS) holds.
+    dns_cache_max_hosts: int = DEFAULT_DNS_CACHE_MAX_HOSTS
+    #: MeshConfig's `outboundTrafficPolicy.tls` in its wire form (b"" for none): the TLS that
+    #: ALLOW_ANY_DYNAMIC_DNS's cluster originates to the hosts it resolves.
+    outbound_tls: bytes = b""
 
     def locality_default(self) -> LocalityLoadBalancerSetting:
         return LocalityLoadBalancerSetting.FromString(self.locality_lb_setting)
@@ -143,6 +158,7 @@ _READ: Final = frozenset(
         "accessLogFormat",
         "localityLbSetting",
         "loopbackRange",
+        "dnsCacheMaxHosts",
         *_EXPORT_DEFAULTS,
     }
 )
@@ -233,13 +249,16 @@ def mesh_settings(
         problem("rootNamespace must be a namespace name")
         root = defaults.root_namespace
     policy = defaults.outbound_traffic_policy
+    outbound_tls = defaults.outbound_tls
     outbound = data.get("outboundTrafficPolicy")
     if outbound is not None:
         mode = outbound.get("mode") if isinstance(outbound, Mapping) else None
-        if mode not in ("ALLOW_ANY", "REGISTRY_ONLY"):
-            problem("outboundTrafficPolicy.mode must be ALLOW_ANY or REGISTRY_ONLY")
+        if mode not in OUTBOUND_MODES:
+            problem("outboundTrafficPolicy.mode must be ALLOW_ANY, REGISTRY_ONLY or ALLOW_ANY_DYNAMIC_DNS")
         else:
             policy = mode
+        if isinstance(outbound, Mapping) and outbound.get("tls") is not None:
+            outbound_tls = _outbound_tls(outbound["tls"], policy, problem)
     timeout = defaults.connect_timeout_seconds
     if "connectTimeout" in data:
         value = data["connectTimeout"]
@@ -296,6 +315,10 @@ def mesh_settings(
         why = bad_range if isinstance(loopback, str) else "must be a CIDR range (127.240.0.0/16)"
         problem(f"loopbackRange: {why}", field="loopbackRange")
         loopback = defaults.loopback_range
+    max_hosts = data.get("dnsCacheMaxHosts", defaults.dns_cache_max_hosts)
+    if isinstance(max_hosts, bool) or not isinstance(max_hosts, int) or not 1 <= max_hosts <= 2**32 - 1:
+        problem("dnsCacheMaxHosts must be a whole number from 1 to 4294967295", field="dnsCacheMaxHosts")
+        max_hosts = defaults.dns_cache_max_hosts
     default_config = data.get("defaultConfig")
     if isinstance(default_config, Mapping) and "holdApplicationUntilProxyStarts" in default_config:
         problem("defaultConfig.holdApplicationUntilProxyStarts is ignored: a VM has no pod start order", Severity.INFO)
@@ -322,5 +345,32 @@ def mesh_settings(
         default_destination_rule_export_to=exports.get("default_destination_rule_export_to", public),
         enable_auto_mtls=auto_mtls,
         loopback_range=loopback,
+        dns_cache_max_hosts=max_hosts,
+        outbound_tls=outbound_tls,
     )
     return settings, findings
+
+
+def _outbound_tls(data: Any, mode: str, problem: Callable[..., None]) -> bytes:
+    """`outboundTrafficPolicy.tls` in its wire form, b"" when it cannot be used (each reason a
+    finding): SIMPLE or MUTUAL with files, as a DestinationRule gives them on a VM."""
+    where = "outboundTrafficPolicy.tls"
+    tls, issues = parse_spec(data, ClientTLSSettings, ("outboundTrafficPolicy", "tls"))
+    for issue in issues:
+        problem(f"{format_path(issue.path)}: {issue.message}", field=format_path(issue.path))
+    if issues:
+        return b""
+    if mode != "ALLOW_ANY_DYNAMIC_DNS":
+        problem(f"{where} applies only with mode ALLOW_ANY_DYNAMIC_DNS: ignored", Severity.WARNING, field=where)
+    name = ClientTLSSettings.TLSmode.Name(tls.mode)
+    why = ""
+    if name == "ISTIO_MUTUAL":
+        why = "mode ISTIO_MUTUAL cannot be used: the hosts it reaches are outside the mesh"
+    elif tls.credential_name:
+        why = "credentialName needs Kubernetes secrets: give clientCertificate, privateKey, caCertificates files"
+    elif name == "MUTUAL" and not (tls.client_certificate and tls.private_key):
+        why = "mode MUTUAL needs clientCertificate and privateKey"
+    if why:
+        problem(f"{where}: {why}", field=where)
+        return b""
+    return tls.SerializeToString(deterministic=True) if name in ("SIMPLE", "MUTUAL") else b""

@@ -80,6 +80,9 @@ class Resolution(enum.StrEnum):
     DNS = "DNS"  # endpoints are hostnames resolved by Envoy, all addresses used (STRICT_DNS)
     DNS_ROUND_ROBIN = "DNS_ROUND_ROBIN"  # one hostname, first address used per connection (LOGICAL_DNS)
     NONE = "NONE"  # connect to the address the client asked for (ORIGINAL_DST)
+    #: resolve the name the client asked for (HTTP Host, TLS SNI) per request: Envoy's dynamic
+    #: forward proxy, for wildcard hosts; no endpoints
+    DYNAMIC_DNS = "DYNAMIC_DNS"
 
 
 class Location(enum.StrEnum):

@@ -77,8 +77,7 @@ LOCALITY_LABEL: Final = "istio-locality"
 NETWORK_LABEL: Final = "topology.istio.io/network"
 _UNIX_PREFIX: Final = "unix://"
 _DNS_RESOLUTIONS: Final = frozenset({Resolution.DNS, Resolution.DNS_ROUND_ROBIN})
-#: Resolutions by name. DYNAMIC_DNS (Envoy's dynamic forward proxy) is missing: the model has no
-#: counterpart for it yet, so such a ServiceEntry is left out with a note.
+#: Resolutions by name (DYNAMIC_DNS included: the proxy resolves each requested name itself).
 _RESOLUTIONS: Final = {r.value: r for r in Resolution}
 
 _SE = service_entry_pb2.ServiceEntry
@@ -418,6 +417,8 @@ def _normalize_address(address: str) -> str:
 
 def _endpoints(spec: _SE, service: Service, selected: Iterable[_Workload]) -> list[Endpoint]:
     """`selected` holds the workloads the entry's `workloadSelector` picks, when it has one."""
+    if service.resolution is Resolution.DYNAMIC_DNS:
+        return []  # the requested name is resolved per request; validation refuses endpoints
     dns = service.resolution in _DNS_RESOLUTIONS
     ports = _EntryPorts(spec)
     if spec.HasField("workload_selector"):

@@ -16,7 +16,7 @@ from meshctl.simulate import http
 from meshctl.simulate import listener as listen
 from meshctl.simulate.request import Request
 from meshctl.simulate.result import Outcome, Simulation, Upstream
-from meshctl.simulate.upstream import SourceLookup, healthy, source_of, upstream
+from meshctl.simulate.upstream import DYNAMIC_FORWARD_PROXY, SourceLookup, healthy, source_of, upstream
 from meshctl.xds import types
 
 BLACKHOLE = "BlackHoleCluster"
@@ -263,20 +263,35 @@ def _upstreams(
             True,
         )
     live = [u for u in chosen if u.found and _can_connect(u)]
+    if any(u.type == DYNAMIC_FORWARD_PROXY for u in live):
+        walk.notes.append(f"the dynamic forward proxy resolves {_named_host(walk)} when the request comes")
     counts = ", ".join(f"{u.name} ({_reach(u)})" for u in live)
     return walk.end(None, "", f"forwarded to {counts}", True)
 
 
+def _named_host(walk: _Walk) -> str:
+    """What a dynamic forward proxy resolves: the Host (with its port, 80 without one) of an
+    HTTP request, the SNI, on the service port, of a TLS connection."""
+    request = walk.request
+    if request.is_http:
+        host = request.authority
+        return f"the Host {host}" if ":" in host else f"the Host {host} (port 80)"
+    return f"the SNI {request.server_name or '(none)'}"
+
+
 def _reach(u: Upstream) -> str:
-    return (
-        "its original destination" if u.type == "ORIGINAL_DST" else f"{len(healthy(u.endpoints))} healthy endpoint(s)"
-    )
+    if u.type == "ORIGINAL_DST":
+        return "its original destination"
+    if u.type == DYNAMIC_FORWARD_PROXY:
+        return "dynamic forward proxy: the host the request names"
+    return f"{len(healthy(u.endpoints))} healthy endpoint(s)"
 
 
 def _can_connect(u: Upstream) -> bool:
     """A cluster Envoy can send to: one with a healthy endpoint, or one that needs none listed
-    (ORIGINAL_DST, Istio's PassthroughCluster)."""
-    return u.type == "ORIGINAL_DST" or bool(healthy(u.endpoints))
+    (ORIGINAL_DST, Istio's PassthroughCluster; a dynamic forward proxy, which resolves the name
+    each request gives)."""
+    return u.type in ("ORIGINAL_DST", DYNAMIC_FORWARD_PROXY) or bool(healthy(u.endpoints))
 
 
 __all__ = ["Target", "simulate"]

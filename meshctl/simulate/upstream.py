@@ -4,7 +4,9 @@ Endpoints come from the proxy's ClusterLoadAssignment for an EDS cluster, and fr
 inline `load_assignment` for STATIC and DNS clusters. The TLS mode is read off the cluster:
 `transport_socket_matches` is Istio's auto mTLS (mutual TLS to endpoints labelled
 `tlsMode: istio`, plaintext to the rest), an UpstreamTlsContext with the mesh's SDS certificate
-is ISTIO_MUTUAL, any other is TLS originated by the proxy, and none is plaintext.
+is ISTIO_MUTUAL, any other is TLS originated by the proxy, and none is plaintext. A dynamic
+forward proxy cluster (`DYNAMIC_FORWARD_PROXY`) has no endpoints to list: it connects to the
+host each request names (HTTP Host, TLS SNI), resolved when the request comes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from meshctl.simulate.result import Endpoint, Source, Upstream
 _SOCKET_MATCH = "envoy.transport_socket_match"
 _MESH_SECRET = "default"
 _HEALTHY = ("UNKNOWN", "HEALTHY", "DEGRADED")
+#: Envoy's dynamic forward proxy cluster type, and the type simulate reports for it.
+_DFP_CLUSTER = "envoy.clusters.dynamic_forward_proxy"
+DYNAMIC_FORWARD_PROXY = "DYNAMIC_FORWARD_PROXY"
 
 #: (kind, namespace, name) of an Istio resource -> where it was read (file, line), if known.
 SourceLookup = Callable[[str, str, str], "tuple[str, int] | None"]
@@ -56,6 +61,8 @@ def upstream(
     if cluster is None:
         return Upstream(name, weight, found=False)
     kind = cluster_pb2.Cluster.DiscoveryType.Name(cluster.type) if cluster.HasField("type") else "CLUSTER_PROVIDED"
+    if cluster.HasField("cluster_type") and cluster.cluster_type.name == _DFP_CLUSTER:
+        kind = DYNAMIC_FORWARD_PROXY
     if kind == "EDS":
         service = cluster.eds_cluster_config.service_name or name
         assignment = assignments.get(service)

@@ -6,7 +6,9 @@
   follows the service's resolution: STATIC -> EDS (over ADS), DNS -> STRICT_DNS, DNS_ROUND_ROBIN
   -> LOGICAL_DNS (endpoints inline; one endpoint, as Envoy requires; both sent as Envoy's DNS
   cluster extension, see `cluster_dns`), NONE -> ORIGINAL_DST (EDS for a gateway, which has no
-  original destination). A DNS cluster left without endpoints (a subset that selects none) is
+  original destination), DYNAMIC_DNS -> Envoy's dynamic forward proxy cluster on HTTP and TLS
+  ports of a sidecar (`dynamic_forward`; no subsets: the cluster picks the host a request
+  names). A DNS cluster left without endpoints (a subset that selects none) is
   not generated, as in Istio; a DNS service without any endpoint resolves its own hostname.
   Traffic policy: `cluster_policy` and `cluster_tls`.
 - `inbound|PORT||` for each port the proxy's workload serves (the endpoint port of each service
@@ -20,7 +22,8 @@
   is NONE with inbound listeners on the workload's address. Only the connection pool of a
   traffic policy applies inbound (the DestinationRule's, overridden by the Sidecar's).
 - `BlackHoleCluster` always; `PassthroughCluster` for sidecars (gateways have no original
-  destination listeners, as in Istio); `InboundPassthroughCluster` when traffic is intercepted
+  destination listeners, as in Istio), and `AllowAnyDynamicDNSCluster` under outbound policy
+  ALLOW_ANY_DYNAMIC_DNS; `InboundPassthroughCluster` when traffic is intercepted
   (REDIRECT/TPROXY). A router gets outbound clusters only.
 
 Metadata `filter_metadata.istio` is Istio's: `services` ([{host, name, namespace}]; a service
@@ -48,6 +51,7 @@ from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import Snapshot, spec
 from meshctl.snapshot.proxy import ProxyType
 from meshctl.snapshot.scope import MergedDestinationRule, ProxyScope
+from meshctl.xds import dynamic_forward as dfp
 from meshctl.xds import names
 from meshctl.xds.cluster_dns import is_dns_type, use_dns_extension
 from meshctl.xds.cluster_policy import (
@@ -129,6 +133,8 @@ class OutboundClusterView:
     #: The proxy gets the mesh's certificates (`ProxyNode.mesh_certificates`); without them
     #: ISTIO_MUTUAL and auto mTLS stay plaintext.
     mesh_certificates: bool = True
+    #: DYNAMIC_DNS services only: MeshConfig's dnsCacheMaxHosts, the bound of the DNS cache.
+    dns_cache_max_hosts: int = 0
 
 
 ClusterMemo = GenerationMemo[OutboundClusterView, tuple[cluster_pb2.Cluster, ...]]
@@ -154,6 +160,8 @@ def build_outbound_clusters(scope: ProxyScope, memo: ClusterMemo | None = None) 
     out.append(_delimited_stats([_blackhole(timeout)])[0])
     if scope.proxy.type is ProxyType.SIDECAR:
         out.append(_delimited_stats([_passthrough(names.PASSTHROUGH_CLUSTER, timeout)])[0])
+        if dfp.allow_any_dynamic_dns(scope):
+            out.extend(_delimited_stats([dfp.allow_any_cluster(scope, timeout)]))
     return merge_clusters(out)
 
 
@@ -163,6 +171,7 @@ def outbound_cluster_view(scope: ProxyScope, service: Service, port: ServicePort
     rule_ref = destination_rule_ref(scope, service.hostname)
     rule_path = _rule_path(scope, rule_ref.value) if rule_ref is not None else ""
     dns = service.resolution in (Resolution.DNS, Resolution.DNS_ROUND_ROBIN)
+    dynamic = dfp.is_dynamic(service)
     endpoints: Ref[tuple[Endpoint, ...]] | None = None
     if dns:
         model = snapshot.services
@@ -173,7 +182,7 @@ def outbound_cluster_view(scope: ProxyScope, service: Service, port: ServicePort
         rule=rule_ref,
         rule_path=rule_path,
         proxy_type=scope.proxy.type,
-        dns_family=scope.proxy.family if dns else "",
+        dns_family=scope.proxy.family if dns or dynamic else "",
         dns_locality=scope.proxy.locality if dns else "",
         dns_endpoints=endpoints,
         connect_timeout=snapshot.mesh.connect_timeout_seconds,
@@ -188,6 +197,7 @@ def outbound_cluster_view(scope: ProxyScope, service: Service, port: ServicePort
         ),
         identities=snapshot.index.scoped("identities", service.hostname, lambda: _identities(snapshot, service)),
         mesh_certificates=scope.proxy.mesh_certificates,
+        dns_cache_max_hosts=snapshot.mesh.dns_cache_max_hosts if dynamic else 0,
     )
 
 
@@ -246,6 +256,8 @@ def _discovery_type(view: OutboundClusterView) -> int:
 def _outbound(view: OutboundClusterView) -> list[cluster_pb2.Cluster]:
     service, port = view.service, view.port
     rule = view.rule.value if view.rule is not None else None
+    if dfp.is_dynamic(service):
+        return _dynamic(view, rule)
     kind = _discovery_type(view)
     name = names.outbound_cluster(port.number, service.hostname)
     draft = _outbound_base(view, name, kind, labels=None)
@@ -272,6 +284,30 @@ def _outbound(view: OutboundClusterView) -> list[cluster_pb2.Cluster]:
         if built is not None:
             out.append(built)
     return out
+
+
+def _dynamic(view: OutboundClusterView, rule: MergedDestinationRule | None) -> list[cluster_pb2.Cluster]:
+    """A DYNAMIC_DNS service port's one cluster, for a sidecar on an HTTP or TLS port (as in
+    Istio: a gateway gets none, nor does an HTTPS or TCP port). A DestinationRule's connection
+    pool and outlier detection apply, and on HTTP ports its SIMPLE or MUTUAL `tls`, with the SNI
+    and the certificate's name checked against the host each request names (Envoy's auto_sni
+    and auto_san_validation; `insecureSkipVerify` drops the check). Subsets are not generated:
+    one DNS cache serves every host the wildcard covers."""
+    service, port = view.service, view.port
+    if view.proxy_type is not ProxyType.SIDECAR or not dfp.serves(port):
+        return []
+    rule_policy = traffic_policy(rule.spec) if rule is not None else None
+    policy = policy_for_port(rule_policy, port.number) or Policy()
+    cache = dfp.dns_cache(dfp.cache_name(service.hostname), max_hosts=view.dns_cache_max_hosts, family=view.dns_family)
+    name = names.outbound_cluster(port.number, service.hostname)
+    draft = dfp.port_cluster(name, cache, protocol=port.protocol, policy=policy, connect_timeout=view.connect_timeout)
+    meta = _istio_metadata(draft.cluster)
+    meta.update({"services": [_service_metadata(service)], "default_original_port": port.number})
+    if service.location is Location.MESH_EXTERNAL:
+        meta.update({"external": True})
+    if rule is not None:
+        _rule_metadata(view.rule_path, draft.cluster, policy)
+    return [draft.finish()]
 
 
 def _subset(

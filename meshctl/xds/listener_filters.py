@@ -149,12 +149,14 @@ def http_connection_manager(
     use_remote_address: bool = False,
     server_name: str = "",
     leading_filters: Sequence[hcm_pb2.HttpFilter] = (),
+    routing_filters: Sequence[hcm_pb2.HttpFilter] = (),
 ) -> hcm_pb2.HttpConnectionManager:
     """Istio's `buildHTTPConnectionManager` defaults. `use_remote_address` is true only on
     gateways, where the client address is the real one; sidecars keep the app's trusted headers.
     `server_name` is Istio's ProxyHeaders server name (`istio-envoy` on inbound and gateway
     listeners, Envoy's default on outbound ones). `leading_filters` go before `http_filters()`,
-    where Istio puts its authentication and authorization filters (RBAC)."""
+    where Istio puts its authentication and authorization filters (RBAC); `routing_filters` right
+    before the router, where they see the route a request takes (the dynamic forward proxy's)."""
     hcm = hcm_pb2.HttpConnectionManager(
         codec_type=hcm_pb2.HttpConnectionManager.AUTO,
         # Ended by `;` as Istio's DelimitedStatsPrefix, for the bootstrap's tag extractors.
@@ -164,7 +166,7 @@ def http_connection_manager(
         use_remote_address=wrappers_pb2.BoolValue(value=use_remote_address),
         upgrade_configs=[hcm_pb2.HttpConnectionManager.UpgradeConfig(upgrade_type="websocket")],
         stream_idle_timeout=zero_duration(),
-        http_filters=[*leading_filters, *http_filters()],
+        http_filters=[*leading_filters, *_before_router(http_filters(), routing_filters)],
         request_id_extension=request_id_extension(),
         # features.Enable100ContinueHeaders (on by default): the upstream sees the client's
         # `Expect: 100-continue` and answers it, where Envoy would answer 100 itself and strip it.
@@ -176,6 +178,11 @@ def http_connection_manager(
     elif route_config is not None:
         hcm.route_config.CopyFrom(route_config)
     return hcm
+
+
+def _before_router(filters: list[hcm_pb2.HttpFilter], extra: Sequence[hcm_pb2.HttpFilter]) -> list[hcm_pb2.HttpFilter]:
+    """`filters` (ending with the router) with `extra` just before the router."""
+    return [*filters[:-1], *extra, filters[-1]]
 
 
 def hcm_filter(hcm: hcm_pb2.HttpConnectionManager) -> listener_components_pb2.Filter:

@@ -60,6 +60,7 @@ from meshctl.registry.model import Protocol, Resolution, Service, ServicePort
 from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import spec
 from meshctl.snapshot.scope import MESH_GATEWAY, ProxyScope, parse_egress_hosts
+from meshctl.xds import dynamic_forward as dfp
 from meshctl.xds import listener_filters as lf
 from meshctl.xds.listener_l4 import configs_for_host, route_filters, single_destination_filters, static_match
 from meshctl.xds.listeners_inbound import port_protocol
@@ -130,6 +131,9 @@ class _OutboundBuilder:
         #: host -> the addresses where this proxy takes the app's connections for it: its DNS
         #: answers (`dns_table`), so the table is scoped exactly as the listeners are
         self.answers: dict[str, list[str]] = {}
+        #: the dynamic forward proxy's HTTP filters every outbound HCM carries (disabled until a
+        #: virtual host enables one)
+        self.dfp_filters = dfp.http_filters(scope)
 
     # -- egress listeners --------------------------------------------------------------------
 
@@ -227,6 +231,8 @@ class _OutboundBuilder:
         entry = self.entries.get(key)
         if entry is not None and entry.locked:
             return
+        if dfp.is_dynamic(svc) and not dfp.serves(port):
+            return  # as in Istio: a DYNAMIC_DNS port that is neither HTTP nor TLS gets nothing
         self._answer(svc, bind, egress)
         kind = _kind(port.protocol)
         if kind == "http":
@@ -266,7 +272,12 @@ class _OutboundBuilder:
     def _answer(self, svc: Service, bind: str, egress: _Egress) -> None:
         """Note where the app reaches `svc`: the bound address without iptables (its own
         loopback address over 127.0.0.1), else the service's address, which iptables sends here
-        (one of the proxy's family first: A for an IPv4 proxy, AAAA for an IPv6 one)."""
+        (one of the proxy's family first: A for an IPv4 proxy, AAAA for an IPv6 one). Never for a
+        DYNAMIC_DNS host: the proxy resolves those names itself, through the VM's resolvers,
+        which may ask this very table; answered with the proxy's address, a request would come
+        back to the proxy forever."""
+        if dfp.is_dynamic(svc):
+            return
         found = self.answers.setdefault(svc.hostname, [])
         if egress.bind_to_port:
             address = bind
@@ -300,7 +311,9 @@ class _OutboundBuilder:
 
     def _http_chain(self, bind: str, port: int, *, sniffed: bool = False) -> lf.ChainOpts:
         name = listener_name(bind, port)
-        hcm = lf.http_connection_manager(stat_prefix=f"outbound_{name}", rds=str(port))
+        hcm = lf.http_connection_manager(
+            stat_prefix=f"outbound_{name}", rds=str(port), routing_filters=self.dfp_filters
+        )
         # On a wildcard listener HTTP shares the port with everything else iptables sends there,
         # and on a sniffed port with the port's TCP chains: only what the HTTP inspector
         # recognises goes to the HCM.
@@ -349,6 +362,19 @@ class _OutboundBuilder:
         address = svc.addresses[0] if svc.addresses else WILDCARD
         sni = bool(cidr) or (address == WILDCARD and bind == WILDCARD) or by_sni
         cluster = self._default_cluster(svc, port)
+        if dfp.is_dynamic(svc):
+            # Istio's SNI dynamic forward proxy: the SNI, under the wildcard, is resolved on the
+            # service port before tcp_proxy sends the connection to the DFP cluster.
+            cache = dfp.host_cache(self.scope, svc.hostname)
+            filters = single_destination_filters(self.scope, cluster, svc.hostname)
+            return [
+                lf.ChainOpts(
+                    filters=[dfp.sni_filter(cache, port.number), *filters],
+                    sni_hosts=(svc.hostname,),
+                    cidrs=(cidr,) if cidr else (),
+                    origin=svc.hostname,
+                )
+            ]
         return [
             lf.ChainOpts(
                 filters=single_destination_filters(self.scope, cluster, svc.hostname),

@@ -6,8 +6,10 @@ a virtual host `HOST:PORT` answering to the service's names and addresses (with 
 Host header: route configurations ignore it, as Istio's do), routed by the
 VirtualService that claims the host or, without one, by a default route to the service's
 cluster (with Istio's default retries and no timeout). A catch-all virtual host comes last:
-`allow_any` to PassthroughCluster when the outbound policy is ALLOW_ANY, `block_all` (502)
-under REGISTRY_ONLY.
+`allow_any` to PassthroughCluster when the outbound policy is ALLOW_ANY (to
+AllowAnyDynamicDNSCluster under ALLOW_ANY_DYNAMIC_DNS), `block_all` (502) under REGISTRY_ONLY.
+A virtual host whose routes reach a dynamic forward proxy cluster (a DYNAMIC_DNS service's, the
+catch-all's) enables the DFP HTTP filter of that cluster's DNS cache (`dynamic_forward`).
 
 A router (gateway) gets one per plain-HTTP server port (`http.80`) and one per TLS-terminating
 HTTPS server (`https.443.https.GATEWAY.NS`), holding the hosts its servers expose that
@@ -33,6 +35,7 @@ from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import spec
 from meshctl.snapshot.proxy import ProxyType
 from meshctl.snapshot.scope import MESH_GATEWAY, ProxyScope, parse_egress_hosts
+from meshctl.xds import dynamic_forward as dfp
 from meshctl.xds import route_policy as policy
 from meshctl.xds.names import PASSTHROUGH_CLUSTER, sidecar_route_name
 from meshctl.xds.route_actions import ConsistentHash, http_routes
@@ -277,7 +280,10 @@ def _virtual_hosts(scope: ProxyScope, port: int, groups: Sequence[_HostGroup]) -
             wanted, expanded = service_domains(host, svc.addresses, NO_PORT, proxy_domain)
             domains = allocator.claim(wanted, expanded)
         if domains:
-            out.append(rc.VirtualHost(name=name, domains=domains, routes=routes, include_request_attempt_count=True))
+            vh = rc.VirtualHost(name=name, domains=domains, routes=routes, include_request_attempt_count=True)
+            if svc is not None and dfp.is_dynamic(svc):
+                dfp.enable(vh, dfp.cache_name(svc.hostname))
+            out.append(vh)
 
     for group in groups:
         for host in group.other_hosts:
@@ -293,7 +299,15 @@ def _catch_all(scope: ProxyScope) -> rc.VirtualHost:
     under ALLOW_ANY, a 502 under REGISTRY_ONLY, as in Istio. A proxy without interception has
     no original destination to pass through to, so it answers 502 (or uses the egress proxy)."""
     cluster = ""
-    if scope.outbound_traffic_policy == "ALLOW_ANY":
+    if dfp.allow_any_dynamic_dns(scope) and scope.proxy.type is ProxyType.SIDECAR:
+        # Istio's ALLOW_ANY_DYNAMIC_DNS: resolved by the Host header, with or without iptables.
+        action = rc.RouteAction(cluster=dfp.ALLOW_ANY_DYNAMIC_DNS_CLUSTER)
+        policy.set_timeout(action, None)
+        route = rc.Route(name=ALLOW_ANY, match=rc.RouteMatch(prefix="/"), route=action)
+        vh = rc.VirtualHost(name=ALLOW_ANY, domains=["*"], routes=[route], include_request_attempt_count=True)
+        dfp.enable(vh, dfp.cache_name(dfp.ALLOW_ANY_DYNAMIC_DNS_CLUSTER))
+        return vh
+    if scope.outbound_traffic_policy in ("ALLOW_ANY", dfp.ALLOW_ANY_DYNAMIC_DNS):
         sidecar = scope.sidecar
         if sidecar is not None and spec(sidecar).outbound_traffic_policy.HasField("egress_proxy"):
             cluster = destination_cluster(

@@ -34,11 +34,6 @@ from meshctl.config.validation.common import (
 )
 from meshctl.config.validation.workload_entry import check_workload_entry
 
-_DYNAMIC_DNS_SKIPPED = (
-    "resolution DYNAMIC_DNS (Envoy's dynamic forward proxy) is valid Istio, but meshctl does not serve it yet: "
-    "the entry is left out of the mesh, and its hosts get no cluster, listener or route"
-)
-
 
 def validate(spec: Message) -> list[Issue]:
     entry: Any = spec
@@ -75,9 +70,6 @@ def validate(spec: Message) -> list[Issue]:
         if selector:
             report.warn(("spec", "workloadSelector"), f"workloadSelector has no effect with resolution {resolution}")
     elif resolution == "DYNAMIC_DNS":
-        # Istio accepts it (Envoy's dynamic forward proxy, for wildcard hosts); meshctl's
-        # registry has no model for it and leaves the entry out of the mesh.
-        report.warn(("spec", "resolution"), _DYNAMIC_DNS_SKIPPED)
         _dynamic_dns(report, entry)
     else:
         report.error(("spec", "resolution"), f"resolution {resolution} is not supported")
@@ -109,6 +101,18 @@ def _dynamic_dns(report: Report, entry: Any) -> None:
             report.error(
                 ("spec", "ports", i, "protocol"),
                 f"resolution DYNAMIC_DNS needs HTTP or TLS ports: a {port.protocol} connection carries no host name",
+            )
+        elif (served := port.protocol or port.name.split("-", 1)[0]) and (
+            is_http(served) or parse_protocol(served) == "TLS"
+        ):
+            continue
+        else:
+            # Istio builds the dynamic forward proxy for HTTP, HTTP2, gRPC and TLS ports only.
+            what = f"protocol {port.protocol}" if port.protocol else "no protocol"
+            report.warn(
+                ("spec", "ports", i, "protocol"),
+                f"port {port.number} has {what}: a DYNAMIC_DNS port gets the dynamic forward proxy only "
+                "as HTTP (routed by Host) or TLS (routed by SNI), as in Istio; this port is not served",
             )
     if entry.endpoints:
         report.error(("spec", "endpoints"), "resolution DYNAMIC_DNS takes no endpoints: the requested host is resolved")
