@@ -1,0 +1,136 @@
+"""The credentials directory as the server reads it, and the TLS contexts that name its secrets."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from envoy.extensions.transport_sockets.tls.v3 import secret_pb2, tls_pb2
+from google.protobuf import any_pb2
+
+from meshctl.security.ca import CertificateAuthority
+from meshctl.server.credentials import CredentialDirectory
+from meshctl.testing.builders import proxy_for, snapshot_from_yaml
+from meshctl.xds import types
+from meshctl.xds.generate import generate
+
+
+def put(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
+
+
+def secret(directory: CredentialDirectory, namespace: str, name: str) -> secret_pb2.Secret:
+    packed = any_pb2.Any.FromString(directory.secrets(namespace)[name].body)
+    out = secret_pb2.Secret()
+    assert packed.Unpack(out)
+    return out
+
+
+def chain(directory: CredentialDirectory, namespace: str, name: str) -> bytes:
+    return secret(directory, namespace, name).tls_certificate.certificate_chain.inline_bytes
+
+
+def bundle(directory: CredentialDirectory, namespace: str, name: str) -> bytes:
+    return secret(directory, namespace, name).validation_context.trusted_ca.inline_bytes
+
+
+def test_secrets_take_istio_names_and_a_cacert_secret_wins_over_ca_crt(tmp_path: Path) -> None:
+    ca = CertificateAuthority.self_signed(tmp_path / "ca")
+    other = CertificateAuthority.self_signed(tmp_path / "other")
+    a, b = ca.issue_server(dns_names=["a.mesh"]), ca.issue_server(dns_names=["b.mesh"])
+    root = tmp_path / "dir"
+    put(root / "edge" / "tls-form" / "tls.crt", a.cert_chain_pem)
+    put(root / "edge" / "tls-form" / "tls.key", a.private_key_pem)
+    put(root / "edge" / "tls-form" / "ca.crt", ca.root_pem)
+    put(root / "edge" / "tls-form-cacert" / "ca.crt", other.root_pem)
+    put(root / "edge" / "generic" / "cert", b.cert_chain_pem)
+    put(root / "edge" / "generic" / "key", b.private_key_pem)
+    put(root / "edge" / "generic" / "cacert", ca.root_pem)
+    directory = CredentialDirectory(root)
+    assert directory.names() == {
+        "edge": [
+            "kubernetes://generic",
+            "kubernetes://generic-cacert",
+            "kubernetes://tls-form",
+            "kubernetes://tls-form-cacert",
+        ]
+    }
+    assert chain(directory, "edge", "kubernetes://tls-form") == a.cert_chain_pem
+    assert chain(directory, "edge", "kubernetes://generic") == b.cert_chain_pem
+    assert bundle(directory, "edge", "kubernetes://generic-cacert") == ca.root_pem
+    assert bundle(directory, "edge", "kubernetes://tls-form-cacert") == other.root_pem
+    assert directory.secrets("elsewhere") == {}
+
+
+def test_a_rotation_half_way_keeps_the_last_good_pair_and_names_the_file(tmp_path: Path) -> None:
+    ca = CertificateAuthority.self_signed(tmp_path / "ca")
+    old, new = ca.issue_server(dns_names=["a.mesh"]), ca.issue_server(dns_names=["a.mesh"])
+    held = tmp_path / "dir" / "edge" / "cert"
+    put(held / "tls.crt", old.cert_chain_pem)
+    put(held / "tls.key", old.private_key_pem)
+    directory = CredentialDirectory(tmp_path / "dir")
+    before = directory.secrets("edge")
+    assert directory.check() == set()
+    assert directory.secrets("edge") is before  # nothing changed: the very same set
+    put(held / "tls.crt", new.cert_chain_pem)  # the key is not replaced yet
+    assert directory.check() == {"edge"}
+    assert chain(directory, "edge", "kubernetes://cert") == old.cert_chain_pem
+    put(held / "tls.key", new.private_key_pem)
+    assert directory.check() == {"edge"}
+    assert chain(directory, "edge", "kubernetes://cert") == new.cert_chain_pem
+    (held / "tls.key").unlink()
+    directory.check()
+    assert chain(directory, "edge", "kubernetes://cert") == new.cert_chain_pem
+
+
+GATEWAY = """apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: ingress, namespace: edge}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 8443, name: https, protocol: HTTPS}
+    hosts: ["*"]
+    tls: {mode: MUTUAL, credentialName: edge-cert, subjectAltNames: [client.mesh]}
+"""
+ROUTER = "router~10.0.0.5~ingress.edge~edge.svc.cluster.local"
+
+
+def _contexts(listeners: list[object]) -> list[tls_pb2.DownstreamTlsContext]:
+    out = []
+    for listener in listeners:
+        for filter_chain in listener.filter_chains:  # type: ignore[attr-defined]
+            typed = filter_chain.transport_socket.typed_config
+            if typed.type_url.endswith("DownstreamTlsContext"):
+                context = tls_pb2.DownstreamTlsContext()
+                typed.Unpack(context)
+                out.append(context)
+    return out
+
+
+def test_a_mutual_credential_server_takes_certificate_and_bundle_over_sds() -> None:
+    snapshot = snapshot_from_yaml(GATEWAY, namespace="edge")
+    proxy = proxy_for(snapshot, ROUTER, {"LABELS": {"istio": "ingressgateway"}})
+    [context] = _contexts(generate(snapshot, proxy)[types.LISTENER])  # type: ignore[arg-type]
+    common = context.common_tls_context
+    assert [c.name for c in common.tls_certificate_sds_secret_configs] == ["kubernetes://edge-cert"]
+    combined = common.combined_validation_context
+    assert combined.validation_context_sds_secret_config.name == "kubernetes://edge-cert-cacert"
+    assert [m.matcher.exact for m in combined.default_validation_context.match_typed_subject_alt_names] == [
+        "client.mesh"
+    ]
+    assert context.require_client_certificate.value
+
+
+def test_a_proxy_not_sent_credentials_has_no_server_that_names_one() -> None:
+    from dataclasses import replace
+
+    from meshctl.snapshot.proxy import bind_proxy, parse_node_id
+
+    snapshot = snapshot_from_yaml(GATEWAY, namespace="edge")
+    node = replace(parse_node_id(ROUTER, {"LABELS": {"istio": "ingressgateway"}}), credentials=False)
+    listeners = generate(snapshot, bind_proxy(node, snapshot))[types.LISTENER]
+    assert _contexts(listeners) == []  # type: ignore[arg-type]
