@@ -134,3 +134,50 @@ def test_a_proxy_not_sent_credentials_has_no_server_that_names_one() -> None:
     node = replace(parse_node_id(ROUTER, {"LABELS": {"istio": "ingressgateway"}}), credentials=False)
     listeners = generate(snapshot, bind_proxy(node, snapshot))[types.LISTENER]
     assert _contexts(listeners) == []  # type: ignore[arg-type]
+
+
+EGRESS = """apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: api, namespace: edge}
+spec:
+  hosts: [api.example.com]
+  location: MESH_EXTERNAL
+  resolution: DNS
+  ports: [{number: 443, name: https, protocol: HTTPS}]
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: api, namespace: edge}
+spec:
+  host: api.example.com
+  trafficPolicy:
+    tls: {mode: MUTUAL, credentialName: api-client, sni: api.example.com, subjectAltNames: [api.example.com]}
+"""
+
+
+def _upstream(clusters: list[object], name: str) -> tls_pb2.UpstreamTlsContext | None:
+    [cluster] = [c for c in clusters if c.name == name]  # type: ignore[attr-defined]
+    if not cluster.HasField("transport_socket"):  # type: ignore[attr-defined]
+        return None
+    context = tls_pb2.UpstreamTlsContext()
+    cluster.transport_socket.typed_config.Unpack(context)  # type: ignore[attr-defined]
+    return context
+
+
+def test_a_gateway_originates_mutual_tls_with_a_rule_credential_and_a_sidecar_does_not() -> None:
+    snapshot = snapshot_from_yaml(EGRESS, namespace="edge")
+    cluster = "outbound|443||api.example.com"
+    router = proxy_for(snapshot, ROUTER, {"LABELS": {"istio": "egressgateway"}})
+    context = _upstream(list(generate(snapshot, router)[types.CLUSTER]), cluster)
+    assert context is not None
+    common = context.common_tls_context
+    assert [c.name for c in common.tls_certificate_sds_secret_configs] == ["kubernetes://api-client"]
+    combined = common.combined_validation_context
+    assert combined.validation_context_sds_secret_config.name == "kubernetes://api-client-cacert"
+    assert [m.matcher.exact for m in combined.default_validation_context.match_typed_subject_alt_names] == [
+        "api.example.com"
+    ]
+    assert context.sni == "api.example.com"
+    # Istio uses a rule's credential on gateways only: a sidecar, with no files, stays plaintext.
+    sidecar = proxy_for(snapshot, "sidecar~10.0.0.6~app.edge~edge.svc.cluster.local")
+    assert _upstream(list(generate(snapshot, sidecar)[types.CLUSTER]), cluster) is None

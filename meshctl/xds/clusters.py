@@ -129,6 +129,9 @@ class OutboundClusterView:
     #: The proxy gets the mesh's certificates (`ProxyNode.mesh_certificates`); without them
     #: ISTIO_MUTUAL and auto mTLS stay plaintext.
     mesh_certificates: bool = True
+    #: A gateway that is sent the secrets a rule's client `credentialName` names
+    #: (`ProxyNode.credentials`); a sidecar never uses them (Istio: gateways only).
+    credentials: bool = False
 
 
 ClusterMemo = GenerationMemo[OutboundClusterView, tuple[cluster_pb2.Cluster, ...]]
@@ -188,6 +191,7 @@ def outbound_cluster_view(scope: ProxyScope, service: Service, port: ServicePort
         ),
         identities=snapshot.index.scoped("identities", service.hostname, lambda: _identities(snapshot, service)),
         mesh_certificates=scope.proxy.mesh_certificates,
+        credentials=scope.proxy.credentials and scope.proxy.type is ProxyType.ROUTER,
     )
 
 
@@ -354,12 +358,13 @@ def _apply_upstream_tls(
     endpoints nobody knows."""
     sni = istio_sni(view.port.number, subset, view.service.hostname)
     if not view.mesh_certificates:
-        apply_tls(draft, tls)  # ISTIO_MUTUAL included: plaintext, as a proxy without a certificate must
+        # ISTIO_MUTUAL included: plaintext, as a proxy without a certificate must
+        apply_tls(draft, tls, credentials=view.credentials)
     elif is_istio_mutual(tls):
         assert tls is not None
         apply_istio_mutual(draft, tls, sni, view.identities)
     elif tls is not None:
-        apply_tls(draft, tls)
+        apply_tls(draft, tls, credentials=view.credentials)
     elif view.auto_mtls and draft.cluster.type != _Cluster.ORIGINAL_DST:
         apply_auto_mtls(draft, sni, view.identities)
 
