@@ -181,3 +181,64 @@ def test_a_gateway_originates_mutual_tls_with_a_rule_credential_and_a_sidecar_do
     # Istio uses a rule's credential on gateways only: a sidecar, with no files, stays plaintext.
     sidecar = proxy_for(snapshot, "sidecar~10.0.0.6~app.edge~edge.svc.cluster.local")
     assert _upstream(list(generate(snapshot, sidecar)[types.CLUSTER]), cluster) is None
+
+
+VALIDATED = """apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: ingress, namespace: edge}
+spec: {address: 10.0.0.5, labels: {istio: ingressgateway}}
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: ingress, namespace: edge}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 443, name: https, protocol: HTTPS}
+    hosts: ["*"]
+    tls: {mode: SIMPLE, credentialName: CERT}
+  - port: {number: 8443, name: mtls, protocol: HTTPS}
+    hosts: ["*"]
+    tls: {mode: MUTUAL, credentialName: good}
+"""
+
+
+def test_validate_checks_named_secrets_only_when_given_the_directory(tmp_path: Path) -> None:
+    import json
+
+    from conftest import runner
+
+    from meshctl.cli.app import app
+
+    ca = CertificateAuthority.self_signed(tmp_path / "ca")
+    a, b = ca.issue_server(dns_names=["a.mesh"]), ca.issue_server(dns_names=["b.mesh"])
+    creds = tmp_path / "creds"
+    put(creds / "edge" / "good" / "tls.crt", a.cert_chain_pem)
+    put(creds / "edge" / "good" / "tls.key", a.private_key_pem)
+    put(creds / "edge" / "good-cacert" / "ca.crt", ca.root_pem)
+    put(creds / "edge" / "mismatched" / "tls.crt", a.cert_chain_pem)
+    put(creds / "edge" / "mismatched" / "tls.key", b.private_key_pem)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+
+    def validate(cert: str, *extra: str) -> tuple[int, list[dict[str, object]]]:
+        (tree / "gw.yaml").write_text(VALIDATED.replace("CERT", cert))
+        result = runner.invoke(app, ["validate", "-o", "json", str(tree), *extra])
+        return result.exit_code, json.loads(result.stdout) if result.stdout.strip() else []
+
+    # Without the directory the secrets live on the server: nothing to say.
+    assert validate("missing") == (0, [])
+    assert validate("good", "--credentials-dir", str(creds)) == (0, [])
+    code, findings = validate("mismatched", "--credentials-dir", str(creds))
+    assert code == 1
+    [finding] = findings
+    assert finding["code"] == "IST0161" and finding["field"] == "spec.servers[0].tls.credentialName"
+    assert f"{creds}/edge/mismatched/tls.key: does not match the certificate" in str(finding["message"])
+    assert str(finding["file"]).endswith("gw.yaml") and finding["line"] == 14
+    code, findings = validate("missing", "--credentials-dir", str(creds))
+    assert code == 1 and "edge/missing: no such secret directory" in str(findings[0]["message"])
+    # MUTUAL needs a bundle: without good-cacert (nor good/ca.crt), the second server is reported.
+    (creds / "edge" / "good-cacert" / "ca.crt").unlink()
+    code, findings = validate("good", "--credentials-dir", str(creds))
+    assert code == 1 and [f["field"] for f in findings] == ["spec.servers[1].tls.credentialName"]
+    assert "no trust bundle" in str(findings[0]["message"])

@@ -165,6 +165,7 @@ def serve(
     credentials_dir: Annotated[
         Path | None,
         typer.Option(
+            metavar="DIR",
             envvar="MESHCTL_CREDENTIALS_DIR",
             help="TLS secrets that Gateways name by credentialName, as Kubernetes stores them "
             "(DIR/NAMESPACE/NAME/tls.crt, tls.key, ca.crt); served over SDS to proxies whose xDS "
