@@ -112,7 +112,7 @@ def _gateway(gateway: Config, workloads: Sequence[Config], secrets: _Secrets) ->
         checks = [(path, name, True, False) for path, name in named]
         if mode in _VERIFYING:
             if tls.ca_cert_credential_name:
-                checks.append(((*at, "caCertificateCredentialName"), tls.ca_cert_credential_name, False, True))
+                checks.append(((*at, "caCertCredentialName"), tls.ca_cert_credential_name, False, True))
             elif named:
                 path, name = named[0]
                 checks.append((path, name, False, True))

@@ -2,7 +2,7 @@
 
 Certificates come either from files on the proxy's host (`serverCertificate`/`privateKey`, or
 `tlsCertificates`, and `caCertificates`, read by Envoy itself), or from secrets named by
-`credentialName`/`credentialNames` (and MUTUAL's `caCertificateCredentialName`), which the server
+`credentialName`/`credentialNames` (and MUTUAL's `caCertCredentialName`), which the server
 streams over SDS under Istio's names (`meshctl.security.credentials`: `kubernetes://NAME` and
 `kubernetes://NAME-cacert`) from `serve --credentials-dir`. Settings that need something this
 proxy is not sent are refused with a reason the caller logs, and the server they belong to is
