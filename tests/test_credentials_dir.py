@@ -242,3 +242,15 @@ def test_validate_checks_named_secrets_only_when_given_the_directory(tmp_path: P
     code, findings = validate("good", "--credentials-dir", str(creds))
     assert code == 1 and [f["field"] for f in findings] == ["spec.servers[1].tls.credentialName"]
     assert "no trust bundle" in str(findings[0]["message"])
+
+
+def test_a_credentials_directory_gone_keeps_the_secrets_last_read(tmp_path: Path) -> None:
+    ca = CertificateAuthority.self_signed(tmp_path / "ca")
+    issued = ca.issue_server(dns_names=["a.mesh"])
+    root = tmp_path / "dir"
+    put(root / "edge" / "cert" / "tls.crt", issued.cert_chain_pem)
+    put(root / "edge" / "cert" / "tls.key", issued.private_key_pem)
+    directory = CredentialDirectory(root)
+    root.rename(tmp_path / "elsewhere")  # a volume unmounted
+    assert directory.check() == set()
+    assert chain(directory, "edge", "kubernetes://cert") == issued.cert_chain_pem

@@ -79,6 +79,7 @@ class CredentialDirectory:
         self._good: dict[tuple[str, str], KubeSecret] = {}
         #: namespace -> its SDS secrets by name
         self._secrets: dict[str, Mapping[str, Resource]] = {}
+        self._missing = False
         self.check()
 
     def secrets(self, namespace: str) -> Mapping[str, Resource]:
@@ -90,7 +91,15 @@ class CredentialDirectory:
         return {ns: sorted(s) for ns, s in sorted(self._secrets.items())}
 
     def check(self) -> set[str]:
-        """Stat the directory; re-read the namespaces whose files changed. Returns them."""
+        """Stat the directory; re-read the namespaces whose files changed. Returns them. A root
+        that is gone (a volume unmounted) keeps every secret as last read: a proxy is better off
+        with them than with listeners waiting for secrets that never come."""
+        if not self.root.is_dir():
+            if not self._missing:
+                logger.error("credentials directory %s is not there; keeping the secrets last read", self.root)
+            self._missing = True
+            return set()
+        self._missing = False
         seen: dict[str, dict[str, tuple[tuple[str, Signature | None], ...]]] = {}
         for namespace in namespaces(self.root):
             directory = self.root / namespace
