@@ -7,12 +7,16 @@ gateway's own certificate comes from another CA, as a user's public certificate 
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import json
 import os
 import socket
 import ssl
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -147,6 +151,12 @@ def _channel(server: Server, setup: Setup, client: tuple[Path, Path]) -> object:
     return grpc.aio.secure_channel(f"127.0.0.1:{server.xds_port}", credentials)
 
 
+def debug_dump(server: Server, node_id: str) -> str:
+    url = f"http://127.0.0.1:{server.admin_port}/debug/config_dump?proxyID={urllib.parse.quote(node_id, safe='')}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
 def _chain_secrets(listeners: dict[str, object]) -> list[str]:
     from meshctl.xds.mesh_tls import secret_names
 
@@ -167,6 +177,12 @@ def test_a_proven_gateway_gets_its_namespace_credentials_and_no_other(tmp_path: 
                 assert held.certificate_chain.inline_bytes == setup.edge_cert.cert_chain_pem
                 assert held.private_key.inline_bytes == setup.edge_cert.private_key_pem
                 assert "kubernetes://edge-cert" in _chain_secrets(client.resources[types.LISTENER])
+                # The debug dump shows the secret held, its key redacted as Envoy redacts it.
+                dump = await asyncio.to_thread(debug_dump, server, ROUTER)
+                assert "PRIVATE KEY" not in dump
+                dumped = next(s for s in json.loads(dump)["configs"] if s["@type"].endswith("SecretsConfigDump"))
+                [active] = [s for s in dumped["dynamic_active_secrets"] if s["name"] == "kubernetes://edge-cert"]
+                assert active["secret"]["tls_certificate"]["private_key"] == {"inline_string": "[redacted]"}
             # A gateway of another namespace that names edge-cert is sent its own secret, never edge-cert.
             chan = _channel(server, setup, setup.other)
             async with AdsClient(f"127.0.0.1:{server.xds_port}", OTHER_ROUTER, channel=chan) as client:  # type: ignore[arg-type]

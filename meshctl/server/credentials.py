@@ -47,7 +47,7 @@ from meshctl.security.credentials import (
     secret_names,
 )
 from meshctl.server.cache import ProxyResources, Resolved
-from meshctl.snapshot.proxy import ProxyNode
+from meshctl.snapshot.proxy import Proxy, ProxyNode
 from meshctl.xds import mesh_tls, types
 from meshctl.xds.resources import Resource, to_resource
 
@@ -79,12 +79,18 @@ class CredentialDirectory:
         self._good: dict[tuple[str, str], KubeSecret] = {}
         #: namespace -> its SDS secrets by name
         self._secrets: dict[str, Mapping[str, Resource]] = {}
+        #: namespace -> the same secrets as messages (for the debug dump, which redacts keys)
+        self._messages: dict[str, tuple[secret_pb2.Secret, ...]] = {}
         self._missing = False
         self.check()
 
     def secrets(self, namespace: str) -> Mapping[str, Resource]:
         """The SDS secrets a proxy of `namespace` may be sent, by Istio's names."""
         return self._secrets.get(namespace, _EMPTY)
+
+    def messages(self, namespace: str) -> tuple[secret_pb2.Secret, ...]:
+        """The secrets of `namespace` as messages (for the debug dump, which redacts the keys)."""
+        return self._messages.get(namespace, ())
 
     def names(self) -> dict[str, list[str]]:
         """The SDS names held, by namespace (for the debug pages and tests; no key material)."""
@@ -136,8 +142,10 @@ class CredentialDirectory:
         secrets = MappingProxyType({n: to_resource(m, types.SECRET) for n, m in sorted(messages.items())})
         if secrets:
             self._secrets[namespace] = secrets
+            self._messages[namespace] = tuple(m for _, m in sorted(messages.items()))
         else:
             self._secrets.pop(namespace, None)
+            self._messages.pop(namespace, None)
         logger.info("credentials of namespace %s: %s", namespace, ", ".join(secrets) or "none")
 
 
@@ -163,6 +171,12 @@ class CredentialSecrets:
 
     def may_send(self, node: ProxyNode) -> bool:
         return self.directory is not None and (node.attested or self._unauthenticated)
+
+    def held(self, proxy: Proxy) -> tuple[secret_pb2.Secret, ...]:
+        """The credentials `proxy` (as last resolved) is offered, for the debug dump."""
+        if self.directory is None or not proxy.node.credentials:
+            return ()
+        return self.directory.messages(proxy.namespace)
 
     def resolve(self, node: ProxyNode, state: Any) -> Resolved:
         allowed = self.may_send(node)
