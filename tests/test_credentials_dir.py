@@ -237,6 +237,9 @@ def test_validate_checks_named_secrets_only_when_given_the_directory(tmp_path: P
     assert str(finding["file"]).endswith("gw.yaml") and finding["line"] == 14
     code, findings = validate("missing", "--credentials-dir", str(creds))
     assert code == 1 and "edge/missing: no such secret directory" in str(findings[0]["message"])
+    # A name is one path component: config cannot point validate at files outside the directory.
+    code, findings = validate("../../ca", "--credentials-dir", str(creds))
+    assert code == 1 and "not a secret name" in str(findings[0]["message"])
     # MUTUAL needs a bundle: without good-cacert (nor good/ca.crt), the second server is reported.
     (creds / "edge" / "good-cacert" / "ca.crt").unlink()
     code, findings = validate("good", "--credentials-dir", str(creds))

@@ -144,8 +144,11 @@ def namespaces(root: Path) -> list[str]:
 
 def find_secret(root: Path, namespace: str, name: str) -> tuple[Path, KubeSecret | None, str | None]:
     """The directory of secret `namespace/name` under `root`, what it holds, and why it cannot be
-    used (None when it can)."""
+    used (None when it can). A name that is not one path component (`a/b`, `..`) leads nowhere:
+    config never names files outside the directory."""
     directory = root / namespace / name
+    if any(part in ("", ".", "..") or "/" in part or "\0" in part for part in (namespace, name)):
+        return directory, None, f"{name!r}: not a secret name (one path component, as Kubernetes names are)"
     if not directory.is_dir():
         return directory, None, f"{directory}: no such secret directory"
     try:
