@@ -44,7 +44,7 @@ OTHER_ROUTER = "router~127.0.0.32~ingress.other~other.svc.cluster.local"
 BACKEND = "127.0.0.31"
 
 
-def mesh_yaml(port: int, backend_port: int) -> str:
+def mesh_yaml(port: int, backend_port: int, mutual_port: int = 0) -> str:
     """reviews behind an HTTPS gateway in `edge` whose certificate is `credentialName: edge-cert`;
     a gateway in `other` names `other-cert` (its own) and `edge-cert` (not its namespace's)."""
     return f"""apiVersion: networking.istio.io/v1
@@ -76,6 +76,9 @@ spec:
   - port: {{number: {port}, name: https, protocol: HTTPS}}
     hosts: [{HOST}]
     tls: {{mode: SIMPLE, credentialName: edge-cert}}
+  - port: {{number: {mutual_port}, name: https-mutual, protocol: HTTPS}}
+    hosts: [{HOST}]
+    tls: {{mode: MUTUAL, credentialName: edge-mutual, subjectAltNames: [client.partner.example]}}
 ---
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -130,11 +133,17 @@ class Setup:
         self.edge_cert = self.public.issue_server(dns_names=[HOST])
         write_secret(self.credentials, NS, "edge-cert", self.edge_cert)
         write_secret(self.credentials, "other", "other-cert", self.public.issue_server(dns_names=["other.mesh"]))
+        # MUTUAL: the server's pair, and in ca.crt the CA that signs the clients it accepts.
+        write_secret(self.credentials, NS, "edge-mutual", self.public.issue_server(dns_names=[HOST]))
+        (self.credentials / NS / "edge-mutual" / "ca.crt").write_bytes(self.public.root_pem)
+        self.client = self.write(tmp, "client", self.public.issue_client(["client.partner.example"]))
+        self.stranger = self.write(tmp, "stranger", self.public.issue_client(["stranger.example"]))
         self.mesh = tmp / "mesh"
         self.mesh.mkdir()
         self.port = free_port()
         self.backend_port = free_port()
-        (self.mesh / "mesh.yaml").write_text(mesh_yaml(self.port, self.backend_port))
+        self.mutual_port = free_port()
+        (self.mesh / "mesh.yaml").write_text(mesh_yaml(self.port, self.backend_port, self.mutual_port))
 
     @staticmethod
     def write(directory: Path, name: str, issued: IssuedCertificate) -> tuple[Path, Path]:
@@ -227,6 +236,22 @@ def served_certificate(port: int) -> x509.Certificate:
         der = tls.getpeercert(binary_form=True)
     assert der is not None
     return x509.load_der_x509_certificate(der)
+
+
+def mutual_get(setup: Setup, client: tuple[Path, Path] | None) -> int:
+    import http.client
+
+    context = ssl.create_default_context(cadata=setup.public.root_pem.decode())
+    if client is not None:
+        context.load_cert_chain(client[0], client[1])
+    sock = socket.create_connection(("127.0.0.1", setup.mutual_port), timeout=10)
+    with context.wrap_socket(sock, server_hostname=HOST) as tls:
+        conn = http.client.HTTPConnection(HOST, setup.mutual_port, timeout=10)
+        conn.sock = tls
+        conn.request("GET", "/", headers={"Host": HOST})
+        response = conn.getresponse()
+        response.read()
+        return response.status
 
 
 def wait_until(what: str, check: Callable[[], bool], log: Callable[[], str], deadline: float = 60.0) -> None:
@@ -329,3 +354,9 @@ def test_envoy_serves_the_credential_and_follows_its_rotation_without_a_failed_r
             assert request(kept) == 200
             kept.close()
             assert "credentialName" not in serve.log()
+            # MUTUAL: the client must present a certificate of the CA in edge-mutual's ca.crt,
+            # naming the subjectAltName the server asks for.
+            assert mutual_get(setup, setup.client) == 200
+            for refused in (None, setup.stranger):
+                with pytest.raises((OSError, http.client.HTTPException)):
+                    mutual_get(setup, refused)
