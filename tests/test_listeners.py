@@ -734,6 +734,7 @@ def test_gateway_listeners_and_sni_chains() -> None:
     assert routes == {
         ("example.com", "www.example.com"): "https.8443.https-www.public.istio-system",
         ("partners.example.com",): "https.8443.https-partners.public.istio-system",
+        ("vault.example.com",): "https.8443.https-vault.public.istio-system",
     }
     passthrough = listeners["0.0.0.0_9443"]
     assert [list(c.filter_chain_match.server_names) for c in passthrough.filter_chains] == [["pg.db.internal"]]
@@ -766,7 +767,6 @@ def test_gateway_tls_files_and_client_certificates() -> None:
 @pytest.mark.parametrize(
     ("tls", "expected"),
     [
-        ("{mode: SIMPLE, credentialName: web-cert}", "credentialName"),
         ("{mode: AUTO_PASSTHROUGH}", "AUTO_PASSTHROUGH"),
     ],
 )

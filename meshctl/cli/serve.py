@@ -172,6 +172,16 @@ def serve(
             "rootNamespace, outboundTrafficPolicy, connectTimeout, trustDomain; followed for changes.",
         ),
     ] = None,
+    credentials_dir: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="DIR",
+            envvar="MESHCTL_CREDENTIALS_DIR",
+            help="TLS secrets that Gateways name by credentialName, as Kubernetes stores them "
+            "(DIR/NAMESPACE/NAME/tls.crt, tls.key, ca.crt); served over SDS to proxies whose xDS "
+            "connection proves their workload, of their own namespace only; followed for changes.",
+        ),
+    ] = None,
     health_grace: Annotated[
         float,
         typer.Option(
@@ -310,7 +320,8 @@ def serve(
     if bool(config_dir) == (config_consul_kv is not None):
         raise UsageError("give either --config-dir or --config-consul-kv (one config source)")
     configure_logging(log_level, log_format, environ=os.environ)
-    missing = [str(p) for p in (*config_dir, *([mesh_config] if mesh_config else [])) if not p.exists()]
+    followed = [p for p in (mesh_config, credentials_dir) if p is not None]
+    missing = [str(p) for p in (*config_dir, *followed) if not p.exists()]
     if missing:
         raise UsageError(f"no such file or directory: {', '.join(missing)}")
     try:
@@ -377,6 +388,7 @@ def serve(
         registry_sync_timeout=registry_sync_timeout,
         health_grace=health_grace,
         mesh_config=mesh_config,
+        credentials_dir=credentials_dir,
         freeze_startup=True,
         ca_dir=ca_dir,
         ca_reissue_window=datetime.timedelta(microseconds=min(reissue // 1000, 10**15)),

@@ -14,9 +14,13 @@ import typer
 from meshctl.cli.exits import reported
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
     from meshctl.check.envoy_validate import ProxyUnderTest
     from meshctl.cli.offline import LoadedTree
+    from meshctl.config.analysis import AnalysisIssue
     from meshctl.config.findings import Finding
+    from meshctl.config.model import Config
 
 EXIT_OK, EXIT_INVALID = 0, 1  # usage and internal errors exit 2, at the CLI's edge (`meshctl.cli.exits`)
 
@@ -57,6 +61,14 @@ def validate(
             envvar="MESHCTL_CA_DIR",
             help="With --mesh-config: the CA serve signs with (--ca-dir); a workload certificate lifetime "
             "that outlasts it is warned about.",
+        ),
+    ] = None,
+    credentials_dir: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="DIR",
+            help="Also check the secrets credentialName names in this directory, as serve --credentials-dir "
+            "reads it (DIR/NAMESPACE/NAME/tls.crt, tls.key, ca.crt): present, parsing, key matching certificate.",
         ),
     ] = None,
     jobs: Annotated[
@@ -104,7 +116,9 @@ def validate(
     from meshctl.config.mesh import DEFAULT_ROOT_NAMESPACE
     from meshctl.errors import UsageError
 
-    missing = [p for p in paths if p != "-" and not Path(p).exists()]
+    missing = [
+        p for p in [*paths, *([str(credentials_dir)] if credentials_dir else [])] if p != "-" and not Path(p).exists()
+    ]
     if missing:
         raise UsageError(f"no such file or directory: {', '.join(missing)}")
     if not envoy and (proxy or envoy_binary or bootstrap):
@@ -134,7 +148,7 @@ def validate(
             known_hosts=known_host or (),
             analysis=analyze,
             root_namespace=root_namespace,
-            proxy_analysis=partial(name_clashes, mesh=settings),
+            proxy_analysis=_proxy_analysis(partial(name_clashes, mesh=settings), credentials_dir),
         )
         findings = sort_findings([*findings, *refused, *mesh_findings]) if refused or mesh_findings else findings
     finally:
@@ -151,6 +165,18 @@ def validate(
         out.summary(findings)
     failing = {Severity.ERROR, Severity.WARNING} if strict else {Severity.ERROR}
     raise typer.Exit(EXIT_INVALID if any(f.severity in failing for f in findings) else EXIT_OK)
+
+
+def _proxy_analysis(
+    clashes: Callable[[Sequence[Config]], list[AnalysisIssue]], credentials_dir: Path | None
+) -> Callable[[Sequence[Config]], list[AnalysisIssue]]:
+    """The analysis that takes the layers above `config/`: name clashes, and with a credentials
+    directory the secrets config names (`meshctl.check.credentials`)."""
+    if credentials_dir is None:
+        return clashes
+    from meshctl.check.credentials import credential_issues
+
+    return lambda configs: [*clashes(configs), *credential_issues(configs, credentials_dir)]
 
 
 def _envoy_findings(

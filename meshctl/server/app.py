@@ -46,6 +46,7 @@ from meshctl.server.ca_expiry import CaExpiryWatch
 from meshctl.server.ca_follower import CaDirFollower, CaHolder
 from meshctl.server.ca_service import CertificateService, serve_joins
 from meshctl.server.cache import ResourceCache
+from meshctl.server.credentials import CredentialDirectory, CredentialSecrets
 from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
 from meshctl.server.health import HealthDiscovery
 from meshctl.server.limits import StreamLimits
@@ -124,6 +125,9 @@ class ServeSettings:
     on_ready: Callable[[int, int], None] | None = None
     #: Istio's MeshConfig YAML (`--mesh-config`), followed for changes; settings override `mesh`.
     mesh_config: Path | None = None
+    #: Kubernetes-style TLS secrets (`DIR/NAMESPACE/NAME/tls.crt`...) that gateways name by
+    #: `credentialName`, followed for changes and served over SDS (`meshctl.server.credentials`).
+    credentials_dir: Path | None = None
     #: How long new proxies wait for every registry's first sync before the server gives them
     #: what it has (see `Server.admission`): long enough for a Consul restart.
     registry_sync_timeout: float = 30.0
@@ -247,8 +251,12 @@ class Server:
             lifetime=settings.workload_cert_lifetime,
             send_keys_unauthenticated=settings.insecure_send_keys,
         )
+        self.credentials = CredentialDirectory(settings.credentials_dir) if settings.credentials_dir else None
+        self.credential_secrets = CredentialSecrets(
+            self.secrets.resolve, self.credentials, send_keys_unauthenticated=settings.insecure_send_keys
+        )
         self.ads = AdsServicer(
-            self.secrets,
+            self.credential_secrets,
             lambda: self.discovery.snapshot,
             self.metrics,
             authorize=authorize,
@@ -270,6 +278,7 @@ class Server:
             checks=self.checked.checks,
         )
         self._renewal: asyncio.Task[None] | None = None
+        self._credentials_task: asyncio.Task[None] | None = None
         self._unfollow_checks: Callable[[], None] | None = None
         self._ca_watch: CaExpiryWatch | None = None
         self._ca_follower: CaDirFollower | None = None
@@ -314,6 +323,8 @@ class Server:
         snapshot = await self.discovery.start()
         if self.mesh_config is not None:
             self._follow_mesh_config()
+        if self.credentials is not None:
+            self._credentials_task = asyncio.create_task(self._follow_credentials(), name="meshctl-credentials")
         self._observe(snapshot)
         self._say_empty_mesh()
         if self.settings.freeze_startup:
@@ -495,7 +506,34 @@ class Server:
         except Exception:  # the next renewal round or config push carries it; say so now
             logger.exception("pushing the new trust bundle to %d proxies failed", len(nodes))
 
+    async def _follow_credentials(self) -> None:
+        """Look at the credentials directory once a second; push the secrets of a namespace whose
+        files changed to the streams of that namespace (only their secrets change: Envoy swaps the
+        certificate under live connections)."""
+        directory = self.credentials
+        assert directory is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                changed = await loop.run_in_executor(None, directory.check)
+                snapshot = self.discovery.snapshot
+                if not changed or snapshot is None:
+                    continue
+                nodes = {
+                    s.node.id for s in self.ads.streams.values() if s.node is not None and s.node.namespace in changed
+                }
+                if nodes:
+                    await self.ads.publish(snapshot, nodes=nodes)
+            except Exception:
+                logger.exception("following the credentials directory failed; retrying")
+
     async def stop(self) -> None:
+        if self._credentials_task is not None:
+            self._credentials_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._credentials_task
+            self._credentials_task = None
         if self._renewal is not None:
             self._renewal.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from meshctl.registry.aggregate import AggregateRegistry
     from meshctl.security.ca import CertificateAuthority
     from meshctl.server.ads import AdsServicer
+    from meshctl.server.credentials import CredentialSecrets
     from meshctl.server.discovery import Discovery
     from meshctl.server.health import HealthDiscovery
     from meshctl.server.metrics import Metrics
@@ -32,6 +33,7 @@ class RunningServer(Protocol):
     ads: AdsServicer
     metrics: Metrics
     secrets: WorkloadSecrets
+    credential_secrets: CredentialSecrets
     hds: HealthDiscovery
 
     @property
@@ -109,7 +111,8 @@ class ServerStatus:
         if len({s.connection.node_id for s in found}) != 1 or snapshot is None or found[0].proxy is None:
             return None
         node_id = found[0].connection.node_id
-        resources = {**generate(snapshot, found[0].proxy), types.SECRET: self._server.secrets.held(node_id)}
+        held = (*self._server.secrets.held(node_id), *self._server.credential_secrets.held(found[0].proxy))
+        resources = {**generate(snapshot, found[0].proxy), types.SECRET: held}
         return config_dump_dict(build_config_dump(resources))
 
     def registryz(self) -> dict[str, Any]:

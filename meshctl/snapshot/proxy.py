@@ -84,6 +84,10 @@ class ProxyNode:
     #: (ISTIO_MUTUAL, auto mTLS, PeerAuthentication). The server says no for a proxy it may not
     #: send a key to; config that names a secret the proxy never gets would never start.
     mesh_certificates: bool = True
+    #: It may be sent the Kubernetes-style secrets a gateway names by `credentialName` (served
+    #: from `serve --credentials-dir` to proxies whose connection proved their workload); without
+    #: it, servers that name one are left out, as for `mesh_certificates`.
+    credentials: bool = True
 
 
 def parse_node_id(node_id: str, metadata: Mapping[str, Any] | None = None) -> ProxyNode:
@@ -178,6 +182,7 @@ class OutboundProxy:
     mesh_certificates: bool
     dns_port: int = 0
     dns_forward: bool = True
+    credentials: bool = True
 
     @property
     def labels(self) -> Mapping[str, str]:
@@ -263,6 +268,7 @@ class Proxy:
             self.node.ip if self.address_in_config else _family(self.node.ip),
             inbound,
             self.node.mesh_certificates,
+            self.node.credentials,
             dns_settings(self.node.metadata) if self.node.type is ProxyType.SIDECAR else (0, True),
         )
 
@@ -381,6 +387,7 @@ def outbound_proxy(proxy: Proxy, snapshot: Snapshot) -> OutboundProxy:
         mesh_certificates=proxy.node.mesh_certificates,
         dns_port=dns_port,
         dns_forward=dns_forward,
+        credentials=proxy.node.credentials,
     )
 
 

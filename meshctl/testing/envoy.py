@@ -144,30 +144,36 @@ def bootstrap(
 
 def with_static_secrets(static: dict[str, Any]) -> dict[str, Any]:
     """`static` (a bootstrap's static_resources) with every secret it asks for over SDS given
-    statically, from a throwaway CA, for an Envoy that has no ADS stream to get them on."""
-    if _name_static_secrets(static):
-        static["secrets"] = _throwaway_secrets()
+    statically, from a throwaway CA, for an Envoy that has no ADS stream to get them on: a trust
+    bundle for `ROOTCA` and Istio's `-cacert` names, a certificate and key for any other."""
+    names: set[str] = set()
+    _name_static_secrets(static, names)
+    if names:
+        certificate, bundle = _throwaway_secrets()
+        static["secrets"] = [
+            {**(bundle if name == "ROOTCA" or name.endswith("-cacert") else certificate), "name": name}
+            for name in sorted(names)
+        ]
     return static
 
 
-def _name_static_secrets(data: Any) -> bool:
-    """Turn every SDS reference in `data` into a reference to a static secret of the same name;
-    True if there was one."""
-    found = False
+def _name_static_secrets(data: Any, names: set[str]) -> None:
+    """Turn every SDS reference in `data` into a reference to a static secret of the same name,
+    adding the names to `names`."""
     if isinstance(data, dict):
         if "sds_config" in data and "name" in data:
             del data["sds_config"]
-            found = True
+            names.add(data["name"])
         for value in data.values():
-            found = _name_static_secrets(value) or found
+            _name_static_secrets(value, names)
     elif isinstance(data, list):
         for value in data:
-            found = _name_static_secrets(value) or found
-    return found
+            _name_static_secrets(value, names)
 
 
 @functools.cache
-def _throwaway_secrets() -> list[dict[str, Any]]:
+def _throwaway_secrets() -> tuple[dict[str, Any], dict[str, Any]]:
+    """A certificate-and-key secret and a trust-bundle secret (unnamed), of one throwaway CA."""
     import datetime
 
     from cryptography import x509
@@ -193,16 +199,15 @@ def _throwaway_secrets() -> list[dict[str, Any]]:
     key_pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     ).decode()
-    return [
+    return (
         {
-            "name": "default",
             "tls_certificate": {
                 "certificate_chain": {"inline_string": cert_pem},
                 "private_key": {"inline_string": key_pem},
             },
         },
-        {"name": "ROOTCA", "validation_context": {"trusted_ca": {"inline_string": cert_pem}}},
-    ]
+        {"validation_context": {"trusted_ca": {"inline_string": cert_pem}}},
+    )
 
 
 def validate_config(config: Mapping[str, Any], *, timeout: float = 60.0) -> None:

@@ -14,7 +14,10 @@ cluster is created; Envoy does not reload them, so rotating them means pushing t
   identity. With no `tls` at all, auto mTLS (MeshConfig `enableAutoMtls`, on by default) does the
   same towards endpoints that run a proxy (`security.istio.io/tlsMode: istio`) and stays
   plaintext to the others, unless the service's namespace (or the mesh) DISABLEs mutual TLS.
-- `credentialName` names a Kubernetes secret served over SDS; it is ignored (files only).
+- `credentialName` names a secret served over SDS (`serve --credentials-dir`), for gateways only
+  as in Istio: the client certificate and key are `kubernetes://NAME` (MUTUAL) and the server is
+  verified against `kubernetes://NAME-cacert` (its `ca.crt`), in place of the files. A sidecar,
+  or a gateway not sent credentials (`ProxyNode.credentials`), uses the files.
 
 With no `sni`, Envoy sets SNI from each request's host (`auto_sni`); with neither `sni` nor
 `subjectAltNames`, it also checks the certificate against that host (`auto_san_validation`).
@@ -32,6 +35,7 @@ from envoy.extensions.transport_sockets.raw_buffer.v3 import raw_buffer_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 
 from meshctl.api.networking.v1alpha3 import destination_rule_pb2 as dr_pb2
+from meshctl.security.credentials import ca_resource, certificate_resource
 from meshctl.xds import mesh_tls
 from meshctl.xds.cluster_policy import ClusterDraft
 
@@ -53,12 +57,15 @@ def originates_tls(tls: dr_pb2.ClientTLSSettings | None) -> bool:
     return tls is not None and tls.mode in (_MODE.SIMPLE, _MODE.MUTUAL)
 
 
-def apply_tls(draft: ClusterDraft, tls: dr_pb2.ClientTLSSettings | None) -> None:
+def apply_tls(draft: ClusterDraft, tls: dr_pb2.ClientTLSSettings | None, *, credentials: bool = False) -> None:
     """Set the cluster's TLS transport socket from `tls`; call after the HTTP/2 decision (ALPN
-    depends on it)."""
+    depends on it). `credentials`: a gateway sent the secret `credentialName` names."""
     if tls is None or not originates_tls(tls):
         return
     mutual = tls.mode == _MODE.MUTUAL
+    if credentials and tls.credential_name:
+        _apply_credential(draft, tls, mutual)
+        return
     if mutual and not (tls.client_certificate and tls.private_key):
         return
     context = tls_pb2.UpstreamTlsContext(sni=tls.sni)
@@ -87,6 +94,32 @@ def apply_tls(draft: ClusterDraft, tls: dr_pb2.ClientTLSSettings | None) -> None
             matcher.matcher.exact = san
         if tls.ca_crl:
             validation.crl.filename = tls.ca_crl
+    if draft.is_http2:
+        common.alpn_protocols.append("h2")
+    socket = draft.cluster.transport_socket
+    socket.name = TLS_TRANSPORT_SOCKET
+    socket.typed_config.Pack(context)
+
+
+def _apply_credential(draft: ClusterDraft, tls: dr_pb2.ClientTLSSettings, mutual: bool) -> None:
+    """Istio's egress gateway origination from a credential: the key pair and the trust bundle
+    over SDS, the rule's SAN checks kept."""
+    context = tls_pb2.UpstreamTlsContext(sni=tls.sni)
+    common = context.common_tls_context
+    common.tls_params.tls_minimum_protocol_version = common_pb2.TlsParameters.TLSv1_2
+    common.tls_params.tls_maximum_protocol_version = common_pb2.TlsParameters.TLSv1_3
+    _auto_sni(draft, tls)
+    if mutual:
+        common.tls_certificate_sds_secret_configs.append(mesh_tls.sds_secret(certificate_resource(tls.credential_name)))
+    if not tls.insecure_skip_verify.value:
+        combined = common.combined_validation_context
+        combined.validation_context_sds_secret_config.CopyFrom(mesh_tls.sds_secret(ca_resource(tls.credential_name)))
+        validation = combined.default_validation_context
+        validation.SetInParent()
+        for san in tls.subject_alt_names:
+            matcher = validation.match_typed_subject_alt_names.add()
+            matcher.san_type = _san_type(san)
+            matcher.matcher.exact = san
     if draft.is_http2:
         common.alpn_protocols.append("h2")
     socket = draft.cluster.transport_socket

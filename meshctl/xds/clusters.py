@@ -135,6 +135,9 @@ class OutboundClusterView:
     mesh_certificates: bool = True
     #: DYNAMIC_DNS services only: MeshConfig's dnsCacheMaxHosts, the bound of the DNS cache.
     dns_cache_max_hosts: int = 0
+    #: A gateway that is sent the secrets a rule's client `credentialName` names
+    #: (`ProxyNode.credentials`); a sidecar never uses them (Istio: gateways only).
+    credentials: bool = False
 
 
 ClusterMemo = GenerationMemo[OutboundClusterView, tuple[cluster_pb2.Cluster, ...]]
@@ -198,6 +201,7 @@ def outbound_cluster_view(scope: ProxyScope, service: Service, port: ServicePort
         identities=snapshot.index.scoped("identities", service.hostname, lambda: _identities(snapshot, service)),
         mesh_certificates=scope.proxy.mesh_certificates,
         dns_cache_max_hosts=snapshot.mesh.dns_cache_max_hosts if dynamic else 0,
+        credentials=scope.proxy.credentials and scope.proxy.type is ProxyType.ROUTER,
     )
 
 
@@ -390,12 +394,13 @@ def _apply_upstream_tls(
     endpoints nobody knows."""
     sni = istio_sni(view.port.number, subset, view.service.hostname)
     if not view.mesh_certificates:
-        apply_tls(draft, tls)  # ISTIO_MUTUAL included: plaintext, as a proxy without a certificate must
+        # ISTIO_MUTUAL included: plaintext, as a proxy without a certificate must
+        apply_tls(draft, tls, credentials=view.credentials)
     elif is_istio_mutual(tls):
         assert tls is not None
         apply_istio_mutual(draft, tls, sni, view.identities)
     elif tls is not None:
-        apply_tls(draft, tls)
+        apply_tls(draft, tls, credentials=view.credentials)
     elif view.auto_mtls and draft.cluster.type != _Cluster.ORIGINAL_DST:
         apply_auto_mtls(draft, sni, view.identities)
 

@@ -1,11 +1,15 @@
 """Downstream TLS for gateway servers and Sidecar ingress listeners, from Istio's ServerTLSSettings.
 
-meshctl serves VMs without a Kubernetes API or an Istio agent, so certificates come from files on
-the proxy's host: `serverCertificate`/`privateKey` (or `tlsCertificates`) and `caCertificates`,
-read by Envoy itself. Settings that need something meshctl does not serve are refused with a
-reason the caller logs, and the server they belong to is left out rather than half-configured:
+Certificates come either from files on the proxy's host (`serverCertificate`/`privateKey`, or
+`tlsCertificates`, and `caCertificates`, read by Envoy itself), or from secrets named by
+`credentialName`/`credentialNames` (and MUTUAL's `caCertCredentialName`), which the server
+streams over SDS under Istio's names (`meshctl.security.credentials`: `kubernetes://NAME` and
+`kubernetes://NAME-cacert`) from `serve --credentials-dir`. Settings that need something this
+proxy is not sent are refused with a reason the caller logs, and the server they belong to is
+left out rather than half-configured:
 
-- `credentialName`/`credentialNames` name Kubernetes secrets that istiod streams over SDS;
+- credentials go only to a proxy whose xDS connection proves its workload
+  (`ProxyNode.credentials`): config naming a secret the proxy never gets would never start;
 - ISTIO_MUTUAL needs the mesh's workload certificate, which the server sends over SDS only to
   a proxy whose xDS connection proves its identity (`ProxyNode.mesh_certificates`); with it, the
   context presents `default` and requires a client certificate of the mesh (`mesh_tls`);
@@ -26,6 +30,7 @@ from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import wrappers_pb2
 
 from meshctl.api.networking.v1alpha3 import gateway_pb2
+from meshctl.security.credentials import ca_resource, certificate_resource
 from meshctl.xds import mesh_tls
 from meshctl.xds.listener_filters import ALPN_HTTP
 
@@ -44,15 +49,26 @@ def is_passthrough(tls: Any) -> bool:
     return tls is not None and tls.mode in (_TLS.PASSTHROUGH, _TLS.AUTO_PASSTHROUGH)
 
 
-def unsupported_reason(tls: Any, *, mesh_certificates: bool = False) -> str | None:
+def uses_credentials(tls: Any) -> bool:
+    """Whether the settings name secrets served over SDS (`credentialName` and friends)."""
+    return bool(tls.credential_name or list(tls.credential_names) or tls.ca_cert_credential_name)
+
+
+def unsupported_reason(tls: Any, *, mesh_certificates: bool = False, credentials: bool = False) -> str | None:
     """Why meshctl cannot terminate TLS with these settings, or None when it can
-    (`mesh_certificates`: the proxy is sent the mesh's workload certificate)."""
-    if tls.credential_name or list(tls.credential_names) or tls.ca_cert_credential_name:
-        return (
-            "credentialName refers to a Kubernetes secret that istiod serves over SDS, which "
-            "meshctl does not do; set serverCertificate and privateKey (and caCertificates) "
-            "to files on the proxy's host instead"
-        )
+    (`mesh_certificates`: the proxy is sent the mesh's workload certificate; `credentials`: it
+    may be sent the secrets `credentialName` names)."""
+    if uses_credentials(tls) and tls.mode not in (_TLS.PASSTHROUGH, _TLS.AUTO_PASSTHROUGH):
+        if not credentials:
+            return (
+                "credentialName names a secret served over SDS, which this proxy is not sent (serve with "
+                "--credentials-dir, and --client-ca so that its xDS connection proves its workload)"
+            )
+        if not (tls.credential_name or list(tls.credential_names)) and not (
+            tls.tls_certificates or (tls.server_certificate and tls.private_key)
+        ):
+            return f"TLS mode {_TLS.TLSmode.Name(tls.mode)} needs a credentialName or serverCertificate and privateKey"
+        return None
     if tls.mode == _TLS.ISTIO_MUTUAL:
         if mesh_certificates:
             return None
@@ -100,7 +116,10 @@ def downstream_tls_context(
             validation.match_typed_subject_alt_names.extend(_san_matchers(list(tls.subject_alt_names)))
         return context
     common = tls_pb2.CommonTlsContext(alpn_protocols=list(alpn))
-    if tls.tls_certificates:
+    names = [tls.credential_name] if tls.credential_name else list(tls.credential_names)
+    if names:
+        common.tls_certificate_sds_secret_configs.extend(mesh_tls.sds_secret(certificate_resource(n)) for n in names)
+    elif tls.tls_certificates:
         for cert in tls.tls_certificates:
             common.tls_certificates.add(
                 certificate_chain=_file(cert.server_certificate), private_key=_file(cert.private_key)
@@ -108,8 +127,15 @@ def downstream_tls_context(
     else:
         common.tls_certificates.add(certificate_chain=_file(tls.server_certificate), private_key=_file(tls.private_key))
     if tls.mode in _VALIDATING_MODES:
-        vc = common.validation_context
-        vc.trusted_ca.CopyFrom(_file(tls.ca_certificates))
+        ca_name = tls.ca_cert_credential_name or (names[0] if names else "")
+        if ca_name:
+            # Istio's rule: the bundle comes from `NAME-cacert`, whose checks stay in the config.
+            combined = common.combined_validation_context
+            combined.validation_context_sds_secret_config.CopyFrom(mesh_tls.sds_secret(ca_resource(ca_name)))
+            vc = combined.default_validation_context
+        else:
+            vc = common.validation_context
+            vc.trusted_ca.CopyFrom(_file(tls.ca_certificates))
         if tls.ca_crl:
             vc.crl.CopyFrom(_file(tls.ca_crl))
         vc.match_typed_subject_alt_names.extend(_san_matchers(list(tls.subject_alt_names)))

@@ -161,7 +161,9 @@ def merge_servers(scope: ProxyScope) -> list[MergedPort]:
                 continue
             is_tls = srv.is_tls_server or srv.terminates_https
             if is_tls:
-                reason = unsupported_reason(srv.tls, mesh_certificates=scope.proxy.mesh_certificates)
+                reason = unsupported_reason(
+                    srv.tls, mesh_certificates=scope.proxy.mesh_certificates, credentials=scope.proxy.credentials
+                )
                 if reason is not None:
                     logger.warning("%s: %s; server skipped", srv.describe(), reason)
                     continue

@@ -189,7 +189,7 @@ def check_server_tls(report: Report, path: FieldPath, tls: Any) -> None:
         return  # certificates and CA come from the credential
     if terminating:
         label = "SIMPLE" if mode == "SIMPLE" else "MUTUAL"
-        if label == "MUTUAL" and not tls.ca_certificates:
+        if label == "MUTUAL" and not (tls.ca_certificates or tls.ca_cert_credential_name):
             report.error(path, f"{mode} TLS needs caCertificates (or a credentialName) to verify clients")
         if len(tls.tls_certificates) > 2:
             report.warn((*path, "tlsCertificates"), f"{label} TLS serves at most 2 certificates (RSA and ECDSA)")
