@@ -14,6 +14,9 @@
   /v1/kv/KEY` (`?recurse`, `?cas=`), and `PUT /v1/txn` with the KV verbs set, cas, get, delete,
   delete-cas and check-index: all-or-nothing at one index, at most 64 operations, and Consul's
   409 with `{"Errors": [{"OpIndex", "What"}]}` when one fails;
+- sessions, `?acquire=` and `?release=` on KV writes, and the `lock` and `unlock` transaction
+  verbs, with TTLs, lock delays and the release and delete behaviours
+  (`meshctl.testing.fake_consul_sessions`);
 - ACL tokens (`X-Consul-Token`, a bearer token or `?token=`) when built with `acl_token`: a
   request without it gets 403. (A real Consul answers anonymous reads with results filtered
   by ACLs rather than 403; the fake is stricter so a missing token cannot go unnoticed.)
@@ -40,6 +43,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 from urllib.parse import parse_qsl, unquote, urlsplit
+
+from meshctl.testing.fake_consul_sessions import SessionError, SessionTable
 
 _MAX_WAIT: Final = 600.0
 _DEFAULT_WAIT: Final = 300.0
@@ -75,8 +80,18 @@ def _field(obj: Mapping[str, Any], name: str, default: Any = None) -> Any:
 class FakeConsul:
     """A Consul agent's catalog and health API on 127.0.0.1; use as a context manager."""
 
-    def __init__(self, *, datacenter: str = "dc1", acl_token: str | None = None, port: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        datacenter: str = "dc1",
+        acl_token: str | None = None,
+        port: int = 0,
+        session_ttl_min: float = 10.0,
+        node_name: str = "fake-agent",
+    ) -> None:
         self.datacenter = datacenter
+        #: Sessions (`session_ttl_min` is the agent's setting of that name: the least TTL taken).
+        self.sessions = SessionTable(node_name, session_ttl_min)
         self.acl_token = acl_token
         self.zero_index = False
         self.requests: list[RecordedRequest] = []
@@ -341,7 +356,7 @@ class FakeConsul:
                 if not isinstance(body, Mapping):
                     raise ConsulAPIError(400, f"operation {number}: only KV operations are supported here")
                 try:
-                    result, changed = _kv_op(kv, tombstones, body, index)
+                    result, changed = _kv_op(kv, tombstones, body, index, self.sessions)
                 except _OpFailed as exc:
                     errors.append({"OpIndex": number, "What": str(exc)})
                     continue
@@ -357,6 +372,76 @@ class FakeConsul:
                 self._index = self._kv_index = index
                 self._cond.notify_all()
             return results
+
+    # --- sessions ---------------------------------------------------------------------------
+
+    def create_session(self, body: dict[str, Any]) -> str:
+        """`PUT /v1/session/create` without HTTP: the new session's ID."""
+        with self._cond:
+            self._reap_sessions()
+            try:
+                session = self.sessions.create(body, self._index + 1, _parse_duration)
+            except SessionError as exc:
+                raise ConsulAPIError(exc.status, str(exc)) from None
+            self._index += 1
+            return session.id
+
+    def renew_session(self, session_id: str) -> dict[str, Any] | None:
+        """`PUT /v1/session/renew/ID` without HTTP: the session, or None when it is gone."""
+        with self._cond:
+            self._reap_sessions()
+            session = self.sessions.sessions.get(session_id)
+            if session is None:
+                return None
+            session.renew(time.monotonic())
+            return session.json()
+
+    def destroy_session(self, session_id: str) -> None:
+        """`PUT /v1/session/destroy/ID` without HTTP: invalidate it, as its TTL running out would."""
+        with self._cond:
+            self._invalidate(session_id)
+
+    def _reap_sessions(self) -> bool:
+        """Invalidate the sessions whose TTL ran out; called with the lock held (by every request
+        and every blocked query as it waits, so expiry is seen as it happens)."""
+        due = self.sessions.due(time.monotonic())
+        for session_id in due:
+            self._invalidate(session_id)
+        return bool(due)
+
+    def _invalidate(self, session_id: str) -> None:
+        session = self.sessions.sessions.pop(session_id, None)
+        if session is None:
+            return
+        index = self._index + 1
+        now = time.monotonic()
+        held = [k for k, e in self._kv.items() if e.get("Session") == session_id]
+        kv = dict(self._kv)
+        for key in held:
+            if session.behavior == "delete":
+                del kv[key]
+                self._kv_tombstones[key] = index
+            else:
+                kv[key] = {k: v for k, v in kv[key].items() if k != "Session"} | {"ModifyIndex": index}
+            if session.lock_delay > 0:
+                self.sessions.delays[key] = now + session.lock_delay
+        self._kv = kv
+        self._index = index
+        if held:
+            self._kv_index = index
+        self._cond.notify_all()
+
+    def kv_lock(self, key: str, value: bytes, session_id: str, *, release: bool = False, flags: int = 0) -> bool:
+        """`PUT /v1/kv/KEY?acquire=ID` (`?release=ID`) without HTTP: False when another session
+        holds the key, it is in a lock delay, or (release) this session does not hold it."""
+        with self._cond:
+            self._reap_sessions()
+            if session_id not in self.sessions.sessions:
+                raise ConsulAPIError(500, f'invalid session "{session_id}"')
+        verb = "unlock" if release else "lock"
+        op = {"Verb": verb, "Key": key, "Flags": flags, "Session": session_id,
+              "Value": base64.b64encode(value).decode()}  # fmt: skip
+        return self.txn([{"KV": op}], raise_on_failure=False) is not None
 
     def _kv_index_of(self, key: str, recurse: bool) -> int:
         """A KV read's index: the highest ModifyIndex under it, deletions included; the KV
@@ -379,6 +464,8 @@ class FakeConsul:
         with self._cond:
             epoch, generation = self._epoch, handler.generation
             while not self.zero_index and self._kv_index_of(key, recurse) <= index and epoch == self._epoch:
+                if self._reap_sessions():
+                    continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or generation != self._generation or handler.client_gone():
                     break
@@ -460,15 +547,36 @@ class _OpFailed(Exception):
 
 
 def _kv_op(
-    kv: dict[str, dict[str, Any]], tombstones: dict[str, int], op: Mapping[str, Any], index: int
+    kv: dict[str, dict[str, Any]],
+    tombstones: dict[str, int],
+    op: Mapping[str, Any],
+    index: int,
+    sessions: SessionTable,
 ) -> tuple[dict[str, Any] | None, bool]:
-    """Apply one KV operation to `kv` (a copy); returns its result entry and whether it wrote."""
+    """Apply one KV operation to `kv` (a copy); returns its result entry and whether it wrote.
+    A plain write keeps the key's lock (Session, LockIndex), as Consul's does."""
     verb, key = _field(op, "Verb", ""), _field(op, "Key", "")
     if not isinstance(key, str) or (not key and verb != "delete-tree"):
         raise _OpFailed("Must provide key")
     want = int(_field(op, "Index", 0) or 0)
     current = kv.get(key)
-    if verb in ("set", "cas"):
+    lock: dict[str, Any] = {"LockIndex": current["LockIndex"], **_session_of(current)} if current else {"LockIndex": 0}
+    if verb in ("lock", "unlock"):
+        session = _field(op, "Session", "")
+        if session not in sessions.sessions:
+            raise _OpFailed(f'invalid session "{session}"')
+        holder = current.get("Session") if current else None
+        if verb == "lock":
+            if sessions.delayed(key, time.monotonic()):
+                raise _OpFailed(f'failed to acquire lock on key "{key}": in its lock-delay')
+            if holder not in (None, session):
+                raise _OpFailed(f'failed to acquire lock on key "{key}": held by another session')
+            lock = {"LockIndex": lock["LockIndex"] + (holder != session), "Session": session}
+        else:
+            if holder != session:
+                raise _OpFailed(f'failed to release lock on key "{key}": not held by this session')
+            lock = {"LockIndex": lock["LockIndex"]}
+    if verb in ("set", "cas", "lock", "unlock"):
         if verb == "cas" and (current["ModifyIndex"] if current else 0) != want:
             raise _OpFailed(f'failed to set key "{key}", index is stale')
         raw = _field(op, "Value")
@@ -477,12 +585,12 @@ def _kv_op(
         except (binascii.Error, ValueError) as exc:
             raise _OpFailed(f"Failed to decode value of key {key!r}: {exc}") from exc
         kv[key] = {
-            "LockIndex": 0,
             "Key": key,
             "Flags": int(_field(op, "Flags", 0) or 0),
             "Value": value,
             "CreateIndex": current["CreateIndex"] if current else index,
             "ModifyIndex": index,
+            **lock,
         }
         tombstones.pop(key, None)
         return {**_kv_json(kv[key]), "Value": None}, True
@@ -511,6 +619,10 @@ def _kv_op(
     raise _OpFailed(f"unknown KV verb {verb!r}")
 
 
+def _session_of(entry: Mapping[str, Any]) -> dict[str, Any]:
+    return {"Session": entry["Session"]} if entry.get("Session") else {}
+
+
 def _kv_json(entry: Mapping[str, Any]) -> dict[str, Any]:
     """An entry as Consul's JSON has it: Value base64, or null when empty."""
     value = entry["Value"]
@@ -519,6 +631,16 @@ def _kv_json(entry: Mapping[str, Any]) -> dict[str, Any]:
 
 def _strip(record: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k not in ("CreateIndex", "ModifyIndex")}
+
+
+def _parse_duration(text: str) -> float | None:
+    """A Go duration in seconds, or None when `text` is not one ("0" is zero, as in Go)."""
+    if text.strip() == "0":
+        return 0.0
+    found = _DURATION.findall(text)
+    if not found or "".join(n + u for n, u in found) != text.strip():
+        return None
+    return sum(float(n) * _UNITS[u] for n, u in found)
 
 
 def _duration(text: str) -> float:
@@ -593,6 +715,7 @@ class _Handler(BaseHTTPRequestHandler):
         token = self.headers.get("X-Consul-Token") or bearer or query.get("token", "")
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         with fake._cond:
+            fake._reap_sessions()
             fake.requests.append(RecordedRequest(method, parts.path, query, token))
             fake._in_flight[parts.path] = fake._in_flight.get(parts.path, 0) + 1
         try:
@@ -626,6 +749,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(
                 200, json.dumps({"Results": results, "Errors": None}).encode(), {"X-Consul-Index": str(fake._index)}
             )
+        elif path.startswith("/v1/session/"):
+            self._route_session(method, path[len("/v1/session/") :], body)
         elif method == "GET" and path == "/v1/status/leader":
             self._send(200, b'"127.0.0.1:8300"', {})
         elif method == "PUT" and path in ("/v1/catalog/register", "/v1/catalog/deregister"):
@@ -668,12 +793,46 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, json.dumps([_kv_json(e) for e in entries]).encode(), headers)
         elif method == "PUT":
             flags = int(query["flags"]) if query.get("flags", "").isdigit() else 0
-            self._send(200, json.dumps(fake.kv_put(key, body, cas=cas, flags=flags)).encode(), {})
+            if "acquire" in query or "release" in query:
+                session = query.get("acquire") or query.get("release", "")
+                done = fake.kv_lock(key, body, session, release="acquire" not in query, flags=flags)
+            else:
+                done = fake.kv_put(key, body, cas=cas, flags=flags)
+            self._send(200, json.dumps(done).encode(), {})
         elif method == "DELETE":
             done = fake.kv_delete(key, recurse="recurse" in query, cas=cas)
             self._send(200, json.dumps(done).encode(), {})
         else:
             raise ConsulAPIError(405, f"method {method} not allowed")
+
+    def _route_session(self, method: str, rest: str, body: bytes) -> None:
+        fake = self.server.fake
+        verb, _, session_id = rest.partition("/")
+        if method == "PUT" and verb == "create":
+            try:
+                payload = json.loads(body) if body.strip() else {}
+            except ValueError as exc:
+                raise ConsulAPIError(400, f"Request decode failed: {exc}") from exc
+            if not isinstance(payload, dict):
+                raise ConsulAPIError(400, "Request decode failed: expected an object")
+            self._send(200, json.dumps({"ID": fake.create_session(payload)}).encode(), {})
+        elif method == "PUT" and verb == "renew" and session_id:
+            found = fake.renew_session(session_id)
+            if found is None:
+                self._send(404, f"Session id '{session_id}' not found".encode(), {})
+            else:
+                self._send(200, json.dumps([found]).encode(), {})
+        elif method == "PUT" and verb == "destroy" and session_id:
+            fake.destroy_session(session_id)
+            self._send(200, b"true", {})
+        elif method == "GET" and verb in ("info", "list"):
+            with fake._cond:
+                sessions = [s.json() for s in fake.sessions.sessions.values() if verb == "list" or s.id == session_id]
+                index = fake._index
+            self._send(200, json.dumps(sessions).encode(), {"X-Consul-Index": str(index)})
+        else:
+            raise ConsulAPIError(405 if verb in ("create", "renew", "destroy", "info", "list") else 404,
+                                 f"no such endpoint: {method} /v1/session/{rest}")  # fmt: skip
 
     def _send(self, status: int, body: bytes, headers: Mapping[str, str], content_type: str = "") -> None:
         self.send_response(status)
