@@ -37,9 +37,7 @@ def validate_metadata(
     return issues
 
 
-def _dry_run(
-    kind: str, namespace: str, name: str, annotations: Mapping[str, str], spec: Message
-) -> list[Issue]:
+def _dry_run(kind: str, namespace: str, name: str, annotations: Mapping[str, str], spec: Message) -> list[Issue]:
     value = annotations.get(DRY_RUN)
     if value is None:
         return []
