@@ -270,6 +270,15 @@ class HealthReports:
             for key in dropped:
                 self.on_local(key, None)
 
+    def republish(self, keys: Iterable[WorkloadKey]) -> None:
+        """Tell `on_local` this server's views of `keys` again (they became checked)."""
+        if self.on_local is None:
+            return
+        with self._lock:
+            found = [(k, self._states[k]) for k in keys if k in self._states]
+        for key, state in found:
+            self.on_local(key, state)
+
     def _remerge(self, key: WorkloadKey) -> None:
         """Recompute the merged health of `key`; called with the lock held."""
         views = [*self._remote.get(key, {}).values(), *self._memory.get(key, {}).values()]
@@ -416,9 +425,11 @@ class HealthCheckedRegistry:
         base = self._files.model()
         checks = workload_checks(self._files.configs(), base)
         with self._lock:
+            added = checks.keys() - self._checks.keys()
             self._base, self._checks = base, checks
             self._rebuild(settled=True if change is None else change.settled)
         self._reports.forget(checks)
+        self._reports.republish(added)
 
     def _reports_changed(self) -> None:
         with self._lock:

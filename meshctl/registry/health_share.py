@@ -117,6 +117,7 @@ class ConsulShare:
         self._renew_at = 0.0
         self._stopped = False
         self._errors: dict[str, str] = {}
+        self._known: dict[str, bool] = {}  # prefixes whose last answer held other replicas' views
         self._failing_since: float | None = None
         self._read = {HEALTH_PREFIX: threading.Event(), REGISTRATIONS_PREFIX: threading.Event()}
         self._conn = ConsulConnection(options.consul)
@@ -177,12 +178,15 @@ class ConsulShare:
     def status(self) -> tuple[bool, str]:
         """(healthy, why not): whether Consul answers this replica's reads and writes."""
         with self._cond:
-            if not self._errors:
+            # Only while something is shared: a mesh without checked or registered workloads
+            # loses nothing when Consul's KV cannot be reached.
+            if not self._errors or not (self._own or self._known):
                 return True, ""
             since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._failing_since or time.time()))
-            return False, (
-                f"replicas' shared health in consul KV failing since {since} ({'; '.join(self._errors.values())}); "
-                "keeping the last known state"
+            errors = "; ".join(dict.fromkeys(self._errors.values()))
+            return (
+                False,
+                f"replicas' shared health in consul KV failing since {since} ({errors}); keeping the last known state",
             )
 
     # -- this replica's views ----------------------------------------------------------------
@@ -286,6 +290,9 @@ class ConsulShare:
 
     def _on_data(self, prefix: str, data: object, reply: ConsulReply) -> None:
         views = parse_views(data, prefix, self._own_session)
+        with self._cond:
+            self._known[prefix] = bool(views)
+            self._known = {p: k for p, k in self._known.items() if k}
         self._recovered(prefix)
         self._read[prefix].set()
         try:

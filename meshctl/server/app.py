@@ -279,7 +279,11 @@ class Server:
         consul = settings.consul or (settings.config_kv.consul if settings.config_kv is not None else None)
         self.share = (
             share_between_replicas(
-                ShareOptions(consul, settings.health_session_ttl), self.health, self.registrar, self.hds
+                ShareOptions(consul, settings.health_session_ttl),
+                self.health,
+                self.registrar,
+                self.hds,
+                self.checked.checks,
             )
             if consul is not None
             else None

@@ -303,10 +303,16 @@ class HealthDiscovery:
 
 
 def share_between_replicas(
-    options: ShareOptions, reports: HealthReports, registrar: AutoRegistrar, hds: HealthDiscovery
+    options: ShareOptions,
+    reports: HealthReports,
+    registrar: AutoRegistrar,
+    hds: HealthDiscovery,
+    checked: Callable[[], Mapping[WorkloadKey, WorkloadCheck]],
 ) -> ConsulShare:
     """Health and registrations kept in Consul KV for every replica (`meshctl.registry.health_share`):
-    this server's own views are written as they change, the others' merged as they come."""
+    this server's own views of checked workloads are written as they change (`checked`: the
+    workloads checked now; one that becomes checked is written then, by `HealthReports.republish`),
+    the others' merged as they come."""
 
     def on_health(views: Views) -> None:
         reports.set_remote(views)
@@ -315,7 +321,8 @@ def share_between_replicas(
     share = ConsulShare(options, on_health, registrar.set_remote)
 
     def health_view(key: WorkloadKey, state: WorkloadHealth | None) -> None:
-        share.put(HEALTH_PREFIX, key, None if state is None else state.to_json())
+        if state is None or key in checked():
+            share.put(HEALTH_PREFIX, key, None if state is None else state.to_json())
 
     def registration_view(key: WorkloadKey, value: dict[str, Any] | None) -> None:
         share.put(REGISTRATIONS_PREFIX, key, value)
