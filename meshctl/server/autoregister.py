@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from meshctl.api.networking.v1alpha3 import workload_entry_pb2, workload_group_pb2
 from meshctl.config.hosts import is_ip
@@ -38,19 +38,14 @@ from meshctl.logs import untrusted
 from meshctl.registry.files import FileRegistry
 from meshctl.registry.health_checks import GROUP_ANNOTATION
 from meshctl.server.auth import PeerIdentity, check_identity
+from meshctl.server.node_address import group_of
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import ProxyNode
 
 logger = logging.getLogger("meshctl.server.autoregister")
 
-METADATA_KEY: Final = "AUTO_REGISTER_GROUP"
 
 WorkloadKey = tuple[str, str]
-
-
-def group_of(node: ProxyNode) -> str:
-    """The WorkloadGroup `node` asks to register into ("" for none)."""
-    return str(node.metadata.get(METADATA_KEY) or "")
 
 
 def entry_name(group: str, ip: str, network: str) -> str:

@@ -37,7 +37,8 @@ from meshctl.registry.health_checks import WorkloadCheck, workload_checks
 from meshctl.registry.health_share import HEALTH_PREFIX, REGISTRATIONS_PREFIX, ConsulShare, ShareOptions, Views
 from meshctl.server.ads import Authorizer, _metadata
 from meshctl.server.auth import PeerIdentity
-from meshctl.server.autoregister import AutoRegistrar, group_of
+from meshctl.server.autoregister import AutoRegistrar
+from meshctl.server.node_address import group_of, with_peer_address
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import ProxyNode, bind_proxy, parse_node_id
 from meshctl.xds.health_checks import STATUS_WORDS, health_check_specifier, health_cluster_name
@@ -212,6 +213,11 @@ class HealthDiscovery:
             node = parse_node_id(request.node.id, _metadata(request.node.metadata))
         except NodeIdError as exc:
             return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+        addressed = with_peer_address(node, context.peer())
+        if isinstance(addressed, str):
+            logger.warning("refused the health stream of node %s: %s", untrusted(node.id), addressed)
+            return grpc.StatusCode.INVALID_ARGUMENT, addressed
+        node = addressed
         if self._authorize is not None and not (self._registrar is not None and group_of(node)):
             attested = self._authorize(node, context)
             if isinstance(attested, str):
