@@ -335,4 +335,5 @@ def share_between_replicas(
 
     reports.on_local = health_view
     registrar.on_local = registration_view
+    registrar.on_expiry_changed = hds.expiry_changed
     return share
