@@ -120,6 +120,7 @@ class ConsulShare:
         self._known: dict[str, bool] = {}  # prefixes whose last answer held other replicas' views
         self._failing_since: float | None = None
         self._read = {HEALTH_PREFIX: threading.Event(), REGISTRATIONS_PREFIX: threading.Event()}
+        self._first = {HEALTH_PREFIX: threading.Event(), REGISTRATIONS_PREFIX: threading.Event()}  # answered or failed
         self._conn = ConsulConnection(options.consul)
         # A health change must reach the other replicas in well under a probe period: the
         # queries may answer in bursts (each replica's writes wake them), paced at 4 a second.
@@ -149,7 +150,7 @@ class ConsulShare:
             query.start()
         self._writer.start()
         deadline = time.monotonic() + timeout
-        for event in self._read.values():
+        for event in self._first.values():
             event.wait(max(0.0, deadline - time.monotonic()))
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -295,6 +296,7 @@ class ConsulShare:
             self._known = {p: k for p, k in self._known.items() if k}
         self._recovered(prefix)
         self._read[prefix].set()
+        self._first[prefix].set()
         try:
             self._listeners[prefix](views)
         except Exception:
@@ -302,7 +304,7 @@ class ConsulShare:
 
     def _on_error(self, prefix: str, message: str) -> None:
         self._failed(prefix, message)
-        self._read[prefix].set()  # start-up waits no longer: it serves what it has
+        self._first[prefix].set()  # start-up waits no longer: it serves what it has
 
     def _failed(self, what: str, message: str) -> None:
         with self._cond:
