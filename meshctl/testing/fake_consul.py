@@ -44,7 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from meshctl.testing.fake_consul_sessions import SessionError, SessionTable
+from meshctl.testing.fake_consul_sessions import ConsulAPIError, SessionsMixin, SessionTable, route_session
 
 _MAX_WAIT: Final = 600.0
 _DEFAULT_WAIT: Final = 300.0
@@ -61,14 +61,6 @@ class RecordedRequest:
     token: str
 
 
-class ConsulAPIError(Exception):
-    """A request Consul would refuse, with the status it would answer."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 def _field(obj: Mapping[str, Any], name: str, default: Any = None) -> Any:
     """Consul decodes JSON field names case-insensitively (py-consul sends `node`, `service`)."""
     for key, value in obj.items():
@@ -77,7 +69,7 @@ def _field(obj: Mapping[str, Any], name: str, default: Any = None) -> Any:
     return default
 
 
-class FakeConsul:
+class FakeConsul(SessionsMixin):
     """A Consul agent's catalog and health API on 127.0.0.1; use as a context manager."""
 
     def __init__(
@@ -373,76 +365,6 @@ class FakeConsul:
                 self._cond.notify_all()
             return results
 
-    # --- sessions ---------------------------------------------------------------------------
-
-    def create_session(self, body: dict[str, Any]) -> str:
-        """`PUT /v1/session/create` without HTTP: the new session's ID."""
-        with self._cond:
-            self._reap_sessions()
-            try:
-                session = self.sessions.create(body, self._index + 1, _parse_duration)
-            except SessionError as exc:
-                raise ConsulAPIError(exc.status, str(exc)) from None
-            self._index += 1
-            return session.id
-
-    def renew_session(self, session_id: str) -> dict[str, Any] | None:
-        """`PUT /v1/session/renew/ID` without HTTP: the session, or None when it is gone."""
-        with self._cond:
-            self._reap_sessions()
-            session = self.sessions.sessions.get(session_id)
-            if session is None:
-                return None
-            session.renew(time.monotonic())
-            return session.json()
-
-    def destroy_session(self, session_id: str) -> None:
-        """`PUT /v1/session/destroy/ID` without HTTP: invalidate it, as its TTL running out would."""
-        with self._cond:
-            self._invalidate(session_id)
-
-    def _reap_sessions(self) -> bool:
-        """Invalidate the sessions whose TTL ran out; called with the lock held (by every request
-        and every blocked query as it waits, so expiry is seen as it happens)."""
-        due = self.sessions.due(time.monotonic())
-        for session_id in due:
-            self._invalidate(session_id)
-        return bool(due)
-
-    def _invalidate(self, session_id: str) -> None:
-        session = self.sessions.sessions.pop(session_id, None)
-        if session is None:
-            return
-        index = self._index + 1
-        now = time.monotonic()
-        held = [k for k, e in self._kv.items() if e.get("Session") == session_id]
-        kv = dict(self._kv)
-        for key in held:
-            if session.behavior == "delete":
-                del kv[key]
-                self._kv_tombstones[key] = index
-            else:
-                kv[key] = {k: v for k, v in kv[key].items() if k != "Session"} | {"ModifyIndex": index}
-            if session.lock_delay > 0:
-                self.sessions.delays[key] = now + session.lock_delay
-        self._kv = kv
-        self._index = index
-        if held:
-            self._kv_index = index
-        self._cond.notify_all()
-
-    def kv_lock(self, key: str, value: bytes, session_id: str, *, release: bool = False, flags: int = 0) -> bool:
-        """`PUT /v1/kv/KEY?acquire=ID` (`?release=ID`) without HTTP: False when another session
-        holds the key, it is in a lock delay, or (release) this session does not hold it."""
-        with self._cond:
-            self._reap_sessions()
-            if session_id not in self.sessions.sessions:
-                raise ConsulAPIError(500, f'invalid session "{session_id}"')
-        verb = "unlock" if release else "lock"
-        op = {"Verb": verb, "Key": key, "Flags": flags, "Session": session_id,
-              "Value": base64.b64encode(value).decode()}  # fmt: skip
-        return self.txn([{"KV": op}], raise_on_failure=False) is not None
-
     def _kv_index_of(self, key: str, recurse: bool) -> int:
         """A KV read's index: the highest ModifyIndex under it, deletions included; the KV
         table's index when nothing was ever there."""
@@ -633,16 +555,6 @@ def _strip(record: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k not in ("CreateIndex", "ModifyIndex")}
 
 
-def _parse_duration(text: str) -> float | None:
-    """A Go duration in seconds, or None when `text` is not one ("0" is zero, as in Go)."""
-    if text.strip() == "0":
-        return 0.0
-    found = _DURATION.findall(text)
-    if not found or "".join(n + u for n, u in found) != text.strip():
-        return None
-    return sum(float(n) * _UNITS[u] for n, u in found)
-
-
 def _duration(text: str) -> float:
     """A Go duration (`5m`, `10s`, `1500ms`); Consul's default and cap when absent or too long."""
     found = _DURATION.findall(text)
@@ -750,7 +662,7 @@ class _Handler(BaseHTTPRequestHandler):
                 200, json.dumps({"Results": results, "Errors": None}).encode(), {"X-Consul-Index": str(fake._index)}
             )
         elif path.startswith("/v1/session/"):
-            self._route_session(method, path[len("/v1/session/") :], body)
+            route_session(self, fake, method, path[len("/v1/session/") :], body)
         elif method == "GET" and path == "/v1/status/leader":
             self._send(200, b'"127.0.0.1:8300"', {})
         elif method == "PUT" and path in ("/v1/catalog/register", "/v1/catalog/deregister"):
@@ -804,35 +716,6 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, json.dumps(done).encode(), {})
         else:
             raise ConsulAPIError(405, f"method {method} not allowed")
-
-    def _route_session(self, method: str, rest: str, body: bytes) -> None:
-        fake = self.server.fake
-        verb, _, session_id = rest.partition("/")
-        if method == "PUT" and verb == "create":
-            try:
-                payload = json.loads(body) if body.strip() else {}
-            except ValueError as exc:
-                raise ConsulAPIError(400, f"Request decode failed: {exc}") from exc
-            if not isinstance(payload, dict):
-                raise ConsulAPIError(400, "Request decode failed: expected an object")
-            self._send(200, json.dumps({"ID": fake.create_session(payload)}).encode(), {})
-        elif method == "PUT" and verb == "renew" and session_id:
-            found = fake.renew_session(session_id)
-            if found is None:
-                self._send(404, f"Session id '{session_id}' not found".encode(), {})
-            else:
-                self._send(200, json.dumps([found]).encode(), {})
-        elif method == "PUT" and verb == "destroy" and session_id:
-            fake.destroy_session(session_id)
-            self._send(200, b"true", {})
-        elif method == "GET" and verb in ("info", "list"):
-            with fake._cond:
-                sessions = [s.json() for s in fake.sessions.sessions.values() if verb == "list" or s.id == session_id]
-                index = fake._index
-            self._send(200, json.dumps(sessions).encode(), {"X-Consul-Index": str(index)})
-        else:
-            raise ConsulAPIError(405 if verb in ("create", "renew", "destroy", "info", "list") else 404,
-                                 f"no such endpoint: {method} /v1/session/{rest}")  # fmt: skip
 
     def _send(self, status: int, body: bytes, headers: Mapping[str, str], content_type: str = "") -> None:
         self.send_response(status)
