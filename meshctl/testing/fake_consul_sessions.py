@@ -44,7 +44,6 @@ class ConsulAPIError(Exception):
         self.status = status
 
 
-
 @dataclass(slots=True)
 class Session:
     id: str
@@ -176,10 +175,7 @@ class SessionsMixin:
         """`PUT /v1/session/create` without HTTP: the new session's ID."""
         with self._cond:
             self._reap_sessions()
-            try:
-                session = self.sessions.create(body, self._index + 1)
-            except SessionError as exc:
-                raise ConsulAPIError(exc.status, str(exc)) from None
+            session = self.sessions.create(body, self._index + 1)
             self._index += 1
             return session.id
 
