@@ -503,6 +503,14 @@ class _InProcessFleet:
     def root_pem(self) -> bytes:
         return bytes(self.ca.root_pem)
 
+    @property
+    def certificate(self) -> Any:
+        return self.ca.certificate
+
+    @property
+    def chain(self) -> Any:
+        return self.ca.chain
+
     def issue_workload(self, *args: Any, **kwargs: Any) -> Any:
         started = time.process_time()
         try:

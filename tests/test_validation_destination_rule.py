@@ -314,11 +314,17 @@ wildcards are not supported in selectors
     workloadSelector:
       matchLabels: {app: '*'}  # <-
 
-[dr-selector-export] spec.exportTo
+[dr-selector-export] spec.exportTo[0]
 a DestinationRule with a workloadSelector can only be exported to its namespace
     host: r.mesh
     workloadSelector: {matchLabels: {app: r}}
     exportTo: ['*']  # <-
+
+[dr-selector-export-other-namespace] spec.exportTo[0]
+a DestinationRule with a workloadSelector can only be exported to its namespace, not "web"
+    host: r.mesh
+    workloadSelector: {matchLabels: {app: r}}
+    exportTo: [web]  # <-
 """,
     ),
     # Durations Envoy cannot hold: it takes every duration in int64 nanoseconds, and keepalive

@@ -203,6 +203,13 @@ duplicate egress host "./api.example.com"
       - ./*
       - ./api.example.com  # <-
 
+[sc-egress-duplicate-own-namespace] spec.egress[0].hosts[1]
+duplicate egress host "shop/api.example.com": "./" and "shop/" are the same namespace here
+    egress:
+    - hosts:
+      - ./api.example.com
+      - shop/api.example.com  # <-
+
 [sc-egress-star-star] spec.egress[0].hosts
 "*/*" selects every host
     egress:

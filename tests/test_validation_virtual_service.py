@@ -169,6 +169,13 @@ duplicate exportTo entry "."
     - route: [{destination: {host: r.shop.mesh}}]
     exportTo: [., .]  # <-
 
+[export-dot-and-own-namespace] spec.exportTo[1]
+duplicate exportTo entry "shop": "." already exports to this namespace
+    hosts: [r.shop.mesh]
+    http:
+    - route: [{destination: {host: r.shop.mesh}}]
+    exportTo: [., shop]  # <-
+
 [export-nobody] spec.exportTo[0]
 exportTo "~" (no one) is only allowed on a ServiceEntry
     hosts: [r.shop.mesh]

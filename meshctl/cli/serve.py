@@ -124,9 +124,19 @@ def serve(
         typer.Option(
             envvar="MESHCTL_CA_DIR",
             help="Sign workload certificates with this CA: Istio's cacerts layout (ca-cert.pem, ca-key.pem, "
-            "root-cert.pem, cert-chain.pem), e.g. an intermediate of your own PKI.",
+            "root-cert.pem, cert-chain.pem), e.g. an intermediate of your own PKI. Followed while serving: "
+            "every root of root-cert.pem is trusted, a new signing certificate signs from then on.",
         ),
     ] = None,
+    ca_reissue_window: Annotated[
+        str,
+        typer.Option(
+            envvar="MESHCTL_CA_REISSUE_WINDOW",
+            metavar="DURATION",
+            help="When --ca-dir's signing certificate changes, reissue the workload certificates the old one "
+            "signed at random times within this long (at most a third of their lifetime).",
+        ),
+    ] = "10m",
     state_dir: Annotated[
         Path | None,
         typer.Option(
@@ -358,6 +368,12 @@ def serve(
         else None
     )
     lifetime = _workload_cert_lifetime(workload_cert_lifetime)
+    reissue = parse_duration(ca_reissue_window)
+    if reissue is None or reissue < 0:
+        raise UsageError(f"--ca-reissue-window {ca_reissue_window!r} is not a duration (10m, 30s)")
+    state = state_dir if state_dir is not None else DEFAULT_STATE_DIR
+    if ca_dir is None and (replica := _replica_source(config_dir, config_kv is not None)) is not None:
+        _refuse_own_root(state, replica)
     max_age = parse_duration(max_connection_age)
     if max_age is None or max_age < 0:
         raise UsageError(f"--max-connection-age {max_connection_age!r} is not a duration (30m, 1h; 0 for never)")
@@ -380,7 +396,8 @@ def serve(
         mesh_config=mesh_config,
         freeze_startup=True,
         ca_dir=ca_dir,
-        state_dir=state_dir if state_dir is not None else DEFAULT_STATE_DIR,
+        ca_reissue_window=datetime.timedelta(microseconds=min(reissue // 1000, 10**15)),
+        state_dir=state,
         state_dir_given=state_dir is not None,
         workload_cert_lifetime=lifetime,
         join_address=join_address,
@@ -401,6 +418,40 @@ def serve(
         asyncio.run(Server(settings).run())
     except (OSError, CredentialError) as exc:  # a busy or foreign address, unusable TLS files
         raise UsageError(f"cannot serve: {exc}") from exc
+
+
+def _replica_source(config_dirs: list[Path], from_kv: bool) -> str | None:
+    """What says this server is one of several replicas, if anything can tell: config from a
+    Consul KV prefix (shared by replicas), or a directory that meshctl-git-sync keeps (a link
+    into its `trees/`, beside its `cache.git`)."""
+    if from_kv:
+        return "config from Consul KV"
+    for directory in config_dirs:
+        if not directory.is_symlink():
+            continue
+        target = directory.resolve()
+        for parent in target.parents:
+            if parent.name == "trees" and (parent.parent / "cache.git").is_dir():
+                return f"--config-dir {directory} kept by meshctl-git-sync"
+    return None
+
+
+def _refuse_own_root(state_dir: Path, replica: str) -> None:
+    """UsageError when this server, one of several replicas, would make a self-signed root of its
+    own: each replica would have its own, and proxies moving between them would be refused by
+    their peers (docs/replicas.md). A root already in the state directory (one copied to every
+    replica) is used as it is."""
+    from meshctl.errors import UsageError
+    from meshctl.security.cacerts import ROOT_CERT
+    from meshctl.security.selfsigned import ca_directory
+
+    if (ca_directory(state_dir) / ROOT_CERT).exists():
+        return
+    raise UsageError(
+        f"{replica}: this server is one of several replicas, and would make a self-signed root CA of its own in "
+        f"{ca_directory(state_dir)} (each replica its own: the mesh splits); give every replica one CA with "
+        "--ca-dir, or copy one state directory to each (docs/replicas.md)"
+    )
 
 
 #: gRPC keeps `grpc.max_connection_age_ms` in a 32-bit int: about 596 hours.

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
 import enum
 import gc
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -12,6 +14,8 @@ import typer
 from meshctl.cli.exits import reported
 
 if TYPE_CHECKING:
+    from meshctl.check.envoy_validate import ProxyUnderTest
+    from meshctl.cli.offline import LoadedTree
     from meshctl.config.findings import Finding
 
 EXIT_OK, EXIT_INVALID = 0, 1  # usage and internal errors exit 2, at the CLI's edge (`meshctl.cli.exits`)
@@ -47,20 +51,51 @@ def validate(
     mesh_config: Annotated[
         str | None, typer.Option(help="Also check Istio's MeshConfig YAML, as serve --mesh-config reads it.")
     ] = None,
+    ca_dir: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MESHCTL_CA_DIR",
+            help="With --mesh-config: the CA serve signs with (--ca-dir); a workload certificate lifetime "
+            "that outlasts it is warned about.",
+        ),
+    ] = None,
     jobs: Annotated[
         int,
         typer.Option(
             "--jobs", "-j", min=0, help="Processes loading files side by side; 0: by the tree's size and idle CPUs."
         ),
     ] = 0,
+    envoy: Annotated[
+        bool,
+        typer.Option("--envoy", help="Also load each proxy's generated config into a real Envoy (validate mode)."),
+    ] = False,
+    proxy: Annotated[
+        list[str] | None,
+        typer.Option("--proxy", help="With --envoy: only this WorkloadEntry NAME.NAMESPACE or node id; repeatable."),
+    ] = None,
+    envoy_binary: Annotated[
+        str | None,
+        typer.Option(
+            "--envoy-binary",
+            metavar="PATH",
+            help="With --envoy: the envoy to run (default: beside meshctl, else on PATH).",
+        ),
+    ] = None,
+    bootstrap: Annotated[
+        str | None,
+        typer.Option(
+            "--bootstrap", metavar="PATH", help="With --envoy: the fleet's Envoy bootstrap, for its runtime layers."
+        ),
+    ] = None,
 ) -> None:
-    """Check Istio YAML as Istio would: schema, per-kind rules and cross-resource analysis.
+    """Check Istio YAML as Istio would: schema, per-kind rules and cross-resource analysis;
+    with --envoy, also as the fleet's Envoy would, by loading each proxy's generated config.
 
     Exit status: 0 valid (warnings allowed), 1 invalid input, 2 usage or internal error.
     """
     from functools import partial
-    from pathlib import Path
 
+    from meshctl.check.envoy_validate import find_envoy
     from meshctl.check.names import name_clashes
     from meshctl.cli import output as out
     from meshctl.config.check import check
@@ -72,6 +107,11 @@ def validate(
     missing = [p for p in paths if p != "-" and not Path(p).exists()]
     if missing:
         raise UsageError(f"no such file or directory: {', '.join(missing)}")
+    if not envoy and (proxy or envoy_binary or bootstrap):
+        raise UsageError("--proxy, --envoy-binary and --bootstrap go with --envoy")
+    if envoy and (len(paths) != 1 or paths[0] == "-"):
+        raise UsageError("--envoy checks one directory (or file) of config, not stdin or several")
+    binary = find_envoy(envoy_binary) if envoy else None
     # Loading makes a few hundred thousand short-lived objects and no reference cycles, so the
     # cyclic garbage collector's passes (a seventh of a big run) would find nothing.
     collecting = gc.isenabled()
@@ -85,7 +125,7 @@ def validate(
         if mesh_config is not None:
             from meshctl.config.mesh import load_mesh_config
 
-            settings, mesh_findings = load_mesh_config(Path(mesh_config))
+            settings, mesh_findings = load_mesh_config(Path(mesh_config), ca_not_after=_ca_end(ca_dir))
             root_namespace = settings.root_namespace if settings is not None else root_namespace
         findings = check(
             [p for p in paths if p != "-" or not refused],
@@ -100,11 +140,71 @@ def validate(
     finally:
         if collecting:
             gc.enable()
+    if binary is not None:
+        if any(f.severity is Severity.ERROR for f in findings):
+            out.stderr_console().print("note: --envoy skipped: the tree has errors, and no config is built from them")
+        else:
+            envoy_found = _envoy_findings(Path(paths[0]), binary, proxy or [], bootstrap, namespace, mesh_config)
+            findings = sort_findings([*findings, *envoy_found])
     out.print_findings(findings, output.value)
     if output is Format.text:
         out.summary(findings)
     failing = {Severity.ERROR, Severity.WARNING} if strict else {Severity.ERROR}
     raise typer.Exit(EXIT_INVALID if any(f.severity in failing for f in findings) else EXIT_OK)
+
+
+def _envoy_findings(
+    path: Path, binary: str, refs: list[str], bootstrap: str | None, namespace: str, mesh_config: str | None
+) -> list[Finding]:
+    """`meshctl validate --envoy`: the tree built as `dump` builds it, each proxy (every
+    WorkloadEntry, or those `refs` name) checked by Envoy (`meshctl.check.envoy_validate`)."""
+    from meshctl.check.envoy_static import fleet_settings, read_bootstrap
+    from meshctl.check.envoy_validate import EnvoySettings, envoy_findings
+    from meshctl.cli import offline
+    from meshctl.cli import output as out
+    from meshctl.errors import UsageError
+
+    try:
+        fleet, notes = fleet_settings(read_bootstrap(Path(bootstrap)) if bootstrap is not None else {})
+    except ValueError as exc:
+        raise UsageError(f"--bootstrap {exc}") from exc
+    tree = offline.load_tree(
+        path, namespace=namespace, mesh=offline.mesh_from(Path(mesh_config) if mesh_config else None)
+    )
+    snapshot = tree.snapshot
+    proxies = [_proxy_under_test(tree, ref, namespace) for ref in refs]
+    if not refs:
+        proxies = [_proxy_under_test(tree, f"{e.name}.{e.namespace}") for e in offline.workload_entries(snapshot)]
+    if not proxies:
+        raise UsageError(f"--envoy: {path} describes no proxy (no WorkloadEntry); name one with --proxy NODE_ID")
+    for note in notes:
+        out.stderr_console().print(f"note: {note}", markup=False, soft_wrap=True)
+    origin = f"--bootstrap {bootstrap}" if bootstrap is not None else "meshctl bootstrap's runtime"
+    report = envoy_findings(snapshot, proxies, EnvoySettings(binary, fleet, origin=origin))
+    out.stderr_console().print(f"note: {report.summary()}", markup=False, soft_wrap=True)
+    return report.findings
+
+
+def _proxy_under_test(tree: LoadedTree, ref: str, namespace: str = "default") -> ProxyUnderTest:
+    from meshctl.check.envoy_validate import ProxyUnderTest
+    from meshctl.cli import offline
+
+    target = offline.resolve_proxy(tree, ref, namespace)
+    entry = None if offline.is_node_id(ref) else offline.find_workload_entry(tree.snapshot, ref, namespace)
+    return ProxyUnderTest(ref if entry is None else f"{entry.name}.{entry.namespace}", target, entry)
+
+
+def _ca_end(ca_dir: str | None) -> datetime.datetime | None:
+    """When the CA of `ca_dir` (Istio's cacerts files) stops issuing; UsageError when unusable."""
+    if ca_dir is None:
+        return None
+    from meshctl.errors import CredentialError, UsageError
+    from meshctl.security.ca import CertificateAuthority
+
+    try:
+        return CertificateAuthority.from_ca_dir(ca_dir).not_after
+    except CredentialError as exc:
+        raise UsageError(f"--ca-dir: {exc}") from None
 
 
 def _read_stdin(limit: int) -> tuple[str | None, list[Finding]]:

@@ -31,11 +31,13 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
 from meshctl.api.networking.v1alpha3.destination_rule_pb2 import LocalityLoadBalancerSetting
 from meshctl.config import yamlsource
+from meshctl.config.cert_lifetime import check_secret_ttl
 from meshctl.config.files import decode_text, read_config_file
 from meshctl.config.findings import Finding, Severity, format_path
 from meshctl.config.schema import parse_duration, parse_spec
@@ -147,9 +149,10 @@ _READ: Final = frozenset(
 
 
 def load_mesh_config(
-    path: Path, limit: int = yamlsource.DEFAULT_MAX_FILE_BYTES
+    path: Path, limit: int = yamlsource.DEFAULT_MAX_FILE_BYTES, *, ca_not_after: datetime | None = None
 ) -> tuple[MeshSettings | None, list[Finding]]:
-    """The settings `path` holds, or None when it cannot be used; and every finding about it."""
+    """The settings `path` holds, or None when it cannot be used; and every finding about it
+    (with `ca_not_after`, the CA's end, a workload certificate lifetime that outlasts it too)."""
     display = str(path)
     try:
         text = decode_text(read_config_file(path, limit).data)
@@ -165,7 +168,7 @@ def load_mesh_config(
         data, place = _mesh_document(data, text)
     except YamlError as exc:
         return None, [Finding(Severity.ERROR, exc.message, display, exc.line, exc.column)]
-    settings, findings = mesh_settings(data, display)
+    settings, findings = mesh_settings(data, display, ca_not_after=ca_not_after)
     return settings, [_placed(f, place) for f in findings]
 
 
@@ -211,7 +214,9 @@ def _placed(finding: Finding, place: _Place) -> Finding:
     return replace(finding, line=line, column=column)
 
 
-def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettings | None, list[Finding]]:
+def mesh_settings(
+    data: Any, display: str = "<mesh config>", *, ca_not_after: datetime | None = None
+) -> tuple[MeshSettings | None, list[Finding]]:
     """MeshSettings from a MeshConfig mapping, with Istio's defaults for what it leaves out."""
     findings: list[Finding] = []
 
@@ -294,6 +299,7 @@ def mesh_settings(data: Any, display: str = "<mesh config>") -> tuple[MeshSettin
     default_config = data.get("defaultConfig")
     if isinstance(default_config, Mapping) and "holdApplicationUntilProxyStarts" in default_config:
         problem("defaultConfig.holdApplicationUntilProxyStarts is ignored: a VM has no pod start order", Severity.INFO)
+    check_secret_ttl(default_config, problem, ca_not_after)
     for key in sorted(k for k in data if isinstance(k, str)):
         if key in _NOT_APPLIED:
             problem(f"{key} is Istio's, not applied by meshctl yet", Severity.WARNING)

@@ -96,6 +96,32 @@ class Health(enum.StrEnum):
     DRAINING = "DRAINING"
 
 
+class TrafficDistribution(enum.StrEnum):
+    """How a service's callers prefer its endpoints (Istio's `TrafficDistribution`, from the
+    `networking.istio.io/traffic-distribution` annotation of a ServiceEntry, the counterpart of a
+    Kubernetes Service's `spec.trafficDistribution`): anywhere, or close to the caller, failing
+    over further away only when the close ones are unhealthy."""
+
+    ANY = "Any"
+    #: same network, then region, then zone (`PreferClose` is Kubernetes' older name for it)
+    PREFER_SAME_ZONE = "PreferSameZone"
+    #: same network, region, zone, subzone, then node (`kubernetes.io/hostname`)
+    PREFER_SAME_NODE = "PreferSameNode"
+
+    @classmethod
+    def parse(cls, text: str) -> TrafficDistribution | None:
+        """Istio's case-insensitive values; None for one it does not know (served as ANY)."""
+        return _DISTRIBUTIONS.get(text.strip().lower())
+
+
+_DISTRIBUTIONS: Final = {
+    "any": TrafficDistribution.ANY,
+    "preferclose": TrafficDistribution.PREFER_SAME_ZONE,
+    "prefersamezone": TrafficDistribution.PREFER_SAME_ZONE,
+    "prefersamenode": TrafficDistribution.PREFER_SAME_NODE,
+}
+
+
 class TlsMode(enum.StrEnum):
     """Whether an endpoint's proxy accepts mutual TLS from the mesh (Istio's `security.istio.io/tlsMode`)."""
 
@@ -152,6 +178,7 @@ class Service:
     addresses: tuple[str, ...] = ()
     registry: str = "files"
     origin: str = ""
+    traffic_distribution: TrafficDistribution = TrafficDistribution.ANY
 
     def port(self, number: int) -> ServicePort | None:
         for p in self.ports:
@@ -280,6 +307,7 @@ def _service_tuple(s: Service) -> tuple[object, ...]:
         tuple(sorted(s.export_to)),
         s.addresses,
         s.registry,
+        s.traffic_distribution,
     )
 
 

@@ -23,6 +23,9 @@ controller.go, workloadentry.go) rule by rule:
   Kubernetes labels cannot hold `/`), network to the `topology.istio.io/network` label. The
   service account is kept as the name written in the WorkloadEntry (not a SPIFFE URI): the
   identity's trust domain is a server setting, applied where certificates are checked.
+- The `networking.istio.io/traffic-distribution` annotation (`PreferClose`, `PreferSameZone`,
+  `PreferSameNode`, case-insensitive) is the service's traffic distribution, as Istio reads it
+  for a ServiceEntry; an unknown value is `Any`.
 - Mutual TLS is only assumed when the workload says so with `security.istio.io/tlsMode: istio`.
   Istio also assumes it for any WorkloadEntry with a service account; VMs served by meshctl
   get their certificates elsewhere, so a service account alone does not turn it on.
@@ -49,6 +52,7 @@ from meshctl.api.networking.v1alpha3 import service_entry_pb2, workload_entry_pb
 from meshctl.config.hosts import is_ip
 from meshctl.config.labels import labels_match
 from meshctl.config.model import Config, ConfigKey
+from meshctl.config.validation.metadata import TRAFFIC_DISTRIBUTION
 from meshctl.registry.model import (
     Endpoint,
     Location,
@@ -58,6 +62,7 @@ from meshctl.registry.model import (
     ServiceModel,
     ServicePort,
     TlsMode,
+    TrafficDistribution,
     frozen,
     make_model,
     sorted_endpoints,
@@ -370,6 +375,8 @@ def convert_services(config: Config) -> list[Service]:
     # Empty when the entry says nothing: the mesh's defaultServiceExportTo decides (`visible_from`).
     export_to = frozenset(spec.export_to)
     addresses = tuple(a for a in (_normalize_address(a) for a in spec.addresses) if a)
+    # An unknown value is Any, as in Istio (validation warns about it).
+    distribution = TrafficDistribution.parse(config.annotations.get(TRAFFIC_DISTRIBUTION, ""))
     seen: set[str] = set()
     out: list[Service] = []
     for host in spec.hosts:
@@ -387,6 +394,7 @@ def convert_services(config: Config) -> list[Service]:
                 addresses=addresses,
                 registry="files",
                 origin=f"ServiceEntry {config.namespace}/{config.name}",
+                traffic_distribution=distribution or TrafficDistribution.ANY,
             )
         )
     return out

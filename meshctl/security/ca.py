@@ -156,6 +156,16 @@ class CertificateAuthority:
         return tuple(sorted(f"sha256:{r.fingerprint(hashes.SHA256()).hex()}" for r in roots))
 
     @property
+    def chain(self) -> tuple[x509.Certificate, ...]:
+        """The signing certificate, then each issuer up to and including its root."""
+        return self._material.chain
+
+    @property
+    def signing_root_fingerprint(self) -> str:
+        """`sha256:HEX` of the root the CA's own chain ends at: the one its certificates need."""
+        return f"sha256:{self._material.chain[-1].fingerprint(hashes.SHA256()).hex()}"
+
+    @property
     def certificate(self) -> x509.Certificate:
         """The certificate the CA signs with (the root itself, when self-signed)."""
         return self._material.certificate

@@ -44,6 +44,7 @@ from meshctl.server.ads import AdsServicer
 from meshctl.server.auth import BearerToken, XdsTls, identity_authorizer, is_loopback
 from meshctl.server.autoregister import AutoRegistrar
 from meshctl.server.ca_expiry import CaExpiryWatch
+from meshctl.server.ca_follower import CaDirFollower, CaHolder
 from meshctl.server.ca_service import CertificateService, serve_joins
 from meshctl.server.cache import ResourceCache
 from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
@@ -136,6 +137,9 @@ class ServeSettings:
     #: in `state_dir`; with neither (or a default state dir that cannot be written), no proxy
     #: gets a certificate and config uses no mutual TLS.
     ca_dir: Path | None = None
+    #: After `ca_dir` changes its signing certificate, the certificates the old one signed are
+    #: reissued at random times within this long (at most a third of their lifetime).
+    ca_reissue_window: datetime.timedelta = datetime.timedelta(minutes=10)
     state_dir: Path | None = None
     #: False when `state_dir` is the default: a directory that cannot be written then turns
     #: workload mutual TLS off with a warning instead of stopping the server.
@@ -240,10 +244,12 @@ class Server:
         self.discovery.on_debounced = self._debounced
         tls = settings.tls
         authorize = identity_authorizer(lambda: self.discovery.snapshot) if tls and tls.client_ca_file else None
-        self.ca = _certificate_authority(settings, mesh.trust_domain)
+        ca = _certificate_authority(settings, mesh.trust_domain)
+        #: The CA in force; with --ca-dir, replaced when its files change (`meshctl.server.ca_follower`).
+        self.ca_holder = CaHolder(ca) if ca is not None else None
         self.secrets = WorkloadSecrets(
             self.cache.resolve,
-            self.ca,
+            self.ca_holder,
             trust_domain=lambda: self.discovery.mesh.trust_domain,
             lifetime=settings.workload_cert_lifetime,
             send_keys_unauthenticated=settings.insecure_send_keys,
@@ -293,6 +299,8 @@ class Server:
         self._renewal: asyncio.Task[None] | None = None
         self._unfollow_checks: Callable[[], None] | None = None
         self._ca_watch: CaExpiryWatch | None = None
+        self._ca_follower: CaDirFollower | None = None
+        self._ca_push: asyncio.Task[None] | None = None
         self.status = ServerStatus(self)
         self.notify = SystemdNotifier(settings.notify, lambda: service_status(self))
         self._grpc: grpc.aio.Server | None = None
@@ -306,6 +314,11 @@ class Server:
         self._sync_deadline = time.monotonic() + settings.registry_sync_timeout
         self._sync_timer: asyncio.TimerHandle | None = None
         self._mesh_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def ca(self) -> CertificateAuthority | None:
+        """The CA in force (None: workload mutual TLS is off)."""
+        return self.ca_holder.current if self.ca_holder is not None else None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -366,7 +379,7 @@ class Server:
         ca_service = None
         if self.ca is not None:  # Istio's CA service: VMs renew their xDS client certificates
             ca_service = CertificateService(
-                self.ca,
+                self.ca_holder or self.ca,
                 lambda: self.discovery.snapshot,
                 self.settings.workload_cert_lifetime,
                 tls.client_ca_file if tls else None,
@@ -433,7 +446,7 @@ class Server:
             # Which CA signs, and whether this start made it: a root found in a state directory
             # (a root's first start reusing /var/lib/meshctl, say) must not be a surprise.
             logger.info("workload certificates are signed by the %s", self.ca.describe())
-            self.metrics.watch_workload_certificates(self.secrets.earliest_expiry)
+            self.metrics.watch_workload_certificates(self.secrets.earliest_expiry, self.secrets.signers)
             if (outage := self.settings.workload_cert_lifetime * (1 - RENEW_FRACTION)) < OUTAGE_WARNING:
                 logger.warning(
                     "--workload-cert-lifetime %s: certificates are renewed at two thirds of it, so proxies lose "
@@ -443,6 +456,9 @@ class Server:
                 )
             self._ca_watch = CaExpiryWatch(self.ca)
             self._ca_watch.start()
+            if self.settings.ca_dir is not None and self.ca_holder is not None:
+                self._ca_follower = CaDirFollower(self.settings.ca_dir, self.ca_holder, self._ca_swapped)
+                self._ca_follower.start()
         if self.settings.on_ready is not None:
             self.settings.on_ready(self.xds_port, self.admin_port)
 
@@ -493,6 +509,26 @@ class Server:
             self.discovery.set_mesh(changed)
         self._mesh_timer = asyncio.get_running_loop().call_later(1.0, self._follow_mesh_config)
 
+    def _ca_swapped(self, before: CertificateAuthority, after: CertificateAuthority) -> None:
+        """A new CA is in force: every proxy gets a new trust bundle now, and the certificates a
+        signing certificate no longer in force issued are reissued within the window."""
+        window = min(self.settings.ca_reissue_window, self.settings.workload_cert_lifetime / 3)
+        nodes = self.secrets.follow_ca(window)
+        self.metrics.watch_ca(after.root_not_after.timestamp(), after.not_after.timestamp(), after.root_fingerprints)
+        if self._ca_watch is not None:
+            self._ca_watch.stop()
+        self._ca_watch = CaExpiryWatch(after)
+        self._ca_watch.start()
+        snapshot = self.discovery.snapshot
+        if nodes and snapshot is not None:
+            self._ca_push = asyncio.create_task(self._push_trust(snapshot, nodes), name="meshctl-trust-bundle")
+
+    async def _push_trust(self, snapshot: Snapshot, nodes: set[str]) -> None:
+        try:
+            await self.ads.publish(snapshot, nodes=nodes)
+        except Exception:  # the next renewal round or config push carries it; say so now
+            logger.exception("pushing the new trust bundle to %d proxies failed", len(nodes))
+
     async def stop(self) -> None:
         if self._renewal is not None:
             self._renewal.cancel()
@@ -503,6 +539,8 @@ class Server:
             self._mesh_timer.cancel()
         if self._ca_watch is not None:
             self._ca_watch.stop()
+        if self._ca_follower is not None:
+            self._ca_follower.stop()
         if self._sync_timer is not None:
             self._sync_timer.cancel()
         await self.discovery.stop()

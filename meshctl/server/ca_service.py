@@ -39,7 +39,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import grpc
 from cryptography import x509
@@ -51,15 +51,13 @@ from meshctl.config.validation.common import is_dns_label
 from meshctl.errors import CredentialError
 from meshctl.logs import untrusted
 from meshctl.security import join_token
-from meshctl.security.ca import MIN_WORKLOAD_LIFETIME
+from meshctl.security.ca import MIN_WORKLOAD_LIFETIME, CertificateAuthority
 from meshctl.security.files import read_credential
 from meshctl.security.join_token import JoinToken
 from meshctl.server.auth import PeerIdentity, XdsTls, authorize_node, bound_workload, parse_spiffe_id
+from meshctl.server.ca_follower import CaHolder
 from meshctl.snapshot.model import Snapshot, spec
 from meshctl.snapshot.proxy import ProxyNode, ProxyType
-
-if TYPE_CHECKING:
-    from meshctl.security.ca import CertificateAuthority
 
 logger = logging.getLogger("meshctl.server.ca")
 
@@ -161,7 +159,7 @@ class CertificateService:
 
     def __init__(
         self,
-        ca: CertificateAuthority,
+        ca: CertificateAuthority | CaHolder,
         snapshot: Callable[[], Snapshot | None],
         lifetime: datetime.timedelta,
         client_ca_file: Path | None,
@@ -169,13 +167,13 @@ class CertificateService:
         state_dir: Path | None = None,
         trust_domain: Callable[[], str] = lambda: "cluster.local",
     ) -> None:
-        self._ca = ca
+        #: The CA in force, read at each request: one replaced while serving signs the next.
+        self._holder = ca if isinstance(ca, CaHolder) else CaHolder(ca)
         self._snapshot = snapshot
         self._lifetime = lifetime
         self._client_ca_file = client_ca_file
         self._state_dir = state_dir
         self._trust_domain = trust_domain
-        self._token_key = ca.derive_key(join_token.PURPOSE)
 
     def join_handlers(self) -> grpc.GenericRpcHandler[Any, Any]:
         """The same service for the join port: the caller proves itself by a join token
@@ -215,7 +213,8 @@ class CertificateService:
         else has passed."""
         at = now or datetime.datetime.now(datetime.UTC)
         try:
-            claims = join_token.verify(self._token_key, token, at)
+            # The key of the CA in force: tokens minted for a CA that was replaced are void.
+            claims = join_token.verify(self._holder.current.derive_key(join_token.PURPOSE), token, at)
         except join_token.TokenRefused as exc:
             raise Refusal(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
         snapshot = self._snapshot()
@@ -310,7 +309,7 @@ class CertificateService:
         why: str,
     ) -> ca_pb2.IstioCertificateResponse:
         try:
-            issued = self._ca.sign_client(public_key, identity.dns_names, identity.uris, lifetime, at)
+            issued = self._holder.current.sign_client(public_key, identity.dns_names, identity.uris, lifetime, at)
         except CredentialError as exc:
             raise Refusal(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
         logger.info(
@@ -337,12 +336,14 @@ class CertificateService:
             raise Refusal(
                 grpc.StatusCode.UNAVAILABLE, f"cannot read --client-ca {self._client_ca_file}: {exc}"
             ) from None
-        roots = x509.load_pem_x509_certificates(self._ca.root_pem)
-        if not any(root in trusted for root in roots):
+        # The root its chain ends at, not any root of the bundle: while a new root is rolled out,
+        # a certificate from the new one must not be signed before the port trusts it.
+        ca = self._holder.current
+        if ca.chain[-1] not in trusted:
             raise Refusal(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"the mesh CA ({self._ca.source}) is not trusted by --client-ca {self._client_ca_file}: a certificate "
-                "it signs would not be accepted on this port",
+                f"the mesh CA ({ca.source}) is not trusted by --client-ca {self._client_ca_file}: a certificate "
+                f"it signs would not be accepted on this port (add its root, {ca.signing_root_fingerprint})",
             )
 
 

@@ -55,7 +55,7 @@ from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyNode, bind_proxy, outbound_of
 from meshctl.snapshot.scope import ProxyScope, rule_digest
 from meshctl.xds import types
-from meshctl.xds.eds_locality import LocalityView, eds_localities, for_view
+from meshctl.xds.eds_locality import LocalityView, build_variant, eds_localities
 from meshctl.xds.endpoints import AssignmentView, assignment_view, build_assignment, subset_labels
 from meshctl.xds.generate import (
     ASSIGNMENT_KINDS,
@@ -230,7 +230,8 @@ class ResourceCache:
         )
         #: cluster -> (the assignment's view, resource)
         self._eds: dict[str, tuple[AssignmentView, Resource]] = {}
-        #: (cluster, locality view) -> (view, resource): the variants of proxies with a locality
+        #: (cluster, locality view) -> (view, resource): the variants of proxies a locality rule
+        #: or a failoverPriority rewrites for, one per distinct view (`eds_locality`)
         self._eds_variants: dict[tuple[str, LocalityView], tuple[AssignmentView, Resource]] = {}
         self._views: _Recent[tuple[object, ...], ProxyResources] = _Recent(keep_versions)
         #: the EDS set of each distinct list of EDS clusters (and locality views), per version of
@@ -332,7 +333,7 @@ class ResourceCache:
     def _generate_view(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> ProxyResources:
         config = self._config_for(snapshot, proxy, key)
         by_type: dict[str, Mapping[str, Resource]] = dict(config.by_type)
-        views = eds_localities(snapshot, proxy, config.eds_names) if proxy.locality else {}
+        views = eds_localities(snapshot, proxy, config.eds_names)
         by_type[types.ENDPOINT] = self._eds_set(snapshot, config.eds_names, views)
         return ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
 
@@ -507,8 +508,8 @@ class ResourceCache:
             found = self._eds.get(cluster) if locality is None else self._eds_variants.get((cluster, locality))
         if found is not None and found[0] == view:
             return found[1], view
-        assignment = build_assignment(view)
-        resource = to_resource(assignment if locality is None else for_view(assignment, locality), types.ENDPOINT)
+        assignment = build_assignment(view) if locality is None else build_variant(view, locality)
+        resource = to_resource(assignment, types.ENDPOINT)
         with self._lock:
             self.eds_builds += 1
             if locality is None:

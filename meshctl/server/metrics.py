@@ -18,7 +18,7 @@ import os
 import resource
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from meshctl.server.ads import PushObserver, Stream
@@ -89,6 +89,10 @@ class Gauge(Counter):
     def set(self, value: float, *labels: str) -> None:
         with self._lock:
             self._values[labels] = value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
 
 
 class Histogram(_Metric):
@@ -209,6 +213,7 @@ class Metrics(PushObserver):
         )
         #: When the earliest workload certificate held expires (`WorkloadSecrets.earliest_expiry`).
         self._earliest_expiry: Callable[[], datetime.datetime | None] | None = None
+        self._signers: Callable[[], Mapping[str, int]] | None = None
         #: (root, chain) expiry times of the CA, as Unix seconds; None without a CA.
         self._ca_expiry: tuple[float, float] | None = None
         self._all: tuple[Counter | Histogram, ...] = (
@@ -252,13 +257,21 @@ class Metrics(PushObserver):
         """Export the CA's expiry (Unix seconds) as Istio's citadel gauges, and the time left; and
         the fingerprints of its roots, which replicas of one mesh share."""
         self._ca_expiry = (root_not_after, chain_not_after)
+        self.root_info.clear()  # a CA replaced while serving (--ca-dir) takes its roots' series along
         for fingerprint in fingerprints:
             self.root_info.set(1, fingerprint)
 
-    def watch_workload_certificates(self, earliest_expiry: Callable[[], datetime.datetime | None]) -> None:
+    def watch_workload_certificates(
+        self,
+        earliest_expiry: Callable[[], datetime.datetime | None],
+        signers: Callable[[], Mapping[str, int]] | None = None,
+    ) -> None:
         """Export how long until the earliest workload certificate held expires: the outage the
-        fleet can take from here (two thirds of a lifetime are spent before renewal)."""
+        fleet can take from here (two thirds of a lifetime are spent before renewal); and how
+        many certificates held each CA certificate signed (a CA rotation is done when only the
+        new one has any)."""
         self._earliest_expiry = earliest_expiry
+        self._signers = signers
 
     def _ca_metrics(self) -> list[Counter]:
         out: list[Counter] = []
@@ -270,6 +283,17 @@ class Metrics(PushObserver):
             )
             gauge.set(round(earliest.timestamp() - time.time(), 3))
             out.append(gauge)
+        if self._signers is not None:
+            held = Gauge(
+                "meshctl_workload_certs",
+                "Workload certificates held for connected proxies, by the subject of the CA certificate "
+                "that signed them.",
+                ["signer"],
+                initial=(),
+            )
+            for signer, count in sorted(self._signers().items()):
+                held.set(count, signer)
+            out.append(held)
         if self._ca_expiry is None:
             return out
         now = time.time()

@@ -23,6 +23,12 @@ replaced once two thirds of its lifetime is spent (`due`): the server then publi
 nodes holding it, they re-resolve, and only their secrets change, so Envoy swaps the certificate
 under live connections without touching a cluster or a listener. A node whose last stream ends
 is forgotten (`forget`), and with its identity's last node, the certificate.
+
+The CA is read from a `CaHolder` at each issue, so a CA replaced while serving (`--ca-dir`
+followed, `meshctl.server.ca_follower`) signs the next certificate. `follow_ca` then does the
+rest: a new trust bundle goes into every `ROOTCA` at once (the server pushes it to every holder),
+and each certificate the old signing certificate issued is made due at a random time within the
+reissue window, so the fleet moves to the new CA spread over the window rather than in one burst.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import datetime
 import heapq
 import logging
+import random
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -37,12 +44,14 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
+from cryptography import x509
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 
 from meshctl.errors import BindingError
 from meshctl.logs import untrusted
 from meshctl.security.ca import CertificateAuthority, IssuedCertificate
 from meshctl.security.identity import WorkloadIdentity
+from meshctl.server.ca_follower import CaHolder
 from meshctl.server.cache import ProxyResources, Resolved
 from meshctl.snapshot.proxy import Proxy, ProxyNode
 from meshctl.xds import mesh_tls, types
@@ -65,6 +74,13 @@ class _Held:
     messages: tuple[secret_pb2.Secret, ...]
     #: When a renewal round takes it: its renewal time, less the round's window (`_window`).
     renew_from: datetime.datetime
+    #: The time its entry in the heap of due certificates carries (`WorkloadSecrets.due`): its
+    #: renewal time, or the random time a CA rotation reissues it at.
+    due_at: datetime.datetime
+    #: The CA certificate that signed it (one no longer in force has it reissued), and the root
+    #: its chain ends at (one no longer in the trust bundle has it reissued at once).
+    signer: x509.Certificate | None = None
+    root: x509.Certificate | None = None
 
 
 class WorkloadSecrets:
@@ -73,7 +89,7 @@ class WorkloadSecrets:
     def __init__(
         self,
         resolve: Resolver,
-        ca: CertificateAuthority | None,
+        ca: CertificateAuthority | CaHolder | None,
         *,
         trust_domain: Callable[[], str],
         lifetime: datetime.timedelta = datetime.timedelta(hours=24),
@@ -81,7 +97,7 @@ class WorkloadSecrets:
         clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
     ) -> None:
         self._resolve = resolve
-        self._ca = ca
+        self._holder = ca if isinstance(ca, CaHolder) or ca is None else CaHolder(ca)
         self._trust_domain = trust_domain
         self._lifetime = lifetime
         self._unauthenticated = send_keys_unauthenticated
@@ -100,8 +116,11 @@ class WorkloadSecrets:
         #: within a few seconds of each other then renew in one round, not one round each.
         self._window = min(lifetime / 20, datetime.timedelta(minutes=10))
         self._refused: set[str] = set()
-        self._root_message = mesh_tls.validation_secret(mesh_tls.ROOT_SECRET, ca.root_pem if ca is not None else b"")
-        self._root = to_resource(self._root_message, types.SECRET) if ca is not None else None
+        self._root_pem = b""
+        self._root_message = mesh_tls.validation_secret(mesh_tls.ROOT_SECRET, b"")
+        self._root: Resource | None = None
+        if self._holder is not None:
+            self._set_root(self._holder.current.root_pem)
         #: certificates issued (for /metrics and the benchmarks)
         self.issued = 0
 
@@ -121,6 +140,59 @@ class WorkloadSecrets:
                 "%d proxies so far get no workload certificate: their xDS connections did not prove their "
                 "identity (serve with --client-ca); their config uses no mutual TLS",
                 count,
+            )
+
+    @property
+    def _ca(self) -> CertificateAuthority | None:
+        return self._holder.current if self._holder is not None else None
+
+    def _set_root(self, root_pem: bytes) -> None:
+        """The `ROOTCA` secret for the trust bundle `root_pem`."""
+        self._root_pem = root_pem
+        self._root_message = mesh_tls.validation_secret(mesh_tls.ROOT_SECRET, root_pem)
+        self._root = to_resource(self._root_message, types.SECRET)
+
+    def follow_ca(self, window: datetime.timedelta, rng: Callable[[], float] = random.random) -> set[str]:
+        """After the holder's CA was replaced: every certificate held gets the new trust bundle,
+        and each one a signing certificate no longer in force issued is due at a random time
+        within `window` from now (never later than it was), or at once when the bundle no longer
+        holds the root it chains to (peers refuse it already). Returns the nodes to push to now:
+        every holder when the bundle changed (they must trust the new root before a peer shows
+        them a certificate from it), else none."""
+        if self._holder is None:
+            return set()
+        ca = self._holder.current
+        now = self._clock()
+        with self._lock:
+            bundle_changed = ca.root_pem != self._root_pem
+            if bundle_changed:
+                self._set_root(ca.root_pem)
+            assert self._root is not None
+            trusted = set(x509.load_pem_x509_certificates(ca.root_pem))
+            for identity, held in list(self._held.items()):
+                workload = held.secrets[mesh_tls.WORKLOAD_SECRET]
+                secrets = MappingProxyType({mesh_tls.WORKLOAD_SECRET: workload, mesh_tls.ROOT_SECRET: self._root})
+                renew_from, due_at = held.renew_from, held.due_at
+                if held.signer != ca.certificate:
+                    at = now if held.root not in trusted else now + window * rng()
+                    if at < renew_from:
+                        renew_from = due_at = at
+                        heapq.heappush(self._due, (at, identity.uri, identity))
+                self._held[identity] = replace(
+                    held,
+                    secrets=secrets,
+                    messages=(held.messages[0], self._root_message),
+                    renew_from=renew_from,
+                    due_at=due_at,
+                )
+            return set(self._holders) if bundle_changed else set()
+
+    def signers(self) -> Counter[str]:
+        """How many certificates held each CA certificate signed, by its subject (for tests and
+        the operator: a rotation is done when only the new one is left)."""
+        with self._lock:
+            return Counter(
+                h.signer.subject.rfc4514_string() if h.signer is not None else "" for h in self._held.values()
             )
 
     def may_send_keys(self, node: ProxyNode) -> bool:
@@ -188,7 +260,7 @@ class WorkloadSecrets:
             while self._due:
                 at, _, identity = self._due[0]
                 held = self._held.get(identity)
-                if held is not None and held.certificate.renew_at == at:
+                if held is not None and held.due_at == at:
                     return at
                 heapq.heappop(self._due)
             return None
@@ -228,7 +300,8 @@ class WorkloadSecrets:
         self._holding[identity] += 1
 
     def _certificate(self, proxy: Proxy, state: Any) -> _Held:
-        assert self._ca is not None and self._root is not None  # only for nodes `may_send_keys` allows
+        ca = self._ca
+        assert ca is not None and self._root is not None  # only for nodes `may_send_keys` allows
         identity = WorkloadIdentity(self._trust_domain(), proxy.namespace, proxy.service_account or "default")
         now = self._clock()
         with self._lock:
@@ -236,19 +309,30 @@ class WorkloadSecrets:
             if held is not None and now < held.renew_from:
                 self._hold(proxy.id, identity)
                 return held
-        certificate = self._ca.issue_workload(identity, self._lifetime, now)
+        certificate = ca.issue_workload(identity, self._lifetime, now)
         secret = mesh_tls.tls_certificate_secret(
             mesh_tls.WORKLOAD_SECRET, certificate.cert_chain_pem, certificate.private_key_pem
         )
-        secrets = MappingProxyType(
-            {mesh_tls.WORKLOAD_SECRET: to_resource(secret, types.SECRET), mesh_tls.ROOT_SECRET: self._root}
-        )
-        renew_from = certificate.renew_at - self._window
-        held = _Held(identity, certificate, secrets, (secret, self._root_message), renew_from)
+        workload = to_resource(secret, types.SECRET)
+        renew_from, due_at = certificate.renew_at - self._window, certificate.renew_at
         with self._lock:
+            if self._ca is not ca:  # replaced while this one was signed: reissued at the next round
+                renew_from = due_at = now
+            # The bundle under the lock: a rotation may have replaced it meanwhile.
+            secrets = MappingProxyType({mesh_tls.WORKLOAD_SECRET: workload, mesh_tls.ROOT_SECRET: self._root})
+            held = _Held(
+                identity,
+                certificate,
+                secrets,
+                (secret, self._root_message),
+                renew_from,
+                due_at,
+                ca.certificate,
+                ca.chain[-1],
+            )
             self._held[identity] = held
             self._hold(proxy.id, identity)
-            heapq.heappush(self._due, (certificate.renew_at, identity.uri, identity))
+            heapq.heappush(self._due, (due_at, identity.uri, identity))
             self.issued += 1
         logger.info(
             "issued %s to proxy %s until %s", identity.uri, untrusted(proxy.id), certificate.not_after.isoformat()

@@ -33,7 +33,9 @@ class RunningServer(Protocol):
     metrics: Metrics
     secrets: WorkloadSecrets
     hds: HealthDiscovery
-    ca: CertificateAuthority | None
+
+    @property
+    def ca(self) -> CertificateAuthority | None: ...
 
     def ready(self) -> bool: ...
 

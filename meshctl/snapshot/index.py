@@ -17,7 +17,7 @@ from meshctl.config.labels import selector_labels
 from meshctl.config.mesh import MeshSettings
 from meshctl.config.model import Config, ConfigKey
 from meshctl.config.references import is_exported
-from meshctl.registry.model import Endpoint, Resolution, Service, ServiceModel
+from meshctl.registry.model import Endpoint, Resolution, Service, ServiceModel, TrafficDistribution
 from meshctl.snapshot.loopback import allocate_services
 
 T = TypeVar("T")
@@ -33,6 +33,20 @@ _INCREMENTAL_HOSTS = 64
 
 def _spec(config: Config) -> Any:
     return config.spec
+
+
+def _names_failover_priority(rule: Any) -> bool:
+    """Whether a DestinationRule sets a failoverPriority anywhere (its policy, a port's, a
+    subset's). Unset fields are tested, never read: reading one would grow the message."""
+    owners = [rule, *rule.subsets]
+    policies = [o.traffic_policy for o in owners if o.HasField("traffic_policy")]
+    policies += [p for policy in list(policies) for p in policy.port_level_settings]
+    return any(
+        p.HasField("load_balancer")
+        and p.load_balancer.HasField("locality_lb_setting")
+        and bool(p.load_balancer.locality_lb_setting.failover_priority)
+        for p in policies
+    )
 
 
 class _EntriesByAddress:
@@ -116,6 +130,7 @@ class SnapshotIndex:
         self._selectors: tuple[LabelSelector, ...] | None = None
         self._policy_selectors: tuple[LabelSelector, ...] | None = None
         self._dns: bool | None = None
+        self._label_failover: bool | None = None
         self._loopback: Mapping[str, str] | None = None
         self._by_address: dict[str, list[tuple[Service, Endpoint]]] | None = None
         self._previous = previous
@@ -156,6 +171,9 @@ class SnapshotIndex:
             self._dns = previous._dns
             if previous._mesh.loopback_range == mesh.loopback_range:
                 self._loopback = previous._loopback
+        same_locality = previous is not None and previous._mesh.locality_lb_setting == mesh.locality_lb_setting
+        if previous is not None and previous._services is services and same("DestinationRule") and same_locality:
+            self._label_failover = previous._label_failover
         #: What scopes computed from the index's inputs alone, by their arguments (see `scoped`).
         self._scoped: dict[tuple[str, Hashable], Any] = {}
         if previous is not None and previous._mesh == mesh:
@@ -287,6 +305,19 @@ class SnapshotIndex:
         if self._dns is None:
             self._dns = any(s.resolution in _DNS for s in self._services.services.values())
         return self._dns
+
+    @property
+    def has_label_failover(self) -> bool:
+        """Whether anything asks for failover by labels (a `failoverPriority` in a
+        DestinationRule or the mesh's locality setting, a service's traffic distribution): only
+        then does a proxy's EDS depend on its labels and network, not just its locality."""
+        if self._label_failover is None:
+            self._label_failover = (
+                bool(self._mesh.locality_default().failover_priority)
+                or any(s.traffic_distribution is not TrafficDistribution.ANY for s in self._services.services.values())
+                or any(_names_failover_priority(_spec(c)) for c in self._by_kind.get("DestinationRule", ()))
+            )
+        return self._label_failover
 
     @property
     def loopback(self) -> Mapping[str, str]:

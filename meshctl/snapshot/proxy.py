@@ -250,7 +250,7 @@ class Proxy:
         """
         inbound = tuple(
             sorted(
-                (i.service.hostname, tuple(sorted(i.endpoint.ports.items())), i.endpoint.locality)
+                (i.service.hostname, tuple(sorted(i.endpoint.ports.items())), i.endpoint.locality, i.endpoint.network)
                 for i in self.instances
             )
         )

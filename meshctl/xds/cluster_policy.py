@@ -26,10 +26,11 @@ to meshctl sees the same clusters:
   Consistent hashing picks RING_HASH or MAGLEV here; the hash key itself is a route setting.
 - Locality load balancing: `localityWeightedLbConfig` is set when `distribute` is given, or when
   `failover`/`failoverPriority` is given together with outlier detection (without outlier
-  detection Envoy never fails over). Priorities and weights relative to the calling proxy's
-  locality are applied only to load assignments carried in the cluster itself (DNS clusters):
-  EDS load assignments are shared by every proxy, so they carry each locality with the sum of
-  its endpoints' weights and no proxy-relative priority. See `apply_locality`.
+  detection Envoy never fails over), or the service's traffic distribution (`PreferClose`...)
+  stands for a failoverPriority, which needs none. Priorities and weights relative to the
+  calling proxy are applied here only to load assignments carried in the cluster itself (DNS
+  clusters); EDS assignments get them in their per-proxy variants (`eds_locality`). See
+  `apply_locality`.
 - `proxyProtocol` sends a PROXY protocol header first on every upstream connection, around TLS
   if the cluster originates it; like the retry budget it belongs to the rule or subset.
 
@@ -52,8 +53,15 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import duration_pb2
 
 from meshctl.api.networking.v1alpha3 import destination_rule_pb2 as dr_pb2
-from meshctl.registry.model import Protocol
-from meshctl.xds.locality import apply_locality
+from meshctl.registry.model import Protocol, TrafficDistribution
+from meshctl.xds.locality import (
+    HOSTNAME_LABEL,
+    NETWORK_LABEL,
+    REGION_LABEL,
+    SUBZONE_LABEL,
+    ZONE_LABEL,
+    apply_locality,
+)
 
 HTTP_PROTOCOL_OPTIONS: Final = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 UPSTREAM_PROXY_PROTOCOL: Final = "envoy.transport_sockets.upstream_proxy_protocol"
@@ -409,14 +417,18 @@ def apply_outlier_detection(cluster: cluster_pb2.Cluster, outlier: dr_pb2.Outlie
 
 
 def locality_setting(
-    lb: dr_pb2.LoadBalancerSettings | None, mesh_default: dr_pb2.LocalityLoadBalancerSetting | None = None
+    lb: dr_pb2.LoadBalancerSettings | None,
+    mesh_default: dr_pb2.LocalityLoadBalancerSetting | None = None,
+    distribution: TrafficDistribution = TrafficDistribution.ANY,
 ) -> dr_pb2.LocalityLoadBalancerSetting | None:
-    """The locality setting in force (Istio's loadbalancer.GetLocalityLbSetting): the rule's, else
-    the mesh's `localityLbSetting` (Istio's default: enabled, nothing configured); None when the
-    one in force disables it."""
+    """The locality setting in force (Istio's loadbalancer.GetLocalityLbSetting): the rule's,
+    else the one the service's traffic distribution implies, else the mesh's `localityLbSetting`
+    (Istio's default: enabled, nothing configured); None when the one in force disables it."""
     setting: dr_pb2.LocalityLoadBalancerSetting
     if lb is not None and lb.HasField("locality_lb_setting"):
         setting = lb.locality_lb_setting
+    elif distribution is not TrafficDistribution.ANY:
+        return distribution_setting(distribution)
     else:
         setting = mesh_default if mesh_default is not None else dr_pb2.LocalityLoadBalancerSetting()
     if setting.HasField("enabled") and not setting.enabled.value:
@@ -424,19 +436,43 @@ def locality_setting(
     return setting
 
 
+#: The failoverPriority each traffic distribution stands for, as Istio writes it.
+_DISTRIBUTION_KEYS: Final = {
+    TrafficDistribution.PREFER_SAME_ZONE: (NETWORK_LABEL, REGION_LABEL, ZONE_LABEL),
+    TrafficDistribution.PREFER_SAME_NODE: (NETWORK_LABEL, REGION_LABEL, ZONE_LABEL, SUBZONE_LABEL, HOSTNAME_LABEL),
+}
+
+
+def distribution_setting(distribution: TrafficDistribution) -> dr_pb2.LocalityLoadBalancerSetting:
+    """The locality setting a traffic distribution other than ANY implies: failover by
+    closeness, in force without outlier detection (see `forces_failover`)."""
+    setting = dr_pb2.LocalityLoadBalancerSetting(failover_priority=_DISTRIBUTION_KEYS[distribution])
+    setting.enabled.value = True
+    return setting
+
+
+def forces_failover(lb: dr_pb2.LoadBalancerSettings | None, distribution: TrafficDistribution) -> bool:
+    """Whether failover applies without outlier detection: when the setting in force is the
+    traffic distribution's (Istio's second answer of GetLocalityLbSetting)."""
+    own = lb is not None and lb.HasField("locality_lb_setting")
+    return not own and distribution is not TrafficDistribution.ANY
+
+
 def apply_load_balancer(
     cluster: cluster_pb2.Cluster,
     lb: dr_pb2.LoadBalancerSettings | None,
     proxy_locality: str,
     mesh_locality: dr_pb2.LocalityLoadBalancerSetting | None = None,
+    distribution: TrafficDistribution = TrafficDistribution.ANY,
 ) -> None:
     """LB policy, slow start, consistent hashing and locality settings (Istio's
-    applyLoadBalancer). Call after outlier detection: failover depends on it."""
+    applyLoadBalancer). Call after outlier detection: failover depends on it, unless the
+    service's traffic distribution forces it."""
     if not cluster.common_lb_config.HasField("healthy_panic_threshold"):
         cluster.common_lb_config.healthy_panic_threshold.value = 0
-    setting = locality_setting(lb, mesh_locality)
+    setting = locality_setting(lb, mesh_locality, distribution)
     if setting is not None:
-        failover = cluster.HasField("outlier_detection")
+        failover = cluster.HasField("outlier_detection") or forces_failover(lb, distribution)
         if (failover and (setting.failover or setting.failover_priority)) or setting.distribute:
             cluster.common_lb_config.locality_weighted_lb_config.SetInParent()
         # A LOGICAL_DNS cluster has exactly one endpoint, which Envoy requires: nothing to spread.

@@ -333,7 +333,13 @@ def _apply_traffic_policy(
     apply_h2_upgrade(draft, policy.connection_pool)
     apply_connection_pool(draft, policy.connection_pool, view.connect_timeout, policy.retry_budget)
     apply_outlier_detection(draft.cluster, policy.outlier_detection)
-    apply_load_balancer(draft.cluster, policy.load_balancer, view.dns_locality, _mesh_locality(view.mesh_locality))
+    apply_load_balancer(
+        draft.cluster,
+        policy.load_balancer,
+        view.dns_locality,
+        _mesh_locality(view.mesh_locality),
+        view.service.traffic_distribution,
+    )
     _apply_upstream_tls(view, draft, policy.tls, subset)
     apply_proxy_protocol(draft.cluster, policy.proxy_protocol)
     if draft.cluster.type == _Cluster.ORIGINAL_DST:

@@ -4,9 +4,10 @@ A load assignment depends only on the snapshot and the cluster's name, never on 
 asks: the server serializes it once per snapshot and shares the bytes with every proxy that
 subscribes to the same cluster (`build_load_assignment`). Localities are sent with the sum of
 their endpoints' weights and priority 0. Where a locality rule is in force (failover once the
-cluster has outlier detection, `distribute`), a proxy with a locality gets a variant rewritten
-relative to it (`eds_locality`), shared by the proxies of that locality; DNS clusters carry the
-same rewrite inline (see `locality`). Network views are not generated.
+cluster has outlier detection, `distribute`, `failoverPriority`, a service's traffic
+distribution), a proxy gets a variant rewritten relative to it (`eds_locality`), shared by the
+proxies whose locality and labels the rule reads alike; DNS clusters carry the locality
+rewrite inline (see `locality`). Network views are not generated.
 
 For `outbound|PORT|SUBSET|HOST`:
 
@@ -111,12 +112,18 @@ def assignment_view(snapshot: Snapshot, cluster_name: str) -> AssignmentView:
 def build_assignment(view: AssignmentView) -> endpoint_pb2.ClusterLoadAssignment:
     """The load assignment a view describes; empty for a name without endpoints to give."""
     assignment = endpoint_pb2.ClusterLoadAssignment(cluster_name=view.cluster_name)
-    if view.port is None or view.endpoints is None:
+    if view.port is None:
         return assignment
-    labels = dict(view.subset_labels) if view.subset_labels is not None else None
-    endpoints = [e for e in select_endpoints(view.endpoints.value, view.port, labels) if _eds_address(e)]
-    assignment.endpoints.extend(locality_lb_endpoints(endpoints, view.port))
+    assignment.endpoints.extend(locality_lb_endpoints(assigned_endpoints(view), view.port))
     return assignment
+
+
+def assigned_endpoints(view: AssignmentView) -> list[Endpoint]:
+    """The endpoints the assignment of `view` is made of, before grouping by locality."""
+    if view.port is None or view.endpoints is None:
+        return []
+    labels = dict(view.subset_labels) if view.subset_labels is not None else None
+    return [e for e in select_endpoints(view.endpoints.value, view.port, labels) if _eds_address(e)]
 
 
 def build_load_assignment(snapshot: Snapshot, cluster_name: str) -> endpoint_pb2.ClusterLoadAssignment:
@@ -164,20 +171,26 @@ def locality_lb_endpoints(
 ) -> list[endpoint_components_pb2.LocalityLbEndpoints]:
     """`endpoints` (already selected) grouped by locality, in locality order, for service
     `port`; each group's weight is the sum of its endpoints' weights."""
-    groups: dict[str, list[endpoint_components_pb2.LbEndpoint]] = defaultdict(list)
-    for endpoint in endpoints:
-        groups[endpoint.locality].append(lb_endpoint(endpoint, endpoint.ports[port]))
     out = []
-    for locality in sorted(groups):
+    for locality, members in locality_groups(endpoints):
         group = endpoint_components_pb2.LocalityLbEndpoints()
         if locality:
             group.locality.CopyFrom(locality_proto(locality))
-        group.lb_endpoints.extend(groups[locality])
+        group.lb_endpoints.extend(lb_endpoint(e, e.ports[port]) for e in members)
         group.load_balancing_weight.value = min(
-            sum(e.load_balancing_weight.value for e in groups[locality]), _MAX_WEIGHT
+            sum(e.load_balancing_weight.value for e in group.lb_endpoints), _MAX_WEIGHT
         )
         out.append(group)
     return out
+
+
+def locality_groups(endpoints: Iterable[Endpoint]) -> list[tuple[str, list[Endpoint]]]:
+    """`endpoints` by locality, in the order `locality_lb_endpoints` sends them: what a
+    per-proxy variant (`eds_locality`) reads to find each sent endpoint's labels."""
+    groups: dict[str, list[Endpoint]] = defaultdict(list)
+    for endpoint in endpoints:
+        groups[endpoint.locality].append(endpoint)
+    return [(locality, groups[locality]) for locality in sorted(groups)]
 
 
 def lb_endpoint(endpoint: Endpoint, port: int) -> endpoint_components_pb2.LbEndpoint:

@@ -12,8 +12,8 @@ own key; `generate_config` joins them, so every caller sees the same whole.
 Endpoints are the exception to per-proxy generation: a ClusterLoadAssignment depends only on the
 snapshot and the cluster's name, so the server builds each once (`load_assignment`) and shares it
 across every proxy, and rebuilds only those whose service's endpoints changed. Where a locality
-rule is in force for a proxy with a locality, that proxy gets a variant for its locality
-(`eds_locality`), shared by the proxies of the same locality.
+rule or a failoverPriority is in force, a proxy gets a variant (`eds_locality`), shared by the
+proxies that rule reads alike (the same locality, the same values of the labels it names).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from meshctl.xds.clusters import (
     build_outbound_clusters,
     merge_clusters,
 )
-from meshctl.xds.eds_locality import eds_localities, for_view
-from meshctl.xds.endpoints import build_load_assignment
+from meshctl.xds.eds_locality import build_variant, eds_localities
+from meshctl.xds.endpoints import assignment_view, build_load_assignment
 from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.listeners import build_inbound_listeners, build_outbound_listeners, sort_listeners
 from meshctl.xds.memo import GenerationMemo
@@ -170,7 +170,8 @@ def generate(snapshot: Snapshot, proxy: Proxy) -> Generated:
     names = sorted(eds_cluster_names(config[types.CLUSTER]))
     views = eds_localities(snapshot, proxy, names)
     endpoints = tuple(
-        for_view(load_assignment(snapshot, n), views[n]) if n in views else load_assignment(snapshot, n) for n in names
+        build_variant(assignment_view(snapshot, n), views[n]) if n in views else load_assignment(snapshot, n)
+        for n in names
     )
     out: dict[str, tuple[Message, ...]] = {
         types.CLUSTER: config[types.CLUSTER],

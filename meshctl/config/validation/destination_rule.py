@@ -68,11 +68,7 @@ def validate(spec: Message) -> list[Issue]:
     if rule.HasField("workload_selector"):
         selector = rule.workload_selector
         check_selector(report, ("spec", "workloadSelector", "matchLabels"), selector.match_labels, "the rule")
-        exported = set(rule.export_to)
-        if len(exported) > 1 or "*" in exported:
-            report.error(
-                ("spec", "exportTo"), "a DestinationRule with a workloadSelector can only be exported to its namespace"
-            )
+        # Its export beyond its own namespace is checked where the namespace is known (own_namespace.py).
     return report.issues
 
 

@@ -1,5 +1,7 @@
 """Metadata Istio's validation reads: annotations (`checkDryRunAnnotation`, run before every
-kind's rules) and the waypoint label of a DYNAMIC_DNS ServiceEntry.
+kind's rules), the waypoint label of a DYNAMIC_DNS ServiceEntry, a ServiceEntry's traffic
+distribution annotation (unknown values Istio takes as `Any` with a warning), and the resource's
+namespace (`own_namespace.py`).
 
 `istio.io/dry-run` belongs to AuthorizationPolicy alone, and there only to ALLOW and DENY (the
 actions whose RBAC filter has shadow rules), with a value Go's `strconv.ParseBool` reads. Istio
@@ -14,12 +16,17 @@ from typing import Any, Final
 
 from google.protobuf.message import Message
 
+from meshctl.config.findings import Severity
 from meshctl.config.model import ConfigKey
 from meshctl.config.validation import Issue
 from meshctl.config.validation.common import enum_name
+from meshctl.config.validation.own_namespace import validate_own_namespace
 
 DRY_RUN: Final = "istio.io/dry-run"
 USE_WAYPOINT: Final = "istio.io/use-waypoint"
+TRAFFIC_DISTRIBUTION: Final = "networking.istio.io/traffic-distribution"
+#: The values Istio knows for it, compared without case.
+TRAFFIC_DISTRIBUTIONS: Final = ("Any", "PreferClose", "PreferSameZone", "PreferSameNode")
 #: What Go's strconv.ParseBool takes.
 GO_BOOLEANS: Final = frozenset({"1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False"})
 
@@ -34,7 +41,24 @@ def validate_metadata(
         if enum_name(entry, "resolution") == "DYNAMIC_DNS" and enum_name(entry, "location") == "MESH_INTERNAL":
             message = "a MESH_INTERNAL ServiceEntry with resolution DYNAMIC_DNS cannot use a waypoint"
             issues.append(Issue(("metadata", "labels", USE_WAYPOINT), message))
-    return issues
+    if kind == "ServiceEntry" and TRAFFIC_DISTRIBUTION in annotations:
+        issues.extend(_traffic_distribution(annotations[TRAFFIC_DISTRIBUTION], spec))
+    return issues + validate_own_namespace(kind, key.namespace, spec)
+
+
+def _traffic_distribution(value: str, spec: Message) -> list[Issue]:
+    at = ("metadata", "annotations", TRAFFIC_DISTRIBUTION)
+    if value.strip().lower() not in {v.lower() for v in TRAFFIC_DISTRIBUTIONS}:
+        known = ", ".join(TRAFFIC_DISTRIBUTIONS)
+        return [Issue(at, f'unknown traffic distribution "{value}" (one of {known}): served as Any', Severity.WARNING)]
+    entry: Any = spec
+    if value.strip().lower() != "any" and enum_name(entry, "resolution") != "STATIC":
+        message = (
+            f"a traffic distribution only orders the endpoints of a STATIC entry; with resolution "
+            f"{enum_name(entry, 'resolution')} it changes nothing (as in Istio)"
+        )
+        return [Issue(at, message, Severity.WARNING)]
+    return []
 
 
 def _dry_run(kind: str, namespace: str, name: str, annotations: Mapping[str, str], spec: Message) -> list[Issue]:
