@@ -136,6 +136,8 @@ def test_what_one_replica_holds_reaches_the_other_and_goes_with_its_session(
 
 def test_an_outage_is_said_and_the_last_views_kept(pair: tuple[FakeConsul, Replica, Replica]) -> None:
     fake, a, b = pair
+    failing: list[bool] = []
+    a.share.on_failing = failing.append  # the server's meshctl_shared_health_failing
     a.share.put(HEALTH_PREFIX, KEY, WorkloadHealth(True, "ok", 1, reported_at=5.0).to_json())
     wait_for(lambda: b.views_of(KEY), "A's view at B")
     fake.stop()
@@ -147,3 +149,4 @@ def test_an_outage_is_said_and_the_last_views_kept(pair: tuple[FakeConsul, Repli
     fake.start()
     wait_for(lambda: b.views_of(KEY) and b.views_of(KEY)[0]["healthy"] is False, "A's new report at B")
     wait_for(lambda: a.share.status() == (True, ""), "A's share healthy again")
+    assert failing == [True, False]

@@ -117,6 +117,8 @@ class ConsulShare:
         self._renew_at = 0.0
         self._stopped = False
         self._errors: dict[str, str] = {}
+        #: Told True when reads or writes start failing, False when Consul answers again.
+        self.on_failing: Callable[[bool], None] | None = None
         self._known: dict[str, bool] = {}  # prefixes whose last answer held other replicas' views
         self._failing_since: float | None = None
         self._read = {HEALTH_PREFIX: threading.Event(), REGISTRATIONS_PREFIX: threading.Event()}
@@ -312,6 +314,8 @@ class ConsulShare:
             self._errors[what] = message
             if first:
                 self._failing_since = time.time()
+        if first and self.on_failing is not None:
+            self.on_failing(True)
         if first:
             logger.warning(
                 "replicas' shared health in consul KV is failing (%s): keeping the last known state", message
@@ -325,6 +329,8 @@ class ConsulShare:
             back = not self._errors
         if back:
             logger.info("replicas' shared health in consul KV answers again")
+            if self.on_failing is not None:
+                self.on_failing(False)
 
 
 def _kv_path(key: str) -> str:

@@ -296,6 +296,7 @@ class Server:
         )
         if self.share is not None:
             self.checked.shared_status = self.share.status
+            self.share.on_failing = lambda failing: self.metrics.shared_health_failing.set(int(failing))
         self._renewal: asyncio.Task[None] | None = None
         self._unfollow_checks: Callable[[], None] | None = None
         self._ca_watch: CaExpiryWatch | None = None
