@@ -111,13 +111,17 @@ def _placed(config: Config, shift: int, index: int) -> Config:
     return config.with_source(Source(source.file, source.line + shift, source.column, index))
 
 
-def parse_piece(cut_: _Cut, max_values: int, aliases: yamlsource.AliasBudget) -> tuple[list[Document], _OffsetLocator]:
+def parse_piece(
+    cut_: _Cut, max_values: int, aliases: yamlsource.AliasBudget
+) -> tuple[list[Document], _OffsetLocator]:
     """The document of one cut, positioned in the whole file; raises YamlError (the caller then
     loads the whole text, so the error is reported as the whole file's)."""
     documents = yamlsource.parse_documents(cut_.text, max_values=max_values, aliases=aliases)
     if len(documents) > 1:
         raise YamlError("more than one document in a piece")
-    placed = [Document(index=cut_.index, line=d.line + cut_.line - 1, column=d.column, data=d.data) for d in documents]
+    placed = [
+        Document(index=cut_.index, line=d.line + cut_.line - 1, column=d.column, data=d.data) for d in documents
+    ]
     return placed, _OffsetLocator(cut_.text, cut_.line, cut_.index)
 
 

@@ -93,6 +93,7 @@ _RACY_NS: Final = 2_000_000_000
 _MIN_RETRY: Final = 0.05
 
 
+
 @dataclass(frozen=True, slots=True)
 class WatchOptions:
     """Timing and loading settings for a `DirectoryWatcher`, passed in, never global."""
@@ -604,3 +605,4 @@ class DirectoryWatcher:
             message = "config revision %d from %s: %d created, %d updated, %d deleted"
             logger.info(message, change.revision, ", ".join(self._roots), *counts)
         return tuple(f for f in findings if f.severity is Severity.ERROR)
+

@@ -145,6 +145,7 @@ class Document:
     data: Any
 
 
+
 class AliasBudget:
     """The values aliases may still add: shared by every document of one file, so that a file
     of many small bombs is stopped as surely as one big one."""
@@ -154,7 +155,6 @@ class AliasBudget:
     def __init__(self, limit: int = DEFAULT_MAX_ALIAS_VALUES) -> None:
         self.limit = limit
         self.left = limit
-
 
 _TOO_DEEP = f"nesting deeper than {MAX_DEPTH} levels"
 
@@ -303,6 +303,7 @@ class _DocumentBuilder:
             else:
                 top.value[top.key] = value
                 top.key = _NO_KEY
+
 
     def _too_many(self) -> str:
         return f"more than {self.limit} values in one document (the limit for a document)"

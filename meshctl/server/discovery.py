@@ -145,7 +145,9 @@ class Discovery:
         else:
             view, changed = self._store.changed_since(base[0])
             previous = base[1]
-        snapshot = build_snapshot(view.configs, self._registry.model(), self._mesh, previous=previous, changed=changed)
+        snapshot = build_snapshot(
+            view.configs, self._registry.model(), self._mesh, previous=previous, changed=changed
+        )
         self._base = (view.revision, snapshot)
         return snapshot
 

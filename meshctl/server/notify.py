@@ -50,7 +50,6 @@ class ServedState(Protocol):
 
     def ready(self) -> bool: ...
 
-
 logger = logging.getLogger("meshctl.server.notify")
 
 #: How long one send may block when systemd is slow to read its socket; a notification is never

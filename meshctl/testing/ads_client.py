@@ -320,3 +320,4 @@ class AdsClient:
             and eds_names(self.resources[types.CLUSTER]) <= self.names(types.ENDPOINT)
             and rds_names(self.resources[types.LISTENER]) <= self.names(types.ROUTE)
         )
+
