@@ -429,3 +429,15 @@ def test_validate_reports_a_regex_over_the_limit_where_it_is(tmp_path: Path) -> 
     for finding in findings:
         assert HUGE_REGEX in lines[finding["line"] - 1]
         assert "RE2 program of size 40504, over Envoy's limit of 32768" in finding["message"]
+
+
+def test_a_group_bootstrap_without_ip_leaves_the_address_to_the_server() -> None:
+    """`--group` without `--ip`: the node id's IP is 0.0.0.0, which the server reads as "the
+    address this VM connects from" (`meshctl.server.node_address`)."""
+    result = runner.invoke(app, ["bootstrap", "--group", "api.shop", "--xds-address", "10.10.0.1:15010", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    node = json.loads(result.stdout)["node"]
+    assert node["id"] == "sidecar~0.0.0.0~api.shop~shop.svc.cluster.local"
+    assert node["metadata"]["AUTO_REGISTER_GROUP"] == "api"
+    refused = runner.invoke(app, ["bootstrap", "--group", "api.shop", "--proxy", "api.shop"])
+    assert refused.exit_code == 2 and "takes the place of --proxy" in refused.output

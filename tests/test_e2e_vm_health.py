@@ -1,11 +1,11 @@
 """End to end: VM health checked by each VM's own Envoy over HDS, seen in every proxy's EDS.
 
 Three real Envoys from `meshctl bootstrap` (which gives each an `hds_config`) against `meshctl
-serve`: a client VM without a workload of its own, and two server VMs of one service, `api` v1
-and v2, each a WorkloadEntry in a file with health checks enabled, in a WorkloadGroup whose probe
-connects to its app every second. Each app listens on loopback at its own port, where its VM's
-Envoy probes it; the server VMs' Sidecars call nothing, so only the client binds the service's
-outbound port.
+serve` (one server, or two replicas sharing a fake Consul): a client VM without a workload of its
+own, and two server VMs of one service, `api` v1 and v2, each a WorkloadEntry in a file with
+health checks enabled, in a WorkloadGroup whose probe connects to its app every second. Each
+app listens on loopback at its own port, where its VM's Envoy probes it; the server VMs'
+Sidecars call nothing, so only the client binds the service's outbound port.
 
 What a user sees is asserted: the client Envoy's `/clusters` (the `health_flags` of each host)
 and a request loop through it. Nothing waits a fixed time; each step waits for its outcome with
@@ -15,6 +15,8 @@ a generous deadline, and the time each transition took is printed.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +28,7 @@ from conftest import DEADLINE, needs_envoy
 
 from meshctl.testing.backends import Backend, RequestLoop
 from meshctl.testing.envoy import EnvoyProcess, free_port
+from meshctl.testing.fake_consul import FakeConsul
 from meshctl.testing.serve_process import ServeProcess, meshctl_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, needs_envoy]
@@ -35,6 +38,7 @@ HOST = f"api.{NS}.mesh"
 CLIENT = f"sidecar~127.0.0.9~client.{NS}~{NS}.svc.cluster.local"
 PERIOD, FAILURES = 1, 2
 GRACE = 2.0
+SESSION_TTL = 1.0
 
 
 def node_of(version: str) -> str:
@@ -114,7 +118,10 @@ def wait_for(condition: Callable[[], object], what: str, timeout: float = DEADLI
 
 
 class VmMesh:
-    def __init__(self, root: Path, stack: ExitStack) -> None:
+    """The mesh of the module docstring. With `consul`, two replicas share it: the VMs' Envoys
+    (`server`) on replica A, the client's on replica B (`client_server`)."""
+
+    def __init__(self, root: Path, stack: ExitStack, consul: FakeConsul | None = None) -> None:
         self.stack = stack
         self.service_port = free_port()
         self.ports = {"v1": free_port(), "v2": free_port()}
@@ -125,14 +132,23 @@ class VmMesh:
         config.mkdir()
         (config / "mesh.yaml").write_text(mesh_yaml(self.service_port, self.ports, {"v3": self.group_port}))
         self.backends = {v: stack.enter_context(Backend(f"api-{v}", "127.0.0.1", p)) for v, p in self.ports.items()}
-        self.server = ServeProcess([config], extra_args=["--health-grace", str(GRACE)])
+        args = ["--health-grace", str(GRACE)]
+        if consul is not None:  # Consul may drop a dead replica's session after 2 TTLs: 2 s
+            args += ["--health-session-ttl", str(SESSION_TTL)]
+        address = consul.address if consul is not None else None
+        self.server = ServeProcess([config], consul=address, extra_args=args)
         stack.enter_context(self.server)
         stack.callback(lambda: print(f"--- meshctl serve log:\n{self.server.log()[-8000:]}"))
-        self.client = self.envoy(CLIENT)
+        self.client_server = self.server
+        if consul is not None:
+            self.client_server = ServeProcess([config], consul=address, extra_args=args)
+            stack.enter_context(self.client_server)
+            stack.callback(lambda: print(f"--- replica B log:\n{self.client_server.log()[-8000:]}"))
+        self.client = self.envoy(CLIENT, server=self.client_server)
         self.vms = {v: self.envoy(node_of(v)) for v in self.ports}
 
-    def envoy(self, node_id: str, *extra_args: str) -> EnvoyProcess:
-        envoy = EnvoyProcess(self.server.bootstrap(node_id, extra_args=extra_args))
+    def envoy(self, node_id: str, *extra_args: str, server: ServeProcess | None = None) -> EnvoyProcess:
+        envoy = EnvoyProcess((server or self.server).bootstrap(node_id, extra_args=extra_args))
         self.stack.enter_context(envoy)
         self.stack.callback(lambda: print(f"--- envoy {node_id} log:\n{envoy.log()[-3000:]}"))
         return envoy
@@ -244,6 +260,7 @@ def test_a_checked_workload_whose_envoy_never_reported_is_unhealthy(mesh: VmMesh
 
 
 def test_a_vm_registers_into_its_group_and_leaves_after_the_grace(mesh: VmMesh) -> None:
+    """Registered from its bootstrap, kept across a restart of the server, removed after the grace."""
     wait_for(lambda: mesh.healthy("v1") and mesh.healthy("v2"), "both VMs healthy in the client's EDS")
     host = f"127.0.0.1:{mesh.group_port}"
     mesh.stack.enter_context(Backend("api-v3", "127.0.0.1", mesh.group_port))
@@ -263,10 +280,74 @@ def test_a_vm_registers_into_its_group_and_leaves_after_the_grace(mesh: VmMesh) 
     assert entry["labels"] == {"app": "api", "version": "v3"}
     assert entry["health"] == "HEALTHY"
 
-    stopped = time.monotonic()
+    # Its Envoy stops, and the server restarts: without Consul the registration was kept in
+    # --state-dir, so it is back after the restart, and removed once the grace has passed.
     vm.stop(check=False)
+    stopped = time.monotonic()
+    mesh.server.restart()
+    assert "took back 1 registered workloads" in mesh.server.log().split("--- run 2:", 1)[1]
     wait_for(lambda: host not in host_flags(mesh.client, mesh.cluster), "the VM's endpoint removed")
     took = time.monotonic() - stopped
-    print(f"registered VM's Envoy gone -> endpoint removed from the client's EDS: {took:.2f}s")
+    print(f"registered VM's Envoy gone (and the server restarted) -> endpoint removed: {took:.2f}s")
     assert took >= GRACE * 0.9
-    assert "removed workload e2e/api-v3-127.0.0.1" in mesh.server.log()
+    assert endpoint_of(mesh.server, "api-v3-127.0.0.1") is None
+    log = mesh.server.log().split("--- run 2:", 1)[1]
+    assert f"removed workload {NS}/api-v3-127.0.0.1: its Envoy has been gone for {GRACE:g}s" in log
+
+
+def endpoint_of(server: ServeProcess, workload: str) -> dict[str, str] | None:
+    """The endpoint of `workload` in `server`'s /debug/registryz, if it has one."""
+    registryz = server.admin_json("/debug/registryz")
+    found = [ep for svc in registryz["services"] if svc["hostname"] == HOST for ep in svc["endpoints"]]
+    return next((ep for ep in found if ep["workload"] == f"{NS}/{workload}"), None)
+
+
+@pytest.fixture
+def replicas(tmp_path: Path) -> Iterator[VmMesh]:
+    with ExitStack() as stack:
+        consul = stack.enter_context(FakeConsul(session_ttl_min=SESSION_TTL))
+        yield VmMesh(tmp_path, stack, consul)
+
+
+def test_replicas_share_health_and_registrations_through_consul(replicas: VmMesh) -> None:
+    """The VMs' Envoys on replica A, the client's on replica B: B's EDS follows what A hears."""
+    mesh, a, b = replicas, replicas.server, replicas.client_server
+    wait_for(lambda: mesh.healthy("v1") and mesh.healthy("v2"), "both VMs healthy in the EDS of B's client")
+    wait_for(
+        lambda: a.admin_json("/version")["snapshot"] == b.admin_json("/version")["snapshot"],
+        "both replicas serving the same snapshot version",
+    )
+    # A VM registered on A is an endpoint on B, with its group's labels.
+    mesh.stack.enter_context(Backend("api-v3", "127.0.0.1", mesh.group_port))
+    mesh.envoy("", "--group", f"api-v3.{NS}", "--ip", "127.0.0.1")
+    v3 = f"127.0.0.1:{mesh.group_port}"
+    wait_for(lambda: host_flags(mesh.client, mesh.cluster).get(v3) == "healthy", "the VM registered on A, on B")
+    registered = endpoint_of(b, "api-v3-127.0.0.1")
+    assert registered is not None and registered["labels"] == {"app": "api", "version": "v3"}
+
+    with RequestLoop(mesh.service_port, HOST) as loop:
+        loop.wait_for_answers(20)
+        # v1's app stops: its Envoy tells A, and B's client stops sending it requests.
+        mesh.backends["v1"].stop()
+        took = wait_for(lambda: mesh.unhealthy("v1"), "v1 unhealthy in B's client after its app stopped")
+        print(f"app stopped (reported to A) -> unhealthy in B's client: {took:.2f}s")
+        flagged = time.monotonic()
+        mark = loop.mark()
+        loop.wait_for_answers(30)
+        assert [f for f in loop.failures if f.at > flagged] == []
+        assert "api-v1" not in loop.since(mark)
+        mesh.stack.enter_context(Backend("api-v1", "127.0.0.1", mesh.ports["v1"]))
+        wait_for(lambda: mesh.healthy("v1"), "v1 healthy again in B's client after its app restarted")
+
+    # Replica A dies without a word: its session's keys go after one to two TTLs, then B applies
+    # the grace to the workloads whose streams were there, and removes the VM registered there.
+    killed = time.monotonic()
+    assert a.pid is not None
+    os.kill(a.pid, signal.SIGKILL)
+    wait_for(lambda: mesh.unhealthy("v1") and mesh.unhealthy("v2"), "v1 and v2 unhealthy on B after A died")
+    took = time.monotonic() - killed
+    print(f"replica A killed -> its VMs unhealthy in B's client: {took:.2f}s (TTL {SESSION_TTL}s, grace {GRACE}s)")
+    assert took >= SESSION_TTL + GRACE * 0.9  # Consul keeps a session its TTL at least; then the grace
+    gone = endpoint_of(b, "api-v1")
+    assert gone is not None and "stream gone since" in gone["healthReason"]
+    wait_for(lambda: endpoint_of(b, "api-v3-127.0.0.1") is None, "the VM registered on A removed from B")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -270,5 +271,59 @@ def test_a_vm_registers_into_its_group_only_with_the_groups_service_account(mesh
             finally:
                 await hds.close()
             await until(lambda: "api-vm-10.0.0.7" not in registered(server), "the VM removed after the grace")
+
+    run(test)
+
+
+def _host_address() -> str | None:
+    """An IPv4 address of this host other than loopback (none in a bare sandbox)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET: nothing is sent, the kernel picks the source
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+def test_a_vm_that_gives_no_ip_registers_at_the_address_it_connects_from(mesh: Path) -> None:
+    """`meshctl bootstrap --group` without `--ip` (0.0.0.0 in the node id): the VM is registered
+    at the peer address of its health stream, and its ADS stream binds to that entry; from
+    loopback, which names no VM, it is refused with a line saying to give --ip."""
+    (mesh / "group.yaml").write_text(
+        f"apiVersion: networking.istio.io/v1\nkind: WorkloadGroup\nmetadata: {{name: api-vm, namespace: {NS}}}\n"
+        "spec:\n  metadata: {labels: {app: api, track: vm}}\n  template: {serviceAccount: api}\n"
+    )
+    node = node_of("api-vm", "0.0.0.0")
+
+    async def test() -> None:
+        async with serving(mesh, xds_address="0.0.0.0:0", health_grace=0.5) as server:
+            refused = HdsStream(server, node, group="api-vm")
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await refused.specifier()
+            assert error.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "connects from 127.0.0.1, which is no VM's address: give --ip" in (error.value.details() or "")
+            await refused.close()
+
+            address = _host_address()
+            if address is None:
+                pytest.skip("this host has no address beyond loopback to connect from")
+            name = f"api-vm-{address}"
+            channel = grpc.aio.insecure_channel(f"{address}:{server.xds_port}")
+            hds = HdsStream(server, node, channel=channel, group="api-vm")
+            try:
+                await hds.specifier()
+                await until(lambda: name in health_of(server), "the VM registered at its peer address")
+                snapshot = server.discovery.snapshot
+                assert snapshot is not None
+                (ep,) = [e for e in snapshot.services.endpoints_of(HOST) if e.name == name]
+                assert ep.address == address
+                target = f"{address}:{server.xds_port}"
+                async with AdsClient(target, node, metadata={"AUTO_REGISTER_GROUP": "api-vm"}) as ads:
+                    await ads.wait_for(lambda c: bool(c.resources[types.CLUSTER]))
+                    (stream,) = [s for s in server.ads.streams.values() if s.connection.node_id == node]
+                    assert stream.proxy is not None and stream.proxy.workload == f"{NS}/{name}"
+            finally:
+                await hds.close()
 
     run(test)

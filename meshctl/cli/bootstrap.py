@@ -30,9 +30,10 @@ def bootstrap(
         typer.Option(
             "--group",
             metavar="NAME.NAMESPACE",
-            help="Instead of --proxy: register this VM (--ip) into the WorkloadGroup NAME of NAMESPACE when its "
-            "Envoy connects; its WorkloadEntry is made from the group's template and removed once the Envoy "
-            "has been gone for meshctl serve's --health-grace.",
+            help="Instead of --proxy: register this VM (at --ip, else at the address the server sees it "
+            "connect from) into the WorkloadGroup NAME of NAMESPACE when its Envoy connects; its WorkloadEntry "
+            "is made from the group's template and removed once the Envoy has been gone for meshctl serve's "
+            "--health-grace.",
         ),
     ] = None,
     xds_address: Annotated[
@@ -161,11 +162,13 @@ def bootstrap(
     from meshctl.snapshot.proxy import parse_node_id
 
     if group is not None:
-        if proxy or "." not in group or not ip:
-            raise UsageError("--group NAME.NAMESPACE needs --ip ADDRESS, and takes the place of --proxy")
+        if proxy or "." not in group:
+            raise UsageError("--group NAME.NAMESPACE takes the place of --proxy")
         proxy = group
+        # Without --ip the server takes the address the VM's connection comes from.
+        ip = ip or "0.0.0.0"
     elif not proxy:
-        raise UsageError("give --proxy NODE (or --group NAME.NAMESPACE with --ip)")
+        raise UsageError("give --proxy NODE (or --group NAME.NAMESPACE)")
     node_id = proxy
     if ip is not None and not is_ip(ip):
         raise UsageError(f"--ip {ip!r} is not an IPv4 or IPv6 address")

@@ -192,6 +192,17 @@ def serve(
             "unhealthy until it reconnects and reports again (Istio's PILOT_WORKLOAD_ENTRY_GRACE_PERIOD).",
         ),
     ] = 10.0,
+    health_session_ttl: Annotated[
+        float,
+        typer.Option(
+            "--health-session-ttl",
+            envvar="MESHCTL_HEALTH_SESSION_TTL",
+            metavar="SECONDS",
+            help="With Consul: the TTL of the Consul session under which replicas share health and "
+            "registrations; a replica that dies has its share removed after one to two TTLs. At least "
+            "Consul's session_ttl_min (10s unless its agents are told otherwise).",
+        ),
+    ] = 10.0,
     registry_sync_timeout: Annotated[
         float,
         typer.Option(
@@ -333,6 +344,11 @@ def serve(
     debounce_max = _seconds("--debounce-max", debounce_max)
     registry_sync_timeout = _seconds("--registry-sync-timeout", registry_sync_timeout)
     health_grace = _seconds("--health-grace", health_grace)
+    health_session_ttl = _seconds("--health-session-ttl", health_session_ttl)
+    if health_session_ttl <= 0:
+        raise UsageError(
+            "--health-session-ttl must be more than 0 seconds (Consul keeps a session without one forever)"
+        )
     max_new_streams_per_second = _seconds("--max-new-streams-per-second", max_new_streams_per_second)
     debounce_settings = DebounceSettings(debounce, max(debounce, debounce_max))
     if (tls_cert is None) != (tls_key is None):
@@ -387,6 +403,7 @@ def serve(
         notify=NotifySettings.from_environ(os.environ, os.getpid()),
         registry_sync_timeout=registry_sync_timeout,
         health_grace=health_grace,
+        health_session_ttl=health_session_ttl,
         mesh_config=mesh_config,
         credentials_dir=credentials_dir,
         freeze_startup=True,

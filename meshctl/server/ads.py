@@ -48,6 +48,7 @@ from meshctl.server.cache import ProxyResources, Resolved
 from meshctl.server.connection import Connection
 from meshctl.server.encode import BlockCache, encode_delta, encode_sotw
 from meshctl.server.limits import ClientLedger, StreamLimits, release_free_memory
+from meshctl.server.node_address import with_peer_address
 from meshctl.server.pacing import TokenBucket
 from meshctl.server.subscription import Push, RequestKind
 from meshctl.snapshot.proxy import METADATA_KEYS, Proxy, ProxyNode, parse_node_id
@@ -320,6 +321,11 @@ class AdsServicer:
             logger.warning("refused a stream from %s: %s", context.peer(), str(exc))
             return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
         stream.label = untrusted(node.id)
+        addressed = with_peer_address(node, context.peer())  # a registering VM that gave no IP
+        if isinstance(addressed, str):
+            logger.warning("refused node %s: %s", stream.label, addressed)
+            return grpc.StatusCode.INVALID_ARGUMENT, addressed
+        node = addressed
         if self._authorize is not None:
             attested = self._authorize(node, context)
             if isinstance(attested, str):

@@ -37,6 +37,7 @@ from meshctl.registry.aggregate import AggregateRegistry
 from meshctl.registry.base import Registry
 from meshctl.registry.consul import ConsulOptions, ConsulRegistry
 from meshctl.registry.health import HealthCheckedRegistry, HealthReports, checked_endpoint_counts
+from meshctl.registry.health_share import DEFAULT_SESSION_TTL, ShareOptions
 from meshctl.security.ca import RENEW_FRACTION
 from meshctl.server.admin import AdminServer
 from meshctl.server.ads import AdsServicer
@@ -48,7 +49,7 @@ from meshctl.server.ca_service import CertificateService, serve_joins
 from meshctl.server.cache import ResourceCache
 from meshctl.server.credentials import CredentialDirectory, CredentialSecrets
 from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
-from meshctl.server.health import HealthDiscovery
+from meshctl.server.health import HealthDiscovery, share_between_replicas
 from meshctl.server.limits import StreamLimits
 from meshctl.server.mesh_config import MeshConfigFile
 from meshctl.server.metrics import Metrics
@@ -167,6 +168,9 @@ class ServeSettings:
     #: Seconds a health-checked workload's Envoy may be without a health stream before the
     #: workload counts as unhealthy (Istio's PILOT_WORKLOAD_ENTRY_GRACE_PERIOD).
     health_grace: float = 10.0
+    #: The TTL of the Consul session under which replicas share health and registrations: a
+    #: replica that dies has its share removed after one to two TTLs (Consul's rule).
+    health_session_ttl: float = DEFAULT_SESSION_TTL
 
 
 #: The least outage of every replica that workload certificates should outlast (a third of their
@@ -189,6 +193,9 @@ def grpc_age_options(max_age: float | None) -> list[tuple[str, int]]:
         ("grpc.max_connection_age_grace_ms", int(MAX_CONNECTION_AGE_GRACE * 1000)),
     ]
 
+
+#: The file in the state directory that keeps auto-registered WorkloadEntries across restarts.
+REGISTRATIONS_FILE: Final = "registrations.json"
 
 #: Where the self-signed root lives unless --state-dir says otherwise (systemd's StateDirectory=).
 DEFAULT_STATE_DIR: Final = Path("/var/lib/meshctl")
@@ -266,7 +273,12 @@ class Server:
             left=self.secrets.forget,
         )
         # The store's view is replaced on each change: read at each call, not bound now.
-        self.registrar = AutoRegistrar(self.files, lambda: self.store.configs.values(), settings.health_grace)  # noqa: PLW0108
+        self.registrar = AutoRegistrar(
+            self.files,
+            lambda: self.store.configs.values(),  # noqa: PLW0108
+            settings.health_grace,
+            state_file=settings.state_dir / REGISTRATIONS_FILE if settings.state_dir is not None else None,
+        )
         self.hds = HealthDiscovery(
             self.health,
             lambda: self.discovery.snapshot,
@@ -277,6 +289,22 @@ class Server:
             registrar=self.registrar,
             checks=self.checked.checks,
         )
+        #: Health and registrations shared with the replicas of the same Consul (none without one).
+        consul = settings.consul or (settings.config_kv.consul if settings.config_kv is not None else None)
+        self.share = (
+            share_between_replicas(
+                ShareOptions(consul, settings.health_session_ttl),
+                self.health,
+                self.registrar,
+                self.hds,
+                self.checked.checks,
+            )
+            if consul is not None
+            else None
+        )
+        if self.share is not None:
+            self.checked.shared_status = self.share.status
+            self.share.on_failing = lambda failing: self.metrics.shared_health_failing.set(int(failing))
         self._renewal: asyncio.Task[None] | None = None
         self._credentials_task: asyncio.Task[None] | None = None
         self._unfollow_checks: Callable[[], None] | None = None
@@ -318,6 +346,13 @@ class Server:
         for finding in first.errors:
             logger.error("%s", finding)
         self._unfollow_checks = self.checked.follow(self.store)
+        # Registrations kept across the restart, and the other replicas' views, before the first snapshot.
+        self.hds.bind_loop(loop)
+        self.registrar.restore()
+        if self.share is not None:
+            await loop.run_in_executor(None, self.share.start)
+        await self.registrar.apply()
+        self.hds.expiry_changed()
         if self.consul is not None:
             self.consul.start()
         snapshot = await self.discovery.start()
@@ -549,6 +584,8 @@ class Server:
             self._sync_timer.cancel()
         await self.discovery.stop()
         self.hds.stop()
+        if self.share is not None:  # first: streams closing as the server stops are not VMs going away
+            await asyncio.get_running_loop().run_in_executor(None, self.share.stop)
         if self._unfollow_checks is not None:
             self._unfollow_checks()
         self.checked.close()

@@ -32,11 +32,13 @@ from envoy.service.health.v3 import hds_pb2
 
 from meshctl.errors import BindingError, NodeIdError
 from meshctl.logs import untrusted
-from meshctl.registry.health import HealthReports, WorkloadKey
+from meshctl.registry.health import HealthReports, WorkloadHealth, WorkloadKey
 from meshctl.registry.health_checks import WorkloadCheck, workload_checks
+from meshctl.registry.health_share import HEALTH_PREFIX, REGISTRATIONS_PREFIX, ConsulShare, ShareOptions, Views
 from meshctl.server.ads import Authorizer, _metadata
 from meshctl.server.auth import PeerIdentity
-from meshctl.server.autoregister import AutoRegistrar, group_of
+from meshctl.server.autoregister import AutoRegistrar
+from meshctl.server.node_address import group_of, with_peer_address
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import ProxyNode, bind_proxy, parse_node_id
 from meshctl.xds.health_checks import STATUS_WORDS, health_check_specifier, health_cluster_name
@@ -91,6 +93,7 @@ class HealthDiscovery:
         #: registered VMs' entries too; without it, those of each snapshot's configs.
         self._current_checks = checks
         self._expiry: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = False
 
     def handlers(self) -> grpc.GenericRpcHandler[Any, Any]:
@@ -210,6 +213,11 @@ class HealthDiscovery:
             node = parse_node_id(request.node.id, _metadata(request.node.metadata))
         except NodeIdError as exc:
             return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+        addressed = with_peer_address(node, context.peer())
+        if isinstance(addressed, str):
+            logger.warning("refused the health stream of node %s: %s", untrusted(node.id), addressed)
+            return grpc.StatusCode.INVALID_ARGUMENT, addressed
+        node = addressed
         if self._authorize is not None and not (self._registrar is not None and group_of(node)):
             attested = self._authorize(node, context)
             if isinstance(attested, str):
@@ -270,6 +278,18 @@ class HealthDiscovery:
         delay = max(0.0, due - time.time()) + 0.05
         self._expiry = asyncio.get_running_loop().call_later(delay, self._expire)
 
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop the streams run on, for `expiry_changed` from other threads."""
+        self._loop = loop
+
+    def expiry_changed(self) -> None:
+        """Something another thread changed (the other replicas' views) may be due sooner than
+        the timer set: look again, on the loop. Safe on any thread."""
+        loop = self._loop
+        if loop is not None and not self._stopped and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._expire_later)
+
     def _expire(self) -> None:
         self._expiry = None
         self.reports.expire(self.grace)
@@ -286,3 +306,34 @@ class HealthDiscovery:
                     return "CONNECTED"
                 return self.reports.get(stream.key).verdict()[0].value
         return "NOT CONNECTED"
+
+
+def share_between_replicas(
+    options: ShareOptions,
+    reports: HealthReports,
+    registrar: AutoRegistrar,
+    hds: HealthDiscovery,
+    checked: Callable[[], Mapping[WorkloadKey, WorkloadCheck]],
+) -> ConsulShare:
+    """Health and registrations kept in Consul KV for every replica (`meshctl.registry.health_share`):
+    this server's own views of checked workloads are written as they change (`checked`: the
+    workloads checked now; one that becomes checked is written then, by `HealthReports.republish`),
+    the others' merged as they come."""
+
+    def on_health(views: Views) -> None:
+        reports.set_remote(views)
+        hds.expiry_changed()
+
+    share = ConsulShare(options, on_health, registrar.set_remote)
+
+    def health_view(key: WorkloadKey, state: WorkloadHealth | None) -> None:
+        if state is None or key in checked():
+            share.put(HEALTH_PREFIX, key, None if state is None else state.to_json())
+
+    def registration_view(key: WorkloadKey, value: dict[str, Any] | None) -> None:
+        share.put(REGISTRATIONS_PREFIX, key, value)
+
+    reports.on_local = health_view
+    registrar.on_local = registration_view
+    registrar.on_expiry_changed = hds.expiry_changed
+    return share

@@ -197,6 +197,11 @@ class Metrics(PushObserver):
         self.registered = Gauge(
             "meshctl_registered_workloads", "WorkloadEntries of VMs registered into their WorkloadGroup."
         )
+        self.shared_health_failing = Gauge(
+            "meshctl_shared_health_failing",
+            "1 while this replica cannot read or write the health and registrations replicas share in Consul KV "
+            "(it keeps the last known state), else 0.",
+        )
         # Per attested workload (bounded by the mesh), kept after its proxy leaves: "seen".
         self.client_cert_expiry = Gauge(
             "meshctl_xds_client_cert_expiry_timestamp",
@@ -221,6 +226,7 @@ class Metrics(PushObserver):
             self.checked_endpoints,
             self.hds_streams,
             self.registered,
+            self.shared_health_failing,
             self.pushes,
             self.convergence,
             self.rejects,

@@ -14,6 +14,9 @@
   /v1/kv/KEY` (`?recurse`, `?cas=`), and `PUT /v1/txn` with the KV verbs set, cas, get, delete,
   delete-cas and check-index: all-or-nothing at one index, at most 64 operations, and Consul's
   409 with `{"Errors": [{"OpIndex", "What"}]}` when one fails;
+- sessions, `?acquire=` and `?release=` on KV writes, and the `lock` and `unlock` transaction
+  verbs, with TTLs, lock delays and the release and delete behaviours
+  (`meshctl.testing.fake_consul_sessions`);
 - ACL tokens (`X-Consul-Token`, a bearer token or `?token=`) when built with `acl_token`: a
   request without it gets 403. (A real Consul answers anonymous reads with results filtered
   by ACLs rather than 403; the fake is stricter so a missing token cannot go unnoticed.)
@@ -41,6 +44,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from meshctl.testing.fake_consul_sessions import ConsulAPIError, SessionsMixin, SessionTable, route_session
+
 _MAX_WAIT: Final = 600.0
 _DEFAULT_WAIT: Final = 300.0
 _UNITS: Final = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -56,14 +61,6 @@ class RecordedRequest:
     token: str
 
 
-class ConsulAPIError(Exception):
-    """A request Consul would refuse, with the status it would answer."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 def _field(obj: Mapping[str, Any], name: str, default: Any = None) -> Any:
     """Consul decodes JSON field names case-insensitively (py-consul sends `node`, `service`)."""
     for key, value in obj.items():
@@ -72,11 +69,21 @@ def _field(obj: Mapping[str, Any], name: str, default: Any = None) -> Any:
     return default
 
 
-class FakeConsul:
+class FakeConsul(SessionsMixin):
     """A Consul agent's catalog and health API on 127.0.0.1; use as a context manager."""
 
-    def __init__(self, *, datacenter: str = "dc1", acl_token: str | None = None, port: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        datacenter: str = "dc1",
+        acl_token: str | None = None,
+        port: int = 0,
+        session_ttl_min: float = 10.0,
+        node_name: str = "fake-agent",
+    ) -> None:
         self.datacenter = datacenter
+        #: Sessions (`session_ttl_min` is the agent's setting of that name: the least TTL taken).
+        self.sessions = SessionTable(node_name, session_ttl_min)
         self.acl_token = acl_token
         self.zero_index = False
         self.requests: list[RecordedRequest] = []
@@ -341,7 +348,7 @@ class FakeConsul:
                 if not isinstance(body, Mapping):
                     raise ConsulAPIError(400, f"operation {number}: only KV operations are supported here")
                 try:
-                    result, changed = _kv_op(kv, tombstones, body, index)
+                    result, changed = _kv_op(kv, tombstones, body, index, self.sessions)
                 except _OpFailed as exc:
                     errors.append({"OpIndex": number, "What": str(exc)})
                     continue
@@ -379,6 +386,8 @@ class FakeConsul:
         with self._cond:
             epoch, generation = self._epoch, handler.generation
             while not self.zero_index and self._kv_index_of(key, recurse) <= index and epoch == self._epoch:
+                if self._reap_sessions():
+                    continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or generation != self._generation or handler.client_gone():
                     break
@@ -460,15 +469,36 @@ class _OpFailed(Exception):
 
 
 def _kv_op(
-    kv: dict[str, dict[str, Any]], tombstones: dict[str, int], op: Mapping[str, Any], index: int
+    kv: dict[str, dict[str, Any]],
+    tombstones: dict[str, int],
+    op: Mapping[str, Any],
+    index: int,
+    sessions: SessionTable,
 ) -> tuple[dict[str, Any] | None, bool]:
-    """Apply one KV operation to `kv` (a copy); returns its result entry and whether it wrote."""
+    """Apply one KV operation to `kv` (a copy); returns its result entry and whether it wrote.
+    A plain write keeps the key's lock (Session, LockIndex), as Consul's does."""
     verb, key = _field(op, "Verb", ""), _field(op, "Key", "")
     if not isinstance(key, str) or (not key and verb != "delete-tree"):
         raise _OpFailed("Must provide key")
     want = int(_field(op, "Index", 0) or 0)
     current = kv.get(key)
-    if verb in ("set", "cas"):
+    lock: dict[str, Any] = {"LockIndex": current["LockIndex"], **_session_of(current)} if current else {"LockIndex": 0}
+    if verb in ("lock", "unlock"):
+        session = _field(op, "Session", "")
+        if session not in sessions.sessions:
+            raise _OpFailed(f'invalid session "{session}"')
+        holder = current.get("Session") if current else None
+        if verb == "lock":
+            if sessions.delayed(key, time.monotonic()):
+                raise _OpFailed(f'failed to acquire lock on key "{key}": in its lock-delay')
+            if holder not in (None, session):
+                raise _OpFailed(f'failed to acquire lock on key "{key}": held by another session')
+            lock = {"LockIndex": lock["LockIndex"] + (holder != session), "Session": session}
+        else:
+            if holder != session:
+                raise _OpFailed(f'failed to release lock on key "{key}": not held by this session')
+            lock = {"LockIndex": lock["LockIndex"]}
+    if verb in ("set", "cas", "lock", "unlock"):
         if verb == "cas" and (current["ModifyIndex"] if current else 0) != want:
             raise _OpFailed(f'failed to set key "{key}", index is stale')
         raw = _field(op, "Value")
@@ -477,12 +507,12 @@ def _kv_op(
         except (binascii.Error, ValueError) as exc:
             raise _OpFailed(f"Failed to decode value of key {key!r}: {exc}") from exc
         kv[key] = {
-            "LockIndex": 0,
             "Key": key,
             "Flags": int(_field(op, "Flags", 0) or 0),
             "Value": value,
             "CreateIndex": current["CreateIndex"] if current else index,
             "ModifyIndex": index,
+            **lock,
         }
         tombstones.pop(key, None)
         return {**_kv_json(kv[key]), "Value": None}, True
@@ -509,6 +539,10 @@ def _kv_op(
             tombstones[k] = index
         return None, bool(gone)
     raise _OpFailed(f"unknown KV verb {verb!r}")
+
+
+def _session_of(entry: Mapping[str, Any]) -> dict[str, Any]:
+    return {"Session": entry["Session"]} if entry.get("Session") else {}
 
 
 def _kv_json(entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -593,6 +627,7 @@ class _Handler(BaseHTTPRequestHandler):
         token = self.headers.get("X-Consul-Token") or bearer or query.get("token", "")
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         with fake._cond:
+            fake._reap_sessions()
             fake.requests.append(RecordedRequest(method, parts.path, query, token))
             fake._in_flight[parts.path] = fake._in_flight.get(parts.path, 0) + 1
         try:
@@ -626,6 +661,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(
                 200, json.dumps({"Results": results, "Errors": None}).encode(), {"X-Consul-Index": str(fake._index)}
             )
+        elif path.startswith("/v1/session/"):
+            route_session(self, fake, method, path[len("/v1/session/") :], body)
         elif method == "GET" and path == "/v1/status/leader":
             self._send(200, b'"127.0.0.1:8300"', {})
         elif method == "PUT" and path in ("/v1/catalog/register", "/v1/catalog/deregister"):
@@ -668,7 +705,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, json.dumps([_kv_json(e) for e in entries]).encode(), headers)
         elif method == "PUT":
             flags = int(query["flags"]) if query.get("flags", "").isdigit() else 0
-            self._send(200, json.dumps(fake.kv_put(key, body, cas=cas, flags=flags)).encode(), {})
+            if "acquire" in query or "release" in query:
+                session = query.get("acquire") or query.get("release", "")
+                done = fake.kv_lock(key, body, session, release="acquire" not in query, flags=flags)
+            else:
+                done = fake.kv_put(key, body, cas=cas, flags=flags)
+            self._send(200, json.dumps(done).encode(), {})
         elif method == "DELETE":
             done = fake.kv_delete(key, recurse="recurse" in query, cas=cas)
             self._send(200, json.dumps(done).encode(), {})
