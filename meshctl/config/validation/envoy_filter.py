@@ -26,6 +26,7 @@ from meshctl.config.validation.common import Report, check_selector, enum_name
 EF = envoy_filter_pb2.EnvoyFilter
 HCM_NAMES = frozenset({"envoy.filters.network.http_connection_manager", "envoy.http_connection_manager"})
 
+_HCM = "envoy.filters.network.http_connection_manager"
 _LISTENER_CLASS = frozenset({EF.LISTENER, EF.FILTER_CHAIN, EF.NETWORK_FILTER, EF.HTTP_FILTER, EF.LISTENER_FILTER})
 _ROUTE_CLASS = frozenset({EF.ROUTE_CONFIGURATION, EF.VIRTUAL_HOST, EF.HTTP_ROUTE})
 _INSERTS = frozenset({EF.Patch.INSERT_BEFORE, EF.Patch.INSERT_AFTER, EF.Patch.INSERT_FIRST})
@@ -85,9 +86,8 @@ def _patch(report: Report, path: FieldPath, cp: Any) -> None:
             (*path, "patch", "operation"),
             f"operation {enum_name(cp.patch, 'operation')} has no effect on {enum_name(cp, 'apply_to')}",
         )
-    if cp.HasField("match"):
-        if not _match(report, (*path, "match"), cp.match, apply_to):
-            return
+    if cp.HasField("match") and not _match(report, (*path, "match"), cp.match, apply_to):
+        return
     if cp.patch.HasField("value"):
         try:
             parse_value(enum_name(cp, "apply_to"), cp.patch.value)
@@ -130,7 +130,7 @@ def _match(report: Report, path: FieldPath, match: Any, apply_to: int) -> bool:
             report.error((*fpath, "subFilter"), "subfilter match can be used with applyTo HTTP_FILTER only")
             return False
         if chain.filter.name not in HCM_NAMES:
-            report.error((*fpath, "subFilter"), "subfilter match requires filter match with envoy.filters.network.http_connection_manager")
+            report.error((*fpath, "subFilter"), f"subfilter match requires filter match with {_HCM}")
             return False
         if not chain.filter.sub_filter.name:
             report.error((*fpath, "subFilter", "name"), "subfilter match has no name to match on")
