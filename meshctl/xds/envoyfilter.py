@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
 from meshctl.snapshot.proxy import Proxy, ProxyType
@@ -141,7 +142,12 @@ def _listeners(listeners: tuple[Message, ...], patches: Patches, gateway: bool) 
         if _listener(listener, patches, context):
             out.append(listener)
     names = {listener.name for listener in out}  # type: ignore[attr-defined]
-    out.extend(_added(patches.get(EF.LISTENER, ()), EF.GATEWAY if gateway else EF.SIDECAR_OUTBOUND, names))
+    adds = patches.get(EF.LISTENER, ())
+    if gateway:
+        out.extend(_added(adds, EF.GATEWAY, names))
+    else:  # an ADD for ANY context is made once, outbound, as Istio's
+        out.extend(_added(adds, EF.SIDECAR_OUTBOUND, names))
+        out.extend(_added([p for p in adds if p.context == EF.SIDECAR_INBOUND], EF.SIDECAR_INBOUND, names))
     return out
 
 
@@ -221,10 +227,17 @@ def _by_name(wanted_of: Callable[[Patch], str]) -> tuple[Callable[[Any, Patch], 
 
 
 def _merge_filter(item: Any, p: Patch) -> None:
-    """A filter's MERGE: its typed config merged with the patch's (Istio merges nothing else)."""
+    """A filter's MERGE as Istio's: the patch's name, if any, renames it; its typed config is
+    merged with the patch's, read as the filter's own type (a v2 `@type` still merges). A filter
+    without a typed config is left alone."""
     value: Any = p.value
+    if not item.HasField("typed_config"):
+        return
+    if value.name:
+        item.name = value.name
     if value.HasField("typed_config"):
-        merge(item.typed_config, value.typed_config)
+        patch = any_pb2.Any(type_url=item.typed_config.type_url, value=value.typed_config.value)
+        merge(item.typed_config, patch)
 
 
 def _add_http(items: list[Any], p: Patch) -> None:
@@ -247,36 +260,68 @@ def _list_operation(
     merge_item: Callable[[Any, Patch], None],
     add: Callable[[list[Any], Patch], None] | None = None,
 ) -> list[Any]:
-    """Istio's operations on an ordered list of named items (filters, routes): MERGE and REMOVE
-    touch every item the patch matches (all, when it names none); the inserts and REPLACE are
-    relative to the first match; ADD appends (or `add` places)."""
+    """Istio's operations on an ordered list of named filters, in two passes: first ADD (appends,
+    or `add` places), INSERT_FIRST (always first), INSERT_BEFORE/AFTER (around the first match;
+    first or last when the patch names no filter), REPLACE (the first match) and REMOVE (every
+    match), patch by patch; then MERGE, into every filter the patch names."""
     matches, names_one = by
     for p in patches:
         op = p.operation
-        if op == EF.Patch.REMOVE:
-            items = [i for i in items if not matches(i, p)]
-        elif op == EF.Patch.MERGE:
-            for i in items:
-                if matches(i, p):
-                    merge_item(i, p)
-        elif op == EF.Patch.ADD:
+        if op == EF.Patch.ADD:
             if add is not None:
                 add(items, p)
             else:
                 items.append(p.new_value())
-        elif op in (EF.Patch.INSERT_BEFORE, EF.Patch.INSERT_AFTER, EF.Patch.INSERT_FIRST, EF.Patch.REPLACE):
-            first = next((n for n, i in enumerate(items) if matches(i, p)), -1) if names_one(p) else None
-            if op == EF.Patch.INSERT_FIRST:
-                if first != -1:
-                    items.insert(0, p.new_value())
-            elif op == EF.Patch.REPLACE:
-                if first is not None and first >= 0:
-                    items[first] = p.new_value()
-            elif first is None:
-                items.insert(0 if op == EF.Patch.INSERT_BEFORE else len(items), p.new_value())
-            elif first >= 0:
-                items.insert(first if op == EF.Patch.INSERT_BEFORE else first + 1, p.new_value())
+        elif op == EF.Patch.INSERT_FIRST:
+            items.insert(0, p.new_value())
+        elif op in (EF.Patch.INSERT_BEFORE, EF.Patch.INSERT_AFTER):
+            before = op == EF.Patch.INSERT_BEFORE
+            if not names_one(p):
+                items.insert(0 if before else len(items), p.new_value())
+                continue
+            first = next((n for n, i in enumerate(items) if matches(i, p)), -1)
+            if first >= 0:
+                items.insert(first if before else first + 1, p.new_value())
+        elif op == EF.Patch.REPLACE and names_one(p):
+            first = next((n for n, i in enumerate(items) if matches(i, p)), -1)
+            if first >= 0:
+                items[first] = p.new_value()
+        elif op == EF.Patch.REMOVE and names_one(p):
+            items = [i for i in items if not matches(i, p)]
+    for item in items:
+        for p in patches:
+            if p.operation == EF.Patch.MERGE and names_one(p) and matches(item, p):
+                merge_item(item, p)
     return items
+
+
+def _route_list(routes: list[Any], patches: list[Patch]) -> list[Any]:
+    """Istio's route operations: REMOVE and MERGE on every route each matches (all, when the
+    patch names none), then ADD (appends), INSERT_BEFORE/AFTER (around the first match; first
+    or last without a route match) and INSERT_FIRST (first, when a route matches or none is
+    named)."""
+    kept = []
+    for route in routes:
+        for p in patches:
+            if p.operation in (EF.Patch.MERGE, EF.Patch.REMOVE) and route_matches(route, p):
+                if p.operation == EF.Patch.REMOVE:
+                    break
+                merge(route, p.value)  # type: ignore[arg-type]
+        else:
+            kept.append(route)
+    for p in patches:
+        op = p.operation
+        if op == EF.Patch.ADD:
+            kept.append(p.new_value())
+        elif op in (EF.Patch.INSERT_BEFORE, EF.Patch.INSERT_AFTER, EF.Patch.INSERT_FIRST):
+            if not has_route_match(p):
+                kept.insert(len(kept) if op == EF.Patch.INSERT_AFTER else 0, p.new_value())
+                continue
+            first = next((n for n, r in enumerate(kept) if route_matches(r, p)), -1)
+            if first >= 0:
+                where = first + 1 if op == EF.Patch.INSERT_AFTER else first if op == EF.Patch.INSERT_BEFORE else 0
+                kept.insert(where, p.new_value())
+    return kept
 
 
 # --- routes -------------------------------------------------------------------------------
@@ -296,19 +341,23 @@ def _route_configuration(rc: Any, patches: Patches, context: int) -> Any:
     if not (vhost_patches or route_patches):
         return rc
     vhosts = []
-    for vhost in rc.virtual_hosts:
+    for original in rc.virtual_hosts:
+        vhost = original
         removed = False
         for p in vhost_patches:
-            if p.operation in (EF.Patch.MERGE, EF.Patch.REMOVE) and virtual_host_matches(vhost, p):
+            if p.operation in (EF.Patch.MERGE, EF.Patch.REMOVE, EF.Patch.REPLACE) and virtual_host_matches(vhost, p):
                 if p.operation == EF.Patch.REMOVE:
                     removed = True
                     break
-                merge(vhost, p.value)  # type: ignore[arg-type]
+                if p.operation == EF.Patch.REPLACE:
+                    vhost = p.new_value()
+                else:
+                    merge(vhost, p.value)  # type: ignore[arg-type]
         if removed:
             continue
         wanted = [p for p in route_patches if virtual_host_matches(vhost, p)]
         if wanted:
-            kept = _list_operation(list(vhost.routes), wanted, (route_matches, has_route_match), _merge_route)
+            kept = _route_list(list(vhost.routes), wanted)
             del vhost.routes[:]
             vhost.routes.extend(kept)
         vhosts.append(vhost)
@@ -316,7 +365,3 @@ def _route_configuration(rc: Any, patches: Patches, context: int) -> Any:
     del rc.virtual_hosts[:]
     rc.virtual_hosts.extend(vhosts)
     return rc
-
-
-def _merge_route(route: Any, p: Patch) -> None:
-    merge(route, p.value)  # type: ignore[arg-type]

@@ -39,7 +39,7 @@ EFFECTIVE: dict[int, frozenset[int]] = {
     EF.HTTP_FILTER: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE, EF.Patch.REPLACE, *_INSERTS}),
     EF.LISTENER_FILTER: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE, EF.Patch.REPLACE, *_INSERTS}),
     EF.ROUTE_CONFIGURATION: frozenset({EF.Patch.MERGE}),
-    EF.VIRTUAL_HOST: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE}),
+    EF.VIRTUAL_HOST: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE, EF.Patch.REPLACE}),
     EF.HTTP_ROUTE: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE, *_INSERTS}),
     EF.CLUSTER: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE}),
 }
