@@ -76,7 +76,8 @@ def apply_envoy_filters(config: Generated, proxy: Proxy) -> Generated:
     gateway = proxy.type is ProxyType.ROUTER
     out = dict(config)
     if EF.CLUSTER in patches:
-        out[types.CLUSTER] = tuple(_clusters(config[types.CLUSTER], patches[EF.CLUSTER], gateway))
+        hosts = inbound_hosts(proxy)
+        out[types.CLUSTER] = tuple(_clusters(config[types.CLUSTER], patches[EF.CLUSTER], gateway, hosts))
     if patches.keys() & {EF.LISTENER, EF.FILTER_CHAIN, EF.NETWORK_FILTER, EF.HTTP_FILTER, EF.LISTENER_FILTER}:
         out[types.LISTENER] = tuple(_listeners(config[types.LISTENER], patches, gateway))
     elif patches.keys() & {EF.ROUTE_CONFIGURATION, EF.VIRTUAL_HOST, EF.HTTP_ROUTE} and not gateway:
@@ -102,7 +103,19 @@ def _added(patches: Iterable[Patch], context: int, names: set[str]) -> list[Any]
 # --- clusters -----------------------------------------------------------------------------
 
 
-def _clusters(clusters: tuple[Message, ...], patches: list[Patch], gateway: bool) -> list[Message]:
+def inbound_hosts(proxy: Proxy) -> dict[str, frozenset[str]]:
+    """The services each `inbound|PORT||` cluster of the proxy serves, which a cluster match's
+    `service` names (Istio matches an inbound cluster by its services' hostnames)."""
+    hosts: dict[str, set[str]] = {}
+    for instance in proxy.instances:
+        for port in instance.endpoint.ports.values():
+            hosts.setdefault(f"inbound|{port}||", set()).add(instance.service.hostname)
+    return {name: frozenset(h) for name, h in hosts.items()}
+
+
+def _clusters(
+    clusters: tuple[Message, ...], patches: list[Patch], gateway: bool, hosts: Mapping[str, frozenset[str]]
+) -> list[Message]:
     out: list[Message] = []
     for cluster in clusters:
         name = cluster.name  # type: ignore[attr-defined]
@@ -111,19 +124,40 @@ def _clusters(clusters: tuple[Message, ...], patches: list[Patch], gateway: bool
         for p in patches:
             if p.operation not in (EF.Patch.MERGE, EF.Patch.REMOVE) or not context_matches(p, context):
                 continue
-            if not cluster_matches(patched, p):
+            if not cluster_matches(patched, p, hosts.get(name, frozenset())):
                 continue
             if p.operation == EF.Patch.REMOVE:
                 patched = None
                 break
             if patched is cluster:
                 patched = _copy(cluster)
-            merge(patched, p.value)  # type: ignore[arg-type]
+            _merge_cluster(patched, p.value)
         if patched is not None:
             out.append(patched)
     names = {c.name for c in out}  # type: ignore[attr-defined]
     out.extend(_added(patches, EF.GATEWAY if gateway else EF.SIDECAR_OUTBOUND, names))
     return out
+
+
+def _merge_cluster(cluster: Any, value: Any) -> None:
+    """A cluster's MERGE as Istio's: a transport socket in the patch merges into the cluster's
+    transport socket matches of the same socket name when it has matches (and is added nowhere
+    else), into its transport socket of the same name, or replaces one of another name."""
+    if not value.HasField("transport_socket"):
+        merge(cluster, value)
+        return
+    socket = value.transport_socket
+    rest = _copy(value)
+    rest.ClearField("transport_socket")
+    if cluster.transport_socket_matches:
+        for tsm in cluster.transport_socket_matches:
+            if tsm.transport_socket.name == socket.name:
+                merge(tsm.transport_socket, socket)
+    elif cluster.HasField("transport_socket") and cluster.transport_socket.name == socket.name:
+        merge(cluster.transport_socket, socket)
+    else:
+        cluster.transport_socket.CopyFrom(socket)
+    merge(cluster, rest)
 
 
 # --- listeners ----------------------------------------------------------------------------

@@ -255,7 +255,8 @@ def route_matches(route: Any, patch: Patch) -> bool:
 # --- clusters -----------------------------------------------------------------------------
 
 
-def cluster_matches(cluster: Any, patch: Patch) -> bool:
+def cluster_matches(cluster: Any, patch: Patch, hosts: frozenset[str] = frozenset()) -> bool:
+    """`hosts`: the services an inbound cluster serves (its name has none)."""
     if not patch.match.HasField("cluster"):
         return True
     m = patch.match.cluster
@@ -267,6 +268,6 @@ def cluster_matches(cluster: Any, patch: Patch) -> bool:
     _, port, subset, host = parts
     if m.subset and m.subset != subset:
         return False
-    if m.service and m.service != host:
+    if m.service and m.service != host and m.service not in hosts:
         return False
     return not m.port_number or port == str(m.port_number)
