@@ -259,10 +259,13 @@ def test_cluster_match(match: str, cluster: str, hit: bool) -> None:
     patch = f"""\
   - applyTo: CLUSTER
     match: {{cluster: {match}}}
-    patch: {{operation: REMOVE}}
+    patch: {{operation: MERGE, value: {{lb_policy: MAGLEV}}}}
+  - applyTo: CLUSTER
+    patch: {{operation: MERGE, value: {{dns_lookup_family: V6_ONLY}}}}
 """
-    got = _patched(_filter(patch), SIDECAR, clusters=_clusters([{"name": cluster}]))["clusters"]
-    assert (got == []) is hit
+    (got,) = _patched(_filter(patch), SIDECAR, clusters=_clusters([{"name": cluster}]))["clusters"]
+    assert got.dns_lookup_family == cluster_pb2.Cluster.V6_ONLY  # the patch without a match applies
+    assert (got.lb_policy == cluster_pb2.Cluster.MAGLEV) is hit
 
 
 # --- routes (rc_patch_test.go, TestApplyRouteConfigurationPatches) ------------------------
@@ -438,6 +441,9 @@ def test_route_configuration_match(match: str, name: str, gateway: bool, hit: bo
   - applyTo: ROUTE_CONFIGURATION
     match: {{routeConfiguration: {match}}}
     patch: {{operation: MERGE, value: {{request_headers_to_remove: [patched]}}}}
+  - applyTo: ROUTE_CONFIGURATION
+    patch: {{operation: MERGE, value: {{request_headers_to_add: [{{header: {{key: x-all, value: "1"}}}}]}}}}
 """
     (got,) = _patched(_filter(patch), ROUTER if gateway else SIDECAR, routes=[_rc({"name": name})])["routes"]
+    assert [h.header.key for h in got.request_headers_to_add] == ["x-all"]  # the patch without a match
     assert (list(got.request_headers_to_remove) == ["patched"]) is hit
