@@ -295,3 +295,18 @@ def test_a_real_envoy_accepts_a_mesh_every_kind_of_patch_touched(tmp_path: Path)
     )
     assert proc.returncode == 0, proc.stderr
     assert "no problems found" in proc.stderr
+
+
+def test_simulate_routes_through_patched_config(tmp_path: Path) -> None:
+    (tmp_path / "mesh.yaml").write_text(MESH + "---\n" + _filter(EVERY_KIND, namespace="shop"))
+    command = [*meshctl_command(), "simulate", "--config-dir", str(tmp_path), "--proxy", CLIENT]
+    added = subprocess.run(
+        [*command, "http://added.example.com:8080/"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert added.returncode == 0, added.stderr
+    assert "virtual host   added" in added.stdout and "204" in added.stdout
+    web = subprocess.run(
+        [*command, "http://web.shop.mesh:8080/", "-o", "json"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert web.returncode == 0, web.stderr
+    assert '"timeout": "7s"' in web.stdout
