@@ -103,3 +103,17 @@ def test_an_operation_without_effect_is_a_warning_and_a_good_filter_loads() -> N
     assert warning.severity is Severity.WARNING
     assert (warning.line, warning.field) == (7, "spec.configPatches[0].patch.operation")
     assert "ADD has no effect on ROUTE_CONFIGURATION" in warning.message
+
+
+def test_a_deprecated_field_inside_a_typed_config_is_a_warning() -> None:
+    patch = (
+        "  - applyTo: HTTP_FILTER\n    patch:\n      operation: INSERT_FIRST\n      value:\n"
+        "        name: envoy.filters.http.lua\n        typed_config:\n"
+        "          '@type': type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua\n"
+        "          inlineCode: 'function envoy_on_request(h) end'\n"
+    )
+    result = load_text(HEAD + patch, "ef.yaml")
+    assert result.ok
+    (warning,) = result.findings
+    assert warning.severity is Severity.WARNING and warning.field == "spec.configPatches[0].patch.value"
+    assert "envoy.extensions.filters.http.lua.v3.Lua.inline_code is deprecated" in warning.message

@@ -125,3 +125,34 @@ def _short(text: str) -> str:
     text = text.split("\n", 1)[0].strip()  # protobuf adds a list of every field on a new line
     return text if len(text) <= 300 else text[:297] + "..."
 
+
+def deprecated_fields(message: Message, limit: int = 10) -> list[str]:
+    """The deprecated fields a patch value sets (`envoy.extensions.filters.http.lua.v3.Lua.inline_code`),
+    `google.protobuf.Any` contents included: Envoy logs a warning for each and will drop them."""
+    from google.protobuf import message_factory
+
+    found: list[str] = []
+
+    def walk(msg: Message, depth: int) -> None:
+        if depth > 64 or len(found) >= limit:
+            return
+        if msg.DESCRIPTOR.full_name == "google.protobuf.Any":
+            url: str = msg.type_url  # type: ignore[attr-defined]
+            try:
+                descriptor = descriptor_pool.Default().FindMessageTypeByName(url.rpartition("/")[2])
+            except KeyError:
+                return
+            inner = message_factory.GetMessageClass(descriptor)()
+            inner.ParseFromString(msg.value)  # type: ignore[attr-defined]
+            walk(inner, depth + 1)
+            return
+        for fd, value in msg.ListFields():
+            if fd.GetOptions().deprecated:
+                found.append(fd.full_name)
+            if fd.message_type is None or fd.message_type.GetOptions().map_entry:
+                continue
+            for item in value if fd.is_repeated else (value,):
+                walk(item, depth + 1)
+
+    walk(message, 0)
+    return found

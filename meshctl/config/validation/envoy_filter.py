@@ -18,7 +18,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from meshctl.api.networking.v1alpha3 import envoy_filter_pb2
-from meshctl.config.envoy_types import parse_value
+from meshctl.config.envoy_types import deprecated_fields, parse_value
 from meshctl.config.findings import FieldPath
 from meshctl.config.validation import Issue
 from meshctl.config.validation.common import Report, check_selector, enum_name
@@ -90,9 +90,12 @@ def _patch(report: Report, path: FieldPath, cp: Any) -> None:
         return
     if cp.patch.HasField("value"):
         try:
-            parse_value(enum_name(cp, "apply_to"), cp.patch.value)
+            value = parse_value(enum_name(cp, "apply_to"), cp.patch.value)
         except ValueError as exc:
             report.error((*path, "patch", "value"), str(exc))
+            return
+        for name in deprecated_fields(value):
+            report.warn((*path, "patch", "value"), f"{name} is deprecated: Envoy warns of it and will remove it")
 
 
 def _match(report: Report, path: FieldPath, match: Any, apply_to: int) -> bool:
