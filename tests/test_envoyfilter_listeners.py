@@ -310,3 +310,25 @@ def test_simulate_routes_through_patched_config(tmp_path: Path) -> None:
     )
     assert web.returncode == 0, web.stderr
     assert '"timeout": "7s"' in web.stdout
+
+
+def test_listener_filter_operations() -> None:
+    patches = """\
+  - applyTo: LISTENER_FILTER
+    match: {listener: {portNumber: 8080, listenerFilter: envoy.filters.listener.http_inspector}}
+    patch: {operation: INSERT_BEFORE, value: {name: envoy.filters.listener.proxy_protocol}}
+  - applyTo: LISTENER_FILTER
+    match: {listener: {listenerFilter: envoy.filters.listener.tls_inspector}}
+    patch: {operation: REMOVE}
+  - applyTo: LISTENER_FILTER
+    match: {listener: {portNumber: 9090}}
+    patch: {operation: ADD, value: {name: never-added}}
+"""
+    given = _outbound(8080, {"filters": [_hcm("envoy.filters.http.router")]})
+    given.listener_filters.add(name="envoy.filters.listener.tls_inspector")
+    given.listener_filters.add(name="envoy.filters.listener.http_inspector")
+    (got,) = _patched(_filter(patches), SIDECAR, listeners=[given])["listeners"]
+    assert [f.name for f in got.listener_filters] == [
+        "envoy.filters.listener.proxy_protocol",
+        "envoy.filters.listener.http_inspector",
+    ]
