@@ -447,3 +447,24 @@ def test_route_configuration_match(match: str, name: str, gateway: bool, hit: bo
     (got,) = _patched(_filter(patch), ROUTER if gateway else SIDECAR, routes=[_rc({"name": name})])["routes"]
     assert [h.header.key for h in got.request_headers_to_add] == ["x-all"]  # the patch without a match
     assert (list(got.request_headers_to_remove) == ["patched"]) is hit
+
+
+def test_cluster_adds_by_context() -> None:
+    patches = """\
+  - applyTo: CLUSTER
+    patch: {operation: ADD, value: {name: any-context}}
+  - applyTo: CLUSTER
+    match: {context: SIDECAR_INBOUND}
+    patch: {operation: ADD, value: {name: inbound-only}}
+  - applyTo: CLUSTER
+    match: {context: GATEWAY}
+    patch: {operation: ADD, value: {name: gateway-only}}
+  - applyTo: CLUSTER
+    patch: {operation: ADD, value: {name: outbound|80||exists}}
+"""
+    given = _clusters([{"name": "outbound|80||exists", "lb_policy": "MAGLEV"}])
+    sidecar = _patched(_filter(patches), SIDECAR, clusters=given)["clusters"]
+    assert [c.name for c in sidecar] == ["outbound|80||exists", "any-context", "inbound-only"]
+    assert sidecar[0].lb_policy == cluster_pb2.Cluster.MAGLEV  # an ADD never replaces a cluster
+    gateway = _patched(_filter(patches), ROUTER, clusters=given)["clusters"]
+    assert [c.name for c in gateway] == ["outbound|80||exists", "any-context", "gateway-only"]

@@ -8,8 +8,8 @@ order is Istio's: the listener (MERGE/REMOVE), its listener filters, its filter 
 filters (and its inline route configuration, on inbound listeners). Patches of one kind are
 applied in the order of their EnvoyFilters (`select_envoy_filters`) and, within one, as written.
 
-ADD of a listener or cluster happens once, in the outbound (or gateway) context, as Istio's;
-one whose name the config already has is not added (Envoy would refuse the whole update).
+ADD of a listener or cluster for ANY context happens once, as Istio's (whose duplicate is
+dropped); one whose name the config already has is not added (Envoy would refuse the update).
 ADD of an HTTP filter puts it before the router (a filter after it would never run; Envoy refuses
 it), after the authentication filters for `filterClass: AUTHN`, after RBAC for `AUTHZ`.
 
@@ -136,6 +136,8 @@ def _clusters(
             out.append(patched)
     names = {c.name for c in out}  # type: ignore[attr-defined]
     out.extend(_added(patches, EF.GATEWAY if gateway else EF.SIDECAR_OUTBOUND, names))
+    if not gateway:
+        out.extend(_added([p for p in patches if p.context == EF.SIDECAR_INBOUND], EF.SIDECAR_INBOUND, names))
     return out
 
 
