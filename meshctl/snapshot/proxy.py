@@ -282,12 +282,14 @@ class Proxy:
         )
 
     def patch_key(self) -> tuple[object, ...]:
-        """What EnvoyFilter patching reads of the proxy beyond the rest of the key: the filters
-        that select it, and what their proxy matches test (its version, its metadata)."""
+        """Everything EnvoyFilter patching reads of the proxy, besides its generated config: the
+        filters that select it, what their proxy matches test (its version, its metadata), its
+        type (the patch context) and the services of its inbound clusters (cluster matches)."""
         if not self.envoy_filters:
             return ()
         metadata = tuple(sorted(map(str, self.node.metadata.items())))
-        return (filters_key(self.envoy_filters), self.node.proxy_version, metadata)
+        served = tuple(sorted({(i.service.hostname, p) for i in self.instances for p in i.endpoint.ports.values()}))
+        return (filters_key(self.envoy_filters), self.node.proxy_version, metadata, self.node.type, served)
 
     @property
     def family(self) -> str:
