@@ -38,6 +38,8 @@ BASE_MAX_CONNECTIONS = 100
 #: The address of the VM added and removed by the endpoint-churn phase: outside the generated
 #: range (10.x.y.z from 1 up), so it can never collide with a generated WorkloadEntry.
 CHURN_IP = "10.255.255.254"
+#: The connect timeout the EnvoyFilter step sets, in seconds (generated clusters have others).
+ENVOY_FILTER_TIMEOUT = 17
 
 SIDECAR = """apiVersion: networking.istio.io/v1
 kind: Sidecar
@@ -291,6 +293,26 @@ class Fleet:
         change = Change("DestinationRule", svc.host, check, self.importers(svc.host), "config")
         return change, self.routing_path(svc), self.routing(svc, max_connections=limit)
 
+    def envoy_filter_change(self) -> tuple[Change, Path, str]:
+        """An EnvoyFilter of the first namespace, selecting all of its proxies, that merges a
+        connect timeout into the cluster of a shared service (every proxy has it): only that
+        namespace's proxies are affected, scoped or not (with Consul every proxy is in it)."""
+        ns = self.namespace_of(self.services[0])
+        svc = self.churn_service
+        check = ("connect_timeout", cluster_name(svc.host), ENVOY_FILTER_TIMEOUT)
+        affected = frozenset(p.node_id for p in self.proxies if self.spec.consul or p.group == ns)
+        text = (
+            "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\n"
+            f"metadata: {{name: bench-timeout, namespace: {ns}}}\nspec:\n  configPatches:\n"
+            f"  - applyTo: CLUSTER\n    match: {{context: SIDECAR_OUTBOUND, cluster: {{service: {svc.host}}}}}\n"
+            f"    patch: {{operation: MERGE, value: {{connect_timeout: {ENVOY_FILTER_TIMEOUT}s}}}}\n"
+        )
+        return (
+            Change("EnvoyFilter", svc.host, check, affected, "config"),
+            self.root / ns / "bench-envoy-filter.yaml",
+            text,
+        )
+
     @property
     def churn_service(self) -> ServiceInfo:
         return self.shared[0]
@@ -311,7 +333,7 @@ class Fleet:
     def steps(self) -> list[Step]:
         """The changes of one run, in order; each is undone by a later one or left harmless."""
         out = []
-        for change, path, text in (self.route_change(1), self.policy_change(1)):
+        for change, path, text in (self.route_change(1), self.policy_change(1), self.envoy_filter_change()):
             out.append(Step(change, "write", self.relative(path), text))
         added, removed = self.endpoint_change(True), self.endpoint_change(False)
         if self.spec.consul:

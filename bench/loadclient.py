@@ -99,6 +99,7 @@ def holds(client: AdsClient, check: Check) -> bool:
     - `("renewed", secret)`: the proxy holds `secret`, and not the one it held when armed;
     - `("route_timeout", host, seconds)`: a route of `host`'s virtual host has that timeout;
     - `("max_connections", cluster, n)`: the cluster's circuit breaker allows `n` connections;
+    - `("connect_timeout", cluster, seconds)`: the cluster has that connect timeout;
     - `("endpoint", cluster, ip, present)`: the cluster's assignment has (or lacks) `ip`.
     """
     kind = check[0]
@@ -122,6 +123,10 @@ def holds(client: AdsClient, check: Check) -> bool:
             return False
         thresholds = cluster.circuit_breakers.thresholds  # type: ignore[attr-defined]
         return bool(thresholds) and thresholds[0].max_connections.value == limit
+    if kind == "connect_timeout":
+        _, name, seconds = check
+        cluster = client.resources[types.CLUSTER].get(name)
+        return cluster is not None and cluster.connect_timeout.seconds == seconds  # type: ignore[attr-defined]
     if kind == "endpoint":
         _, name, ip, present = check
         cla = client.resources[types.ENDPOINT].get(name)

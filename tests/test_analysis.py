@@ -5,9 +5,7 @@ from __future__ import annotations
 from meshctl.config.check import check
 from meshctl.config.findings import Finding, Severity
 
-HEAD = (
-    "apiVersion: networking.istio.io/v1\nkind: {kind}\nmetadata:\n  name: {name}\n  namespace: shop\nspec:\n"
-)
+HEAD = "apiVersion: networking.istio.io/v1\nkind: {kind}\nmetadata:\n  name: {name}\n  namespace: shop\nspec:\n"
 
 SE = (
     HEAD.format(kind="ServiceEntry", name="reviews")
@@ -61,9 +59,7 @@ def gateway(name: str, host: str, port: int = 80, selector: str = "istio: ingres
     )
 
 
-GW_WE = (
-    HEAD.format(kind="WorkloadEntry", name="gw") + "  address: 10.0.0.9\n  labels: {istio: ingressgateway}\n"
-)
+GW_WE = HEAD.format(kind="WorkloadEntry", name="gw") + "  address: 10.0.0.9\n  labels: {istio: ingressgateway}\n"
 
 
 def run(*docs: str, tmp_path: object) -> list[Finding]:
@@ -112,6 +108,17 @@ def test_ist0127_selector_matches_no_workload(tmp_path: object) -> None:
     assert codes(run(SE, WE, sidecar.replace("ratings", "reviews"), tmp_path=tmp_path)) == []
 
 
+def test_ist0127_an_envoy_filter_selecting_no_workload(tmp_path: object) -> None:
+    ef = HEAD.format(kind="EnvoyFilter", name="f").replace(
+        "networking.istio.io/v1\n", "networking.istio.io/v1alpha3\n"
+    ) + (
+        "  workloadSelector:\n    labels: {app: ratings}\n  configPatches:\n  - applyTo: CLUSTER\n"
+        "    patch: {operation: MERGE, value: {connect_timeout: 2s}}\n"
+    )
+    assert codes(run(SE, WE, ef, tmp_path=tmp_path)) == [("IST0127", "spec.workloadSelector", Severity.WARNING)]
+    assert codes(run(SE, WE, ef.replace("ratings", "reviews"), tmp_path=tmp_path)) == []
+
+
 def test_ist0132_host_not_exposed_by_gateway(tmp_path: object) -> None:
     ext = vs("edge", host="shop.example.com", gateways="gw")
     found = codes(run(SE, WE, GW_WE, gateway("gw", "other.example.com"), ext, tmp_path=tmp_path))
@@ -120,9 +127,7 @@ def test_ist0132_host_not_exposed_by_gateway(tmp_path: object) -> None:
 
 
 def test_ist0145_conflicting_gateways(tmp_path: object) -> None:
-    found = codes(
-        run(GW_WE, gateway("a", "*.example.com"), gateway("b", "shop.example.com"), tmp_path=tmp_path)
-    )
+    found = codes(run(GW_WE, gateway("a", "*.example.com"), gateway("b", "shop.example.com"), tmp_path=tmp_path))
     assert found == [("IST0145", "spec.servers[0]", Severity.ERROR)] * 2
     assert (
         codes(
@@ -144,7 +149,5 @@ def test_ist0173_subset_selects_no_endpoint(tmp_path: object) -> None:
 
 
 def test_ist0174_destination_rule_host_unknown(tmp_path: object) -> None:
-    found = codes(
-        run(SE, WE, DR.replace("host: reviews.shop.mesh", "host: ghost.shop.mesh"), tmp_path=tmp_path)
-    )
+    found = codes(run(SE, WE, DR.replace("host: reviews.shop.mesh", "host: ghost.shop.mesh"), tmp_path=tmp_path))
     assert found == [("IST0174", "spec.host", Severity.WARNING)]

@@ -43,7 +43,13 @@ def test_tiny_fleet_benchmark_prints_its_json_line_last(floor_processes: int) ->
     for key in KEYS - {"proxies", "services"}:
         assert isinstance(result[key], float) and result[key] > 0, key
     # Every change reached every proxy it affects, on meshctl and on the floor.
-    assert set(result["phases"]) == {"VirtualService", "DestinationRule", "endpoint added", "endpoint removed"}
+    assert set(result["phases"]) == {
+        "VirtualService",
+        "DestinationRule",
+        "EnvoyFilter",
+        "endpoint added",
+        "endpoint removed",
+    }
     assert all(p["missing"] == 0 for p in [*result["phases"].values(), *result["floor"]["phases"].values()])
     assert "| phase |" in proc.stdout
 

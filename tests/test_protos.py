@@ -431,6 +431,58 @@ jwtRules:
   jwks: '{"keys": []}'
 """
 
+ENVOY_FILTER = """
+workloadSelector:
+  labels: {app: reviews}
+priority: -10
+configPatches:
+- applyTo: HTTP_FILTER
+  match:
+    context: SIDECAR_OUTBOUND
+    proxy:
+      proxyVersion: '^1\\.4.*'
+      metadata: {ISTIO_VERSION: "1.24.0"}
+    listener:
+      portNumber: 9080
+      name: 0.0.0.0_9080
+      listenerFilter: envoy.filters.listener.tls_inspector
+      filterChain:
+        name: main
+        sni: reviews.example.com
+        transportProtocol: tls
+        applicationProtocols: h2,http/1.1
+        destinationPort: 9080
+        filter:
+          name: envoy.filters.network.http_connection_manager
+          subFilter: {name: envoy.filters.http.router}
+  patch:
+    operation: INSERT_BEFORE
+    filterClass: AUTHZ
+    value:
+      name: envoy.lua
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+        inlineCode: "function envoy_on_request(h) end"
+- applyTo: HTTP_ROUTE
+  match:
+    context: GATEWAY
+    routeConfiguration:
+      portNumber: 443
+      portName: https
+      gateway: istio-system/edge
+      name: https.443.https.edge.istio-system
+      vhost:
+        name: reviews.example.com:443
+        domainName: reviews.example.com
+        route: {name: default, action: ROUTE}
+  patch: {operation: MERGE, value: {route: {timeout: 3s}}}
+- applyTo: CLUSTER
+  match:
+    context: ANY
+    cluster: {portNumber: 9080, service: reviews.shop.mesh, subset: v1, name: "outbound|9080|v1|reviews.shop.mesh"}
+  patch: {operation: REMOVE}
+"""
+
 
 def _load(text: str) -> Any:
     return YAML(typ="safe").load(text)
@@ -456,6 +508,7 @@ SPECS = [
     ("WorkloadEntry", WORKLOAD_ENTRY),
     ("WorkloadGroup", WORKLOAD_GROUP),
     ("Sidecar", SIDECAR),
+    ("EnvoyFilter", ENVOY_FILTER),
     ("PeerAuthentication", PEER_AUTHENTICATION),
     ("AuthorizationPolicy", AUTHORIZATION_POLICY),
     ("AuthorizationPolicy", AUTHORIZATION_POLICY_TARGET_REFS),

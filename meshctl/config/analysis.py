@@ -396,17 +396,18 @@ def _mesh_host_conflicts(index: _Index) -> Iterator[AnalysisIssue]:
 
 
 def _selectors(index: _Index, root_namespace: str) -> Iterator[AnalysisIssue]:
-    """IST0127: a workload selector that selects no WorkloadEntry. The security policies'
-    selectors reach every namespace from the root namespace, as in Istio."""
+    """IST0127: a workload selector that selects no WorkloadEntry. The security policies' and
+    EnvoyFilters' selectors reach every namespace from the root namespace, as in Istio."""
     checks: Iterable[tuple[str, FieldPath, str]] = (
         ("Sidecar", ("spec", "workloadSelector"), "workload_selector"),
         ("DestinationRule", ("spec", "workloadSelector"), "workload_selector"),
         ("ServiceEntry", ("spec", "workloadSelector"), "workload_selector"),
+        ("EnvoyFilter", ("spec", "workloadSelector"), "workload_selector"),
         ("AuthorizationPolicy", ("spec", "selector"), "selector"),
         ("RequestAuthentication", ("spec", "selector"), "selector"),
         ("PeerAuthentication", ("spec", "selector"), "selector"),
     )
-    policies = {"AuthorizationPolicy", "RequestAuthentication", "PeerAuthentication"}
+    policies = {"AuthorizationPolicy", "RequestAuthentication", "PeerAuthentication", "EnvoyFilter"}
     for kind, path, field in checks:
         for config in index.by_kind[kind]:
             selector = selector_labels(config.spec, field)

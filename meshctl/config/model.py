@@ -41,6 +41,7 @@ _SCHEMAS: Final[Mapping[str, tuple[str, str]]] = {
     "WorkloadEntry": ("networking.v1alpha3.workload_entry_pb2", "WorkloadEntry"),
     "WorkloadGroup": ("networking.v1alpha3.workload_group_pb2", "WorkloadGroup"),
     "Sidecar": ("networking.v1alpha3.sidecar_pb2", "Sidecar"),
+    "EnvoyFilter": ("networking.v1alpha3.envoy_filter_pb2", "EnvoyFilter"),
     "PeerAuthentication": ("security.v1beta1.peer_authentication_pb2", "PeerAuthentication"),
     "AuthorizationPolicy": ("security.v1beta1.authorization_policy_pb2", "AuthorizationPolicy"),
     "RequestAuthentication": ("security.v1beta1.request_authentication_pb2", "RequestAuthentication"),
@@ -56,6 +57,7 @@ _SERVED: Final[Mapping[str, str]] = {
     "WorkloadEntry": NETWORKING_GROUP,
     "WorkloadGroup": NETWORKING_GROUP,
     "Sidecar": NETWORKING_GROUP,
+    "EnvoyFilter": NETWORKING_GROUP,
     "PeerAuthentication": SECURITY_GROUP,
     "AuthorizationPolicy": SECURITY_GROUP,
     "RequestAuthentication": SECURITY_GROUP,
@@ -67,7 +69,7 @@ KINDS: Final = tuple(_SERVED)
 #: them is a typo (`VirtualSevice`) that Kubernetes would refuse too, not someone else's config.
 ISTIO_KINDS: Final[Mapping[str, frozenset[str]]] = {
     NETWORKING_GROUP: frozenset(
-        {k for k, g in _SERVED.items() if g == NETWORKING_GROUP} | {"EnvoyFilter", "ProxyConfig"}
+        {k for k, g in _SERVED.items() if g == NETWORKING_GROUP} | {"ProxyConfig"}
     ),
     SECURITY_GROUP: frozenset({"AuthorizationPolicy", "PeerAuthentication", "RequestAuthentication"}),
     "telemetry.istio.io": frozenset({"Telemetry"}),

@@ -316,7 +316,7 @@ class AdsServicer:
         if not request.HasField("node") or not request.node.id:
             return grpc.StatusCode.INVALID_ARGUMENT, "the first request must carry node.id"
         try:
-            node = parse_node_id(request.node.id, _metadata(request.node.metadata))
+            node = parse_node_id(request.node.id, _metadata(request.node.metadata), _envoy_version(request.node))
         except NodeIdError as exc:
             logger.warning("refused a stream from %s: %s", context.peer(), str(exc))
             return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
@@ -484,6 +484,14 @@ def _metadata(struct: Any) -> dict[str, Any]:
         return {k: json_format.MessageToDict(fields[k]) for k in METADATA_KEYS if k in fields}
     except (ValueError, TypeError) as exc:
         raise NodeIdError(f"node metadata cannot be read: {exc}") from None
+
+
+def _envoy_version(node: Any) -> str:
+    """The Envoy version a node reports (`1.40.0`), "" when it reports none."""
+    if node.HasField("user_agent_build_version") and node.user_agent_build_version.HasField("version"):
+        v = node.user_agent_build_version.version
+        return f"{v.major_number}.{v.minor_number}.{v.patch}"
+    return ""
 
 
 def ads_handlers(sotw: Callable[..., Any], delta: Callable[..., Any]) -> grpc.GenericRpcHandler[Any, Any]:

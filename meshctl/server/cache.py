@@ -57,9 +57,11 @@ from meshctl.snapshot.scope import ProxyScope, rule_digest
 from meshctl.xds import types
 from meshctl.xds.eds_locality import LocalityView, build_variant, eds_localities
 from meshctl.xds.endpoints import AssignmentView, assignment_view, build_assignment, subset_labels
+from meshctl.xds.envoyfilter import apply_envoy_filters
 from meshctl.xds.generate import (
     ASSIGNMENT_KINDS,
     CLUSTER_KINDS,
+    PATCH_KINDS,
     TRACED_KINDS,
     GenerationMemos,
     generate_inbound,
@@ -69,7 +71,7 @@ from meshctl.xds.generate import (
 from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.memo import GenerationMemo
 from meshctl.xds.names import eds_cluster_names, parse_cluster_name
-from meshctl.xds.resources import Resource, ResourceSet, to_resource
+from meshctl.xds.resources import Resource, ResourceSet, decode_resource, to_resource
 
 logger = logging.getLogger("meshctl.server.cache")
 
@@ -228,6 +230,8 @@ class ResourceCache:
         self._joins: GenerationMemo[tuple[str, int, int], tuple[ResourceSet, ResourceSet, ResourceSet]] = (
             GenerationMemo()
         )
+        #: patched configs by the ids of their unpatched sets (held by the entry) and patch key
+        self._patches: GenerationMemo[tuple[object, ...], tuple[tuple[ResourceSet, ...], _Config]] = GenerationMemo()
         #: cluster -> (the assignment's view, resource)
         self._eds: dict[str, tuple[AssignmentView, Resource]] = {}
         #: (cluster, locality view) -> (view, resource): the variants of proxies a locality rule
@@ -343,7 +347,7 @@ class ResourceCache:
             if cached is None and self._memo_version != snapshot.config_version:
                 # A new config version: what no proxy asked for in the last two goes.
                 self._memo_version = snapshot.config_version
-                for memo in (self._memos, self._inbound_parts, self._joins):
+                for memo in (self._memos, self._inbound_parts, self._joins, self._patches):
                     memo.advance()
         if cached is not None:
             return cached
@@ -357,9 +361,23 @@ class ResourceCache:
             outbound.eds_names if not inbound.eds_names else tuple(sorted({*outbound.eds_names, *inbound.eds_names}))
         )
         result = _Config(MappingProxyType(by_type), eds_names)
+        if proxy.envoy_filters:
+            result = self._patched(result, proxy)
         with self._lock:
             self._config.put(snapshot.config_version, key, result)
         return result
+
+    def _patched(self, config: _Config, proxy: Proxy) -> _Config:
+        """`config` with the proxy's EnvoyFilters applied, once per joined sets and patch key
+        (`Proxy.patch_key`): the proxies an EnvoyFilter selects alike share one patching, and a
+        change elsewhere re-uses it while their unpatched config is the same sets."""
+        sets = tuple(config.by_type[t] for t in _CONFIG_TYPES)
+
+        def patch(_key: object) -> tuple[tuple[ResourceSet, ...], _Config]:
+            decoded = {t: tuple(decode_resource(r, t) for r in config.by_type[t].ordered) for t in _CONFIG_TYPES}
+            return sets, self._generated(apply_envoy_filters(decoded, proxy), count=False)
+
+        return self._patches.get((tuple(id(s) for s in sets), proxy.patch_key()), patch)[1]
 
     def _outbound_for(self, snapshot: Snapshot, proxy: Proxy) -> _Config:
         """The outbound part for the proxy, from its two halves: clusters, kept while
@@ -379,7 +397,7 @@ class ResourceCache:
 
     def _outbound_parts_for(self, snapshot: Snapshot, outbound_key: OutboundProxy) -> _Config:
         clusters_version = snapshot.version_of(CLUSTER_KINDS - TRACED_KINDS)
-        rest_version = snapshot.version_of(frozenset(snapshot.kind_digests) - TRACED_KINDS)
+        rest_version = snapshot.version_of(frozenset(snapshot.kind_digests) - TRACED_KINDS - PATCH_KINDS)
         with self._lock:
             clusters_entry = self._cluster_parts.get(clusters_version, outbound_key)
             rest_entry = self._outbound_parts.get(rest_version, outbound_key)

@@ -44,6 +44,7 @@ from meshctl.errors import BindingError, NodeIdError
 from meshctl.logs import untrusted
 from meshctl.registry.model import Endpoint, Service
 from meshctl.registry.serviceentry import GROUP_ANNOTATION
+from meshctl.snapshot.envoy_filters import filters_key, select_envoy_filters
 from meshctl.snapshot.interception import DNS_METADATA_KEYS, InterceptionMode, dns_settings
 from meshctl.snapshot.model import Snapshot, spec
 
@@ -53,7 +54,14 @@ MAX_NODE_ID = 1024
 #: Labels a node may claim in its metadata (`LABELS`).
 MAX_NODE_LABELS = 256
 #: The node metadata keys meshctl reads; the rest is not kept.
-METADATA_KEYS = ("NAMESPACE", "LABELS", "INTERCEPTION_MODE", "AUTO_REGISTER_GROUP", *DNS_METADATA_KEYS)
+METADATA_KEYS = (
+    "NAMESPACE",
+    "LABELS",
+    "INTERCEPTION_MODE",
+    "AUTO_REGISTER_GROUP",
+    "ISTIO_VERSION",
+    *DNS_METADATA_KEYS,
+)
 
 
 class ProxyType(enum.StrEnum):
@@ -88,9 +96,12 @@ class ProxyNode:
     #: from `serve --credentials-dir` to proxies whose connection proved their workload); without
     #: it, servers that name one are left out, as for `mesh_certificates`.
     credentials: bool = True
+    #: What an EnvoyFilter's `proxyVersion` regex is matched against: the node's `ISTIO_VERSION`
+    #: metadata when it sends one (as in Istio), else the Envoy version it reports ("1.40.0").
+    proxy_version: str = ""
 
 
-def parse_node_id(node_id: str, metadata: Mapping[str, Any] | None = None) -> ProxyNode:
+def parse_node_id(node_id: str, metadata: Mapping[str, Any] | None = None, envoy_version: str = "") -> ProxyNode:
     """Parse Istio's node id and the metadata keys meshctl reads; raises NodeIdError, whose
     message quotes what the node sent escaped and shortened (`untrusted`)."""
     metadata = {k: metadata[k] for k in METADATA_KEYS if k in metadata} if metadata else {}
@@ -136,6 +147,7 @@ def parse_node_id(node_id: str, metadata: Mapping[str, Any] | None = None) -> Pr
         labels=MappingProxyType(labels),
         interception=mode,
         metadata=MappingProxyType(metadata),
+        proxy_version=str(metadata.get("ISTIO_VERSION") or envoy_version)[:64],
     )
 
 
@@ -212,6 +224,8 @@ class Proxy:
     #: The service account its workload runs as (see the module docstring); "" when it is bound
     #: to none, or (attested) to endpoints that disagree on one.
     service_account: str = ""
+    #: The EnvoyFilters that apply to it, in patch order (`select_envoy_filters`).
+    envoy_filters: tuple[Config, ...] = ()
 
     @property
     def id(self) -> str:
@@ -270,7 +284,18 @@ class Proxy:
             self.node.mesh_certificates,
             self.node.credentials,
             dns_settings(self.node.metadata) if self.node.type is ProxyType.SIDECAR else (0, True),
+            *self.patch_key(),
         )
+
+    def patch_key(self) -> tuple[object, ...]:
+        """Everything EnvoyFilter patching reads of the proxy, besides its generated config: the
+        filters that select it, what their proxy matches test (its version, its metadata), its
+        type (the patch context) and the services of its inbound clusters (cluster matches)."""
+        if not self.envoy_filters:
+            return ()
+        metadata = tuple(sorted(map(str, self.node.metadata.items())))
+        served = tuple(sorted({(i.service.hostname, p) for i in self.instances for p in i.endpoint.ports.values()}))
+        return (filters_key(self.envoy_filters), self.node.proxy_version, metadata, self.node.type, served)
 
     @property
     def family(self) -> str:
@@ -322,7 +347,10 @@ def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
     address_in_config = node.interception is not InterceptionMode.NONE or _any_sidecar_ingress(snapshot)
     proxy = Proxy(node, MappingProxyType(labels), workload, tuple(instances), address_in_config)
     outbound = outbound_proxy(proxy, snapshot)
-    return Proxy(node, proxy.labels, workload, proxy.instances, address_in_config, outbound, snapshot.version, account)
+    filters = select_envoy_filters(snapshot, node.namespace, proxy.labels)
+    return Proxy(
+        node, proxy.labels, workload, proxy.instances, address_in_config, outbound, snapshot.version, account, filters
+    )
 
 
 def entry_service_account(entry: Config, snapshot: Snapshot) -> str:

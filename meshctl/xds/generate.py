@@ -37,6 +37,7 @@ from meshctl.xds.clusters import (
 )
 from meshctl.xds.eds_locality import build_variant, eds_localities
 from meshctl.xds.endpoints import assignment_view, build_load_assignment
+from meshctl.xds.envoyfilter import apply_envoy_filters
 from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.listeners import build_inbound_listeners, build_outbound_listeners, sort_listeners
 from meshctl.xds.memo import GenerationMemo
@@ -62,12 +63,15 @@ ASSIGNMENT_KINDS: frozenset[str] = frozenset({"DestinationRule"})
 #: asked for is the same: a rule for a host only one namespace imports regenerates that
 #: namespace's part alone (Istio's per-proxy dependency check, for this kind).
 TRACED_KINDS: frozenset[str] = frozenset({"DestinationRule"})
+#: Kinds no part reads: EnvoyFilters patch a proxy's whole config after its parts are joined
+#: (`apply_envoy_filters`), keyed by the proxy's generation key, which names the filters.
+PATCH_KINDS: frozenset[str] = frozenset({"EnvoyFilter"})
 
 
 def generate_config(snapshot: Snapshot, proxy: Proxy) -> Generated:
     """Clusters, listeners and routes for `proxy` (everything but endpoints), by type URL."""
     scope = ProxyScope(snapshot, proxy)
-    return merge_config(_outbound(scope), generate_inbound(inbound_view(scope)))
+    return apply_envoy_filters(merge_config(_outbound(scope), generate_inbound(inbound_view(scope))), proxy)
 
 
 class GenerationMemos:

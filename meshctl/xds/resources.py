@@ -142,3 +142,14 @@ def length_delimited(number: int, payload: bytes) -> bytes:
 def encode_any(type_url: str, value: bytes) -> bytes:
     """google.protobuf.Any: type_url=1, value=2, from already-serialized message bytes."""
     return length_delimited(1, type_url.encode()) + length_delimited(2, value)
+
+
+def decode_resource(resource: Resource, type_url: str) -> Message:
+    """The message a resource holds (the inverse of `to_resource`), for the rare stage that
+    reworks generated config after it was serialized (EnvoyFilter patches)."""
+    from google.protobuf import any_pb2, descriptor_pool, message_factory
+
+    packed = any_pb2.Any.FromString(resource.body)
+    descriptor = descriptor_pool.Default().FindMessageTypeByName(type_url.rpartition("/")[2])
+    message: Message = message_factory.GetMessageClass(descriptor).FromString(packed.value)
+    return message

@@ -35,6 +35,7 @@ def _validators() -> dict[str, Validator]:
     # Imported lazily so that importing the loader does not import every rule module.
     from meshctl.config.validation.authorization_policy import validate as authorization_policy
     from meshctl.config.validation.destination_rule import validate as destination_rule
+    from meshctl.config.validation.envoy_filter import validate as envoy_filter
     from meshctl.config.validation.gateway import validate as gateway
     from meshctl.config.validation.peer_authentication import validate as peer_authentication
     from meshctl.config.validation.request_authentication import validate as request_authentication
@@ -52,6 +53,7 @@ def _validators() -> dict[str, Validator]:
         "WorkloadEntry": workload_entry,
         "WorkloadGroup": workload_group,
         "Sidecar": sidecar,
+        "EnvoyFilter": envoy_filter,
         "PeerAuthentication": peer_authentication,
         "AuthorizationPolicy": authorization_policy,
         "RequestAuthentication": request_authentication,

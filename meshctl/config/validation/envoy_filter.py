@@ -1,0 +1,141 @@
+"""EnvoyFilter rules, as pilot's validation has them, plus what meshctl cannot apply.
+
+Istio refuses a patch without `applyTo`, operation or (but for REMOVE) value, a match of the
+wrong class for the applyTo (a cluster match on an HTTP_FILTER), a sub-filter match outside
+`HTTP_FILTER` or not under the HTTP connection manager, a `proxyVersion` that is no regular
+expression, and a value that does not parse into the Envoy type of its applyTo: so does meshctl.
+Istio accepts operations that do nothing for their applyTo (ADD on a ROUTE_CONFIGURATION):
+meshctl accepts them too, with a warning. `EXTENSION_CONFIG` and `BOOTSTRAP` need parts of
+Istio meshctl has not (ECDS, an agent writing the bootstrap): an error, not a patch silently
+dropped. `targetRefs` name Kubernetes Services and Gateways, which a VM mesh has not.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from google.protobuf.message import Message
+
+from meshctl.api.networking.v1alpha3 import envoy_filter_pb2
+from meshctl.config.envoy_types import deprecated_fields, parse_value
+from meshctl.config.findings import FieldPath
+from meshctl.config.validation import Issue
+from meshctl.config.validation.common import Report, check_selector, enum_name
+
+EF = envoy_filter_pb2.EnvoyFilter
+HCM_NAMES = frozenset({"envoy.filters.network.http_connection_manager", "envoy.http_connection_manager"})
+
+_HCM = "envoy.filters.network.http_connection_manager"
+_LISTENER_CLASS = frozenset({EF.LISTENER, EF.FILTER_CHAIN, EF.NETWORK_FILTER, EF.HTTP_FILTER, EF.LISTENER_FILTER})
+_ROUTE_CLASS = frozenset({EF.ROUTE_CONFIGURATION, EF.VIRTUAL_HOST, EF.HTTP_ROUTE})
+_INSERTS = frozenset({EF.Patch.INSERT_BEFORE, EF.Patch.INSERT_AFTER, EF.Patch.INSERT_FIRST})
+
+#: The operations that change something, per applyTo (the patcher implements exactly these).
+EFFECTIVE: dict[int, frozenset[int]] = {
+    EF.LISTENER: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE}),
+    EF.FILTER_CHAIN: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE}),
+    EF.NETWORK_FILTER: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE, EF.Patch.REPLACE, *_INSERTS}),
+    EF.HTTP_FILTER: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE, EF.Patch.REPLACE, *_INSERTS}),
+    EF.LISTENER_FILTER: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE, EF.Patch.REPLACE, *_INSERTS}),
+    EF.ROUTE_CONFIGURATION: frozenset({EF.Patch.MERGE}),
+    EF.VIRTUAL_HOST: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE, EF.Patch.REPLACE}),
+    EF.HTTP_ROUTE: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE, *_INSERTS}),
+    EF.CLUSTER: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE}),
+}
+
+
+def validate(spec: Message) -> list[Issue]:
+    ef: Any = spec
+    report = Report()
+    if ef.HasField("workload_selector"):
+        check_selector(report, ("spec", "workloadSelector", "labels"), ef.workload_selector.labels, "the EnvoyFilter")
+        if ef.target_refs:
+            report.error(("spec", "targetRefs"), "workloadSelector and targetRefs cannot both be set")
+    if ef.target_refs:
+        report.error(
+            ("spec", "targetRefs"),
+            "targetRefs name Kubernetes Services and Gateways, which meshctl has not: use workloadSelector",
+        )
+    for i, patch in enumerate(ef.config_patches):
+        _patch(report, ("spec", "configPatches", i), patch)
+    return report.issues
+
+
+def _patch(report: Report, path: FieldPath, cp: Any) -> None:
+    apply_to = cp.apply_to
+    if apply_to == EF.INVALID:
+        report.error((*path, "applyTo"), "missing applyTo")
+        return
+    if apply_to in (EF.EXTENSION_CONFIG, EF.BOOTSTRAP):
+        what = "ECDS" if apply_to == EF.EXTENSION_CONFIG else "a bootstrap written by the control plane's agent"
+        report.error((*path, "applyTo"), f"applyTo {enum_name(cp, 'apply_to')} needs {what}, which meshctl has not")
+        return
+    if not cp.HasField("patch"):
+        report.error((*path, "patch"), "missing patch")
+        return
+    operation = cp.patch.operation
+    if operation == EF.Patch.INVALID:
+        report.error((*path, "patch", "operation"), "missing patch operation")
+        return
+    if operation != EF.Patch.REMOVE and not cp.patch.HasField("value"):
+        report.error((*path, "patch", "value"), "missing patch value for non-remove operation")
+        return
+    if operation not in EFFECTIVE[apply_to]:
+        report.warn(
+            (*path, "patch", "operation"),
+            f"operation {enum_name(cp.patch, 'operation')} has no effect on {enum_name(cp, 'apply_to')}",
+        )
+    if cp.HasField("match") and not _match(report, (*path, "match"), cp.match, apply_to):
+        return
+    if cp.patch.HasField("value"):
+        try:
+            value = parse_value(enum_name(cp, "apply_to"), cp.patch.value)
+        except ValueError as exc:
+            report.error((*path, "patch", "value"), str(exc))
+            return
+        for name in deprecated_fields(value):
+            report.warn((*path, "patch", "value"), f"{name} is deprecated: Envoy warns of it and will remove it")
+
+
+def _match(report: Report, path: FieldPath, match: Any, apply_to: int) -> bool:
+    """Check a patch's match; False when the patch is wrong enough that its value is moot."""
+    if match.HasField("proxy") and match.proxy.proxy_version:
+        try:
+            re.compile(match.proxy.proxy_version)
+        except re.error as exc:
+            report.error((*path, "proxy", "proxyVersion"), f"invalid regex for proxy version: {exc}")
+    kind = match.WhichOneof("object_types")
+    if kind is None:
+        return True
+    if apply_to in _LISTENER_CLASS and kind != "listener":
+        report.error(path, "applyTo for listener class objects cannot have non listener match")
+        return False
+    if apply_to in _ROUTE_CLASS and kind != "route_configuration":
+        report.error(path, "applyTo for http route class objects cannot have non route configuration match")
+        return False
+    if apply_to == EF.CLUSTER and kind != "cluster":
+        report.error(path, "applyTo for cluster class objects cannot have non cluster match")
+        return False
+    if kind != "listener" or not match.listener.HasField("filter_chain"):
+        return True
+    chain = match.listener.filter_chain
+    if not chain.HasField("filter"):
+        return True
+    fpath = (*path, "listener", "filterChain", "filter")
+    if apply_to in (EF.LISTENER, EF.FILTER_CHAIN):
+        report.warn(fpath, f"filter match has no effect when used with {EF.ApplyTo.Name(apply_to)}")
+    if not chain.filter.name:
+        report.error((*fpath, "name"), "filter match has no name to match on")
+        return False
+    if chain.filter.HasField("sub_filter"):
+        if apply_to != EF.HTTP_FILTER:
+            report.error((*fpath, "subFilter"), "subfilter match can be used with applyTo HTTP_FILTER only")
+            return False
+        if chain.filter.name not in HCM_NAMES:
+            report.error((*fpath, "subFilter"), f"subfilter match requires filter match with {_HCM}")
+            return False
+        if not chain.filter.sub_filter.name:
+            report.error((*fpath, "subFilter", "name"), "subfilter match has no name to match on")
+            return False
+    return True
