@@ -17,6 +17,7 @@ import contextlib
 import datetime
 import gc
 import logging
+import os
 import signal
 import socket
 import time
@@ -45,13 +46,16 @@ from meshctl.server.autoregister import AutoRegistrar
 from meshctl.server.ca_expiry import CaExpiryWatch
 from meshctl.server.ca_service import CertificateService, serve_joins
 from meshctl.server.cache import ResourceCache
+from meshctl.server.delivery import Delivery
 from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
 from meshctl.server.health import HealthDiscovery
+from meshctl.server.history import DEFAULT_KEEP, PushHistory
 from meshctl.server.limits import StreamLimits
 from meshctl.server.mesh_config import MeshConfigFile
 from meshctl.server.metrics import Metrics
 from meshctl.server.notify import NotifySettings, SystemdNotifier, service_status
 from meshctl.server.pacing import TokenBucket
+from meshctl.server.rollout import RolloutSettings
 from meshctl.server.secrets import WorkloadSecrets
 from meshctl.server.status import ServerStatus
 from meshctl.snapshot.model import MeshSettings, Snapshot
@@ -159,6 +163,10 @@ class ServeSettings:
     #: Seconds a health-checked workload's Envoy may be without a health stream before the
     #: workload counts as unhealthy (Istio's PILOT_WORKLOAD_ENTRY_GRACE_PERIOD).
     health_grace: float = 10.0
+    #: Snapshot versions the push history keeps (in `state_dir`; `meshctl.server.history`).
+    history_size: int = DEFAULT_KEEP
+    #: Canaries and their soak (`meshctl.server.rollout`); none by default.
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
 
 
 #: The least outage of every replica that workload certificates should outlast (a third of their
@@ -234,8 +242,17 @@ class Server:
         tls = settings.tls
         authorize = identity_authorizer(lambda: self.discovery.snapshot) if tls and tls.client_ca_file else None
         self.ca = _certificate_authority(settings, mesh.trust_domain)
+        #: The push history and the staged rollout (`meshctl.server.delivery`).
+        self.delivery = Delivery(
+            self.metrics,
+            PushHistory(self._history_dir(settings), settings.history_size),
+            settings.rollout,
+            settings.config_dirs if settings.config_kv is None else (),
+            lambda: self.ads.streams.values(),  # noqa: PLW0108 (self.ads is made below)
+            self._republish,
+        )
         self.secrets = WorkloadSecrets(
-            self.cache.resolve,
+            self.delivery.source(self.cache.resolve).resolve,
             self.ca,
             trust_domain=lambda: self.discovery.mesh.trust_domain,
             lifetime=settings.workload_cert_lifetime,
@@ -244,7 +261,7 @@ class Server:
         self.ads = AdsServicer(
             self.secrets,
             lambda: self.discovery.snapshot,
-            self.metrics,
+            self.delivery,
             authorize=authorize,
             admit=self.admission,
             pace=TokenBucket(rate) if (rate := settings.max_new_streams_per_second) > 0 else None,
@@ -279,6 +296,7 @@ class Server:
         self._sync_deadline = time.monotonic() + settings.registry_sync_timeout
         self._sync_timer: asyncio.TimerHandle | None = None
         self._mesh_timer: asyncio.TimerHandle | None = None
+        self._republishing: set[asyncio.Future[None]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -299,6 +317,7 @@ class Server:
         if self.consul is not None:
             self.consul.start()
         snapshot = await self.discovery.start()
+        await self.delivery.published(snapshot)
         if self.mesh_config is not None:
             self._follow_mesh_config()
         self._observe(snapshot)
@@ -472,6 +491,7 @@ class Server:
         if self._sync_timer is not None:
             self._sync_timer.cancel()
         await self.discovery.stop()
+        self.delivery.stop()
         self.hds.stop()
         if self._unfollow_checks is not None:
             self._unfollow_checks()
@@ -516,8 +536,26 @@ class Server:
 
     async def _publish(self, snapshot: Snapshot, seen: float) -> None:
         self._observe(snapshot)
+        await self.delivery.published(snapshot)
         self.hds.publish(snapshot)
         await self.ads.publish(snapshot, seen)
+
+    def _republish(self) -> None:
+        """The rollout's plan changed: every stream is resolved again (the snapshot is the same)."""
+        snapshot = self.discovery.snapshot
+        if snapshot is not None:
+            task = asyncio.ensure_future(self.ads.publish(snapshot))
+            self._republishing.add(task)
+            task.add_done_callback(self._republishing.discard)
+
+    @staticmethod
+    def _history_dir(settings: ServeSettings) -> Path | None:
+        """The state directory the push history is kept in: none when it is the default one and
+        cannot be written (then the history lives in memory only, as the CA's note says)."""
+        directory = settings.state_dir
+        if directory is None or settings.state_dir_given:
+            return directory
+        return directory if os.access(directory, os.W_OK) else None
 
     def _observe(self, snapshot: Snapshot) -> None:
         self.metrics.services.set(len(snapshot.services.services))

@@ -1,0 +1,484 @@
+"""Staged rollout: which snapshot each proxy is offered, between the cache and the streams.
+
+Without a canary selector every proxy is offered the newest snapshot, as ever. With one
+(`serve --canary`), a new version is a *candidate*: the proxies the selector matches (canaries)
+are offered it, every other proxy stays on the *fleet* version it has. The candidate becomes the
+fleet version (is promoted) once every connected canary holds it ACKed, type by type, and
+`soak` seconds have passed since it was published without a canary NACKing it or leaving. A
+NACK, or a canary leaving during the soak, holds the candidate: the fleet stays where it is, the
+log says who refused what, and `meshctl_rollout_held` is 1, until a new version is published
+(it becomes the candidate, the hold is lifted), or the operator promotes or resumes.
+
+Endpoint-only changes (EDS; the same `config_version`) skip the stage: a dead endpoint must leave
+every proxy at once. The fleet version is then rebuilt with the new endpoints (its configs, the
+new services: `with_endpoints`) when the service definitions are unchanged, so it keeps its config
+and loses the endpoint.
+
+Rollback pins the fleet, canaries included, to a version every proxy once ACKed (the newest
+`keep_good` of them are kept, bounded: the snapshot of each is held, nothing else of older
+versions), until the config inputs change again (a new candidate then starts from the pinned
+version) or the operator resumes.
+
+What is kept: the newest snapshot (`latest`), the fleet's, the candidate's and the last few good
+ones. Resources are generated from them on demand by the cache as for any snapshot, and the cache
+interns equal sets, so a proxy kept on the fleet version is handed the very sets it holds and its
+stream is not woken.
+
+The decisions (`Rollout`) run on the event loop; the ADS servicer's generation thread reads the
+current `Plan` only, one immutable object swapped in one assignment.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from meshctl.errors import UsageError
+from meshctl.snapshot.model import Snapshot, build_snapshot
+from meshctl.snapshot.proxy import Proxy, ProxyNode, bind_proxy
+
+if TYPE_CHECKING:
+    from meshctl.server.ads import Stream
+    from meshctl.server.cache import Resolved
+
+logger = logging.getLogger("meshctl.server.rollout")
+
+#: Versions every proxy ACKed that are kept for rollback.
+DEFAULT_KEEP_GOOD: Final = 3
+#: How long after an ACK the server looks whether every proxy now holds the fleet version.
+_GOOD_CHECK_DELAY: Final = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class CanarySelector:
+    """Which proxies are canaries: workload labels all of which a proxy's labels must carry (as a
+    Sidecar's `workloadSelector` writes them), or node ids (whole, or `NAME.NAMESPACE`)."""
+
+    labels: Mapping[str, str] | None = None
+    nodes: frozenset[str] = frozenset()
+
+    @classmethod
+    def parse(cls, text: str) -> CanarySelector:
+        """`app=reviews,version=v2` (labels) or `NODE_ID,NODE_ID` / `name.namespace` (proxies);
+        raises UsageError saying what is wrong."""
+        items = [part.strip() for part in text.split(",") if part.strip()]
+        if not items:
+            raise UsageError("--canary needs labels (app=reviews,track=canary) or node ids")
+        with_equals = [i for i in items if "=" in i and "~" not in i]
+        if with_equals and len(with_equals) != len(items):
+            raise UsageError(f"--canary {text!r} mixes labels and node ids: give one or the other")
+        if with_equals:
+            labels: dict[str, str] = {}
+            for item in items:
+                key, _, value = item.partition("=")
+                if not key.strip():
+                    raise UsageError(f"--canary {text!r}: label {item!r} has no key")
+                labels[key.strip()] = value.strip()
+            return cls(labels=labels)
+        return cls(nodes=frozenset(items))
+
+    def describe(self) -> str:
+        if self.labels is not None:
+            return ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
+        return ",".join(sorted(self.nodes))
+
+    def matches_node(self, node: ProxyNode) -> bool | None:
+        """Whether `node` is a canary by its id alone; None when its labels decide."""
+        if self.labels is not None:
+            return None
+        short = node.id.split("~")[2] if node.id.count("~") == 3 else ""
+        return node.id in self.nodes or short in self.nodes
+
+    def matches(self, proxy: Proxy) -> bool:
+        by_id = self.matches_node(proxy.node)
+        if by_id is not None:
+            return by_id
+        assert self.labels is not None
+        return all(proxy.labels.get(k) == v for k, v in self.labels.items())
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutSettings:
+    canary: CanarySelector | None = None
+    #: Seconds the candidate must live on every canary, ACKed, before the fleet gets it.
+    soak: float = 60.0
+    #: Send endpoint-only changes through the stage too (by default they go to everyone at once).
+    stage_endpoints: bool = False
+    keep_good: int = DEFAULT_KEEP_GOOD
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Which snapshot the fleet and the canaries are offered now."""
+
+    fleet: Snapshot
+    candidate: Snapshot | None = None
+    selector: CanarySelector | None = None
+
+
+Resolver = Callable[[ProxyNode, Any], "Resolved"]
+
+
+class RolloutSource:
+    """The ADS servicer's config source with the rollout in between: each node is resolved in
+    the snapshot its plan says (see the module docstring), whatever snapshot was published."""
+
+    def __init__(self, resolve: Resolver, rollout: Rollout) -> None:
+        self._resolve = resolve
+        self._rollout = rollout
+
+    def resolve(self, node: ProxyNode, state: Any) -> Resolved:
+        plan = self._rollout.plan
+        if plan is None:
+            return self._resolve(node, state)
+        if plan.candidate is not None and plan.selector is not None and is_canary(plan.selector, node, plan.candidate):
+            return self._resolve(node, plan.candidate)
+        return self._resolve(node, plan.fleet)
+
+
+def is_canary(selector: CanarySelector, node: ProxyNode, snapshot: Snapshot) -> bool:
+    by_id = selector.matches_node(node)
+    if by_id is not None:
+        return by_id
+    try:
+        return selector.matches(bind_proxy(node, snapshot))
+    except Exception:  # a node that does not bind is no canary; resolving it says why
+        return False
+
+
+def with_endpoints(fleet: Snapshot, latest: Snapshot) -> Snapshot | None:
+    """`fleet`'s config with `latest`'s endpoints, when only endpoints differ between their
+    registries (the same service definitions); None when they differ in more."""
+    if fleet.registry_digest != latest.registry_digest:
+        return None
+    if fleet.services is latest.services:
+        return fleet
+    return build_snapshot(fleet.configs, latest.services, fleet.mesh)
+
+
+class Rollout:
+    """The rollout's state and decisions, on the event loop (see the module docstring).
+
+    `streams` gives the live ADS streams; `republish` has every stream resolved again (after the
+    plan changed); `say` records steps in the push history (version, step)."""
+
+    def __init__(
+        self,
+        settings: RolloutSettings,
+        streams: Callable[[], Iterable[Stream]],
+        republish: Callable[[], None],
+        *,
+        say: Callable[[str, str], None] = lambda _v, _s: None,
+        clock: Callable[[], float] = time.monotonic,
+        call_later: Callable[[float, Callable[[], None]], Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self._streams = streams
+        self._republish = republish
+        self._say = say
+        self._clock = clock
+        self._call_later = call_later
+        self.plan: Plan | None = None
+        self.latest: Snapshot | None = None
+        #: Why the candidate is held ("" when it is not), and whether the operator said so.
+        self.held = ""
+        self.held_by_operator = False
+        #: The version pinned by rollback, and the config version of the inputs then.
+        self.pinned = ""
+        self._pinned_inputs = ""
+        self._stage_started = 0.0
+        self._timer: Any = None
+        self._good_timer: Any = None
+        self._waiting_said = ""
+        #: Versions every proxy ACKed, newest last, with their snapshots (bounded by keep_good).
+        self.good: OrderedDict[str, Snapshot] = OrderedDict()
+        self.promotions = 0
+        self.holds = 0
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def fleet(self) -> Snapshot | None:
+        return self.plan.fleet if self.plan is not None else None
+
+    @property
+    def candidate(self) -> Snapshot | None:
+        return self.plan.candidate if self.plan is not None else None
+
+    def role_of(self, stream: Stream) -> str:
+        """`canary`, `fleet` or `` (not bound yet), by the snapshot the stream is offered."""
+        resources = stream.connection.resources
+        if resources is None or self.plan is None:
+            return ""
+        candidate = self.plan.candidate
+        return "canary" if candidate is not None and resources.snapshot_version == candidate.version else "fleet"
+
+    def status(self) -> dict[str, Any]:
+        plan = self.plan
+        canaries = [s for s in self._streams() if self.role_of(s) == "canary"]
+        soak_left = 0.0
+        if plan is not None and plan.candidate is not None:
+            soak_left = max(0.0, self.settings.soak - (self._clock() - self._stage_started))
+        selector = self.settings.canary
+        return {
+            "canary": selector.describe() if selector is not None else "",
+            "soak_seconds": self.settings.soak,
+            "latest": self.latest.version if self.latest is not None else "",
+            "fleet": plan.fleet.version if plan is not None else "",
+            "candidate": plan.candidate.version if plan is not None and plan.candidate is not None else "",
+            "state": self.state(),
+            "held": self.held,
+            "pinned": self.pinned,
+            "soak_left_seconds": round(soak_left, 1),
+            "canaries": [
+                {"proxy": s.connection.node_id, "acked": settled(s)}
+                for s in sorted(canaries, key=lambda s: s.connection.node_id)
+            ],
+            "rollback_versions": list(reversed(self.good)),
+        }
+
+    def state(self) -> str:
+        """`pinned`, `held`, `canary` (a candidate on the canaries), or `complete`."""
+        if self.pinned:
+            return "pinned"
+        if self.held:
+            return "held"
+        return "canary" if self.candidate is not None else "complete"
+
+    # -- the snapshots -----------------------------------------------------------------------
+
+    def published(self, snapshot: Snapshot) -> None:
+        """A new snapshot is about to be published: decide who is offered it."""
+        self.latest = snapshot
+        plan = self.plan
+        if plan is None:
+            self._set_plan(Plan(snapshot, None, self.settings.canary))
+            self._say(snapshot.version, "fleet")
+            return
+        fleet = plan.fleet
+        if self.pinned:
+            if snapshot.config_version == self._pinned_inputs:
+                # Endpoints moved: the pinned config keeps up with them (a dead endpoint leaves).
+                moved = with_endpoints(fleet, snapshot)
+                if moved is not None and moved is not fleet:
+                    self._set_plan(Plan(moved, None, self.settings.canary))
+                return
+            logger.info("the inputs changed: the fleet is no longer pinned to %s", self.pinned)
+            self.pinned = self._pinned_inputs = ""
+        endpoint_only = snapshot.config_version == (plan.candidate or fleet).config_version
+        if endpoint_only and not self.settings.stage_endpoints:
+            self._endpoints_moved(plan, snapshot)
+            return
+        self._stage(snapshot)
+
+    def _endpoints_moved(self, plan: Plan, snapshot: Snapshot) -> None:
+        """An endpoint-only change: to everyone at once, whatever the stage."""
+        if plan.candidate is None:
+            self._set_plan(Plan(snapshot, None, self.settings.canary))
+            self._say(snapshot.version, "fleet")
+            return
+        fleet = with_endpoints(plan.fleet, snapshot) or plan.fleet
+        self._set_plan(Plan(fleet, snapshot, self.settings.canary))
+        self._say(snapshot.version, "canary")
+
+    def _stage(self, snapshot: Snapshot) -> None:
+        plan = self.plan
+        assert plan is not None
+        if snapshot.version == plan.fleet.version:
+            self._set_plan(Plan(plan.fleet, None, self.settings.canary))
+            if not self.held_by_operator:
+                self.held = ""
+            return
+        if not self.held_by_operator:
+            self.held = ""
+        self._stage_started = self._clock()
+        self._waiting_said = ""
+        self._set_plan(Plan(plan.fleet, snapshot, self.settings.canary))
+        if self.settings.canary is not None:
+            logger.info(
+                "version %s goes to the canaries (%s) first; the fleet stays on %s for now",
+                snapshot.version, self.settings.canary.describe(), plan.fleet.version,
+            )  # fmt: skip
+            self._say(snapshot.version, "canary")
+        self.check()
+
+    def _set_plan(self, plan: Plan) -> None:
+        self.plan = plan
+
+    # -- events ------------------------------------------------------------------------------
+
+    def acked(self, stream: Stream) -> None:
+        if self.candidate is not None:
+            self.check()
+        self._check_good_soon()
+
+    def rejected(self, stream: Stream, type_short: str, error: str) -> None:
+        candidate = self.candidate
+        if candidate is None or self.role_of(stream) != "canary" or self.held:
+            return
+        self._hold(
+            f"canary {stream.connection.node_id} rejected {type_short} of version {candidate.version}: {error[:500]}"
+        )
+
+    def left(self, stream: Stream) -> None:
+        candidate = self.candidate
+        if candidate is None or self.held or self.role_of(stream) != "canary":
+            return
+        self._hold(f"canary {stream.connection.node_id} disconnected during the soak of version {candidate.version}")
+
+    def _hold(self, why: str) -> None:
+        self.held = why
+        self.holds += 1
+        fleet = self.fleet
+        logger.error("rollout held, the fleet stays on %s: %s", fleet.version if fleet else "(none)", why)
+        if self.candidate is not None:
+            self._say(self.candidate.version, "held")
+
+    def check(self) -> None:
+        """Promote the candidate if every canary holds it ACKed and the soak is over."""
+        candidate = self.candidate
+        if candidate is None or self.held:
+            return
+        selector = self.settings.canary
+        if selector is None:
+            self.promote(by="")
+            return
+        canaries = [s for s in self._streams() if self.role_of(s) == "canary"]
+        if not canaries:
+            if self._waiting_said != candidate.version:
+                self._waiting_said = candidate.version
+                logger.warning(
+                    "version %s waits: no canary (%s) is connected; `meshctl rollout promote` sends it to the fleet",
+                    candidate.version, selector.describe(),
+                )  # fmt: skip
+            return
+        if not all(settled(s) for s in canaries):
+            return
+        left = self.settings.soak - (self._clock() - self._stage_started)
+        if left > 0:
+            self._arm(left)
+            return
+        self.promote(by="")
+
+    def _arm(self, seconds: float) -> None:
+        if self._call_later is None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._call_later(seconds + 0.01, self.check)
+
+    def _check_good_soon(self) -> None:
+        if self._call_later is None:
+            self.check_good()
+        elif self._good_timer is None:
+            self._good_timer = self._call_later(_GOOD_CHECK_DELAY, self.check_good)
+
+    def check_good(self) -> None:
+        """Note the fleet version as good (a rollback target) once every proxy holds it ACKed."""
+        self._good_timer = None
+        plan = self.plan
+        if plan is None or plan.candidate is not None or plan.fleet.version in self.good:
+            return
+        streams = list(self._streams())
+        if not streams or not all(
+            s.connection.resources is not None
+            and s.connection.resources.snapshot_version == plan.fleet.version
+            and settled(s)
+            for s in streams
+        ):
+            return
+        self.good[plan.fleet.version] = plan.fleet
+        while len(self.good) > self.settings.keep_good:
+            self.good.popitem(last=False)
+
+    # -- the operator ----------------------------------------------------------------------
+
+    def promote(self, by: str = "the operator") -> str:
+        plan = self.plan
+        if plan is None or plan.candidate is None:
+            raise RolloutError("nothing to promote: every proxy is offered the same version")
+        candidate = plan.candidate
+        self.held = ""
+        self.held_by_operator = False
+        self.promotions += 1
+        self._set_plan(Plan(candidate, None, self.settings.canary))
+        if self.settings.canary is not None or by:
+            how = f" by {by}" if by else " (canaries ACKed, soak over)"
+            logger.info("version %s promoted to the fleet%s", candidate.version, how)
+        self._say(candidate.version, "fleet")
+        self._republish()
+        return f"version {candidate.version} goes to the fleet"
+
+    def hold(self) -> str:
+        self.held_by_operator = True
+        self.held = "held by the operator (meshctl rollout resume lifts it)"
+        self.holds += 1
+        fleet = self.fleet
+        logger.warning("rollout held by the operator: the fleet stays on %s", fleet.version if fleet else "(none)")
+        return f"the fleet stays on {fleet.version if fleet else '(none)'}"
+
+    def resume(self) -> str:
+        was_pinned = self.pinned
+        self.held = ""
+        self.held_by_operator = False
+        self.pinned = self._pinned_inputs = ""
+        latest = self.latest
+        if latest is None:
+            return "nothing to resume"
+        if was_pinned:
+            logger.info("the fleet is no longer pinned to %s (resumed by the operator)", was_pinned)
+        plan = self.plan
+        if plan is not None and latest.version != plan.fleet.version:
+            self._stage(latest)
+        self._republish()
+        return f"resumed: {self.state()}"
+
+    def rollback(self, version: str = "") -> str:
+        """Pin every proxy to `version` (default: the newest good version the fleet is not on)."""
+        plan = self.plan
+        if plan is None or self.latest is None:
+            raise RolloutError("no version is served yet")
+        target = self._rollback_target(version, plan)
+        self.pinned = target.version
+        self._pinned_inputs = self.latest.config_version
+        self.held = ""
+        self.held_by_operator = False
+        self._set_plan(Plan(target, None, self.settings.canary))
+        logger.warning(
+            "rolled back: every proxy is pinned to version %s until the inputs change or `meshctl rollout resume`",
+            target.version,
+        )
+        self._say(target.version, "pinned")
+        self._republish()
+        return f"every proxy is pinned to {target.version}"
+
+    def _rollback_target(self, version: str, plan: Plan) -> Snapshot:
+        if version:
+            matches = [v for v in self.good if v.startswith(version)]
+            if len(matches) != 1:
+                kept = ", ".join(reversed(self.good)) or "none yet"
+                raise RolloutError(
+                    f"version {version} cannot be rolled back to: only versions every proxy ACKed are kept "
+                    f"(the newest {self.settings.keep_good}): {kept}"
+                )
+            return self.good[matches[0]]
+        for found in reversed(self.good):
+            if found != plan.fleet.version:
+                return self.good[found]
+        raise RolloutError("no earlier version every proxy ACKed is kept to roll back to")
+
+
+class RolloutError(Exception):
+    """An operator's rollout action that cannot be done now; the message says why."""
+
+
+def settled(stream: Stream) -> bool:
+    """Whether the stream has nothing left to send and every type sent is ACKed, none NACKed."""
+    if stream.wake.is_set():
+        return False  # resources changed and its pushes are not decided yet
+    statuses = stream.connection.status()
+    return bool(statuses) and all(s.acked_version == s.sent_version and not s.nack for s in statuses)
