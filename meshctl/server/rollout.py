@@ -295,6 +295,10 @@ class Rollout:
             return
         if not self.held_by_operator:
             self.held = ""
+        if self.settings.canary is None and not self.held:
+            self._set_plan(Plan(snapshot, None, None))  # no stage: everyone gets it now
+            self._say(snapshot.version, "fleet")
+            return
         self._stage_started = self._clock()
         self._waiting_said = ""
         self._set_plan(Plan(plan.fleet, snapshot, self.settings.canary))
@@ -304,7 +308,8 @@ class Rollout:
                 snapshot.version, self.settings.canary.describe(), plan.fleet.version,
             )  # fmt: skip
             self._say(snapshot.version, "canary")
-        self.check()
+        # Looked at again on every ACK, and at the end of the soak at the latest.
+        self._arm(self.settings.soak)
 
     def _set_plan(self, plan: Plan) -> None:
         self.plan = plan
