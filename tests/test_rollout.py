@@ -14,14 +14,18 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, PRODUCTPAGE, REVIEWS_V1, examples_copy
+from conftest import EXAMPLES, PRODUCTPAGE, REVIEWS_V1, examples_copy, runner
 from google.protobuf.message import Message
 
+from meshctl.cli.app import app
 from meshctl.errors import UsageError
+from meshctl.kv.source import KvLocation
+from meshctl.registry.consul import ConsulOptions
 from meshctl.server.history import FILE_NAME, PushHistory, git_state
 from meshctl.server.rollout import CanarySelector, RolloutError, RolloutSettings
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.builders import snapshot_from_yaml
+from meshctl.testing.fake_consul import FakeConsul
 from meshctl.testing.server import run, serving
 from meshctl.xds import types
 
@@ -186,3 +190,64 @@ def test_git_state_names_the_commit_and_a_dirty_tree(tmp_path: Path) -> None:
     assert git_state(mesh) == state
     (mesh / "a.yaml").write_text("a: 2\n")
     assert git_state(mesh).dirty  # type: ignore[union-attr]
+
+
+def test_two_replicas_sharing_consul_kv_hold_and_promote_fleet_wide(tmp_path: Path) -> None:
+    """The canary on one replica, the other proxy on another: the hold its NACK causes, and the
+    promotion after the soak, apply on both (their state shared beside the config in KV)."""
+    mesh = examples_copy(tmp_path)
+    tree = mesh / "bookinfo"
+    rollout = RolloutSettings(CanarySelector.parse("productpage-v1-vm.bookinfo"), soak=SOAK)
+
+    with FakeConsul() as fake:
+
+        def push() -> None:
+            result = runner.invoke(app, ["kv", "push", str(mesh), "--prefix", "meshctl/mesh", "--consul", fake.address])
+            assert result.exit_code == 0, result.output
+
+        push()
+        options = ConsulOptions(address=fake.address, wait=2.0, backoff_min=0.05, backoff_max=0.2, rate_interval=0.0)
+        kv = KvLocation(options, "meshctl/mesh")
+
+        async def test() -> None:
+            async with (
+                serving((), config_kv=kv, rollout=rollout) as one,
+                serving((), config_kv=kv, rollout=rollout) as two,
+                AdsClient(f"127.0.0.1:{one.xds_port}", PRODUCTPAGE, nack=refuse_seven_seconds) as canary,
+                AdsClient(f"127.0.0.1:{two.xds_port}", REVIEWS_V1) as other,
+            ):
+                await canary.wait_for(lambda c: c.complete())
+                await other.wait_for(lambda c: c.complete())
+                seen = len(routes_at(other))
+
+                set_ratings_timeout(tree, "7s")
+                push()
+                await canary.wait_for(lambda c: bool(c.errors))
+                for _ in range(100):
+                    if two.delivery.rollout.held:
+                        break
+                    await asyncio.sleep(0.05)
+                assert PRODUCTPAGE in two.delivery.rollout.held, "the hold did not reach the other replica"
+                await asyncio.sleep(SOAK + 0.5)
+                assert len(routes_at(other)) == seen
+                assert json.loads(fake.kv_get("meshctl/mesh.rollout/state") or b"{}")["held"]
+
+                # Promoted on the replica without the canary: the fleet on both gets it.
+                two.delivery.act("promote")
+                await other.wait_for(lambda c: len(routes_at(c)) > seen)
+                for _ in range(100):
+                    if not one.delivery.rollout.held and one.delivery.rollout.candidate is None:
+                        break
+                    await asyncio.sleep(0.05)
+                assert one.delivery.rollout.fleet is not None and two.delivery.rollout.fleet is not None
+                assert one.delivery.rollout.fleet.version == two.delivery.rollout.fleet.version
+
+                # A good change: the canary on one replica first, the proxy on the other after the soak.
+                canary_seen, seen = len(routes_at(canary)), len(routes_at(other))
+                set_ratings_timeout(tree, "8s")
+                push()
+                await canary.wait_for(lambda c: len(routes_at(c)) > canary_seen)
+                await other.wait_for(lambda c: len(routes_at(c)) > seen, timeout=10 + SOAK)
+                assert routes_at(other)[seen] - routes_at(canary)[canary_seen] >= SOAK - 0.2
+
+        run(test)

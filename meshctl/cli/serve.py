@@ -373,7 +373,7 @@ def serve(
         else None
     )
     lifetime = _workload_cert_lifetime(workload_cert_lifetime)
-    rollout = _rollout(canary, canary_soak, shared_kv=config_consul_kv is not None)
+    rollout = _rollout(canary, canary_soak)
     max_age = parse_duration(max_connection_age)
     if max_age is None or max_age < 0:
         raise UsageError(f"--max-connection-age {max_connection_age!r} is not a duration (30m, 1h; 0 for never)")
@@ -436,7 +436,7 @@ def _seconds(flag: str, value: float) -> float:
     return value
 
 
-def _rollout(canary: str | None, soak: str, *, shared_kv: bool) -> RolloutSettings:
+def _rollout(canary: str | None, soak: str) -> RolloutSettings:
     """The rollout settings of --canary and --canary-soak, or UsageError."""
     from meshctl.config.schema import parse_duration
     from meshctl.errors import UsageError
@@ -447,11 +447,6 @@ def _rollout(canary: str | None, soak: str, *, shared_kv: bool) -> RolloutSettin
         raise UsageError(f"--canary-soak {soak!r} is not a duration (30s, 5m)")
     if canary is None:
         return RolloutSettings()
-    if shared_kv:
-        raise UsageError(
-            "--canary keeps the rollout state in this process, and replicas following one Consul KV prefix "
-            "would each stage versions on their own: run one replica with --canary, or none"
-        )
     return RolloutSettings(CanarySelector.parse(canary), soak=nanos / 1e9)
 
 

@@ -56,6 +56,7 @@ from meshctl.server.metrics import Metrics
 from meshctl.server.notify import NotifySettings, SystemdNotifier, service_status
 from meshctl.server.pacing import TokenBucket
 from meshctl.server.rollout import RolloutSettings
+from meshctl.server.rollout_kv import SharedRollout, rollout_folder
 from meshctl.server.secrets import WorkloadSecrets
 from meshctl.server.status import ServerStatus
 from meshctl.snapshot.model import MeshSettings, Snapshot
@@ -212,6 +213,15 @@ def _certificate_authority(settings: ServeSettings, trust_domain: str) -> Certif
         return None
 
 
+def shared_rollout(settings: ServeSettings) -> SharedRollout | None:
+    """Where replicas share the rollout state: the Consul KV their config comes from, when there
+    are canaries to stage for (`meshctl.server.rollout_kv`)."""
+    kv = settings.config_kv
+    if kv is None or settings.rollout.canary is None:
+        return None
+    return SharedRollout(kv.consul, rollout_folder(kv.prefix))
+
+
 class Server:
     """One `meshctl serve`: the watcher, the registries, the debounce, the ADS and admin servers."""
 
@@ -250,6 +260,7 @@ class Server:
             settings.config_dirs if settings.config_kv is None else (),
             lambda: self.ads.streams.values(),  # noqa: PLW0108 (self.ads is made below)
             self._republish,
+            shared_rollout(settings),
         )
         self.secrets = WorkloadSecrets(
             self.delivery.source(self.cache.resolve).resolve,

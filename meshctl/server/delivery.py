@@ -14,18 +14,16 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from meshctl.server.ads import PushObserver, Stream
 from meshctl.server.history import GitState, PushHistory, git_state
 from meshctl.server.metrics import Counter, Gauge, Metrics
 from meshctl.server.rollout import Resolver, Rollout, RolloutError, RolloutSettings, RolloutSource
+from meshctl.server.rollout_kv import SharedRollout
 from meshctl.server.subscription import Push
 from meshctl.snapshot.model import Snapshot
 from meshctl.xds import types
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger("meshctl.server.delivery")
 
@@ -44,6 +42,7 @@ class Delivery(PushObserver):
         config_dirs: Sequence[Path],
         streams: Callable[[], Iterable[Stream]],
         republish: Callable[[], None],
+        shared: SharedRollout | None = None,
     ) -> None:
         self.metrics = metrics
         self.history = history
@@ -60,6 +59,7 @@ class Delivery(PushObserver):
             say=history.note_rollout,
             call_later=self._call_later,
         )
+        self.rollout.shared = self._shared = shared
         metrics.extra.append(self._metrics)
 
     def source(self, resolve: Resolver) -> RolloutSource:
@@ -73,6 +73,8 @@ class Delivery(PushObserver):
 
     async def published(self, snapshot: Snapshot) -> None:
         """A snapshot is about to be pushed: record it, say it, and let the rollout decide who gets it."""
+        if self._loop is None and self._shared is not None:
+            self._shared.start(self.rollout.adopt)
         self._loop = asyncio.get_running_loop()
         git = await self._loop.run_in_executor(None, self._git_states)
         entry = self.history.record(snapshot, self._previous, git)
@@ -97,6 +99,8 @@ class Delivery(PushObserver):
         return out
 
     def stop(self) -> None:
+        if self._shared is not None:
+            self._shared.stop()
         if self._flusher is not None:
             self._flusher.cancel()
             self._flusher = None

@@ -44,6 +44,7 @@ from meshctl.snapshot.proxy import Proxy, ProxyNode, bind_proxy
 if TYPE_CHECKING:
     from meshctl.server.ads import Stream
     from meshctl.server.cache import Resolved
+    from meshctl.server.rollout_kv import SharedRollout
 
 logger = logging.getLogger("meshctl.server.rollout")
 
@@ -198,6 +199,17 @@ class Rollout:
         self.good: OrderedDict[str, Snapshot] = OrderedDict()
         self.promotions = 0
         self.holds = 0
+        #: Replicas' shared state (`meshctl.server.rollout_kv`), when they share a KV store; the
+        #: last state read from it, and the other replicas' canary reports.
+        self.shared: SharedRollout | None = None
+        self._base: dict[str, Any] = {}
+        self._base_read = False
+        self._reports: dict[str, dict[str, Any]] = {}
+        self._reported: dict[str, Any] = {}
+        self._report_timer: Any = None
+        self._stage_unix = 0.0
+        #: Snapshots published lately, by version: what a version another replica chose is found in.
+        self._recent: OrderedDict[str, Snapshot] = OrderedDict()
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -253,6 +265,26 @@ class Rollout:
 
     def published(self, snapshot: Snapshot) -> None:
         """A new snapshot is about to be published: decide who is offered it."""
+        self._remember(snapshot)
+        first = self.plan is None
+        self._decide(snapshot)
+        if self.shared is None:
+            return
+        base = self._base
+        if first:
+            ours = self.shared_state()
+            self.shared.change(lambda theirs: theirs if theirs.get("fleet") else ours)  # the replicas' first
+        elif snapshot.version in (base.get("fleet"), base.get("candidate"), base.get("pinned")):
+            self.adopt(base, self._reports, republish=False)  # another replica decided already
+        else:
+            self._share()
+
+    def _remember(self, snapshot: Snapshot) -> None:
+        self._recent[snapshot.version] = snapshot
+        while len(self._recent) > 4:
+            self._recent.popitem(last=False)
+
+    def _decide(self, snapshot: Snapshot) -> None:
         self.latest = snapshot
         plan = self.plan
         if plan is None:
@@ -282,6 +314,7 @@ class Rollout:
             self._say(snapshot.version, "fleet")
             return
         fleet = with_endpoints(plan.fleet, snapshot) or plan.fleet
+        self._remember(fleet)
         self._set_plan(Plan(fleet, snapshot, self.settings.canary))
         self._say(snapshot.version, "canary")
 
@@ -300,6 +333,7 @@ class Rollout:
             self._say(snapshot.version, "fleet")
             return
         self._stage_started = self._clock()
+        self._stage_unix = time.time()
         self._waiting_said = ""
         self._set_plan(Plan(plan.fleet, snapshot, self.settings.canary))
         if self.settings.canary is not None:
@@ -342,6 +376,7 @@ class Rollout:
         logger.error("rollout held, the fleet stays on %s: %s", fleet.version if fleet else "(none)", why)
         if self.candidate is not None:
             self._say(self.candidate.version, "held")
+        self._share()
 
     def check(self) -> None:
         """Promote the candidate if every canary holds it ACKed and the soak is over."""
@@ -353,7 +388,10 @@ class Rollout:
             self.promote(by="")
             return
         canaries = [s for s in self._streams() if self.role_of(s) == "canary"]
-        if not canaries:
+        others = self._report(candidate.version, canaries)
+        if others is None:
+            return  # another replica has not staged it yet, or its canaries have not ACKed it
+        if not canaries and not others:
             if self._waiting_said != candidate.version:
                 self._waiting_said = candidate.version
                 logger.warning(
@@ -415,6 +453,7 @@ class Rollout:
             how = f" by {by}" if by else " (canaries ACKed, soak over)"
             logger.info("version %s promoted to the fleet%s", candidate.version, how)
         self._say(candidate.version, "fleet")
+        self._share()
         self._republish()
         return f"version {candidate.version} goes to the fleet"
 
@@ -424,6 +463,7 @@ class Rollout:
         self.holds += 1
         fleet = self.fleet
         logger.warning("rollout held by the operator: the fleet stays on %s", fleet.version if fleet else "(none)")
+        self._share()
         return f"the fleet stays on {fleet.version if fleet else '(none)'}"
 
     def resume(self) -> str:
@@ -439,6 +479,7 @@ class Rollout:
         plan = self.plan
         if plan is not None and latest.version != plan.fleet.version:
             self._stage(latest)
+        self._share()
         self._republish()
         return f"resumed: {self.state()}"
 
@@ -458,6 +499,7 @@ class Rollout:
             target.version,
         )
         self._say(target.version, "pinned")
+        self._share()
         self._republish()
         return f"every proxy is pinned to {target.version}"
 
@@ -475,6 +517,109 @@ class Rollout:
             if found != plan.fleet.version:
                 return self.good[found]
         raise RolloutError("no earlier version every proxy ACKed is kept to roll back to")
+
+
+    # -- replicas --------------------------------------------------------------------------
+
+    def shared_state(self) -> dict[str, Any]:
+        """This replica's decisions as the replicas share them (`meshctl.server.rollout_kv`)."""
+        plan = self.plan
+        return {
+            "fleet": plan.fleet.version if plan is not None else "",
+            "candidate": plan.candidate.version if plan is not None and plan.candidate is not None else "",
+            "held": self.held,
+            "held_by_operator": self.held_by_operator,
+            "pinned": self.pinned,
+            "pinned_inputs": self._pinned_inputs,
+            "stage_started": self._stage_unix if plan is not None and plan.candidate is not None else 0.0,
+        }
+
+    def _share(self) -> None:
+        """Write what this replica decided since the state it last read: a three-way merge, each
+        field this replica changed taken from it, the others from what is there now."""
+        if self.shared is None or not self._base_read:
+            return  # nothing is written before the shared state was read once: it would be clobbered
+        base, ours = dict(self._base), self.shared_state()
+
+        def merge(theirs: dict[str, Any]) -> dict[str, Any]:
+            return {k: ours[k] if ours[k] != base.get(k, _UNSET) else theirs.get(k, ours[k]) for k in ours}
+
+        self.shared.change(merge)
+
+    def adopt(self, state: dict[str, Any], reports: dict[str, dict[str, Any]], *, republish: bool = True) -> None:
+        """The replicas' shared state changed (or this replica built a version it names)."""
+        self._base = dict(state)
+        self._base_read = True
+        if self.shared is not None:
+            reports = {k: v for k, v in reports.items() if k != self.shared.replica}
+        self._reports = reports
+        if not state:
+            return
+        fleet = self._recent.get(state.get("fleet", "")) or self.good.get(state.get("fleet", ""))
+        if fleet is None:
+            plan = self.plan
+            if plan is None or plan.fleet.version != state.get("fleet"):
+                if self._waiting_said != f"fleet {state.get('fleet')}":
+                    self._waiting_said = f"fleet {state.get('fleet')}"
+                    logger.warning(
+                        "the replicas' fleet version %s was not built here (yet): this replica offers %s meanwhile",
+                        state.get("fleet"), plan.fleet.version if plan else "nothing",
+                    )  # fmt: skip
+                return
+            fleet = plan.fleet
+        candidate = self._recent.get(state.get("candidate") or "")
+        self.held = str(state.get("held", ""))
+        self.held_by_operator = bool(state.get("held_by_operator", False))
+        self.pinned = str(state.get("pinned", ""))
+        self._pinned_inputs = str(state.get("pinned_inputs", ""))
+        if candidate is not None:
+            started = float(state.get("stage_started") or time.time())
+            self._stage_unix = started
+            self._stage_started = self._clock() - max(0.0, time.time() - started)
+        old = self.plan
+        self._set_plan(Plan(fleet, candidate, self.settings.canary))
+        moved = old is None or old.fleet is not fleet or old.candidate is not candidate
+        if candidate is not None:
+            self._arm(max(0.0, self.settings.soak - (self._clock() - self._stage_started)))
+        if moved and republish:
+            self._republish()
+        self.check()
+
+    def _report(self, version: str, canaries: list[Stream]) -> list[dict[str, Any]] | None:
+        """Report this replica's canaries of `version`; the other replicas' fresh reports of it,
+        or None while one of them has not staged it or has a canary that has not ACKed it."""
+        if self.shared is None:
+            return []
+        mine = {"candidate": version, "count": len(canaries), "settled": all(settled(s) for s in canaries)}
+        if mine != self._reported:
+            self._reported = mine
+            self.shared.report(mine)
+        self._refresh_report()
+        now = time.time()
+        from meshctl.server.rollout_kv import REPORT_FRESH
+
+        fresh = [r for r in self._reports.values() if now - float(r.get("at", 0)) < REPORT_FRESH]
+        if any(r.get("candidate") != version or not r.get("settled") for r in fresh):
+            return None
+        return [r for r in fresh if int(r.get("count", 0)) > 0]
+
+    def _refresh_report(self) -> None:
+        """Say this replica's report again every few seconds while a version is staged, so a
+        report that stops coming is a replica gone."""
+        if self._report_timer is not None or self._call_later is None:
+            return
+
+        def again() -> None:
+            self._report_timer = None
+            if self.candidate is not None and self.shared is not None:
+                self.shared.report(self._reported)
+                self.check()
+                self._refresh_report()
+
+        self._report_timer = self._call_later(5.0, again)
+
+
+_UNSET: Final = object()
 
 
 class RolloutError(Exception):
