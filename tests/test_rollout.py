@@ -22,7 +22,8 @@ from meshctl.errors import UsageError
 from meshctl.kv.source import KvLocation
 from meshctl.registry.consul import ConsulOptions
 from meshctl.server.history import FILE_NAME, PushHistory, git_state
-from meshctl.server.rollout import CanarySelector, RolloutError, RolloutSettings
+from meshctl.server.rollout import RolloutError
+from meshctl.server.rollout_plan import CanarySelector, RolloutSettings
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.builders import snapshot_from_yaml
 from meshctl.testing.fake_consul import FakeConsul

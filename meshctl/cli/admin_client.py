@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from meshctl.check.fetch import AnswerTooLarge, fetch
-from meshctl.errors import CredentialError, UsageError
+from meshctl.errors import CredentialError, RefusedError, UsageError
 from meshctl.security.files import read_credential
 
 DEFAULT_ADMIN = "127.0.0.1:15014"
@@ -59,7 +59,7 @@ def get_json(
     except (OSError, ValueError, http.client.HTTPException) as exc:
         raise UsageError(f"{admin} did not answer like meshctl serve's admin server: {exc}") from None
     if answer.status == 409:  # the server's answer is no: it says why
-        raise Refused(_error_of(answer.body) or f"{url}{path}: refused")
+        raise RefusedError(_error_of(answer.body) or f"{url}{path}: refused")
     if answer.status != 200:
         raise UsageError(_http_error(url, path, answer.status))
     try:
@@ -70,10 +70,6 @@ def get_json(
         what = "an array" if expect is list else "an object"
         raise UsageError(f"{url}{path} is JSON but not {what}: is {admin} meshctl serve's admin address?")
     return data
-
-
-class Refused(UsageError):
-    """The server understood the request and says no (HTTP 409): its reason is the message."""
 
 
 def _error_of(body: bytes) -> str:

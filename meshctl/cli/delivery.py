@@ -191,12 +191,13 @@ def _act(action: str, server: str, token: str | None, version: str = "") -> None
     from urllib.parse import quote
 
     from meshctl.cli import output as out
-    from meshctl.cli.admin_client import Refused, get_json
+    from meshctl.cli.admin_client import get_json
+    from meshctl.errors import RefusedError
 
     path = f"/debug/rollout?action={action}" + (f"&version={quote(version)}" if version else "")
     try:
         answer = get_json(server, path, token, expect=dict, method="POST")
-    except Refused as exc:
+    except RefusedError as exc:
         out.error(str(exc))
         raise typer.Exit(1) from None
     out.error(str(answer.get("done", "")))

@@ -12,7 +12,7 @@ from meshctl.cli.exits import reported
 from meshctl.logs import LogFormat, LogLevel
 
 if TYPE_CHECKING:
-    from meshctl.server.rollout import RolloutSettings
+    from meshctl.server.rollout_plan import RolloutSettings
 
 
 @reported
@@ -440,7 +440,7 @@ def _rollout(canary: str | None, soak: str) -> RolloutSettings:
     """The rollout settings of --canary and --canary-soak, or UsageError."""
     from meshctl.config.schema import parse_duration
     from meshctl.errors import UsageError
-    from meshctl.server.rollout import CanarySelector, RolloutSettings
+    from meshctl.server.rollout_plan import CanarySelector, RolloutSettings
 
     nanos = parse_duration(soak)
     if nanos is None or nanos < 0:

@@ -55,8 +55,8 @@ from meshctl.server.mesh_config import MeshConfigFile
 from meshctl.server.metrics import Metrics
 from meshctl.server.notify import NotifySettings, SystemdNotifier, service_status
 from meshctl.server.pacing import TokenBucket
-from meshctl.server.rollout import RolloutSettings
 from meshctl.server.rollout_kv import SharedRollout, rollout_folder
+from meshctl.server.rollout_plan import RolloutSettings
 from meshctl.server.secrets import WorkloadSecrets
 from meshctl.server.status import ServerStatus
 from meshctl.snapshot.model import MeshSettings, Snapshot

@@ -19,8 +19,9 @@ from typing import Any
 from meshctl.server.ads import PushObserver, Stream
 from meshctl.server.history import GitState, PushHistory, git_state
 from meshctl.server.metrics import Counter, Gauge, Metrics
-from meshctl.server.rollout import Resolver, Rollout, RolloutError, RolloutSettings, RolloutSource
+from meshctl.server.rollout import Rollout, RolloutError
 from meshctl.server.rollout_kv import SharedRollout
+from meshctl.server.rollout_plan import Resolver, RolloutSettings, RolloutSource
 from meshctl.server.subscription import Push
 from meshctl.snapshot.model import Snapshot
 from meshctl.xds import types

@@ -25,7 +25,7 @@ interns equal sets, so a proxy kept on the fleet version is handed the very sets
 stream is not woken.
 
 The decisions (`Rollout`) run on the event loop; the ADS servicer's generation thread reads the
-current `Plan` only, one immutable object swapped in one assignment.
+current `Plan` only, one immutable object swapped in one assignment (`rollout_plan`).
 """
 
 from __future__ import annotations
@@ -33,132 +33,21 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
-from meshctl.errors import UsageError
-from meshctl.snapshot.model import Snapshot, build_snapshot
-from meshctl.snapshot.proxy import Proxy, ProxyNode, bind_proxy
+from meshctl.server.rollout_kv import REPORT_FRESH
+from meshctl.server.rollout_plan import Plan, RolloutSettings, with_endpoints
+from meshctl.snapshot.model import Snapshot
 
 if TYPE_CHECKING:
     from meshctl.server.ads import Stream
-    from meshctl.server.cache import Resolved
     from meshctl.server.rollout_kv import SharedRollout
 
 logger = logging.getLogger("meshctl.server.rollout")
 
-#: Versions every proxy ACKed that are kept for rollback.
-DEFAULT_KEEP_GOOD: Final = 3
 #: How long after an ACK the server looks whether every proxy now holds the fleet version.
 _GOOD_CHECK_DELAY: Final = 0.2
-
-
-@dataclass(frozen=True, slots=True)
-class CanarySelector:
-    """Which proxies are canaries: workload labels all of which a proxy's labels must carry (as a
-    Sidecar's `workloadSelector` writes them), or node ids (whole, or `NAME.NAMESPACE`)."""
-
-    labels: Mapping[str, str] | None = None
-    nodes: frozenset[str] = frozenset()
-
-    @classmethod
-    def parse(cls, text: str) -> CanarySelector:
-        """`app=reviews,version=v2` (labels) or `NODE_ID,NODE_ID` / `name.namespace` (proxies);
-        raises UsageError saying what is wrong."""
-        items = [part.strip() for part in text.split(",") if part.strip()]
-        if not items:
-            raise UsageError("--canary needs labels (app=reviews,track=canary) or node ids")
-        with_equals = [i for i in items if "=" in i and "~" not in i]
-        if with_equals and len(with_equals) != len(items):
-            raise UsageError(f"--canary {text!r} mixes labels and node ids: give one or the other")
-        if with_equals:
-            labels: dict[str, str] = {}
-            for item in items:
-                key, _, value = item.partition("=")
-                if not key.strip():
-                    raise UsageError(f"--canary {text!r}: label {item!r} has no key")
-                labels[key.strip()] = value.strip()
-            return cls(labels=labels)
-        return cls(nodes=frozenset(items))
-
-    def describe(self) -> str:
-        if self.labels is not None:
-            return ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
-        return ",".join(sorted(self.nodes))
-
-    def matches_node(self, node: ProxyNode) -> bool | None:
-        """Whether `node` is a canary by its id alone; None when its labels decide."""
-        if self.labels is not None:
-            return None
-        short = node.id.split("~")[2] if node.id.count("~") == 3 else ""
-        return node.id in self.nodes or short in self.nodes
-
-    def matches(self, proxy: Proxy) -> bool:
-        by_id = self.matches_node(proxy.node)
-        if by_id is not None:
-            return by_id
-        assert self.labels is not None
-        return all(proxy.labels.get(k) == v for k, v in self.labels.items())
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutSettings:
-    canary: CanarySelector | None = None
-    #: Seconds the candidate must live on every canary, ACKed, before the fleet gets it.
-    soak: float = 60.0
-    #: Send endpoint-only changes through the stage too (by default they go to everyone at once).
-    stage_endpoints: bool = False
-    keep_good: int = DEFAULT_KEEP_GOOD
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """Which snapshot the fleet and the canaries are offered now."""
-
-    fleet: Snapshot
-    candidate: Snapshot | None = None
-    selector: CanarySelector | None = None
-
-
-Resolver = Callable[[ProxyNode, Any], "Resolved"]
-
-
-class RolloutSource:
-    """The ADS servicer's config source with the rollout in between: each node is resolved in
-    the snapshot its plan says (see the module docstring), whatever snapshot was published."""
-
-    def __init__(self, resolve: Resolver, rollout: Rollout) -> None:
-        self._resolve = resolve
-        self._rollout = rollout
-
-    def resolve(self, node: ProxyNode, state: Any) -> Resolved:
-        plan = self._rollout.plan
-        if plan is None:
-            return self._resolve(node, state)
-        if plan.candidate is not None and plan.selector is not None and is_canary(plan.selector, node, plan.candidate):
-            return self._resolve(node, plan.candidate)
-        return self._resolve(node, plan.fleet)
-
-
-def is_canary(selector: CanarySelector, node: ProxyNode, snapshot: Snapshot) -> bool:
-    by_id = selector.matches_node(node)
-    if by_id is not None:
-        return by_id
-    try:
-        return selector.matches(bind_proxy(node, snapshot))
-    except Exception:  # a node that does not bind is no canary; resolving it says why
-        return False
-
-
-def with_endpoints(fleet: Snapshot, latest: Snapshot) -> Snapshot | None:
-    """`fleet`'s config with `latest`'s endpoints, when only endpoints differ between their
-    registries (the same service definitions); None when they differ in more."""
-    if fleet.registry_digest != latest.registry_digest:
-        return None
-    if fleet.services is latest.services:
-        return fleet
-    return build_snapshot(fleet.configs, latest.services, fleet.mesh)
 
 
 class Rollout:
@@ -596,8 +485,6 @@ class Rollout:
             self.shared.report(mine)
         self._refresh_report()
         now = time.time()
-        from meshctl.server.rollout_kv import REPORT_FRESH
-
         fresh = [r for r in self._reports.values() if now - float(r.get("at", 0)) < REPORT_FRESH]
         if any(r.get("candidate") != version or not r.get("settled") for r in fresh):
             return None
