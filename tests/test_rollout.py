@@ -7,6 +7,7 @@ The Envoy end of it (a canary's real refusal, rollback under traffic) is in test
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import subprocess
@@ -21,7 +22,7 @@ from meshctl.cli.app import app
 from meshctl.errors import UsageError
 from meshctl.kv.source import KvLocation
 from meshctl.registry.consul import ConsulOptions
-from meshctl.server.history import FILE_NAME, PushHistory, git_state
+from meshctl.server.history import DETAILED, FILE_NAME, PushHistory, git_state
 from meshctl.server.rollout import RolloutError
 from meshctl.server.rollout_plan import CanarySelector, RolloutSettings
 from meshctl.testing.ads_client import AdsClient
@@ -252,3 +253,23 @@ def test_two_replicas_sharing_consul_kv_hold_and_promote_fleet_wide(tmp_path: Pa
                 assert routes_at(other)[seen] - routes_at(canary)[canary_seen] >= SOAK - 0.2
 
         run(test)
+
+
+def test_old_versions_keep_counts_and_nacks_of_their_proxies_only(tmp_path: Path) -> None:
+    history = PushHistory(tmp_path, keep=50)
+    entry = "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {{name: w{0}, namespace: n}}\n"
+    snapshots = [snapshot_from_yaml(entry.format(i) + "spec: {address: 10.0.0.1}\n") for i in range(DETAILED + 2)]
+    first = snapshots[0].version
+    history.record(snapshots[0], None)
+    for node in ("a", "b"):
+        history.note_proxy(first, node, "CDS", "sent")
+        history.note_proxy(first, node, "CDS", "acked")
+    history.note_proxy(first, "b", "LDS", "sent")
+    history.note_proxy(first, "b", "LDS", "nacked", "no")
+    for before, snapshot in itertools.pairwise(snapshots):
+        history.record(snapshot, before)
+    old = history.entry(first)
+    assert old is not None
+    assert old["counted"] == {"sent": 2, "acked": 1, "nacked": 1}
+    assert old["proxies"] == {"b": {"LDS": old["proxies"]["b"]["LDS"]}} and old["proxies"]["b"]["LDS"]["error"] == "no"
+    assert "counted" not in history.entry(snapshots[-DETAILED].version)  # type: ignore[operator]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from meshctl.server.ads import PushObserver, Stream
-from meshctl.server.history import GitState, PushHistory, git_state
+from meshctl.server.history import GitState, PushHistory, git_state, proxy_counts
 from meshctl.server.metrics import Counter, Gauge, Metrics
 from meshctl.server.rollout import Rollout, RolloutError
 from meshctl.server.rollout_kv import SharedRollout
@@ -227,12 +227,8 @@ class Delivery(PushObserver):
 
 def summary(entry: dict[str, Any]) -> dict[str, Any]:
     """An entry as the listing shows it: the per-proxy records counted."""
-    proxies: dict[str, dict[str, dict[str, Any]]] = entry.get("proxies", {})
-    out = {k: v for k, v in entry.items() if k != "proxies"}
-    out["sent"] = sum(1 for p in proxies.values() if any("sent" in t for t in p.values()))
-    out["acked"] = sum(1 for p in proxies.values() if p and all("acked" in t for t in p.values() if "sent" in t))
-    out["nacked"] = sum(1 for p in proxies.values() if any("nacked" in t for t in p.values()))
-    return out
+    out = {k: v for k, v in entry.items() if k not in ("proxies", "counted")}
+    return out | proxy_counts(entry)
 
 
 def _short(type_url: str) -> str:

@@ -13,8 +13,10 @@ answers this module keeps together, per version:
 - what each proxy did with it: when it was first sent each type, when it ACKed it, when it
   NACKed it and Envoy's message (`DeliveryLog` fills these in from the ADS servicer's events).
 
-Retention is bounded: the newest `DEFAULT_KEEP` versions (`serve --history-size`), and per version
-at most `MAX_PROXIES` proxies (others are counted, not named). The file is rewritten whole
+Retention is bounded: the newest `DEFAULT_KEEP` versions (`serve --history-size`), per version
+at most `MAX_PROXIES` proxies (others are counted, not named), and every proxy's times only for
+the newest `DETAILED` versions: older ones keep how many proxies were sent, ACKed and NACKed
+them, and the NACKs with Envoy's messages (what is asked of an old version). The file is rewritten whole
 (atomically: a temporary file renamed over it) at most once a second while events come in and
 once more at stop, so a fleet's ACKs cost the disk one small write a second, not one per ACK.
 A history that cannot be read at start (corrupt, another program's) is set aside under
@@ -42,7 +44,9 @@ logger = logging.getLogger("meshctl.server.history")
 #: Versions kept by default (`serve --history-size`).
 DEFAULT_KEEP: Final = 100
 #: Proxies named per version; a larger fleet's others are counted in `proxies_beyond`.
-MAX_PROXIES: Final = 10_000
+MAX_PROXIES: Final = 2_000
+#: Versions that keep every proxy's times; older ones keep counts and NACKs (`compact`).
+DETAILED: Final = 10
 #: Changed resources named per version; more are counted in `changes_beyond`.
 MAX_CHANGES: Final = 1_000
 #: Envoy's NACK message, as much of it as is kept.
@@ -115,6 +119,30 @@ def snapshot_changes(before: Snapshot | None, now: Snapshot) -> list[dict[str, s
     return out
 
 
+def proxy_counts(entry: dict[str, Any]) -> dict[str, int]:
+    """How many proxies were sent the version, ACKed all they were sent of it, NACKed any of it."""
+    if "counted" in entry:
+        return dict(entry["counted"])
+    proxies: dict[str, dict[str, dict[str, Any]]] = entry.get("proxies", {})
+    return {
+        "sent": sum(1 for p in proxies.values() if any("sent" in t for t in p.values())),
+        "acked": sum(1 for p in proxies.values() if p and all("acked" in t for t in p.values() if "sent" in t)),
+        "nacked": sum(1 for p in proxies.values() if any("nacked" in t for t in p.values())),
+    }
+
+
+def compact(entry: dict[str, Any]) -> None:
+    """Keep of an old version's proxies their counts and their NACKs only."""
+    if "counted" in entry:
+        return
+    entry["counted"] = proxy_counts(entry)
+    entry["proxies"] = {
+        node: {t: r for t, r in by_type.items() if "nacked" in r}
+        for node, by_type in entry.get("proxies", {}).items()
+        if any("nacked" in r for r in by_type.values())
+    }
+
+
 class PushHistory:
     """The versions built, newest last, kept in `state_dir/history.json` (memory only without a
     directory, or when it cannot be written: said once in the log)."""
@@ -178,6 +206,8 @@ class PushHistory:
         self._entries[version] = entry
         while len(self._entries) > self.keep:
             self._entries.popitem(last=False)
+        if len(self._entries) > DETAILED:
+            compact(self._entries[list(self._entries)[-DETAILED - 1]])
         self._dirty = True
         return entry
 
@@ -194,7 +224,7 @@ class PushHistory:
         """A proxy's `event` (`sent`, `acked`, `nacked`) for one type at `version`: the first time
         of each is kept, and the latest NACK message."""
         entry = self._entries.get(version)
-        if entry is None:
+        if entry is None or ("counted" in entry and event != "nacked"):
             return
         proxies: dict[str, Any] = entry["proxies"]
         record = proxies.get(node_id)
