@@ -212,6 +212,8 @@ def test_a_canary_nack_holds_the_fleet_and_a_good_change_reaches_it_after_the_so
     assert status["fleet"] == first and status["candidate"] == bad
     versions = fleet.proxy_versions()
     assert versions == {node(CANARY): bad, node("c-b"): first, node("c-c"): first}
+    table = fleet.cli("proxy-status", code=1).stdout  # 1: the canary shows ERROR
+    assert f"{bad[:12]} (canary)" in table and first[:12] in table, table
     assert "meshctl_rollout_held 1" in fleet.server.admin("/metrics")
     time.sleep(SOAK + 1)  # past the soak: a held version still goes nowhere
     entry = fleet.entry(bad)
