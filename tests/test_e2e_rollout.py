@@ -34,6 +34,7 @@ from test_e2e_serve import destination_rule, dynamic_versions, service_entry, wa
 from meshctl.cli.app import app
 from meshctl.testing.backends import Backend, RequestLoop
 from meshctl.testing.envoy import EnvoyProcess, free_port
+from meshctl.testing.fake_consul import FakeConsul
 from meshctl.testing.serve_process import ServeProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, needs_envoy]
@@ -106,10 +107,14 @@ def git(tree: Path, *args: str) -> str:
 
 
 class Fleet:
-    """The config checkout, the backends, `meshctl serve`, three Envoys and a request loop each."""
+    """The config checkout, the backends, `meshctl serve`, three Envoys and a request loop each.
 
-    def __init__(self, root: Path, stack: ExitStack, serve_args: list[str]) -> None:
+    With `consul`, the checkout is pushed to its KV (`meshctl kv push`) and served by two
+    replicas following the prefix: the canary's Envoy on the first, the others on the second."""
+
+    def __init__(self, root: Path, stack: ExitStack, serve_args: list[str], consul: FakeConsul | None = None) -> None:
         self.root = root
+        self.consul = consul
         self.dir = root / "mesh"
         self.dir.mkdir()
         git(self.dir, "init", "--quiet", "--initial-branch", "main")
@@ -128,13 +133,22 @@ class Fleet:
         self.commit("routes.yaml", routes("v1"))
         self.token = root / "admin-token"
         self.token.write_text("s3cret\n")
-        args = ["--state-dir", str(root / "state"), "--admin-token-file", str(self.token), *serve_args]
-        self.server = ServeProcess([self.dir], extra_args=args)
-        stack.enter_context(self.server)
-        stack.callback(lambda: print(f"--- meshctl serve log:\n{self.server.log()[-8000:]}"))
+        self.servers: list[ServeProcess] = []
+        for i in range(1 if consul is None else 2):
+            args = ["--state-dir", str(root / f"state-{i}"), "--admin-token-file", str(self.token), *serve_args]
+            if consul is None:
+                server = ServeProcess([self.dir], extra_args=args)
+            else:
+                args += ["--config-consul-kv", "meshctl/mesh", "--registry-sync-timeout", "1"]
+                server = ServeProcess([], consul=consul.address, extra_args=args)
+            self.servers.append(stack.enter_context(server))
+            stack.callback(lambda s=server, i=i: print(f"--- meshctl serve {i} log:\n{s.log()[-8000:]}"))
+        self.server = self.servers[0]
+        #: the replica each client's Envoy is on
+        self.on = {ns: self.servers[0 if ns == CANARY else -1] for ns in CLIENTS}
         self.envoys: dict[str, EnvoyProcess] = {}
         for namespace in CLIENTS:
-            config = self.server.bootstrap(node(namespace))
+            config = self.on[namespace].bootstrap(node(namespace))
             if namespace == CANARY:
                 layer = config["layered_runtime"]["layers"][0]["static_layer"]
                 layer["re2.max_program_size.error_level"] = CANARY_RE2_LIMIT
@@ -150,12 +164,16 @@ class Fleet:
         os.replace(tmp, self.dir / name)
         git(self.dir, "add", "-A")
         git(self.dir, "commit", "--quiet", "-m", f"{name}")
+        if self.consul is not None:
+            where = ["--prefix", "meshctl/mesh", "--consul", self.consul.address]
+            pushed = runner.invoke(app, ["kv", "push", str(self.dir), *where])
+            assert pushed.exit_code == 0, pushed.output
         return git(self.dir, "rev-parse", "HEAD")
 
-    def cli(self, *args: str, code: int | None = 0) -> Any:
-        """A meshctl command against the server's admin address with its token; its JSON output."""
+    def cli(self, *args: str, code: int | None = 0, on: ServeProcess | None = None) -> Any:
+        """A meshctl command against a server's admin address with its token; its JSON output."""
         flag = "--admin" if args[0] == "proxy-status" else "--server"
-        full = [*args, flag, self.server.admin_address, "--admin-token-file", str(self.token)]
+        full = [*args, flag, (on or self.server).admin_address, "--admin-token-file", str(self.token)]
         result = runner.invoke(app, full)
         if code is not None:
             assert result.exit_code == code, (full, result.output)
@@ -166,22 +184,27 @@ class Fleet:
         time.sleep(0.3)
         return all(loop.settled_on(backend, marks[ns], count=3) for ns, loop in self.loops.items())
 
-    def latest(self) -> str:
-        return str(self.cli("rollout", "status", "-o", "json", code=None)["latest"])
+    def latest(self, on: ServeProcess | None = None) -> str:
+        return str(self.cli("rollout", "status", "-o", "json", code=None, on=on)["latest"])
 
-    def entry(self, version: str) -> dict[str, Any]:
-        found: dict[str, Any] = self.cli("history", version, "-o", "json")
+    def entry(self, version: str, on: ServeProcess | None = None) -> dict[str, Any]:
+        found: dict[str, Any] = self.cli("history", version, "-o", "json", on=on)
         return found
 
     def proxy_versions(self) -> dict[str, str]:
-        rows = self.cli("proxy-status", "-o", "json", code=None)
-        return {row["proxy"]: row["version"] for row in rows}
+        out = {}
+        for server in self.servers:
+            rows = self.cli("proxy-status", "-o", "json", code=None, on=server)
+            out |= {row["proxy"]: row["version"] for row in rows}
+        return out
 
 
 @pytest.fixture
 def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fleet]:
+    args, replicas = request.param if isinstance(request.param, tuple) else (request.param, False)
     with ExitStack() as stack:
-        yield Fleet(tmp_path, stack, list(request.param))
+        consul = stack.enter_context(FakeConsul()) if replicas else None
+        yield Fleet(tmp_path, stack, list(args), consul)
 
 
 def xds_versions(envoy: EnvoyProcess) -> dict[str, str]:
@@ -189,8 +212,16 @@ def xds_versions(envoy: EnvoyProcess) -> dict[str, str]:
     return {k: v for k, (v, _) in dynamic_versions(envoy).items() if not k.startswith("EDS/")}
 
 
-@pytest.mark.parametrize("fleet", [["--canary", "track=canary", "--canary-soak", f"{SOAK:g}s"]], indirect=True)
+CANARY_ARGS = ["--canary", "track=canary", "--canary-soak", f"{SOAK:g}s"]
+
+
+@pytest.mark.parametrize(
+    "fleet", [(CANARY_ARGS, False), (CANARY_ARGS, True)], indirect=True, ids=["one-server", "two-replicas"]
+)
 def test_a_canary_nack_holds_the_fleet_and_a_good_change_reaches_it_after_the_soak(fleet: Fleet) -> None:
+    """With two replicas (sharing Consul KV), the canary is on one and the others on the other:
+    the hold and the promotion apply to both."""
+    fleet_side = fleet.servers[-1]
     wait_for(lambda: fleet.all_on("web-v1"), "every Envoy routes to v1")
     first = fleet.latest()
     before = {ns: xds_versions(envoy) for ns, envoy in fleet.envoys.items()}
@@ -206,18 +237,24 @@ def test_a_canary_nack_holds_the_fleet_and_a_good_change_reaches_it_after_the_so
     assert "program size" in entry["proxies"][node(CANARY)]["RDS"]["error"]
     [change] = entry["changes"]
     assert (change["kind"], change["name"], change["change"]) == ("VirtualService", f"{NS}/web", "changed")
-    assert f"{fleet.dir}/routes.yaml:1" in change["source"], change
-    status = fleet.cli("rollout", "status", "-o", "json", code=1)
-    assert status["state"] == "held" and node(CANARY) in status["held"], status
-    assert status["fleet"] == first and status["candidate"] == bad
+    assert "routes.yaml:1" in change["source"], change
+    for server in fleet.servers:  # the hold is fleet-wide: the canary's replica and the other
+        wait_for(lambda server=server: fleet.latest(server) == bad, "every replica builds it")
+        held = lambda server=server: fleet.cli("rollout", "status", "-o", "json", code=None, on=server)["held"]  # noqa: E731
+        wait_for(held, "the replica holds the rollout")
+        status = fleet.cli("rollout", "status", "-o", "json", code=None, on=server)
+        assert status["state"] == "held" and node(CANARY) in status["held"], status
+        assert status["fleet"] == first and status["candidate"] == bad
+        assert "meshctl_rollout_held 1" in server.admin("/metrics")
     versions = fleet.proxy_versions()
     assert versions == {node(CANARY): bad, node("c-b"): first, node("c-c"): first}
-    table = fleet.cli("proxy-status", code=1).stdout  # 1: the canary shows ERROR
-    assert f"{bad[:12]} (canary)" in table and first[:12] in table, table
-    assert "meshctl_rollout_held 1" in fleet.server.admin("/metrics")
+    admins = [a for server in fleet.servers for a in ("--admin", server.admin_address)]
+    table = runner.invoke(app, ["proxy-status", *admins, "--admin-token-file", str(fleet.token)])
+    assert table.exit_code == 1  # the canary shows ERROR
+    assert f"{bad[:12]} (canary)" in table.stdout and first[:12] in table.stdout, table.stdout
     time.sleep(SOAK + 1)  # past the soak: a held version still goes nowhere
-    entry = fleet.entry(bad)
-    assert set(entry["proxies"]) == {node(CANARY)}, "the others were sent the refused version"
+    assert set(fleet.entry(bad)["proxies"]) == {node(CANARY)}, "the others were sent the refused version"
+    assert not fleet.entry(bad, on=fleet_side)["proxies"].keys() - {node(CANARY)}
     assert fleet.all_on("web-v1"), "traffic left the previous version"
     for ns in ("c-b", "c-c"):
         assert xds_versions(fleet.envoys[ns]) == before[ns], ns
@@ -227,13 +264,16 @@ def test_a_canary_nack_holds_the_fleet_and_a_good_change_reaches_it_after_the_so
     wait_for(lambda: fleet.latest() not in (first, bad), "the server builds the good version")
     good = fleet.latest()
     wait_for(lambda: fleet.all_on("web-v2"), "every Envoy routes to v2", timeout=DEADLINE + SOAK)
-    entry = fleet.entry(good)
+    entry, others = fleet.entry(good), fleet.entry(good, on=fleet_side)
     canary_acked = max(t["acked"] for t in entry["proxies"][node(CANARY)].values())
+    staged = min(entry["rollout"]["canary"], others["rollout"]["canary"])
     for ns in ("c-b", "c-c"):
-        sent = min(t["sent"] for t in entry["proxies"][node(ns)].values())
+        sent = min(t["sent"] for t in others["proxies"][node(ns)].values())
         assert sent >= canary_acked, (ns, sent, canary_acked)
-        assert sent - entry["rollout"]["canary"] >= SOAK - 0.5, (ns, sent, entry["rollout"])
-    assert fleet.cli("rollout", "status", "-o", "json")["state"] == "complete"
+        assert sent - staged >= SOAK - 0.5, (ns, sent, entry["rollout"], others["rollout"])
+    for server in fleet.servers:
+        status = fleet.cli("rollout", "status", "-o", "json", code=None, on=server)
+        assert status["state"] == "complete", status
     assert all(loop.failures == [] for loop in fleet.loops.values())
 
 
@@ -281,4 +321,4 @@ def test_rollback_brings_every_envoy_back_without_a_failed_request_and_history_s
         wait_for(lambda previous=previous: fleet.latest() != previous, "a new version is built")
     versions = [e["version"] for e in fleet.cli("history", "-o", "json")]
     assert len(versions) == 3 and not {first, second} & set(versions), versions
-    wait_for(lambda: len(json.loads((fleet.root / "state" / "history.json").read_text())["entries"]) == 3, "the file")
+    wait_for(lambda: len(json.loads((fleet.root / "state-0" / "history.json").read_text())["entries"]) == 3, "the file")

@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
-from meshctl.server.rollout_kv import REPORT_FRESH
+from meshctl.server.rollout_kv import REPORT_EVERY, REPORT_FRESH
 from meshctl.server.rollout_plan import Plan, RolloutSettings, with_endpoints
 from meshctl.snapshot.model import Snapshot
 
@@ -281,11 +281,15 @@ class Rollout:
         if others is None:
             return  # another replica has not staged it yet, or its canaries have not ACKed it
         if not canaries and not others:
+            if (left := self.settings.soak - (self._clock() - self._stage_started)) > 0:
+                self._arm(left)  # a canary may connect, or another replica report one, meanwhile
+                return
             if self._waiting_said != candidate.version:
                 self._waiting_said = candidate.version
+                where = "to this replica, nor reported by another" if self.shared is not None else ""
                 logger.warning(
-                    "version %s waits: no canary (%s) is connected; `meshctl rollout promote` sends it to the fleet",
-                    candidate.version, selector.describe(),
+                    "version %s waits: no canary (%s) is connected%s; `meshctl rollout promote` sends it to the fleet",
+                    candidate.version, selector.describe(), where,
                 )  # fmt: skip
             return
         if not all(settled(s) for s in canaries):
@@ -503,7 +507,7 @@ class Rollout:
                 self.check()
                 self._refresh_report()
 
-        self._report_timer = self._call_later(5.0, again)
+        self._report_timer = self._call_later(REPORT_EVERY, again)
 
 
 _UNSET: Final = object()

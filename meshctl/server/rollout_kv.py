@@ -12,8 +12,11 @@ prefix (`PREFIX.rollout/`, outside it, so the config's own watch is not woken):
 
 Every change of `state` is a check-and-set against the index last read, made as a transform of
 what is there (stage V, hold V, promote V, pin V, resume): when another replica wrote first, the
-transform runs again on its state, so a hold is never lost to a concurrent stage. One blocking
-query on the folder hands each new revision to the rollout (`Rollout.adopt`) on the event loop.
+transform runs again on its state, so a hold is never lost to a concurrent stage. Two blocking
+queries, one on `state` and one on the reports, hand each new revision to the rollout
+(`Rollout.adopt`) on the event loop: apart, so the reports (every `REPORT_EVERY` seconds from each
+replica) do not use up the state's watch's rate limit, and a decision reaches every replica at
+once.
 A replica's report older than `REPORT_FRESH` seconds is ignored (its replica is gone), so a dead
 replica cannot hold a rollout forever.
 """
@@ -30,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Final
 
 from meshctl.kv.source import kv_path
@@ -37,8 +41,9 @@ from meshctl.registry.consul import BlockingQuery, ConsulConnection, ConsulOptio
 
 logger = logging.getLogger("meshctl.server.rollout_kv")
 
-#: Seconds after which a replica's canary report no longer counts.
+#: Seconds after which a replica's canary report no longer counts, and how often one is said again.
 REPORT_FRESH: Final = 30.0
+REPORT_EVERY: Final = 10.0
 #: Check-and-set attempts of one transform before it is given up (and logged).
 _CAS_ATTEMPTS: Final = 8
 
@@ -64,40 +69,61 @@ class SharedRollout:
         self._index = 0  # ModifyIndex of `state` as last read
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_change: Callable[[State, dict[str, State]], None] | None = None
-        self._query: BlockingQuery | None = None
+        self._queries: list[BlockingQuery] = []
+        self._state: State = {}
+        self._reports: dict[str, State] = {}
         self._said_error = False
 
     def start(self, on_change: Callable[[State, dict[str, State]], None]) -> None:
         self._loop = asyncio.get_running_loop()
         self._on_change = on_change
-        self._query = BlockingQuery(
-            self._consul,
-            kv_path(self.folder),
-            self._on_data,
-            self._on_error,
-            params={"recurse": "true"},
-            missing_is_none=True,
-        )
-        self._query.start()
+        # A decision must reach every replica at once: the state's watch may answer often.
+        quick = replace(self._consul, rate_burst=8, rate_interval=0.5)
+        self._queries = [
+            BlockingQuery(quick, kv_path(f"{self.folder}state"), self._on_state, self._on_error, missing_is_none=True),
+            BlockingQuery(
+                self._consul,
+                kv_path(f"{self.folder}canaries/"),
+                self._on_reports,
+                self._on_error,
+                params={"recurse": "true"},
+                missing_is_none=True,
+            ),
+        ]
+        for query in self._queries:
+            query.start()
 
     def stop(self, timeout: float = 2.0) -> None:
         """Stop reading and writing; a write under way is cut (the state is Consul's, nothing is lost
         but this replica's last word)."""
-        if self._query is not None:
-            self._query.stop()
+        for query in self._queries:
+            query.stop()
         self._writer.shutdown(wait=False, cancel_futures=True)
         self._conn.abort()
-        if self._query is not None:
-            self._query.join(timeout)
+        for query in self._queries:
+            query.join(timeout)
         self._writer.shutdown(wait=True)
         self._conn.close()
 
     # -- reading ---------------------------------------------------------------------------
 
-    def _on_data(self, data: object, _reply: ConsulReply) -> None:
-        state, reports, index = self._decode(data)
+    def _on_state(self, data: object, _reply: ConsulReply) -> None:
+        state, _, index = self._decode(data)
         with self._lock:
             self._index = index
+            self._state = state
+        self._tell()
+
+    def _on_reports(self, data: object, _reply: ConsulReply) -> None:
+        _, reports, _ = self._decode(data)
+        with self._lock:
+            self._reports = reports
+        self._tell()
+
+    def _tell(self) -> None:
+        """Hand the state and reports as last read to the rollout, on the event loop."""
+        with self._lock:
+            state, reports = dict(self._state), dict(self._reports)
         loop, callback = self._loop, self._on_change
         if loop is not None and callback is not None and not loop.is_closed():
             try:
