@@ -49,6 +49,7 @@ class Delivery(PushObserver):
         self.history = history
         self._config_dirs = tuple(config_dirs)
         self._previous: Snapshot | None = None
+        self._git: list[tuple[str, GitState]] = []
         #: conn id -> (type url, set version) -> snapshot version it was sent at
         self._sent: dict[str, dict[tuple[str, str], str]] = {}
         self._flusher: asyncio.TimerHandle | None = None
@@ -77,7 +78,11 @@ class Delivery(PushObserver):
         if self._loop is None and self._shared is not None:
             self._shared.start(self.rollout.adopt)
         self._loop = asyncio.get_running_loop()
-        git = await self._loop.run_in_executor(None, self._git_states)
+        previous = self._previous
+        if previous is not None and previous.config_version == snapshot.config_version:
+            git = self._git  # endpoints alone moved: the config directory is as it was
+        else:
+            git = self._git = await self._loop.run_in_executor(None, self._git_states)
         entry = self.history.record(snapshot, self._previous, git)
         self._previous = snapshot
         commits = ", ".join(f"{g.describe()} in {d}" for d, g in git) if git else "no git checkout"
