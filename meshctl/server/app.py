@@ -17,7 +17,6 @@ import contextlib
 import datetime
 import gc
 import logging
-import os
 import signal
 import socket
 import time
@@ -49,13 +48,13 @@ from meshctl.server.cache import ResourceCache
 from meshctl.server.delivery import Delivery
 from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
 from meshctl.server.health import HealthDiscovery
-from meshctl.server.history import DEFAULT_KEEP, PushHistory
+from meshctl.server.history import DEFAULT_KEEP, PushHistory, history_dir
 from meshctl.server.limits import StreamLimits
 from meshctl.server.mesh_config import MeshConfigFile
 from meshctl.server.metrics import Metrics
 from meshctl.server.notify import NotifySettings, SystemdNotifier, service_status
 from meshctl.server.pacing import TokenBucket
-from meshctl.server.rollout_kv import SharedRollout, rollout_folder
+from meshctl.server.rollout_kv import shared_rollout
 from meshctl.server.rollout_plan import RolloutSettings
 from meshctl.server.secrets import WorkloadSecrets
 from meshctl.server.status import ServerStatus
@@ -213,15 +212,6 @@ def _certificate_authority(settings: ServeSettings, trust_domain: str) -> Certif
         return None
 
 
-def shared_rollout(settings: ServeSettings) -> SharedRollout | None:
-    """Where replicas share the rollout state: the Consul KV their config comes from, when there
-    are canaries to stage for (`meshctl.server.rollout_kv`)."""
-    kv = settings.config_kv
-    if kv is None or settings.rollout.canary is None:
-        return None
-    return SharedRollout(kv.consul, rollout_folder(kv.prefix))
-
-
 class Server:
     """One `meshctl serve`: the watcher, the registries, the debounce, the ADS and admin servers."""
 
@@ -255,12 +245,12 @@ class Server:
         #: The push history and the staged rollout (`meshctl.server.delivery`).
         self.delivery = Delivery(
             self.metrics,
-            PushHistory(self._history_dir(settings), settings.history_size),
+            PushHistory(history_dir(settings.state_dir, given=settings.state_dir_given), settings.history_size),
             settings.rollout,
             settings.config_dirs if settings.config_kv is None else (),
             lambda: self.ads.streams.values(),  # noqa: PLW0108 (self.ads is made below)
             self._republish,
-            shared_rollout(settings),
+            shared_rollout(settings.config_kv, settings.rollout),
         )
         self.secrets = WorkloadSecrets(
             self.delivery.source(self.cache.resolve).resolve,
@@ -558,15 +548,6 @@ class Server:
             task = asyncio.ensure_future(self.ads.publish(snapshot))
             self._republishing.add(task)
             task.add_done_callback(self._republishing.discard)
-
-    @staticmethod
-    def _history_dir(settings: ServeSettings) -> Path | None:
-        """The state directory the push history is kept in: none when it is the default one and
-        cannot be written (then the history lives in memory only, as the CA's note says)."""
-        directory = settings.state_dir
-        if directory is None or settings.state_dir_given:
-            return directory
-        return directory if os.access(directory, os.W_OK) else None
 
     def _observe(self, snapshot: Snapshot) -> None:
         self.metrics.services.set(len(snapshot.services.services))

@@ -88,6 +88,14 @@ def git_state(directory: Path, timeout: float = 5.0) -> GitState | None:
     return GitState(head.stdout.strip(), status.returncode != 0 or bool(status.stdout.strip()))
 
 
+def history_dir(state_dir: Path | None, *, given: bool) -> Path | None:
+    """The directory the push history is kept in: the state directory, unless it is the default
+    one and cannot be written (the history then lives in memory only)."""
+    if state_dir is None or given:
+        return state_dir
+    return state_dir if os.access(state_dir, os.W_OK) else None
+
+
 def snapshot_changes(before: Snapshot | None, now: Snapshot) -> list[dict[str, str]]:
     """What differs from `before` to `now`: each Istio resource added, changed or removed (by
     kind, namespace/name and `file:line`), then each registry service, by hostname."""

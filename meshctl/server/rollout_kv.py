@@ -36,8 +36,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Final
 
-from meshctl.kv.source import kv_path
+from meshctl.kv.source import KvLocation, kv_path
 from meshctl.registry.consul import BlockingQuery, ConsulConnection, ConsulOptions, ConsulReply
+from meshctl.server.rollout_plan import RolloutSettings
 
 logger = logging.getLogger("meshctl.server.rollout_kv")
 
@@ -54,6 +55,14 @@ Transform = Callable[[State], State | None]
 def rollout_folder(prefix: str) -> str:
     """The KV folder of the rollout state of replicas following config `prefix`."""
     return prefix.rstrip("/") + ".rollout/"
+
+
+def shared_rollout(config_kv: KvLocation | None, rollout: RolloutSettings) -> SharedRollout | None:
+    """Where replicas share the rollout state: beside the Consul KV prefix their config comes
+    from, when there are canaries to stage for; None otherwise."""
+    if config_kv is None or rollout.canary is None:
+        return None
+    return SharedRollout(config_kv.consul, rollout_folder(config_kv.prefix))
 
 
 class SharedRollout:
