@@ -9,6 +9,7 @@
     ├── SubscriptionLimitError a stream asking the server to hold more names than it allows
     ├── BindingError           an attested node that no longer binds to the workload it proved
     ├── UsageError             a command given flags, files or addresses it cannot work with
+    │   └── RefusedError       a running server that understood an operator's action and said no
     └── OfflineError           a config tree an offline command (dump, diff) cannot build a snapshot from
 
 Bad input is normally reported as a `Finding` and never raised past the loader; these exceptions
@@ -72,6 +73,11 @@ class BindingError(MeshctlError):
 class UsageError(MeshctlError):
     """A command given flags, files or addresses it cannot work with: a malformed address, flags
     that need each other, a missing path, a server that is not there to ask."""
+
+
+class RefusedError(UsageError):
+    """A running server understood an operator's action and refused it (HTTP 409): nothing to
+    promote, a version it cannot roll back to. The command catches it and answers no (exit 1)."""
 
 
 class OfflineError(MeshctlError):

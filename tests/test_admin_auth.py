@@ -48,6 +48,19 @@ class State:
     def configz(self) -> dict[str, Any]:
         return {"configs": []}
 
+    def ready_note(self) -> str:
+        return ""
+
+    def history(self, version: str = "") -> Any:
+        return []
+
+    def rollout(self) -> dict[str, Any]:
+        return {"state": "complete"}
+
+    def rollout_act(self, action: str, version: str = "") -> str:
+        self.acted = action
+        return f"did {action}"
+
 
 def head(path: str, *headers: str) -> bytes:
     return ("\r\n".join([f"GET {path} HTTP/1.1", "Host: x", *headers]) + "\r\n\r\n").encode()
@@ -187,3 +200,22 @@ def test_the_server_does_not_start_with_an_unreadable_token_file(tmp_path: Path)
         assert server.xds_port == 0
 
     run(test)
+
+
+def test_rollout_actions_are_posts_the_admin_token_protects(token_file: Path) -> None:
+    state = State()
+    admin = AdminServer(state, "0.0.0.0", 15014, BearerToken(token_file))
+    post = "POST /debug/rollout?action=promote HTTP/1.1\r\nHost: x\r\n"
+    assert admin.answer(f"{post}\r\n".encode()).status == 401
+    assert admin.answer(f"{post}Authorization: Bearer tok-2\r\n\r\n".encode()).status == 401
+    assert not hasattr(state, "acted")
+    done = admin.answer(f"{post}Authorization: Bearer tok-1\r\n\r\n".encode())
+    assert done.status == 200 and b"did promote" in done.body
+    assert state.acted == "promote"
+    # A GET reads the rollout and changes nothing; POST goes nowhere else.
+    assert admin.answer(head("/debug/rollout?action=hold", "Authorization: Bearer tok-1")).status == 200
+    assert state.acted == "promote"
+    elsewhere = "POST /debug/syncz HTTP/1.1\r\nAuthorization: Bearer tok-1\r\n\r\n"
+    assert admin.answer(elsewhere.encode()).status == 405
+    # Beyond loopback without a token, actions are refused like every /debug page.
+    assert AdminServer(State(), "0.0.0.0", 15014).answer(f"{post}\r\n".encode()).status == 403

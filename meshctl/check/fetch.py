@@ -42,8 +42,10 @@ class Answer:
     body: bytes
 
 
-def fetch(url: str, *, timeout: float, limit: int, headers: Mapping[str, str] | None = None) -> Answer:
-    """GET `url` (http or https), all of it within `timeout` seconds and at most `limit` bytes of
+def fetch(
+    url: str, *, timeout: float, limit: int, headers: Mapping[str, str] | None = None, method: str = "GET"
+) -> Answer:
+    """GET (or `method`) `url` (http or https), all of it within `timeout` seconds and at most `limit` bytes of
     body; raises TimeoutError, AnswerTooLarge, OSError, http.client.HTTPException, or ValueError
     for a URL that is not http(s)://HOST[:PORT][/PATH]."""
     parts = urlsplit(url)
@@ -55,7 +57,7 @@ def fetch(url: str, *, timeout: float, limit: int, headers: Mapping[str, str] | 
     deadline = _Deadline(connection)
     deadline.arm(timeout)
     try:
-        connection.request("GET", target, headers=dict(headers or {}))
+        connection.request(method, target, headers=dict(headers or {}))
         response = connection.getresponse()
         body = _read_body(response, limit)
         if deadline.expired:  # a close-delimited body read up to the shutdown is not the whole body

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from meshctl.check.fetch import AnswerTooLarge, fetch
-from meshctl.errors import CredentialError, UsageError
+from meshctl.errors import CredentialError, RefusedError, UsageError
 from meshctl.security.files import read_credential
 
 DEFAULT_ADMIN = "127.0.0.1:15014"
@@ -31,6 +31,7 @@ def get_json(
     timeout: float = 10.0,
     *,
     expect: type[list[Any]] | type[dict[str, Any]] | None = None,
+    method: str = "GET",
 ) -> Any:
     """GET `path` of the admin server at `admin` (HOST:PORT or a URL) as JSON, all of it within
     `timeout` seconds and `MAX_ANSWER_BYTES` (`meshctl.check.fetch`), and, with `expect`, a JSON
@@ -46,7 +47,7 @@ def get_json(
             raise UsageError(f"cannot read the admin token file {token_file}: {reason}") from None
         headers["Authorization"] = f"Bearer {token}"
     try:
-        answer = fetch(f"{url}{path}", timeout=timeout, limit=MAX_ANSWER_BYTES, headers=headers)
+        answer = fetch(f"{url}{path}", timeout=timeout, limit=MAX_ANSWER_BYTES, headers=headers, method=method)
     except TimeoutError:
         raise UsageError(f"{admin} did not answer within {timeout:g}s: is it meshctl serve's admin address?") from None
     except AnswerTooLarge as exc:
@@ -57,6 +58,8 @@ def get_json(
         raise UsageError(_unreachable(admin, exc)) from None
     except (OSError, ValueError, http.client.HTTPException) as exc:
         raise UsageError(f"{admin} did not answer like meshctl serve's admin server: {exc}") from None
+    if answer.status == 409:  # the server's answer is no: it says why
+        raise RefusedError(_error_of(answer.body) or f"{url}{path}: refused")
     if answer.status != 200:
         raise UsageError(_http_error(url, path, answer.status))
     try:
@@ -67,6 +70,14 @@ def get_json(
         what = "an array" if expect is list else "an object"
         raise UsageError(f"{url}{path} is JSON but not {what}: is {admin} meshctl serve's admin address?")
     return data
+
+
+def _error_of(body: bytes) -> str:
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return ""
+    return str(data.get("error", "")) if isinstance(data, dict) else ""
 
 
 def syncz(admin: str, token_file: str | None = None) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ from typer.models import OptionInfo
 from meshctl import __version__
 from meshctl.cli import bootstrap as bootstrap_cmd
 from meshctl.cli import ca as ca_cmd
+from meshctl.cli import delivery as delivery_cmd
 from meshctl.cli import diff as diff_cmd
 from meshctl.cli import dump as dump_cmd
 from meshctl.cli import hosts as hosts_cmd
@@ -290,6 +291,36 @@ _command(
     kv_app,
 )
 app.add_typer(kv_app)
+
+
+_command(
+    "history",
+    delivery_cmd.history,
+    "Examples:\n\n  meshctl history --server 10.10.0.1:15014\n\n"
+    "  meshctl history --server 10.10.0.1:15014 3f2a9c01 -o json",
+)
+
+rollout_app = typer.Typer(
+    name="rollout",
+    help="Staged rollout of new config versions (serve --canary): status, promote, hold, resume, rollback.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+for _verb in ("status", "promote", "hold", "resume"):
+    _command(
+        _verb,
+        getattr(delivery_cmd, _verb),
+        f"Examples:\n\n  meshctl rollout {_verb} --server 10.10.0.1:15014",
+        rollout_app,
+    )
+_command(
+    "rollback",
+    delivery_cmd.rollback,
+    "Examples:\n\n  meshctl rollout rollback --server 10.10.0.1:15014\n\n"
+    "  meshctl rollout rollback --server 10.10.0.1:15014 3f2a9c01",
+    rollout_app,
+)
+app.add_typer(rollout_app)
 
 
 def _print_version(value: bool) -> None:

@@ -87,6 +87,9 @@ def proxy_status(
                 **states,
                 "HDS": e.get("health", ""),
                 "replica": replica,
+                # The config version the proxy is offered, and its part in a staged rollout.
+                "version": str(e.get("snapshot", "")),
+                "rollout": str(e.get("rollout", "")),
             }
             row["client_cert_expires"] = _when(e.get("client_cert_expires"))
             rows.append({**row, "types": e["types"]})
@@ -104,9 +107,15 @@ def proxy_status(
         sys.stdout.write("\n")
         raise typer.Exit(0 if in_sync and split is None else 1)
     # A table on a terminal; aligned columns when piped, so grep and awk see whole node ids.
-    headers = ["NAME", "WORKLOAD", *TYPES, "HDS", "REPLICA"]
+    # The VERSION column only while proxies are offered different versions (a staged rollout).
+    staged = len({r["version"] for r in rows}) > 1 or any(r["rollout"] == "canary" for r in rows)
+    headers = ["NAME", "WORKLOAD", *TYPES, "HDS", *(["VERSION"] if staged else []), "REPLICA"]
     out.print_listing(
-        headers, [[r["proxy"], r["workload"], *(r[t] for t in TYPES), r["HDS"], r["replica"]] for r in rows]
+        headers,
+        [
+            [r["proxy"], r["workload"], *(r[t] for t in TYPES), r["HDS"], *[_version(r)][: int(staged)], r["replica"]]
+            for r in rows
+        ],
     )
     if errors:
         for r in rows:
@@ -115,6 +124,12 @@ def proxy_status(
                 if nack:
                     out.error(f"{r['proxy']} {t}: {nack}")
     raise typer.Exit(0 if in_sync and split is None else 1)
+
+
+def _version(row: dict[str, Any]) -> str:
+    """The version a proxy is offered, shortened, with `(canary)` while it runs one the fleet does not."""
+    version = row["version"][:12]
+    return f"{version} (canary)" if row["rollout"] == "canary" else version
 
 
 #: A client certificate this close to its end is said on stderr: renewal (at two thirds of its

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from meshctl.cli.exits import reported
 from meshctl.logs import LogFormat, LogLevel
+
+if TYPE_CHECKING:
+    from meshctl.server.rollout_plan import RolloutSettings
 
 
 @reported
@@ -289,6 +292,34 @@ def serve(
             "with RESOURCE_EXHAUSTED; 0 for no limit.",
         ),
     ] = 100,
+    canary: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MESHCTL_CANARY",
+            metavar="SELECTOR",
+            show_default=False,
+            help="Send each new config version to these proxies first: workload labels (app=reviews,track=canary, "
+            "as a workloadSelector) or node ids / NAME.NAMESPACE, comma-separated. The rest get it once every "
+            "canary ACKed it and --canary-soak passed without a NACK or a canary leaving (docs/safe-delivery.md).",
+        ),
+    ] = None,
+    canary_soak: Annotated[
+        str,
+        typer.Option(
+            envvar="MESHCTL_CANARY_SOAK",
+            metavar="DURATION",
+            help="How long a new version lives on every canary, ACKed, before the fleet gets it (30s, 5m).",
+        ),
+    ] = "60s",
+    history_size: Annotated[
+        int,
+        typer.Option(
+            envvar="MESHCTL_HISTORY_SIZE",
+            metavar="N",
+            min=1,
+            help="Config versions the push history keeps in --state-dir (meshctl history).",
+        ),
+    ] = 100,
     allow_empty_mesh: Annotated[
         bool,
         typer.Option(
@@ -385,6 +416,7 @@ def serve(
     state = state_dir if state_dir is not None else DEFAULT_STATE_DIR
     if ca_dir is None and (replica := _replica_source(config_dir, config_kv is not None)) is not None:
         _refuse_own_root(state, replica)
+    rollout = _rollout(canary, canary_soak)
     max_age = parse_duration(max_connection_age)
     if max_age is None or max_age < 0:
         raise UsageError(f"--max-connection-age {max_connection_age!r} is not a duration (30m, 1h; 0 for never)")
@@ -424,6 +456,8 @@ def serve(
             max_nodes_per_client=max_nodes_per_client,
         ),
         allow_empty_mesh=allow_empty_mesh,
+        rollout=rollout,
+        history_size=history_size,
     )
     return_large_allocations()  # this process owns its allocator (see limits.return_large_allocations)
     try:
@@ -480,6 +514,20 @@ def _seconds(flag: str, value: float) -> float:
     if not math.isfinite(value) or value < 0:
         raise UsageError(f"{flag} {value!r} is not a finite number of seconds, 0 or more")
     return value
+
+
+def _rollout(canary: str | None, soak: str) -> RolloutSettings:
+    """The rollout settings of --canary and --canary-soak, or UsageError."""
+    from meshctl.config.schema import parse_duration
+    from meshctl.errors import UsageError
+    from meshctl.server.rollout_plan import CanarySelector, RolloutSettings
+
+    nanos = parse_duration(soak)
+    if nanos is None or nanos < 0:
+        raise UsageError(f"--canary-soak {soak!r} is not a duration (30s, 5m)")
+    if canary is None:
+        return RolloutSettings()
+    return RolloutSettings(CanarySelector.parse(canary), soak=nanos / 1e9)
 
 
 def _workload_cert_lifetime(text: str) -> datetime.timedelta:

@@ -12,6 +12,9 @@ for long.
     /debug/config_dump?proxyID= the proxy's config, as `meshctl dump -o json`
     /debug/registryz            services and endpoints, and each registry's status
     /debug/configz              loaded resources and the errors of files that failed to load
+    /debug/history[?version=V]  the push history: versions, their changes and git commit, per proxy
+    /debug/rollout              the staged rollout: fleet and candidate versions, held, pinned
+    POST /debug/rollout?action=promote|hold|resume|rollback[&version=V]   an operator's action
 
 Connections are untrusted: a client has `REQUEST_TIMEOUT` seconds to send its request head, and
 at most `MAX_CONNECTIONS` are open at once; a new one past that closes the connection that has
@@ -48,6 +51,7 @@ _REASONS = {
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
+    409: "Conflict",
     503: "Service Unavailable",
 }
 _MAX_REQUEST_BYTES = 16 * 1024
@@ -92,11 +96,21 @@ class AdminState(Protocol):
 
     def configz(self) -> dict[str, Any]: ...
 
+    def ready_note(self) -> str: ...
+
+    def history(self, version: str = "") -> Any: ...
+
+    def rollout(self) -> dict[str, Any]: ...
+
+    def rollout_act(self, action: str, version: str = "") -> str: ...
+
 
 def route(state: AdminState, path: str, query: Mapping[str, list[str]]) -> Response:
     """The response for one GET, from the server's state."""
     if path == "/ready":
-        return Response.text("ready\n") if state.ready() else Response.text("not ready\n", 503)
+        note = state.ready_note()
+        note = f"{note}\n" if note else ""
+        return Response.text(f"ready\n{note}") if state.ready() else Response.text(f"not ready\n{note}", 503)
     if path == "/version":
         return Response.json(state.version())
     if path == "/metrics":
@@ -115,6 +129,14 @@ def route(state: AdminState, path: str, query: Mapping[str, list[str]]) -> Respo
         return Response.json(state.registryz())
     if path == "/debug/configz":
         return Response.json(state.configz())
+    if path == "/debug/history":
+        version = (query.get("version") or [""])[0]
+        found = state.history(version)
+        if found is None:
+            return Response.json({"error": f"no version {version!r} in the push history"}, 404)
+        return Response.json(found)
+    if path == "/debug/rollout":
+        return Response.json(state.rollout())
     if path in ("/", "/debug"):
         pages = [
             "/ready",
@@ -124,9 +146,25 @@ def route(state: AdminState, path: str, query: Mapping[str, list[str]]) -> Respo
             "/debug/config_dump?proxyID=",
             "/debug/registryz",
             "/debug/configz",
+            "/debug/history",
+            "/debug/rollout",
         ]
         return Response.text("\n".join(pages) + "\n")
     return Response.json({"error": f"no page {path}"}, 404)
+
+
+def rollout_action(state: AdminState, query: Mapping[str, list[str]]) -> Response:
+    """`POST /debug/rollout?action=...`: 200 with what was done, 409 with why it cannot be."""
+    from meshctl.server.rollout import RolloutError
+
+    action = (query.get("action") or [""])[0]
+    version = (query.get("version") or [""])[0]
+    try:
+        done = state.rollout_act(action, version)
+    except RolloutError as exc:
+        return Response.json({"error": str(exc)}, 409)
+    logger.info("rollout %s%s: %s", action, f" {version}" if version else "", done)
+    return Response.json({"done": done, "rollout": state.rollout()})
 
 
 def is_debug_page(path: str) -> bool:
@@ -263,9 +301,9 @@ class AdminServer:
         if len(parts) != 3:
             return Response.json({"error": "bad request line"}, 400)
         method, target, _ = parts
-        if method not in ("GET", "HEAD"):
-            return Response.json({"error": "only GET"}, 405)
         url = urlsplit(target)
+        if method not in ("GET", "HEAD") and not (method == "POST" and url.path == "/debug/rollout"):
+            return Response.json({"error": "only GET"}, 405)
         if is_debug_page(url.path):
             fields = (line.partition(":") for line in header_lines)
             authorization = next((v.strip() for k, _, v in fields if k.strip().lower() == "authorization"), None)
@@ -273,4 +311,6 @@ class AdminServer:
             if refusal is not None:
                 logger.info("refused %s to %s: %d", url.path, peer, refusal.status)
                 return refusal
+        if method == "POST":
+            return rollout_action(self._state, parse_qs(url.query))
         return route(self._state, url.path, parse_qs(url.query))

@@ -105,6 +105,10 @@ class PushObserver:
 
     def rejected(self, stream: Stream, type_url: str, error: str) -> None: ...
 
+    def acked(self, stream: Stream, type_url: str) -> None: ...
+
+    def disconnected(self, stream: Stream) -> None: ...
+
     def connected(self, count: int) -> None: ...
 
     def converged(self, stream: Stream, seconds: float) -> None: ...
@@ -232,6 +236,7 @@ class AdsServicer:
             self._release(stream)
             if self.streams.pop(conn_id, None) is not None:
                 self._observer.connected(len(self.streams))
+                self._observer.disconnected(stream)
                 logger.info("proxy %s disconnected", stream.label or conn_id)
 
     def _release(self, stream: Stream) -> None:
@@ -307,6 +312,8 @@ class AdsServicer:
                 short = types.SHORT_NAMES[type_url]
                 logger.warning("proxy %s rejected %s: %s", stream.label, short, untrusted(outcome.error, 2000))
                 self._observer.rejected(stream, type_url, outcome.error)
+            elif outcome.kind is RequestKind.ACK:
+                self._observer.acked(stream, type_url)
             stream.wake.set()
         return None
 

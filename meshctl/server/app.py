@@ -48,13 +48,17 @@ from meshctl.server.ca_follower import CaDirFollower, CaHolder
 from meshctl.server.ca_service import CertificateService, serve_joins
 from meshctl.server.cache import ResourceCache
 from meshctl.server.credentials import CredentialDirectory, CredentialSecrets
+from meshctl.server.delivery import Delivery
 from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
 from meshctl.server.health import HealthDiscovery, share_between_replicas
+from meshctl.server.history import DEFAULT_KEEP, PushHistory, history_dir
 from meshctl.server.limits import StreamLimits
 from meshctl.server.mesh_config import MeshConfigFile
 from meshctl.server.metrics import Metrics
 from meshctl.server.notify import NotifySettings, SystemdNotifier, service_status
 from meshctl.server.pacing import TokenBucket
+from meshctl.server.rollout_kv import shared_rollout
+from meshctl.server.rollout_plan import RolloutSettings
 from meshctl.server.secrets import WorkloadSecrets
 from meshctl.server.status import ServerStatus
 from meshctl.snapshot.model import MeshSettings, Snapshot
@@ -171,6 +175,10 @@ class ServeSettings:
     #: The TTL of the Consul session under which replicas share health and registrations: a
     #: replica that dies has its share removed after one to two TTLs (Consul's rule).
     health_session_ttl: float = DEFAULT_SESSION_TTL
+    #: Snapshot versions the push history keeps (in `state_dir`; `meshctl.server.history`).
+    history_size: int = DEFAULT_KEEP
+    #: Canaries and their soak (`meshctl.server.rollout`); none by default.
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
 
 
 #: The least outage of every replica that workload certificates should outlast (a third of their
@@ -251,8 +259,18 @@ class Server:
         ca = _certificate_authority(settings, mesh.trust_domain)
         #: The CA in force; with --ca-dir, replaced when its files change (`meshctl.server.ca_follower`).
         self.ca_holder = CaHolder(ca) if ca is not None else None
+        #: The push history and the staged rollout (`meshctl.server.delivery`).
+        self.delivery = Delivery(
+            self.metrics,
+            PushHistory(history_dir(settings.state_dir, given=settings.state_dir_given), settings.history_size),
+            settings.rollout,
+            settings.config_dirs if settings.config_kv is None else (),
+            lambda: self.ads.streams.values(),  # noqa: PLW0108 (self.ads is made below)
+            self._republish,
+            shared_rollout(settings.config_kv, settings.rollout),
+        )
         self.secrets = WorkloadSecrets(
-            self.cache.resolve,
+            self.delivery.source(self.cache.resolve).resolve,
             self.ca_holder,
             trust_domain=lambda: self.discovery.mesh.trust_domain,
             lifetime=settings.workload_cert_lifetime,
@@ -265,7 +283,7 @@ class Server:
         self.ads = AdsServicer(
             self.credential_secrets,
             lambda: self.discovery.snapshot,
-            self.metrics,
+            self.delivery,
             authorize=authorize,
             admit=self.admission,
             pace=TokenBucket(rate) if (rate := settings.max_new_streams_per_second) > 0 else None,
@@ -324,6 +342,7 @@ class Server:
         self._sync_deadline = time.monotonic() + settings.registry_sync_timeout
         self._sync_timer: asyncio.TimerHandle | None = None
         self._mesh_timer: asyncio.TimerHandle | None = None
+        self._republishing: set[asyncio.Future[None]] = set()
 
     @property
     def ca(self) -> CertificateAuthority | None:
@@ -356,6 +375,7 @@ class Server:
         if self.consul is not None:
             self.consul.start()
         snapshot = await self.discovery.start()
+        await self.delivery.published(snapshot)
         if self.mesh_config is not None:
             self._follow_mesh_config()
         if self.credentials is not None:
@@ -583,6 +603,7 @@ class Server:
         if self._sync_timer is not None:
             self._sync_timer.cancel()
         await self.discovery.stop()
+        self.delivery.stop()
         self.hds.stop()
         if self.share is not None:  # first: streams closing as the server stops are not VMs going away
             await asyncio.get_running_loop().run_in_executor(None, self.share.stop)
@@ -629,8 +650,17 @@ class Server:
 
     async def _publish(self, snapshot: Snapshot, seen: float) -> None:
         self._observe(snapshot)
+        await self.delivery.published(snapshot)
         self.hds.publish(snapshot)
         await self.ads.publish(snapshot, seen)
+
+    def _republish(self) -> None:
+        """The rollout's plan changed: every stream is resolved again (the snapshot is the same)."""
+        snapshot = self.discovery.snapshot
+        if snapshot is not None:
+            task = asyncio.ensure_future(self.ads.publish(snapshot))
+            self._republishing.add(task)
+            task.add_done_callback(self._republishing.discard)
 
     def _observe(self, snapshot: Snapshot) -> None:
         self.metrics.services.set(len(snapshot.services.services))

@@ -216,6 +216,8 @@ class Metrics(PushObserver):
             ["fingerprint"],
             (),
         )
+        #: More metrics made at each scrape by other parts of the server (the rollout's).
+        self.extra: list[Callable[[], Sequence[Counter | Histogram]]] = []
         #: When the earliest workload certificate held expires (`WorkloadSecrets.earliest_expiry`).
         self._earliest_expiry: Callable[[], datetime.datetime | None] | None = None
         self._signers: Callable[[], Mapping[str, int]] | None = None
@@ -320,7 +322,8 @@ class Metrics(PushObserver):
 
     def render(self) -> str:
         lines: list[str] = []
-        for metric in (*self._all, *self._ca_metrics(), *process_metrics()):
+        made = [metric for provide in self.extra for metric in provide()]
+        for metric in (*self._all, *made, *self._ca_metrics(), *process_metrics()):
             lines.extend(metric.header())
             lines.extend(metric.render())
         return "\n".join(lines) + "\n"

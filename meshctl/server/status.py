@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from meshctl.security.ca import CertificateAuthority
     from meshctl.server.ads import AdsServicer
     from meshctl.server.credentials import CredentialSecrets
+    from meshctl.server.delivery import Delivery
     from meshctl.server.discovery import Discovery
     from meshctl.server.health import HealthDiscovery
     from meshctl.server.metrics import Metrics
@@ -38,6 +39,7 @@ class RunningServer(Protocol):
 
     @property
     def ca(self) -> CertificateAuthority | None: ...
+    delivery: Delivery
 
     def ready(self) -> bool: ...
 
@@ -50,6 +52,19 @@ class ServerStatus:
 
     def ready(self) -> bool:
         return self._server.ready()
+
+    def ready_note(self) -> str:
+        return self._server.delivery.ready_note()
+
+    def history(self, version: str = "") -> Any:
+        return self._server.delivery.history_page(version)
+
+    def rollout(self) -> dict[str, Any]:
+        return self._server.delivery.rollout.status()
+
+    def rollout_act(self, action: str, version: str = "") -> str:
+        """Raises RolloutError with the reason when the action cannot be done."""
+        return self._server.delivery.act(action, version)
 
     def version(self) -> dict[str, Any]:
         """The build serving, and the snapshot it serves (replicas fed the same input agree)."""
@@ -80,6 +95,7 @@ class ServerStatus:
                 "connected_at": conn.connected_at,
                 "snapshot": conn.resources.snapshot_version if conn.resources else "",
                 "latest_snapshot": snapshot.version if snapshot else "",
+                "rollout": self._server.delivery.rollout.role_of(stream),
                 "retained_clusters": sorted(conn.retained_clusters),
                 "health": self._server.hds.state_of(conn.node_id),
                 "client_cert_expires": stream.certificate_not_after or None,

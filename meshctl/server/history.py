@@ -1,0 +1,304 @@
+"""Push history: every snapshot version the server builds, what changed in it, where it came
+from, and what each proxy did with it, kept in the state directory across restarts.
+
+An operator asking "which change did that?" after an Envoy refused its config needs three
+answers this module keeps together, per version:
+
+- where it came from: the input digest (`Snapshot.config_version`: everything but EDS endpoints)
+  and, when a config directory is a git checkout, its commit and whether the tree was dirty
+  (read with `git` itself; no commit is named when git or the checkout is missing);
+- what changed since the version before: each Istio resource added, changed or removed, by kind
+  and namespace/name with its `file:line`, and each service of the registry added, changed or
+  removed (the endpoints alone changing is an `endpoint_only` version);
+- what each proxy did with it: when it was first sent each type, when it ACKed it, when it
+  NACKed it and Envoy's message (`DeliveryLog` fills these in from the ADS servicer's events).
+
+Retention is bounded: the newest `DEFAULT_KEEP` versions (`serve --history-size`), per version
+at most `MAX_PROXIES` proxies (others are counted, not named), and every proxy's times only for
+the newest `DETAILED` versions: older ones keep how many proxies were sent, ACKed and NACKed
+them, and the NACKs with Envoy's messages (what is asked of an old version). The file is rewritten whole
+(atomically: a temporary file renamed over it) at most once a second while events come in and
+once more at stop, so a fleet's ACKs cost the disk one small write a second, not one per ACK.
+A history that cannot be read at start (corrupt, another program's) is set aside under
+`history.json.bad` and a fresh one started: history is for people, never a reason not to serve.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from meshctl.snapshot.model import Snapshot
+
+logger = logging.getLogger("meshctl.server.history")
+
+#: Versions kept by default (`serve --history-size`).
+DEFAULT_KEEP: Final = 100
+#: Proxies named per version; a larger fleet's others are counted in `proxies_beyond`.
+MAX_PROXIES: Final = 2_000
+#: Versions that keep every proxy's times; older ones keep counts and NACKs (`compact`).
+DETAILED: Final = 10
+#: Changed resources named per version; more are counted in `changes_beyond`.
+MAX_CHANGES: Final = 1_000
+#: Envoy's NACK message, as much of it as is kept.
+MAX_MESSAGE: Final = 2_000
+#: The least time between two writes of the file while events come in.
+WRITE_INTERVAL: Final = 1.0
+FILE_NAME: Final = "history.json"
+_FORMAT: Final = 1
+
+
+@dataclass(frozen=True, slots=True)
+class GitState:
+    """The commit a config directory is checked out at, and whether its tree differs from it."""
+
+    commit: str
+    dirty: bool
+
+    def describe(self) -> str:
+        return f"{self.commit[:12]}{' (dirty)' if self.dirty else ''}"
+
+
+def git_state(directory: Path, timeout: float = 5.0) -> GitState | None:
+    """The git commit `directory` is checked out at (and whether the part of the tree under it
+    has uncommitted changes), or None when it is not in a checkout or git is not installed. Runs
+    `git`; call it off the event loop."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(directory), "rev-parse", "--verify", "-q", "HEAD"],
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+        if head.returncode != 0 or not head.stdout.strip():
+            return None
+        status = subprocess.run(
+            ["git", "-C", str(directory), "status", "--porcelain", "--", "."],
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return GitState(head.stdout.strip(), status.returncode != 0 or bool(status.stdout.strip()))
+
+
+def history_dir(state_dir: Path | None, *, given: bool) -> Path | None:
+    """The directory the push history is kept in: the state directory, unless it is the default
+    one and cannot be written (the history then lives in memory only)."""
+    if state_dir is None or given:
+        return state_dir
+    return state_dir if os.access(state_dir, os.W_OK) else None
+
+
+def snapshot_changes(before: Snapshot | None, now: Snapshot) -> list[dict[str, str]]:
+    """What differs from `before` to `now`: each Istio resource added, changed or removed (by
+    kind, namespace/name and `file:line`), then each registry service, by hostname."""
+    out: list[dict[str, str]] = []
+    if before is None:
+        return out
+    if before.mesh != now.mesh:
+        out.append({"kind": "MeshConfig", "name": "", "change": "changed", "source": ""})
+    for kind in sorted(set(before.kind_digests) | set(now.kind_digests)):
+        if before.kind_digests.get(kind) == now.kind_digests.get(kind):
+            continue
+        old = {c.key: c for c in before.of_kind(kind)}
+        new = {c.key: c for c in now.of_kind(kind)}
+        for key in sorted(old.keys() | new.keys()):
+            was, config = old.get(key), new.get(key)
+            if was is not None and config is not None and was.content_digest() == config.content_digest():
+                continue
+            change = "added" if was is None else "removed" if config is None else "changed"
+            source = str((config or was).source)  # type: ignore[union-attr]  # one of them is set
+            out.append({"kind": kind, "name": f"{key.namespace}/{key.name}", "change": change, "source": source})
+    old_services, new_services = before.services.services, now.services.services
+    if old_services is not new_services:
+        for host in sorted(old_services.keys() | new_services.keys()):
+            was_service, service = old_services.get(host), new_services.get(host)
+            if was_service == service:
+                continue
+            change = "added" if was_service is None else "removed" if service is None else "changed"
+            out.append({"kind": "service", "name": host, "change": change, "source": ""})
+    return out
+
+
+def proxy_counts(entry: dict[str, Any]) -> dict[str, int]:
+    """How many proxies were sent the version, ACKed all they were sent of it, NACKed any of it."""
+    if "counted" in entry:
+        return dict(entry["counted"])
+    proxies: dict[str, dict[str, dict[str, Any]]] = entry.get("proxies", {})
+    return {
+        "sent": sum(1 for p in proxies.values() if any("sent" in t for t in p.values())),
+        "acked": sum(1 for p in proxies.values() if p and all("acked" in t for t in p.values() if "sent" in t)),
+        "nacked": sum(1 for p in proxies.values() if any("nacked" in t for t in p.values())),
+    }
+
+
+def compact(entry: dict[str, Any]) -> None:
+    """Keep of an old version's proxies their counts and their NACKs only."""
+    if "counted" in entry:
+        return
+    entry["counted"] = proxy_counts(entry)
+    entry["proxies"] = {
+        node: {t: r for t, r in by_type.items() if "nacked" in r}
+        for node, by_type in entry.get("proxies", {}).items()
+        if any("nacked" in r for r in by_type.values())
+    }
+
+
+class PushHistory:
+    """The versions built, newest last, kept in `state_dir/history.json` (memory only without a
+    directory, or when it cannot be written: said once in the log)."""
+
+    def __init__(self, state_dir: Path | None, keep: int = DEFAULT_KEEP) -> None:
+        self.keep = max(1, keep)
+        self._path = state_dir / FILE_NAME if state_dir is not None else None
+        self._entries: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._dirty = False
+        self._written_at = 0.0
+        self._write_failed = False
+        if self._path is not None:
+            self._load(self._path)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every version kept, oldest first (a copy of each entry's top level)."""
+        return [dict(e) for e in self._entries.values()]
+
+    def entry(self, version: str) -> dict[str, Any] | None:
+        """The entry of `version`, or of the one version it is a unique prefix of."""
+        found = self._entries.get(version)
+        if found is None and version:
+            matches = [v for v in self._entries if v.startswith(version)]
+            found = self._entries[matches[0]] if len(matches) == 1 else None
+        return found
+
+    def versions(self) -> list[str]:
+        return list(self._entries)
+
+    # -- recording -------------------------------------------------------------------------
+
+    def record(
+        self,
+        snapshot: Snapshot,
+        before: Snapshot | None,
+        git: Sequence[tuple[str, GitState]] = (),
+        *,
+        now: float | None = None,
+    ) -> dict[str, Any]:
+        """A new version built (or built again: a version undone and redone keeps its first entry
+        and moves to the end); returns its entry."""
+        version = snapshot.version
+        existing = self._entries.pop(version, None)
+        changes = snapshot_changes(before, snapshot)
+        entry: dict[str, Any] = existing or {
+            "version": version,
+            "time": now if now is not None else time.time(),
+            "input_digest": snapshot.config_version,
+            "proxies": {},
+            "proxies_beyond": 0,
+        }
+        entry["rebuilt_at"] = (now if now is not None else time.time()) if existing else None
+        entry["previous"] = before.version if before is not None else ""
+        entry["git"] = [{"dir": d, "commit": g.commit, "dirty": g.dirty} for d, g in git]
+        entry["endpoint_only"] = before is not None and before.config_version == snapshot.config_version
+        entry["changes"] = changes[:MAX_CHANGES]
+        entry["changes_beyond"] = max(0, len(changes) - MAX_CHANGES)
+        entry.setdefault("rollout", {})
+        self._entries[version] = entry
+        while len(self._entries) > self.keep:
+            self._entries.popitem(last=False)
+        if len(self._entries) > DETAILED:
+            compact(self._entries[list(self._entries)[-DETAILED - 1]])
+        self._dirty = True
+        return entry
+
+    def note_rollout(self, version: str, what: str, when: float | None = None) -> None:
+        """A rollout step of `version` (`canary`, `fleet`, `held`, `pinned`...) and when, the first time."""
+        entry = self._entries.get(version)
+        if entry is not None and what not in entry["rollout"]:
+            entry["rollout"][what] = when if when is not None else time.time()
+            self._dirty = True
+
+    def note_proxy(
+        self, version: str, node_id: str, type_short: str, event: str, message: str = "", *, when: float | None = None
+    ) -> None:
+        """A proxy's `event` (`sent`, `acked`, `nacked`) for one type at `version`: the first time
+        of each is kept, and the latest NACK message."""
+        entry = self._entries.get(version)
+        if entry is None or ("counted" in entry and event != "nacked"):
+            return
+        proxies: dict[str, Any] = entry["proxies"]
+        record = proxies.get(node_id)
+        if record is None:
+            if len(proxies) >= MAX_PROXIES:
+                entry["proxies_beyond"] += 1
+                return
+            record = proxies[node_id] = {}
+        types: dict[str, Any] = record.setdefault(type_short, {})
+        if event == "nacked":
+            types["nacked"] = when if when is not None else time.time()
+            types["error"] = message[:MAX_MESSAGE]
+        elif event not in types:
+            types[event] = when if when is not None else time.time()
+        self._dirty = True
+
+    # -- the file --------------------------------------------------------------------------
+
+    def flush(self, *, force: bool = False) -> None:
+        """Write the file if anything changed, at most once per `WRITE_INTERVAL` unless `force`."""
+        if self._path is None or not self._dirty:
+            return
+        if not force and time.monotonic() - self._written_at < WRITE_INTERVAL:
+            return
+        self._dirty = False
+        self._written_at = time.monotonic()
+        data = {"format": _FORMAT, "entries": list(self._entries.values())}
+        tmp = self._path.with_name(f".{FILE_NAME}.tmp")
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(data, separators=(",", ":")))
+            os.replace(tmp, self._path)
+        except OSError as exc:
+            if not self._write_failed:
+                logger.warning("push history is kept in memory only: cannot write %s: %s", self._path, exc)
+            self._write_failed = True
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        else:
+            self._write_failed = False
+
+    def _load(self, path: Path) -> None:
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            logger.warning("cannot read the push history %s (%s): starting a new one", path, exc)
+            return
+        try:
+            data = json.loads(text)
+            entries = data["entries"]
+            if data.get("format") != _FORMAT or not isinstance(entries, list):
+                raise ValueError("not a meshctl push history")
+            for entry in entries[-self.keep :]:
+                if not isinstance(entry, dict) or not isinstance(entry.get("version"), str):
+                    raise ValueError("an entry without a version")
+                entry.setdefault("proxies", {})
+                entry.setdefault("rollout", {})
+                entry.setdefault("proxies_beyond", 0)
+                self._entries[entry["version"]] = entry
+        except (ValueError, KeyError, TypeError) as exc:
+            self._entries.clear()
+            aside = path.with_name(f"{FILE_NAME}.bad")
+            with contextlib.suppress(OSError):
+                os.replace(path, aside)
+            logger.warning(
+                "the push history %s cannot be read (%s): set aside as %s, starting a new one", path, exc, aside
+            )
