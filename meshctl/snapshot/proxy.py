@@ -53,7 +53,10 @@ MAX_NODE_ID = 1024
 #: Labels a node may claim in its metadata (`LABELS`).
 MAX_NODE_LABELS = 256
 #: The node metadata keys meshctl reads; the rest is not kept.
-METADATA_KEYS = ("NAMESPACE", "LABELS", "INTERCEPTION_MODE", "AUTO_REGISTER_GROUP", *DNS_METADATA_KEYS)
+METADATA_KEYS = ("NAMESPACE", "LABELS", "INTERCEPTION_MODE", "AUTO_REGISTER_GROUP", "GENERATOR", *DNS_METADATA_KEYS)
+#: `GENERATOR` metadata of a proxyless gRPC client or server (Istio's signal): it gets gRPC's
+#: resources (`xds/grpc_gen.py`), not Envoy's.
+GRPC_GENERATOR = "grpc"
 
 
 class ProxyType(enum.StrEnum):
@@ -84,6 +87,11 @@ class ProxyNode:
     #: (ISTIO_MUTUAL, auto mTLS, PeerAuthentication). The server says no for a proxy it may not
     #: send a key to; config that names a secret the proxy never gets would never start.
     mesh_certificates: bool = True
+
+    @property
+    def proxyless(self) -> bool:
+        """A gRPC library, not an Envoy: served by the gRPC generator family."""
+        return self.metadata.get("GENERATOR") == GRPC_GENERATOR
 
 
 def parse_node_id(node_id: str, metadata: Mapping[str, Any] | None = None) -> ProxyNode:
@@ -264,6 +272,7 @@ class Proxy:
             inbound,
             self.node.mesh_certificates,
             dns_settings(self.node.metadata) if self.node.type is ProxyType.SIDECAR else (0, True),
+            self.node.proxyless,
         )
 
     @property

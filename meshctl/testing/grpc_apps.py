@@ -1,0 +1,110 @@
+"""Real gRPC applications for proxyless tests: a server answering with its own name (generic
+handlers, no generated code) and a client process dialing `xds:///NAME:PORT` through grpcio's
+own xDS client.
+
+The client is a subprocess because gRPC reads its xDS bootstrap once per process, from the
+environment, when the first xDS channel is made: each test gets its own. It keeps one channel
+for its whole life (so a config change reaches it as a live update, as in production) and
+answers requests on stdin, one JSON line each: `{"calls": N, "metadata": {...}}` makes N calls
+and prints `{"replies": {NAME: COUNT}, "errors": {STATUS: COUNT}}`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Mapping
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+SERVICE = "meshctl.test.Echo"
+METHOD = f"/{SERVICE}/Who"
+
+
+class NamedServer:
+    """A gRPC server on `address` (`IP:PORT`) whose `Who` method answers `name`; a context manager."""
+
+    def __init__(self, address: str, name: str) -> None:
+        self.address = address
+        self.name = name
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+
+        def who(request: bytes, context: grpc.ServicerContext) -> bytes:
+            return name.encode()
+
+        handler = grpc.method_handlers_generic_handler(SERVICE, {"Who": grpc.unary_unary_rpc_method_handler(who)})
+        self._server.add_generic_rpc_handlers((handler,))
+        if not self._server.add_insecure_port(address):
+            raise OSError(f"cannot listen on {address}")
+
+    def __enter__(self) -> NamedServer:
+        self._server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.stop(grace=None).wait()
+
+
+class XdsClient:
+    """The client process (see the module docstring); a context manager."""
+
+    def __init__(self, target: str, bootstrap: Mapping[str, Any], *, timeout: float = 5.0) -> None:
+        env = dict(os.environ)
+        env.pop("GRPC_XDS_BOOTSTRAP", None)
+        env["GRPC_XDS_BOOTSTRAP_CONFIG"] = json.dumps(bootstrap)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "meshctl.testing.grpc_apps", target, str(timeout)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    def calls(self, n: int, metadata: Mapping[str, str] | None = None) -> tuple[Counter[str], Counter[str]]:
+        """`n` calls; what answered them (server names) and how the others failed (status names)."""
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(json.dumps({"calls": n, "metadata": dict(metadata or {})}) + "\n")
+        self._proc.stdin.flush()
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the gRPC client exited ({self._proc.wait()})")
+        answer = json.loads(line)
+        return Counter(answer["replies"]), Counter(answer["errors"])
+
+    def __enter__(self) -> XdsClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def _client_main(target: str, timeout: float) -> None:
+    channel = grpc.insecure_channel(f"xds:///{target}")
+    who = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+    for line in sys.stdin:
+        request = json.loads(line)
+        replies: Counter[str] = Counter()
+        errors: Counter[str] = Counter()
+        metadata = tuple(request["metadata"].items())
+        for _ in range(request["calls"]):
+            try:
+                replies[who(b"", timeout=timeout, metadata=metadata).decode()] += 1
+            except grpc.RpcError as exc:
+                errors[exc.code().name] += 1
+        print(json.dumps({"replies": replies, "errors": errors}), flush=True)
+    channel.close()
+
+
+if __name__ == "__main__":
+    _client_main(sys.argv[1], float(sys.argv[2]))
