@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections import Counter
 from collections.abc import Mapping
 from concurrent import futures
@@ -27,14 +28,22 @@ METHOD = f"/{SERVICE}/Who"
 
 
 class NamedServer:
-    """A gRPC server on `address` (`IP:PORT`) whose `Who` method answers `name`; a context manager."""
+    """A gRPC server on `address` (`IP:PORT`) whose `Who` method answers `name`; a context manager.
+    With `flaky`, every other call (the first, the third, ...) fails with UNAVAILABLE instead."""
 
-    def __init__(self, address: str, name: str) -> None:
+    def __init__(self, address: str, name: str, *, flaky: bool = False) -> None:
         self.address = address
         self.name = name
+        self.calls = 0
+        self._lock = threading.Lock()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
 
         def who(request: bytes, context: grpc.ServicerContext) -> bytes:
+            with self._lock:
+                self.calls += 1
+                fail = flaky and self.calls % 2 == 1
+            if fail:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "every other call fails")
             return name.encode()
 
         handler = grpc.method_handlers_generic_handler(SERVICE, {"Who": grpc.unary_unary_rpc_method_handler(who)})
@@ -87,6 +96,8 @@ class XdsClient:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
 
 
 def _client_main(target: str, timeout: float) -> None:
