@@ -48,8 +48,11 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
+from meshctl.snapshot.model import Snapshot
+from meshctl.snapshot.proxy import Proxy, outbound_of
 from meshctl.xds import types
-from meshctl.xds.names import outbound_cluster, parse_cluster_name
+from meshctl.xds.generate import Generated, generate_outbound, load_assignment
+from meshctl.xds.names import eds_cluster_names, outbound_cluster, parse_cluster_name
 from meshctl.xds.route_domains import NO_PORT, with_port
 
 _Cluster = cluster_pb2.Cluster
@@ -72,6 +75,35 @@ def _typed(message: Message) -> any_pb2.Any:
 def grpc_route_name(port: int, host: str) -> str:
     """`outbound|PORT||HOST`: gRPC nodes get a route configuration per service port."""
     return outbound_cluster(port, host)
+
+
+def generate_grpc(snapshot: Snapshot, proxy: Proxy) -> Generated:
+    """Every resource a gRPC node may be sent, by type URL (what `generate` is for an Envoy):
+    what the server offers it and `meshctl dump --grpc` prints."""
+    config = build_grpc_config(generate_outbound(snapshot, outbound_of(proxy, snapshot)))
+    names = sorted(eds_cluster_names(config[types.CLUSTER]))
+    config[types.ENDPOINT] = tuple(grpc_assignment(load_assignment(snapshot, n)) for n in names)
+    return config
+
+
+def grpc_notes(snapshot: Snapshot, proxy: Proxy) -> list[str]:
+    """What a gRPC node is not sent of its routes because gRPC does not implement it, one note
+    per distinct set of dropped retry conditions (Istio's default retries alone drop three)."""
+    dropped: dict[tuple[str, ...], list[str]] = {}
+    for config in generate_outbound(snapshot, outbound_of(proxy, snapshot))[types.ROUTE]:
+        assert isinstance(config, route_pb2.RouteConfiguration)
+        for vh in config.virtual_hosts:
+            for route in vh.routes:
+                if route.route.HasField("retry_policy") and (
+                    conditions := tuple(dropped_retry_conditions(route.route.retry_policy))
+                ):
+                    dropped.setdefault(conditions, []).append(vh.name)
+    return [
+        f"retry conditions {', '.join(conditions)} of {len(hosts)} route(s) ({', '.join(sorted(set(hosts))[:3])}"
+        f"{', ...' if len(set(hosts)) > 3 else ''}) are not gRPC's and are left out: gRPC retries only on "
+        f"{', '.join(GRPC_RETRY_ON)}"
+        for conditions, hosts in sorted(dropped.items())
+    ]
 
 
 def build_grpc_config(envoy: Mapping[str, Iterable[Message]]) -> dict[str, tuple[Message, ...]]:
@@ -150,7 +182,7 @@ def grpc_route(route: rc.Route) -> rc.Route:
     timeout as `max_stream_duration`; retries on the gRPC status codes gRPC retries on; of the
     per-route filter configs, only the fault filter's (gRPC refuses a route naming a filter it
     lacks)."""
-    out = rc.Route(name=route.name, match=route.match)
+    out = rc.Route(name=route.name, match=route.match, metadata=route.metadata)
     if route.HasField("route"):
         action = rc.RouteAction()
         src = route.route
@@ -207,6 +239,7 @@ def grpc_cluster(cluster: Message) -> cluster_pb2.Cluster:
     out = _Cluster(name=cluster.name, type=_Cluster.EDS)
     out.eds_cluster_config.CopyFrom(cluster.eds_cluster_config)
     out.connect_timeout.CopyFrom(cluster.connect_timeout)
+    out.metadata.CopyFrom(cluster.metadata)  # which DestinationRule made it, for dump and diff
     if cluster.lb_policy in _GRPC_LB:
         out.lb_policy = cluster.lb_policy
     else:
