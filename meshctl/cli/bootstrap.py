@@ -144,10 +144,19 @@ def bootstrap(
         typer.Option(
             "--grpc",
             help="A proxyless gRPC application rather than Envoy: print gRPC's xDS bootstrap (JSON), for "
-            "GRPC_XDS_BOOTSTRAP=FILE or GRPC_XDS_BOOTSTRAP_CONFIG. --xds-cert-dir also names the certificate "
-            "provider `default` over the workload's certificates.",
+            "GRPC_XDS_BOOTSTRAP=FILE or GRPC_XDS_BOOTSTRAP_CONFIG.",
         ),
     ] = False,
+    cert_dir: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="PATH",
+            show_default=False,
+            help="With --grpc: the workload's certificate directory (cert-chain.pem, key.pem, root-cert.pem, as "
+            "`meshctl ca issue` and `ca renew` keep them), read by gRPC's certificate provider `default` for "
+            "the mesh's mutual TLS (ISTIO_MUTUAL).",
+        ),
+    ] = None,
 ) -> None:
     """Print a complete Envoy bootstrap for a VM proxy: `meshctl bootstrap ... > envoy.yaml && envoy -c envoy.yaml`."""
     import json
@@ -222,9 +231,11 @@ def bootstrap(
         )
     if grpc:
         _print_grpc_bootstrap(
-            node_id, metadata, labels, addresses, xds_ca, xds_cert, xds_key, xds_cert_dir, xds_sni, delta
+            node_id, metadata, labels, addresses, xds_ca, xds_cert, xds_key, xds_cert_dir, cert_dir, xds_sni, delta
         )
         return
+    if cert_dir is not None:
+        raise UsageError("--cert-dir is for --grpc: an Envoy is sent its workload certificate over SDS")
     tls = XdsClientTls(xds_ca, xds_cert, xds_key, xds_sni, xds_cert_dir) if xds_ca is not None else None
     inclusion = StatsInclusion(
         tuple(stats_inclusion_prefix or ()), tuple(stats_inclusion_suffix or ()), tuple(stats_inclusion_regex or ())
@@ -271,6 +282,7 @@ def _print_grpc_bootstrap(
     ca: Path | None,
     cert: Path | None,
     key: Path | None,
+    xds_cert_dir: Path | None,
     cert_dir: Path | None,
     sni: str | None,
     delta: bool,
@@ -287,8 +299,8 @@ def _print_grpc_bootstrap(
         raise UsageError("--delta: gRPC's xDS client speaks state of the world only")
     if sni is not None:
         raise UsageError("--xds-sni: gRPC checks meshctl's certificate against the --xds-address host itself")
-    if cert_dir is not None:
-        cert, key = cert_dir / CERT_FILE, cert_dir / KEY_FILE
+    if xds_cert_dir is not None:
+        cert, key = xds_cert_dir / CERT_FILE, xds_cert_dir / KEY_FILE
     node = parse_node_id(node_id, {**metadata, "GENERATOR": GRPC_GENERATOR})
     options = GrpcBootstrapOptions(
         servers=tuple(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in addresses),

@@ -67,6 +67,7 @@ from meshctl.xds.generate import (
     generate_outbound_clusters,
     generate_outbound_listeners_and_routes,
 )
+from meshctl.xds.grpc_gen import grpc_outbound
 from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.memo import GenerationMemo
 from meshctl.xds.names import eds_cluster_names, parse_cluster_name
@@ -347,7 +348,7 @@ class ResourceCache:
     def _grpc_view(self, snapshot: Snapshot, proxy: Proxy) -> ProxyResources:
         """A proxyless gRPC node's view: its config made once per config version and outbound key
         (`grpc_view.grpc_config`), its endpoints the shared assignments as gRPC takes them."""
-        outbound_key = outbound_of(proxy, snapshot)
+        outbound_key = grpc_outbound(proxy, snapshot)
         with self._lock:
             config = self._grpc_config.get(snapshot.config_version, outbound_key)
         if config is None:

@@ -22,6 +22,7 @@ from concurrent import futures
 from typing import Any
 
 import grpc
+import grpc.experimental
 
 SERVICE = "meshctl.test.Echo"
 METHOD = f"/{SERVICE}/Who"
@@ -29,9 +30,12 @@ METHOD = f"/{SERVICE}/Who"
 
 class NamedServer:
     """A gRPC server on `address` (`IP:PORT`) whose `Who` method answers `name`; a context manager.
-    With `flaky`, every other call (the first, the third, ...) fails with UNAVAILABLE instead."""
+    With `flaky`, every other call (the first, the third, ...) fails with UNAVAILABLE instead;
+    with `credentials`, it serves TLS."""
 
-    def __init__(self, address: str, name: str, *, flaky: bool = False) -> None:
+    def __init__(
+        self, address: str, name: str, *, flaky: bool = False, credentials: grpc.ServerCredentials | None = None
+    ) -> None:
         self.address = address
         self.name = name
         self.calls = 0
@@ -48,7 +52,12 @@ class NamedServer:
 
         handler = grpc.method_handlers_generic_handler(SERVICE, {"Who": grpc.unary_unary_rpc_method_handler(who)})
         self._server.add_generic_rpc_handlers((handler,))
-        if not self._server.add_insecure_port(address):
+        bound = (
+            self._server.add_secure_port(address, credentials)
+            if credentials is not None
+            else self._server.add_insecure_port(address)
+        )
+        if not bound:
             raise OSError(f"cannot listen on {address}")
 
     def __enter__(self) -> NamedServer:
@@ -62,12 +71,16 @@ class NamedServer:
 class XdsClient:
     """The client process (see the module docstring); a context manager."""
 
-    def __init__(self, target: str, bootstrap: Mapping[str, Any], *, timeout: float = 5.0) -> None:
+    def __init__(
+        self, target: str, bootstrap: Mapping[str, Any], *, timeout: float = 5.0, xds_credentials: bool = False
+    ) -> None:
+        """With `xds_credentials`, the channel takes its TLS from xDS (`grpc.xds_channel_credentials`,
+        plaintext where xDS says none); without, it is plaintext whatever xDS says."""
         env = dict(os.environ)
         env.pop("GRPC_XDS_BOOTSTRAP", None)
         env["GRPC_XDS_BOOTSTRAP_CONFIG"] = json.dumps(bootstrap)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "meshctl.testing.grpc_apps", target, str(timeout)],
+            [sys.executable, "-m", "meshctl.testing.grpc_apps", target, str(timeout), str(int(xds_credentials))],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -100,8 +113,12 @@ class XdsClient:
             self._proc.stdout.close()
 
 
-def _client_main(target: str, timeout: float) -> None:
-    channel = grpc.insecure_channel(f"xds:///{target}")
+def _client_main(target: str, timeout: float, xds_credentials: bool) -> None:
+    if xds_credentials:
+        creds = grpc.xds_channel_credentials(fallback_credentials=grpc.experimental.insecure_channel_credentials())
+        channel = grpc.secure_channel(f"xds:///{target}", creds)
+    else:
+        channel = grpc.insecure_channel(f"xds:///{target}")
     who = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
     for line in sys.stdin:
         request = json.loads(line)
@@ -118,4 +135,4 @@ def _client_main(target: str, timeout: float) -> None:
 
 
 if __name__ == "__main__":
-    _client_main(sys.argv[1], float(sys.argv[2]))
+    _client_main(sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1")

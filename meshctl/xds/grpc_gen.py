@@ -33,6 +33,7 @@ and an Envoy sidecar in one namespace take the same route for the same request.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Final
 
@@ -45,13 +46,15 @@ from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import Proxy, outbound_of
+from meshctl.snapshot.proxy import OutboundProxy, Proxy, outbound_of
 from meshctl.xds import types
 from meshctl.xds.generate import Generated, generate_outbound, load_assignment
+from meshctl.xds.mesh_tls import ROOT_SECRET, WORKLOAD_SECRET
 from meshctl.xds.names import eds_cluster_names, outbound_cluster, parse_cluster_name
 from meshctl.xds.route_domains import NO_PORT, with_port
 
@@ -62,6 +65,8 @@ ROUTER_FILTER: Final = "envoy.filters.http.router"
 #: The retry conditions gRPC implements (gRFC A44): status codes by name. Envoy's HTTP
 #: conditions (5xx, connect-failure, refused-stream, ...) mean nothing to it and are dropped.
 GRPC_RETRY_ON: Final = ("cancelled", "deadline-exceeded", "internal", "resource-exhausted", "unavailable")
+#: The certificate provider instance (in the node's bootstrap) mesh TLS names, as istiod does.
+CERTIFICATE_PROVIDER: Final = "default"
 #: Envoy balancers gRPC has; the others become ROUND_ROBIN, the one every gRPC has.
 _GRPC_LB: Final = frozenset({_Cluster.ROUND_ROBIN, _Cluster.RING_HASH})
 
@@ -77,10 +82,18 @@ def grpc_route_name(port: int, host: str) -> str:
     return outbound_cluster(port, host)
 
 
+def grpc_outbound(proxy: Proxy, snapshot: Snapshot) -> OutboundProxy:
+    """What a gRPC node's config is generated from: its `OutboundProxy`, with the mesh's
+    certificates whatever its xDS connection proved. Its key material never crosses xDS (gRPC
+    reads the workload's files through its certificate providers), so the config may use mutual
+    TLS as istiod's does for gRPC nodes; a node without the provider rejects such a cluster."""
+    return dataclasses.replace(outbound_of(proxy, snapshot), mesh_certificates=True)
+
+
 def generate_grpc(snapshot: Snapshot, proxy: Proxy) -> Generated:
     """Every resource a gRPC node may be sent, by type URL (what `generate` is for an Envoy):
     what the server offers it and `meshctl dump --grpc` prints."""
-    config = build_grpc_config(generate_outbound(snapshot, outbound_of(proxy, snapshot)))
+    config = build_grpc_config(generate_outbound(snapshot, grpc_outbound(proxy, snapshot)))
     names = sorted(eds_cluster_names(config[types.CLUSTER]))
     config[types.ENDPOINT] = tuple(grpc_assignment(load_assignment(snapshot, n)) for n in names)
     return config
@@ -90,7 +103,7 @@ def grpc_notes(snapshot: Snapshot, proxy: Proxy) -> list[str]:
     """What a gRPC node is not sent of its routes because gRPC does not implement it, one note
     per distinct set of dropped retry conditions (Istio's default retries alone drop three)."""
     dropped: dict[tuple[str, ...], list[str]] = {}
-    for config in generate_outbound(snapshot, outbound_of(proxy, snapshot))[types.ROUTE]:
+    for config in generate_outbound(snapshot, grpc_outbound(proxy, snapshot))[types.ROUTE]:
         assert isinstance(config, route_pb2.RouteConfiguration)
         for vh in config.virtual_hosts:
             for route in vh.routes:
@@ -126,7 +139,8 @@ def build_grpc_config(envoy: Mapping[str, Iterable[Message]]) -> dict[str, tuple
             for dialed in domains:
                 if dialed not in listeners and not dialed.startswith("["):
                     listeners[dialed] = api_listener(dialed, name)
-    clusters = [grpc_cluster(c) for c in envoy.get(types.CLUSTER, ()) if _is_outbound_eds(c)]
+    made = (grpc_cluster(c) for c in envoy.get(types.CLUSTER, ()) if _is_outbound_eds(c))
+    clusters = [c for c in made if c is not None]
     return {
         types.LISTENER: tuple(listeners[n] for n in sorted(listeners)),
         types.ROUTE: tuple(routes[n] for n in sorted(routes)),
@@ -233,10 +247,18 @@ def _is_outbound_eds(cluster: Message) -> bool:
     return cluster.type == _Cluster.EDS and parsed is not None and parsed.direction == "outbound"
 
 
-def grpc_cluster(cluster: Message) -> cluster_pb2.Cluster:
-    """An outbound EDS cluster with what gRPC implements of it."""
+def grpc_cluster(cluster: Message) -> cluster_pb2.Cluster | None:
+    """An outbound EDS cluster with what gRPC implements of it; None for one whose TLS gRPC
+    cannot do from xDS (a DestinationRule's own certificates: better no cluster, whose calls
+    fail, than one that sends in the clear what was meant to be encrypted)."""
     assert isinstance(cluster, cluster_pb2.Cluster)
     out = _Cluster(name=cluster.name, type=_Cluster.EDS)
+    if cluster.HasField("transport_socket"):
+        tls = grpc_upstream_tls(cluster.transport_socket.typed_config)
+        if tls is None:
+            return None
+        out.transport_socket.name = "envoy.transport_sockets.tls"
+        out.transport_socket.typed_config.CopyFrom(_typed(tls))
     out.eds_cluster_config.CopyFrom(cluster.eds_cluster_config)
     out.connect_timeout.CopyFrom(cluster.connect_timeout)
     out.metadata.CopyFrom(cluster.metadata)  # which DestinationRule made it, for dump and diff
@@ -251,6 +273,32 @@ def grpc_cluster(cluster: Message) -> cluster_pb2.Cluster:
             out.circuit_breakers.thresholds.add(priority=threshold.priority, max_requests=threshold.max_requests)
     if cluster.HasField("outlier_detection"):
         out.outlier_detection.CopyFrom(cluster.outlier_detection)
+    return out
+
+
+def grpc_upstream_tls(typed: any_pb2.Any) -> tls_pb2.UpstreamTlsContext | None:
+    """The mesh's mutual TLS (ISTIO_MUTUAL: the workload certificate and the root over SDS) as
+    gRPC does it: both from the certificate provider `default` of the node's bootstrap (the
+    workload's files, `meshctl bootstrap --grpc --xds-cert-dir`), the server's SPIFFE identities
+    checked as the sidecar checks them. None for any other TLS."""
+    envoy = tls_pb2.UpstreamTlsContext()
+    if not typed.Unpack(envoy):
+        return None
+    common = envoy.common_tls_context
+    combined = common.combined_validation_context
+    if [c.name for c in common.tls_certificate_sds_secret_configs] != [WORKLOAD_SECRET] or (
+        combined.validation_context_sds_secret_config.name != ROOT_SECRET
+    ):
+        return None
+    out = tls_pb2.UpstreamTlsContext()
+    mine = out.common_tls_context
+    mine.tls_certificate_provider_instance.instance_name = CERTIFICATE_PROVIDER
+    mine.tls_certificate_provider_instance.certificate_name = WORKLOAD_SECRET
+    validation = mine.combined_validation_context.default_validation_context
+    validation.ca_certificate_provider_instance.instance_name = CERTIFICATE_PROVIDER
+    validation.ca_certificate_provider_instance.certificate_name = ROOT_SECRET
+    for matcher in combined.default_validation_context.match_typed_subject_alt_names:
+        validation.match_subject_alt_names.add().CopyFrom(matcher.matcher)
     return out
 
 
