@@ -51,7 +51,7 @@ from typing import Generic, TypeVar
 from google.protobuf.message import Message
 
 from meshctl.config.model import ConfigKey
-from meshctl.server.grpc_view import GrpcAssignments, grpc_config
+from meshctl.server.grpc_view import GrpcAssignments, grpc_config, grpc_inbound_listeners
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyNode, bind_proxy, outbound_of
 from meshctl.snapshot.scope import ProxyScope, rule_digest
@@ -356,6 +356,10 @@ class ResourceCache:
             with self._lock:
                 self._grpc_config.put(snapshot.config_version, outbound_key, config)
         by_type: dict[str, Mapping[str, Resource]] = dict(config.by_type)
+        inbound = grpc_inbound_listeners(snapshot, proxy)
+        if inbound:
+            listeners = by_type[types.LISTENER]
+            by_type[types.LISTENER] = self._set(types.LISTENER, [*listeners.values(), *inbound])
         envoy_eds = self._eds_set(snapshot, config.eds_names)
         by_type[types.ENDPOINT] = self._set(types.ENDPOINT, self._grpc_assignments.of(envoy_eds.ordered))
         return ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))

@@ -113,6 +113,48 @@ class XdsClient:
             self._proc.stdout.close()
 
 
+class XdsServer:
+    """A gRPC xDS server process (`grpc.server(xds=True)` with `xds_server_credentials`) on
+    `address`, answering `name`: it serves once meshctl sends its listener, with the TLS the
+    listener says; a context manager."""
+
+    def __init__(self, address: str, name: str, bootstrap: Mapping[str, Any]) -> None:
+        env = dict(os.environ)
+        env.pop("GRPC_XDS_BOOTSTRAP", None)
+        env["GRPC_XDS_BOOTSTRAP_CONFIG"] = json.dumps(bootstrap)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "meshctl.testing.grpc_apps", "--serve", address, name],
+            stdin=subprocess.PIPE,
+            env=env,
+        )
+
+    def __enter__(self) -> XdsServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()  # the server stops when its stdin closes
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def _server_main(address: str, name: str) -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), xds=True)
+
+    def who(request: bytes, context: grpc.ServicerContext) -> bytes:
+        return name.encode()
+
+    handler = grpc.method_handlers_generic_handler(SERVICE, {"Who": grpc.unary_unary_rpc_method_handler(who)})
+    server.add_generic_rpc_handlers((handler,))
+    server.add_secure_port(address, grpc.xds_server_credentials(grpc.insecure_server_credentials()))
+    server.start()
+    sys.stdin.read()
+    server.stop(grace=None).wait()
+
+
 def _client_main(target: str, timeout: float, xds_credentials: bool) -> None:
     if xds_credentials:
         # grpc.experimental is untyped: its plaintext credentials are what xDS falls back to
@@ -137,4 +179,7 @@ def _client_main(target: str, timeout: float, xds_credentials: bool) -> None:
 
 
 if __name__ == "__main__":
-    _client_main(sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1")
+    if sys.argv[1] == "--serve":
+        _server_main(sys.argv[2], sys.argv[3])
+    else:
+        _client_main(sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1")

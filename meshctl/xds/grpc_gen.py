@@ -52,8 +52,11 @@ from google.protobuf.message import Message
 
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import OutboundProxy, Proxy, outbound_of
+from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.generate import Generated, generate_outbound, load_assignment
+from meshctl.xds.grpc_inbound import build_grpc_inbound
+from meshctl.xds.inbound_view import inbound_view
 from meshctl.xds.mesh_tls import ROOT_SECRET, WORKLOAD_SECRET
 from meshctl.xds.names import eds_cluster_names, outbound_cluster, parse_cluster_name
 from meshctl.xds.route_domains import NO_PORT, with_port
@@ -94,6 +97,8 @@ def generate_grpc(snapshot: Snapshot, proxy: Proxy) -> Generated:
     """Every resource a gRPC node may be sent, by type URL (what `generate` is for an Envoy):
     what the server offers it and `meshctl dump --grpc` prints."""
     config = build_grpc_config(generate_outbound(snapshot, grpc_outbound(proxy, snapshot)))
+    inbound = build_grpc_inbound(inbound_view(ProxyScope(snapshot, proxy)))
+    config[types.LISTENER] = tuple(sorted([*config[types.LISTENER], *inbound], key=lambda m: m.name))  # type: ignore[attr-defined]
     names = sorted(eds_cluster_names(config[types.CLUSTER]))
     config[types.ENDPOINT] = tuple(grpc_assignment(load_assignment(snapshot, n)) for n in names)
     return config
