@@ -25,8 +25,11 @@ and an Envoy sidecar in one namespace take the same route for the same request.
   keep the fault filter's alone.
 - Clusters: the outbound EDS clusters, their balancer as gRPC has it (ROUND_ROBIN for
   LEAST_REQUEST, RANDOM and MAGLEV; RING_HASH kept), circuit breakers' `max_requests` and
-  outlier detection kept, no transport socket (plaintext: mutual TLS for gRPC nodes is not
-  generated yet). Clusters of other types (DNS, passthrough) are left out.
+  outlier detection kept; the mesh's mutual TLS (ISTIO_MUTUAL) through the certificate
+  provider `default` (`grpc_upstream_tls`), any other TLS not sent at all, and auto mTLS's
+  per-endpoint choice (which gRPC has no way to make) left out, as istiod does. Clusters of other
+  types (DNS, passthrough) are left out.
+- Listeners of gRPC servers: `grpc_inbound`.
 - Endpoints: the shared assignments, each group given a locality (empty if the registry has none)
   and a weight, which gRPC requires (`grpc_assignment`).
 """
