@@ -35,6 +35,17 @@ HOST = f"echo.{NS}.mesh"
 SERVING = 20.0
 
 
+DENY_CLIENT = f"""---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {{name: no-client, namespace: {NS}}}
+spec:
+  selector: {{matchLabels: {{app: echo}}}}
+  action: DENY
+  rules: [{{from: [{{source: {{principals: [cluster.local/ns/{NS}/sa/client]}}}}]}}]
+"""
+
+
 def mesh(port: int, strict: bool) -> str:
     text = f"""apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -111,7 +122,7 @@ def until_served(client: XdsClient) -> None:
         assert time.monotonic() < deadline, f"the xDS server never served: {errors}"
 
 
-def make_mesh(tmp_path: Path, strict: bool) -> Iterator[Mesh]:
+def make_mesh(tmp_path: Path, strict: bool, extra: str = "") -> Iterator[Mesh]:
     port = free_port()
     state = tmp_path / "state"
     certs = tmp_path / "certs"
@@ -120,7 +131,7 @@ def make_mesh(tmp_path: Path, strict: bool) -> Iterator[Mesh]:
     workload_files(state, "client", certs / "client")
     config = tmp_path / "mesh"
     config.mkdir()
-    (config / "mesh.yaml").write_text(mesh(port, strict))
+    (config / "mesh.yaml").write_text(mesh(port, strict) + extra)
     with ExitStack() as stack:
         serve = stack.enter_context(ServeProcess([config], extra_args=["--state-dir", str(state)]))
         built = Mesh(serve, port, certs)
@@ -138,6 +149,11 @@ def strict_mesh(tmp_path: Path) -> Iterator[Mesh]:
     yield from make_mesh(tmp_path, strict=True)
 
 
+@pytest.fixture
+def denying_mesh(tmp_path: Path) -> Iterator[Mesh]:
+    yield from make_mesh(tmp_path, strict=True, extra=DENY_CLIENT)
+
+
 def test_a_grpc_xds_server_serves_once_meshctl_sends_its_listener(plain_mesh: Mesh) -> None:
     with plain_mesh.client(xds_credentials=False) as client:
         until_served(client)
@@ -150,3 +166,15 @@ def test_strict_serves_the_mesh_mutual_tls_and_refuses_plaintext(strict_mesh: Me
         assert client.calls(5) == ({"v1": 5}, {})
     with strict_mesh.client(xds_credentials=False) as client:
         assert client.calls(3) == ({}, {grpc.StatusCode.UNAVAILABLE.name: 3})
+
+
+def test_an_authorization_policy_denying_the_client_fails_its_calls(denying_mesh: Mesh) -> None:
+    with denying_mesh.client(xds_credentials=True) as client:
+        deadline = time.monotonic() + SERVING
+        while True:  # until the server serves (and so enforces its listener's policy)
+            replies, errors = client.calls(1)
+            if errors == {grpc.StatusCode.PERMISSION_DENIED.name: 1}:
+                break
+            assert not replies, "a call the policy denies was served"
+            assert time.monotonic() < deadline, f"the xDS server never served: {errors}"
+        assert client.calls(3) == ({}, {grpc.StatusCode.PERMISSION_DENIED.name: 3})

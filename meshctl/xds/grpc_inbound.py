@@ -13,7 +13,10 @@ call (`non_forwarding_action`: a server routes nothing, it serves) and the route
 follows the port's PeerAuthentication mode: STRICT requires the mesh's mutual TLS, with the
 workload's certificate and the root from the certificate provider `default` (the workload's
 files); PERMISSIVE and DISABLE serve plaintext, as Istio does for gRPC servers (gRPC cannot tell a
-TLS connection from a plaintext one on one port). AuthorizationPolicies are not enforced here.
+TLS connection from a plaintext one on one port). The AuthorizationPolicies that select the
+workload become RBAC filters before the router, built as for an Envoy's inbound HTTP chains
+(`rbac.filter_rules`), each under its own name (gRPC refuses two filters of one name); gRPC
+enforces `rules` and ignores dry-run `shadow_rules`.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from google.protobuf.message import Message
 from meshctl.security.peer_authentication import MtlsMode
 from meshctl.xds.inbound_view import InboundView
 from meshctl.xds.mesh_tls import ROOT_SECRET, WORKLOAD_SECRET
+from meshctl.xds.rbac import HTTP_RBAC, filter_rules, http_filter
 
 #: Istio's prefix of gRPC server listener names (`grpcxds.ServerListenerNamePrefix`).
 SERVER_LISTENER_PREFIX: Final = "xds.istio.io/grpc/lds/inbound/"
@@ -54,22 +58,33 @@ def server_listener_name(ip: str, port: int) -> str:
 def build_grpc_inbound(view: InboundView) -> list[listener_pb2.Listener]:
     """The server listeners of a gRPC node's workload, sorted by name."""
     proxy = view.proxy.value
+    rules = filter_rules(view.authorization_policies, trust_domain=view.mesh.trust_domain, for_tcp=False)
+    rbac = []
+    for i, rule in enumerate(rules):
+        made = http_filter(rule)
+        made.name = f"{HTTP_RBAC}.{i}" if i else HTTP_RBAC
+        rbac.append(made)
     out = []
     for port in sorted(proxy.instance_ports):
         strict = view.mtls.for_port(port) is MtlsMode.STRICT
         for ip in dict.fromkeys((proxy.ip, *_WILDCARDS)):
-            out.append(server_listener(ip, port, strict=strict))
+            out.append(server_listener(ip, port, strict=strict, rbac=rbac))
     return sorted(out, key=lambda listener: listener.name)
 
 
-def server_listener(ip: str, port: int, *, strict: bool) -> listener_pb2.Listener:
+def server_listener(
+    ip: str, port: int, *, strict: bool, rbac: list[hcm_pb2.HttpFilter] | None = None
+) -> listener_pb2.Listener:
     route = route_pb2.RouteConfiguration(name="inbound|" + str(port))
     vh = route.virtual_hosts.add(name="inbound|http|" + str(port), domains=["*"])
     vh.routes.append(rc.Route(match=rc.RouteMatch(prefix="/"), non_forwarding_action=rc.NonForwardingAction()))
     hcm = hcm_pb2.HttpConnectionManager(
         stat_prefix=f"inbound_{port}",
         route_config=route,
-        http_filters=[hcm_pb2.HttpFilter(name="envoy.filters.http.router", typed_config=_typed(router_pb2.Router()))],
+        http_filters=[
+            *(rbac or ()),
+            hcm_pb2.HttpFilter(name="envoy.filters.http.router", typed_config=_typed(router_pb2.Router())),
+        ],
     )
     chain = listener_components_pb2.FilterChain(
         name=f"inbound|{port}",
