@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -20,9 +21,10 @@ from typing import Any
 
 import grpc
 import pytest
+from conftest import needs_envoy
 
-from meshctl.testing.envoy import free_port
-from meshctl.testing.grpc_apps import NamedServer, XdsClient
+from meshctl.testing.envoy import EnvoyProcess, free_port
+from meshctl.testing.grpc_apps import METHOD, NamedServer, XdsClient
 from meshctl.testing.serve_process import ServeProcess, meshctl_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -171,3 +173,31 @@ def test_live_edit_moves_traffic(grpc_mesh: Mesh) -> None:
             assert time.monotonic() < deadline, f"traffic did not move to v1: {replies} {errors}"
         # the same channel keeps following the mesh: the header route is gone with the edit
         assert client.calls(20, {"x-version": "v2"}) == ({"v1": 20}, {})
+
+
+def envoy_calls(channel: grpc.Channel, n: int, metadata: dict[str, str]) -> tuple[Counter[str], Counter[str]]:
+    who = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+    replies: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    for _ in range(n):
+        try:
+            replies[who(b"", timeout=5.0, metadata=tuple(metadata.items())).decode()] += 1
+        except grpc.RpcError as exc:
+            errors[exc.code().name] += 1
+    return replies, errors
+
+
+@needs_envoy
+def test_an_envoy_sidecar_and_a_grpc_client_route_alike(grpc_mesh: Mesh) -> None:
+    """The same requests through an Envoy sidecar (its outbound listener on 127.0.0.1:PORT) and
+    through grpcio's xDS client take the same routes."""
+    node = f"sidecar~127.0.0.8~envoy-client.{NS}~{NS}.svc.cluster.local"
+    with EnvoyProcess(grpc_mesh.serve.bootstrap(node)) as _envoy, grpc_mesh.client() as client:
+        authority = f"{HOST}:{grpc_mesh.port}"
+        channel = grpc.insecure_channel(f"127.0.0.1:{grpc_mesh.port}", options=[("grpc.default_authority", authority)])
+        with channel:
+            deadline = time.monotonic() + CONVERGE
+            while envoy_calls(channel, 1, {"x-version": "v2"})[0] != {"v2": 1}:
+                assert time.monotonic() < deadline, "the Envoy sidecar never routed"
+            for metadata, n in (({"x-version": "v2"}, 10), ({"x-fault": "abort"}, 5), ({"x-flaky": "retried"}, 6)):
+                assert envoy_calls(channel, n, metadata) == client.calls(n, metadata), metadata
