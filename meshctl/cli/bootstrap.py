@@ -140,6 +140,24 @@ def bootstrap(
         ),
     ] = True,
     output: Annotated[BootstrapFormat, typer.Option("--output", "-o", help="yaml or json.")] = BootstrapFormat.yaml,
+    grpc: Annotated[
+        bool,
+        typer.Option(
+            "--grpc",
+            help="A proxyless gRPC application rather than Envoy: print gRPC's xDS bootstrap (JSON), for "
+            "GRPC_XDS_BOOTSTRAP=FILE or GRPC_XDS_BOOTSTRAP_CONFIG.",
+        ),
+    ] = False,
+    cert_dir: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="PATH",
+            show_default=False,
+            help="With --grpc: the workload's certificate directory (cert-chain.pem, key.pem, root-cert.pem, as "
+            "`meshctl ca issue` and `ca renew` keep them), read by gRPC's certificate provider `default` for "
+            "the mesh's mutual TLS (ISTIO_MUTUAL).",
+        ),
+    ] = None,
 ) -> None:
     """Print a complete Envoy bootstrap for a VM proxy: `meshctl bootstrap ... > envoy.yaml && envoy -c envoy.yaml`."""
     import json
@@ -203,7 +221,8 @@ def bootstrap(
         if xds_cert is not None:
             raise UsageError("--xds-cert-dir replaces --xds-cert and --xds-key: give one or the other")
         xds_ca = xds_ca or xds_cert_dir / "root-cert.pem"
-        _ensure_sds_file(xds_cert_dir)
+        if not grpc:
+            _ensure_sds_file(xds_cert_dir)
     if xds_ca is None and (xds_cert is not None or xds_sni is not None):
         raise UsageError(
             "--xds-cert, --xds-key and --xds-sni need --xds-ca: TLS without checking the server is not offered"
@@ -213,6 +232,13 @@ def bootstrap(
             "several --xds-address hosts with --xds-ca need --xds-sni NAME, a DNS SAN every replica's "
             "certificate carries: Envoy checks one name for the whole xds-grpc cluster"
         )
+    if grpc:
+        _print_grpc_bootstrap(
+            node_id, metadata, labels, addresses, xds_ca, xds_cert, xds_key, xds_cert_dir, cert_dir, xds_sni, delta
+        )
+        return
+    if cert_dir is not None:
+        raise UsageError("--cert-dir is for --grpc: an Envoy is sent its workload certificate over SDS")
     tls = XdsClientTls(xds_ca, xds_cert, xds_key, xds_sni, xds_cert_dir) if xds_ca is not None else None
     inclusion = StatsInclusion(
         tuple(stats_inclusion_prefix or ()), tuple(stats_inclusion_suffix or ()), tuple(stats_inclusion_regex or ())
@@ -249,6 +275,46 @@ def bootstrap(
         yaml = YAML(typ="safe", pure=True)
         yaml.default_flow_style = False
         yaml.dump(config, sys.stdout)
+
+
+def _print_grpc_bootstrap(
+    node_id: str,
+    metadata: dict[str, str],
+    labels: dict[str, str],
+    addresses: list[tuple[str, int]],
+    ca: Path | None,
+    cert: Path | None,
+    key: Path | None,
+    xds_cert_dir: Path | None,
+    cert_dir: Path | None,
+    sni: str | None,
+    delta: bool,
+) -> None:
+    """`--grpc`: gRPC's bootstrap as JSON (the only form gRPC reads)."""
+    import json
+    import sys
+
+    from meshctl.errors import UsageError
+    from meshctl.grpc_bootstrap import CERT_FILE, KEY_FILE, GrpcBootstrapOptions, build_grpc_bootstrap
+    from meshctl.snapshot.proxy import GRPC_GENERATOR, parse_node_id
+
+    if delta:
+        raise UsageError("--delta: gRPC's xDS client speaks state of the world only")
+    if sni is not None:
+        raise UsageError("--xds-sni: gRPC checks meshctl's certificate against the --xds-address host itself")
+    if xds_cert_dir is not None:
+        cert, key = xds_cert_dir / CERT_FILE, xds_cert_dir / KEY_FILE
+    node = parse_node_id(node_id, {**metadata, "GENERATOR": GRPC_GENERATOR})
+    options = GrpcBootstrapOptions(
+        servers=tuple(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in addresses),
+        labels=labels,
+        ca_file=ca,
+        cert_file=cert,
+        key_file=key,
+        cert_dir=cert_dir,
+    )
+    json.dump(build_grpc_bootstrap(node, options), sys.stdout, indent=2)
+    sys.stdout.write("\n")
 
 
 def _ensure_sds_file(directory: Path) -> None:

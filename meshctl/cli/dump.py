@@ -73,6 +73,10 @@ def dump(
     namespace: options.Namespace = "default",
     interception: options.Interception = InterceptionMode.NONE,
     mesh_config: options.MeshConfig = None,
+    grpc: Annotated[
+        bool,
+        typer.Option("--grpc", help="A proxyless gRPC node (GENERATOR grpc, as `meshctl bootstrap --grpc` writes)."),
+    ] = False,
 ) -> None:
     """Print what the server would send a proxy, in Envoy's /config_dump format or as tables.
 
@@ -80,13 +84,20 @@ def dump(
     that names nothing, or an unreadable Consul.
     """
     from meshctl.cli import offline
-    from meshctl.xds.config_dump import DUMP_ORDER, TYPE_BY_SECTION, subscribed
+    from meshctl.xds.config_dump import subscribed
     from meshctl.xds.generate import generate
 
     tree = offline.load_tree(config_dir, consul=consul, namespace=namespace, mesh=offline.mesh_from(mesh_config))
-    target = offline.resolve_proxy(tree, proxy, namespace, interception.value)
+    target = offline.resolve_proxy(tree, proxy, namespace, interception.value, grpc=grpc)
     offline.report(tree)
     _stderr(offline.proxy_note(target))
+    if grpc:
+        from meshctl.xds.grpc_gen import generate_grpc, grpc_notes
+
+        for note in grpc_notes(tree.snapshot, target):
+            _stderr(f"note: {note}")
+        _print(generate_grpc(tree.snapshot, target), section, output)
+        return
     for note in [
         *offline.hidden_port_notes(tree.snapshot, target),
         *offline.bypassed_port_notes(tree.snapshot, target),
@@ -96,6 +107,13 @@ def dump(
     resources, unrequested = subscribed(generate(tree.snapshot, target))
     if unrequested:
         _stderr(f"note: route config(s) {', '.join(unrequested)} left out: no listener names them, so Envoy never asks")
+    _print(resources, section, output)
+
+
+def _print(resources: Mapping[str, Sequence[Message]], section: Section, output: Format) -> None:
+    from meshctl.cli import offline
+    from meshctl.xds.config_dump import DUMP_ORDER, TYPE_BY_SECTION
+
     wanted = DUMP_ORDER if section is Section.all else (TYPE_BY_SECTION[section.value],)
     if output is Format.short:
         from meshctl.cli.output import print_tables
@@ -214,11 +232,23 @@ def _address_text(address: Any) -> str:
     return f"{host}:{socket.port_value}" if socket.port_value else host
 
 
+def _api_route(listener: Any) -> str:
+    from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+
+    hcm = hcm_pb2.HttpConnectionManager()
+    listener.api_listener.api_listener.Unpack(hcm)
+    return f"Route: {hcm.rds.route_config_name}"
+
+
 def listener_rows(listeners: Iterable[Message]) -> list[list[str]]:
     """ADDRESSES, PORT, MATCH, DESTINATION: a row per filter chain, listeners by port then address."""
     rows: list[tuple[tuple[int, str], list[str]]] = []
     for item in listeners:
         listener: Any = item
+        if listener.HasField("api_listener"):  # a gRPC client's: named by the target it dials
+            host, _, port = listener.name.rpartition(":")
+            rows.append(((int(port) if port.isdigit() else 0, host), [host, port, "ALL", _api_route(listener)]))
+            continue
         socket = listener.address.socket_address
         addresses = [socket.address] + [a.address.socket_address.address for a in listener.additional_addresses]
         chains = list(listener.filter_chains)

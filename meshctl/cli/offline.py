@@ -148,13 +148,16 @@ def is_node_id(ref: str) -> bool:
 DEFAULT_DNS = {"DNS_PORT": str(DEFAULT_DNS_PORT), "DNS_FORWARD": "true"}
 
 
-def find_proxy(snapshot: Snapshot, ref: str, namespace: str = "default", interception: str = "NONE") -> Proxy | None:
+def find_proxy(
+    snapshot: Snapshot, ref: str, namespace: str = "default", interception: str = "NONE", *, grpc: bool = False
+) -> Proxy | None:
     """The proxy `ref` names in `snapshot`: a full node id always names one (the server serves any
     node), a WorkloadEntry reference only when the entry exists. `interception` is what the
     proxy's node metadata says (`INTERCEPTION_MODE`, as `meshctl bootstrap --interception` writes
-    it). Raises OfflineError for a node id that is not Istio's format."""
+    it); `grpc`, that it is a proxyless gRPC node (`GENERATOR: grpc`). Raises OfflineError for
+    a node id that is not Istio's format."""
     from meshctl.errors import NodeIdError
-    from meshctl.snapshot.proxy import bind_proxy, parse_node_id
+    from meshctl.snapshot.proxy import GRPC_GENERATOR, bind_proxy, parse_node_id
 
     if is_node_id(ref):
         node_id = ref
@@ -164,14 +167,19 @@ def find_proxy(snapshot: Snapshot, ref: str, namespace: str = "default", interce
             return None
         node_id = node_id_for(snapshot, entry)
     try:
-        return bind_proxy(parse_node_id(node_id, {"INTERCEPTION_MODE": interception, **DEFAULT_DNS}), snapshot)
+        metadata = {"INTERCEPTION_MODE": interception, **DEFAULT_DNS}
+        if grpc:
+            metadata["GENERATOR"] = GRPC_GENERATOR
+        return bind_proxy(parse_node_id(node_id, metadata), snapshot)
     except NodeIdError as exc:
         raise OfflineError(str(exc)) from exc
 
 
-def resolve_proxy(tree: LoadedTree, ref: str, namespace: str = "default", interception: str = "NONE") -> Proxy:
+def resolve_proxy(
+    tree: LoadedTree, ref: str, namespace: str = "default", interception: str = "NONE", *, grpc: bool = False
+) -> Proxy:
     """`find_proxy`, or an OfflineError that lists the proxies the tree does describe."""
-    proxy = find_proxy(tree.snapshot, ref, namespace, interception)
+    proxy = find_proxy(tree.snapshot, ref, namespace, interception, grpc=grpc)
     if proxy is None:
         raise OfflineError(f"--proxy {ref!r} names no WorkloadEntry in {tree.path}; {known_proxies(tree.snapshot)}")
     return proxy

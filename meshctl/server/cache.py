@@ -51,6 +51,7 @@ from typing import Generic, TypeVar
 from google.protobuf.message import Message
 
 from meshctl.config.model import ConfigKey
+from meshctl.server.grpc_view import GrpcAssignments, grpc_config, grpc_inbound_listeners
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyNode, bind_proxy, outbound_of
 from meshctl.snapshot.scope import ProxyScope, rule_digest
@@ -68,6 +69,7 @@ from meshctl.xds.generate import (
     generate_outbound_clusters,
     generate_outbound_listeners_and_routes,
 )
+from meshctl.xds.grpc_gen import grpc_outbound
 from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.memo import GenerationMemo
 from meshctl.xds.names import eds_cluster_names, parse_cluster_name
@@ -256,6 +258,10 @@ class ResourceCache:
         #: the last good view per generation key, for a proxy whose generation fails
         self._last_good: dict[tuple[object, ...], _LastGood] = {}
         self._failures_logged: set[tuple[str, tuple[object, ...]]] = set()
+        #: proxyless gRPC nodes' configs by outbound key, per config version, and their
+        #: assignments made from the shared ones (`grpc_view`)
+        self._grpc_config: _Recent[OutboundProxy, _Config] = _Recent(keep_versions)
+        self._grpc_assignments = GrpcAssignments()
 
     def route_translations(self) -> tuple[int, int]:
         """VirtualService translations run and reused (`RouteMemo`), for the tests and benchmarks."""
@@ -335,10 +341,31 @@ class ResourceCache:
         self._failures_logged = {f for f in self._failures_logged if f[0] in configs}
 
     def _generate_view(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> ProxyResources:
+        if proxy.node.proxyless:
+            return self._grpc_view(snapshot, proxy)
         config = self._config_for(snapshot, proxy, key)
         by_type: dict[str, Mapping[str, Resource]] = dict(config.by_type)
         views = eds_localities(snapshot, proxy, config.eds_names)
         by_type[types.ENDPOINT] = self._eds_set(snapshot, config.eds_names, views)
+        return ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
+
+    def _grpc_view(self, snapshot: Snapshot, proxy: Proxy) -> ProxyResources:
+        """A proxyless gRPC node's view: its config made once per config version and outbound key
+        (`grpc_view.grpc_config`), its endpoints the shared assignments as gRPC takes them."""
+        outbound_key = grpc_outbound(proxy, snapshot)
+        with self._lock:
+            config = self._grpc_config.get(snapshot.config_version, outbound_key)
+        if config is None:
+            config = self._generated(grpc_config(snapshot, outbound_key, self._memos))
+            with self._lock:
+                self._grpc_config.put(snapshot.config_version, outbound_key, config)
+        by_type: dict[str, Mapping[str, Resource]] = dict(config.by_type)
+        inbound = grpc_inbound_listeners(snapshot, proxy)
+        if inbound:
+            listeners = by_type[types.LISTENER]
+            by_type[types.LISTENER] = self._set(types.LISTENER, [*listeners.values(), *inbound])
+        envoy_eds = self._eds_set(snapshot, config.eds_names)
+        by_type[types.ENDPOINT] = self._set(types.ENDPOINT, self._grpc_assignments.of(envoy_eds.ordered))
         return ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
 
     def _config_for(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> _Config:

@@ -60,8 +60,12 @@ METADATA_KEYS = (
     "INTERCEPTION_MODE",
     "AUTO_REGISTER_GROUP",
     "ISTIO_VERSION",
+    "GENERATOR",
     *DNS_METADATA_KEYS,
 )
+#: `GENERATOR` metadata of a proxyless gRPC client or server (Istio's signal): it gets gRPC's
+#: resources (`xds/grpc_gen.py`), not Envoy's.
+GRPC_GENERATOR = "grpc"
 
 
 class ProxyType(enum.StrEnum):
@@ -99,6 +103,11 @@ class ProxyNode:
     #: What an EnvoyFilter's `proxyVersion` regex is matched against: the node's `ISTIO_VERSION`
     #: metadata when it sends one (as in Istio), else the Envoy version it reports ("1.40.0").
     proxy_version: str = ""
+
+    @property
+    def proxyless(self) -> bool:
+        """A gRPC library, not an Envoy: served by the gRPC generator family."""
+        return self.metadata.get("GENERATOR") == GRPC_GENERATOR
 
 
 def parse_node_id(node_id: str, metadata: Mapping[str, Any] | None = None, envoy_version: str = "") -> ProxyNode:
@@ -285,6 +294,7 @@ class Proxy:
             self.node.credentials,
             dns_settings(self.node.metadata) if self.node.type is ProxyType.SIDECAR else (0, True),
             *self.patch_key(),
+            self.node.proxyless,
         )
 
     def patch_key(self) -> tuple[object, ...]:
