@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -35,7 +36,7 @@ from meshctl.cli.app import app
 from meshctl.testing.backends import Backend, RequestLoop
 from meshctl.testing.envoy import EnvoyProcess, free_port
 from meshctl.testing.fake_consul import FakeConsul
-from meshctl.testing.serve_process import ServeProcess
+from meshctl.testing.serve_process import ServeProcess, meshctl_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, needs_envoy]
 
@@ -134,6 +135,16 @@ class Fleet:
         self.token = root / "admin-token"
         self.token.write_text("s3cret\n")
         self.servers: list[ServeProcess] = []
+        if consul is not None:
+            # Replicas share one CA: the root is made once and each replica starts from a copy of
+            # that state directory (a replica refuses to make a root of its own; docs/replicas.md).
+            made = subprocess.run(
+                [*meshctl_command(), "ca", "root", "--state-dir", str(root / "state-0")],
+                capture_output=True,
+                check=False,
+            )
+            assert made.returncode == 0, made.stderr
+            shutil.copytree(root / "state-0", root / "state-1")
         for i in range(1 if consul is None else 2):
             args = ["--state-dir", str(root / f"state-{i}"), "--admin-token-file", str(self.token), *serve_args]
             if consul is None:
@@ -230,9 +241,7 @@ def test_a_canary_nack_holds_the_fleet_and_a_good_change_reaches_it_after_the_so
     fleet.commit("routes.yaml", routes("v2", regex=True))
     wait_for(lambda: fleet.latest() != first, "the server builds the new version")
     bad = fleet.latest()
-    wait_for(
-        lambda: "nacked" in fleet.entry(bad)["proxies"].get(node(CANARY), {}).get("RDS", {}), "the canary's NACK"
-    )
+    wait_for(lambda: "nacked" in fleet.entry(bad)["proxies"].get(node(CANARY), {}).get("RDS", {}), "the canary's NACK")
     entry = fleet.entry(bad)
     assert "program size" in entry["proxies"][node(CANARY)]["RDS"]["error"]
     [change] = entry["changes"]
