@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.error
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -123,6 +124,7 @@ class VmMesh:
 
     def __init__(self, root: Path, stack: ExitStack, consul: FakeConsul | None = None) -> None:
         self.stack = stack
+        self.consul = consul
         self.service_port = free_port()
         self.ports = {"v1": free_port(), "v2": free_port()}
         #: A group without WorkloadEntries: its VM registers itself (`meshctl bootstrap --group`).
@@ -295,6 +297,14 @@ def test_a_vm_registers_into_its_group_and_leaves_after_the_grace(mesh: VmMesh) 
     assert f"removed workload {NS}/api-v3-127.0.0.1: its Envoy has been gone for {GRACE:g}s" in log
 
 
+def ready_body(server: ServeProcess) -> str:
+    """`/ready`'s body, whatever its status (503 while not ready)."""
+    try:
+        return server.admin("/ready")
+    except urllib.error.HTTPError as exc:
+        return exc.read().decode()
+
+
 def endpoint_of(server: ServeProcess, workload: str) -> dict[str, str] | None:
     """The endpoint of `workload` in `server`'s /debug/registryz, if it has one."""
     registryz = server.admin_json("/debug/registryz")
@@ -338,6 +348,15 @@ def test_replicas_share_health_and_registrations_through_consul(replicas: VmMesh
         assert "api-v1" not in loop.since(mark)
         mesh.stack.enter_context(Backend("api-v1", "127.0.0.1", mesh.ports["v1"]))
         wait_for(lambda: mesh.healthy("v1"), "v1 healthy again in B's client after its app restarted")
+
+    # Consul goes away: A keeps serving the last known state and says so on /ready beside its
+    # status; the note goes once Consul answers again.
+    assert mesh.consul is not None
+    mesh.consul.stop()
+    wait_for(lambda: "shared health in consul KV failing since" in ready_body(a), "A's /ready naming the outage")
+    mesh.consul.start()
+    wait_for(lambda: "shared health" not in ready_body(a), "A's /ready without the note once Consul is back")
+    wait_for(lambda: mesh.healthy("v1") and mesh.healthy("v2"), "both VMs healthy on B after the outage")
 
     # Replica A dies without a word: its session's keys go after one to two TTLs, then B applies
     # the grace to the workloads whose streams were there, and removes the VM registered there.

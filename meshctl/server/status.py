@@ -14,6 +14,7 @@ from meshctl.xds import types
 if TYPE_CHECKING:
     from meshctl.config.store import ConfigStore
     from meshctl.registry.aggregate import AggregateRegistry
+    from meshctl.registry.health_share import ConsulShare
     from meshctl.security.ca import CertificateAuthority
     from meshctl.server.ads import AdsServicer
     from meshctl.server.credentials import CredentialSecrets
@@ -36,10 +37,11 @@ class RunningServer(Protocol):
     secrets: WorkloadSecrets
     credential_secrets: CredentialSecrets
     hds: HealthDiscovery
+    delivery: Delivery
+    share: ConsulShare | None
 
     @property
     def ca(self) -> CertificateAuthority | None: ...
-    delivery: Delivery
 
     def ready(self) -> bool: ...
 
@@ -54,7 +56,13 @@ class ServerStatus:
         return self._server.ready()
 
     def ready_note(self) -> str:
-        return self._server.delivery.ready_note()
+        """What `/ready` says beside its status: a pinned or held fleet, and replicas' shared
+        health that Consul no longer takes (served from the last known state meanwhile)."""
+        notes = [self._server.delivery.ready_note()]
+        share = self._server.share
+        if share is not None:
+            notes.append(share.status()[1])
+        return "\n".join(note for note in notes if note)
 
     def history(self, version: str = "") -> Any:
         return self._server.delivery.history_page(version)
