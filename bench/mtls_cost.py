@@ -78,8 +78,8 @@ TYPES = ("CDS", "EDS", "LDS", "RDS", "SDS")
 #: `python -c` for the `off` variant: the CLI as it is, with a default state directory no one
 #: can make (under a file), so the server runs without a CA and says so.
 WITHOUT_CA = (
-    "import pathlib, meshctl.server.app as app; "
-    "app.DEFAULT_STATE_DIR = pathlib.Path('/dev/null/meshctl-bench'); "
+    "import pathlib, meshctl.server.settings as settings; "
+    "settings.DEFAULT_STATE_DIR = pathlib.Path('/dev/null/meshctl-bench'); "
     "from meshctl.cli.app import main; main()"
 )
 #: meshctl's log line for each certificate it issues (`meshctl.server.secrets`).

@@ -19,8 +19,9 @@ from conftest import examples_copy
 
 from meshctl.errors import CredentialError
 from meshctl.server.admin import AdminServer
-from meshctl.server.app import Server, ServeSettings
+from meshctl.server.app import Server
 from meshctl.server.auth import BearerToken, is_loopback
+from meshctl.server.settings import ServeSettings
 from meshctl.testing.server import run, serving
 
 

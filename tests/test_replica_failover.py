@@ -30,8 +30,8 @@ from meshctl.bootstrap import XDS_CLUSTER
 from meshctl.cli.app import app
 from meshctl.config.model import ConfigKey
 from meshctl.server.ads import TOO_MANY_NEW_STREAMS
-from meshctl.server.app import grpc_age_options
 from meshctl.server.pacing import TokenBucket
+from meshctl.server.settings import grpc_age_options
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.envoy import envoy_binary, validate_config
 from meshctl.testing.server import run, serving

@@ -39,7 +39,7 @@ from conftest import (
 from ruamel.yaml import YAML
 
 from meshctl.cli.app import app
-from meshctl.server.app import ServeSettings
+from meshctl.server.settings import ServeSettings
 from meshctl.testing.ads_client import AdsClient
 
 MESHCTL_UNIT = UNITS / "meshctl.service"

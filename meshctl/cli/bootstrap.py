@@ -176,7 +176,7 @@ def bootstrap(
     )
     from meshctl.config.hosts import is_ip
     from meshctl.errors import UsageError
-    from meshctl.server.app import split_address
+    from meshctl.server.settings import split_address
     from meshctl.snapshot.proxy import parse_node_id
 
     if group is not None:

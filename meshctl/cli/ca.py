@@ -204,7 +204,7 @@ def renew(
     from meshctl.errors import UsageError
     from meshctl.security.renewal import read_current
     from meshctl.security.renewal import renew as renew_certificate
-    from meshctl.server.app import split_address
+    from meshctl.server.settings import split_address
 
     try:
         split_address(server)

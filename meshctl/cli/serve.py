@@ -352,11 +352,12 @@ def serve(
     from meshctl.kv.source import KvLocation
     from meshctl.logs import configure_logging
     from meshctl.registry.consul import ConsulOptions
-    from meshctl.server.app import DEFAULT_STATE_DIR, Server, ServeSettings, split_address
+    from meshctl.server.app import Server
     from meshctl.server.auth import XdsTls
     from meshctl.server.discovery import DebounceSettings
     from meshctl.server.limits import StreamLimits, return_large_allocations
     from meshctl.server.notify import NotifySettings
+    from meshctl.server.settings import DEFAULT_STATE_DIR, ServeSettings, split_address
 
     config_dir = config_dir or []
     if bool(config_dir) == (config_consul_kv is not None):

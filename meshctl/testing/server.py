@@ -8,8 +8,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from meshctl.server.app import Server, ServeSettings
+from meshctl.server.app import Server
 from meshctl.server.discovery import DebounceSettings
+from meshctl.server.settings import ServeSettings
 
 
 @asynccontextmanager
