@@ -273,3 +273,26 @@ def test_old_versions_keep_counts_and_nacks_of_their_proxies_only(tmp_path: Path
     assert old["counted"] == {"sent": 2, "acked": 1, "nacked": 1}
     assert old["proxies"] == {"b": {"LDS": old["proxies"]["b"]["LDS"]}} and old["proxies"]["b"]["LDS"]["error"] == "no"
     assert "counted" not in history.entry(snapshots[-DETAILED].version)  # type: ignore[operator]
+
+
+def test_replicas_sharing_no_store_refuse_a_canary(tmp_path: Path) -> None:
+    """A directory meshctl-git-sync keeps is fed to several replicas that share nothing: each
+    would stage and hold versions on its own, so `--canary` there is one line and exit 2."""
+    from meshctl.testing.serve_process import meshctl_command
+
+    state = tmp_path / "state"
+    made = subprocess.run(
+        [*meshctl_command(), "ca", "root", "--state-dir", str(state)], capture_output=True, check=False
+    )
+    assert made.returncode == 0, made.stderr
+    sync = tmp_path / "sync"  # the layout meshctl-git-sync keeps: a link into its trees, beside its cache
+    (sync / "cache.git").mkdir(parents=True)
+    (sync / "trees" / "0123abcd").mkdir(parents=True)
+    (sync / "current").symlink_to(sync / "trees" / "0123abcd")
+    serve = [*meshctl_command(), "serve", "--config-dir", str(sync / "current"), "--state-dir", str(state)]
+    serve += ["--xds-address", "127.0.0.1:0", "--admin-address", "127.0.0.1:0", "--canary", "track=canary"]
+    # Started, it would serve: the timeout fails the test then.
+    result = subprocess.run(serve, capture_output=True, text=True, timeout=30, check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "--canary" in lines[0] and "meshctl-git-sync" in lines[0] and "--config-consul-kv" in lines[0]

@@ -418,6 +418,13 @@ def serve(
     if ca_dir is None and (replica := _replica_source(config_dir, config_kv is not None)) is not None:
         _refuse_own_root(state, replica)
     rollout = _rollout(canary, canary_soak)
+    if canary is not None and config_kv is None and (replica := _replica_source(config_dir, False)) is not None:
+        # Replicas that share no store would each stage and hold versions on their own: a proxy
+        # would get a different version on each (docs/safe-delivery.md).
+        raise UsageError(
+            f"--canary: {replica}: replicas that share no store cannot agree on a rollout; serve the config "
+            "from Consul KV (--config-consul-kv) so they share it, or run --canary on a single server"
+        )
     max_age = parse_duration(max_connection_age)
     if max_age is None or max_age < 0:
         raise UsageError(f"--max-connection-age {max_connection_age!r} is not a duration (30m, 1h; 0 for never)")
