@@ -57,7 +57,7 @@ def test_every_kind_of_istios_api_is_served_or_refused_with_a_reason() -> None:
 @pytest.mark.parametrize(
     ("api_version", "kind", "reason"),
     [
-        ("networking.istio.io/v1beta1", "ProxyConfig", "meshctl has no agent"),
+        ("networking.istio.io/v1beta1", "ProxyConfig", "meshctl bootstrap --config"),
         ("extensions.istio.io/v1alpha1", "WasmPlugin", "does not load Wasm modules yet"),
     ],
 )

@@ -140,6 +140,18 @@ def bootstrap(
         ),
     ] = True,
     output: Annotated[BootstrapFormat, typer.Option("--output", "-o", help="yaml or json.")] = BootstrapFormat.yaml,
+    config_paths: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--config",
+            metavar="PATH",
+            help="Istio YAML (a file or directory; repeatable) whose ProxyConfigs for this proxy are applied: "
+            "ISTIO_META_* environmentVariables become node metadata, the other fields are named in a warning.",
+        ),
+    ] = None,
+    root_namespace: Annotated[
+        str, typer.Option(help="MeshConfig rootNamespace: its ProxyConfig applies to every proxy.")
+    ] = "istio-system",
     grpc: Annotated[
         bool,
         typer.Option(
@@ -243,7 +255,9 @@ def bootstrap(
     inclusion = StatsInclusion(
         tuple(stats_inclusion_prefix or ()), tuple(stats_inclusion_suffix or ()), tuple(stats_inclusion_regex or ())
     )
+    extra = _proxy_config(config_paths or [], node.namespace, {**node.labels, **labels}, root_namespace)
     options = BootstrapOptions(
+        metadata=extra,
         xds_host=host,
         xds_port=port,
         more_xds=more,
@@ -275,6 +289,25 @@ def bootstrap(
         yaml = YAML(typ="safe", pure=True)
         yaml.default_flow_style = False
         yaml.dump(config, sys.stdout)
+
+
+def _proxy_config(paths: list[Path], namespace: str, labels: dict[str, str], root_namespace: str) -> dict[str, str]:
+    """The node metadata the proxy's ProxyConfigs give (`meshctl.config.proxy_config`); what
+    they say that a bootstrap cannot carry is printed as warnings on stderr."""
+    if not paths:
+        return {}
+    from meshctl.cli import output as out
+    from meshctl.config import proxy_config
+    from meshctl.errors import UsageError
+
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise UsageError(f"--config: no such file or directory: {', '.join(missing)}")
+    docs = proxy_config.read(paths)
+    applied = proxy_config.apply(proxy_config.select(docs, namespace, labels, root_namespace))
+    for warning in applied.warnings:
+        out.stderr_console().print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+    return applied.metadata
 
 
 def _print_grpc_bootstrap(

@@ -73,8 +73,8 @@ KINDS: Final = tuple(_SERVED)
 REFUSED: Final[Mapping[str, tuple[str, str]]] = {
     "ProxyConfig": (
         NETWORKING_GROUP,
-        "Istio's agent reads it to start Envoy, and meshctl has no agent; "
-        "set these values in the bootstrap `meshctl bootstrap` writes",
+        "Istio's agent reads it to start Envoy, and meshctl serves no bootstrap; "
+        "`meshctl bootstrap --config` applies it to the bootstrap it writes",
     ),
     "Telemetry": ("telemetry.istio.io", "per-workload access logs, tracing and metrics are not generated yet"),
     "WasmPlugin": (
