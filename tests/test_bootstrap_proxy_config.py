@@ -93,3 +93,23 @@ def test_a_malformed_proxy_config_is_one_line_naming_file_line_and_field(tmp_pat
 def test_envoy_accepts_the_bootstrap_with_proxy_config_metadata(tmp_path: Path) -> None:
     config, _ = _bootstrap(tmp_path, "--label", "app=orders")
     validate_config(config)
+
+
+MESH = """rootNamespace: mesh-root
+defaultConfig:
+  proxyMetadata: {ISTIO_META_TIER: default, ISTIO_META_ZONE: z1}
+  proxyStatsMatcher: {inclusionPrefixes: [cluster.outbound]}
+  drainDuration: 45s
+"""
+
+
+def test_mesh_default_config_is_under_every_proxy_config(tmp_path: Path) -> None:
+    (tmp_path / "mesh.yaml").write_text(MESH)
+    (tmp_path / "config").mkdir()
+    config, stderr = _bootstrap(tmp_path / "config", "--mesh-config", str(tmp_path / "mesh.yaml"))
+    metadata = config["node"]["metadata"]
+    # istio-system is no longer the root namespace: its ProxyConfig (REGION) does not apply.
+    assert (metadata["TIER"], metadata["ZONE"]) == ("shop", "z1") and "REGION" not in metadata
+    matchers = config["stats_config"]["stats_matcher"]["inclusion_list"]["patterns"]
+    assert {"prefix": "cluster.outbound"} in matchers
+    assert "MeshConfig defaultConfig.drainDuration is not applied by meshctl bootstrap" in stderr

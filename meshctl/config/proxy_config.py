@@ -107,6 +107,53 @@ def _string_map(value: Any) -> bool:
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
+#: MeshConfig `defaultConfig` fields that `mesh_layer` applies or names itself; any other one
+#: is named in a warning as not applied.
+_MESH_APPLIED: Final = frozenset(
+    {"proxyMetadata", "concurrency", "proxyStatsMatcher", "holdApplicationUntilProxyStarts"}
+)
+
+
+def mesh_layer(path: Path) -> tuple[ProxyConfigDoc | None, dict[str, tuple[str, ...]], list[str]]:
+    """MeshConfig `defaultConfig`, the least specific layer under every ProxyConfig: its
+    `proxyMetadata` and `concurrency` as a ProxyConfig's `environmentVariables` and `concurrency`,
+    its `proxyStatsMatcher` (inclusionPrefixes, inclusionSuffixes, inclusionRegexps), and a
+    warning for each other field (they configure Istio's agent). Raises ConfigError."""
+    from meshctl.config.mesh import read_mesh_mapping
+
+    try:
+        mesh = read_mesh_mapping(path)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read file: {exc.strerror or exc}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    default = mesh.get("defaultConfig") if isinstance(mesh, dict) else None
+    if not isinstance(default, dict):
+        return None, {}, []
+    at = f"{path}: MeshConfig defaultConfig"
+    warnings = [
+        f"{at}.{key} is not applied by meshctl bootstrap: it configures Istio's agent, which a VM does not run"
+        for key in sorted(set(default) - _MESH_APPLIED)
+    ]
+    spec: dict[str, Any] = {}
+    if "proxyMetadata" in default:
+        if not _string_map(default["proxyMetadata"]):
+            raise ConfigError(f"{at}.proxyMetadata: must be a mapping of strings to strings")
+        spec["environmentVariables"] = default["proxyMetadata"]
+    if "concurrency" in default:
+        spec["concurrency"] = default["concurrency"]
+    stats: dict[str, tuple[str, ...]] = {}
+    matcher = default.get("proxyStatsMatcher") or {}
+    for key in ("inclusionPrefixes", "inclusionSuffixes", "inclusionRegexps"):
+        values = matcher.get(key) if isinstance(matcher, dict) else None
+        if values is not None:
+            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                raise ConfigError(f"{at}.proxyStatsMatcher.{key}: must be a list of strings")
+            stats[key] = tuple(values)
+    doc = _document({"metadata": {"name": "defaultConfig", "namespace": ""}, "spec": spec}, at, "")
+    return doc, stats, warnings
+
+
 def select(
     docs: Iterable[ProxyConfigDoc], namespace: str, labels: Mapping[str, str], root_namespace: str
 ) -> list[ProxyConfigDoc]:
