@@ -58,7 +58,7 @@ def test_every_kind_of_istios_api_is_served_or_refused_with_a_reason() -> None:
     ("api_version", "kind", "reason"),
     [
         ("networking.istio.io/v1beta1", "ProxyConfig", "meshctl bootstrap --config"),
-        ("extensions.istio.io/v1alpha1", "WasmPlugin", "does not load Wasm modules yet"),
+        ("extensions.istio.io/v1alpha1", "WasmPlugin", "file:// modules are not generated yet"),
     ],
 )
 def test_a_server_refuses_an_unserved_istio_kind_with_a_warning_and_serves_the_rest(
@@ -87,3 +87,20 @@ def test_gateway_api_kinds_are_skipped_as_not_served_yet(tmp_path: Path) -> None
     assert result.exit_code == 0, result.output
     assert "skipped gateway.networking.k8s.io/v1 HTTPRoute: Gateway API config is not served yet" in result.output
     assert load_text(text, "route.yaml", LoadOptions(refuse_unserved=True)).ok
+
+
+@pytest.mark.parametrize("url", ["oci://registry.example.com/auth:1.0", "https://example.com/auth.wasm", "auth:1.0"])
+def test_validate_refuses_a_wasm_module_to_download_in_one_line_at_its_url(tmp_path: Path, url: str) -> None:
+    (tmp_path / "auth.yaml").write_text(WASM.replace("file:///opt/filters/auth.wasm", url))
+    result = runner.invoke(app, ["validate", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    (line,) = [x for x in result.output.splitlines() if "WasmPlugin" in x]
+    assert "auth.yaml:4:" in line and "spec.url" in line
+    assert f"url {url!r}: meshctl does not download code" in line
+
+
+def test_a_local_wasm_module_is_refused_as_not_generated_yet(tmp_path: Path) -> None:
+    (tmp_path / "auth.yaml").write_text(WASM)
+    result = runner.invoke(app, ["validate", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    assert "file:// modules are not generated yet" in result.output

@@ -30,6 +30,7 @@ from meshctl.config.model import (
     ISTIO_KINDS,
     NOT_SERVED_YET,
     REFUSED,
+    WASM_DOWNLOAD_REFUSED,
     Config,
     ConfigKey,
     Source,
@@ -314,6 +315,10 @@ def _load_document(
     group, _, version = api_version.partition("/")
     if group != served_group(kind):
         message, severity = _not_served(group, api_version, kind, options)
+        url = _wasm_download(kind, group, data.get("spec"))
+        if url is not None:
+            message = f"refused {api_version} {kind}: url {url!r}: {WASM_DOWNLOAD_REFUSED}"
+            return None, [finding(message, ("spec", "url"), severity)]
         return None, [finding(message, ("kind",), severity)]
     if version not in GROUP_VERSIONS[group]:
         accepted = ", ".join(f"{group}/{v}" for v in GROUP_VERSIONS[group])
@@ -397,6 +402,17 @@ def _not_served(group: str, api_version: str, kind: str, options: LoadOptions) -
     if group in NOT_SERVED_YET:
         return f"skipped {api_version} {kind}: {NOT_SERVED_YET[group]}", Severity.WARNING
     return f"skipped {api_version} {kind}: not Istio networking config", Severity.WARNING
+
+
+def _wasm_download(kind: str, group: str, spec: Any) -> str | None:
+    """The `spec.url` of a WasmPlugin that names a module to fetch (oci://, http(s)://, or no
+    scheme, which Istio reads as oci://), None for a local file:// module or any other kind."""
+    if kind != "WasmPlugin" or group != REFUSED["WasmPlugin"][0] or not isinstance(spec, dict):
+        return None
+    url = spec.get("url")
+    if not isinstance(url, str) or url.startswith("file://"):
+        return None
+    return url
 
 
 #: `spec_class` imports on every call; the loader asks once per document.
