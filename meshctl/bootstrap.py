@@ -255,6 +255,9 @@ class BootstrapOptions:
     #: (`DNS_FORWARD`), else they are answered NXDOMAIN.
     dns_port: int = 0
     dns_forward: bool = True
+    #: Further node metadata: the `ISTIO_META_*` variables of the proxy's ProxyConfig
+    #: (`config/proxy_config.py`); the keys meshctl sets itself win over them.
+    metadata: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def xds_addresses(self) -> tuple[tuple[str, int], ...]:
@@ -328,6 +331,7 @@ def build_bootstrap(node: ProxyNode, options: BootstrapOptions) -> dict[str, Any
     """The bootstrap as plain data (YAML or JSON for Envoy's `-c`); raises ValueError for options
     Envoy could not run with (`port_problem`, `StatsInclusion.problem`)."""
     metadata: dict[str, Any] = {
+        **options.metadata,
         "NAMESPACE": node.namespace,
         "INTERCEPTION_MODE": node.interception.value,
     }

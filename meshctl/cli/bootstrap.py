@@ -140,6 +140,23 @@ def bootstrap(
         ),
     ] = True,
     output: Annotated[BootstrapFormat, typer.Option("--output", "-o", help="yaml or json.")] = BootstrapFormat.yaml,
+    config_paths: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--config",
+            metavar="PATH",
+            help="Istio YAML (a file or directory; repeatable) whose ProxyConfigs for this proxy are applied: "
+            "ISTIO_META_* environmentVariables become node metadata, the other fields are named in a warning.",
+        ),
+    ] = None,
+    mesh_config: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="Istio's MeshConfig: its defaultConfig (proxyMetadata, proxyStatsMatcher) under every ProxyConfig, "
+            "and its rootNamespace.",
+        ),
+    ] = None,
     grpc: Annotated[
         bool,
         typer.Option(
@@ -243,7 +260,15 @@ def bootstrap(
     inclusion = StatsInclusion(
         tuple(stats_inclusion_prefix or ()), tuple(stats_inclusion_suffix or ()), tuple(stats_inclusion_regex or ())
     )
+    extra, mesh_stats = _proxy_config(config_paths or [], mesh_config, node.namespace, {**node.labels, **labels})
+    if mesh_stats and not inclusion:
+        inclusion = StatsInclusion(
+            mesh_stats.get("inclusionPrefixes", ()),
+            mesh_stats.get("inclusionSuffixes", ()),
+            mesh_stats.get("inclusionRegexps", ()),
+        )
     options = BootstrapOptions(
+        metadata=extra,
         xds_host=host,
         xds_port=port,
         more_xds=more,
@@ -275,6 +300,39 @@ def bootstrap(
         yaml = YAML(typ="safe", pure=True)
         yaml.default_flow_style = False
         yaml.dump(config, sys.stdout)
+
+
+def _proxy_config(
+    paths: list[Path], mesh_config: Path | None, namespace: str, labels: dict[str, str]
+) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+    """The node metadata and stats inclusion lists the proxy's ProxyConfigs and MeshConfig
+    `defaultConfig` give (`meshctl.config.proxy_config`); what they say that a bootstrap cannot
+    carry is printed as warnings on stderr."""
+    if not paths and mesh_config is None:
+        return {}, {}
+    from meshctl.cli import output as out
+    from meshctl.config import proxy_config
+    from meshctl.config.mesh import DEFAULT_ROOT_NAMESPACE, read_mesh_mapping
+    from meshctl.errors import UsageError
+
+    missing = [str(p) for p in [*paths, *([mesh_config] if mesh_config else [])] if not p.exists()]
+    if missing:
+        raise UsageError(f"no such file or directory: {', '.join(missing)}")
+    layers: list[proxy_config.ProxyConfigDoc] = []
+    stats: dict[str, tuple[str, ...]] = {}
+    warnings: list[str] = []
+    root_namespace = DEFAULT_ROOT_NAMESPACE
+    if mesh_config is not None:
+        mesh, stats, warnings = proxy_config.mesh_layer(mesh_config)
+        layers = [mesh] if mesh is not None else []
+        data = read_mesh_mapping(mesh_config)
+        if isinstance(data, dict) and isinstance(data.get("rootNamespace"), str):
+            root_namespace = data["rootNamespace"]
+    layers += proxy_config.select(proxy_config.read(paths), namespace, labels, root_namespace)
+    applied = proxy_config.apply(layers)
+    for warning in [*warnings, *applied.warnings]:
+        out.stderr_console().print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+    return applied.metadata, stats
 
 
 def _print_grpc_bootstrap(

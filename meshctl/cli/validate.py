@@ -131,7 +131,7 @@ def validate(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        options = LoadOptions(default_namespace=namespace, workers=jobs)
+        options = LoadOptions(default_namespace=namespace, workers=jobs, refuse_unserved=True)
         stdin_text, refused = _read_stdin(options.max_file_bytes) if "-" in paths else (None, [])
         mesh_findings: list[Finding] = []
         root_namespace = DEFAULT_ROOT_NAMESPACE

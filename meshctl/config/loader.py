@@ -4,7 +4,8 @@ A file is the unit of loading: it is accepted whole or rejected whole (any error
 documents rejects it), so a half-edited multi-document file never reaches the store. Kinds of
 other API groups (a Kubernetes Service next to a VirtualService, say) are skipped with a warning,
 the way a Kubernetes manifest directory is usually organised; in Istio's own groups an unknown
-kind is a typo and an error (`_not_served`). Every security.istio.io kind is loaded and enforced.
+kind is a typo and an error, and a kind meshctl does not serve is refused with the reason
+(`_not_served`). Every security.istio.io kind is loaded and enforced.
 
 Parsing is fast (see `yamlsource`); field positions are computed only for findings.
 """
@@ -27,6 +28,9 @@ from meshctl.config.findings import FieldPath, Finding, Severity, format_path, h
 from meshctl.config.model import (
     GROUP_VERSIONS,
     ISTIO_KINDS,
+    NOT_SERVED_YET,
+    REFUSED,
+    WASM_DOWNLOAD_REFUSED,
     Config,
     ConfigKey,
     Source,
@@ -62,6 +66,9 @@ class LoadOptions:
     #: everything in this process, as a server must (it runs threads, and workers are forked);
     #: 0 chooses by the tree's size and the idle CPUs (`parallel.auto_workers`).
     workers: int = 1
+    #: An Istio kind meshctl does not serve (`model.REFUSED`) is an error, as `validate` has it,
+    #: rather than a warning beside the rest of its file, as a server has it.
+    refuse_unserved: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,7 +314,11 @@ def _load_document(
 
     group, _, version = api_version.partition("/")
     if group != served_group(kind):
-        message, severity = _not_served(group, api_version, kind)
+        message, severity = _not_served(group, api_version, kind, options)
+        url = _wasm_download(kind, group, data.get("spec"))
+        if url is not None:
+            message = f"refused {api_version} {kind}: url {url!r}: {WASM_DOWNLOAD_REFUSED}"
+            return None, [finding(message, ("spec", "url"), severity)]
         return None, [finding(message, ("kind",), severity)]
     if version not in GROUP_VERSIONS[group]:
         accepted = ", ".join(f"{group}/{v}" for v in GROUP_VERSIONS[group])
@@ -370,12 +381,14 @@ def _load_document(
     return config, problems
 
 
-def _not_served(group: str, api_version: str, kind: str) -> tuple[str, Severity]:
+def _not_served(group: str, api_version: str, kind: str, options: LoadOptions) -> tuple[str, Severity]:
     """Why a document of a kind meshctl does not serve is skipped, and how bad that is:
 
     - a kind no Istio group has, in an Istio group, is a typo: an error, with the kind meant;
-    - another Istio kind (EnvoyFilter, Telemetry) and every other group's kind are warnings.
-    Every security.istio.io kind is served: none is skipped, so no policy is silently unenforced.
+    - an Istio kind meshctl does not serve (`model.REFUSED`) is refused with the reason: an
+      error for `validate` (config that would silently do nothing fails CI), a warning for a
+      server, which keeps serving the rest of the file (`LoadOptions.refuse_unserved`);
+    - every other group's kind (Kubernetes, Gateway API) is skipped with a warning.
     """
     known = ISTIO_KINDS.get(group)
     if known is not None and kind not in known:
@@ -383,8 +396,23 @@ def _not_served(group: str, api_version: str, kind: str) -> tuple[str, Severity]
         hint = f"; did you mean {close[0]}?" if close else f" (its kinds: {', '.join(sorted(known))})"
         return f"unknown kind {kind} in {group}{hint}", Severity.ERROR
     if known is not None:
-        return f"skipped {api_version} {kind}: not supported yet", Severity.WARNING
+        reason = REFUSED[kind][1] if kind in REFUSED else "not served"
+        severity = Severity.ERROR if options.refuse_unserved else Severity.WARNING
+        return f"refused {api_version} {kind}: {reason}", severity
+    if group in NOT_SERVED_YET:
+        return f"skipped {api_version} {kind}: {NOT_SERVED_YET[group]}", Severity.WARNING
     return f"skipped {api_version} {kind}: not Istio networking config", Severity.WARNING
+
+
+def _wasm_download(kind: str, group: str, spec: Any) -> str | None:
+    """The `spec.url` of a WasmPlugin that names a module to fetch (oci://, http(s)://, or no
+    scheme, which Istio reads as oci://), None for a local file:// module or any other kind."""
+    if kind != "WasmPlugin" or group != REFUSED["WasmPlugin"][0] or not isinstance(spec, dict):
+        return None
+    url = spec.get("url")
+    if not isinstance(url, str) or url.startswith("file://"):
+        return None
+    return url
 
 
 #: `spec_class` imports on every call; the loader asks once per document.

@@ -188,6 +188,14 @@ def load_mesh_config(
     return settings, [_placed(f, place) for f in findings]
 
 
+def read_mesh_mapping(path: Path, limit: int = yamlsource.DEFAULT_MAX_FILE_BYTES) -> Any:
+    """The MeshConfig of `path` as plain data, for a reader of fields `MeshSettings` does not
+    keep (`meshctl bootstrap` reads `defaultConfig`); raises ConfigError (YamlError) or OSError."""
+    text = decode_text(read_config_file(path, limit).data)
+    docs = yamlsource.parse_documents(text)
+    return _mesh_document(docs[0].data if docs else {}, text)[0]
+
+
 #: Where a MeshConfig field is written: (line, column) of a field path in the file.
 _Place = Callable[[tuple[str | int, ...]], tuple[int, int]]
 
