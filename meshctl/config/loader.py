@@ -374,7 +374,7 @@ def _not_served(group: str, api_version: str, kind: str) -> tuple[str, Severity]
     """Why a document of a kind meshctl does not serve is skipped, and how bad that is:
 
     - a kind no Istio group has, in an Istio group, is a typo: an error, with the kind meant;
-    - another Istio kind (EnvoyFilter, Telemetry) and every other group's kind are warnings.
+    - another Istio kind (WasmPlugin, ProxyConfig) and every other group's kind are warnings.
     Every security.istio.io kind is served: none is skipped, so no policy is silently unenforced.
     """
     known = ISTIO_KINDS.get(group)

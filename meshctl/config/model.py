@@ -23,12 +23,15 @@ if TYPE_CHECKING:
 NETWORKING_GROUP: Final = "networking.istio.io"
 #: The group whose kinds decide who may call whom (every one of them enforced).
 SECURITY_GROUP: Final = "security.istio.io"
+#: The group of Telemetry (access logging; tracing and metrics are refused or warned of).
+TELEMETRY_GROUP: Final = "telemetry.istio.io"
 #: The versions accepted of each group with kinds meshctl loads, exactly as users write them for
 #: Kubernetes. All versions of a group share one schema, as in Istio (where networking's v1beta1
 #: and v1 re-export its v1alpha3 messages, and security's v1 its v1beta1 ones).
 GROUP_VERSIONS: Final[Mapping[str, tuple[str, ...]]] = {
     NETWORKING_GROUP: ("v1alpha3", "v1beta1", "v1"),
     SECURITY_GROUP: ("v1beta1", "v1"),
+    TELEMETRY_GROUP: ("v1alpha1", "v1"),
 }
 
 #: Kind -> (generated module under meshctl.api, message name) of its `spec`, for every kind with
@@ -45,6 +48,7 @@ _SCHEMAS: Final[Mapping[str, tuple[str, str]]] = {
     "PeerAuthentication": ("security.v1beta1.peer_authentication_pb2", "PeerAuthentication"),
     "AuthorizationPolicy": ("security.v1beta1.authorization_policy_pb2", "AuthorizationPolicy"),
     "RequestAuthentication": ("security.v1beta1.request_authentication_pb2", "RequestAuthentication"),
+    "Telemetry": ("telemetry.v1alpha1.telemetry_pb2", "Telemetry"),
 }
 
 #: Kind -> API group of the kinds meshctl loads (serves). A security kind is here only once
@@ -61,6 +65,7 @@ _SERVED: Final[Mapping[str, str]] = {
     "PeerAuthentication": SECURITY_GROUP,
     "AuthorizationPolicy": SECURITY_GROUP,
     "RequestAuthentication": SECURITY_GROUP,
+    "Telemetry": TELEMETRY_GROUP,
 }
 
 KINDS: Final = tuple(_SERVED)
@@ -72,7 +77,7 @@ ISTIO_KINDS: Final[Mapping[str, frozenset[str]]] = {
         {k for k, g in _SERVED.items() if g == NETWORKING_GROUP} | {"ProxyConfig"}
     ),
     SECURITY_GROUP: frozenset({"AuthorizationPolicy", "PeerAuthentication", "RequestAuthentication"}),
-    "telemetry.istio.io": frozenset({"Telemetry"}),
+    TELEMETRY_GROUP: frozenset({"Telemetry"}),
     "extensions.istio.io": frozenset({"WasmPlugin"}),
 }
 
