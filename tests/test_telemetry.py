@@ -9,10 +9,13 @@ import pytest
 from envoy.extensions.access_loggers.file.v3 import file_pb2
 from envoy.extensions.access_loggers.filters.cel.v3 import cel_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from test_cache import MESH as BOOKINFO
+from test_cache import SECOND_V1, assert_serves_what_generate_makes, node
 
 from meshctl.config.findings import Severity
 from meshctl.config.loader import load_text
 from meshctl.config.mesh import MeshSettings, mesh_settings
+from meshctl.server.cache import ResourceCache
 from meshctl.snapshot.telemetry import AccessLogs, LogEntry, access_logs
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 from meshctl.xds import types
@@ -224,3 +227,22 @@ def test_telemetry_loads_in_both_versions() -> None:
         )
         result = load_text(text, "t.yaml")
         assert result.ok and not result.findings and len(result.configs) == 1
+
+
+def test_through_the_cache_a_telemetry_change_regenerates_only_the_proxies_it_selects() -> None:
+    reviews, reviews_b = node("reviews-v1-vm", "10.10.0.41"), node("reviews-v1-b", "10.10.0.44")
+    details = node("details-v1-vm", "10.10.0.21")
+    spec = "{selector: {matchLabels: {app: reviews}}, accessLogging: [{providers: [{name: file}]}]}"
+    selected = telemetry("reviews-logs", "bookinfo", spec)
+    before = snapshot_from_yaml(BOOKINFO + SECOND_V1, mesh=settings())
+    after = snapshot_from_yaml(BOOKINFO + SECOND_V1 + "\n---" + selected, mesh=settings())
+    cache = ResourceCache()
+    old = {n: cache.resources(before, proxy_for(before, n)) for n in (reviews, reviews_b, details)}
+    outbound = cache.outbound_generations
+    new = {n: cache.resources(after, proxy_for(after, n)) for n in (reviews, reviews_b, details)}
+    assert cache.outbound_generations == outbound + 1  # the reviews replicas' one part, not details'
+    for t in (types.CLUSTER, types.LISTENER, types.ROUTE):
+        assert new[details].of(t) is old[details].of(t), t  # not selected: the very same sets
+    assert new[reviews].of(types.LISTENER) is not old[reviews].of(types.LISTENER)
+    assert new[reviews].of(types.LISTENER) is new[reviews_b].of(types.LISTENER)  # replicas share
+    assert_serves_what_generate_makes(new[reviews], after, proxy_for(after, reviews), "logged")
