@@ -246,3 +246,19 @@ def test_through_the_cache_a_telemetry_change_regenerates_only_the_proxies_it_se
     assert new[reviews].of(types.LISTENER) is not old[reviews].of(types.LISTENER)
     assert new[reviews].of(types.LISTENER) is new[reviews_b].of(types.LISTENER)  # replicas share
     assert_serves_what_generate_makes(new[reviews], after, proxy_for(after, reviews), "logged")
+
+
+def test_a_selector_that_selects_no_workload_is_ist0127() -> None:
+    from meshctl.config.analysis import analyze
+    from meshctl.testing.builders import configs_from_yaml
+
+    workload = """
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: a-1, namespace: app}
+spec: {address: 10.0.0.7, labels: {app: a}}
+---"""
+    spec = "{selector: {matchLabels: {app: %s}}, accessLogging: [{disabled: true}]}"
+    configs = configs_from_yaml(workload + telemetry("hit", "app", spec % "a") + telemetry("miss", "app", spec % "b"))
+    found = [(i.key.name, i.code) for i in analyze(configs) if i.key.kind == "Telemetry"]
+    assert found == [("miss", "IST0127")]
