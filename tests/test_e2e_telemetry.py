@@ -1,6 +1,6 @@
 """Telemetry's access logging through a real Envoy: a namespace's Telemetry turns a file access
-log on, a workload's Telemetry turns it off for that workload, and each proxy writes (or does
-not write) the requests it carries."""
+log on, a workload's Telemetry turns it off for that workload and turns another on with a CEL
+filter, and each proxy writes (or does not write) the requests it carries."""
 
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ spec:
   - providers: [{{name: shared}}]
     disabled: true
   - providers: [{{name: own}}]
+    filter: {{expression: "request.url_path != '/skipped'"}}
 """
 
 
@@ -89,12 +90,16 @@ def test_telemetry_turns_the_log_on_for_one_workload_and_off_for_another(tmp_pat
         for node, app, path in ((LOGGED, "logged", "/logged"), (QUIET, "quiet", "/quiet")):
             resources = generate(snapshot, proxy_for(snapshot, node, {"LABELS": {"app": app}}))
             with EnvoyProcess(bootstrap(resources, node_id=node)):
-                assert proxied(port, path)
                 if app == "quiet":
-                    # Its own log, on beside the one turned off, shows Envoy has flushed.
+                    assert proxied(port, "/skipped")  # before /quiet: its line would come first
+                    assert send(port, "shop.tl.mesh", path=path).ok
+                    # Its own log, on beside the one turned off, shows Envoy has flushed; the
+                    # filter kept /skipped out of it.
                     assert lines_of(own, "/quiet") == ["/quiet"]
+                    assert own.read_text().splitlines() == ["/quiet"]
                 else:
+                    assert proxied(port, path)
                     logged = lines_of(shared, "/logged")
                     assert logged and '"GET /logged HTTP/1.1" 200 ' in logged[-1]
-    assert [line for line in shared.read_text().splitlines() if "/quiet" in line] == []
+    assert [line for line in shared.read_text().splitlines() if "/quiet" in line or "/skipped" in line] == []
     assert "/logged" not in (own.read_text() if own.exists() else "")
