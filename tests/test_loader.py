@@ -100,7 +100,11 @@ def test_an_unknown_kind_in_an_istio_group_is_an_error_with_the_kind_meant(
 
 @pytest.mark.parametrize(
     ("api_version", "kind"),
-    [("networking.istio.io/v1alpha3", "ProxyConfig"), ("telemetry.istio.io/v1", "Telemetry"), ("v1", "Service")],
+    [
+        ("networking.istio.io/v1alpha3", "ProxyConfig"),
+        ("extensions.istio.io/v1alpha1", "WasmPlugin"),
+        ("v1", "Service"),
+    ],
 )
 def test_kinds_meshctl_does_not_serve_outside_security_are_warnings(api_version: str, kind: str) -> None:
     result = load_text(f"apiVersion: {api_version}\nkind: {kind}\nmetadata: {{name: x}}\n", "t.yaml")

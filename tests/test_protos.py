@@ -483,6 +483,37 @@ configPatches:
   patch: {operation: REMOVE}
 """
 
+TELEMETRY = """
+selector: {matchLabels: {app: reviews}}
+targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: edge, namespace: shop}]
+accessLogging:
+- match: {mode: CLIENT}
+  providers: [{name: envoy}]
+  disabled: false
+  filter: {expression: "response.code >= 400"}
+tracing:
+- match: {mode: SERVER}
+  providers: [{name: zipkin}]
+  randomSamplingPercentage: 10.5
+  disableSpanReporting: false
+  useRequestIdForTraceSampling: true
+  enableIstioTags: true
+  customTags:
+    team: {literal: {value: shop}}
+    host: {environment: {name: HOSTNAME, defaultValue: unknown}}
+    user: {header: {name: x-user, defaultValue: anonymous}}
+metrics:
+- providers: [{name: prometheus}]
+  reportingInterval: 15s
+  overrides:
+  - match: {metric: REQUEST_COUNT, mode: CLIENT}
+    disabled: true
+    tagOverrides:
+      request_protocol: {operation: REMOVE}
+      source: {operation: UPSERT, value: "'x'"}
+  - match: {customMetric: my_metric}
+"""
+
 
 def _load(text: str) -> Any:
     return YAML(typ="safe").load(text)
@@ -513,6 +544,7 @@ SPECS = [
     ("AuthorizationPolicy", AUTHORIZATION_POLICY),
     ("AuthorizationPolicy", AUTHORIZATION_POLICY_TARGET_REFS),
     ("RequestAuthentication", REQUEST_AUTHENTICATION),
+    ("Telemetry", TELEMETRY),
 ]
 def test_every_kind_has_a_full_spec_here() -> None:
     assert {kind for kind, _ in SPECS} == set(KINDS)

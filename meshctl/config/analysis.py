@@ -406,6 +406,7 @@ def _selectors(index: _Index, root_namespace: str) -> Iterator[AnalysisIssue]:
         ("AuthorizationPolicy", ("spec", "selector"), "selector"),
         ("RequestAuthentication", ("spec", "selector"), "selector"),
         ("PeerAuthentication", ("spec", "selector"), "selector"),
+        ("Telemetry", ("spec", "selector"), "selector"),
     )
     policies = {"AuthorizationPolicy", "RequestAuthentication", "PeerAuthentication", "EnvoyFilter"}
     for kind, path, field in checks:

@@ -14,6 +14,8 @@ file is silently ignored:
 | trustDomain                      | the SPIFFE trust domain of workload identities             |
 | enableAutoMtls                   | mutual TLS to endpoints with a proxy unless a rule says otherwise |
 | accessLogFile/Encoding/Format    | Envoy's access log, Istio's default format (`xds/access_log.py`) |
+| extensionProviders               | envoyFileAccessLog providers for Telemetry; other kinds warned |
+| defaultProviders.accessLogging   | the access log providers on where no Telemetry names one   |
 | localityLbSetting                | every cluster's locality settings unless its DestinationRule has its own |
 | default*ExportTo                 | where services, VirtualServices, DestinationRules that say nothing are seen |
 | defaultConfig.holdApplicationUntilProxyStarts | ignored: a VM has no pod start order         |
@@ -42,6 +44,7 @@ from meshctl.config import yamlsource
 from meshctl.config.cert_lifetime import check_secret_ttl
 from meshctl.config.files import decode_text, read_config_file
 from meshctl.config.findings import Finding, Severity, format_path
+from meshctl.config.mesh_providers import NO_PROVIDERS, Providers, read_providers
 from meshctl.config.schema import parse_duration, parse_spec
 from meshctl.config.validation.access_log_format import access_log_format_problem
 from meshctl.config.validation.envoy_limits import duration_limit_problem, trust_domain_problem
@@ -108,6 +111,8 @@ class MeshSettings:
     #: MeshConfig's `outboundTrafficPolicy.tls` in its wire form (b"" for none): the TLS that
     #: ALLOW_ANY_DYNAMIC_DNS's cluster originates to the hosts it resolves.
     outbound_tls: bytes = b""
+    #: `extensionProviders` and `defaultProviders`: what Telemetry's provider names mean.
+    providers: Providers = NO_PROVIDERS
 
     def locality_default(self) -> LocalityLoadBalancerSetting:
         return LocalityLoadBalancerSetting.FromString(self.locality_lb_setting)
@@ -117,8 +122,6 @@ class MeshSettings:
 _NOT_APPLIED: Final = frozenset(
     {
         "enableTracing",
-        "extensionProviders",
-        "defaultProviders",
         "protocolDetectionTimeout",
         "h2UpgradePolicy",
         "tcpKeepalive",
@@ -159,6 +162,8 @@ _READ: Final = frozenset(
         "localityLbSetting",
         "loopbackRange",
         "dnsCacheMaxHosts",
+        "extensionProviders",
+        "defaultProviders",
         *_EXPORT_DEFAULTS,
     }
 )
@@ -327,6 +332,7 @@ def mesh_settings(
     if isinstance(max_hosts, bool) or not isinstance(max_hosts, int) or not 1 <= max_hosts <= 2**32 - 1:
         problem("dnsCacheMaxHosts must be a whole number from 1 to 4294967295", field="dnsCacheMaxHosts")
         max_hosts = defaults.dns_cache_max_hosts
+    providers = read_providers(data, problem)
     default_config = data.get("defaultConfig")
     if isinstance(default_config, Mapping) and "holdApplicationUntilProxyStarts" in default_config:
         problem("defaultConfig.holdApplicationUntilProxyStarts is ignored: a VM has no pod start order", Severity.INFO)
@@ -355,6 +361,7 @@ def mesh_settings(
         loopback_range=loopback,
         dns_cache_max_hosts=max_hosts,
         outbound_tls=outbound_tls,
+        providers=providers,
     )
     return settings, findings
 

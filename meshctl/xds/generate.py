@@ -66,6 +66,10 @@ TRACED_KINDS: frozenset[str] = frozenset({"DestinationRule"})
 #: Kinds no part reads: EnvoyFilters patch a proxy's whole config after its parts are joined
 #: (`apply_envoy_filters`), keyed by the proxy's generation key, which names the filters.
 PATCH_KINDS: frozenset[str] = frozenset({"EnvoyFilter"})
+#: Kinds no part reads from the snapshot: Telemetry is resolved when a proxy is bound, into its
+#: keys (`OutboundProxy.client_logs`, `Proxy.access_logs`), so a Telemetry change regenerates
+#: only the parts of the proxies whose access logs it changes.
+BOUND_KINDS: frozenset[str] = frozenset({"Telemetry"})
 
 
 def generate_config(snapshot: Snapshot, proxy: Proxy) -> Generated:
@@ -129,7 +133,7 @@ def generate_inbound(view: InboundView) -> Generated:
     return MappingProxyType(
         {
             types.CLUSTER: tuple(build_inbound_clusters(view)),
-            types.LISTENER: tuple(with_access_log(build_inbound_listeners(view), view.mesh)),
+            types.LISTENER: tuple(with_access_log(build_inbound_listeners(view), view.mesh, view.server_logs)),
             types.ROUTE: (),
         }
     )
@@ -158,7 +162,9 @@ def _outbound_clusters(scope: ProxyScope, memos: GenerationMemos | None) -> tupl
 
 def _outbound_listeners_and_routes(scope: ProxyScope, memos: GenerationMemos | None) -> dict[str, tuple[Message, ...]]:
     return {
-        types.LISTENER: tuple(with_access_log(build_outbound_listeners(scope), scope.snapshot.mesh)),
+        types.LISTENER: tuple(
+            with_access_log(build_outbound_listeners(scope), scope.snapshot.mesh, scope.proxy.client_logs)
+        ),
         types.ROUTE: tuple(build_routes(scope, memos.routes if memos is not None else None)),
     }
 

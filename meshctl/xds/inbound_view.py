@@ -28,6 +28,7 @@ from meshctl.security.request_authentication import sorted_jwt_rules
 from meshctl.snapshot.model import MeshSettings
 from meshctl.snapshot.proxy import Proxy
 from meshctl.snapshot.scope import MergedDestinationRule, ProxyScope
+from meshctl.snapshot.telemetry import LogPlan
 from meshctl.xds import names
 from meshctl.xds.memo import Ref
 from meshctl.xds.refs import config_ref, destination_rule_ref
@@ -64,6 +65,8 @@ class InboundView:
     ignored_authorization: tuple[Ref[Config], ...] = ()
     #: The RequestAuthentications that apply to the workload, in Istio's order.
     request_authentication: tuple[Ref[Config], ...] = ()
+    #: The access logs Telemetry gives its inbound listeners (`snapshot/telemetry.py`).
+    server_logs: LogPlan = ()
 
     @property
     def sidecar_config(self) -> Config | None:
@@ -116,4 +119,5 @@ def inbound_view(scope: ProxyScope) -> InboundView:
         request_authentication=tuple(
             config_ref(c) for c in request_authentications(scope.snapshot, proxy.namespace, proxy.labels)
         ),
+        server_logs=proxy.access_logs.server,
     )

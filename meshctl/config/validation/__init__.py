@@ -41,6 +41,7 @@ def _validators() -> dict[str, Validator]:
     from meshctl.config.validation.request_authentication import validate as request_authentication
     from meshctl.config.validation.service_entry import validate as service_entry
     from meshctl.config.validation.sidecar import validate as sidecar
+    from meshctl.config.validation.telemetry import validate as telemetry
     from meshctl.config.validation.virtual_service import validate as virtual_service
     from meshctl.config.validation.workload_entry import validate as workload_entry
     from meshctl.config.validation.workload_group import validate as workload_group
@@ -57,6 +58,7 @@ def _validators() -> dict[str, Validator]:
         "PeerAuthentication": peer_authentication,
         "AuthorizationPolicy": authorization_policy,
         "RequestAuthentication": request_authentication,
+        "Telemetry": telemetry,
     }
 
 
