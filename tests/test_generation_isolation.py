@@ -107,9 +107,11 @@ def test_through_the_server_the_other_proxies_get_the_next_publication(tmp_path:
             async with AdsClient(address, NODE_A) as a, AdsClient(address, NODE_B) as b:
                 for client in (a, b):
                     await client.wait_for(lambda c: c.complete() and API in c.names(types.CLUSTER))
-                # As if the directory had produced it: the server's current snapshot, published.
+                # As if the directory had produced it: the server's current snapshot, published
+                # the way the server publishes one (the push history and rollout learn it first).
                 broken = snapshot(MESH + NEW_SERVICE, bad_rule())
                 server.discovery.snapshot = broken
+                await server.delivery.published(broken)
                 await server.ads.publish(broken)
                 await b.wait_for(lambda c: BILLING in c.names(types.CLUSTER))
                 assert API in a.names(types.CLUSTER) and BILLING not in a.names(types.CLUSTER)
