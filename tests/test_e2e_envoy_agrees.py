@@ -181,7 +181,19 @@ def envoy_takes_jwks_uri(uri: str) -> bool:
     return True
 
 
-@pytest.mark.parametrize("key_set", KEY_SETS, ids=lambda k: json.dumps(k)[:60])
+def key_set_ids() -> list[str]:
+    """Ids naming each key set by position and its keys' kinds, never by their material: the RSA
+    and EC keys are made at import, so ids from their bytes would differ between processes (and
+    pytest-xdist's workers must collect the same tests)."""
+    ids = []
+    for index, key_set in enumerate(KEY_SETS):
+        keys = key_set.get("keys", [key_set])
+        kinds = "+".join("-".join(str(k.get(f, "")) for f in ("kty", "crv", "alg") if k.get(f)) for k in keys)
+        ids.append(f"{index}-{kinds or 'empty'}")
+    return ids
+
+
+@pytest.mark.parametrize("key_set", KEY_SETS, ids=key_set_ids())
 def test_inline_key_sets(key_set: dict[str, Any]) -> None:
     text = json.dumps(key_set)
     assert (jwks_problem(text) is None) == envoy_accepts(None, with_rule({"issuer": "iss", "jwks": text})), text

@@ -7,6 +7,7 @@ a test that checks only whether Envoy took a config would never notice meshctl g
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from meshctl.testing.envoy import (
     EnvoyError,
     EnvoyProcess,
     deprecation_warnings,
+    free_port,
     validate_config,
 )
 
@@ -109,3 +111,19 @@ def test_envoy_process_fails_on_leaving_when_its_log_warned() -> None:
 def test_envoy_process_reports_the_test_failure_rather_than_the_warning() -> None:
     with pytest.raises(ZeroDivisionError), EnvoyProcess(config_with(DEPRECATED)):
         1 / 0  # noqa: B018 - the failure the block leaves with
+
+
+@pytest.mark.parametrize("count", [2, 3, 4])
+def test_free_port_gives_each_xdist_worker_ports_no_other_worker_is_given(
+    monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    """Workers of one pytest-xdist run each take ports from their own part of the range (one
+    process stands in for them here: what it handed out is not what keeps them apart)."""
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(count))
+    spans = []
+    for index in range(count):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", f"gw{index}")
+        ports = [free_port() for _ in range(30)]
+        spans.append((min(ports), max(ports)))
+    assert spans == sorted(spans)
+    assert all(high < low for (_, high), (low, _) in itertools.pairwise(spans)), spans

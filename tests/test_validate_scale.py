@@ -3,6 +3,7 @@ the table-driven schema conversion answers with a finding where the old one cras
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -67,8 +68,10 @@ def ran_apart(request: pytest.FixtureRequest) -> bool:
         return False
     if os.environ.get("MESHCTL_FORK_TEST_APART"):
         pytest.fail("threads are running even in a fresh interpreter")
+    # In this one interpreter: worker processes (the suite's default `-n`) would bring their threads.
+    alone = ["-n0"] if importlib.util.find_spec("xdist") is not None else []
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", request.node.nodeid],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *alone, request.node.nodeid],
         cwd=request.config.rootpath,
         env={**os.environ, "MESHCTL_FORK_TEST_APART": "1"},
         capture_output=True,

@@ -247,9 +247,11 @@ def free_port(host: str = "127.0.0.1") -> int:
     connection takes its port from that range, so a port found free there could be handed to a
     server or a connection started before the test binds it (a replica's admin port once took
     the port an Envoy listener was then refused). Ports handed out are not handed out again by
-    this process while others remain."""
+    this process while others remain, and test processes run side by side (pytest-xdist's
+    workers) each take from a slice of their own (`_worker_slice`): a port one of them found
+    free and has yet to bind is never another's pick."""
     low = _ephemeral_low()
-    first = max(1024, low - 12_000)
+    first, low = _worker_slice(max(1024, low - 12_000), low)
     for _ in range(500 if low > first else 0):
         port = random.randrange(first, low)
         if port in _HANDED_OUT:
@@ -269,6 +271,21 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 #: Ports `free_port` handed out in this process.
 _HANDED_OUT: set[int] = set()
+
+
+def _worker_slice(first: int, end: int) -> tuple[int, int]:
+    """The part of ports [first, end) this process takes from: all of them, or under
+    pytest-xdist (`PYTEST_XDIST_WORKER=gwN` of `PYTEST_XDIST_WORKER_COUNT`) the Nth of as
+    many equal slices as there are workers."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    try:
+        index, count = int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    except (KeyError, ValueError):
+        return first, end
+    if not 0 <= index < count:
+        return first, end
+    size = (end - first) // count
+    return first + index * size, first + (index + 1) * size
 
 
 def _ephemeral_low() -> int:
