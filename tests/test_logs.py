@@ -230,3 +230,29 @@ def test_the_default_handler_writes_to_stderr_as_it_is_now(capsys: pytest.Captur
         assert "Logging error" not in err and "after the swap" in err
     finally:
         logging.getLogger().removeHandler(handler)
+
+
+@pytest.mark.slow
+def test_a_stop_signal_while_serve_starts_stops_it_cleanly(tmp_path: Path) -> None:
+    """SIGTERM as soon as serve has read its config, before it serves: it stops as it would once
+    serving (exit 0, "stopping" said), not killed by the signal's default action."""
+    config = examples_copy(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MESHCTL_", "JOURNAL_STREAM", "NOTIFY_SOCKET"))}
+    stderr_path = tmp_path / "stderr"
+    command = [sys.executable, "-m", "meshctl", "serve", "--config-dir", str(config)]
+    command += ["--xds-address", "127.0.0.1:0", "--admin-address", "127.0.0.1:0", "--state-dir", str(tmp_path / "s")]
+    with stderr_path.open("wb") as stderr:
+        proc = subprocess.Popen(command, env=env, stderr=stderr)
+    try:
+        deadline = time.monotonic() + 60
+        while "config revision 1" not in stderr_path.read_text():
+            assert proc.poll() is None, stderr_path.read_text()
+            assert time.monotonic() < deadline, stderr_path.read_text()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, stderr_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "stopping: closing xDS streams" in stderr_path.read_text()

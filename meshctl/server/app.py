@@ -231,7 +231,8 @@ class Server:
         # Then the xDS address: a busy or foreign one is said at once, before minutes of loading.
         check_bindable(*split_address(self.settings.xds_address))
         loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
+        if self._stopping is None:  # `run` makes it first, with the stop signals' handlers
+            self._stopping = asyncio.Event()
         # The first read and the registry's first build (seconds for a large tree) off the loop.
         first = await loop.run_in_executor(None, self.followed.start)
         for finding in first.errors:
@@ -367,11 +368,21 @@ class Server:
             self.settings.on_ready(self.xds_port, self.admin_port)
 
     async def run(self) -> None:
-        """Start, serve until SIGTERM/SIGINT (or `shutdown()`), then stop cleanly."""
-        await self.start()
+        """Start, serve until SIGTERM/SIGINT (or `shutdown()`), then stop cleanly.
+
+        The stop signals are handled from before the start: one that comes while the server
+        starts (or just after it logs that it serves) stops it cleanly once started, where the
+        default action would kill it mid-write."""
         loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.shutdown)
+        try:
+            await self.start()
+        except BaseException:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            raise
         loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
         # Ready only once the handlers are in: a SIGHUP before them would kill the process.
         self.notify.ready()
