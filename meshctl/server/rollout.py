@@ -30,6 +30,7 @@ current `Plan` only, one immutable object swapped in one assignment (`rollout_pl
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import OrderedDict
@@ -235,7 +236,8 @@ class Rollout:
         self._arm(self.settings.soak)
 
     def _set_plan(self, plan: Plan) -> None:
-        self.plan = plan
+        unstaged = plan.candidate is None and plan.selector is None and not self.pinned and not self.held
+        self.plan = dataclasses.replace(plan, unstaged=unstaged) if unstaged != plan.unstaged else plan
 
     # -- events ------------------------------------------------------------------------------
 
@@ -410,7 +412,6 @@ class Rollout:
             if found != plan.fleet.version:
                 return self.good[found]
         raise RolloutError("no earlier version every proxy ACKed is kept to roll back to")
-
 
     # -- replicas --------------------------------------------------------------------------
 

@@ -93,6 +93,10 @@ class Plan:
     fleet: Snapshot
     candidate: Snapshot | None = None
     selector: CanarySelector | None = None
+    #: No canaries, nothing held or pinned: every proxy is offered the snapshot being published,
+    #: the newest, as without a rollout (a stream that opens just after a snapshot is built, and
+    #: before the history has recorded it, is not handed the one before).
+    unstaged: bool = False
 
 
 Resolver = Callable[[ProxyNode, Any], "Resolved"]
@@ -108,7 +112,7 @@ class RolloutSource:
 
     def resolve(self, node: ProxyNode, state: Any) -> Resolved:
         plan = self._rollout.plan
-        if plan is None:
+        if plan is None or plan.unstaged:
             return self._resolve(node, state)
         if plan.candidate is not None and plan.selector is not None and is_canary(plan.selector, node, plan.candidate):
             return self._resolve(node, plan.candidate)
