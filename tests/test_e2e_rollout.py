@@ -273,6 +273,11 @@ def test_a_canary_nack_holds_the_fleet_and_a_good_change_reaches_it_after_the_so
     wait_for(lambda: fleet.latest() not in (first, bad), "the server builds the good version")
     good = fleet.latest()
     wait_for(lambda: fleet.all_on("web-v2"), "every Envoy routes to v2", timeout=DEADLINE + SOAK)
+    # Envoy applies a config before its ACK reaches the server: traffic can move first.
+    wait_for(
+        lambda: all("acked" in t for t in fleet.entry(good)["proxies"][node(CANARY)].values()),
+        "the canary's ACKs of the good version in the history",
+    )
     entry, others = fleet.entry(good), fleet.entry(good, on=fleet_side)
     canary_acked = max(t["acked"] for t in entry["proxies"][node(CANARY)].values())
     staged = min(entry["rollout"]["canary"], others["rollout"]["canary"])
