@@ -12,7 +12,6 @@ to the original destination (the app on its loopback address) from 127.0.0.6.
 
 from __future__ import annotations
 
-import datetime
 import socket
 import ssl
 import threading
@@ -21,11 +20,8 @@ from pathlib import Path
 
 import pytest
 from conftest import needs_envoy
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
+from meshctl.security.selfsigned import throwaway_certificate
 from meshctl.testing.backends import Backend, send
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 from meshctl.testing.envoy import EnvoyProcess, bootstrap, free_port
@@ -130,25 +126,9 @@ class TlsApp:
     """An app that terminates its own TLS on APP_IP: every request is answered `tls-app`."""
 
     def __init__(self, directory: Path) -> None:
-        key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "web.e2e.mesh")])
-        now = datetime.datetime.now(datetime.UTC)
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .sign(key, hashes.SHA256())
-        )
-        (directory / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        (directory / "key.pem").write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            )
-        )
+        cert, key = throwaway_certificate("web.e2e.mesh")
+        (directory / "cert.pem").write_text(cert)
+        (directory / "key.pem").write_text(key)
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.load_cert_chain(directory / "cert.pem", directory / "key.pem")
         self.sock = socket.create_server((APP_IP, 0))

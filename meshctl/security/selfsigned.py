@@ -28,7 +28,7 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from cryptography import x509
@@ -182,3 +182,28 @@ def _locked(lock_file: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def throwaway_certificate(
+    common_name: str, *, ca: bool = False, lifetime: timedelta = timedelta(days=1)
+) -> tuple[str, str]:
+    """A self-signed certificate for `common_name` and its key, as PEM text, kept nowhere: for
+    what needs some certificate and trusts none (`validate --envoy` standing in for secrets that
+    live on the VMs, test apps terminating their own TLS). `ca` makes it a CA certificate, so it
+    can also stand as a trust bundle."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = datetime.now(UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - CLOCK_SKEW)
+        .not_valid_after(now + lifetime)
+    )
+    if ca:
+        builder = builder.add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+    cert = builder.sign(key, hashes.SHA256())
+    return certificates_pem([cert]).decode(), private_key_pem(key).decode()

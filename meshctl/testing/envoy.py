@@ -174,31 +174,9 @@ def _name_static_secrets(data: Any, names: set[str]) -> None:
 @functools.cache
 def _throwaway_secrets() -> tuple[dict[str, Any], dict[str, Any]]:
     """A certificate-and-key secret and a trust-bundle secret (unnamed), of one throwaway CA."""
-    import datetime
+    from meshctl.security.selfsigned import throwaway_certificate
 
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "meshctl test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_pem = cert.public_bytes(serialization.Encoding.PEM).decode()
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ).decode()
+    cert_pem, key_pem = throwaway_certificate("meshctl test", ca=True)
     return (
         {
             "tls_certificate": {
