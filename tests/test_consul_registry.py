@@ -123,6 +123,28 @@ def consul_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             proc.wait()
 
 
+@pytest.fixture(params=["fake", "agent"])
+def kv_backend(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any]]:
+    """(address, py-consul client) of the fake Consul and, when the binary is on PATH, of the real
+    agent: the tests that hold the fake to Consul's API (KV, sessions) run on both."""
+    if request.param == "agent":
+        address = request.getfixturevalue("consul_agent")
+        context: Any = None
+    else:
+        context = FakeConsul()
+        context.start()
+        address = context.address
+    host, port = address.rsplit(":", 1)
+    client = consul.Consul(host=host, port=int(port))
+    client.token = None  # py-consul would take CONSUL_HTTP_TOKEN from the environment
+    try:
+        yield address, client
+    finally:
+        client.http.session.close()
+        if context is not None:
+            context.stop()
+
+
 def _has_leader(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/status/leader", timeout=1) as r:

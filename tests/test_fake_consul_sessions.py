@@ -13,7 +13,6 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import consul
@@ -21,34 +20,13 @@ import pytest
 
 from meshctl.testing.fake_consul import FakeConsul
 
-pytest_plugins = ["test_consul_registry"]  # its session-wide `consul_agent` fixture
+pytest_plugins = ["test_consul_registry"]  # its `kv_backend`: the fake and a real agent
 
 pytestmark = pytest.mark.consul
 
 
-@pytest.fixture(params=["fake", "agent"])
-def backend(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any]]:
-    """(address, py-consul client) of a Consul; keys under a prefix of the test's own."""
-    if request.param == "agent":
-        address = request.getfixturevalue("consul_agent")
-        context: Any = None
-    else:
-        context = FakeConsul()
-        context.start()
-        address = context.address
-    host, port = address.rsplit(":", 1)
-    client = consul.Consul(host=host, port=int(port))
-    client.token = None  # py-consul would take CONSUL_HTTP_TOKEN from the environment
-    try:
-        yield address, client
-    finally:
-        client.http.session.close()
-        if context is not None:
-            context.stop()
-
-
-def test_a_session_holds_keys_until_it_is_destroyed(backend: tuple[str, Any]) -> None:
-    _, c = backend
+def test_a_session_holds_keys_until_it_is_destroyed(kv_backend: tuple[str, Any]) -> None:
+    _, c = kv_backend
     prefix = f"t{uuid.uuid4().hex[:6]}/"
     ephemeral = c.session.create(name="holder", behavior="delete", lock_delay=0, ttl=30, checks=[])
     lasting = c.session.create(name="other", behavior="release", lock_delay=0, checks=[])
@@ -82,8 +60,8 @@ def test_a_session_holds_keys_until_it_is_destroyed(backend: tuple[str, Any]) ->
     c.kv.delete(prefix, recurse=True)
 
 
-def test_a_session_keeps_its_keys_from_others_for_its_lock_delay(backend: tuple[str, Any]) -> None:
-    _, c = backend
+def test_a_session_keeps_its_keys_from_others_for_its_lock_delay(kv_backend: tuple[str, Any]) -> None:
+    _, c = kv_backend
     key = f"t{uuid.uuid4().hex[:6]}/lock"
     first = c.session.create(behavior="release", lock_delay=30, checks=[])
     second = c.session.create(behavior="release", lock_delay=0, checks=[])

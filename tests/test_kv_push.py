@@ -28,7 +28,7 @@ from meshctl.kv.source import normalize_prefix, parse_entries
 from meshctl.registry.consul import ConsulConnection, ConsulOptions
 from meshctl.testing.fake_consul import FakeConsul
 
-pytest_plugins = ["test_consul_registry"]  # its session-wide `consul_agent` fixture
+pytest_plugins = ["test_consul_registry"]  # its `kv_backend`: the fake and a real agent
 
 pytestmark = pytest.mark.consul
 
@@ -41,27 +41,6 @@ runner = CliRunner()
 def fake() -> Iterator[FakeConsul]:
     with FakeConsul() as f:
         yield f
-
-
-@pytest.fixture(params=["fake", "agent"])
-def kv_backend(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any]]:
-    """(address, py-consul client) of a Consul with KV; keys under a prefix of the test's own."""
-    if request.param == "agent":
-        address = request.getfixturevalue("consul_agent")
-        context: Any = None
-    else:
-        context = FakeConsul()
-        context.start()
-        address = context.address
-    host, port = address.rsplit(":", 1)
-    client = consul.Consul(host=host, port=int(port))
-    client.token = None  # py-consul would take CONSUL_HTTP_TOKEN from the environment
-    try:
-        yield address, client
-    finally:
-        client.http.session.close()
-        if context is not None:
-            context.stop()
 
 
 def push(*args: object, env: dict[str, str] | None = None) -> tuple[int, str, str]:
