@@ -74,6 +74,14 @@ def serve(
     debounce_max: Annotated[
         float, typer.Option(envvar="MESHCTL_DEBOUNCE_MAX", help="Longest a change waits for quiet, in seconds.")
     ] = 10.0,
+    resync_period: Annotated[
+        float,
+        typer.Option(
+            envvar="MESHCTL_RESYNC_PERIOD",
+            help="Seconds between full passes over the config directories, which catch a change no file"
+            " event told of (0: only at start, on SIGHUP and when events were lost).",
+        ),
+    ] = 300.0,
     log_level: Annotated[
         LogLevel,
         typer.Option(envvar="MESHCTL_LOG_LEVEL", case_sensitive=False, help="The least severe log records shown."),
@@ -374,6 +382,7 @@ def serve(
         raise UsageError(str(exc)) from exc
     debounce = _seconds("--debounce", debounce)
     debounce_max = _seconds("--debounce-max", debounce_max)
+    resync_period = _seconds("--resync-period", resync_period)
     registry_sync_timeout = _seconds("--registry-sync-timeout", registry_sync_timeout)
     health_grace = _seconds("--health-grace", health_grace)
     health_session_ttl = _seconds("--health-session-ttl", health_session_ttl)
@@ -438,6 +447,7 @@ def serve(
         config_kv=config_kv,
         default_namespace=namespace,
         debounce=debounce_settings,
+        resync_period=resync_period,
         tls=tls,
         admin_token_file=admin_token_file,
         notify=NotifySettings.from_environ(os.environ, os.getpid()),

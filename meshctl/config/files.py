@@ -134,11 +134,17 @@ def _check_regular(st: os.stat_result) -> None:
 class Walk:
     """What a walk found: YAML files in walk order, warnings about the tree, and the directories
     it did not enter because it had already been in them. Paths are kept as text (the watcher
-    walks the tree on every change; a `Path` per file of ten thousand cost a tenth of a second)."""
+    walks the tree on every change; a `Path` per file of ten thousand cost a tenth of a second).
+    `directories` are those listed (each by the path it was walked under) and `links` the files
+    that are symlinks: the watcher reads a file event's path alone only in a directory the walk
+    listed, and looks at linked files again on every event, since what they lead to may change
+    with no event about their own name."""
 
     paths: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    directories: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
 
     @property
     def files(self) -> list[Path]:
@@ -170,7 +176,11 @@ def _walk_tree(root: str, walk: Walk) -> None:
     stack = [root]
     while stack:  # a stack, not recursion: depth is whatever the tree's is
         directory = stack.pop()
-        files, subdirs = _list(directory)
+        listed = _list(directory, walk.links)
+        if listed is None:
+            continue  # as os.walk does: it adds nothing (the watcher then reads the files it knew there directly)
+        files, subdirs = listed
+        walk.directories.append(directory)
         walk.paths.extend(files)
         stack.extend(reversed(_enter(directory, _within(subdirs, inside, walk), seen, walk)))
 
@@ -194,14 +204,14 @@ def _within(subdirs: list[os.DirEntry[str]], inside: str, walk: Walk) -> list[os
     return kept
 
 
-def _list(directory: str) -> tuple[list[str], list[os.DirEntry[str]]]:
-    """A directory's YAML files and its subdirectories (links to directories too), by name."""
+def _list(directory: str, links: list[str]) -> tuple[list[str], list[os.DirEntry[str]]] | None:
+    """A directory's YAML files and its subdirectories (links to directories too), by name; the
+    files that are links are added to `links` too. None when it cannot be listed."""
     try:
         with os.scandir(directory) as entries:
             visible = sorted((e for e in entries if not e.name.startswith(".")), key=lambda e: e.name)
     except OSError:
-        # As os.walk does: it adds nothing (the watcher then reads the files it knew there directly).
-        return [], []
+        return None
     files: list[str] = []
     subdirs: list[os.DirEntry[str]] = []
     for entry in visible:
@@ -209,6 +219,8 @@ def _list(directory: str) -> tuple[list[str], list[os.DirEntry[str]]]:
             subdirs.append(entry)
         elif entry.name.endswith(YAML_SUFFIXES):
             files.append(entry.path)
+            if _is_link(entry):
+                links.append(entry.path)
     return files, subdirs
 
 

@@ -31,6 +31,14 @@ def is_relevant(path: str, roots: Sequence[str], *, is_directory: bool) -> bool:
     return False
 
 
+def is_doubt(path: str, roots: Sequence[str], *, is_directory: bool) -> bool:
+    """Whether an event on `path` (a relevant one) leaves which files the tree holds in doubt,
+    so that only a walk of the whole tree can tell: a directory created, deleted, renamed or
+    changed in its permissions, a root itself, or a ConfigMap's `..data` link swapped (which
+    changes every file linked through it, with no event about them)."""
+    return is_directory or path in roots or os.path.basename(path) == _KUBERNETES_DATA_LINK
+
+
 def is_under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 

@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypeVar
 
 from meshctl.config.findings import Finding, Severity, has_errors, sort_findings
 from meshctl.config.model import Config, ConfigKey
@@ -230,6 +231,45 @@ class ConfigStore:
         self._deliver()
         return change
 
+    def update(
+        self, configs: Mapping[ConfigKey, Config | None], *, files: Mapping[str, FileStatus | None]
+    ) -> ConfigChange | None:
+        """Change only the resources named in `configs` (None deletes one) and the file statuses
+        named in `files` (None drops one); everything else stays as it is. The same rules as
+        `replace_all`, at the cost of what is named: a writer that knows which keys it may have
+        changed (the watcher, after a file event) does not pay for the whole store."""
+        with self._lock:
+            current = self._view
+            events, kept = _diff_keys(current.configs, configs)
+            new_configs = current.configs
+            # A resource that moved within its file is no event, but its new place is kept.
+            if any(kept.get(k, c) is not current.configs.get(k) for k, c in configs.items()):
+                merged = _copy(current.configs)
+                for key, config in configs.items():
+                    if config is None:
+                        merged.pop(key, None)
+                    else:
+                        merged[key] = kept.get(key, config)
+                new_configs = MappingProxyType(merged)
+            status = current.files
+            if any(status.get(path) != file_status for path, file_status in files.items()):
+                by_path = _copy(status)
+                for path, file_status in files.items():
+                    if file_status is None:
+                        by_path.pop(path, None)
+                    else:
+                        by_path[path] = file_status
+                status = MappingProxyType(by_path)
+            revision = current.revision + 1 if events else current.revision
+            self._view = StoreView(revision, new_configs, status)
+            change = ConfigChange(revision, events) if events else None
+            if change is not None:
+                self._outbox.append(change)
+                self._log.append((revision, change.keys))
+        if change is not None:
+            self._deliver()
+        return change
+
     def set_file_status(self, files: Iterable[FileStatus]) -> None:
         """Replace the per-file status without touching the resources (a failed reload, say)."""
         with self._lock:
@@ -285,5 +325,37 @@ def _diff(
             kept[key] = before
     if len(old) != len(new) - created:
         events.extend(ConfigEvent(EventKind.DELETED, key, old[key], None) for key in old.keys() - new.keys())
+    events.sort(key=lambda e: e.key)
+    return tuple(events), kept
+
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _copy(mapping: Mapping[_K, _V]) -> dict[_K, _V]:
+    """A dict of `mapping`; a view's underlying dict is copied whole (a fast copy in C, where
+    `dict(view)` would look every key up through the view)."""
+    return mapping.copy() if isinstance(mapping, MappingProxyType) else dict(mapping)
+
+
+def _diff_keys(
+    old: Mapping[ConfigKey, Config], new: Mapping[ConfigKey, Config | None]
+) -> tuple[tuple[ConfigEvent, ...], dict[ConfigKey, Config]]:
+    """`_diff` over the keys of `new` only, where None means the key goes."""
+    events: list[ConfigEvent] = []
+    kept: dict[ConfigKey, Config] = {}
+    for key, after in new.items():
+        before = old.get(key)
+        if before is after:
+            continue
+        if after is None:
+            events.append(ConfigEvent(EventKind.DELETED, key, before, None))
+        elif before is None:
+            events.append(ConfigEvent(EventKind.CREATED, key, None, after))
+        elif not after.same_content(before):
+            events.append(ConfigEvent(EventKind.UPDATED, key, before, after))
+        elif before.source == after.source and before.api_version == after.api_version:
+            kept[key] = before
     events.sort(key=lambda e: e.key)
     return tuple(events), kept

@@ -1,12 +1,25 @@
 """Keep the store in step with config directories on disk.
 
-File events are only a hint. Editors save by writing a temporary file and renaming it over the
-original, tools rewrite many files at once, inotify drops events when its queue overflows, and a
-watched directory can be deleted and recreated. So any relevant event just schedules a reload of
-the whole tree, debounced: the reload runs once things have been quiet for `debounce` seconds, or
-`max_delay` seconds after the first event at the latest, so a writer that never stops still gets
-its changes applied. A reload re-reads only files whose stat signature changed and hands the
-store the complete new set in one `replace_all`, so a burst of edits becomes one change.
+File events name the paths to read again, and nothing more is trusted of them. Editors save by
+writing a temporary file and renaming it over the original, tools rewrite many files at once,
+inotify drops events when its queue overflows, and a watched directory can be deleted and
+recreated. So events are debounced: the reload runs once things have been quiet for `debounce`
+seconds, or `max_delay` seconds after the first event at the latest, so a writer that never stops
+still gets its changes applied. A reload after file events reads only the files they named
+(plus the files held back as still being written, and the files that are links, since what a
+link leads to can change with no event about its name), and updates the store with what those
+files change (`ConfigStore.update`), so an edit costs the same in a tree of ten files or of
+twenty thousand. A burst of edits is one change.
+
+A full pass walks the whole tree and re-reads every file whose stat signature changed, and
+hands the store the complete new set (`replace_all`). It runs at start, on `reload_now`
+(SIGHUP), when events cannot say what changed (a directory created, deleted or renamed, a root
+itself or a ConfigMap's `..data` link swapped, a path in a directory the last walk did not list,
+a root about to be left with no file), when watches are lost or cannot be set up (then on a
+timer, every `retry_interval`), when the inotify layer warns (its queue overflowed: events were
+lost), and every `resync_period` seconds (0: never), so a missed event costs a delay, never a
+wrong mesh: a file changed through a path no watch sees (a link to a file outside the tree, a
+bind mount) is picked up by the next full pass.
 
 What survives a bad reload, and why:
 
@@ -48,7 +61,8 @@ it holds back only a file seen changing while it was read or loaded.
 Hidden files and directories (.git, editor swap files) are ignored, except the `..data` symlink
 that Kubernetes swaps to update a mounted ConfigMap, whose rename is the only event such an
 update produces. A watched path may be a symlink and may be re-pointed; a directory reached
-through a symlink inside the tree is read but not watched (re-point the link, or reload).
+through a symlink inside the tree is read but not watched (re-point the link, reload, or wait for
+the periodic full pass).
 """
 
 from __future__ import annotations
@@ -56,42 +70,45 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 import threading
 import time
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
 from watchdog import events as ev
 from watchdog.observers import Observer
-from watchdog.observers.api import BaseObserver, ObservedWatch
 
-from meshctl.config.files import FileBytes, Signature, read_config_file, walk_yaml
+from meshctl.config.files import FileBytes, read_config_file, walk_yaml
 from meshctl.config.findings import Finding, Severity
 from meshctl.config.loader import FileResult, LoadOptions, load_bytes, merge_files, unreadable
-from meshctl.config.paths import dir_identity, exists, is_relevant, is_under, root_problem, stat_signature, walk_key
+from meshctl.config.merged import MergedFiles
+from meshctl.config.model import Config
+from meshctl.config.paths import (
+    exists,
+    is_doubt,
+    is_relevant,
+    is_under,
+    root_problem,
+    stat_signature,
+    walk_key,
+)
+from meshctl.config.scan import Cached, Position, Scan
 from meshctl.config.store import ConfigChange, ConfigStore, EventKind, FileStatus
+from meshctl.config.watches import Watches
 from meshctl.debounce import Debouncer
 from meshctl.errors import ConfigError
 
 logger = logging.getLogger("meshctl.config.watcher")
 
-#: Events that can change what a reload reads. Opens and read-only closes are left out: the
-#: reload's own reads would otherwise schedule the next reload.
-_EVENT_FILTER: Final[list[type[ev.FileSystemEvent]]] = [
-    *(ev.FileCreatedEvent, ev.FileDeletedEvent, ev.FileModifiedEvent, ev.FileMovedEvent, ev.FileClosedEvent),
-    *(ev.FileAttribEvent, ev.DirCreatedEvent, ev.DirDeletedEvent, ev.DirMovedEvent, ev.DirAttribEvent),
-]
+_T = TypeVar("_T")
 
 #: A file changed this recently may change again within the file system's timestamp granularity
 #: (1-2 s on some file systems) without its signature changing, so it is re-read next time.
 _RACY_NS: Final = 2_000_000_000
-
-#: A file held back as still being written is looked at again this soon at the earliest.
-_MIN_RETRY: Final = 0.05
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,14 +121,22 @@ class WatchOptions:
     settle: float = 1.0
     #: While a watched path is missing or cannot be watched, look at it again this often.
     retry_interval: float = 1.0
+    #: A full pass over the tree runs this often even when events say nothing changed (0: never).
+    resync_period: float = 300.0
     load: LoadOptions = field(default_factory=LoadOptions)
 
     def __post_init__(self) -> None:
-        if self.debounce < 0 or self.retry_interval <= 0 or self.max_delay < self.debounce or not self.settle >= 0:
+        if (
+            self.debounce < 0
+            or self.retry_interval <= 0
+            or self.max_delay < self.debounce
+            or not self.settle >= 0
+            or not self.resync_period >= 0
+        ):
             raise ValueError(
                 f"invalid watch timing: debounce={self.debounce}s, max_delay={self.max_delay}s,"
-                f" retry_interval={self.retry_interval}s, settle={self.settle}s"
-                " (need 0 <= debounce <= max_delay, retry > 0, settle >= 0)"
+                f" retry_interval={self.retry_interval}s, settle={self.settle}s, resync_period={self.resync_period}s"
+                " (need 0 <= debounce <= max_delay, retry > 0, settle >= 0, resync_period >= 0)"
             )
 
 
@@ -126,107 +151,10 @@ class ReloadResult:
     parsed: int = 0
     reused: int = 0
     deferred: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class _Cached:
-    #: (inode, device, size, mtime, ctime); None when the file could not be read.
-    signature: Signature | None
-    result: FileResult
-    #: A digest of the bytes loaded, kept while the file changed too recently for its signature
-    #: alone to prove it unchanged (a write in the same clock tick keeps size and times).
-    racy_digest: bytes | None = None
-
-
-class _Scan:
-    """One reload's working state; the watcher adopts it only once the store has the result, so
-    a reload that fails half-way cannot make the next one forget a file's last good contents."""
-
-    def __init__(
-        self,
-        cache: Mapping[str, _Cached],
-        good: Mapping[str, FileResult],
-        deferred: Mapping[str, float],
-        background: bool,
-    ) -> None:
-        self.previous_cache, self.previous_good, self.previous_deferred = cache, good, deferred
-        self.background = background
-        self.started = time.monotonic()
-        self.cache: dict[str, _Cached] = {}
-        self.good: dict[str, FileResult] = {}
-        self.status: dict[str, list[Finding]] = {}
-        self.order: dict[str, tuple[int, tuple[tuple[int, str], ...]]] = {}
-        self.parsed = self.reused = 0
-        #: Files held back as still being written -> when they were first held (monotonic).
-        self.deferred: dict[str, float] = {}
-        self.retry_at: float | None = None
-        #: Files loaded afresh this round, and whether some file was held as being written now.
-        self.fresh: list[str] = []
-        self.writing = False
-        self.evented = False
-        #: Files the previous reload had that this one did not find -> where they sorted.
-        self.gone: dict[str, tuple[int, tuple[tuple[int, str], ...]]] = {}
-
-    def reuse(self, path: str, cached: _Cached) -> FileResult:
-        self.cache[path] = cached
-        self.reused += 1
-        return cached.result
-
-    def parse(self, path: str, cached: _Cached) -> FileResult:
-        self.cache[path] = cached
-        self.parsed += 1
-        self.fresh.append(path)
-        return cached.result
-
-    def hold_fresh(self, max_delay: float) -> None:
-        """While a file is being written, the files loaded afresh this round, and those gone
-        since the last, wait for it too (as the previous reload had them), so that a save of
-        several files (or a swap of a linked tree) is applied as one."""
-        retry_at = self.retry_at
-        if retry_at is None:
-            return
-        for path, position in self.gone.items():
-            since = self.previous_deferred.get(path, self.started)
-            if self.started - since < max_delay:
-                self.order[path] = position
-                self.keep_file(path)
-                self.defer(path, since, retry_at)
-        for path in self.fresh:
-            since = self.previous_deferred.get(path, self.started)
-            if path in self.deferred or self.started - since >= max_delay:
-                continue
-            self.cache.pop(path, None)
-            self.status.pop(path, None)
-            self.good.pop(path, None)
-            self.keep_file(path)
-            self.defer(path, since, retry_at)
-
-    def defer(self, path: str, since: float, retry_at: float) -> None:
-        """Hold `path` back this round; the watcher looks again at `retry_at` even if no event comes."""
-        self.deferred[path] = since
-        self.retry_at = retry_at if self.retry_at is None else min(self.retry_at, retry_at)
-
-    def keep_file(self, path: str) -> None:
-        """`path` as the previous reload had it: its cached result, status and last good contents."""
-        cached = self.previous_cache.get(path)
-        if cached is not None:
-            self.cache[path] = cached
-            self.status[path] = list(cached.result.findings)  # its own; duplicates are found again
-        if path in self.previous_good:
-            self.good[path] = self.previous_good[path]
-
-    def keep_root(self, index: int, root: str, problem: str) -> None:
-        """A root that cannot be read: everything last loaded from under it stays, as it was."""
-        kept = [p for p in self.previous_cache if is_under(p, root) and p not in self.order]
-        count = len({c.key for p in kept if p in self.previous_good for c in self.previous_good[p].configs})
-        message = f"{problem}; keeping the resources last loaded from it ({count}) until it can be read again"
-        self.status.setdefault(root, []).append(Finding(Severity.ERROR, message, root))
-        for path in kept:
-            self.order[path] = (index, walk_key(root, path))
-            self.keep_file(path)
-
-    def in_path_order(self) -> list[str]:
-        return sorted(self.order, key=self.order.__getitem__)
+    #: A full pass over the tree, or a reload of the paths file events named (and `looked_at`:
+    #: how many files it looked at).
+    full: bool = True
+    looked_at: int = 0
 
 
 class _EventSink(ev.FileSystemEventHandler):
@@ -237,6 +165,14 @@ class _EventSink(ev.FileSystemEventHandler):
 
     def dispatch(self, event: ev.FileSystemEvent) -> None:
         self._watcher._on_event(event)
+
+
+def _lay_over(kept: dict[str, _T], new: Mapping[str, _T], path: str) -> None:
+    """`kept[path]` as a reload of some paths left it: what it found, or nothing."""
+    if path in new:
+        kept[path] = new[path]
+    else:
+        kept.pop(path, None)
 
 
 class DirectoryWatcher:
@@ -258,18 +194,27 @@ class DirectoryWatcher:
         self._stale_roots: set[str] = set()
         #: Files written to since they were last closed, as file events tell (see `_note_writer`).
         self._open_writes: set[str] = set()
+        #: The paths events named since the last reload, and whether only a full pass can tell
+        #: what they changed (`is_doubt`, lost events); when the last full pass started.
+        self._dirty: set[str] = set()
+        self._doubt = False
+        self._last_full: float | None = None
         self._reload_lock = threading.Lock()  # one reload at a time; guards everything below
-        self._cache: Mapping[str, _Cached] = {}
-        self._good: Mapping[str, FileResult] = {}
+        self._cache: dict[str, Cached] = {}
+        self._good: dict[str, FileResult] = {}
         self._deferred: Mapping[str, float] = {}
-        self._reported: set[str] = set()
+        #: What the last full pass saw, kept up to date by the reloads of named paths: each
+        #: file's place, each path's own findings (duplicates apart), the walk (`Scan.dirs`),
+        #: and the merge (None until a full pass has reached the store).
+        self._order: dict[str, Position] = {}
+        self._own: dict[str, list[Finding]] = {}
+        self._dirs: dict[str, int] = {}
+        self._links: set[str] = set()
+        self._counts: list[int] = []
+        self._merged: MergedFiles | None = None
+        self._reported: dict[str, frozenset[str]] = {}
         self._failing: set[str] = set()
-        self._observer: BaseObserver | None = None
-        self._watch_error: str | None = None
-        # (path as given, recursive) -> (identity and real path of the directory, watch)
-        self._watches: dict[tuple[str, bool], tuple[tuple[int, int, str], ObservedWatch]] = {}
-        self._aliases: Mapping[str, str] = {}  # real path watched -> path as given, for event paths
-        self._sink = _EventSink(self)
+        self._watches = Watches(self._roots, _EventSink(self), self._on_lost_events, self._options.retry_interval)
         self._thread: threading.Thread | None = None
 
     @property
@@ -282,13 +227,7 @@ class DirectoryWatcher:
         if self._thread is not None:
             raise RuntimeError("watcher already started")
         self._stopping = False
-        try:
-            observer = Observer()
-            observer.start()
-        except OSError as exc:  # out of inotify instances, say: still serve, and look on a timer
-            self._watch_error = exc.strerror or str(exc)
-        else:
-            self._observer, self._watch_error = observer, None
+        self._watches.open(Observer)
         result = self.reload_now()  # arms the watches before reading, so no edit falls in between
         self._thread = threading.Thread(target=self._run, name="meshctl-config-watcher", daemon=True)
         self._thread.start()
@@ -302,13 +241,7 @@ class DirectoryWatcher:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer.join()
-            self._observer = None
-        self._watches.clear()
-        self._aliases = {}
-        self._watch_error = None
+        self._watches.close()
 
     def __enter__(self) -> DirectoryWatcher:
         self.start()
@@ -343,16 +276,27 @@ class DirectoryWatcher:
     # -- events and scheduling --
 
     def _on_event(self, event: ev.FileSystemEvent) -> None:
-        paths = [self._as_given(os.fsdecode(event.src_path))]
+        paths = [self._watches.as_given(os.fsdecode(event.src_path))]
         if event.dest_path:
-            paths.append(self._as_given(os.fsdecode(event.dest_path)))
-        if not any(is_relevant(p, self._roots, is_directory=event.is_directory) for p in paths):
+            paths.append(self._watches.as_given(os.fsdecode(event.dest_path)))
+        relevant = [p for p in paths if is_relevant(p, self._roots, is_directory=event.is_directory)]
+        if not relevant:
             return
         now = time.monotonic()
         with self._cond:
             self._stale_roots.update(p for p in paths if p in self._roots)
+            doubt = any(is_doubt(p, self._roots, is_directory=event.is_directory) for p in relevant)
+            self._doubt = self._doubt or doubt
+            self._dirty.update(relevant)
             self._note_writer(event, paths)
             self._burst.note(now)
+            self._cond.notify_all()
+
+    def _on_lost_events(self) -> None:
+        """Events were lost: a full pass, as soon as the debounce allows."""
+        with self._cond:
+            self._doubt = True
+            self._burst.note(time.monotonic())
             self._cond.notify_all()
 
     def _note_writer(self, event: ev.FileSystemEvent, paths: list[str]) -> None:
@@ -369,11 +313,6 @@ class DirectoryWatcher:
         with self._cond:
             return path in self._open_writes
 
-    def _as_given(self, path: str) -> str:
-        aliases = self._aliases
-        real = max((r for r in aliases if is_under(path, r)), key=len, default=None)
-        return path if real is None else aliases[real] + path[len(real) :]
-
     def _next_due(self) -> float | None:
         burst = self._burst.due()
         due: list[float] = [burst] if burst is not None else []
@@ -381,7 +320,14 @@ class DirectoryWatcher:
             due.append(self._last_reload + self._options.retry_interval)
         if self._retry_at is not None:
             due.append(self._retry_at)
+        if (resync := self._resync_at()) is not None:
+            due.append(resync)
         return min(due, default=None)
+
+    def _resync_at(self) -> float | None:
+        """When the next periodic full pass is due (under `_cond`)."""
+        period = self._options.resync_period
+        return None if period <= 0 or self._last_full is None else self._last_full + period
 
     def _run(self) -> None:
         while True:
@@ -406,35 +352,134 @@ class DirectoryWatcher:
                 # Events from here on are not covered by this reload's reads: they schedule the next.
                 self._burst.take()
                 self._retry_at = None
-                self._last_reload = time.monotonic()
+                now = self._last_reload = time.monotonic()
                 stale, self._stale_roots = self._stale_roots, set()
-            scan = _Scan(self._cache, self._good, self._deferred, background)
-            degraded = self._arm(stale, scan.status)
-            # With every watch in place, file events say whether a fresh file is still open.
-            scan.evented = self._observer is not None and not degraded
-            for index, root in enumerate(self._roots):
-                problem = root_problem(root)
-                if problem is None:
-                    degraded = not self._scan_root(index, root, scan) or degraded
-                else:
-                    degraded = True
-                    scan.keep_root(index, root, problem)
-            if background and scan.writing:
-                scan.hold_fresh(self._options.max_delay)
-            merged, duplicates = merge_files(scan.good[p] for p in scan.in_path_order() if p in scan.good)
-            for finding in duplicates:
-                scan.status.setdefault(finding.file or "", []).append(finding)
-            files = [FileStatus(path, tuple(findings)) for path, findings in scan.status.items()]
-            change = self._store.replace_all(merged, files=files)
-            # Only a reload that reached the store replaces what later reloads fall back on.
-            self._cache, self._good, self._deferred = scan.cache, scan.good, scan.deferred
+                dirty, self._dirty = self._dirty, set()
+                resync = self._resync_at()
+                full = (
+                    not background
+                    or self._doubt
+                    or self._degraded
+                    or self._watches.observer is None
+                    or self._merged is None
+                    or bool(stale)
+                    or (resync is not None and now >= resync)
+                )
+                self._doubt = False
+            if not full:
+                result = self._reload_paths(dirty)
+                if result is not None:
+                    return result
             with self._cond:
-                self._degraded, self._retry_at = degraded, scan.retry_at
-                self._cond.notify_all()  # the watcher thread may be waiting for a later time
-            errors = self._log_outcome(change, files)
-            return ReloadResult(change, errors, scan.parsed, scan.reused, tuple(scan.deferred))
+                self._last_full = now
+            return self._reload_all(background, stale)
 
-    def _scan_root(self, index: int, root: str, scan: _Scan) -> bool:
+    def _reload_all(self, background: bool, stale: set[str]) -> ReloadResult:
+        """A full pass: walk every root, re-read what changed, hand the store everything."""
+        scan = Scan(self._cache, self._good, self._deferred, background)
+        degraded = self._watches.arm(stale, scan.status)
+        # With every watch in place, file events say whether a fresh file is still open.
+        scan.evented = self._watches.observer is not None and not degraded
+        scan.counts = [0] * len(self._roots)
+        for index, root in enumerate(self._roots):
+            problem = root_problem(root)
+            if problem is None:
+                degraded = not self._scan_root(index, root, scan) or degraded
+            else:
+                degraded = True
+                scan.keep_root(index, root, problem)
+        if background and scan.writing:
+            scan.hold_fresh(self._options.max_delay)
+        merged, duplicates = merge_files(scan.good[p] for p in scan.in_path_order() if p in scan.good)
+        merge = MergedFiles(merged, duplicates)
+        files = {
+            path: FileStatus(path, (*scan.status.get(path, ()), *merge.duplicates.get(path, ())))
+            for path in (*scan.status, *merge.duplicates)
+        }
+        change = self._store.replace_all(dict(merged), files=files.values())
+        # Only a reload that reached the store replaces what later reloads fall back on.
+        self._cache, self._good, self._deferred = scan.cache, scan.good, scan.deferred
+        self._order, self._own, self._merged = scan.order, scan.status, merge
+        self._dirs, self._links, self._counts = scan.dirs, scan.links, scan.counts
+        with self._cond:
+            self._degraded, self._retry_at = degraded, scan.retry_at
+            self._cond.notify_all()  # the watcher thread may be waiting for a later time
+        errors = self._log_outcome(change, files, full=True)
+        return ReloadResult(change, errors, scan.parsed, scan.reused, tuple(scan.deferred), True, len(scan.order))
+
+    def _reload_paths(self, dirty: set[str]) -> ReloadResult | None:
+        """A reload of the paths events named, the files held back as being written and the
+        linked files, laid over what the last reloads kept; None when only a full pass can tell
+        what changed (a path in a directory the last walk did not list, a link to a directory,
+        a root about to be left without files)."""
+        merged = self._merged
+        if merged is None:
+            return None
+        scan = Scan(self._cache, self._good, self._deferred, True)
+        scan.evented = True
+        counts = list(self._counts)
+        looked = sorted(dirty | self._deferred.keys() | self._links)
+        for path in looked:
+            index = self._dirs.get(os.path.dirname(path))
+            if index is None:
+                return None
+            try:
+                mode: int | None = os.lstat(path).st_mode
+            except (FileNotFoundError, NotADirectoryError):
+                if path in self._order:
+                    scan.gone[path] = self._order[path]
+                    counts = self._count(counts, path, -1)
+                continue
+            except OSError:
+                mode = None  # there but not to be looked at: loading it says why
+            if mode is not None and (stat.S_ISDIR(mode) or (stat.S_ISLNK(mode) and os.path.isdir(path))):
+                return None
+            if mode is not None and stat.S_ISLNK(mode):
+                scan.links.add(path)
+            if path not in self._order:
+                counts = self._count(counts, path, 1)
+            scan.order[path] = (index, walk_key(self._roots[index], path))
+            self._read(path, scan)
+        if any(after == 0 < before for before, after in zip(self._counts, counts, strict=True)):
+            return None
+        if scan.writing:
+            scan.hold_fresh(self._options.max_delay)
+        before = {p: self._good[p].configs for p in looked if p in self._good and scan.good.get(p) is not self._good[p]}
+        after = {p: scan.good[p].configs for p in looked if p in scan.good and scan.good[p] is not self._good.get(p)}
+        order = self._order
+        plan = merged.plan(before, after, self._configs_of, lambda p: scan.order[p] if p in scan.order else order[p])
+        files: dict[str, FileStatus | None] = {}
+        for path in {*looked, *plan.duplicates}:
+            own = scan.status.get(path) if path in looked else self._own.get(path)
+            dups = plan.duplicates[path] if path in plan.duplicates else merged.duplicates.get(path, [])
+            files[path] = FileStatus(path, (*(own or ()), *dups)) if own is not None or dups else None
+        change = self._store.update(plan.configs, files=files)
+        merged.adopt(plan)
+        for path in looked:
+            _lay_over(self._cache, scan.cache, path)
+            _lay_over(self._good, scan.good, path)
+            _lay_over(self._order, scan.order, path)
+            _lay_over(self._own, scan.status, path)
+            if path in scan.links:
+                self._links.add(path)
+            else:
+                self._links.discard(path)
+        self._deferred, self._counts = scan.deferred, counts
+        with self._cond:
+            self._retry_at = scan.retry_at
+            self._cond.notify_all()
+        errors = self._log_outcome(change, files, full=False)
+        return ReloadResult(change, errors, scan.parsed, scan.reused, tuple(scan.deferred), False, len(looked))
+
+    def _configs_of(self, path: str) -> Sequence[Config]:
+        good = self._good.get(path)
+        return good.configs if good is not None else ()
+
+    def _count(self, counts: list[int], path: str, delta: int) -> list[int]:
+        """How many files each root holds once `path` comes (1) or goes (-1)."""
+        return [n + delta if is_under(path, root) else n for n, root in zip(counts, self._roots, strict=True)]
+
+    def _scan_root(self, index: int, root: str, scan: Scan) -> bool:
         """Read every file under `root` into `scan`; False when the root was kept as it was."""
         walk = walk_yaml([root])
         paths = list(walk.paths)
@@ -459,24 +504,32 @@ class DirectoryWatcher:
             for p in scan.previous_good
             if is_under(p, root) and p not in found and not any(is_under(p, s) for s in skipped) and exists(p)
         ]
+        scan.counts[index] = len(paths)
+        scan.links.update(walk.links)
+        for directory in walk.directories:
+            scan.dirs.setdefault(directory, index)
         for path in paths:
             if path in scan.order:
                 continue  # already read under an earlier root that contains this one
             scan.order[path] = (index, walk_key(root, path))
-            result = self._load(path, scan)
-            if result is None:  # still being written: as the previous reload had it
-                scan.keep_file(path)
-                continue
-            scan.status[path] = list(result.findings)
-            good = result if result.ok else scan.previous_good.get(path)
-            if good is not None:
-                scan.good[path] = good
+            self._read(path, scan)
         for path in scan.previous_cache:
             if is_under(path, root) and path not in scan.order:
                 scan.gone[path] = (index, walk_key(root, path))
         return True
 
-    def _load(self, path: str, scan: _Scan) -> FileResult | None:
+    def _read(self, path: str, scan: Scan) -> None:
+        """Load `path` (placed in `scan.order` already) into `scan`, or keep what it had."""
+        result = self._load(path, scan)
+        if result is None:  # still being written: as the previous reload had it
+            scan.keep_file(path)
+            return
+        scan.status[path] = list(result.findings)
+        good = result if result.ok else scan.previous_good.get(path)
+        if good is not None:
+            scan.good[path] = good
+
+    def _load(self, path: str, scan: Scan) -> FileResult | None:
         """The file's result, or None when it is still being written (see `_hold`).
 
         Reuse the previous result when the file's stat signature is unchanged; re-parsing a
@@ -495,9 +548,9 @@ class DirectoryWatcher:
         try:
             read = read_config_file(path, self._options.load.max_file_bytes)
         except ConfigError as exc:  # not a regular file, or too big: the same until it changes
-            return scan.parse(path, _Cached(now_signature, unreadable(path, exc)))
+            return scan.parse(path, Cached(now_signature, unreadable(path, exc)))
         except OSError as exc:  # may pass (a permission fixed): tried again on every reload
-            return scan.parse(path, _Cached(None, unreadable(path, exc)))
+            return scan.parse(path, Cached(None, unreadable(path, exc)))
         digest = hashlib.blake2b(read.data, digest_size=16).digest()
         racy = max(read.after[3], read.after[4]) >= now - _RACY_NS
         if cached is not None and cached.signature == read.after and cached.racy_digest == digest:
@@ -510,99 +563,44 @@ class DirectoryWatcher:
         # A failure of a file that changed again meanwhile is likely a half-written one's.
         if not result.ok and stat_signature(path) != read.after and self._hold(path, read, scan, now, moved=True):
             return None
-        return scan.parse(path, _Cached(read.after, result, digest if racy else None))
+        return scan.parse(path, Cached(read.after, result, digest if racy else None))
 
-    def _hold(self, path: str, read: FileBytes, scan: _Scan, now_ns: int, *, moved: bool = False) -> bool:
-        """Whether `path` is still being written, so that it keeps this round what the previous
-        reload had from it, and a reload is due later even if no event comes (the rule is in the
-        module doc). Never for longer than `max_delay`: a writer that never stops still counts.
-        `moved`: the file did not load and has changed since it was read."""
-        debounce, max_delay = self._options.debounce, self._options.max_delay
-        settle = max(debounce, self._options.settle)
-        since = scan.previous_deferred.get(path, scan.started)
-        if scan.started - since >= max_delay:
-            return False
-        changed_ns = max(read.after[3], read.after[4])
-        age = (now_ns - changed_ns) / 1e9
-        # Looked at again once it has been quiet for `settle` (its times only move forward).
-        retry_at = scan.started + max(settle - max(age, 0.0), _MIN_RETRY)
-        fresh, writing = abs(age) < settle, True
-        if read.changing or moved:
-            reason = "it changed while it was read" if read.changing else "it does not load and changed meanwhile"
-        elif fresh and scan.background and (not scan.evented or self._open_for_writing(path)):
-            reason = f"it changed less than {settle:g}s ago and is still open for writing"
-        elif scan.background and not read.data and (last := scan.previous_good.get(path)) and last.configs:
-            # Not a save in progress that other files wait for: it may stay empty on purpose.
-            reason, retry_at, writing = "it is empty (truncated by a writer not done yet?)", since + max_delay, False
-        else:
-            return False
-        scan.writing = scan.writing or writing
-        if path not in scan.previous_deferred:
-            wait = retry_at - scan.started
-            # Waiting for a file to settle is what every save goes through: said at debug only.
-            level = logging.DEBUG if reason.startswith("it changed less") else logging.INFO
-            logger.log(level, "%s: %s; keeping what it gave before, looking again in %.2gs", path, reason, wait)
-        scan.defer(path, since, retry_at)
-        return True
+    def _hold(self, path: str, read: FileBytes, scan: Scan, now_ns: int, *, moved: bool = False) -> bool:
+        """`Scan.hold` with this watcher's timing and what its file events say of writers."""
+        settle = max(self._options.debounce, self._options.settle)
+        max_delay, writing = self._options.max_delay, self._open_for_writing
+        return scan.hold(path, read, now_ns, settle=settle, max_delay=max_delay, open_for_writing=writing, moved=moved)
 
-    def _arm(self, stale: set[str], status: dict[str, list[Finding]]) -> bool:
-        """Make the watches match the tree: each directory root recursively, and each root's
-        parent (to see the root itself deleted, recreated or re-pointed). Returns True when some
-        watch could not be set up, so the tree must be looked at on a timer instead."""
-        observer = self._observer
-        if observer is None:
-            for root in self._roots if self._watch_error is not None else ():
-                status.setdefault(root, []).append(self._watch_failure(root, self._watch_error))
-            return self._watch_error is not None
-        desired: dict[tuple[str, bool], tuple[int, int, str]] = {}
-        for root in self._roots:
-            if (identity := dir_identity(root)) is not None:
-                desired[(root, True)] = identity
-            parent = os.path.dirname(root)
-            if parent != root and (identity := dir_identity(parent)) is not None:
-                desired.setdefault((parent, False), identity)
-        for key, (identity, watch) in list(self._watches.items()):
-            if desired.get(key) != identity or (key[1] and key[0] in stale):
-                del self._watches[key]
-                try:
-                    observer.unschedule(watch)
-                except (KeyError, OSError):
-                    logger.debug("watch on %s was already gone", key[0])
-        failed = False
-        for key, identity in desired.items():
-            if key in self._watches:
-                continue
-            try:
-                # The real path, not following links below it: watchdog would watch a directory
-                # twice when a link inside the tree points into it (a ConfigMap's ..data does).
-                watch = observer.schedule(self._sink, identity[2], recursive=key[1], event_filter=_EVENT_FILTER)
-            except OSError as exc:
-                failed = True
-                hint = " (raise fs.inotify.max_user_watches)" if exc.errno == 28 else ""
-                status.setdefault(key[0], []).append(self._watch_failure(key[0], f"{exc.strerror or exc}{hint}"))
-                continue
-            self._watches[key] = (identity, watch)
-        self._aliases = {identity[2]: key[0] for key, (identity, _) in self._watches.items()}
-        return failed
-
-    def _watch_failure(self, path: str, reason: str | None) -> Finding:
-        interval = self._options.retry_interval
-        return Finding(Severity.ERROR, f"cannot watch for changes: {reason}; looking every {interval:g}s instead", path)
-
-    def _log_outcome(self, change: ConfigChange | None, files: Sequence[FileStatus]) -> tuple[Finding, ...]:
+    def _log_outcome(
+        self, change: ConfigChange | None, files: Mapping[str, FileStatus | None], *, full: bool
+    ) -> tuple[Finding, ...]:
         """Log each problem once, when it appears, and say when a path's errors are gone; a
-        reload that finds the same broken file again stays quiet."""
-        findings = [f for s in files for f in s.findings]
-        for finding in findings:
-            if str(finding) not in self._reported:
-                logger.log(logging.ERROR if finding.severity is Severity.ERROR else logging.WARNING, "%s", finding)
-        failing = {s.path for s in files if not s.ok}
-        for path in sorted(self._failing - failing):
+        reload that finds the same broken file again stays quiet. `files` are the statuses the
+        reload set (None: dropped); after a full pass, every path not in it is dropped too.
+        Returns every error still standing."""
+        changed: dict[str, FileStatus | None] = dict(files)
+        if full:
+            changed.update((path, None) for path in self._reported.keys() - files.keys())
+        for path, status in changed.items():
+            findings = status.findings if status is not None else ()
+            said = self._reported.get(path, frozenset())
+            for finding in findings:
+                if str(finding) not in said:
+                    logger.log(logging.ERROR if finding.severity is Severity.ERROR else logging.WARNING, "%s", finding)
+            if findings:
+                self._reported[path] = frozenset(str(f) for f in findings)
+            else:
+                self._reported.pop(path, None)
+        now_ok = sorted(p for p, s in changed.items() if p in self._failing and (s is None or s.ok))
+        for path in now_ok:
             logger.info("%s: no errors any more", path)
-        self._reported, self._failing = {str(f) for f in findings}, failing
+        self._failing.difference_update(now_ok)
+        self._failing.update(p for p, s in changed.items() if s is not None and not s.ok)
         if change is not None:
             counts = [sum(e.kind is kind for e in change.events) for kind in EventKind]
             message = "config revision %d from %s: %d created, %d updated, %d deleted"
             logger.info(message, change.revision, ", ".join(self._roots), *counts)
-        return tuple(f for f in findings if f.severity is Severity.ERROR)
-
+        if full:
+            return tuple(f for s in files.values() if s is not None for f in s.findings if f.severity is Severity.ERROR)
+        standing = self._store.file_status()
+        return tuple(f for p in sorted(self._failing) if p in standing for f in standing[p].errors)

@@ -109,7 +109,7 @@ class Server:
         self.followed: FollowedFiles | FollowedKV = (
             FollowedKV(settings.config_kv, load)
             if settings.config_kv is not None
-            else FollowedFiles(settings.config_dirs, WatchOptions(load=load))
+            else FollowedFiles(settings.config_dirs, WatchOptions(load=load, resync_period=settings.resync_period))
         )
         self.store, self.watcher, self.files = self.followed.store, self.followed.watcher, self.followed.registry
         self.consul = ConsulRegistry(settings.consul) if settings.consul is not None else None

@@ -69,6 +69,8 @@ class ServeSettings:
     config_kv: KvLocation | None = None
     default_namespace: str = "default"
     debounce: DebounceSettings = field(default_factory=DebounceSettings)
+    #: Seconds between full passes over `config_dirs` (0: never), which catch what no file event told.
+    resync_period: float = 300.0
     mesh: MeshSettings = field(default_factory=MeshSettings)
     #: How long a stopping server lets streams finish before closing them.
     drain_seconds: float = 5.0
