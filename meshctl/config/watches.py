@@ -44,7 +44,8 @@ class _LostEvents(logging.Handler):
         self._on_lost = on_lost
 
     def emit(self, record: logging.LogRecord) -> None:
-        self._on_lost()
+        if record.levelno == logging.WARNING:  # its errors are about its own threads stopping
+            self._on_lost()
 
 
 class Watches:
