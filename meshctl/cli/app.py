@@ -69,6 +69,7 @@ _VALUE_NAMES = {
     "--namespace": "NAMESPACE",
     "--debounce": "SECONDS",
     "--debounce-max": "SECONDS",
+    "--resync-period": "SECONDS",
     "--tls-cert": "PATH",
     "--tls-key": "PATH",
     "--client-ca": "PATH",
