@@ -15,6 +15,7 @@ import pytest
 from meshctl.config.model import ConfigKey
 from meshctl.config.store import ConfigStore
 from meshctl.config.watcher import DirectoryWatcher, WatchOptions
+from meshctl.testing.serve_process import ServeProcess
 
 DEADLINE = 20.0
 
@@ -145,3 +146,21 @@ def test_a_file_deleted_and_one_created_by_events_alone(tmp_path: Path, monkeypa
         assert watcher.reload_now().change is None  # a full pass finds nothing more to do
     assert dict(store.configs) == by_events
     assert sorted(store.configs) == [vs_key(n) for n in "bcde"]
+
+
+@pytest.mark.slow
+def test_serve_resync_period_repairs_what_no_event_told_of(tmp_path: Path) -> None:
+    """`meshctl serve --resync-period`: the same repair in the server, as its admin page shows."""
+    root, outside = tmp_path / "mesh", tmp_path / "elsewhere"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "reviews.yaml").write_text(vs("reviews"))
+    (root / "reviews.yaml").symlink_to(outside / "reviews.yaml")
+    with ServeProcess([root], extra_args=["--resync-period", "0.5"]) as server:
+
+        def names() -> set[str]:
+            return {r["name"] for r in server.admin_json("/debug/configz")["resources"]}
+
+        assert names() == {"reviews"}
+        (outside / "reviews.yaml").write_text(vs("reviews-v2"))
+        wait_for(lambda: names() == {"reviews-v2"}, "the server's periodic pass to read the linked file again")
