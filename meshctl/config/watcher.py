@@ -417,7 +417,6 @@ class DirectoryWatcher:
             return None
         scan = Scan(self._cache, self._good, self._deferred, True)
         scan.evented = True
-        counts = list(self._counts)
         looked = sorted(dirty | self._deferred.keys() | self._links)
         for path in looked:
             index = self._dirs.get(os.path.dirname(path))
@@ -428,7 +427,6 @@ class DirectoryWatcher:
             except (FileNotFoundError, NotADirectoryError):
                 if path in self._order:
                     scan.gone[path] = self._order[path]
-                    counts = self._count(counts, path, -1)
                 continue
             except OSError:
                 mode = None  # there but not to be looked at: loading it says why
@@ -436,14 +434,16 @@ class DirectoryWatcher:
                 return None
             if mode is not None and stat.S_ISLNK(mode):
                 scan.links.add(path)
-            if path not in self._order:
-                counts = self._count(counts, path, 1)
             scan.order[path] = (index, walk_key(self._roots[index], path))
             self._read(path, scan)
-        if any(after == 0 < before for before, after in zip(self._counts, counts, strict=True)):
-            return None
         if scan.writing:
             scan.hold_fresh(self._options.max_delay)
+        counts = list(self._counts)
+        for path in looked:
+            if (path in scan.order) != (path in self._order):
+                counts = self._count(counts, path, 1 if path in scan.order else -1)
+        if any(after == 0 < before for before, after in zip(self._counts, counts, strict=True)):
+            return None
         before = {p: self._good[p].configs for p in looked if p in self._good and scan.good.get(p) is not self._good[p]}
         after = {p: scan.good[p].configs for p in looked if p in scan.good and scan.good[p] is not self._good.get(p)}
         order = self._order
