@@ -40,13 +40,12 @@ def position(path: str) -> Position:
     return (0, ((0, path.rsplit("/", 1)[1]),))
 
 
-edits = st.lists(
-    st.tuples(st.sampled_from(FILES), st.lists(st.sampled_from(NAMES), max_size=3, unique=True)), min_size=1, max_size=12
-)
+names = st.lists(st.sampled_from(NAMES), max_size=3, unique=True)
+edits = st.lists(st.tuples(st.sampled_from(FILES), names), min_size=1, max_size=12)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.sampled_from(NAMES), max_size=3, unique=True), edits)
+@given(names, edits)
 def test_the_kept_merge_is_the_whole_merge_after_any_edits(
     first: list[str], steps: list[tuple[str, list[str]]]
 ) -> None:
