@@ -123,3 +123,18 @@ def test_failover_benchmark_moves_every_proxy_to_the_survivor() -> None:
         # Replicas agree and a moved proxy says what it holds: it is sent nothing (docs/replicas.md).
         assert run["moved_received"] == {} and run["others_received"] == {}
     assert "| mode |" in proc.stdout
+
+
+def test_watch_cost_benchmark_times_one_file_edits() -> None:
+    command = [sys.executable, str(RUN.parent / "watch_cost.py"), "--files", "30,60", "--changes", "2"]
+    proc, result = run_benchmark(command, timeout=120)
+    assert [r["files"] for r in result["rows"]] == [30, 60]
+    assert all(r["change_cpu_ms_median"] > 0 for r in result["rows"])
+    assert "| files |" in proc.stdout
+
+
+def test_serve_start_benchmark_reads_a_ready_server() -> None:
+    command = [sys.executable, str(RUN.parent / "serve_start.py"), "--services", "10", "--runs", "1"]
+    _, result = run_benchmark(command, timeout=180)
+    (run,) = result["runs"]
+    assert result["services"] == 10 and run["ready_s"] > 0 and run["rss_mb"] > 0
