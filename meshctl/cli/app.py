@@ -20,12 +20,13 @@ from collections.abc import Callable, Iterable
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 from typer.models import OptionInfo
 
 from meshctl import __version__
 from meshctl.cli import bootstrap as bootstrap_cmd
 from meshctl.cli import ca as ca_cmd
+from meshctl.cli import coercion
 from meshctl.cli import delivery as delivery_cmd
 from meshctl.cli import diff as diff_cmd
 from meshctl.cli import dump as dump_cmd
@@ -45,7 +46,17 @@ except ImportError:  # an older typer, on click itself
     from click.core import Context  # type: ignore[assignment,no-redef,import-not-found,unused-ignore]
     from click.exceptions import NoSuchOption  # type: ignore[no-redef,import-not-found,unused-ignore]
 
+class _Group(TyperGroup):
+    """typer's group, its own options (--version, the completion ones) converted without pydantic."""
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        for param in self.get_params(ctx):
+            coercion.install(param)  # plain values without pydantic (`meshctl.cli.coercion`)
+        return super().parse_args(ctx, args)
+
+
 app = typer.Typer(
+    cls=_Group,
     name="meshctl",
     help="Istio's traffic API for Envoy on VMs and bare metal: Istio YAML in, xDS out.",
     no_args_is_help=True,
@@ -138,6 +149,8 @@ class _Command(TyperCommand):
     pydantic's "Value error," in front."""
 
     def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        for param in self.get_params(ctx):  # the help option too, made on demand
+            coercion.install(param)  # plain values without pydantic (`meshctl.cli.coercion`)
         try:
             return super().parse_args(ctx, args)
         except NoSuchOption as exc:
