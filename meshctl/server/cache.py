@@ -58,7 +58,6 @@ from meshctl.snapshot.scope import ProxyScope, rule_digest
 from meshctl.xds import types
 from meshctl.xds.eds_locality import LocalityView, build_variant, eds_localities
 from meshctl.xds.endpoints import AssignmentView, assignment_view, build_assignment, subset_labels
-from meshctl.xds.envoyfilter import apply_envoy_filters
 from meshctl.xds.generate import (
     ASSIGNMENT_KINDS,
     BOUND_KINDS,
@@ -66,6 +65,7 @@ from meshctl.xds.generate import (
     PATCH_KINDS,
     TRACED_KINDS,
     GenerationMemos,
+    finish_config,
     generate_inbound,
     generate_outbound_clusters,
     generate_outbound_listeners_and_routes,
@@ -389,7 +389,7 @@ class ResourceCache:
             outbound.eds_names if not inbound.eds_names else tuple(sorted({*outbound.eds_names, *inbound.eds_names}))
         )
         result = _Config(MappingProxyType(by_type), eds_names)
-        if proxy.envoy_filters:
+        if proxy.envoy_filters or proxy.wasm_plugins:
             result = self._patched(result, proxy)
         with self._lock:
             self._config.put(snapshot.config_version, key, result)
@@ -403,7 +403,7 @@ class ResourceCache:
 
         def patch(_key: object) -> tuple[tuple[ResourceSet, ...], _Config]:
             decoded = {t: tuple(decode_resource(r, t) for r in config.by_type[t].ordered) for t in _CONFIG_TYPES}
-            return sets, self._generated(apply_envoy_filters(decoded, proxy), count=False)
+            return sets, self._generated(finish_config(decoded, proxy), count=False)
 
         return self._patches.get((tuple(id(s) for s in sets), proxy.patch_key()), patch)[1]
 

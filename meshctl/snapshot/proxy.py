@@ -48,6 +48,7 @@ from meshctl.snapshot.envoy_filters import filters_key, select_envoy_filters
 from meshctl.snapshot.interception import DNS_METADATA_KEYS, InterceptionMode, dns_settings
 from meshctl.snapshot.model import Snapshot, spec
 from meshctl.snapshot.telemetry import NO_ACCESS_LOGS, AccessLogs, LogPlan, access_logs
+from meshctl.snapshot.wasm_plugins import plugins_key, select_wasm_plugins
 
 #: Istio's node ids are a few hundred characters at most (a Kubernetes name, a namespace, an IP
 #: and a domain); a longer one is not a proxy's.
@@ -240,6 +241,8 @@ class Proxy:
     envoy_filters: tuple[Config, ...] = ()
     #: The access logs the Telemetries that select it add up to (`snapshot/telemetry.py`).
     access_logs: AccessLogs = NO_ACCESS_LOGS
+    #: The WasmPlugins that apply to it, in run order (`select_wasm_plugins`).
+    wasm_plugins: tuple[Config, ...] = ()
 
     @property
     def id(self) -> str:
@@ -306,12 +309,14 @@ class Proxy:
     def patch_key(self) -> tuple[object, ...]:
         """Everything EnvoyFilter patching reads of the proxy, besides its generated config: the
         filters that select it, what their proxy matches test (its version, its metadata), its
-        type (the patch context) and the services of its inbound clusters (cluster matches)."""
-        if not self.envoy_filters:
+        type (the patch context) and the services of its inbound clusters (cluster matches).
+        The WasmPlugins that select it are added at the same stage, before the patches."""
+        if not self.envoy_filters and not self.wasm_plugins:
             return ()
         metadata = tuple(sorted(map(str, self.node.metadata.items())))
         served = tuple(sorted({(i.service.hostname, p) for i in self.instances for p in i.endpoint.ports.values()}))
-        return (filters_key(self.envoy_filters), self.node.proxy_version, metadata, self.node.type, served)
+        patches = (filters_key(self.envoy_filters), self.node.proxy_version, metadata, self.node.type, served)
+        return (*patches, plugins_key(self.wasm_plugins)) if self.wasm_plugins else patches
 
     @property
     def family(self) -> str:
@@ -365,6 +370,9 @@ def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
     outbound = outbound_proxy(proxy, snapshot)
     filters = select_envoy_filters(snapshot, node.namespace, proxy.labels)
     logs = access_logs(snapshot, node.namespace, proxy.labels)
+    router = node.type is ProxyType.ROUTER
+    services = [i.service for i in instances]
+    plugins = select_wasm_plugins(snapshot, node.namespace, proxy.labels, router=router, services=services)
     return Proxy(
         node,
         proxy.labels,
@@ -376,6 +384,7 @@ def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
         account,
         filters,
         logs,
+        plugins,
     )
 
 

@@ -44,6 +44,7 @@ from meshctl.xds.memo import GenerationMemo
 from meshctl.xds.names import eds_cluster_names
 from meshctl.xds.route_memo import RouteMemo
 from meshctl.xds.routes import build_routes
+from meshctl.xds.wasm import apply_wasm_plugins
 
 Generated = Mapping[str, tuple[Message, ...]]
 
@@ -68,14 +69,21 @@ TRACED_KINDS: frozenset[str] = frozenset({"DestinationRule"})
 PATCH_KINDS: frozenset[str] = frozenset({"EnvoyFilter"})
 #: Kinds no part reads from the snapshot: Telemetry is resolved when a proxy is bound, into its
 #: keys (`OutboundProxy.client_logs`, `Proxy.access_logs`), so a Telemetry change regenerates
-#: only the parts of the proxies whose access logs it changes.
-BOUND_KINDS: frozenset[str] = frozenset({"Telemetry"})
+#: only the parts of the proxies whose access logs it changes. WasmPlugins too: resolved into
+#: `Proxy.wasm_plugins` and added with the patches (`finish_config`).
+BOUND_KINDS: frozenset[str] = frozenset({"Telemetry", "WasmPlugin"})
 
 
 def generate_config(snapshot: Snapshot, proxy: Proxy) -> Generated:
     """Clusters, listeners and routes for `proxy` (everything but endpoints), by type URL."""
     scope = ProxyScope(snapshot, proxy)
-    return apply_envoy_filters(merge_config(_outbound(scope), generate_inbound(inbound_view(scope))), proxy)
+    return finish_config(merge_config(_outbound(scope), generate_inbound(inbound_view(scope))), proxy)
+
+
+def finish_config(config: Generated, proxy: Proxy) -> Generated:
+    """The last stage of generation, on a proxy's joined config: its WasmPlugins' filters, then
+    its EnvoyFilters' patches (which see the plugins, as in Istio). Keyed by `Proxy.patch_key`."""
+    return apply_envoy_filters(apply_wasm_plugins(config, proxy), proxy)
 
 
 class GenerationMemos:

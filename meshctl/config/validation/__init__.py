@@ -43,6 +43,7 @@ def _validators() -> dict[str, Validator]:
     from meshctl.config.validation.sidecar import validate as sidecar
     from meshctl.config.validation.telemetry import validate as telemetry
     from meshctl.config.validation.virtual_service import validate as virtual_service
+    from meshctl.config.validation.wasm_plugin import validate as wasm_plugin
     from meshctl.config.validation.workload_entry import validate as workload_entry
     from meshctl.config.validation.workload_group import validate as workload_group
 
@@ -59,6 +60,7 @@ def _validators() -> dict[str, Validator]:
         "AuthorizationPolicy": authorization_policy,
         "RequestAuthentication": request_authentication,
         "Telemetry": telemetry,
+        "WasmPlugin": wasm_plugin,
     }
 
 
