@@ -58,7 +58,6 @@ def test_every_kind_of_istios_api_is_served_or_refused_with_a_reason() -> None:
     ("api_version", "kind", "reason"),
     [
         ("networking.istio.io/v1beta1", "ProxyConfig", "meshctl bootstrap --config"),
-        ("extensions.istio.io/v1alpha1", "WasmPlugin", "file:// modules are not generated yet"),
     ],
 )
 def test_a_server_refuses_an_unserved_istio_kind_with_a_warning_and_serves_the_rest(
@@ -73,11 +72,12 @@ def test_a_server_refuses_an_unserved_istio_kind_with_a_warning_and_serves_the_r
 
 
 def test_validate_fails_on_an_unserved_istio_kind_naming_file_line_and_reason(tmp_path: Path) -> None:
-    (tmp_path / "auth.yaml").write_text(VS + "---\n" + WASM)
+    proxy_config = "apiVersion: networking.istio.io/v1beta1\nkind: ProxyConfig\nmetadata: {name: p}\nspec: {}\n"
+    (tmp_path / "auth.yaml").write_text(VS + "---\n" + proxy_config)
     result = runner.invoke(app, ["validate", "--known-host", "r.example.com", str(tmp_path)])
     assert result.exit_code == 1, result.output
-    line = next(x for x in result.output.splitlines() if "WasmPlugin" in x)
-    assert "auth.yaml:7" in line and "refused extensions.istio.io/v1alpha1 WasmPlugin" in line
+    line = next(x for x in result.output.splitlines() if "ProxyConfig" in x)
+    assert "auth.yaml:7" in line and "refused networking.istio.io/v1beta1 ProxyConfig" in line
 
 
 def test_gateway_api_kinds_are_skipped_as_not_served_yet(tmp_path: Path) -> None:
@@ -99,8 +99,8 @@ def test_validate_refuses_a_wasm_module_to_download_in_one_line_at_its_url(tmp_p
     assert f"url {url!r}: meshctl does not download code" in line
 
 
-def test_a_local_wasm_module_is_refused_as_not_generated_yet(tmp_path: Path) -> None:
+def test_a_local_wasm_module_is_served(tmp_path: Path) -> None:
     (tmp_path / "auth.yaml").write_text(WASM)
     result = runner.invoke(app, ["validate", str(tmp_path)])
-    assert result.exit_code == 1, result.output
-    assert "file:// modules are not generated yet" in result.output
+    assert result.exit_code == 0, result.output
+    assert "/opt/filters/auth.wasm is not on this host" in result.output
