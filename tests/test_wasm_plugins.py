@@ -286,7 +286,7 @@ def test_a_real_envoy_loads_the_generated_http_and_network_plugins(tmp_path: Pat
         timeout=120,
         check=True,
     ).stdout
-    assert "envoy.extensions.filters.http.wasm.v3.Wasm" in dump and "envoy.extensions.filters.network.wasm.v3.Wasm" in dump
+    assert "filters.http.wasm.v3.Wasm" in dump and "filters.network.wasm.v3.Wasm" in dump
     proc = subprocess.run(
         [*meshctl_command(), "validate", str(tmp_path), "--envoy", "--proxy", node],
         capture_output=True,
