@@ -76,7 +76,13 @@ def _findings(patch: str) -> list[tuple[Severity, int, str, str]]:
             "  - applyTo: BOOTSTRAP\n    patch: {operation: MERGE, value: {}}\n",
             6,
             "spec.configPatches[0].applyTo",
-            "needs a bootstrap written by the control plane's agent",
+            "written once by `meshctl bootstrap` and never served",
+        ),
+        (
+            "  - applyTo: EXTENSION_CONFIG\n    patch: {operation: MERGE, value: {}}\n",
+            6,
+            "spec.configPatches[0].applyTo",
+            "WasmPlugins are written inline in the listeners",
         ),
     ],
 )

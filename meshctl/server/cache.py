@@ -58,6 +58,7 @@ from meshctl.snapshot.scope import ProxyScope, rule_digest
 from meshctl.xds import types
 from meshctl.xds.eds_locality import LocalityView, build_variant, eds_localities
 from meshctl.xds.endpoints import AssignmentView, assignment_view, build_assignment, subset_labels
+from meshctl.xds.envoyfilter_report import UnmatchedFilters
 from meshctl.xds.generate import (
     ASSIGNMENT_KINDS,
     BOUND_KINDS,
@@ -263,6 +264,8 @@ class ResourceCache:
         #: assignments made from the shared ones (`grpc_view`)
         self._grpc_config: _Recent[OutboundProxy, _Config] = _Recent(keep_versions)
         self._grpc_assignments = GrpcAssignments()
+        #: EnvoyFilters said to match nothing, once per filter and kind of proxy
+        self._unmatched = UnmatchedFilters()
 
     def route_translations(self) -> tuple[int, int]:
         """VirtualService translations run and reused (`RouteMemo`), for the tests and benchmarks."""
@@ -403,6 +406,8 @@ class ResourceCache:
 
         def patch(_key: object) -> tuple[tuple[ResourceSet, ...], _Config]:
             decoded = {t: tuple(decode_resource(r, t) for r in config.by_type[t].ordered) for t in _CONFIG_TYPES}
+            for message in self._unmatched.new_messages(decoded, proxy) if proxy.envoy_filters else ():
+                logger.warning("%s", message)
             return sets, self._generated(finish_config(decoded, proxy), count=False)
 
         return self._patches.get((tuple(id(s) for s in sets), proxy.patch_key()), patch)[1]

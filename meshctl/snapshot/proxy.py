@@ -368,10 +368,10 @@ def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
     address_in_config = node.interception is not InterceptionMode.NONE or _any_sidecar_ingress(snapshot)
     proxy = Proxy(node, MappingProxyType(labels), workload, tuple(instances), address_in_config)
     outbound = outbound_proxy(proxy, snapshot)
-    filters = select_envoy_filters(snapshot, node.namespace, proxy.labels)
-    logs = access_logs(snapshot, node.namespace, proxy.labels)
     router = node.type is ProxyType.ROUTER
     services = [i.service for i in instances]
+    filters = select_envoy_filters(snapshot, node.namespace, proxy.labels, router=router, services=services)
+    logs = access_logs(snapshot, node.namespace, proxy.labels)
     plugins = select_wasm_plugins(snapshot, node.namespace, proxy.labels, router=router, services=services)
     return Proxy(
         node,

@@ -31,8 +31,8 @@ NETWORKING: Final = "networking.istio.io"
 
 def references(policy: Any) -> list[Any]:
     """A policy's `targetRefs`, with the older single `targetRef` first when written."""
-    refs = [policy.target_ref] if policy.HasField("target_ref") else []
-    return refs + list(policy.target_refs)
+    single = "target_ref" in policy.DESCRIPTOR.fields_by_name and policy.HasField("target_ref")
+    return ([policy.target_ref] if single else []) + list(policy.target_refs)
 
 
 def _group(ref: Any) -> str:

@@ -80,6 +80,12 @@ def generate_config(snapshot: Snapshot, proxy: Proxy) -> Generated:
     return finish_config(merge_config(_outbound(scope), generate_inbound(inbound_view(scope))), proxy)
 
 
+def unpatched_config(snapshot: Snapshot, proxy: Proxy) -> Generated:
+    """`generate_config` before its last stage (`finish_config`): what EnvoyFilters patch."""
+    scope = ProxyScope(snapshot, proxy)
+    return merge_config(_outbound(scope), generate_inbound(inbound_view(scope)))
+
+
 def finish_config(config: Generated, proxy: Proxy) -> Generated:
     """The last stage of generation, on a proxy's joined config: its WasmPlugins' filters, then
     its EnvoyFilters' patches (which see the plugins, as in Istio). Keyed by `Proxy.patch_key`."""
