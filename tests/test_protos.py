@@ -514,6 +514,28 @@ metrics:
   - match: {customMetric: my_metric}
 """
 
+WASM_PLUGIN = """
+selector: {matchLabels: {app: web}}
+url: file:///opt/wasm/stamp.wasm
+sha256: 3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855c
+imagePullPolicy: IfNotPresent
+imagePullSecret: pull
+pluginConfig: {header: x-stamp, limits: {rps: 10}, on: true}
+pluginName: stamp
+phase: AUTHZ
+priority: 10
+failStrategy: FAIL_OPEN
+vmConfig:
+  env:
+  - {name: POD_NAME, valueFrom: HOST}
+  - {name: MODE, value: strict}
+match:
+- mode: SERVER
+  ports: [{number: 8080}]
+- mode: CLIENT_AND_SERVER
+type: HTTP
+"""
+
 
 def _load(text: str) -> Any:
     return YAML(typ="safe").load(text)
@@ -545,6 +567,7 @@ SPECS = [
     ("AuthorizationPolicy", AUTHORIZATION_POLICY_TARGET_REFS),
     ("RequestAuthentication", REQUEST_AUTHENTICATION),
     ("Telemetry", TELEMETRY),
+    ("WasmPlugin", WASM_PLUGIN),
 ]
 def test_every_kind_has_a_full_spec_here() -> None:
     assert {kind for kind, _ in SPECS} == set(KINDS)
