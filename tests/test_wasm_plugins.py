@@ -296,3 +296,33 @@ def test_a_real_envoy_loads_the_generated_http_and_network_plugins(tmp_path: Pat
     )
     assert proc.returncode == 0, proc.stderr
     assert "no problems found" in proc.stderr
+
+
+def test_a_wasm_plugin_change_regenerates_only_the_proxies_it_selects() -> None:
+    from test_cache import MESH, SECOND_V1, assert_serves_what_generate_makes, node
+
+    from meshctl.server.cache import ResourceCache
+
+    reviews, reviews_b, details = (
+        node("reviews-v1-vm", "10.10.0.41"),
+        node("reviews-v1-b", "10.10.0.44"),
+        node("details-v1-vm", "10.10.0.21"),
+    )
+    wasm = "---\n" + plugin("stamp", "  selector: {matchLabels: {app: reviews}}\n", namespace="bookinfo")
+    before = snapshot_from_yaml(MESH + SECOND_V1)
+    after = snapshot_from_yaml(MESH + SECOND_V1 + wasm)
+    changed = snapshot_from_yaml(MESH + SECOND_V1 + wasm.replace("m.wasm", "n.wasm"))
+    cache = ResourceCache()
+    old = {n: cache.resources(before, proxy_for(before, n)) for n in (reviews, reviews_b, details)}
+    outbound = cache.outbound_generations
+    new = {n: cache.resources(after, proxy_for(after, n)) for n in (reviews, reviews_b, details)}
+    assert cache.outbound_generations == outbound  # no outbound part reads WasmPlugins
+    for t in (types.CLUSTER, types.LISTENER, types.ROUTE):
+        assert new[details].of(t) is old[details].of(t), t  # not selected: the same sets
+    listeners = new[reviews].of(types.LISTENER)
+    assert listeners is not old[reviews].of(types.LISTENER)
+    assert any(b"/opt/wasm/m.wasm" in r.body for r in listeners.values())
+    assert listeners is new[reviews_b].of(types.LISTENER)  # two replicas share one set
+    assert_serves_what_generate_makes(new[reviews], after, proxy_for(after, reviews), "with the plugin")
+    third = cache.resources(changed, proxy_for(changed, reviews)).of(types.LISTENER)
+    assert any(b"/opt/wasm/n.wasm" in r.body for r in third.values())
