@@ -104,10 +104,11 @@ def test_a_server_says_it_once_per_filter_and_kind_of_proxy(caplog: pytest.LogCa
     assert all("shop/nowhere" in m for m in said)
 
 
-def test_the_cache_logs_it_when_it_patches(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("mesh", [MESH, WORKLOADS + envoy_filter("nowhere", NOWHERE)], ids=["two", "one"])
+def test_the_cache_logs_it_when_it_patches(caplog: pytest.LogCaptureFixture, mesh: str) -> None:
     from meshctl.server.cache import ResourceCache
 
-    snapshot = snapshot_from_yaml(MESH)
+    snapshot = snapshot_from_yaml(mesh)
     cache = ResourceCache()
     with caplog.at_level(logging.WARNING, "meshctl.server.cache"):
         cache.resources(snapshot, proxy_for(snapshot, WEB))

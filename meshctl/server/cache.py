@@ -406,9 +406,10 @@ class ResourceCache:
 
         def patch(_key: object) -> tuple[tuple[ResourceSet, ...], _Config]:
             decoded = {t: tuple(decode_resource(r, t) for r in config.by_type[t].ordered) for t in _CONFIG_TYPES}
-            for message in self._unmatched.new_messages(decoded, proxy) if proxy.envoy_filters else ():
+            finished = finish_config(decoded, proxy)
+            for message in self._unmatched.new_messages(decoded, proxy, finished) if proxy.envoy_filters else ():
                 logger.warning("%s", message)
-            return sets, self._generated(finish_config(decoded, proxy), count=False)
+            return sets, self._generated(finished, count=False)
 
         return self._patches.get((tuple(id(s) for s in sets), proxy.patch_key()), patch)[1]
 

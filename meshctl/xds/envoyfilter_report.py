@@ -29,25 +29,38 @@ from meshctl.xds.wasm import apply_wasm_plugins
 Generated = Mapping[str, tuple[Message, ...]]
 
 
-def _wire(config: Generated) -> dict[str, list[bytes]]:
-    return {t: [m.SerializeToString(deterministic=True) for m in ms] for t, ms in config.items()}
+def _unchanged(base: Generated, patched: Generated) -> bool:
+    """Whether patching changed nothing: the patcher keeps the tuples of the types it does not
+    touch and the messages it leaves alone (but for listeners, always copied), so identity
+    answers most, and message equality the rest."""
+    for t, before in base.items():
+        after = patched[t]
+        if after is before:
+            continue
+        if len(after) != len(before) or any(a is not b and a != b for a, b in zip(after, before, strict=True)):
+            return False
+    return True
 
 
-def unmatched_envoy_filters(config: Generated, proxy: Proxy, skip: frozenset[object] = frozenset()) -> list[Config]:
+def unmatched_envoy_filters(
+    config: Generated, proxy: Proxy, skip: frozenset[object] = frozenset(), finished: Generated | None = None
+) -> list[Config]:
     """The EnvoyFilters of `proxy` that change nothing in `config`, its unpatched config (before
-    its WasmPlugins too), each applied alone; `skip` names (key, digest) pairs not to test."""
+    its WasmPlugins too), each applied alone; `skip` names (key, digest) pairs not to test.
+    `finished`, the proxy's whole patched config when the caller has it, spares patching again
+    for a proxy with one EnvoyFilter (the common case): that is the filter applied alone."""
     base = apply_wasm_plugins(config, proxy)
-    before: dict[str, list[bytes]] | None = None
     out = []
     for envoy_filter in proxy.envoy_filters:
         if (envoy_filter.key, envoy_filter.content_digest()) in skip:
             continue
         if not compile_patches((envoy_filter,), proxy.node.proxy_version, proxy.node.metadata):
             continue
-        patched = apply_envoy_filters(base, replace(proxy, envoy_filters=(envoy_filter,)))
-        if before is None:
-            before = _wire(base)
-        if _wire(patched) == before:
+        if finished is not None and len(proxy.envoy_filters) == 1:
+            patched = finished
+        else:
+            patched = apply_envoy_filters(base, replace(proxy, envoy_filters=(envoy_filter,)))
+        if _unchanged(base, patched):
             out.append(envoy_filter)
     return out
 
@@ -67,12 +80,14 @@ class UnmatchedFilters:
         self._said: set[tuple[object, str, str]] = set()
         self._lock = threading.Lock()
 
-    def new_messages(self, config: Generated, proxy: Proxy) -> list[str]:
+    def new_messages(self, config: Generated, proxy: Proxy, finished: Generated | None = None) -> list[str]:
+        """What is new to say of the proxy's EnvoyFilters, given its unpatched `config` (and its
+        `finished` config, when made: see `unmatched_envoy_filters`)."""
         kind = proxy.type.value
         with self._lock:
             skip = frozenset((k, d) for k, d, t in self._said if t == kind)
         out = []
-        for envoy_filter in unmatched_envoy_filters(config, proxy, skip):
+        for envoy_filter in unmatched_envoy_filters(config, proxy, skip, finished):
             said = (envoy_filter.key, envoy_filter.content_digest(), kind)
             with self._lock:
                 if said in self._said:
