@@ -326,3 +326,20 @@ def test_a_wasm_plugin_change_regenerates_only_the_proxies_it_selects() -> None:
     assert_serves_what_generate_makes(new[reviews], after, proxy_for(after, reviews), "with the plugin")
     third = cache.resources(changed, proxy_for(changed, reviews)).of(types.LISTENER)
     assert any(b"/opt/wasm/n.wasm" in r.body for r in third.values())
+
+
+def test_validate_names_file_line_resource_and_field_of_a_sha256_mismatch(tmp_path: Path) -> None:
+    module = tmp_path / "m.wasm"
+    module.write_bytes(header_module())
+    config = tmp_path / "config"
+    config.mkdir()
+    body = f"  sha256: {'ab' * 32}\n  selector: {{matchLabels: {{app: nowhere}}}}\n"
+    (config / "wasm.yaml").write_text(plugin("p", body, url=f"file://{module}"))
+    proc = subprocess.run(
+        [*meshctl_command(), "validate", str(config)], capture_output=True, text=True, timeout=120, check=False
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output
+    (line,) = [x for x in output.splitlines() if "spec.sha256" in x]
+    assert "wasm.yaml:6:3 WasmPlugin shop/p spec.sha256: " in line and "the plugin is not applied" in line
+    assert "IST0127" in output  # its selector selects no workload

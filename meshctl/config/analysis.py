@@ -396,8 +396,9 @@ def _mesh_host_conflicts(index: _Index) -> Iterator[AnalysisIssue]:
 
 
 def _selectors(index: _Index, root_namespace: str) -> Iterator[AnalysisIssue]:
-    """IST0127: a workload selector that selects no WorkloadEntry. The security policies' and
-    EnvoyFilters' selectors reach every namespace from the root namespace, as in Istio."""
+    """IST0127: a workload selector that selects no WorkloadEntry. The security policies',
+    EnvoyFilters' and WasmPlugins' selectors reach every namespace from the root namespace, as in
+    Istio."""
     checks: Iterable[tuple[str, FieldPath, str]] = (
         ("Sidecar", ("spec", "workloadSelector"), "workload_selector"),
         ("DestinationRule", ("spec", "workloadSelector"), "workload_selector"),
@@ -407,8 +408,9 @@ def _selectors(index: _Index, root_namespace: str) -> Iterator[AnalysisIssue]:
         ("RequestAuthentication", ("spec", "selector"), "selector"),
         ("PeerAuthentication", ("spec", "selector"), "selector"),
         ("Telemetry", ("spec", "selector"), "selector"),
+        ("WasmPlugin", ("spec", "selector"), "selector"),
     )
-    policies = {"AuthorizationPolicy", "RequestAuthentication", "PeerAuthentication", "EnvoyFilter"}
+    policies = {"AuthorizationPolicy", "RequestAuthentication", "PeerAuthentication", "EnvoyFilter", "WasmPlugin"}
     for kind, path, field in checks:
         for config in index.by_kind[kind]:
             selector = selector_labels(config.spec, field)
