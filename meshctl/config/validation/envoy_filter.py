@@ -5,9 +5,10 @@ wrong class for the applyTo (a cluster match on an HTTP_FILTER), a sub-filter ma
 `HTTP_FILTER` or not under the HTTP connection manager, a `proxyVersion` that is no regular
 expression, and a value that does not parse into the Envoy type of its applyTo: so does meshctl.
 Istio accepts operations that do nothing for their applyTo (ADD on a ROUTE_CONFIGURATION):
-meshctl accepts them too, with a warning. `EXTENSION_CONFIG` and `BOOTSTRAP` need parts of
-Istio meshctl has not (ECDS, an agent writing the bootstrap): an error, not a patch silently
-dropped. `targetRefs` are checked against what meshctl resolves (`snapshot/target_refs.py`).
+meshctl accepts them too, with a warning. `EXTENSION_CONFIG` needs ECDS, which meshctl
+does not serve: an error, not a patch silently dropped. `BOOTSTRAP` patches are applied by
+`meshctl bootstrap --config` (`meshctl/bootstrap_patches.py`), never by `serve`: a warning says
+so. `targetRefs` are checked against what meshctl resolves (`snapshot/target_refs.py`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ EFFECTIVE: dict[int, frozenset[int]] = {
     EF.VIRTUAL_HOST: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE, EF.Patch.REPLACE}),
     EF.HTTP_ROUTE: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE, *_INSERTS}),
     EF.CLUSTER: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE}),
+    EF.BOOTSTRAP: frozenset({EF.Patch.MERGE}),
 }
 
 
@@ -86,12 +88,14 @@ def _patch(report: Report, path: FieldPath, cp: Any) -> None:
         )
         return
     if apply_to == EF.BOOTSTRAP:
-        report.error(
+        if cp.HasField("match") and cp.match.WhichOneof("object_types") is not None:
+            report.error((*path, "match"), "applyTo BOOTSTRAP takes no listener, route configuration or cluster match")
+            return
+        report.warn(
             (*path, "applyTo"),
-            "applyTo BOOTSTRAP patches the bootstrap Istio's agent writes when Envoy starts; a served proxy's "
-            "bootstrap is written once by `meshctl bootstrap` and never served, so the patch could not reach it",
+            "applyTo BOOTSTRAP is applied by `meshctl bootstrap --config` when it writes the bootstrap, never by "
+            "`serve`: write the proxy's bootstrap again and restart its Envoy for the patch to take effect",
         )
-        return
     if not cp.HasField("patch"):
         report.error((*path, "patch"), "missing patch")
         return
