@@ -41,7 +41,7 @@ from google.protobuf import json_format, wrappers_pb2
 from google.protobuf.message import Message
 
 from meshctl.api.extensions.v1alpha1 import wasm_pb2 as istio_wasm_pb2
-from meshctl.config.model import Config
+from meshctl.config.model import Config, ConfigKey
 from meshctl.snapshot.model import spec
 from meshctl.snapshot.proxy import Proxy, ProxyType
 from meshctl.xds import types
@@ -52,8 +52,6 @@ W = istio_wasm_pb2
 
 #: The runtime meshctl asks for: the one upstream Envoy builds ship (see docs/wasm.md).
 V8: Final = "envoy.wasm.runtime.v8"
-HTTP_WASM: Final = "envoy.filters.http.wasm"
-NETWORK_WASM: Final = "envoy.filters.network.wasm"
 #: Filters of the authentication and authorization blocks, by chain kind.
 _AUTHN: Final = frozenset({"envoy.filters.http.jwt_authn", "istio_authn"})
 _AUTHZ: Final = frozenset({"envoy.filters.http.rbac", "envoy.filters.http.ext_authz", "envoy.filters.network.rbac"})
@@ -155,17 +153,14 @@ def _port(listener: Any, chain: Any) -> int:
     return int(listener.address.socket_address.port_value)
 
 
-def _chain(chain: Any, plugins: Sequence[Config], mode: int, port: int) -> None:
-    """Add the plugins that match (`mode`, `port`) to one filter chain, in place."""
-    wanted = [c for c in plugins if _matches(c, mode, port)]
-    if not wanted:
-        return
-    network = [(spec(c).phase, _network_filter(c)) for c in wanted if _is_network(c)]
-    http = [(spec(c).phase, _http_filter(c)) for c in wanted if not _is_network(c)]
+def _chain(chain: Any, wanted: Sequence[Config], filters: Mapping[ConfigKey, Any]) -> None:
+    """Add the `wanted` plugins' `filters` (by config key) to one filter chain, in place."""
+    network = [(spec(c).phase, filters[c.key]) for c in wanted if _is_network(c)]
+    http = [(spec(c).phase, filters[c.key]) for c in wanted if not _is_network(c)]
     if network:
-        filters = _placed(list(chain.filters), network)
+        placed = _placed(list(chain.filters), network)
         del chain.filters[:]
-        chain.filters.extend(filters)
+        chain.filters.extend(placed)
     if not http:
         return
     for f in chain.filters:
@@ -177,33 +172,45 @@ def _chain(chain: Any, plugins: Sequence[Config], mode: int, port: int) -> None:
             f.typed_config.Pack(hcm, deterministic=True)
 
 
-def _http_filter(config: Config) -> hcm_pb2.HttpFilter:
-    wasm = http_wasm_pb2.Wasm(config=plugin_config(config))
-    return hcm_pb2.HttpFilter(name=f"{config.namespace}.{config.name}", typed_config=typed(wasm))
-
-
-def _network_filter(config: Config) -> listener_components_pb2.Filter:
-    wasm = network_wasm_pb2.Wasm(config=plugin_config(config))
-    return listener_components_pb2.Filter(name=f"{config.namespace}.{config.name}", typed_config=typed(wasm))
+def _filter(config: Config) -> Message:
+    """The plugin's Envoy filter, named `NAMESPACE.NAME` as Istio names it."""
+    name = f"{config.namespace}.{config.name}"
+    out: Message
+    if _is_network(config):
+        network = network_wasm_pb2.Wasm(config=plugin_config(config))
+        out = listener_components_pb2.Filter(name=name, typed_config=typed(network))
+    else:
+        out = hcm_pb2.HttpFilter(name=name, typed_config=typed(http_wasm_pb2.Wasm(config=plugin_config(config))))
+    return out
 
 
 def apply_wasm_plugins(config: Generated, proxy: Proxy) -> Generated:
-    """`config` with the proxy's WasmPlugins in its listeners (the same object when none applies)."""
+    """`config` with the proxy's WasmPlugins in its listeners (the same object when none applies;
+    a listener no plugin matches is kept as it was, not copied)."""
     if not proxy.wasm_plugins:
         return config
+    filters = {c.key: _filter(c) for c in proxy.wasm_plugins}
     gateway = proxy.type is ProxyType.ROUTER
     listeners = []
     for original in config[types.LISTENER]:
+        source: Any = original
+        inbound = not gateway and source.traffic_direction == base_pb2.TrafficDirection.INBOUND
+        mode = _SERVER if inbound else _CLIENT
+        chains = list(source.filter_chains)
+        if source.HasField("default_filter_chain"):
+            chains.append(source.default_filter_chain)
+        wanted = [[c for c in proxy.wasm_plugins if _matches(c, mode, _port(source, ch))] for ch in chains]
+        if not any(wanted):
+            listeners.append(original)
+            continue
         listener: Any = type(original)()
         listener.CopyFrom(original)
-        inbound = not gateway and listener.traffic_direction == base_pb2.TrafficDirection.INBOUND
-        mode = _SERVER if inbound else _CLIENT
-        for chain in listener.filter_chains:
-            _chain(chain, proxy.wasm_plugins, mode, _port(listener, chain))
+        copies = list(listener.filter_chains)
         if listener.HasField("default_filter_chain"):
-            _chain(
-                listener.default_filter_chain, proxy.wasm_plugins, mode, _port(listener, listener.default_filter_chain)
-            )
+            copies.append(listener.default_filter_chain)
+        for chain, plugins in zip(copies, wanted, strict=True):
+            if plugins:
+                _chain(chain, plugins, filters)
         listeners.append(listener)
     out = dict(config)
     out[types.LISTENER] = tuple(listeners)
