@@ -65,7 +65,7 @@ class ZipkinCollector:
         collector = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 body = self._body()
                 try:
                     batch = json.loads(body)
@@ -83,7 +83,7 @@ class ZipkinCollector:
             def _body(self) -> bytes:
                 if "chunked" not in self.headers.get("Transfer-Encoding", "").lower():
                     return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                chunks = []
+                chunks: list[bytes] = []
                 while True:  # Envoy's async client sends a body of unknown length in chunks
                     size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
                     if size == 0:
@@ -92,7 +92,7 @@ class ZipkinCollector:
                     chunks.append(self.rfile.read(size))
                     self.rfile.readline()
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         self._server = ThreadingHTTPServer((self.host, self._port), Handler)
