@@ -4,6 +4,7 @@ Telemetry levels, the collectors' clusters, and what validate says of a collecto
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from meshctl.config.findings import Severity
 from meshctl.config.mesh import MeshSettings, mesh_settings
 from meshctl.snapshot.collectors import collector_problems
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
+from meshctl.testing.server import run, serving
 from meshctl.xds import types
 from meshctl.xds.generate import generate
 
@@ -488,3 +490,17 @@ def test_a_telemetry_change_rekeys_only_the_proxies_whose_tracing_it_changes() -
     assert proxy_for(base, a).outbound != proxy_for(changed, a).outbound
     assert proxy_for(base, b, meta_b).generation_key() == proxy_for(changed, b, meta_b).generation_key()
     assert proxy_for(base, b, meta_b).outbound == proxy_for(changed, b, meta_b).outbound
+
+
+def test_serve_warns_of_a_collector_the_registry_lacks(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "all.yaml").write_text(MESH_YAML.strip().removesuffix("---"))
+    mesh = settings({"name": "zipkin", "zipkin": {"service": "zipkin.obs.mesh", "port": 9411}})
+
+    async def body() -> None:
+        async with serving(tmp_path, mesh=mesh):
+            pass
+
+    with caplog.at_level(logging.WARNING, logger="meshctl.server.discovery"):
+        run(body)
+    warned = [r.getMessage() for r in caplog.records if "extensionProviders[0].zipkin.service" in r.getMessage()]
+    assert len(warned) == 1 and "'zipkin.obs.mesh' is not in the registry" in warned[0], caplog.text
