@@ -189,7 +189,10 @@ class OutboundProxy:
     - its workload's locality only where the mesh has DNS clusters (their inline endpoints get
       locality priorities);
     - the ports its app listens on (`app_ports`), where it binds no outbound listener;
-    - its DNS listener's port (0: none) and whether it forwards names outside the mesh.
+    - its DNS listener's port (0: none) and whether it forwards names outside the mesh;
+    - the access logs and tracing Telemetry gives its outbound listeners, resolved, and the
+      collectors its logs and tracing send to. Tracing carries Istio's per-workload tags (the
+      canonical service), so with tracing on, proxies of different services part ways.
     """
 
     type: ProxyType

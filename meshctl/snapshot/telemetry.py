@@ -15,7 +15,10 @@ providers in scope are those the last level naming any for that side names (Mesh
 (`filter.expression`, the last one given for it) as the levels say in order. The result is a
 `LogPlan` and is part of the proxy's keys (`OutboundProxy.client_logs`, `Proxy.access_logs`), so a
 Telemetry change regenerates only the proxies whose plan it changes. An empty plan means "no
-Telemetry says anything here": MeshConfig's own `accessLogFile` applies, as in Istio.
+Telemetry says anything here": MeshConfig's own `accessLogFile` applies, as in Istio. A gRPC
+access log service's entry carries its collector, looked up in the registry
+(`snapshot/collectors.py`); one whose collector is not there is left out, as Istio leaves it.
+Tracing is resolved from the same Telemetries in `snapshot/tracing.py`.
 """
 
 from __future__ import annotations
