@@ -39,6 +39,7 @@ from meshctl.config.store import ConfigChange, ConfigStore
 from meshctl.debounce import Debouncer
 from meshctl.registry.aggregate import AggregateRegistry
 from meshctl.registry.model import RegistryChange
+from meshctl.snapshot.collectors import collector_problems
 from meshctl.snapshot.model import MeshSettings, Snapshot, build_snapshot
 
 logger = logging.getLogger("meshctl.server.discovery")
@@ -90,6 +91,8 @@ class Discovery:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshctl-snapshot")
         #: (store revision, snapshot) of the last build on the worker, which the next one updates.
         self._base: tuple[int, Snapshot] | None = None
+        #: The collector problems last warned of (`_warn_collectors`); on the worker only.
+        self._collector_problems: list[str] = []
         #: Observers for metrics: called with (debounce seconds, trigger counts) per snapshot.
         self.on_debounced: Callable[[float, Trigger], None] = lambda _t, _tr: None
 
@@ -158,7 +161,17 @@ class Discovery:
         snapshot = self.build_next()
         if snapshot.version != current:
             snapshot.index.endpoints_at("")  # builds the index and its lookup by address
+            self._warn_collectors(snapshot)
         return snapshot
+
+    def _warn_collectors(self, snapshot: Snapshot) -> None:
+        """Say once (until it changes) which tracing and log collectors the registry lacks:
+        their providers are left out of every proxy's config (`snapshot/collectors.py`)."""
+        problems = [f"MeshConfig {p.field}.service: {why}" for p, why in collector_problems(snapshot)]
+        if problems != self._collector_problems:
+            for problem in problems:
+                logger.warning("%s", problem)
+            self._collector_problems = problems
 
     async def _build_off_loop(self) -> Snapshot:
         current = self.snapshot.version if self.snapshot is not None else None
