@@ -53,6 +53,7 @@ from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
+from meshctl.config.analysis_grpc import GRPC_RETRY_ON
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import OutboundProxy, Proxy, outbound_of
 from meshctl.snapshot.scope import ProxyScope
@@ -68,9 +69,6 @@ _Cluster = cluster_pb2.Cluster
 
 FAULT_FILTER: Final = "envoy.filters.http.fault"
 ROUTER_FILTER: Final = "envoy.filters.http.router"
-#: The retry conditions gRPC implements (gRFC A44): status codes by name. Envoy's HTTP
-#: conditions (5xx, connect-failure, refused-stream, ...) mean nothing to it and are dropped.
-GRPC_RETRY_ON: Final = ("cancelled", "deadline-exceeded", "internal", "resource-exhausted", "unavailable")
 #: The certificate provider instance (in the node's bootstrap) mesh TLS names, as istiod does.
 CERTIFICATE_PROVIDER: Final = "default"
 #: Envoy balancers gRPC has; the others become ROUND_ROBIN, the one every gRPC has.
