@@ -365,7 +365,8 @@ class ResourceCache:
         if inbound:
             listeners = by_type[types.LISTENER]
             by_type[types.LISTENER] = self._set(types.LISTENER, [*listeners.values(), *inbound])
-        envoy_eds = self._eds_set(snapshot, config.eds_names)
+        # The Envoy assignments, per-locality variants included, as gRPC takes them.
+        envoy_eds = self._eds_set(snapshot, config.eds_names, eds_localities(snapshot, proxy, config.eds_names))
         by_type[types.ENDPOINT] = self._set(types.ENDPOINT, self._grpc_assignments.of(envoy_eds.ordered))
         return ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
 

@@ -33,8 +33,10 @@ and an Envoy sidecar in one namespace take the same route for the same request.
   per-endpoint choice (which gRPC has no way to make) left out, as istiod does. Clusters of other
   types (passthrough, original destination) are left out.
 - Listeners of gRPC servers: `grpc_inbound`.
-- Endpoints: the shared assignments, each group given a locality (empty if the registry has none)
-  and a weight, which gRPC requires (`grpc_assignment`).
+- Endpoints: the shared assignments (or, where a locality rule is in force, the node's
+  per-locality variant, as an Envoy of its locality gets: gRPC fails over by priority too), each
+  group given a locality (empty if the registry has none) and a weight, which gRPC requires
+  (`grpc_assignment`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ from meshctl.snapshot.proxy import OutboundProxy, Proxy, outbound_of
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.cluster_dns import discovery_type
+from meshctl.xds.eds_locality import build_variant, eds_localities
+from meshctl.xds.endpoints import assignment_view
 from meshctl.xds.generate import Generated, generate_outbound, load_assignment
 from meshctl.xds.grpc_inbound import build_grpc_inbound
 from meshctl.xds.inbound_view import inbound_view
@@ -105,7 +109,13 @@ def generate_grpc(snapshot: Snapshot, proxy: Proxy) -> Generated:
     inbound = build_grpc_inbound(inbound_view(ProxyScope(snapshot, proxy)))
     config[types.LISTENER] = tuple(sorted([*config[types.LISTENER], *inbound], key=lambda m: m.name))  # type: ignore[attr-defined]
     names = sorted(eds_cluster_names(config[types.CLUSTER]))
-    config[types.ENDPOINT] = tuple(grpc_assignment(load_assignment(snapshot, n)) for n in names)
+    views = eds_localities(snapshot, proxy, names)
+    config[types.ENDPOINT] = tuple(
+        grpc_assignment(
+            build_variant(assignment_view(snapshot, n), views[n]) if n in views else load_assignment(snapshot, n)
+        )
+        for n in names
+    )
     return config
 
 
