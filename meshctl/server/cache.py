@@ -237,6 +237,10 @@ class ResourceCache:
         self._patches: GenerationMemo[tuple[object, ...], tuple[tuple[ResourceSet, ...], _Config]] = GenerationMemo()
         #: gRPC server listeners by `InboundView`, as the Envoy inbound parts
         self._grpc_inbound: GenerationMemo[InboundView, ResourceSet] = GenerationMemo()
+        #: gRPC assignment sets by the id of the Envoy set they are made from (held by the entry),
+        #: advanced per snapshot version (endpoints change without the config)
+        self._grpc_eds: GenerationMemo[int, tuple[ResourceSet, ResourceSet]] = GenerationMemo()
+        self._grpc_eds_at = ""
         #: cluster -> (the assignment's view, resource)
         self._eds: dict[str, tuple[AssignmentView, Resource]] = {}
         #: (cluster, locality view) -> (view, resource): the variants of proxies a locality rule
@@ -359,6 +363,9 @@ class ResourceCache:
         with self._lock:
             config = self._grpc_config.get(snapshot.config_version, outbound_key)
             self._advance_memos(snapshot)
+            if self._grpc_eds_at != snapshot.version:
+                self._grpc_eds_at = snapshot.version
+                self._grpc_eds.advance()
         if config is None:
             config = self._generated(grpc_config(snapshot, outbound_key, self._memos))
             with self._lock:
@@ -372,7 +379,10 @@ class ResourceCache:
         by_type[types.LISTENER] = self._join(types.LISTENER, config.by_type[types.LISTENER], inbound)
         # The Envoy assignments, per-locality variants included, as gRPC takes them.
         envoy_eds = self._eds_set(snapshot, config.eds_names, eds_localities(snapshot, proxy, config.eds_names))
-        by_type[types.ENDPOINT] = self._set(types.ENDPOINT, self._grpc_assignments.of(envoy_eds.ordered))
+        by_type[types.ENDPOINT] = self._grpc_eds.get(
+            id(envoy_eds),
+            lambda _key: (envoy_eds, self._set(types.ENDPOINT, self._grpc_assignments.of(envoy_eds.ordered))),
+        )[1]
         return ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
 
     def _config_for(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> _Config:
