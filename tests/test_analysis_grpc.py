@@ -126,3 +126,19 @@ def test_a_policy_a_grpc_server_cannot_enforce_is_refused(policy: str, path: str
     assert path in found, found
     assert found[path][0] is Severity.ERROR and "WorkloadEntry shop/client" in found[path][1]
     assert findings(ENVOY_CLIENT + SERVICE + policy, "MC0011") == {}
+
+
+def test_permissive_for_a_grpc_server_is_warned_as_plaintext() -> None:
+    peer = """---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: client, namespace: shop}
+spec:
+  selector: {matchLabels: {app: client}}
+  mtls: {mode: PERMISSIVE}
+  portLevelMtls: {7070: {mode: STRICT}}
+"""
+    found = findings(GRPC_CLIENT + SERVICE + peer, "MC0010")
+    assert list(found) == ["PeerAuthentication/spec.mtls.mode"]
+    assert "serves plaintext" in found["PeerAuthentication/spec.mtls.mode"][1]
+    assert findings(ENVOY_CLIENT + SERVICE + peer, "MC0010") == {}

@@ -9,7 +9,8 @@ DestinationRule says (Istio's published support list is the floor: host and subs
 timeouts, gRPC retries, consistent hashing on headers and `http2MaxRequests` on top).
 
 - MC0010 (warning): a VirtualService or DestinationRule visible from a gRPC workload's namespace
-  uses a field gRPC ignores there; the finding names the field and the workloads.
+  uses a field gRPC ignores there, or a PeerAuthentication selecting a gRPC server says
+  PERMISSIVE (which it serves as plaintext); the finding names the field and the workloads.
 - MC0011 (error): an AuthorizationPolicy or RequestAuthentication selecting a gRPC server
   workload needs what gRPC's RBAC does not have (request principals and JWT claims, which need
   JWT validation; CUSTOM actions): refused rather than half enforced.
@@ -47,6 +48,11 @@ _ROUTE_FIELDS: Final = (
 )
 _LB_ROUND_ROBIN: Final = {1: "LEAST_CONN", 2: "RANDOM", 3: "PASSTHROUGH", 5: "LEAST_REQUEST"}
 _TLS_MODES: Final = {1: "SIMPLE", 2: "MUTUAL"}
+_PERMISSIVE_MODE: Final = 2
+_PERMISSIVE: Final = (
+    "a gRPC server cannot tell mutual TLS from plaintext on one port, so under PERMISSIVE it serves "
+    "plaintext (as istiod has it) and clients calling it with ISTIO_MUTUAL fail; use STRICT or DISABLE"
+)
 _UNIMPLEMENTED: Final = (("tunnel", "tunnel"), ("proxy_protocol", "proxyProtocol"), ("retry_budget", "retryBudget"))
 
 
@@ -95,6 +101,11 @@ def grpc_issues(by_kind: Mapping[str, Sequence[Config]], root_namespace: str) ->
         if users:
             for path, why in _destination_rule_fields(dr.spec):
                 yield MtlsIssue(IGNORED, dr.key, path, _ignored(why, users))
+    for peer in by_kind.get("PeerAuthentication", ()):
+        servers = _selected(peer, workloads, root_namespace)
+        if servers:
+            for path in _permissive(peer.spec):
+                yield MtlsIssue(IGNORED, peer.key, path, _ignored(_PERMISSIVE, servers, "servers it selects"))
     for policy in (*by_kind.get("AuthorizationPolicy", ()), *by_kind.get("RequestAuthentication", ())):
         servers = _selected(policy, workloads, root_namespace)
         if servers:
@@ -120,8 +131,9 @@ def _users(config: Config, workloads: Sequence[_GrpcWorkload]) -> list[_GrpcWork
 
 def _selected(policy: Config, workloads: Sequence[_GrpcWorkload], root_namespace: str) -> list[_GrpcWorkload]:
     spec: Any = policy.spec
-    if spec.HasField("targetRef") or list(spec.targetRefs):
-        return []
+    fields = spec.DESCRIPTOR.fields_by_name
+    if ("targetRef" in fields and spec.HasField("targetRef")) or ("targetRefs" in fields and list(spec.targetRefs)):
+        return []  # a policy bound by targetRef is a Gateway's
     selector = selector_labels(spec, "selector")
     mesh_wide = policy.namespace == root_namespace
     return [
@@ -136,8 +148,16 @@ def _names(workloads: Sequence[_GrpcWorkload]) -> str:
     return ", ".join(str(w) for w in workloads[:3]) + more
 
 
-def _ignored(why: str, users: Sequence[_GrpcWorkload]) -> str:
-    return f"ignored by the proxyless gRPC clients that get it ({_names(users)}): {why}"
+def _ignored(why: str, users: Sequence[_GrpcWorkload], who: str = "clients that get it") -> str:
+    return f"ignored by the proxyless gRPC {who} ({_names(users)}): {why}"
+
+
+def _permissive(spec: Any) -> Iterator[FieldPath]:
+    if spec.mtls.mode == _PERMISSIVE_MODE:
+        yield ("spec", "mtls", "mode")
+    for port, setting in sorted(spec.port_level_mtls.items()):
+        if setting.mode == _PERMISSIVE_MODE:
+            yield ("spec", "portLevelMtls", str(port), "mode")
 
 
 def _virtual_service_fields(spec: Any) -> Iterator[tuple[FieldPath, str]]:
