@@ -135,3 +135,30 @@ def test_a_sidecar_and_a_grpc_client_route_the_same_call_alike(mesh: Path, path:
 def test_a_call_without_a_method_or_port_is_a_usage_error(mesh: Path, url: str) -> None:
     result = runner.invoke(app, ["simulate", url, "--config-dir", str(mesh), "--proxy", "client.shop"])
     assert result.exit_code == 2 and "xds:///" in result.output.replace("\n", "")
+
+
+def test_a_cases_file_checks_grpc_calls_beside_http_requests(mesh: Path, tmp_path: Path) -> None:
+    cases = tmp_path / "cases.yaml"
+    cases.write_text(
+        """- name: canary call
+  proxy: client.shop
+  request: {url: "xds:///echo.shop.mesh:7070/pkg.Echo/Say", headers: {x-canary: "true"}}
+  expect: {cluster: "outbound|7070|v2|echo.shop.mesh", grpc_status: OK}
+- name: failing call
+  proxy: client.shop
+  request: {url: "xds:///echo.shop.mesh:7070/pkg.Echo/Fail"}
+  expect: {grpc_status: permission_denied}
+- name: the sidecar's request alike
+  proxy: client.shop
+  request: {url: "http://echo.shop.mesh:7070/pkg.Echo/Say", method: POST, headers: {x-canary: "true"}}
+  expect: {cluster: "outbound|7070|v2|echo.shop.mesh"}
+- name: wrong on purpose
+  proxy: client.shop
+  request: {url: "xds:///echo.shop.mesh:7070/pkg.Echo/Say"}
+  expect: {grpc_status: UNAVAILABLE}
+"""
+    )
+    result = runner.invoke(app, ["simulate", "--config-dir", str(mesh), "--cases", str(cases)])
+    assert result.exit_code == 1, result.output
+    assert "wrong on purpose: grpc_status: expected UNAVAILABLE, got OK" in result.stdout
+    assert "4 case(s): 3 passed, 1 failed" in result.output

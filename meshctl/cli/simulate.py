@@ -182,7 +182,7 @@ def run_cases_file(path: Path, tree: LoadedTree, output: Format, namespace: str,
     offline.report(tree)
     proxies = ProxyResources(
         tree.snapshot,
-        lambda ref: offline.find_proxy(tree.snapshot, ref, namespace, mode.value),
+        lambda ref, grpc: offline.find_proxy(tree.snapshot, ref, namespace, mode.value, grpc=grpc),
         mode is not InterceptionMode.NONE,
     )
     results = run_cases(cases, proxies, source_lookup(tree.snapshot))

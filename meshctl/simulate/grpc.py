@@ -46,7 +46,7 @@ _HTTP_TO_GRPC: Final = MappingProxyType(
      429: UNAVAILABLE, 502: UNAVAILABLE, 503: UNAVAILABLE, 504: UNAVAILABLE}
 )  # fmt: skip
 #: Status codes by number, for a fault's `grpc_status`.
-_CODES: Final = (
+CODES: Final = (
     "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
     "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
     "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
@@ -163,7 +163,7 @@ def _stream_duration(result: Simulation, resources: Mapping[str, Sequence[Any]],
 
 def _code(value: Any) -> str:
     number = int(value)
-    return _CODES[number] if 0 <= number < len(_CODES) else str(number)
+    return CODES[number] if 0 <= number < len(CODES) else str(number)
 
 
-__all__ = ["GrpcCall", "parse_call", "simulate_grpc"]
+__all__ = ["CODES", "GrpcCall", "parse_call", "simulate_grpc"]
