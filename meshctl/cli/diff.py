@@ -133,6 +133,10 @@ def diff(
             help="With --live: how long the Envoy may take to send its whole config dump.",
         ),
     ] = 30.0,
+    grpc: Annotated[
+        bool,
+        typer.Option("--grpc", help="With --proxy: the proxy is a proxyless gRPC node (GENERATOR grpc)."),
+    ] = False,
 ) -> None:
     """Show how the Envoy config of a proxy (or of every proxy) changes from OLD to NEW, or with
     --live how a running Envoy's config differs from what meshctl would send it now.
@@ -168,11 +172,17 @@ def diff(
         raise UsageError("give OLD and NEW config directories, or --live ADMIN_URL --config-dir DIR")
     if (proxy is None) == (not all_proxies):
         raise UsageError("give either --proxy NODE_ID or --all-proxies")
+    if grpc and proxy is None:
+        raise UsageError("--grpc goes with --proxy NODE_ID (and OLD NEW directories)")
     mesh = offline.mesh_from(mesh_config)
     before = offline.load_tree(old, namespace=namespace, mesh=mesh)
     after = offline.load_tree(new, namespace=namespace, mesh=mesh)
     mode = interception.value
-    pairs = all_pairs(before, after, mode) if proxy is None else [proxy_pair(before, after, proxy, namespace, mode)]
+    pairs = (
+        all_pairs(before, after, mode)
+        if proxy is None
+        else [proxy_pair(before, after, proxy, namespace, mode, grpc=grpc)]
+    )
     offline.report(after)  # the tree being proposed; the old one's warnings are history
     changes = [c for pair in pairs for c in diff_proxy(before, after, pair)]
     if output is Format.json:
@@ -185,14 +195,15 @@ def diff(
 
 
 def proxy_pair(
-    before: LoadedTree, after: LoadedTree, ref: str, namespace: str, interception: str = "NONE"
+    before: LoadedTree, after: LoadedTree, ref: str, namespace: str, interception: str = "NONE", *, grpc: bool = False
 ) -> ProxyPair:
-    """The proxy `ref` names, in each tree; an error when it names nothing in either."""
+    """The proxy `ref` names, in each tree (a proxyless gRPC node with `grpc`); an error when it
+    names nothing in either."""
     from meshctl.cli import offline
     from meshctl.errors import OfflineError
 
-    old = offline.find_proxy(before.snapshot, ref, namespace, interception)
-    new = offline.find_proxy(after.snapshot, ref, namespace, interception)
+    old = offline.find_proxy(before.snapshot, ref, namespace, interception, grpc=grpc)
+    new = offline.find_proxy(after.snapshot, ref, namespace, interception, grpc=grpc)
     if old is None and new is None:
         raise OfflineError(
             f"--proxy {ref!r} names no WorkloadEntry in {before.path} or {after.path}; "
@@ -244,6 +255,11 @@ def _by_name(tree: LoadedTree, proxy: Proxy | None) -> Mapping[str, Mapping[str,
 
     if proxy is None:
         return {}
+    if proxy.node.proxyless:  # what `dump --grpc` prints: gRPC's resources
+        from meshctl.xds.grpc_gen import generate_grpc
+
+        grpc = generate_grpc(tree.snapshot, proxy)
+        return {t: {resource_name(m): m for m in ms} for t, ms in grpc.items()}
     resources, _ = subscribed(generate(tree.snapshot, proxy))
     return {t: {resource_name(m): m for m in ms} for t, ms in resources.items()}
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshctl.config.analysis_authz import identity_without_mtls, policies_bypassed
+from meshctl.config.analysis_grpc import REFUSED, grpc_issues
 from meshctl.config.analysis_mtls import Sidecars, vm_mtls_issues, workload_labels
 from meshctl.config.findings import FieldPath, Severity
 from meshctl.config.hosts import host_matches, hosts_overlap
@@ -229,6 +230,10 @@ def analyze(
             *identity_without_mtls(index.by_kind, root_namespace),
             *policies_bypassed(index.by_kind, root_namespace),
         )
+    )
+    issues.extend(
+        AnalysisIssue(f.key, f.path, f.message, Severity.ERROR if f.code == REFUSED else Severity.WARNING, f.code)
+        for f in grpc_issues(index.by_kind, root_namespace)
     )
     return issues
 

@@ -236,6 +236,12 @@ class ResourceCache:
         )
         #: patched configs by the ids of their unpatched sets (held by the entry) and patch key
         self._patches: GenerationMemo[tuple[object, ...], tuple[tuple[ResourceSet, ...], _Config]] = GenerationMemo()
+        #: gRPC server listeners by `InboundView`, as the Envoy inbound parts
+        self._grpc_inbound: GenerationMemo[InboundView, ResourceSet] = GenerationMemo()
+        #: gRPC assignment sets by the id of the Envoy set they are made from (held by the entry),
+        #: advanced per snapshot version (endpoints change without the config)
+        self._grpc_eds: GenerationMemo[int, tuple[ResourceSet, ResourceSet]] = GenerationMemo()
+        self._grpc_eds_at = ""
         #: cluster -> (the assignment's view, resource)
         self._eds: dict[str, tuple[AssignmentView, Resource]] = {}
         #: (cluster, locality view) -> (view, resource): the variants of proxies a locality rule
@@ -359,27 +365,34 @@ class ResourceCache:
         outbound_key = grpc_outbound(proxy, snapshot)
         with self._lock:
             config = self._grpc_config.get(snapshot.config_version, outbound_key)
+            self._advance_memos(snapshot)
+            if self._grpc_eds_at != snapshot.version:
+                self._grpc_eds_at = snapshot.version
+                self._grpc_eds.advance()
         if config is None:
             config = self._generated(grpc_config(snapshot, outbound_key, self._memos))
             with self._lock:
                 self._grpc_config.put(snapshot.config_version, outbound_key, config)
         by_type: dict[str, Mapping[str, Resource]] = dict(config.by_type)
-        inbound = grpc_inbound_listeners(snapshot, proxy)
-        if inbound:
-            listeners = by_type[types.LISTENER]
-            by_type[types.LISTENER] = self._set(types.LISTENER, [*listeners.values(), *inbound])
-        envoy_eds = self._eds_set(snapshot, config.eds_names)
-        by_type[types.ENDPOINT] = self._set(types.ENDPOINT, self._grpc_assignments.of(envoy_eds.ordered))
+        # Made once per InboundView and joined once per pair of sets, as an Envoy's inbound part.
+        inbound = self._grpc_inbound.get(
+            inbound_view(ProxyScope(snapshot, proxy)),
+            lambda view: self._set(types.LISTENER, grpc_inbound_listeners(view)),
+        )
+        by_type[types.LISTENER] = self._join(types.LISTENER, config.by_type[types.LISTENER], inbound)
+        # The Envoy assignments, per-locality variants included, as gRPC takes them.
+        envoy_eds = self._eds_set(snapshot, config.eds_names, eds_localities(snapshot, proxy, config.eds_names))
+        by_type[types.ENDPOINT] = self._grpc_eds.get(
+            id(envoy_eds),
+            lambda _key: (envoy_eds, self._set(types.ENDPOINT, self._grpc_assignments.of(envoy_eds.ordered))),
+        )[1]
         return ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
 
     def _config_for(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> _Config:
         with self._lock:
             cached = self._config.get(snapshot.config_version, key)
-            if cached is None and self._memo_version != snapshot.config_version:
-                # A new config version: what no proxy asked for in the last two goes.
-                self._memo_version = snapshot.config_version
-                for memo in (self._memos, self._inbound_parts, self._joins, self._patches):
-                    memo.advance()
+            if cached is None:
+                self._advance_memos(snapshot)
         if cached is not None:
             return cached
         outbound = self._outbound_for(snapshot, proxy)
@@ -397,6 +410,14 @@ class ResourceCache:
         with self._lock:
             self._config.put(snapshot.config_version, key, result)
         return result
+
+    def _advance_memos(self, snapshot: Snapshot) -> None:
+        """On a new config version, what no proxy asked for in the last two goes. Called with the
+        lock held."""
+        if self._memo_version != snapshot.config_version:
+            self._memo_version = snapshot.config_version
+            for memo in (self._memos, self._inbound_parts, self._joins, self._patches, self._grpc_inbound):
+                memo.advance()
 
     def _patched(self, config: _Config, proxy: Proxy) -> _Config:
         """`config` with the proxy's EnvoyFilters applied, once per joined sets and patch key

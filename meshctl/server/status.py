@@ -99,6 +99,8 @@ class ServerStatus:
             entry: dict[str, Any] = {
                 "proxy": conn.node_id,
                 "workload": stream.proxy.workload if stream.proxy else "",
+                # Which generator family serves it: an Envoy, or a proxyless gRPC library.
+                "generator": "grpc" if stream.proxy is not None and stream.proxy.node.proxyless else "envoy",
                 "delta": conn.delta,
                 "connected_at": conn.connected_at,
                 "snapshot": conn.resources.snapshot_version if conn.resources else "",
@@ -121,8 +123,8 @@ class ServerStatus:
 
     def config_dump(self, proxy_id: str) -> dict[str, Any] | None:
         """The connected proxy's config as `meshctl dump -o json` prints it: Envoy's
-        `/config_dump?include_eds` of everything generated for it from the current snapshot, and
-        the secrets it holds, private keys redacted."""
+        `/config_dump?include_eds` of everything generated for it from the current snapshot (a
+        gRPC node's as `dump --grpc`), and the secrets it holds, private keys redacted."""
         from meshctl.xds.config_dump import build_config_dump, config_dump_dict
         from meshctl.xds.generate import generate
 
@@ -136,7 +138,12 @@ class ServerStatus:
             return None
         node_id = found[0].connection.node_id
         held = (*self._server.secrets.held(node_id), *self._server.credential_secrets.held(found[0].proxy))
-        resources = {**generate(snapshot, found[0].proxy), types.SECRET: held}
+        if found[0].proxy.node.proxyless:
+            from meshctl.xds.grpc_gen import generate_grpc
+
+            resources = {**generate_grpc(snapshot, found[0].proxy), types.SECRET: held}
+        else:
+            resources = {**generate(snapshot, found[0].proxy), types.SECRET: held}
         return config_dump_dict(build_config_dump(resources))
 
     def registryz(self) -> dict[str, Any]:
