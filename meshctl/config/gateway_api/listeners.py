@@ -152,6 +152,14 @@ def program_gateway(
                         f"in namespace {namespace} allows Gateways of namespace {key.namespace} to refer to it",
                         ref.path,
                     )
+                elif namespace != key.namespace:
+                    fail(
+                        RESOLVED_REFS,
+                        INVALID_CERTIFICATE_REF,
+                        f"certificateRef to Secret {namespace}/{ref.name}: meshctl serves a gateway only the "
+                        f"secrets of its own namespace ({key.namespace}); keep the secret there",
+                        ref.path,
+                    )
                 else:
                     names.append(f"{SECRET_PREFIX}{namespace}/{ref.name}")
             if not names:

@@ -49,6 +49,10 @@ class Condition:
     message: str
     severity: Severity = Severity.WARNING
 
+    @property
+    def code(self) -> str:
+        return CODES[self.type]
+
     def text(self) -> str:
         return f"{self.type}=False ({self.reason}): {self.message}"
 

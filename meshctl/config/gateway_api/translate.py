@@ -42,7 +42,6 @@ from meshctl.config.gateway_api.references import Backends, Grants, Resolved, se
 from meshctl.config.gateway_api.routes import destinations, http_routes, order
 from meshctl.config.gateway_api.status import (
     ACCEPTED,
-    CODES,
     INVALID_CLASS,
     NO_MATCHING_PARENT,
     RESOLVED_REFS,
@@ -286,11 +285,6 @@ def _make(
         source=source.source,
         created=source.created,
     )
-
-
-def issues_of(translation: Translation) -> list[tuple[ConfigKey, tuple[str | int, ...], str, Severity, str]]:
-    """The conditions as (key, path, message, severity, code), for analysis."""
-    return [(c.key, c.path, c.text(), c.severity, CODES.get(c.type, "MC0801")) for c in translation.conditions]
 
 
 def with_translation(
