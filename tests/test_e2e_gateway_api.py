@@ -260,3 +260,13 @@ def test_the_weighted_split_reaches_both_backends_in_both_forms(pair: Pair) -> N
     for router in (pair.gateway_api, pair.istio):
         seen = Counter(router.get("/reviews/1")[1] for _ in range(200))
         assert seen["reviews"] >= 100 and seen["ratings"] >= 10, seen
+
+
+def test_a_path_prefix_matches_whole_segments_as_the_gateway_api_has_it(pair: Pair) -> None:
+    """The Gateway API's PathPrefix `/reviews` takes `/reviews` and `/reviews/...`, never
+    `/reviewsX` (Istio's path_separated_prefix for routes of gateway semantics), where an Istio
+    VirtualService's plain prefix takes all three."""
+    assert pair.gateway_api.get("/reviews")[0] == 200
+    assert pair.gateway_api.get("/reviewsX")[0] == 404
+    assert pair.istio.get("/reviewsX")[0] == 200
+    assert pair.gateway_api.simulated("/reviewsX")[0] == 404
