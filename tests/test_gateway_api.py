@@ -555,3 +555,30 @@ def test_durations() -> None:
 def test_keys_keep_the_gateway_api_gateway_apart_from_istio_s() -> None:
     configs: list[Config] = configs_from_yaml(GATEWAY)
     assert {c.kind for c in configs} == {"GatewayClass", "KubernetesGateway"}
+
+
+def test_dump_of_a_gateway_says_which_routes_attached_to_which_listener(tmp_path: Any) -> None:
+    router = """---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: gateway-vm, namespace: istio-system}
+spec:
+  address: 10.0.0.5
+  labels: {gateway.networking.k8s.io/gateway-name: gateway}
+"""
+    (tmp_path / "mesh.yaml").write_text(SERVICES + GATEWAY + ROUTES + router)
+    args = [
+        "dump",
+        "--config-dir",
+        str(tmp_path),
+        "--proxy",
+        "router~10.0.0.5~gateway-vm.istio-system~x",
+        "-t",
+        "routes",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    note = next(x for x in result.output.splitlines() if x.startswith("note: Gateway API"))
+    assert note.startswith("note: Gateway API: Gateway istio-system/gateway listener default (port 80) takes ")
+    assert "HTTPRoute default/http (first.domain.example, another.domain.example)" in note
+    assert "HTTPRoute default/http-not-selected" not in note

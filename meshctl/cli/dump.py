@@ -102,6 +102,7 @@ def dump(
         *offline.hidden_port_notes(tree.snapshot, target),
         *offline.bypassed_port_notes(tree.snapshot, target),
         *offline.gateway_target_port_notes(tree.snapshot, target),
+        *offline.gateway_api_notes(tree.snapshot, target),
     ]:
         _stderr(f"note: {note}")
     resources, unrequested = subscribed(generate(tree.snapshot, target))
