@@ -156,6 +156,12 @@ class _State:
         def resolve(ref: BackendRef) -> Resolved:
             return self.backends.resolve(ref, WRITTEN[key.kind], key.namespace)
 
+        # Every reference is resolved, attached or not: Istio reports ResolvedRefs either way.
+        for rule in spec.rules:
+            for ref in (*rule.backends, *(f.backend for f in rule.filters if f.backend is not None)):
+                resolved = resolve(ref)
+                if resolved.reason:
+                    report(ref.path, resolved.reason, resolved.message)
         for parent in spec.parents:
             if parent.group == GROUP and parent.kind == "Gateway":
                 for bound, hosts in attach(parent, key, spec.hostnames, self.gateways, self.conditions):
