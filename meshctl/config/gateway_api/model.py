@@ -353,6 +353,7 @@ class Rule:
     filters: tuple[Filter, ...]
     backends: tuple[BackendRef, ...]
     timeout: float | None
+    #: `attempts` (None when not given), `backoff` (seconds or None) and `codes`, as validated.
     retry: Mapping[str, Any] | None
     path: FieldPath
 
@@ -391,10 +392,53 @@ def _filters(r: _Reader, data: Any, path: FieldPath) -> list[Filter]:
         if field_name not in d:
             r.bad(p, f"a {kind} filter needs {field_name}")
         backend = None
+        at = (*p, field_name)
         if kind == "RequestMirror":
-            backend = _backend_ref(r, config.get("backendRef"), (*p, field_name, "backendRef"), with_filters=False)
+            backend = _backend_ref(r, config.get("backendRef"), (*at, "backendRef"), with_filters=False)
+            if backend is None and "backendRef" not in config:
+                r.bad(at, "a RequestMirror filter needs backendRef")
+        _filter_settings(r, kind, config, at)
         out.append(Filter(kind, config, p, backend))
     return out
+
+
+_REDIRECT_CODES: Final = (301, 302, 303, 307, 308)
+
+
+def _filter_settings(r: _Reader, kind: str, config: dict[str, Any], at: FieldPath) -> None:
+    """The Gateway API's rules for one filter's settings, so translating them cannot meet a
+    value of the wrong type."""
+    if kind in ("RequestHeaderModifier", "ResponseHeaderModifier"):
+        for op in ("set", "add"):
+            for p, header in r.items(config.get(op), (*at, op), 16):
+                h = r.obj(header, p)
+                r.text(h, "name", p, required=True)
+                r.text(h, "value", p, required=True)
+        for p, name in r.items(config.get("remove"), (*at, "remove"), 16):
+            if not isinstance(name, str):
+                r.bad(p, "must be a string")
+    elif kind in ("RequestRedirect", "URLRewrite"):
+        r.text(config, "hostname", at)
+        if kind == "RequestRedirect":
+            r.choice(config, "scheme", at, ("http", "https"))
+            r.number(config, "port", at, 1, 65535)
+            code = config.get("statusCode")
+            if code is not None and code not in _REDIRECT_CODES:
+                r.bad((*at, "statusCode"), f"must be one of {', '.join(map(str, _REDIRECT_CODES))}")
+        path = r.obj(config.get("path"), (*at, "path"))
+        if path:
+            which = r.choice(path, "type", (*at, "path"), ("ReplaceFullPath", "ReplacePrefixMatch"))
+            if which is not None:
+                key = "replaceFullPath" if which == "ReplaceFullPath" else "replacePrefixMatch"
+                r.text(path, key, (*at, "path"), required=True)
+    elif kind == "RequestMirror":
+        r.number(config, "percent", at, 0, 100)
+        fraction = r.obj(config.get("fraction"), (*at, "fraction"))
+        if fraction:
+            numerator = r.number(fraction, "numerator", (*at, "fraction"), 0, 1_000_000, required=True)
+            denominator = r.number(fraction, "denominator", (*at, "fraction"), 1, 1_000_000)
+            if numerator is not None and numerator > (denominator or 100):
+                r.bad((*at, "fraction"), "numerator must not exceed denominator")
 
 
 def _header_matches(r: _Reader, data: Any, path: FieldPath) -> tuple[Mapping[str, Any], ...]:
@@ -461,16 +505,29 @@ def parse_route(kind: str, data: dict[str, Any]) -> tuple[RouteSpec, list[Issue]
             for p, b in r.items(d.get("backendRefs"), (*path, "backendRefs"), 16)
             if (backend := _backend_ref(r, b, p, with_filters=layer7)) is not None
         )
+        kinds = [f.type for f in filters]
+        if "RequestRedirect" in kinds and "URLRewrite" in kinds:
+            r.bad((*path, "filters"), "a rule cannot have both RequestRedirect and URLRewrite filters")
+        if "RequestRedirect" in kinds and backends:
+            r.bad((*path, "backendRefs"), "a rule with a RequestRedirect filter cannot have backendRefs")
+        if kinds.count("RequestHeaderModifier") > 1 or kinds.count("ResponseHeaderModifier") > 1:
+            r.bad((*path, "filters"), "a header modifier filter may be given once per rule")
         timeouts = r.obj(d.get("timeouts"), (*path, "timeouts")) if kind == "HTTPRoute" else {}
         request = r.duration(timeouts, "request", (*path, "timeouts"))
         backend_request = r.duration(timeouts, "backendRequest", (*path, "timeouts"))
-        retry = r.obj(d.get("retry"), (*path, "retry")) if kind == "HTTPRoute" and "retry" in d else None
-        if retry is not None:
-            r.number(retry, "attempts", (*path, "retry"), 0, 1000)
-            r.duration(retry, "backoff", (*path, "retry"))
-            for p, code in r.items(retry.get("codes"), (*path, "retry", "codes")):
-                if not isinstance(code, int) or not 400 <= code <= 599:
+        retry: dict[str, Any] | None = None
+        if kind == "HTTPRoute" and "retry" in d:
+            given = r.obj(d.get("retry"), (*path, "retry"))
+            retry = {
+                "attempts": r.number(given, "attempts", (*path, "retry"), 0, 1000),
+                "backoff": r.duration(given, "backoff", (*path, "retry")),
+                "codes": [],
+            }
+            for p, code in r.items(given.get("codes"), (*path, "retry", "codes")):
+                if not isinstance(code, int) or isinstance(code, bool) or not 400 <= code <= 599:
                     r.bad(p, "a retry code is an HTTP status from 400 to 599")
+                else:
+                    retry["codes"].append(code)
         rules.append(
             Rule(
                 index,

@@ -155,7 +155,9 @@ def http_routes(
             base["redirect"] = _redirect(f.config)
             redirect = True
         elif f.type == "URLRewrite":
-            base["rewrite"] = _rewrite(f.config)
+            rewrite = _rewrite(f.config)
+            if rewrite:  # an empty one changes nothing, and Istio's VirtualService refuses it
+                base["rewrite"] = rewrite
         elif f.type == "RequestMirror" and f.backend is not None:
             resolved = resolve(f.backend)
             if resolved.reason:
@@ -175,21 +177,17 @@ def http_routes(
         if routes:
             base["route"] = routes
         else:
+            base.pop("rewrite", None)  # nothing to rewrite for: Istio's VirtualService forbids both
             base["directResponse"] = {"status": 500}
     if rule.timeout is not None and rule.timeout > 0:
         base["timeout"] = _duration(rule.timeout)
     if rule.retry is not None:
-        attempts = rule.retry.get("attempts", 2)
-        if attempts:
-            retries: dict[str, Any] = {"attempts": attempts}
-            codes = [str(c) for c in rule.retry.get("codes") or ()]
-            retries["retryOn"] = ",".join([RETRY_ON, *codes])
-            if rule.retry.get("backoff"):
-                from meshctl.config.gateway_api.model import seconds
-
-                backoff = seconds(str(rule.retry["backoff"]))
-                if backoff:
-                    retries["backoff"] = _duration(backoff)
+        attempts = rule.retry["attempts"]
+        if attempts is None or attempts:
+            retries: dict[str, Any] = {"attempts": 2 if attempts is None else attempts}
+            retries["retryOn"] = ",".join([RETRY_ON, *map(str, rule.retry["codes"])])
+            if rule.retry["backoff"]:
+                retries["backoff"] = _duration(rule.retry["backoff"])
             base["retries"] = retries
         else:
             base["retries"] = {}

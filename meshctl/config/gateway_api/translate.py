@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -109,9 +110,9 @@ def translate(configs: Iterable[Config], known_host: Callable[[str], bool] | Non
     known = (lambda h: h in se_hosts or known_host(h)) if known_host is not None else se_hosts.__contains__
     state = _State(Grants(grants), Backends(known, entries, Grants(grants)), known)
     for gw in sorted(gateways, key=Config.istio_order):
-        state.add_gateway(gw, classes, namespaces)
+        state.guarded(gw, partial(state.add_gateway, gw, classes, namespaces))
     for route in sorted(routes, key=Config.istio_order):
-        state.add_route(route)
+        state.guarded(route, partial(state.add_route, route))
     return Translation(tuple(state.configs()), tuple(state.conditions), tuple(state.attachments), frozenset(sources))
 
 
@@ -126,6 +127,16 @@ class _State:
         self.gateway_configs: list[Config] = []
         #: (VS namespace, VS name) -> (spec parts, parents, source config, exportTo)
         self.services: dict[tuple[str, str], _VirtualService] = {}
+
+    def guarded(self, config: Config, step: Callable[[], None]) -> None:
+        """Run one resource's translation. A spec that passed validation cannot fail it; one that
+        did not (`validate` analyses the documents of a rejected file too) is reported, never
+        allowed to stop the others."""
+        try:
+            step()
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            message = f"cannot be translated: {exc}"
+            self.conditions.append(Condition(config.key, ("spec",), ACCEPTED, UNSUPPORTED_VALUE, message))
 
     def add_gateway(self, config: Config, classes: set[str], namespaces: set[str]) -> None:
         spec = parse_gateway(plain(config.spec))[0]
@@ -233,10 +244,15 @@ class _State:
                 spec["tls"] = vs.tls
             if vs.export != "*":
                 spec["exportTo"] = [vs.export]
-            if len(spec) == 2:
+            if not (vs.http or vs.tcp or vs.tls):
                 continue
             parents = ",".join(dict.fromkeys(vs.parents))
-            made = _make("VirtualService", vs.name, vs.source, spec, parents=parents, namespace=vs.namespace)
+            try:
+                made = _make("VirtualService", vs.name, vs.source, spec, parents=parents, namespace=vs.namespace)
+            except ValueError as exc:
+                message = f"cannot be translated: {exc}"
+                self.conditions.append(Condition(vs.source.key, ("spec",), ACCEPTED, UNSUPPORTED_VALUE, message))
+                continue
             problems = validate_spec("VirtualService", made.spec)
             for problem in problems:
                 if problem.severity is Severity.ERROR:
@@ -278,7 +294,8 @@ def _make(
     kind: str, name: str, source: Config, spec: dict[str, Any], *, parents: str, namespace: str | None = None
 ) -> Config:
     message, issues = parse_spec(spec, spec_class(kind))
-    assert not issues, issues  # built here from checked values: a failure is a bug in this package
+    if issues:  # built from validated values: only a document that failed validation gets here
+        raise ValueError("; ".join(f"{'.'.join(map(str, i.path))}: {i.message}" for i in issues))
     annotations = {PARENTS: parents}
     if kind == "VirtualService":
         annotations[SEMANTICS] = "gateway"
