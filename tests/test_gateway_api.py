@@ -582,3 +582,50 @@ spec:
     assert note.startswith("note: Gateway API: Gateway istio-system/gateway listener default (port 80) takes ")
     assert "HTTPRoute default/http (first.domain.example, another.domain.example)" in note
     assert "HTTPRoute default/http-not-selected" not in note
+
+
+def test_the_last_gateway_api_resource_removed_takes_its_translation_with_it() -> None:
+    configs = configs_from_yaml(SERVICES + GATEWAY + ROUTES)
+    first = build_snapshot(configs, build_file_model(configs))
+    first.index  # noqa: B018 - an indexed snapshot is a base for the next
+    kept = [c for c in configs if c.kind == "ServiceEntry"]
+    gone = {c.key for c in configs if c.kind != "ServiceEntry"}
+    after = build_snapshot(kept, build_file_model(kept), previous=first, changed=gone)
+    assert set(after.configs) == {c.key for c in kept}
+    assert after.version == build_snapshot(kept, build_file_model(kept)).version
+
+
+ROUTE_HEAD = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r}\nspec:\n  rules:\n"
+
+
+@pytest.mark.parametrize(
+    ("rule", "message", "field"),
+    [
+        (
+            "  - filters: [{type: RequestRedirect, requestRedirect: {statusCode: 302}}]\n"
+            "    backendRefs: [{name: a, port: 80}]\n",
+            "cannot have backendRefs",
+            "spec.rules[0].backendRefs",
+        ),
+        (
+            "  - filters: [{type: RequestMirror, requestMirror: {percent: 150, backendRef: {name: a, port: 80}}}]\n",
+            "must be a whole number from 0 to 100",
+            "spec.rules[0].filters[0].requestMirror.percent",
+        ),
+        ("  - retry: {codes: [200]}\n", "a retry code is an HTTP status", "spec.rules[0].retry.codes[0]"),
+        ("  - timeouts: {request: 5 seconds}\n", "invalid duration", "spec.rules[0].timeouts.request"),
+    ],
+)
+def test_route_validation_names_the_field(rule: str, message: str, field: str) -> None:
+    result = load_text(ROUTE_HEAD + rule, "route.yaml", LoadOptions())
+    assert not result.ok
+    assert any(message in f.message and f.field == field for f in result.findings), result.findings
+
+
+def test_validate_of_a_rejected_route_reports_its_errors_and_no_traceback(tmp_path: Any) -> None:
+    broken = ROUTE_HEAD.replace("  rules:\n", "  parentRefs: [{name: gateway, namespace: istio-system}]\n  rules:\n")
+    broken += "  - retry: {attempts: [1]}\n    backendRefs: [{name: httpbin, port: 80}]\n"
+    (tmp_path / "mesh.yaml").write_text(SERVICES + GATEWAY + broken)
+    result = runner.invoke(app, ["validate", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    assert "spec.rules[0].retry.attempts" in result.output and "Traceback" not in result.output

@@ -319,12 +319,15 @@ def with_translation(
     """`configs` with the Gateway API's translation added, and `changed` (the keys changed since
     the config set whose configs by kind are `previous`) grown by every synthetic key before or
     after. Costs nothing but a look at the changed keys when no Gateway API resource is, or was."""
-    before = [
-        c.key for kind in ("Gateway", "VirtualService") for c in (previous or {}).get(kind, ()) if is_synthetic(c)
-    ]
+    before: list[ConfigKey] = []
     if previous is not None and changed is not None:
-        if not before and not any(k.kind in KINDS for k in changed) and not any(previous.get(k) for k in KINDS):
-            return configs, changed, Translation()
+        if not any(previous.get(k) for k in KINDS):
+            if not any(k.kind in KINDS for k in changed):
+                return configs, changed, Translation()
+        else:
+            # Only a config set with Gateway API resources has synthetic configs to replace.
+            made = (c for kind in ("Gateway", "VirtualService") for c in previous.get(kind, ()))
+            before = [c.key for c in made if is_synthetic(c)]
     elif not any(k.kind in KINDS for k in configs):
         return configs, changed, Translation()
     translation = translate(configs.values(), known_host)
