@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, GATEWAY, ROOT
+from conftest import EXAMPLES, ROOT
 
 from meshctl.server.app import Server
 from meshctl.testing.ads_client import AdsClient
@@ -20,6 +20,8 @@ from meshctl.testing.server import run, serving
 from meshctl.xds import types
 
 pytestmark = pytest.mark.slow
+
+GATEWAY = "router~10.10.0.3~bookinfo-gateway-vm.bookinfo~bookinfo.svc.cluster.local"
 
 SHOP = """apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
@@ -37,8 +39,7 @@ spec:
 def mesh(tmp_path: Path) -> Path:
     target = tmp_path / "mesh"
     target.mkdir()
-    for name in ("services.yaml", "workloads.yaml"):
-        shutil.copy(EXAMPLES / "bookinfo" / name, target)
+    shutil.copytree(EXAMPLES / "bookinfo", target / "bookinfo")
     shutil.copy(ROOT / "examples" / "gateway-api" / "bookinfo-gateway.yaml", target)
     return target
 
