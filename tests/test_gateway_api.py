@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from meshctl.cli.app import app
 from meshctl.config.gateway_api import translate
-from meshctl.config.gateway_api.model import seconds
+from meshctl.config.gateway_api.reader import seconds
 from meshctl.config.loader import LoadOptions, load_text
 from meshctl.config.model import Config, ConfigKey
 from meshctl.registry.serviceentry import build_file_model

@@ -6,7 +6,7 @@ between the config store and the snapshot (`snapshot.model.build_snapshot` calls
 so every generator, `dump`, `diff`, `simulate` and the routing tests read Gateway API config
 as the Istio config it stands for. The modules, in the order the translation uses them:
 
-- `model`: the documents read into typed values, and the Gateway API's own validation;
+- `reader` and `model`: the documents read into typed values, and the Gateway API's own validation;
 - `references`: ReferenceGrants and what a backendRef names;
 - `listeners`: a Gateway's listeners as Istio Gateways, and which routes each takes;
 - `routes`: route rules as VirtualService routes;

@@ -9,15 +9,14 @@ every value the Gateway API's own validation would refuse. `validate` is what th
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from meshctl.config.findings import FieldPath
+from meshctl.config.gateway_api.reader import SECTION, Reader, plain
 from meshctl.config.validation import Issue
 
 GROUP: Final = "gateway.networking.k8s.io"
@@ -38,115 +37,6 @@ KINDS: Final[Mapping[str, str]] = {
 WRITTEN: Final[Mapping[str, str]] = {v: k for k, v in KINDS.items()}
 ROUTE_KINDS: Final = ("HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute")
 PROTOCOLS: Final = ("HTTP", "HTTPS", "TLS", "TCP", "UDP")
-
-_SECTION = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_HOSTNAME = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DURATION = re.compile(r"^([0-9]{1,5}(h|m|s|ms)){1,4}$")
-_DURATION_PART = re.compile(r"([0-9]{1,5})(h|ms|m|s)")
-_UNITS: Final = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-
-
-def plain(spec: Message) -> dict[str, Any]:
-    """A Struct spec as plain data, with whole numbers as ints (a Struct keeps every number as a
-    double; Gateway API numbers are ports, weights, codes and counts)."""
-
-    def fix(value: Any) -> Any:
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, dict):
-            return {k: fix(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [fix(v) for v in value]
-        return value
-
-    out = fix(json_format.MessageToDict(spec))
-    return out if isinstance(out, dict) else {}
-
-
-def seconds(text: str) -> float | None:
-    """A Gateway API duration (`1h2m`, `500ms`, GEP-2257) in seconds; None if it is none."""
-    if not _DURATION.fullmatch(text):
-        return None
-    return sum(int(n) * _UNITS[unit] for n, unit in _DURATION_PART.findall(text))
-
-
-class _Reader:
-    """Reads plain data field by field, noting an issue (with its path) for each bad value."""
-
-    def __init__(self) -> None:
-        self.issues: list[Issue] = []
-
-    def bad(self, path: FieldPath, message: str) -> None:
-        self.issues.append(Issue(path, message))
-
-    def obj(self, data: Any, path: FieldPath) -> dict[str, Any]:
-        if data is None:
-            return {}
-        if not isinstance(data, dict):
-            self.bad(path, "must be a mapping")
-            return {}
-        return data
-
-    def items(self, data: Any, path: FieldPath, limit: int = 64) -> list[tuple[FieldPath, Any]]:
-        if data is None:
-            return []
-        if not isinstance(data, list):
-            self.bad(path, "must be a list")
-            return []
-        if len(data) > limit:
-            self.bad(path, f"at most {limit} entries")
-        return [((*path, i), v) for i, v in enumerate(data[:limit])]
-
-    def text(self, data: dict[str, Any], key: str, path: FieldPath, *, required: bool = False) -> str | None:
-        value = data.get(key)
-        if value is None:
-            if required:
-                self.bad((*path, key), f"{key} is required")
-            return None
-        if not isinstance(value, str):
-            self.bad((*path, key), "must be a string")
-            return None
-        return value
-
-    def number(
-        self, data: dict[str, Any], key: str, path: FieldPath, low: int, high: int, *, required: bool = False
-    ) -> int | None:
-        value = data.get(key)
-        if value is None:
-            if required:
-                self.bad((*path, key), f"{key} is required")
-            return None
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-            self.bad((*path, key), f"must be a whole number from {low} to {high}")
-            return None
-        return value
-
-    def choice(
-        self, data: dict[str, Any], key: str, path: FieldPath, allowed: Sequence[str], default: str | None = None
-    ) -> str | None:
-        value = self.text(data, key, path)
-        if value is None:
-            return default
-        if value not in allowed:
-            self.bad((*path, key), f"must be one of {', '.join(allowed)}")
-            return default
-        return value
-
-    def hostname(self, value: Any, path: FieldPath) -> str | None:
-        if not isinstance(value, str) or len(value) > 253 or not _HOSTNAME.fullmatch(value):
-            self.bad(path, f"invalid hostname {value!r}: a DNS name, optionally starting with '*.'")
-            return None
-        return value
-
-    def duration(self, data: dict[str, Any], key: str, path: FieldPath) -> float | None:
-        value = self.text(data, key, path)
-        if value is None:
-            return None
-        parsed = seconds(value)
-        if parsed is None:
-            self.bad((*path, key), f"invalid duration {value!r}: a Gateway API duration such as 10s, 500ms or 1h30m")
-        return parsed
-
 
 # -- references -----------------------------------------------------------------------------
 
@@ -187,11 +77,11 @@ def _core(group: str | None) -> str:
     return "" if group in (None, "", "core") else group
 
 
-def _parent_ref(r: _Reader, data: Any, path: FieldPath) -> ParentRef | None:
+def _parent_ref(r: Reader, data: Any, path: FieldPath) -> ParentRef | None:
     d = r.obj(data, path)
     name = r.text(d, "name", path, required=True)
     section = r.text(d, "sectionName", path)
-    if section is not None and not _SECTION.fullmatch(section):
+    if section is not None and not SECTION.fullmatch(section):
         r.bad((*path, "sectionName"), f"invalid sectionName {section!r}: a DNS label")
     port = r.number(d, "port", path, 1, 65535)
     if name is None:
@@ -208,7 +98,7 @@ def _parent_ref(r: _Reader, data: Any, path: FieldPath) -> ParentRef | None:
     )
 
 
-def _backend_ref(r: _Reader, data: Any, path: FieldPath, *, with_filters: bool = True) -> BackendRef | None:
+def _backend_ref(r: Reader, data: Any, path: FieldPath, *, with_filters: bool = True) -> BackendRef | None:
     d = r.obj(data, path)
     name = r.text(d, "name", path, required=True)
     group = _core(r.text(d, "group", path))
@@ -225,7 +115,7 @@ def _backend_ref(r: _Reader, data: Any, path: FieldPath, *, with_filters: bool =
     )
 
 
-def _secret_ref(r: _Reader, data: Any, path: FieldPath) -> SecretRef | None:
+def _secret_ref(r: Reader, data: Any, path: FieldPath) -> SecretRef | None:
     d = r.obj(data, path)
     name = r.text(d, "name", path, required=True)
     if name is None:
@@ -262,7 +152,7 @@ class GatewaySpec:
 
 
 def parse_gateway(data: dict[str, Any]) -> tuple[GatewaySpec, list[Issue]]:
-    r = _Reader()
+    r = Reader()
     class_name = r.text(data, "gatewayClassName", ("spec",), required=True) or ""
     listeners: list[Listener] = []
     seen: dict[str, FieldPath] = {}
@@ -272,7 +162,7 @@ def parse_gateway(data: dict[str, Any]) -> tuple[GatewaySpec, list[Issue]]:
     for path, item in entries:
         d = r.obj(item, path)
         name = r.text(d, "name", path, required=True)
-        if name is not None and not _SECTION.fullmatch(name):
+        if name is not None and not SECTION.fullmatch(name):
             r.bad((*path, "name"), f"invalid listener name {name!r}: a DNS label")
         if name is not None and name in seen:
             r.bad((*path, "name"), f"listener name {name!r} is used twice")
@@ -380,7 +270,7 @@ _PATH_TYPES: Final = ("Exact", "PathPrefix", "RegularExpression")
 _METHODS: Final = ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH")
 
 
-def _filters(r: _Reader, data: Any, path: FieldPath) -> list[Filter]:
+def _filters(r: Reader, data: Any, path: FieldPath) -> list[Filter]:
     out = []
     for p, item in r.items(data, path, 16):
         d = r.obj(item, p)
@@ -405,7 +295,7 @@ def _filters(r: _Reader, data: Any, path: FieldPath) -> list[Filter]:
 _REDIRECT_CODES: Final = (301, 302, 303, 307, 308)
 
 
-def _filter_settings(r: _Reader, kind: str, config: dict[str, Any], at: FieldPath) -> None:
+def _filter_settings(r: Reader, kind: str, config: dict[str, Any], at: FieldPath) -> None:
     """The Gateway API's rules for one filter's settings, so translating them cannot meet a
     value of the wrong type."""
     if kind in ("RequestHeaderModifier", "ResponseHeaderModifier"):
@@ -441,7 +331,7 @@ def _filter_settings(r: _Reader, kind: str, config: dict[str, Any], at: FieldPat
                 r.bad((*at, "fraction"), "numerator must not exceed denominator")
 
 
-def _header_matches(r: _Reader, data: Any, path: FieldPath) -> tuple[Mapping[str, Any], ...]:
+def _header_matches(r: Reader, data: Any, path: FieldPath) -> tuple[Mapping[str, Any], ...]:
     out = []
     for p, item in r.items(data, path, 16):
         d = r.obj(item, p)
@@ -452,7 +342,7 @@ def _header_matches(r: _Reader, data: Any, path: FieldPath) -> tuple[Mapping[str
     return tuple(out)
 
 
-def _match(r: _Reader, kind: str, data: Any, path: FieldPath) -> Match:
+def _match(r: Reader, kind: str, data: Any, path: FieldPath) -> Match:
     d = r.obj(data, path)
     headers = _header_matches(r, d.get("headers"), (*path, "headers"))
     if kind == "GRPCRoute":
@@ -478,7 +368,7 @@ def _match(r: _Reader, kind: str, data: Any, path: FieldPath) -> Match:
 
 
 def parse_route(kind: str, data: dict[str, Any]) -> tuple[RouteSpec, list[Issue]]:
-    r = _Reader()
+    r = Reader()
     parents = tuple(
         ref
         for p, item in r.items(data.get("parentRefs"), ("spec", "parentRefs"), 32)
@@ -567,7 +457,7 @@ class GrantSpec:
 
 
 def parse_grant(data: dict[str, Any]) -> tuple[GrantSpec, list[Issue]]:
-    r = _Reader()
+    r = Reader()
     sources, targets = [], []
     for p, item in r.items(data.get("from"), ("spec", "from"), 16):
         d = r.obj(item, p)
@@ -587,7 +477,7 @@ def parse_grant(data: dict[str, Any]) -> tuple[GrantSpec, list[Issue]]:
 
 
 def parse_class(data: dict[str, Any]) -> tuple[str, list[Issue]]:
-    r = _Reader()
+    r = Reader()
     return r.text(data, "controllerName", ("spec",), required=True) or "", r.issues
 
 

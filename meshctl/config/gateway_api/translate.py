@@ -37,8 +37,8 @@ from meshctl.config.gateway_api.model import (
     parse_gateway,
     parse_grant,
     parse_route,
-    plain,
 )
+from meshctl.config.gateway_api.reader import plain
 from meshctl.config.gateway_api.references import Backends, Grants, Resolved, service_host
 from meshctl.config.gateway_api.routes import destinations, http_routes, order
 from meshctl.config.gateway_api.status import (
