@@ -13,7 +13,7 @@ from conftest import ROOT
 from google.protobuf.message import Message
 from ruamel.yaml import YAML
 
-from meshctl.config.model import KINDS, spec_class
+from meshctl.config.model import GATEWAY_API_GROUP, KINDS, served_group, spec_class
 from meshctl.config.schema import parse_spec
 
 
@@ -570,7 +570,8 @@ SPECS = [
     ("WasmPlugin", WASM_PLUGIN),
 ]
 def test_every_kind_has_a_full_spec_here() -> None:
-    assert {kind for kind, _ in SPECS} == set(KINDS)
+    # The Gateway API has no protobuf schema (its specs are Structs, read by config/gateway_api).
+    assert {kind for kind, _ in SPECS} == {k for k in KINDS if served_group(k) != GATEWAY_API_GROUP}
 
 
 @pytest.mark.parametrize(("kind", "text"), SPECS, ids=[f"{k}-{i}" for i, (k, _) in enumerate(SPECS)])

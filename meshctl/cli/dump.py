@@ -105,6 +105,7 @@ def dump(
         *offline.bypassed_port_notes(tree.snapshot, target),
         *offline.gateway_target_port_notes(tree.snapshot, target),
         *_unmatched_filter_notes(tree.snapshot, target),
+        *offline.gateway_api_notes(tree.snapshot, target),
     ]:
         _stderr(f"note: {note}")
     resources, unrequested = subscribed(generate(tree.snapshot, target))

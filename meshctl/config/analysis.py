@@ -235,7 +235,17 @@ def analyze(
         AnalysisIssue(f.key, f.path, f.message, Severity.ERROR if f.code == REFUSED else Severity.WARNING, f.code)
         for f in grpc_issues(index.by_kind, root_namespace)
     )
+    issues.extend(_gateway_api_status(configs, known_hosts))
     return issues
+
+
+def _gateway_api_status(configs: Sequence[Config], known_hosts: Collection[str]) -> list[AnalysisIssue]:
+    """The status conditions Istio would write on the Gateway API resources (`gateway_api.status`)."""
+    from meshctl.config.gateway_api import translate
+
+    known = frozenset(known_hosts)
+    translation = translate(configs, known.__contains__)
+    return [AnalysisIssue(c.key, c.path, c.text(), c.severity, c.code) for c in translation.conditions]
 
 
 def hidden_port_message(workload: str, port: int, served: str, called: Sequence[str]) -> str:

@@ -26,6 +26,8 @@ from meshctl.config import documents, yamlsource
 from meshctl.config.files import decode_text, read_config_file, walk_yaml
 from meshctl.config.findings import FieldPath, Finding, Severity, format_path, has_errors
 from meshctl.config.model import (
+    GATEWAY_API_GROUP,
+    GATEWAY_API_KINDS,
     GROUP_VERSIONS,
     ISTIO_KINDS,
     NOT_SERVED_YET,
@@ -313,6 +315,8 @@ def _load_document(
         return None, [finding(f"{kind} has no apiVersion", ("apiVersion",) if "apiVersion" in data else ())]
 
     group, _, version = api_version.partition("/")
+    if group == GATEWAY_API_GROUP:
+        kind = GATEWAY_API_KINDS.get(kind, kind)
     if group != served_group(kind):
         message, severity = _not_served(group, api_version, kind, options)
         return None, [finding(message, ("kind",), severity)]

@@ -35,6 +35,8 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from meshctl.config.findings import format_path
+from meshctl.config.gateway_api.status import Condition
 from meshctl.config.store import ConfigChange, ConfigStore
 from meshctl.debounce import Debouncer
 from meshctl.registry.aggregate import AggregateRegistry
@@ -93,6 +95,7 @@ class Discovery:
         self._base: tuple[int, Snapshot] | None = None
         #: The collector problems last warned of (`_warn_collectors`); on the worker only.
         self._collector_problems: list[str] = []
+        self._gateway_api_warned: set[Condition] = set()
         #: Observers for metrics: called with (debounce seconds, trigger counts) per snapshot.
         self.on_debounced: Callable[[float, Trigger], None] = lambda _t, _tr: None
 
@@ -148,11 +151,20 @@ class Discovery:
         else:
             view, changed = self._store.changed_since(base[0])
             previous = base[1]
-        snapshot = build_snapshot(
-            view.configs, self._registry.model(), self._mesh, previous=previous, changed=changed
-        )
+        snapshot = build_snapshot(view.configs, self._registry.model(), self._mesh, previous=previous, changed=changed)
         self._base = (view.revision, snapshot)
+        self._warn_gateway_api(snapshot)
         return snapshot
+
+    def _warn_gateway_api(self, snapshot: Snapshot) -> None:
+        """Log the Gateway API status conditions (`meshctl validate` reports them too) once each,
+        when they first appear: a route that attached nowhere serves nothing, and says why only here."""
+        conditions = set(snapshot.gateway_api.conditions)
+        for condition in sorted(conditions - self._gateway_api_warned, key=lambda c: (str(c.key), c.path)):
+            config = snapshot.configs.get(condition.key)
+            place = f"{config.source} " if config is not None else ""
+            logger.warning("%s%s %s: %s", place, condition.key, format_path(condition.path), condition.text())
+        self._gateway_api_warned = conditions
 
     def _build_new(self, current: str | None) -> Snapshot:
         """On the worker: `build_next`, and, for a snapshot that differs from version `current`,

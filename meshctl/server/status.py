@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from meshctl.config.findings import format_path
 from meshctl.xds import types
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from meshctl.server.health import HealthDiscovery
     from meshctl.server.metrics import Metrics
     from meshctl.server.secrets import WorkloadSecrets
+    from meshctl.snapshot.model import Snapshot
 
 
 class RunningServer(Protocol):
@@ -202,4 +204,38 @@ class ServerStatus:
                 {"file": f.file, "line": f.line, "column": f.column, "message": f.message, "text": str(f)}
                 for f in store.errors()
             ],
+            "gatewayApi": gateway_api_status(self._server.discovery.snapshot),
         }
+
+
+def gateway_api_status(snapshot: Snapshot | None) -> dict[str, Any]:
+    """The Gateway API's status as Istio would write it: the conditions that are False, and
+    which route attached to which listener (the mesh's sidecars for a GAMMA route)."""
+    if snapshot is None:
+        return {"conditions": [], "attachments": []}
+    translation = snapshot.gateway_api
+    return {
+        "conditions": [
+            {
+                "kind": c.key.kind,
+                "namespace": c.key.namespace,
+                "name": c.key.name,
+                "field": format_path(c.path),
+                "type": c.type,
+                "status": "False",
+                "reason": c.reason,
+                "message": c.message,
+                "source": str(snapshot.configs[c.key].source) if c.key in snapshot.configs else "",
+            }
+            for c in translation.conditions
+        ],
+        "attachments": [
+            {
+                "route": f"{a.route.kind} {a.route.namespace}/{a.route.name}",
+                "parent": f"Gateway {a.gateway.namespace}/{a.gateway.name}" if a.gateway is not None else "mesh",
+                "listener": a.listener or "",
+                "hosts": list(a.hosts),
+            }
+            for a in translation.attachments
+        ],
+    }

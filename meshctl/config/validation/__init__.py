@@ -78,4 +78,8 @@ def validate_spec(kind: str, spec: Message) -> list[Issue]:
     """Every rule `kind` breaks in `spec`; empty when it is valid."""
     import_rules()
     validator = _VALIDATORS.get(kind)
+    if validator is None and spec.DESCRIPTOR.full_name == "google.protobuf.Struct":
+        from meshctl.config.gateway_api.model import validate as gateway_api
+
+        return gateway_api(kind, spec)
     return validator(spec) if validator is not None else []
