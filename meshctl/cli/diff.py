@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from google.protobuf.message import Message
 
     from meshctl.cli.offline import LoadedTree
+    from meshctl.cli.yaml_block import BlockYaml
     from meshctl.snapshot.model import Snapshot
     from meshctl.snapshot.proxy import Proxy
 
@@ -232,14 +233,17 @@ def diff_proxy(views: ViewDiff, pair: ProxyPair) -> Iterator[ResourceChange]:
         yield ResourceChange(pair.label, SECTION_NAMES[d.type_url], d.name, Change(d.change), d.old, d.new)
 
 
-def unified_diff(change: ResourceChange) -> list[str]:
+def unified_diff(change: ResourceChange, writer: BlockYaml | None = None) -> list[str]:
     """The change as a unified diff of the resources' YAML, headed `a/TYPE/NAME` and `b/TYPE/NAME`
-    (`/dev/null` for a side that has none), as git writes them."""
-    from meshctl.cli.offline import yaml_text
+    (`/dev/null` for a side that has none), as git writes them. `writer` keeps the scalars it
+    wrote for the next change (the same text, sooner)."""
+    from meshctl.cli.yaml_block import BlockYaml
     from meshctl.xds.config_dump import message_dict
 
+    yaml = writer or BlockYaml()
+
     def text(message: Message | None) -> list[str]:
-        return yaml_text(message_dict(message)).splitlines() if message is not None else []
+        return yaml.text(message_dict(message)).splitlines() if message is not None else []
 
     path = f"{change.section}/{change.name}"
     return list(
@@ -273,12 +277,14 @@ def _print_text(changes: list[ResourceChange], *, summary: bool) -> None:
     replicas of a service, a namespace's sidecars after a route change) share one block, headed by
     each of their ids, so a change to fifty proxies reads once."""
     from meshctl.cli.output import TableData, print_diff, print_tables
+    from meshctl.cli.yaml_block import BlockYaml
 
     # Proxies that share views hold the very same changes (the same messages): each distinct
     # list of them is written out once, and grouped by its text as before.
     by_proxy: dict[str, list[ResourceChange]] = {}
     for c in changes:
         by_proxy.setdefault(c.proxy, []).append(c)
+    writer = BlockYaml()
     texts: dict[tuple[tuple[str, str, int, int], ...], tuple[str, ...]] = {}
     lines_of: dict[tuple[str, str, int, int], list[str]] = {}
     groups: dict[tuple[str, ...], list[str]] = {}
@@ -286,7 +292,9 @@ def _print_text(changes: list[ResourceChange], *, summary: bool) -> None:
         key = tuple((c.section, c.name, id(c.old), id(c.new)) for c in held)
         block = texts.get(key)
         if block is None:
-            block = texts[key] = tuple(line for c, k in zip(held, key, strict=True) for line in _cached(lines_of, k, c))
+            block = texts[key] = tuple(
+                line for c, k in zip(held, key, strict=True) for line in _cached(lines_of, k, c, writer)
+            )
         groups.setdefault(block, []).append(proxy)
     text: list[str] = []
     for block, proxies in groups.items():
@@ -299,11 +307,14 @@ def _print_text(changes: list[ResourceChange], *, summary: bool) -> None:
 
 
 def _cached(
-    memo: dict[tuple[str, str, int, int], list[str]], key: tuple[str, str, int, int], change: ResourceChange
+    memo: dict[tuple[str, str, int, int], list[str]],
+    key: tuple[str, str, int, int],
+    change: ResourceChange,
+    writer: BlockYaml,
 ) -> list[str]:
     found = memo.get(key)
     if found is None:
-        found = memo[key] = unified_diff(change)
+        found = memo[key] = unified_diff(change, writer)
     return found
 
 
