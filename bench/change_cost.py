@@ -3,6 +3,7 @@
     python bench/change_cost.py                       # 1,000 / 5,000 / 10,000 services, 1,000 proxies
     python bench/change_cost.py --services 1000 --proxies 1000 --runs 3
     python bench/change_cost.py --services 1000 --dns-port 15053   # every sidecar with a DNS listener
+    python bench/change_cost.py --services 10000 --runs 1 --profile /tmp/prof   # a .prof per change
 
 The mesh is the fleet benchmark's (`bench/fleet.py`), written to a temporary directory and loaded
 by the very parts `meshctl serve` runs: the directory watcher into a config store, the file
@@ -32,6 +33,7 @@ move little with the machine's load. The last line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import json
 import os
@@ -153,7 +155,7 @@ def lds_weight(views: list[Any]) -> dict[str, Any]:
     }
 
 
-def measure(services: int, proxies: int, runs: int, dns_port: int = 0) -> dict[str, Any]:
+def measure(services: int, proxies: int, runs: int, dns_port: int = 0, profile: Path | None = None) -> dict[str, Any]:
     spec = FleetSpec(services=services, endpoints=10, proxies=proxies)
     with tempfile.TemporaryDirectory(prefix="meshctl-cost-") as tmp:
         fleet = Fleet(spec, Path(tmp))
@@ -195,7 +197,14 @@ def measure(services: int, proxies: int, runs: int, dns_port: int = 0) -> dict[s
                 server.change()
                 do(run + 1)
                 _settle_mtime()
+                profiler = cProfile.Profile() if profile is not None else None
+                if profiler is not None:
+                    profiler.enable()
                 timings = server.change()
+                if profiler is not None and profile is not None:
+                    profiler.disable()
+                    profile.mkdir(parents=True, exist_ok=True)
+                    profiler.dump_stats(profile / f"{services}-{name.split()[0]}.prof")
                 if best is None or sum(timings.values()) < sum(best.values()):
                     best, pushes = timings, server.pushed
             assert best is not None
@@ -247,11 +256,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--proxies", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--dns-port", type=int, default=0, help="give every proxy a DNS listener on this port")
+    parser.add_argument(
+        "--profile", type=Path, help="write a cProfile of each change here (its timings then include the profiler's)"
+    )
     args = parser.parse_args(argv)
     out = []
     for n in args.services:
         gc.collect()
-        result = measure(n, args.proxies, args.runs, args.dns_port)
+        result = measure(n, args.proxies, args.runs, args.dns_port, args.profile)
         out.append(result)
         print(f"\n{n:,} services, {args.proxies:,} proxies (CPU s; cold: {result['cold']})", file=sys.stderr)
         print(f"LDS: {result['lds']}", file=sys.stderr)
