@@ -248,7 +248,7 @@ class SotwSubscription:
         """Apply one request. A NACK of the version already rejected (the node says it again, as
         Envoy does when it changes its names after a NACK) is `repeated`. Names are kept as the
         names of the resources `offered` (`_keeper`): one copy for all proxies."""
-        names = frozenset(map(_keeper(offered), request.resource_names))
+        names = self._names_of(request, offered)
         if len(names) - (WILDCARD in names) > self._max_names:
             raise _too_many(self.type_url, len(names) - (WILDCARD in names), "names requested", self._max_names)
         if not self.started:
@@ -275,6 +275,20 @@ class SotwSubscription:
         self.acked_version = request.version_info
         self.nack = None
         return RequestOutcome(RequestKind.ACK, changed)
+
+    def _names_of(
+        self, request: discovery_pb2.DiscoveryRequest, offered: Mapping[str, Resource] | None
+    ) -> frozenset[str]:
+        """The names the request asks for. Every ACK names the whole subscription again (ten
+        thousand assignments for a sidecar that sees ten thousand services): when they are the
+        names held, the set held is the answer, found by one comparison in C rather than a
+        lookup per name in `offered`."""
+        raw = request.resource_names
+        if self.started and len(raw) == len(self.names):
+            same = frozenset(raw)
+            if same == self.names:
+                return self.names
+        return frozenset(map(_keeper(offered), raw))
 
     def _subscribe(self, names: frozenset[str]) -> bool:
         wildcard = WILDCARD in names or (not names and self._wildcard_when_empty)
