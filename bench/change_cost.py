@@ -185,7 +185,7 @@ def measure(services: int, proxies: int, runs: int, dns_port: int = 0, profile: 
             ),
             ("endpoint added", add_churn, remove_churn),
             ("endpoint removed", remove_churn, add_churn),
-            ("ServiceEntry added to a big file", lambda s: big(True), lambda s: big(False)),
+            ("ServiceEntry added to a big file", big, lambda _s: big(0)),
         ]
         results: dict[str, dict[str, float]] = {}
         for name, do, undo in changes:
@@ -230,9 +230,10 @@ def _settle_mtime() -> None:
     time.sleep(0.12)
 
 
-def _big_file(fleet: Fleet) -> Callable[[bool], None]:
+def _big_file(fleet: Fleet) -> Callable[[int], None]:
     """One file holding as many ServiceEntries as the mesh has services (in a namespace of its
-    own); each call adds or removes one more entry at its end."""
+    own); `edit(n)` adds entry `ext-new-n` at its end (none for 0). Each run adds another one,
+    so no run finds its mesh already generated (the cache keeps the two latest versions)."""
     from bench.meshgen import SE
 
     path = fleet.root / "catalog" / "entries.yaml"
@@ -243,8 +244,9 @@ def _big_file(fleet: Fleet) -> Callable[[bool], None]:
     ]
     write_atomically(path, "---\n".join(docs))
 
-    def edit(added: bool) -> None:
-        extra = [SE.format(name="ext-new", ns="catalog", host="ext-new.catalog.mesh", port=9080, target=8080)]
+    def edit(added: int) -> None:
+        name = f"ext-new-{added}"
+        extra = [SE.format(name=name, ns="catalog", host=f"{name}.catalog.mesh", port=9080, target=8080)]
         write_atomically(path, "---\n".join(docs + (extra if added else [])))
 
     return edit
