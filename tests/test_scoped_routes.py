@@ -83,3 +83,31 @@ def test_a_virtual_service_change_tests_only_the_changed_ones_and_agrees_with_a_
         # Each scope tested the changed VirtualServices (a removed one needs no test), not all.
         assert nxt.index.visibility_tests == 3 * changed
         first = nxt
+
+
+def test_a_service_change_tests_only_the_changed_services_and_agrees_with_a_full_build() -> None:
+    """A ServiceEntry added in a namespace no Sidecar imports: each scope tests it alone (the
+    unchanged services are the same objects, as the file registry keeps them)."""
+    from meshctl.registry.model import make_model
+
+    text = _mesh(5)
+    first = _build(text)
+    for scope in _scopes(first).values():
+        scope.services  # noqa: B018 (computed on first read)
+    assert first.index.visibility_tests == 3 * 60
+    added = (
+        "kind: ServiceEntry\napiVersion: networking.istio.io/v1\nmetadata: {name: new, namespace: other}\n"
+        "spec: {hosts: [new.other.mesh], location: MESH_INTERNAL, resolution: STATIC,"
+        " ports: [{number: 80, name: http, protocol: HTTP}], endpoints: [{address: 10.2.0.1}]}\n"
+    )
+    configs = configs_from_yaml(text + "---\n" + added)
+    fresh = build_file_model(configs)
+    kept = {h: first.services.services.get(h) or s for h, s in fresh.services.items()}
+    model = make_model(kept.values(), {h: first.services.endpoints.get(h, ()) for h in kept}, previous=[first.services])
+    changed = {c.key for c in configs if c.kind == "ServiceEntry" and c.name == "new"}
+    old = {c.key: c for kind in first.by_kind.values() for c in kind}
+    nxt = build_snapshot([old.get(c.key, c) for c in configs], model, previous=first, changed=changed)
+    full = _build(text + "---\n" + added)
+    for ns, scope in _scopes(nxt).items():
+        assert [s.hostname for s in scope.services] == [s.hostname for s in _scopes(full)[ns].services]
+    assert nxt.index.visibility_tests == 3

@@ -192,7 +192,15 @@ class SnapshotIndex:
             before = {k[1]: v for k, v in previous._scoped.items() if k[0] == "virtual_services"}
             if before and not same("VirtualService"):
                 self._routes_before = ({c.key: c for c in previous._by_kind.get("VirtualService", ())}, before)
-        #: VirtualServices a scope tested for visibility (`scoped_virtual_services`): for the tests
+        #: After a change of the services (the same mesh): the services before by host, and the
+        #: scopes' services there, so a scope tests only the new or changed ones (`scoped_services`)
+        self._services_before: tuple[Mapping[str, Service], dict[Hashable, tuple[Service, ...]]] | None = None
+        if previous is not None and previous._mesh == mesh and previous._services is not services:
+            seen = {k[1]: v for k, v in previous._scoped.items() if k[0] == "services"}
+            if seen:
+                self._services_before = (previous._services.services, seen)
+        #: VirtualServices and services scopes tested for visibility (`scoped_virtual_services`,
+        #: `scoped_services`): for the tests
         self.visibility_tests = 0
 
     def _index_rules(self, by_kind: Mapping[str, tuple[Config, ...]]) -> None:
@@ -227,6 +235,38 @@ class SnapshotIndex:
         found = self._scoped.get((table, key))
         if found is None:
             found = self._scoped[(table, key)] = make()
+        return found
+
+    def scoped_services(self, key: Hashable, visible: Callable[[Service], bool]) -> tuple[Service, ...]:
+        """The services for which `visible` holds, by hostname, remembered as `scoped` remembers
+        them. After a change of the services, a scope's answer before it stands for every
+        service that is the same object as then (the registry keeps an unchanged service's
+        object): only new or changed services are tested (what a scope sees of one depends on
+        it, the mesh and `key` alone). A ServiceEntry no scope imports then costs each scope a
+        pass over the hostnames, not a test of every service against its egress hosts."""
+        found: tuple[Service, ...] | None = self._scoped.get(("services", key))
+        if found is not None:
+            return found
+        model = self._services.services
+        before = self._services_before[1].get(key) if self._services_before is not None else None
+        if before is None or self._services_before is None:
+            self.visibility_tests += len(model)
+            found = tuple(svc for host in sorted(model) if visible(svc := model[host]))
+        else:
+            was = self._services_before[0]
+            seen = {svc.hostname for svc in before}
+            out = []
+            for host in sorted(model):
+                svc = model[host]
+                if was.get(host) is svc:
+                    if host in seen:
+                        out.append(svc)
+                    continue
+                self.visibility_tests += 1
+                if visible(svc):
+                    out.append(svc)
+            found = tuple(out)
+        self._scoped[("services", key)] = found
         return found
 
     def scoped_virtual_services(self, key: Hashable, visible: Callable[[Config], bool]) -> tuple[Config, ...]:

@@ -149,20 +149,13 @@ class ProxyScope:
         namespace and egress hosts, so computed once for them (`SnapshotIndex.scoped`)."""
         sidecar = self.proxy.type is ProxyType.SIDECAR
         key = (self.proxy.namespace, sidecar, self.egress_hosts if sidecar else ())
-        return self.snapshot.index.scoped("services", key, self._services)
+        return self.snapshot.index.scoped_services(key, self._calls)
 
-    def _services(self) -> tuple[Service, ...]:
-        out = []
-        ns = self.proxy.namespace
-        model = self.snapshot.services
-        for host in sorted(model.services):
-            svc = model.services[host]
-            if not svc.visible_from(ns, self.snapshot.mesh.default_service_export_to):
-                continue
-            if self.proxy.type is ProxyType.SIDECAR and not self.imports(svc.namespace, svc.hostname):
-                continue
-            out.append(svc)
-        return tuple(out)
+    def _calls(self, svc: Service) -> bool:
+        """Whether the proxy may call `svc`: it reads the service, the mesh and `services`' key."""
+        if not svc.visible_from(self.proxy.namespace, self.snapshot.mesh.default_service_export_to):
+            return False
+        return self.proxy.type is not ProxyType.SIDECAR or self.imports(svc.namespace, svc.hostname)
 
     @cached_property
     def service_hosts(self) -> frozenset[str]:
