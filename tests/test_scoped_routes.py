@@ -106,7 +106,11 @@ def test_a_service_change_tests_only_the_changed_services_and_agrees_with_a_full
     model = make_model(kept.values(), {h: first.services.endpoints.get(h, ()) for h in kept}, previous=[first.services])
     changed = {c.key for c in configs if c.kind == "ServiceEntry" and c.name == "new"}
     old = {c.key: c for kind in first.by_kind.values() for c in kind}
-    nxt = build_snapshot([old.get(c.key, c) for c in configs], model, previous=first, changed=changed)
+    # A snapshot between them where no scope asks (the server had its config generated already).
+    same = make_model(first.services.services.values(), first.services.endpoints, previous=[first.services])
+    between = build_snapshot(list(old.values()), same, previous=first, changed=set())
+    assert between.index is not None  # built, as the server builds each snapshot's index
+    nxt = build_snapshot([old.get(c.key, c) for c in configs], model, previous=between, changed=changed)
     full = _build(text + "---\n" + added)
     for ns, scope in _scopes(nxt).items():
         assert [s.hostname for s in scope.services] == [s.hostname for s in _scopes(full)[ns].services]

@@ -192,13 +192,15 @@ class SnapshotIndex:
             before = {k[1]: v for k, v in previous._scoped.items() if k[0] == "virtual_services"}
             if before and not same("VirtualService"):
                 self._routes_before = ({c.key: c for c in previous._by_kind.get("VirtualService", ())}, before)
+            elif not before:  # no scope asked there (its config was generated already): the answers before it
+                self._routes_before = previous._routes_before
         #: After a change of the services (the same mesh): the services before by host, and the
         #: scopes' services there, so a scope tests only the new or changed ones (`scoped_services`)
         self._services_before: tuple[Mapping[str, Service], dict[Hashable, tuple[Service, ...]]] | None = None
-        if previous is not None and previous._mesh == mesh and previous._services is not services:
+        if previous is not None and previous._mesh == mesh:
             seen = {k[1]: v for k, v in previous._scoped.items() if k[0] == "services"}
-            if seen:
-                self._services_before = (previous._services.services, seen)
+            # No scope asked there (its config was generated already): the answers before it.
+            self._services_before = (previous._services.services, seen) if seen else previous._services_before
         #: VirtualServices and services scopes tested for visibility (`scoped_virtual_services`,
         #: `scoped_services`): for the tests
         self.visibility_tests = 0
