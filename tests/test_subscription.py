@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshctl.errors import SubscriptionLimitError
-from meshctl.server import subscription
+from meshctl.server import subscription_delta, subscription_sotw
 from meshctl.server.subscription import (
     WILDCARD,
     DeltaSubscription,
@@ -718,7 +718,7 @@ def junk_nonce(data: st.DataObject, log: list[Sent], *, error: bool) -> str:
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_delta_random_streams_stay_bounded_and_converge(wildcard: bool, data: st.DataObject) -> None:
-    with mock.patch.object(subscription, "_UNANSWERED_KEPT", KEPT):
+    with mock.patch.object(subscription_delta, "_UNANSWERED_KEPT", KEPT):
         sub = DeltaSubscription(EDS, wildcard_when_empty=wildcard, max_names=LIMIT)
         holds: dict[str, str] = {}  # what the node holds
         log: list[Sent] = []
@@ -833,7 +833,7 @@ def check_delta_bounds(sub: DeltaSubscription) -> None:
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_sotw_random_streams_stay_bounded_and_converge(wildcard: bool, partial: bool, data: st.DataObject) -> None:
-    with mock.patch.object(subscription, "_UNANSWERED_KEPT", KEPT):
+    with mock.patch.object(subscription_sotw, "_UNANSWERED_KEPT", KEPT):
         sub = SotwSubscription(EDS, wildcard_when_empty=wildcard, partial=partial, max_names=LIMIT)
         holds: dict[str, str] = {}
         asked: list[str] = []  # the names of the node's last request the server took
