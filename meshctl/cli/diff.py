@@ -3,10 +3,10 @@
 A pull request review sees YAML; what matters is the Envoy config it turns into. This command
 builds both trees exactly as `meshctl dump` does (and so as the server does), generates each
 proxy's resources from both, and shows every resource that was added, removed or changed, as a
-unified diff of its YAML. Proxies that share a view share its generation and its comparison
-(`meshctl.cli.diff_views`), so a mesh of a thousand VMs costs what its views cost. Resources are compared by their serialized bytes, which generation
+unified diff of its YAML. Resources are compared by their serialized bytes, which generation
 keeps deterministic, so a change that moves resources between files, reorders them or edits a
-comment shows nothing.
+comment shows nothing. Proxies that share a view share its generation and its comparison
+(`meshctl.cli.diff_views`), so a mesh of a thousand VMs costs what its views cost.
 
 With `--live ADMIN_URL` it compares instead what meshctl would send a proxy now (from
 `--config-dir`, as `meshctl dump` builds it) with what that proxy's Envoy holds, read from its
