@@ -214,9 +214,14 @@ def _rules_digest(snapshot: Snapshot) -> bytes:
 class ResourceCache:
     """Shared, serialized resources for every proxy; safe to call from several threads."""
 
-    def __init__(self, *, keep_versions: int = 2, on_failure: Callable[[], object] | None = None) -> None:
+    def __init__(
+        self, *, keep_versions: int = 2, on_failure: Callable[[], object] | None = None, strict: bool = False
+    ) -> None:
         #: called (outside the lock) for each proxy view whose generation failed: a metric
         self._on_failure = on_failure
+        #: raise a generation error instead of keeping the last good view: for the offline
+        #: commands, where a view kept from another tree would be a wrong answer
+        self._strict = strict
         self._memos = GenerationMemos()
         self._memo_version = ""
         self._lock = threading.Lock()
@@ -299,6 +304,8 @@ class ResourceCache:
         try:
             view = self._generate_view(snapshot, proxy, key)
         except Exception as exc:
+            if self._strict:
+                raise
             return self._last_good_for(snapshot, proxy, key, exc)
         with self._lock:
             dropped = self._views.put(snapshot.version, key, view)
