@@ -17,7 +17,7 @@ from google.protobuf.message import Message
 
 from meshctl.config.findings import FieldPath
 from meshctl.config.gateway_api.reader import SECTION, Reader, plain
-from meshctl.config.validation import Issue
+from meshctl.config.validation.issue import Issue
 
 GROUP: Final = "gateway.networking.k8s.io"
 #: The group of Istio's own kinds a route may name (`Hostname`, `ServiceEntry`).

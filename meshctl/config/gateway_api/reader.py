@@ -13,7 +13,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from meshctl.config.findings import FieldPath
-from meshctl.config.validation import Issue
+from meshctl.config.validation.issue import Issue
 
 SECTION = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _HOSTNAME = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

@@ -12,21 +12,12 @@ schema layer (`config/schema.py`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from google.protobuf.message import Message
 
-from meshctl.config.findings import FieldPath, Severity
+from meshctl.config.validation.issue import Issue
 
-
-@dataclass(frozen=True, slots=True)
-class Issue:
-    """A rule broken by one resource: the field path from the document root (`spec`, ...)."""
-
-    path: FieldPath
-    message: str
-    severity: Severity = Severity.ERROR
-
+__all__ = ["Issue", "Validator", "import_rules", "validate_spec"]
 
 Validator = Callable[[Message], list[Issue]]
 
