@@ -3,6 +3,7 @@
     python bench/change_cost.py                       # 1,000 / 5,000 / 10,000 services, 1,000 proxies
     python bench/change_cost.py --services 1000 --proxies 1000 --runs 3
     python bench/change_cost.py --services 1000 --dns-port 15053   # every sidecar with a DNS listener
+    python bench/change_cost.py --services 10000 --runs 1 --profile /tmp/prof   # a .prof per change
 
 The mesh is the fleet benchmark's (`bench/fleet.py`), written to a temporary directory and loaded
 by the very parts `meshctl serve` runs: the directory watcher into a config store, the file
@@ -32,6 +33,7 @@ move little with the machine's load. The last line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import json
 import os
@@ -153,7 +155,7 @@ def lds_weight(views: list[Any]) -> dict[str, Any]:
     }
 
 
-def measure(services: int, proxies: int, runs: int, dns_port: int = 0) -> dict[str, Any]:
+def measure(services: int, proxies: int, runs: int, dns_port: int = 0, profile: Path | None = None) -> dict[str, Any]:
     spec = FleetSpec(services=services, endpoints=10, proxies=proxies)
     with tempfile.TemporaryDirectory(prefix="meshctl-cost-") as tmp:
         fleet = Fleet(spec, Path(tmp))
@@ -183,7 +185,7 @@ def measure(services: int, proxies: int, runs: int, dns_port: int = 0) -> dict[s
             ),
             ("endpoint added", add_churn, remove_churn),
             ("endpoint removed", remove_churn, add_churn),
-            ("ServiceEntry added to a big file", lambda s: big(True), lambda s: big(False)),
+            ("ServiceEntry added to a big file", big, lambda _s: big(0)),
         ]
         results: dict[str, dict[str, float]] = {}
         for name, do, undo in changes:
@@ -195,7 +197,14 @@ def measure(services: int, proxies: int, runs: int, dns_port: int = 0) -> dict[s
                 server.change()
                 do(run + 1)
                 _settle_mtime()
+                profiler = cProfile.Profile() if profile is not None else None
+                if profiler is not None:
+                    profiler.enable()
                 timings = server.change()
+                if profiler is not None and profile is not None:
+                    profiler.disable()
+                    profile.mkdir(parents=True, exist_ok=True)
+                    profiler.dump_stats(profile / f"{services}-{name.split()[0]}.prof")
                 if best is None or sum(timings.values()) < sum(best.values()):
                     best, pushes = timings, server.pushed
             assert best is not None
@@ -221,9 +230,10 @@ def _settle_mtime() -> None:
     time.sleep(0.12)
 
 
-def _big_file(fleet: Fleet) -> Callable[[bool], None]:
+def _big_file(fleet: Fleet) -> Callable[[int], None]:
     """One file holding as many ServiceEntries as the mesh has services (in a namespace of its
-    own); each call adds or removes one more entry at its end."""
+    own); `edit(n)` adds entry `ext-new-n` at its end (none for 0). Each run adds another one,
+    so no run finds its mesh already generated (the cache keeps the two latest versions)."""
     from bench.meshgen import SE
 
     path = fleet.root / "catalog" / "entries.yaml"
@@ -234,8 +244,9 @@ def _big_file(fleet: Fleet) -> Callable[[bool], None]:
     ]
     write_atomically(path, "---\n".join(docs))
 
-    def edit(added: bool) -> None:
-        extra = [SE.format(name="ext-new", ns="catalog", host="ext-new.catalog.mesh", port=9080, target=8080)]
+    def edit(added: int) -> None:
+        name = f"ext-new-{added}"
+        extra = [SE.format(name=name, ns="catalog", host=f"{name}.catalog.mesh", port=9080, target=8080)]
         write_atomically(path, "---\n".join(docs + (extra if added else [])))
 
     return edit
@@ -247,11 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--proxies", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--dns-port", type=int, default=0, help="give every proxy a DNS listener on this port")
+    parser.add_argument(
+        "--profile", type=Path, help="write a cProfile of each change here (its timings then include the profiler's)"
+    )
     args = parser.parse_args(argv)
     out = []
     for n in args.services:
         gc.collect()
-        result = measure(n, args.proxies, args.runs, args.dns_port)
+        result = measure(n, args.proxies, args.runs, args.dns_port, args.profile)
         out.append(result)
         print(f"\n{n:,} services, {args.proxies:,} proxies (CPU s; cold: {result['cold']})", file=sys.stderr)
         print(f"LDS: {result['lds']}", file=sys.stderr)

@@ -1,9 +1,10 @@
 """Simulated proxies for the fleet benchmark, in worker processes of their own.
 
 Each worker runs a share of the fleet on one asyncio loop: one `AdsClient` per proxy, each on its
-own channel and TCP connection (as each Envoy has its own), subscribing as Envoy does and ACKing
-everything. The load must not share the server's interpreter, nor the parent's: the parent only
-writes files and reads the results.
+own channel and TCP connection (as each Envoy has its own), subscribing as Envoy does (or, for
+`bench/run.py --grpc`, as grpcio's xDS client does: `GrpcSimulatedProxy`) and ACKing everything.
+The load must not share the server's interpreter, nor the parent's: the parent only writes files
+and reads the results.
 
 The parent drives the workers over a pipe, one phase at a time:
 
@@ -46,7 +47,7 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
 from meshctl.server.ads import TOO_MANY_NEW_STREAMS
-from meshctl.testing.ads_client import AdsClient
+from meshctl.testing.ads_client import AdsClient, GrpcAdsClient
 from meshctl.xds import types
 
 #: Every proxy has its own TCP connection (a shared subchannel would multiplex them all on one),
@@ -98,6 +99,9 @@ def holds(client: AdsClient, check: Check) -> bool:
       name (a cluster or listener whose secret has not arrived is still warming in Envoy);
     - `("renewed", secret)`: the proxy holds `secret`, and not the one it held when armed;
     - `("route_timeout", host, seconds)`: a route of `host`'s virtual host has that timeout;
+    - `("stream_duration", domain, seconds)`: a route of the virtual host with that domain has
+      that `max_stream_duration` (a gRPC node's route timeout);
+    - `("max_requests", cluster, n)`: the cluster's circuit breaker allows `n` requests;
     - `("max_connections", cluster, n)`: the cluster's circuit breaker allows `n` connections;
     - `("connect_timeout", cluster, seconds)`: the cluster has that connect timeout;
     - `("endpoint", cluster, ip, present)`: the cluster's assignment has (or lacks) `ip`.
@@ -116,6 +120,20 @@ def holds(client: AdsClient, check: Check) -> bool:
                 if host in vhost.domains:
                     return any(r.route.timeout.seconds == seconds for r in vhost.routes)
         return False
+    if kind == "stream_duration":
+        _, domain, seconds = check
+        for config in client.resources[types.ROUTE].values():
+            for vhost in config.virtual_hosts:  # type: ignore[attr-defined]
+                if domain in vhost.domains:
+                    return any(r.route.max_stream_duration.max_stream_duration.seconds == seconds for r in vhost.routes)
+        return False
+    if kind == "max_requests":
+        _, name, limit = check
+        cluster = client.resources[types.CLUSTER].get(name)
+        if cluster is None:
+            return False
+        thresholds = cluster.circuit_breakers.thresholds  # type: ignore[attr-defined]
+        return bool(thresholds) and thresholds[0].max_requests.value == limit
     if kind == "max_connections":
         _, name, limit = check
         cluster = client.resources[types.CLUSTER].get(name)
@@ -298,6 +316,11 @@ class SimulatedProxy(AdsClient):
         }
 
 
+class GrpcSimulatedProxy(SimulatedProxy, GrpcAdsClient):
+    """A proxyless gRPC application's xDS client (`GrpcAdsClient`: listeners by the names it
+    dials, then routes, clusters and endpoints by name), timed and counted as `SimulatedProxy`."""
+
+
 class _WaitForReady:
     """A channel whose streams wait for the connection instead of failing while it comes up,
     as Envoy keeps retrying its xDS server."""
@@ -314,6 +337,8 @@ class _Worker:
     conn: multiprocessing.connection.Connection
     node_ids: Sequence[str]
     delta: bool
+    #: node id -> the names it dials, for proxyless gRPC clients (None: Envoys)
+    dialed: Mapping[str, Sequence[str]] | None = None
     proxies: dict[str, SimulatedProxy] = field(default_factory=dict)
     #: node id -> its channels: one per address it may connect to
     channels: dict[str, list[grpc.aio.Channel]] = field(default_factory=dict)
@@ -351,10 +376,15 @@ class _Worker:
             mine = everyone[j % len(everyone) :] + everyone[: j % len(everyone)]
             channels = {a: grpc.aio.insecure_channel(a, options=CHANNEL_OPTIONS) for a in mine}
             self.channels[node_id] = list(channels.values())
-            proxy = SimulatedProxy(
+            extra: dict[str, Any] = {}
+            kind: type[SimulatedProxy] = SimulatedProxy
+            if self.dialed is not None:
+                kind, extra = GrpcSimulatedProxy, {"dialed": self.dialed[node_id]}
+            proxy = kind(
                 mine[0],
                 node_id,
                 delta=self.delta,
+                **extra,
                 channel=_WaitForReady(channels[mine[0]]),  # type: ignore[arg-type]
                 on_hit=self.hit,
                 shared=shared,
@@ -400,10 +430,16 @@ class _Worker:
         await asyncio.gather(*(c.close(None) for c in everything), return_exceptions=True)
 
 
-def worker_main(conn: multiprocessing.connection.Connection, node_ids: Sequence[str], delta: bool) -> None:
-    """A worker process: serve the parent's commands until told to close."""
+def worker_main(
+    conn: multiprocessing.connection.Connection,
+    node_ids: Sequence[str],
+    delta: bool,
+    dialed: Mapping[str, Sequence[str]] | None = None,
+) -> None:
+    """A worker process: serve the parent's commands until told to close. With `dialed` (node
+    id -> listener names) the proxies are proxyless gRPC clients dialing those names."""
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(_Worker(conn, node_ids, delta)))
+        asyncio.run(_serve(_Worker(conn, node_ids, delta, dialed)))
 
 
 async def _serve(worker: _Worker) -> None:

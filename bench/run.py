@@ -5,6 +5,7 @@
     python bench/run.py --proxies-sweep 100,500,1000,2000   # and docs/convergence.svg
     python bench/run.py --services-sweep 1000,5000,10000 --no-floor   # and docs/convergence-services.svg
     python bench/run.py --delta --no-scoping --consul ...   # other shapes (see --help)
+    python bench/run.py --grpc           # the proxies are proxyless gRPC clients (bench/grpc_fleet.py)
 
 What is measured, each as p50/p99/max over the proxies concerned (see docs/benchmarks.md):
 
@@ -59,6 +60,7 @@ sys.path.insert(0, str(BENCH.parent))
 
 from bench import floor, loadclient  # noqa: E402
 from bench.fleet import Change, Fleet, FleetSpec, parse_int_list  # noqa: E402
+from bench.grpc_fleet import GrpcFleet  # noqa: E402
 from bench.plot import Goal, Series, write_svg  # noqa: E402
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -174,14 +176,17 @@ def wait_idle(pid: int | Sequence[int], timeout: float, *, window: float = 0.5, 
 class Workers:
     """The load-client processes, driven together."""
 
-    def __init__(self, node_ids: Sequence[str], count: int, delta: bool) -> None:
+    def __init__(
+        self, node_ids: Sequence[str], count: int, delta: bool, dialed: dict[str, tuple[str, ...]] | None = None
+    ) -> None:
         count = max(1, min(count, len(node_ids)))
         self.conns: list[multiprocessing.connection.Connection] = []
         self.procs: list[Any] = []
         for i in range(count):
             parent, child = SPAWN.Pipe()
             share = list(node_ids[i::count])
-            proc = SPAWN.Process(target=loadclient.worker_main, args=(child, share, delta), daemon=True)
+            mine = {n: dialed[n] for n in share} if dialed is not None else None
+            proc = SPAWN.Process(target=loadclient.worker_main, args=(child, share, delta, mine), daemon=True)
             proc.start()
             child.close()
             self.conns.append(parent)
@@ -368,6 +373,8 @@ class Options:
     timeout_s: float = 1800.0
     server_log: Path | None = None
     profile: Path | None = None
+    #: The proxies are proxyless gRPC clients (`bench/grpc_fleet.py`), measured without the floor.
+    grpc: bool = False
 
 
 def log(message: str) -> None:
@@ -377,7 +384,8 @@ def log(message: str) -> None:
 def measure(target: Target, fleet: Fleet, options: Options) -> Run:
     run = Run(target.name)
     node_ids = [p.node_id for p in fleet.proxies]
-    workers = Workers(node_ids, options.workers, options.delta)
+    dialed = fleet.dialed if isinstance(fleet, GrpcFleet) else None
+    workers = Workers(node_ids, options.workers, options.delta, dialed)
     try:
         started = time.monotonic()
         target.start()
@@ -453,7 +461,7 @@ def run_scenario(options: Options) -> dict[str, Any]:
     spec = options.spec
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="meshctl-fleet-") as tmp:
-        fleet = Fleet(spec, Path(tmp) / "mesh")
+        fleet = (GrpcFleet if options.grpc else Fleet)(spec, Path(tmp) / "mesh")
         resources = fleet.write()
         log(f"mesh: {fleet.describe()}, {resources:,} resources")
         changes = [s.change for s in fleet.steps()]
@@ -503,6 +511,7 @@ def summarize(outcome: Outcome) -> dict[str, Any]:
         "scoped": spec.scoped,
         "consul": spec.consul,
         "delta": options.delta,
+        "grpc": options.grpc,
         "debounce_s": options.debounce,
         "cold_start_s": _r(mesh.cold_start_s),
         "startup_s": _r(mesh.startup_s),
@@ -687,6 +696,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, O
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="load-client processes")
     parser.add_argument("--no-floor", action="store_true", help="measure meshctl only")
     parser.add_argument(
+        "--grpc",
+        action="store_true",
+        help="proxyless gRPC clients (GENERATOR grpc) dialing 5 services each instead of Envoys; no floor",
+    )
+    parser.add_argument(
         "--floor-processes",
         type=int,
         default=1,
@@ -722,13 +736,14 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, O
         spec=spec,
         delta=args.delta,
         workers=args.workers,
-        floor=not args.no_floor,
+        floor=not args.no_floor and not args.grpc,
         floor_processes=max(1, args.floor_processes),
         idle_s=idle,
         debounce=args.debounce,
         timeout_s=args.timeout,
         server_log=args.server_log,
         profile=args.profile,
+        grpc=args.grpc,
     )
     return args, options
 

@@ -54,6 +54,17 @@ def test_tiny_fleet_benchmark_prints_its_json_line_last(floor_processes: int) ->
     assert "| phase |" in proc.stdout
 
 
+def test_tiny_grpc_fleet_benchmark_converges_on_every_change() -> None:
+    """`--grpc`: proxyless gRPC clients, each dialing its services by name (no floor)."""
+    command = [sys.executable, str(RUN), "--grpc", "--services", "8", "--endpoints", "2", "--proxies", "5"]
+    proc, result = run_benchmark([*command, "--idle", "0.5", "--workers", "1"], timeout=120)
+    assert result["grpc"] is True and result["proxies"] == 5
+    assert result["failures"] == 0 and result["nacks"] == 0 and result["server_errors"] == 0
+    assert set(result["phases"]) == {"VirtualService", "DestinationRule", "endpoint added", "endpoint removed"}
+    assert all(p["missing"] == 0 and p["affected"] > 0 for p in result["phases"].values())
+    assert "as proxyless gRPC clients" in proc.stdout
+
+
 def run_benchmark(command: list[str], *, timeout: float) -> tuple[subprocess.CompletedProcess[str], Any]:
     """Run a benchmark as a user would; it must succeed, and its last line is its JSON result."""
     proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)

@@ -318,7 +318,7 @@ def test_no_key_in_a_repr(tmp_path: Path) -> None:
     assert str(issued.serial) in repr(issued)
 
 
-def test_a_vm_client_certificate_names_the_proxy_and_its_identity(tmp_path: Path) -> None:
+def test_a_vm_client_certificate_names_the_proxy_and_its_identity_and_serves_too(tmp_path: Path) -> None:
     authority = CertificateAuthority.self_signed(tmp_path, now=NOW)
     issued = authority.issue_client(["web.bookinfo"], WorkloadIdentity("cluster.local", "bookinfo", "default"), now=NOW)
     assert verify_client(issued, authority.root_pem) == [
@@ -326,6 +326,17 @@ def test_a_vm_client_certificate_names_the_proxy_and_its_identity(tmp_path: Path
         x509.UniformResourceIdentifier("spiffe://cluster.local/ns/bookinfo/sa/default"),
     ]
     leaf = chain_of(issued)[0]
+    # It is the workload's certificate too (a proxyless gRPC server serves with it): serving
+    # and calling, as Istio's workload certificates.
+    assert list(extension(leaf, x509.ExtendedKeyUsage).value) == [
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        ExtendedKeyUsageOID.CLIENT_AUTH,
+    ]
+
+
+def test_a_client_certificate_without_an_identity_only_calls(tmp_path: Path) -> None:
+    authority = CertificateAuthority.self_signed(tmp_path, now=NOW)
+    leaf = chain_of(authority.issue_client(["web.bookinfo"], now=NOW))[0]
     assert list(extension(leaf, x509.ExtendedKeyUsage).value) == [ExtendedKeyUsageOID.CLIENT_AUTH]
 
 

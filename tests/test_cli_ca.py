@@ -6,8 +6,11 @@ from __future__ import annotations
 import ipaddress
 import re
 import shutil
+import socket
+import ssl
 import stat
 import subprocess
+from concurrent import futures
 from pathlib import Path
 
 import pytest
@@ -82,6 +85,38 @@ def test_issue_for_a_vm_proxy(tmp_path: Path) -> None:
     lifetime = leaf.not_valid_after_utc - leaf.not_valid_before_utc
     assert lifetime.total_seconds() == 720 * 3600 + 60
     assert "web.bookinfo" in stderr and "renew after" in stderr
+
+
+def tls_handshake(server_dir: Path, client_dir: Path) -> None:
+    """A mutual TLS handshake over a socket pair between a server holding `server_dir`'s
+    certificate and a client holding `client_dir`'s, each trusting its directory's root (names
+    are SPIFFE ids: no host name check, as in the mesh). Raises ssl.SSLError on a refusal."""
+    contexts = []
+    for purpose, directory in ((ssl.Purpose.CLIENT_AUTH, server_dir), (ssl.Purpose.SERVER_AUTH, client_dir)):
+        context = ssl.create_default_context(purpose, cafile=str(directory / "root-cert.pem"))
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_cert_chain(directory / "cert-chain.pem", directory / "key.pem")
+        contexts.append(context)
+    left, right = socket.socketpair()
+    with left, right, futures.ThreadPoolExecutor(1) as pool:
+        server = contexts[0].wrap_socket(left, server_side=True, do_handshake_on_connect=False)
+        client = contexts[1].wrap_socket(right, do_handshake_on_connect=False)
+        with server, client:
+            served = pool.submit(server.do_handshake)
+            client.do_handshake()  # a refusal is sent to the server as an alert: its handshake ends too
+            served.result(10)
+
+
+def test_a_proxy_certificate_serves_the_mesh_mutual_tls(tmp_path: Path) -> None:
+    """A proxyless gRPC server serves with its workload's `ca issue --proxy` certificate: a
+    client certificate alone is refused by the calling side."""
+    state = tmp_path / "state"
+    for proxy, account in (("echo-v1.shop", "echo"), ("client.shop", "client")):
+        args = ["--proxy", proxy, "--service-account", account, "--out", tmp_path / account]
+        status, _, stderr = ca("issue", *args, "--state-dir", state)
+        assert status == 0, stderr
+    tls_handshake(tmp_path / "echo", tmp_path / "client")
 
 
 def test_issue_names_the_service_account_and_trust_domain(tmp_path: Path) -> None:

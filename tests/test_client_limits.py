@@ -251,9 +251,11 @@ async def quiet_rss(served: Served) -> float:
     return served.rss_mb()
 
 
-async def settled_rss(served: Served, quiet: float, deadline: float = 20.0) -> float:
+async def settled_rss(served: Served, quiet: float, deadline: float = 60.0) -> float:
     """The server's RSS once it is back within `RSS_MARGIN_MB` of `quiet`, or at `deadline`:
-    what parsing refused requests took is released a moment after they are refused."""
+    what parsing refused requests took is released a moment after they are refused (on a quiet
+    machine within a second or two; with the suite's other workers and a load of 12 on two cores,
+    not within 20 s, so the deadline is far from both)."""
     end = time.monotonic() + deadline
     while (rss := served.rss_mb()) - quiet >= RSS_MARGIN_MB and time.monotonic() < end:
         await asyncio.sleep(0.2)

@@ -52,12 +52,19 @@ def test_secrets_take_istio_names_and_a_cacert_secret_wins_over_ca_crt(tmp_path:
     directory = CredentialDirectory(root)
     assert directory.names() == {
         "edge": [
+            "kubernetes-gateway://edge/generic",
+            "kubernetes-gateway://edge/generic-cacert",
+            "kubernetes-gateway://edge/tls-form",
+            "kubernetes-gateway://edge/tls-form-cacert",
             "kubernetes://generic",
             "kubernetes://generic-cacert",
             "kubernetes://tls-form",
             "kubernetes://tls-form-cacert",
         ]
     }
+    # The names a Gateway API listener's certificateRefs take carry the same secrets.
+    assert chain(directory, "edge", "kubernetes-gateway://edge/tls-form") == a.cert_chain_pem
+    assert bundle(directory, "edge", "kubernetes-gateway://edge/tls-form-cacert") == other.root_pem
     assert chain(directory, "edge", "kubernetes://tls-form") == a.cert_chain_pem
     assert chain(directory, "edge", "kubernetes://generic") == b.cert_chain_pem
     assert bundle(directory, "edge", "kubernetes://generic-cacert") == ca.root_pem

@@ -106,7 +106,8 @@ class Mesh:
     def __init__(self, directory: Path, serve: ServeProcess, port: int) -> None:
         self.directory, self.serve, self.port = directory, serve, port
 
-    def client(self, name: str = HOST) -> XdsClient:
+    def client(self, name: str = HOST, *, port: int | None = None) -> XdsClient:
+        """A client dialing `name:PORT` (the mesh's port unless `port`; none when it is 0)."""
         out = subprocess.run(
             [*meshctl_command(), "bootstrap", "--grpc", "--proxy", CLIENT, "--xds-address", self.serve.xds_address],
             capture_output=True,
@@ -114,7 +115,8 @@ class Mesh:
             check=True,
         ).stdout
         bootstrap: dict[str, Any] = json.loads(out)
-        return XdsClient(f"{name}:{self.port}", bootstrap)
+        port = self.port if port is None else port
+        return XdsClient(f"{name}:{port}" if port else name, bootstrap)
 
 
 @pytest.fixture
@@ -173,6 +175,45 @@ def test_live_edit_moves_traffic(grpc_mesh: Mesh) -> None:
             assert time.monotonic() < deadline, f"traffic did not move to v1: {replies} {errors}"
         # the same channel keeps following the mesh: the header route is gone with the edit
         assert client.calls(20, {"x-version": "v2"}) == ({"v1": 20}, {})
+
+
+def until_answered(client: XdsClient, expected: dict[str, int], metadata: dict[str, str] | None = None) -> None:
+    """Calls until they all answer as `expected` (the mesh is served a new file meanwhile)."""
+    deadline = time.monotonic() + CONVERGE
+    while True:
+        replies, errors = client.calls(sum(expected.values()), metadata)
+        if (replies, errors) == (expected, {}):
+            return
+        assert time.monotonic() < deadline, f"not answered as {expected}: {replies} {errors}"
+
+
+def test_a_one_port_service_is_dialed_without_its_port(grpc_mesh: Mesh) -> None:
+    """`xds:///echo.shop.mesh`: the listener of that very name, routed as with the port."""
+    with grpc_mesh.client(port=0) as client:
+        until_answered(client, {"v2": 20}, {"x-version": "v2"})
+        replies, errors = client.calls(100)
+        assert not errors and replies["v1"] + replies["v2"] == 100 and replies["v1"] >= 5, replies
+
+
+DNS_SERVICE = """apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: by-dns, namespace: shop}}
+spec:
+  hosts: [by-dns.shop.mesh]
+  location: MESH_INTERNAL
+  ports: [{{number: {port}, name: grpc, protocol: GRPC}}]
+  resolution: DNS
+  endpoints: [{{address: localhost}}]
+"""
+
+
+def test_a_dns_service_is_reached_through_a_logical_dns_cluster(grpc_mesh: Mesh) -> None:
+    """A ServiceEntry resolved by DNS: gRPC gets a LOGICAL_DNS cluster and resolves the name."""
+    port = free_port()
+    with NamedServer(f"127.0.0.1:{port}", "by-dns"):
+        (grpc_mesh.directory / "dns.yaml").write_text(DNS_SERVICE.format(port=port))
+        with grpc_mesh.client("by-dns.shop.mesh", port=port) as client:
+            until_answered(client, {"by-dns": 10})
 
 
 def envoy_calls(channel: grpc.Channel, n: int, metadata: dict[str, str]) -> tuple[Counter[str], Counter[str]]:

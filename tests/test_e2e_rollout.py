@@ -275,6 +275,12 @@ def test_a_canary_nack_holds_the_fleet_and_a_good_change_reaches_it_after_the_so
     wait_for(lambda: fleet.latest() not in (first, bad), "the server builds the good version")
     good = fleet.latest()
     wait_for(lambda: fleet.all_on("web-v2"), "every Envoy routes to v2", timeout=DEADLINE + SOAK)
+    # Envoy applies a config before its ACK reaches the server (traffic can move first), and the
+    # server may read the ACK before its write of the push returns: the history has it anyway.
+    wait_for(
+        lambda: all("acked" in t for t in fleet.entry(good)["proxies"][node(CANARY)].values()),
+        "the canary's ACKs of the good version in the history",
+    )
     # The fleet is promoted once every canary ACKed and the soak is over (the rollout's own
     # record, on whichever replica promoted): the others are sent the version after that.
     entry, others = fleet.entry(good), fleet.entry(good, on=fleet_side)

@@ -134,3 +134,21 @@ def test_distribute_weights_hold_over_real_traffic() -> None:
     assert counts["zone-b"] == 0
     # Binomial(100, 0.8): outside 55..98 about once in a billion runs.
     assert 55 <= counts["zone-a"] <= 98 and counts["zone-a"] + counts["zone-c"] == 100, counts
+
+
+def test_a_grpc_node_gets_the_failover_priorities_of_its_locality() -> None:
+    """A proxyless gRPC node is served the per-locality variant an Envoy of its locality gets
+    (gRPC fails over by priority), by the server as by `dump --grpc`."""
+    from meshctl.xds.grpc_gen import generate_grpc
+
+    snapshot = snapshot_from_yaml(mesh(FAILOVER))
+    name = f"outbound|80||{CLUSTER_HOST}"
+    for node, expected in (
+        (EAST, {"zone-a": 0, "zone-b": 1, "zone-c": 2}),
+        (WEST, {"zone-c": 0, "zone-a": 1, "zone-b": 1}),
+    ):
+        proxy = proxy_for(snapshot, node, {"GENERATOR": "grpc"})
+        (la,) = [a for a in generate_grpc(snapshot, proxy)[types.ENDPOINT] if resource_name(a) == name]
+        assert {g.locality.zone: g.priority for g in la.endpoints} == expected  # type: ignore[attr-defined]
+        cached = ResourceCache().resources(snapshot, proxy).of(types.ENDPOINT)[name]
+        assert cached.body.endswith(la.SerializeToString(deterministic=True))

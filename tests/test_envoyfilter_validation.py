@@ -73,10 +73,16 @@ def _findings(patch: str) -> list[tuple[Severity, int, str, str]]:
             "invalid regex for proxy version",
         ),
         (
-            "  - applyTo: BOOTSTRAP\n    patch: {operation: MERGE, value: {}}\n",
+            "  - applyTo: BOOTSTRAP\n    match: {cluster: {name: x}}\n    patch: {operation: MERGE, value: {}}\n",
+            7,
+            "spec.configPatches[0].match",
+            "applyTo BOOTSTRAP takes no listener, route configuration or cluster match",
+        ),
+        (
+            "  - applyTo: EXTENSION_CONFIG\n    patch: {operation: MERGE, value: {}}\n",
             6,
             "spec.configPatches[0].applyTo",
-            "needs a bootstrap written by the control plane's agent",
+            "WasmPlugins are written inline in the listeners",
         ),
     ],
 )

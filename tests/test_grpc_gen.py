@@ -103,6 +103,38 @@ def test_listeners_answer_every_name_the_service_is_dialed_by() -> None:
     assert "other.shop.mesh:8080" in listeners
 
 
+TWO_PORTS = """
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: multi, namespace: shop}
+spec:
+  hosts: [multi.shop.mesh]
+  location: MESH_INTERNAL
+  ports: [{number: 8081, name: grpc-a, protocol: GRPC}, {number: 8082, name: grpc-b, protocol: GRPC}]
+  resolution: STATIC
+  endpoints: [{address: 10.0.0.4}]
+"""
+
+
+def test_a_one_port_service_answers_its_names_without_the_port_too() -> None:
+    snapshot = snapshot_from_yaml(MESH + VS + TWO_PORTS)
+    config = generate_grpc(snapshot, proxy_for(snapshot, CLIENT, GRPC))
+    listeners = by_name(config[types.LISTENER])
+    echo, other = "outbound|7070||echo.shop.svc.cluster.local", "outbound|8080||other.shop.mesh"
+    for dialed, route in (("echo", echo), ("echo.shop", echo), ("echo.shop.svc.cluster.local", echo),
+                          ("other.shop.mesh", other)):  # fmt: skip
+        hcm = hcm_pb2.HttpConnectionManager()
+        assert listeners[dialed].api_listener.api_listener.Unpack(hcm)  # type: ignore[attr-defined]
+        assert hcm.rds.route_config_name == route
+    # gRPC matches the authority as dialed: the route config answers the bare names too.
+    routes = by_name(config[types.ROUTE])
+    assert "other.shop.mesh" in routes["outbound|8080||other.shop.mesh"].virtual_hosts[0].domains  # type: ignore[attr-defined]
+    # Two ports: a name without one could mean either, so only the ported names are served.
+    assert "multi.shop.mesh" not in listeners
+    assert {"multi.shop.mesh:8081", "multi.shop.mesh:8082"} <= set(listeners)
+
+
 def test_route_config_holds_one_host_with_grpc_timeouts_and_retries() -> None:
     snapshot = snapshot_from_yaml(MESH + VS)
     proxy = proxy_for(snapshot, CLIENT, GRPC)

@@ -102,7 +102,6 @@ def test_an_unknown_kind_in_an_istio_group_is_an_error_with_the_kind_meant(
     ("api_version", "kind"),
     [
         ("networking.istio.io/v1alpha3", "ProxyConfig"),
-        ("extensions.istio.io/v1alpha1", "WasmPlugin"),
         ("v1", "Service"),
     ],
 )

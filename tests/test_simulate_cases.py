@@ -200,7 +200,7 @@ def test_each_proxy_is_generated_once(shop: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(generate_module, "generate", counting)
     snapshot = snapshot_from_yaml(SHOP, namespace="shop")
     cases = load_cases(shop / "cases.yaml") * 50
-    proxies = ProxyResources(snapshot, lambda ref: offline.find_proxy(snapshot, ref, "shop"), False)
+    proxies = ProxyResources(snapshot, lambda ref, grpc: offline.find_proxy(snapshot, ref, "shop", grpc=grpc), False)
     results = run_cases(cases, proxies)
     assert len(results) == 150 and all(r.passed for r in results)
     # Two references (NAME.NAMESPACE and the node id) to one proxy: one generation.

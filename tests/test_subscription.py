@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshctl.errors import SubscriptionLimitError
-from meshctl.server import subscription
+from meshctl.server import subscription_delta, subscription_sotw
 from meshctl.server.subscription import (
     WILDCARD,
     DeltaSubscription,
@@ -136,6 +136,39 @@ def test_sotw_streams_naming_the_same_resources_hold_one_set_of_names() -> None:
     outcome = subs[1].handle(sotw(["a", "b"], nonce=second.nonce, version=second.version))
     assert outcome.subscription_changed and subs[1].names == {"a", "b"}
     assert subs[0].names == subs[2].names == {"a", "b", "c"}
+
+
+class CountingOffer(dict[str, Resource]):
+    """Resources offered, counting each name looked up (how a subscription keeps names)."""
+
+    lookups = 0
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        self.lookups += 1
+        return super().get(name, default)
+
+
+def test_sotw_an_ack_naming_the_names_held_looks_none_of_them_up() -> None:
+    """Every ACK of a sidecar that sees ten thousand services names ten thousand assignments:
+    taking the names held as the answer costs no lookup per name, on a thousand streams."""
+    offered = CountingOffer(pool(*(res(f"outbound|80||s{i}.mesh") for i in range(10_000))))
+    names = sorted(offered)
+    sub = SotwSubscription(EDS, wildcard_when_empty=False, partial=True)
+    sub.handle(sotw(names), offered)
+    held = sub.names
+    push = sub.next_push(offered)
+    assert push is not None and len(push.resources) == 10_000
+    offered.lookups = 0
+    outcome = sub.handle(sotw(list(reversed(names)), nonce=push.nonce, version=push.version), offered)
+    assert outcome.kind is RequestKind.ACK and not outcome.subscription_changed
+    assert sub.names is held and offered.lookups == 0
+    # A name more is a new subscription, kept by the offered resources' names as before.
+    outcome = sub.handle(sotw([*names, "outbound|80||new.mesh"], nonce=push.nonce, version=push.version), offered)
+    assert outcome.subscription_changed and len(sub.names) == 10_001 and offered.lookups == 10_001
+    # The same count of names, one of them twice, is not the names held.
+    again = [*names[:-1], names[0], "outbound|80||new.mesh"]
+    outcome = sub.handle(sotw(again, nonce=push.nonce, version=push.version), offered)
+    assert outcome.subscription_changed and len(sub.names) == 10_000
 
 
 def test_sotw_streams_holding_the_same_assignments_keep_no_copy_of_them() -> None:
@@ -685,7 +718,7 @@ def junk_nonce(data: st.DataObject, log: list[Sent], *, error: bool) -> str:
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_delta_random_streams_stay_bounded_and_converge(wildcard: bool, data: st.DataObject) -> None:
-    with mock.patch.object(subscription, "_UNANSWERED_KEPT", KEPT):
+    with mock.patch.object(subscription_delta, "_UNANSWERED_KEPT", KEPT):
         sub = DeltaSubscription(EDS, wildcard_when_empty=wildcard, max_names=LIMIT)
         holds: dict[str, str] = {}  # what the node holds
         log: list[Sent] = []
@@ -800,7 +833,7 @@ def check_delta_bounds(sub: DeltaSubscription) -> None:
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_sotw_random_streams_stay_bounded_and_converge(wildcard: bool, partial: bool, data: st.DataObject) -> None:
-    with mock.patch.object(subscription, "_UNANSWERED_KEPT", KEPT):
+    with mock.patch.object(subscription_sotw, "_UNANSWERED_KEPT", KEPT):
         sub = SotwSubscription(EDS, wildcard_when_empty=wildcard, partial=partial, max_names=LIMIT)
         holds: dict[str, str] = {}
         asked: list[str] = []  # the names of the node's last request the server took

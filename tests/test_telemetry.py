@@ -209,7 +209,8 @@ def test_a_telemetry_change_rekeys_only_the_proxies_it_selects() -> None:
          Severity.ERROR, "[0, 100]"),
         ("{selector: {matchLabels: {app: a}}, targetRefs: [{kind: Service, name: a}]}", "spec.targetRefs",
          Severity.ERROR, "only one"),
-        ("{tracing: [{providers: [{name: zipkin}]}]}", "spec.tracing[0]", Severity.WARNING, "not applied"),
+        ("{tracing: [{providers: [{name: a}, {name: b}]}]}", "spec.tracing[0].providers", Severity.WARNING,
+         "Istio uses the first"),
     ],
 )  # fmt: skip
 def test_validate_names_the_field(spec: str, field: str, severity: Severity, words: str) -> None:

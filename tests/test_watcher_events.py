@@ -164,3 +164,18 @@ def test_serve_resync_period_repairs_what_no_event_told_of(tmp_path: Path) -> No
         assert names() == {"reviews"}
         (outside / "reviews.yaml").write_text(vs("reviews-v2"))
         wait_for(lambda: names() == {"reviews-v2"}, "the server's periodic pass to read the linked file again")
+
+
+def test_a_file_a_meshctlignore_names_is_not_served_when_its_event_comes(tmp_path: Path) -> None:
+    """Whether a file is read is the ignore rules' to say: an event on an ignored file's path
+    does not make the watcher read it alone."""
+    root = tmp_path / "mesh"
+    root.mkdir()
+    (root / ".meshctlignore").write_text("*.tmpl.yaml\n")
+    (root / "reviews.yaml").write_text(vs("reviews"))
+    store = ConfigStore()
+    with DirectoryWatcher([root], store, WatchOptions(debounce=0.1, max_delay=5.0, resync_period=0)):
+        (root / "draft.tmpl.yaml").write_text(vs("draft"))
+        (root / "ratings.yaml").write_text(vs("ratings", host="ratings.shop.mesh"))
+        wait_for(lambda: store.get(vs_key("ratings")) is not None, "the file that is config")
+    assert sorted(k.name for k in store.configs) == ["ratings", "reviews"]

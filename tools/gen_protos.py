@@ -35,7 +35,7 @@ OUTPUT = ROOT / "meshctl" / "api"
 PACKAGE = "meshctl.api"
 
 #: Top-level proto directories; imports from them are moved under PACKAGE.
-_OWN_ROOTS = ("networking", "security", "telemetry", "type")
+_OWN_ROOTS = ("extensions", "networking", "security", "telemetry", "type")
 _IMPORT_RE = re.compile(rf"^(from|import) ({'|'.join(_OWN_ROOTS)})(\.[\w.]+)", re.MULTILINE)
 #: The module name protoc gives the builder, which becomes the classes' `__module__` (pickling, repr).
 _MODULE_NAME_RE = re.compile(rf"(BuildTopDescriptorsAndMessages\(DESCRIPTOR, ')((?:{'|'.join(_OWN_ROOTS)})\.)")

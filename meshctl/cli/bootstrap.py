@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from meshctl.cli.exits import reported
+
+if TYPE_CHECKING:
+    from meshctl.bootstrap import BootstrapOptions
+    from meshctl.snapshot.proxy import ProxyNode
 
 
 class BootstrapFormat(enum.StrEnum):
@@ -146,7 +150,8 @@ def bootstrap(
             "--config",
             metavar="PATH",
             help="Istio YAML (a file or directory; repeatable) whose ProxyConfigs for this proxy are applied: "
-            "ISTIO_META_* environmentVariables become node metadata, the other fields are named in a warning.",
+            "ISTIO_META_* environmentVariables become node metadata, the other fields are named in a warning; "
+            "the applyTo BOOTSTRAP patches of its EnvoyFilters that select the proxy are merged in.",
         ),
     ] = None,
     mesh_config: Annotated[
@@ -290,7 +295,7 @@ def bootstrap(
         raise UsageError(f"--health-port {effective_health_port(node, options)}: {problem} (--health-port 0 for none)")
     if (problem := inclusion.problem()) is not None:
         raise UsageError(f"--stats-inclusion-*: {problem}")
-    config = build_bootstrap(node, options)
+    config = _patched(build_bootstrap(node, options), config_paths or [], node, {**node.labels, **labels}, options)
     if output is BootstrapFormat.json:
         json.dump(config, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -300,6 +305,38 @@ def bootstrap(
         yaml = YAML(typ="safe", pure=True)
         yaml.default_flow_style = False
         yaml.dump(config, sys.stdout)
+
+
+def _patched(
+    config: dict[str, Any], paths: list[Path], node: ProxyNode, labels: dict[str, str], options: BootstrapOptions
+) -> dict[str, Any]:
+    """`config` with the BOOTSTRAP patches of the EnvoyFilters under `paths` that select the node
+    (`meshctl.bootstrap_patches`); each applied is named on stderr, as is a file that failed to
+    load (its EnvoyFilters are left out: `meshctl validate` says why)."""
+    if not paths:
+        return config
+    from meshctl.bootstrap_patches import apply_bootstrap_patches, bootstrap_patches
+    from meshctl.cli import output as out
+
+    metadata = {**node.metadata, **options.metadata}
+    patches, errors = bootstrap_patches(paths, node, labels, metadata)
+    console = out.stderr_console()
+    if errors:
+        console.print(
+            f"warning: {len(errors)} error(s) in --config: the EnvoyFilters of those files are not applied "
+            f"(first: {errors[0]})",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+    for envoy_filter, _ in patches:
+        console.print(
+            f"note: BOOTSTRAP patch of EnvoyFilter {envoy_filter.namespace}/{envoy_filter.name} applied",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+    return apply_bootstrap_patches(config, [value for _, value in patches])
 
 
 def _proxy_config(

@@ -5,7 +5,8 @@ builds both trees exactly as `meshctl dump` does (and so as the server does), ge
 proxy's resources from both, and shows every resource that was added, removed or changed, as a
 unified diff of its YAML. Resources are compared by their serialized bytes, which generation
 keeps deterministic, so a change that moves resources between files, reorders them or edits a
-comment shows nothing.
+comment shows nothing. Proxies that share a view share its generation and its comparison
+(`meshctl.cli.diff_views`), so a mesh of a thousand VMs costs what its views cost.
 
 With `--live ADMIN_URL` it compares instead what meshctl would send a proxy now (from
 `--config-dir`, as `meshctl dump` builds it) with what that proxy's Envoy holds, read from its
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from meshctl.cli.diff_views import ViewDiff
 from meshctl.cli.exits import reported
 from meshctl.cli.offline import INTERCEPTION_HELP, MESH_CONFIG_HELP
 from meshctl.snapshot.interception import InterceptionMode
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from google.protobuf.message import Message
 
     from meshctl.cli.offline import LoadedTree
+    from meshctl.cli.yaml_block import BlockYaml
     from meshctl.snapshot.model import Snapshot
     from meshctl.snapshot.proxy import Proxy
 
@@ -133,6 +136,10 @@ def diff(
             help="With --live: how long the Envoy may take to send its whole config dump.",
         ),
     ] = 30.0,
+    grpc: Annotated[
+        bool,
+        typer.Option("--grpc", help="With --proxy: the proxy is a proxyless gRPC node (GENERATOR grpc)."),
+    ] = False,
 ) -> None:
     """Show how the Envoy config of a proxy (or of every proxy) changes from OLD to NEW, or with
     --live how a running Envoy's config differs from what meshctl would send it now.
@@ -168,13 +175,20 @@ def diff(
         raise UsageError("give OLD and NEW config directories, or --live ADMIN_URL --config-dir DIR")
     if (proxy is None) == (not all_proxies):
         raise UsageError("give either --proxy NODE_ID or --all-proxies")
+    if grpc and proxy is None:
+        raise UsageError("--grpc goes with --proxy NODE_ID (and OLD NEW directories)")
     mesh = offline.mesh_from(mesh_config)
     before = offline.load_tree(old, namespace=namespace, mesh=mesh)
     after = offline.load_tree(new, namespace=namespace, mesh=mesh)
     mode = interception.value
-    pairs = all_pairs(before, after, mode) if proxy is None else [proxy_pair(before, after, proxy, namespace, mode)]
+    pairs = (
+        all_pairs(before, after, mode)
+        if proxy is None
+        else [proxy_pair(before, after, proxy, namespace, mode, grpc=grpc)]
+    )
     offline.report(after)  # the tree being proposed; the old one's warnings are history
-    changes = [c for pair in pairs for c in diff_proxy(before, after, pair)]
+    views = ViewDiff(before.snapshot, after.snapshot)
+    changes = [c for pair in pairs for c in diff_proxy(views, pair)]
     if output is Format.json:
         sys.stdout.write(json.dumps([c.as_dict() for c in changes], indent=2) + "\n")
     else:
@@ -185,14 +199,15 @@ def diff(
 
 
 def proxy_pair(
-    before: LoadedTree, after: LoadedTree, ref: str, namespace: str, interception: str = "NONE"
+    before: LoadedTree, after: LoadedTree, ref: str, namespace: str, interception: str = "NONE", *, grpc: bool = False
 ) -> ProxyPair:
-    """The proxy `ref` names, in each tree; an error when it names nothing in either."""
+    """The proxy `ref` names, in each tree (a proxyless gRPC node with `grpc`); an error when it
+    names nothing in either."""
     from meshctl.cli import offline
     from meshctl.errors import OfflineError
 
-    old = offline.find_proxy(before.snapshot, ref, namespace, interception)
-    new = offline.find_proxy(after.snapshot, ref, namespace, interception)
+    old = offline.find_proxy(before.snapshot, ref, namespace, interception, grpc=grpc)
+    new = offline.find_proxy(after.snapshot, ref, namespace, interception, grpc=grpc)
     if old is None and new is None:
         raise OfflineError(
             f"--proxy {ref!r} names no WorkloadEntry in {before.path} or {after.path}; "
@@ -205,57 +220,42 @@ def proxy_pair(
 def all_pairs(before: LoadedTree, after: LoadedTree, interception: str = "NONE") -> list[ProxyPair]:
     """A pair for every WorkloadEntry of either tree, by (namespace, name); each side bound with
     the node id its own tree gives (a new IP or a new Gateway changes the id)."""
-    from meshctl.cli import offline
+    from meshctl.cli.diff_views import entries_by_ref, proxy_of_entry
+    from meshctl.errors import NodeIdError, OfflineError
 
-    refs = sorted({(e.namespace, e.name) for tree in (before, after) for e in offline.workload_entries(tree.snapshot)})
+    was, now = entries_by_ref(before), entries_by_ref(after)
     pairs = []
-    for ns, name in refs:
-        ref = f"{name}.{ns}"
-        pairs.append(proxy_pair(before, after, ref, ns, interception))
+    for ref in sorted(was.keys() | now.keys()):
+        try:
+            old = proxy_of_entry(before.snapshot, was.get(ref), interception)
+            new = proxy_of_entry(after.snapshot, now.get(ref), interception)
+        except NodeIdError as exc:
+            raise OfflineError(str(exc)) from exc
+        label = new.id if new is not None else old.id if old is not None else ""
+        pairs.append(ProxyPair(label, old, new))
     return pairs
 
 
-def diff_proxy(before: LoadedTree, after: LoadedTree, pair: ProxyPair) -> Iterator[ResourceChange]:
-    """Every resource that differs for one proxy, in push order, then by name."""
-    from meshctl.xds.config_dump import DUMP_ORDER, SECTION_NAMES
+def diff_proxy(views: ViewDiff, pair: ProxyPair) -> Iterator[ResourceChange]:
+    """Every resource that differs for one proxy, in push order, then by name: computed once per
+    pair of views (`ViewDiff`), however many proxies share it."""
+    from meshctl.xds.config_dump import SECTION_NAMES
 
-    old = _by_name(before, pair.old)
-    new = _by_name(after, pair.new)
-    for type_url in DUMP_ORDER:
-        was, now = old.get(type_url, {}), new.get(type_url, {})
-        for name in sorted(was.keys() | now.keys()):
-            a, b = was.get(name), now.get(name)
-            if a is None:
-                change = Change.added
-            elif b is None:
-                change = Change.removed
-            elif a.SerializeToString(deterministic=True) != b.SerializeToString(deterministic=True):
-                change = Change.changed
-            else:
-                continue
-            yield ResourceChange(pair.label, SECTION_NAMES[type_url], name, change, a, b)
+    for d in views.differences(pair.old, pair.new):
+        yield ResourceChange(pair.label, SECTION_NAMES[d.type_url], d.name, Change(d.change), d.old, d.new)
 
 
-def _by_name(tree: LoadedTree, proxy: Proxy | None) -> Mapping[str, Mapping[str, Message]]:
-    """What the proxy would hold (as `meshctl dump` shows it), by type URL and name."""
-    from meshctl.xds.config_dump import subscribed
-    from meshctl.xds.generate import generate
-    from meshctl.xds.names import resource_name
-
-    if proxy is None:
-        return {}
-    resources, _ = subscribed(generate(tree.snapshot, proxy))
-    return {t: {resource_name(m): m for m in ms} for t, ms in resources.items()}
-
-
-def unified_diff(change: ResourceChange) -> list[str]:
+def unified_diff(change: ResourceChange, writer: BlockYaml | None = None) -> list[str]:
     """The change as a unified diff of the resources' YAML, headed `a/TYPE/NAME` and `b/TYPE/NAME`
-    (`/dev/null` for a side that has none), as git writes them."""
-    from meshctl.cli.offline import yaml_text
+    (`/dev/null` for a side that has none), as git writes them. `writer` keeps the scalars it
+    wrote for the next change (the same text, sooner)."""
+    from meshctl.cli.yaml_block import BlockYaml
     from meshctl.xds.config_dump import message_dict
 
+    yaml = writer or BlockYaml()
+
     def text(message: Message | None) -> list[str]:
-        return yaml_text(message_dict(message)).splitlines() if message is not None else []
+        return yaml.text(message_dict(message)).splitlines() if message is not None else []
 
     path = f"{change.section}/{change.name}"
     return list(
@@ -289,13 +289,25 @@ def _print_text(changes: list[ResourceChange], *, summary: bool) -> None:
     replicas of a service, a namespace's sidecars after a route change) share one block, headed by
     each of their ids, so a change to fifty proxies reads once."""
     from meshctl.cli.output import TableData, print_diff, print_tables
+    from meshctl.cli.yaml_block import BlockYaml
 
-    by_proxy: dict[str, list[str]] = {}
+    # Proxies that share views hold the very same changes (the same messages): each distinct
+    # list of them is written out once, and grouped by its text as before.
+    by_proxy: dict[str, list[ResourceChange]] = {}
     for c in changes:
-        by_proxy.setdefault(c.proxy, []).extend(unified_diff(c))
+        by_proxy.setdefault(c.proxy, []).append(c)
+    writer = BlockYaml()
+    texts: dict[tuple[tuple[str, str, int, int], ...], tuple[str, ...]] = {}
+    lines_of: dict[tuple[str, str, int, int], list[str]] = {}
     groups: dict[tuple[str, ...], list[str]] = {}
-    for proxy, lines in by_proxy.items():
-        groups.setdefault(tuple(lines), []).append(proxy)
+    for proxy, held in by_proxy.items():
+        key = tuple((c.section, c.name, id(c.old), id(c.new)) for c in held)
+        block = texts.get(key)
+        if block is None:
+            block = texts[key] = tuple(
+                line for c, k in zip(held, key, strict=True) for line in _cached(lines_of, k, c, writer)
+            )
+        groups.setdefault(block, []).append(proxy)
     text: list[str] = []
     for block, proxies in groups.items():
         text.extend(f"# {p}" for p in proxies)
@@ -304,6 +316,18 @@ def _print_text(changes: list[ResourceChange], *, summary: bool) -> None:
     if summary and changes:
         sys.stdout.write("\n")
         print_tables([TableData("Summary", SUMMARY_COLUMNS, summary_rows(changes))])
+
+
+def _cached(
+    memo: dict[tuple[str, str, int, int], list[str]],
+    key: tuple[str, str, int, int],
+    change: ResourceChange,
+    writer: BlockYaml,
+) -> list[str]:
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = unified_diff(change, writer)
+    return found
 
 
 # -- against a live Envoy -----------------------------------------------------------------------

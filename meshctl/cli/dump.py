@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from google.protobuf.message import Message
 
     from meshctl.cli.output import TableData
+    from meshctl.snapshot.model import Snapshot
+    from meshctl.snapshot.proxy import Proxy
 
 CLUSTER_COLUMNS = ("SERVICE FQDN", "PORT", "SUBSET", "DIRECTION", "TYPE", "DESTINATION RULE")
 ENDPOINT_COLUMNS = ("ENDPOINT", "STATUS", "OUTLIER CHECK", "CLUSTER")
@@ -102,6 +104,8 @@ def dump(
         *offline.hidden_port_notes(tree.snapshot, target),
         *offline.bypassed_port_notes(tree.snapshot, target),
         *offline.gateway_target_port_notes(tree.snapshot, target),
+        *_unmatched_filter_notes(tree.snapshot, target),
+        *offline.gateway_api_notes(tree.snapshot, target),
     ]:
         _stderr(f"note: {note}")
     resources, unrequested = subscribed(generate(tree.snapshot, target))
@@ -127,6 +131,17 @@ def _print(resources: Mapping[str, Sequence[Message]], section: Section, output:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
         sys.stdout.write(offline.yaml_text(data))
+
+
+def _unmatched_filter_notes(snapshot: Snapshot, proxy: Proxy) -> list[str]:
+    """The EnvoyFilters selecting the proxy whose patches matched nothing in its config."""
+    if not proxy.envoy_filters:
+        return []
+    from meshctl.xds.envoyfilter_report import unmatched_envoy_filters, unmatched_message
+    from meshctl.xds.generate import unpatched_config
+
+    config = unpatched_config(snapshot, proxy)
+    return [unmatched_message(f, proxy) for f in unmatched_envoy_filters(config, proxy)]
 
 
 def _stderr(message: str) -> None:

@@ -309,3 +309,36 @@ def _plain(data: Any) -> Any:
     if isinstance(data, list | tuple):
         return [_plain(v) for v in data]
     return data
+
+
+def gateway_api_notes(snapshot: Snapshot, proxy: Proxy) -> list[str]:
+    """For a router bound to Gateway API Gateways: which routes attached to each listener (what
+    Istio writes in the listener's `attachedRoutes` and the routes' parents), one line a listener."""
+    from meshctl.config.gateway_api import is_synthetic
+    from meshctl.config.model import ConfigKey
+    from meshctl.snapshot.model import spec
+    from meshctl.snapshot.proxy import ProxyType
+    from meshctl.snapshot.scope import ProxyScope
+
+    if proxy.type is not ProxyType.ROUTER:
+        return []
+    attached: dict[tuple[ConfigKey, str], list[str]] = {}
+    for a in snapshot.gateway_api.attachments:
+        if a.gateway is not None and a.listener is not None:
+            attached.setdefault((a.gateway, a.listener), []).append(
+                f"{a.route.kind} {a.route.namespace}/{a.route.name} ({', '.join(a.hosts)})"
+            )
+    notes = []
+    for gateway in ProxyScope(snapshot, proxy).gateways:
+        if not is_synthetic(gateway):
+            continue
+        owner, _, listener = gateway.annotations["internal.istio.io/parents"].partition("/")[2].rpartition("/")
+        key = ConfigKey("KubernetesGateway", gateway.namespace, owner)
+        listener = listener.rsplit(".", 1)[0]
+        port = spec(gateway).servers[0].port.number
+        routes = attached.get((key, listener), [])
+        taken = ", ".join(routes) if routes else "no route"
+        notes.append(
+            f"Gateway API: Gateway {gateway.namespace}/{owner} listener {listener} (port {port}) takes {taken}"
+        )
+    return notes

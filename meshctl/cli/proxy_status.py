@@ -54,6 +54,9 @@ def proxy_status(
 ) -> None:
     """One row per connected proxy with CDS, LDS, EDS, RDS and SDS each SYNCED, STALE, NOT SENT or ERROR.
 
+    A proxyless gRPC node (GENERATOR grpc) is a row like an Envoy's, with a GENERATOR column:
+    it asks for its listeners, routes, clusters and endpoints by name and never for SDS.
+
     With several --admin replicas, a replica that does not answer is one line on stderr and the
     others are still shown; the command fails (2) only when none answers.
 
@@ -84,6 +87,7 @@ def proxy_status(
             row = {
                 "proxy": e["proxy"],
                 "workload": e.get("workload", ""),
+                "generator": e.get("generator", "envoy"),
                 **states,
                 "HDS": e.get("health", ""),
                 "replica": replica,
@@ -109,14 +113,17 @@ def proxy_status(
     # A table on a terminal; aligned columns when piped, so grep and awk see whole node ids.
     # The VERSION column only while proxies are offered different versions (a staged rollout).
     staged = len({r["version"] for r in rows}) > 1 or any(r["rollout"] == "canary" for r in rows)
-    headers = ["NAME", "WORKLOAD", *TYPES, "HDS", *(["VERSION"] if staged else []), "REPLICA"]
-    out.print_listing(
-        headers,
-        [
-            [r["proxy"], r["workload"], *(r[t] for t in TYPES), r["HDS"], *[_version(r)][: int(staged)], r["replica"]]
-            for r in rows
-        ],
-    )
+    # The GENERATOR column only when a proxyless gRPC node is connected (it never asks for SDS).
+    grpc = any(r["generator"] == "grpc" for r in rows)
+    headers = ["NAME", "WORKLOAD", *(["GENERATOR"] if grpc else []), *TYPES, "HDS"]
+    headers += [*(["VERSION"] if staged else []), "REPLICA"]
+
+    def cells(r: dict[str, Any]) -> list[str]:
+        kind = [r["generator"]] if grpc else []
+        version = [_version(r)] if staged else []
+        return [r["proxy"], r["workload"], *kind, *(r[t] for t in TYPES), r["HDS"], *version, r["replica"]]
+
+    out.print_listing(headers, [cells(r) for r in rows])
     if errors:
         for r in rows:
             for t in TYPES:

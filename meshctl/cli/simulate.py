@@ -51,7 +51,11 @@ def simulate(
     config_dir: options.ConfigDir,
     url: Annotated[
         str | None,
-        typer.Argument(metavar="URL", help="The request's URL: http://HOST[:PORT]/PATH[?QUERY]; none with --cases."),
+        typer.Argument(
+            metavar="URL",
+            help="The request's URL: http://HOST[:PORT]/PATH[?QUERY], or a proxyless gRPC call "
+            "xds:///HOST:PORT/SERVICE/METHOD (the proxy is then a gRPC node); none with --cases.",
+        ),
     ] = None,
     proxy: Annotated[
         str | None,
@@ -102,6 +106,10 @@ def simulate(
     action (clusters and weights, redirect, direct response, timeout, retries, fault, mirrors),
     and each cluster's TLS mode and endpoints.
 
+    A URL xds:///HOST:PORT/SERVICE/METHOD is a call made by a proxyless gRPC node (GENERATOR
+    grpc) instead: its listener is the one named HOST:PORT, routes match the /SERVICE/METHOD
+    path and -H metadata, and the outcome is the call's gRPC status.
+
     With --cases FILE, runs each case of the file (a request from a proxy, and the cluster,
     route, status, redirect, header or source it should get) and prints the ones that fail.
 
@@ -128,9 +136,13 @@ def simulate(
         raise UsageError("--sni goes with --tcp; for HTTPS give an https:// URL")
     if output is Format.github:
         raise UsageError("-o github annotates a cases file: use it with --cases")
-    request = parse_connection(tcp, sni or "") if tcp is not None else parse_request(str(url), method, header or ())
+    grpc = url is not None and url.startswith("xds:")
+    if grpc and method != "GET":
+        raise UsageError("a gRPC call (xds:///...) is a POST of its method: give no -X")
+    if not grpc:
+        request = parse_connection(tcp, sni or "") if tcp is not None else parse_request(str(url), method, header or ())
     tree = offline.load_tree(config_dir, consul=consul, namespace=namespace, mesh=offline.mesh_from(mesh_config))
-    target = offline.resolve_proxy(tree, proxy, namespace, interception.value)
+    target = offline.resolve_proxy(tree, proxy, namespace, interception.value, grpc=grpc)
     offline.report(tree)
     _stderr(offline.proxy_note(target))
     how = Target(
@@ -138,7 +150,14 @@ def simulate(
         router=target.type is ProxyType.ROUTER,
         intercepted=target.interception is not InterceptionMode.NONE,
     )
-    result = run(generate(tree.snapshot, target), request, how, source_lookup(tree.snapshot))
+    if grpc:
+        from meshctl.simulate.grpc import parse_call, simulate_grpc
+        from meshctl.xds.grpc_gen import generate_grpc
+
+        call = parse_call(str(url), header or ())
+        result = simulate_grpc(generate_grpc(tree.snapshot, target), call, how, source_lookup(tree.snapshot))
+    else:
+        result = run(generate(tree.snapshot, target), request, how, source_lookup(tree.snapshot))
     if output is Format.json:
         sys.stdout.write(json.dumps(result.as_dict(), indent=2) + "\n")
     else:
@@ -163,7 +182,7 @@ def run_cases_file(path: Path, tree: LoadedTree, output: Format, namespace: str,
     offline.report(tree)
     proxies = ProxyResources(
         tree.snapshot,
-        lambda ref: offline.find_proxy(tree.snapshot, ref, namespace, mode.value),
+        lambda ref, grpc: offline.find_proxy(tree.snapshot, ref, namespace, mode.value, grpc=grpc),
         mode is not InterceptionMode.NONE,
     )
     results = run_cases(cases, proxies, source_lookup(tree.snapshot))

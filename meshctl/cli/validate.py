@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from meshctl.cli.offline import LoadedTree
     from meshctl.config.analysis import AnalysisIssue
     from meshctl.config.findings import Finding
+    from meshctl.config.mesh import MeshSettings
     from meshctl.config.model import Config
 
 EXIT_OK, EXIT_INVALID = 0, 1  # usage and internal errors exit 2, at the CLI's edge (`meshctl.cli.exits`)
@@ -141,6 +142,9 @@ def validate(
 
             settings, mesh_findings = load_mesh_config(Path(mesh_config), ca_not_after=_ca_end(ca_dir))
             root_namespace = settings.root_namespace if settings is not None else root_namespace
+        analysis = _proxy_analysis(partial(name_clashes, mesh=settings), credentials_dir)
+        if settings is not None and mesh_config is not None and settings.providers.collectors:
+            analysis = _with_collectors(analysis, settings, Path(mesh_config), known_host or (), mesh_findings)
         findings = check(
             [p for p in paths if p != "-" or not refused],
             options,
@@ -148,7 +152,7 @@ def validate(
             known_hosts=known_host or (),
             analysis=analyze,
             root_namespace=root_namespace,
-            proxy_analysis=_proxy_analysis(partial(name_clashes, mesh=settings), credentials_dir),
+            proxy_analysis=analysis,
         )
         findings = sort_findings([*findings, *refused, *mesh_findings]) if refused or mesh_findings else findings
     finally:
@@ -177,6 +181,24 @@ def _proxy_analysis(
     from meshctl.check.credentials import credential_issues
 
     return lambda configs: [*clashes(configs), *credential_issues(configs, credentials_dir)]
+
+
+def _with_collectors(
+    analysis: Callable[[Sequence[Config]], list[AnalysisIssue]],
+    mesh: MeshSettings,
+    mesh_file: Path,
+    known_hosts: Sequence[str],
+    out: list[Finding],
+) -> Callable[[Sequence[Config]], list[AnalysisIssue]]:
+    """`analysis`, which also checks the MeshConfig's collector services against the tree's
+    (`meshctl.check.collectors`), adding those findings, which are the MeshConfig's, to `out`."""
+    from meshctl.check.collectors import collector_findings
+
+    def run(configs: Sequence[Config]) -> list[AnalysisIssue]:
+        out.extend(collector_findings(configs, mesh, mesh_file, known_hosts))
+        return analysis(configs)
+
+    return run
 
 
 def _envoy_findings(

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshctl.config.analysis_authz import identity_without_mtls, policies_bypassed
+from meshctl.config.analysis_grpc import REFUSED, grpc_issues
 from meshctl.config.analysis_mtls import Sidecars, vm_mtls_issues, workload_labels
 from meshctl.config.findings import FieldPath, Severity
 from meshctl.config.hosts import host_matches, hosts_overlap
@@ -230,7 +231,21 @@ def analyze(
             *policies_bypassed(index.by_kind, root_namespace),
         )
     )
+    issues.extend(
+        AnalysisIssue(f.key, f.path, f.message, Severity.ERROR if f.code == REFUSED else Severity.WARNING, f.code)
+        for f in grpc_issues(index.by_kind, root_namespace)
+    )
+    issues.extend(_gateway_api_status(configs, known_hosts))
     return issues
+
+
+def _gateway_api_status(configs: Sequence[Config], known_hosts: Collection[str]) -> list[AnalysisIssue]:
+    """The status conditions Istio would write on the Gateway API resources (`gateway_api.status`)."""
+    from meshctl.config.gateway_api import translate
+
+    known = frozenset(known_hosts)
+    translation = translate(configs, known.__contains__)
+    return [AnalysisIssue(c.key, c.path, c.text(), c.severity, c.code) for c in translation.conditions]
 
 
 def hidden_port_message(workload: str, port: int, served: str, called: Sequence[str]) -> str:
@@ -396,8 +411,9 @@ def _mesh_host_conflicts(index: _Index) -> Iterator[AnalysisIssue]:
 
 
 def _selectors(index: _Index, root_namespace: str) -> Iterator[AnalysisIssue]:
-    """IST0127: a workload selector that selects no WorkloadEntry. The security policies' and
-    EnvoyFilters' selectors reach every namespace from the root namespace, as in Istio."""
+    """IST0127: a workload selector that selects no WorkloadEntry. The security policies',
+    EnvoyFilters' and WasmPlugins' selectors reach every namespace from the root namespace, as in
+    Istio."""
     checks: Iterable[tuple[str, FieldPath, str]] = (
         ("Sidecar", ("spec", "workloadSelector"), "workload_selector"),
         ("DestinationRule", ("spec", "workloadSelector"), "workload_selector"),
@@ -407,8 +423,9 @@ def _selectors(index: _Index, root_namespace: str) -> Iterator[AnalysisIssue]:
         ("RequestAuthentication", ("spec", "selector"), "selector"),
         ("PeerAuthentication", ("spec", "selector"), "selector"),
         ("Telemetry", ("spec", "selector"), "selector"),
+        ("WasmPlugin", ("spec", "selector"), "selector"),
     )
-    policies = {"AuthorizationPolicy", "RequestAuthentication", "PeerAuthentication", "EnvoyFilter"}
+    policies = {"AuthorizationPolicy", "RequestAuthentication", "PeerAuthentication", "EnvoyFilter", "WasmPlugin"}
     for kind, path, field in checks:
         for config in index.by_kind[kind]:
             selector = selector_labels(config.spec, field)

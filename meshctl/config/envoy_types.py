@@ -36,6 +36,7 @@ _TARGETS: Final = {
     "VIRTUAL_HOST": ("envoy.config.route.v3.route_components_pb2", "VirtualHost"),
     "HTTP_ROUTE": ("envoy.config.route.v3.route_components_pb2", "Route"),
     "CLUSTER": ("envoy.config.cluster.v3.cluster_pb2", "Cluster"),
+    "BOOTSTRAP": ("envoy.config.bootstrap.v3.bootstrap_pb2", "Bootstrap"),
 }
 
 

@@ -39,6 +39,7 @@ from typing import Final
 
 from meshctl.config import yamlsource
 from meshctl.config.findings import Finding, Severity
+from meshctl.config.ignore import IGNORE_FILE, IGNORE_LIMIT, Rule, ignored_by, parse_rules
 from meshctl.errors import ConfigError
 
 YAML_SUFFIXES: Final = (".yaml", ".yml")
@@ -173,16 +174,54 @@ def _walk_tree(root: str, walk: Walk) -> None:
         return
     seen: dict[tuple[int, int], str] = {(st.st_dev, st.st_ino): root}
     inside = os.path.realpath(root)  # a root that is itself a link is walked where it leads
-    stack = [root]
+    stack: list[tuple[str, list[Rule]]] = [(root, [])]
     while stack:  # a stack, not recursion: depth is whatever the tree's is
-        directory = stack.pop()
+        directory, inherited = stack.pop()
+        rules = inherited + _ignore_rules(directory, walk)
+        links = len(walk.links)
         listed = _list(directory, walk.links)
         if listed is None:
             continue  # as os.walk does: it adds nothing (the watcher then reads the files it knew there directly)
         files, subdirs = listed
-        walk.directories.append(directory)
+        if rules:
+            files, subdirs = _not_ignored(files, subdirs, rules, walk)
+            kept = set(files)
+            walk.links[links:] = [p for p in walk.links[links:] if p in kept]
+        else:
+            # Only where no ignore rule holds may a file event's path be read alone: elsewhere
+            # whether it is read at all is the rules' to say, which only a walk applies.
+            walk.directories.append(directory)
         walk.paths.extend(files)
-        stack.extend(reversed(_enter(directory, _within(subdirs, inside, walk), seen, walk)))
+        entered = _enter(directory, _within(subdirs, inside, walk), seen, walk)
+        stack.extend((d, rules) for d in reversed(entered))
+
+
+def _ignore_rules(directory: str, walk: Walk) -> list[Rule]:
+    """The rules of `directory`'s `.meshctlignore` (`config/ignore.py`), read as any config file
+    is; one that cannot be read ignores nothing, with a warning."""
+    path = os.path.join(directory, IGNORE_FILE)
+    if not os.path.lexists(path):
+        return []
+    try:
+        text = decode_text(read_config_file(path, IGNORE_LIMIT).data)
+    except (ConfigError, OSError) as e:
+        walk.findings.append(Finding(Severity.WARNING, f"not used, nothing is ignored by it: {e}", path))
+        return []
+    rules, findings = parse_rules(directory, text)
+    walk.findings.extend(findings)
+    return rules
+
+
+def _not_ignored(
+    files: list[str], subdirs: list[os.DirEntry[str]], rules: list[Rule], walk: Walk
+) -> tuple[list[str], list[os.DirEntry[str]]]:
+    """`files` and `subdirs` without what `rules` ignore. Ignored paths are `skipped`, so the
+    watcher neither reads a file it served before the rule came nor drops it as unreadable."""
+    kept_files = [p for p in files if ignored_by(rules, p, is_dir=False) is None]
+    kept_dirs = [e for e in subdirs if ignored_by(rules, e.path, is_dir=True) is None]
+    kept = set(kept_files) | {e.path for e in kept_dirs}
+    walk.skipped.extend(p for p in [*files, *(e.path for e in subdirs)] if p not in kept)
+    return kept_files, kept_dirs
 
 
 def _within(subdirs: list[os.DirEntry[str]], inside: str, walk: Walk) -> list[os.DirEntry[str]]:

@@ -26,6 +26,8 @@ from meshctl.config import documents, yamlsource
 from meshctl.config.files import decode_text, read_config_file, walk_yaml
 from meshctl.config.findings import FieldPath, Finding, Severity, format_path, has_errors
 from meshctl.config.model import (
+    GATEWAY_API_GROUP,
+    GATEWAY_API_KINDS,
     GROUP_VERSIONS,
     ISTIO_KINDS,
     NOT_SERVED_YET,
@@ -313,13 +315,16 @@ def _load_document(
         return None, [finding(f"{kind} has no apiVersion", ("apiVersion",) if "apiVersion" in data else ())]
 
     group, _, version = api_version.partition("/")
+    if group == GATEWAY_API_GROUP:
+        kind = GATEWAY_API_KINDS.get(kind, kind)
     if group != served_group(kind):
         message, severity = _not_served(group, api_version, kind, options)
-        url = _wasm_download(kind, group, data.get("spec"))
-        if url is not None:
-            message = f"refused {api_version} {kind}: url {url!r}: {WASM_DOWNLOAD_REFUSED}"
-            return None, [finding(message, ("spec", "url"), severity)]
         return None, [finding(message, ("kind",), severity)]
+    url = _wasm_download(kind, data.get("spec"))
+    if url is not None:
+        severity = Severity.ERROR if options.refuse_unserved else Severity.WARNING
+        message = f"refused {api_version} {kind}: url {url!r}: {WASM_DOWNLOAD_REFUSED}"
+        return None, [finding(message, ("spec", "url"), severity)]
     if version not in GROUP_VERSIONS[group]:
         accepted = ", ".join(f"{group}/{v}" for v in GROUP_VERSIONS[group])
         return None, [finding(f"unknown apiVersion {api_version}: use one of {accepted}", ("apiVersion",))]
@@ -404,13 +409,14 @@ def _not_served(group: str, api_version: str, kind: str, options: LoadOptions) -
     return f"skipped {api_version} {kind}: not Istio networking config", Severity.WARNING
 
 
-def _wasm_download(kind: str, group: str, spec: Any) -> str | None:
+def _wasm_download(kind: str, spec: Any) -> str | None:
     """The `spec.url` of a WasmPlugin that names a module to fetch (oci://, http(s)://, or no
-    scheme, which Istio reads as oci://), None for a local file:// module or any other kind."""
-    if kind != "WasmPlugin" or group != REFUSED["WasmPlugin"][0] or not isinstance(spec, dict):
+    scheme, which Istio reads as oci://), None for a local file:// module or any other kind.
+    Such a document is skipped like a refused kind: a server warns and serves the rest."""
+    if kind != "WasmPlugin" or not isinstance(spec, dict):
         return None
     url = spec.get("url")
-    if not isinstance(url, str) or url.startswith("file://"):
+    if not isinstance(url, str) or not url or url.startswith("file://"):
         return None
     return url
 

@@ -14,8 +14,9 @@ file is silently ignored:
 | trustDomain                      | the SPIFFE trust domain of workload identities             |
 | enableAutoMtls                   | mutual TLS to endpoints with a proxy unless a rule says otherwise |
 | accessLogFile/Encoding/Format    | Envoy's access log, Istio's default format (`xds/access_log.py`) |
-| extensionProviders               | envoyFileAccessLog providers for Telemetry; other kinds warned |
+| extensionProviders               | file, gRPC and OTel access logs and tracers for Telemetry; other kinds warned |
 | defaultProviders.accessLogging   | the access log providers on where no Telemetry names one   |
+| defaultProviders.tracing         | the tracer on where no Telemetry names one (the first)      |
 | localityLbSetting                | every cluster's locality settings unless its DestinationRule has its own |
 | default*ExportTo                 | where services, VirtualServices, DestinationRules that say nothing are seen |
 | defaultConfig.holdApplicationUntilProxyStarts | ignored: a VM has no pod start order         |
@@ -191,6 +192,17 @@ def load_mesh_config(
         return None, [Finding(Severity.ERROR, exc.message, display, exc.line, exc.column)]
     settings, findings = mesh_settings(data, display, ca_not_after=ca_not_after)
     return settings, [_placed(f, place) for f in findings]
+
+
+def place_mesh_findings(path: Path, findings: list[Finding]) -> list[Finding]:
+    """`findings` about fields of the MeshConfig at `path` with their lines, where it reads."""
+    try:
+        text = decode_text(read_config_file(path, yamlsource.DEFAULT_MAX_FILE_BYTES).data)
+        docs = yamlsource.parse_documents(text)
+        _, place = _mesh_document(docs[0].data if docs else {}, text)
+    except (ConfigError, OSError):
+        return findings
+    return [_placed(f, place) for f in findings]
 
 
 def read_mesh_mapping(path: Path, limit: int = yamlsource.DEFAULT_MAX_FILE_BYTES) -> Any:

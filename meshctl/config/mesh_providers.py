@@ -1,9 +1,10 @@
 """MeshConfig `extensionProviders` and `defaultProviders`: the providers Telemetry names.
 
 Telemetry refers to providers by name; MeshConfig says what each one is. meshctl serves the
-file access log providers (`envoyFileAccessLog`: a path and a text format or JSON labels) and
-knows the names of the others, so a Telemetry naming one is not a typo, with a warning that
-their kind is not applied yet. The provider `envoy` exists without being declared, as in
+file access log providers (`envoyFileAccessLog`: a path and a text format or JSON labels), the
+providers that send to a collector service (tracers and gRPC access log services:
+`config/mesh_collectors.py`), and knows the names of the others, so a Telemetry naming one is
+not a typo, with a warning that their kind is not applied. The provider `envoy` exists without being declared, as in
 Istio's default MeshConfig; here it is the file MeshConfig's `accessLogFile` names (standard
 output when none), in its `accessLogEncoding`/`accessLogFormat`.
 """
@@ -16,6 +17,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from meshctl.config.findings import Severity
+from meshctl.config.mesh_collectors import (
+    LOG_SERVICE_KINDS,
+    RETIRED_TRACING_KINDS,
+    TRACING_KINDS,
+    CollectorProvider,
+    read_collector,
+)
 from meshctl.config.validation.access_log_format import access_log_format_problem
 
 #: The provider every mesh has (Istio's default MeshConfig declares it).
@@ -23,18 +31,10 @@ ENVOY_PROVIDER: Final = "envoy"
 #: Provider kinds Istio has that meshctl names but does not apply yet.
 _OTHER_KINDS: Final = frozenset(
     {
-        "envoyOtelAls",
-        "envoyHttpAls",
-        "envoyTcpAls",
         "envoyExtAuthzHttp",
         "envoyExtAuthzGrpc",
-        "zipkin",
-        "lightstep",
-        "datadog",
         "stackdriver",
         "opencensus",
-        "skywalking",
-        "opentelemetry",
         "prometheus",
         "sds",
     }
@@ -62,9 +62,16 @@ class Providers:
     others: frozenset[str] = frozenset()
     #: `defaultProviders.accessLogging`: the providers on when no Telemetry names any.
     default_access_logging: tuple[str, ...] = ()
+    #: Tracers and gRPC access log services, by name.
+    collectors: tuple[CollectorProvider, ...] = ()
+    #: `defaultProviders.tracing`: the tracer on when no Telemetry names one (Istio: the first).
+    default_tracing: tuple[str, ...] = ()
 
     def file_log(self, name: str) -> FileLogProvider | None:
         return next((p for p in self.file_logs if p.name == name), None)
+
+    def collector(self, name: str) -> CollectorProvider | None:
+        return next((p for p in self.collectors if p.name == name), None)
 
 
 #: A mesh without extension providers (the `envoy` one aside).
@@ -76,6 +83,7 @@ def read_providers(data: Mapping[str, Any], problem: Callable[..., None]) -> Pro
     reported through `problem(message, severity, field)` as `mesh_settings` does."""
     declared = data.get("extensionProviders") or []
     files: list[FileLogProvider] = []
+    collectors: list[CollectorProvider] = []
     others: set[str] = set()
     seen: set[str] = set()
     if not isinstance(declared, list):
@@ -100,27 +108,46 @@ def read_providers(data: Mapping[str, Any], problem: Callable[..., None]) -> Pro
             provider = _file_log(name, entry[kind], f"{where}.{kind}", problem)
             if provider is not None:
                 files.append(provider)
+        elif kind in TRACING_KINDS or kind in LOG_SERVICE_KINDS:
+            collector = read_collector(name, kind, entry[kind], f"{where}.{kind}", problem)
+            if collector is not None:
+                collectors.append(collector)
+        elif kind in RETIRED_TRACING_KINDS:
+            others.add(name)
+            problem(f"{where}: {kind} providers are no longer configured by Istio (use opentelemetry): "
+                    f"a Telemetry naming {name!r} traces nothing", Severity.WARNING, where)  # fmt: skip
         elif kind in _OTHER_KINDS:
             others.add(name)
             problem(f"{where}: {kind} providers are not applied by meshctl yet ({name!r})", Severity.WARNING, where)
         else:
             problem(f"{where}: {kind} is not a provider kind Istio has", Severity.ERROR, f"{where}.{kind}")
     defaults: tuple[str, ...] = ()
+    tracing: tuple[str, ...] = ()
     default_providers = data.get("defaultProviders")
     if default_providers is not None:
         if not isinstance(default_providers, Mapping):
             problem("defaultProviders must be a mapping", Severity.ERROR, "defaultProviders")
         else:
-            logging = default_providers.get("accessLogging") or []
-            if not isinstance(logging, list) or not all(isinstance(n, str) and n for n in logging):
-                problem("defaultProviders.accessLogging must be a list of provider names", Severity.ERROR,
-                        "defaultProviders.accessLogging")  # fmt: skip
-            else:
-                defaults = tuple(logging)
-            for key in sorted(k for k in default_providers if k != "accessLogging"):
+            defaults = _names(default_providers, "accessLogging", problem)
+            tracing = _names(default_providers, "tracing", problem)
+            for key in sorted(k for k in default_providers if k not in ("accessLogging", "tracing")):
                 problem(f"defaultProviders.{key} is not applied by meshctl yet", Severity.WARNING,
                         f"defaultProviders.{key}")  # fmt: skip
-    return Providers(tuple(sorted(files, key=lambda p: p.name)), frozenset(others), defaults)
+    return Providers(
+        tuple(sorted(files, key=lambda p: p.name)),
+        frozenset(others),
+        defaults,
+        tuple(sorted(collectors, key=lambda p: p.name)),
+        tracing,
+    )
+
+
+def _names(default_providers: Mapping[str, Any], key: str, problem: Callable[..., None]) -> tuple[str, ...]:
+    names = default_providers.get(key) or []
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        problem(f"defaultProviders.{key} must be a list of provider names", Severity.ERROR, f"defaultProviders.{key}")
+        return ()
+    return tuple(names)
 
 
 def _file_log(name: str, value: Any, where: str, problem: Callable[..., None]) -> FileLogProvider | None:

@@ -39,3 +39,17 @@ def is_exported(export: Collection[str], owner_namespace: str, namespace: str) -
     if not export or "*" in export or namespace in export:
         return True
     return "." in export and namespace == owner_namespace
+
+
+#: (group, kind) a WasmPlugin's or EnvoyFilter's `targetRefs` may name in meshctl, the core group
+#: spelled "core" (resolved to proxies by `snapshot/target_refs.py`). Istio's GatewayClass is not
+#: one: it names every gateway of a class, which meshctl does not have.
+POLICY_TARGET_KINDS: Final = frozenset(
+    {
+        ("gateway.networking.k8s.io", "Gateway"),
+        ("networking.istio.io", "Gateway"),
+        ("networking.istio.io", "ServiceEntry"),
+        ("core", "Service"),
+    }
+)
+POLICY_TARGET_NAMES: Final = "gateway.networking.k8s.io/Gateway, ServiceEntry or Service"

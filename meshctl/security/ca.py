@@ -235,13 +235,15 @@ class CertificateAuthority:
         now: datetime | None = None,
     ) -> IssuedCertificate:
         """A VM proxy's xDS client certificate: DNS SANs `NAME.NAMESPACE` (`names`) and, when
-        given, the SPIFFE URI of `identity`, the names meshctl serve's identity rule accepts."""
+        given, the SPIFFE URI of `identity`, the names meshctl serve's identity rule accepts.
+        With an identity it is the workload's certificate too (a proxyless gRPC server serves
+        the mesh's mutual TLS with it), so it is good for serving as well as calling, as Istio's
+        workload certificates are."""
         sans: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
         if identity is not None:
             sans.append(x509.UniformResourceIdentifier(identity.uri))
-        return self._issue(
-            sans, _CLIENT_USAGE, lifetime, now, ", ".join([*names, *([str(identity)] if identity else [])])
-        )
+        usage = _WORKLOAD_USAGE if identity is not None else _CLIENT_USAGE
+        return self._issue(sans, usage, lifetime, now, ", ".join([*names, *([str(identity)] if identity else [])]))
 
     def sign_client(
         self,
@@ -252,10 +254,12 @@ class CertificateAuthority:
         now: datetime | None = None,
     ) -> IssuedCertificate:
         """An xDS client certificate, like `issue_client`, for a key made elsewhere (the public key
-        of a signing request): the key never comes here, so `private_key_pem` is empty."""
+        of a signing request): the key never comes here, so `private_key_pem` is empty. With a
+        SPIFFE URI it serves too, as `issue_client`'s with an identity."""
         sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
         sans += [x509.UniformResourceIdentifier(u) for u in uris]
-        return self._issue(sans, _CLIENT_USAGE, lifetime, now, ", ".join([*dns_names, *uris]), public_key=public_key)
+        usage = _WORKLOAD_USAGE if uris else _CLIENT_USAGE
+        return self._issue(sans, usage, lifetime, now, ", ".join([*dns_names, *uris]), public_key=public_key)
 
     def issue_server(
         self,

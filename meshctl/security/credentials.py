@@ -11,8 +11,9 @@ mounts them: `DIR/NAMESPACE/NAME/` holding
 
 Istio's SDS names, used by the config that refers to them and by the server that serves them:
 `kubernetes://NAME` is the certificate and key, `kubernetes://NAME-cacert` the trust bundle that
-verifies clients (MUTUAL) or servers (a DestinationRule's client `credentialName`). A proxy is
-served only the secrets of its own namespace.
+verifies clients (MUTUAL) or servers (a DestinationRule's client `credentialName`); a Gateway API
+listener's certificateRef is `kubernetes-gateway://NAMESPACE/NAME`. A proxy is served only the
+secrets of its own namespace.
 
 Everything here reads files under the config directory's rules (`meshctl.security.files`) and
 checks what it read: a key that does not parse, or does not match its certificate, is an error
@@ -34,6 +35,8 @@ from meshctl.security.files import read_credential
 
 #: Istio's prefix for secrets read from Kubernetes (`credentials.KubernetesSecretTypeURI`).
 KUBERNETES: Final = "kubernetes://"
+#: Istio's prefix for the secrets of Gateway API listeners (`credentials.KubernetesGatewaySecretType`).
+GATEWAY_SECRETS: Final = "kubernetes-gateway://"
 #: The suffix of a trust bundle's secret name (`credentials.SdsCaSuffix`).
 CA_SUFFIX: Final = "-cacert"
 #: File names of a secret, by role, in the order looked for: Kubernetes' TLS secret, then Istio's generic one.
@@ -45,14 +48,30 @@ MAX_SECRETS: Final = 10_000
 
 
 def certificate_resource(name: str) -> str:
-    """The SDS name of the certificate and key of secret `name`."""
-    return KUBERNETES + name
+    """The SDS name of the certificate and key of secret `name`; a name that is an SDS name
+    already (`kubernetes-gateway://NAMESPACE/NAME`, a Gateway API listener's) is kept."""
+    return name if "://" in name else KUBERNETES + name
 
 
 def ca_resource(name: str) -> str:
     """The SDS name of the trust bundle that goes with secret `name` (itself named `name` or
     `name-cacert`)."""
-    return KUBERNETES + (name if name.endswith(CA_SUFFIX) else name + CA_SUFFIX)
+    name = certificate_resource(name)
+    return name if name.endswith(CA_SUFFIX) else name + CA_SUFFIX
+
+
+def gateway_resource(namespace: str, name: str) -> str:
+    """The SDS name Istio gives secret `name` of `namespace` when a Gateway API listener's
+    certificateRefs name it."""
+    return f"{GATEWAY_SECRETS}{namespace}/{name}"
+
+
+def parse_gateway_resource(name: str) -> tuple[str, str] | None:
+    """(namespace, secret) of a `kubernetes-gateway://NAMESPACE/NAME` name, None for another."""
+    if not name.startswith(GATEWAY_SECRETS):
+        return None
+    namespace, slash, secret = name[len(GATEWAY_SECRETS) :].partition("/")
+    return (namespace, secret) if slash and namespace and secret else None
 
 
 @dataclass(frozen=True, slots=True)

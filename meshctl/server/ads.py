@@ -101,7 +101,8 @@ class Stream:
 class PushObserver:
     """What the servicer reports as it works; the metrics implement it (no-ops by default)."""
 
-    def pushed(self, stream: Stream, push: Push, size: int) -> None: ...
+    def pushed(self, stream: Stream, push: Push, size: int) -> None:
+        """`push` is about to be written to `stream` (before the write, so before any reply)."""
 
     def rejected(self, stream: Stream, type_url: str, error: str) -> None: ...
 
@@ -401,8 +402,11 @@ class AdsServicer:
         conn = stream.connection
         for push in pushes:
             data = encode_delta(push) if conn.delta else encode_sotw(push, blocks=self._blocks)
-            await context.write(data)
+            # Said before the write: the stream's reader can take Envoy's ACK of it (on this
+            # loop) before the write returns, and an ACK of a push not yet recorded as sent
+            # would be lost to the history and the rollout.
             self._observer.pushed(stream, push, len(data))
+            await context.write(data)
         if stream.change_seen is not None:
             self._observer.converged(stream, time.monotonic() - stream.change_seen)
         stream.change_seen = None

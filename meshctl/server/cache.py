@@ -46,19 +46,18 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Generic, TypeVar
 
 from google.protobuf.message import Message
 
-from meshctl.config.model import ConfigKey
+from meshctl.server.cache_parts import Part, Recent, TracedEds, TracedPart, changed_inputs, rules_digest
 from meshctl.server.grpc_view import GrpcAssignments, grpc_config, grpc_inbound_listeners
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyNode, bind_proxy, outbound_of
-from meshctl.snapshot.scope import ProxyScope, rule_digest
+from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.eds_locality import LocalityView, build_variant, eds_localities
-from meshctl.xds.endpoints import AssignmentView, assignment_view, build_assignment, subset_labels
-from meshctl.xds.envoyfilter import apply_envoy_filters
+from meshctl.xds.endpoints import AssignmentView, assignment_view, build_assignment
+from meshctl.xds.envoyfilter_report import UnmatchedFilters
 from meshctl.xds.generate import (
     ASSIGNMENT_KINDS,
     BOUND_KINDS,
@@ -66,6 +65,7 @@ from meshctl.xds.generate import (
     PATCH_KINDS,
     TRACED_KINDS,
     GenerationMemos,
+    finish_config,
     generate_inbound,
     generate_outbound_clusters,
     generate_outbound_listeners_and_routes,
@@ -121,131 +121,54 @@ class ProxyResources:
 
 _CONFIG_TYPES = (types.CLUSTER, types.LISTENER, types.ROUTE)
 
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-class _Recent(Generic[K, V]):
-    """Entries keyed by (version, key), for the `keep` most recently used versions only: when a
-    new version comes in, the entries of the least recently used one go."""
-
-    def __init__(self, keep: int) -> None:
-        self._keep = keep
-        self._versions: list[str] = []  # least recently used first
-        self._data: dict[tuple[str, K], V] = {}
-
-    def get(self, version: str, key: K) -> V | None:
-        return self._data.get((version, key))
-
-    def put(self, version: str, key: K, value: V) -> list[str]:
-        """Store `value`; returns the versions dropped to make room for a new one."""
-        dropped: list[str] = []
-        if not self._versions or self._versions[-1] != version:
-            if version in self._versions:
-                self._versions.remove(version)
-            self._versions.append(version)
-            while len(self._versions) > self._keep:
-                dropped.append(self._versions.pop(0))
-            if dropped:
-                gone = set(dropped)
-                self._data = {k: v for k, v in self._data.items() if k[0] not in gone}
-        self._data[(version, key)] = value
-        return dropped
-
-    def values(self) -> list[V]:
-        return list(self._data.values())
-
-    @property
-    def versions(self) -> tuple[str, ...]:
-        return tuple(self._versions)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-
-@dataclass(frozen=True, slots=True)
-class _Config:
-    by_type: Mapping[str, ResourceSet]
-    eds_names: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _TracedEds:
-    """An EDS set, and the labels each subset cluster in it was built with (host, subset, labels):
-    the only part of a DestinationRule an assignment reads (`subset_labels`)."""
-
-    eds: ResourceSet
-    subsets: tuple[tuple[str, str, tuple[tuple[str, str], ...] | None], ...]
-    #: the DestinationRules' content digest when it was made: the same rules, the same answers
-    rules_digest: bytes
-
-    def holds(self, snapshot: Snapshot) -> bool:
-        if _rules_digest(snapshot) == self.rules_digest:
-            return True
-        for host, subset, labels in self.subsets:
-            now = subset_labels(snapshot, host, subset)
-            if (tuple(sorted(now.items())) if now is not None else None) != labels:
-                return False
-        return True
-
-
-@dataclass(frozen=True, slots=True)
-class _Traced:
-    """An outbound part and the DestinationRules its generation asked for (host -> digest)."""
-
-    part: _Config
-    rules: Mapping[str, object]
-    #: the DestinationRules' content digest when it was made: the same rules, the same answers
-    rules_digest: bytes
-
-    def holds(self, scope: ProxyScope) -> bool:
-        """Whether every rule asked for is, in `scope`'s snapshot, the one it was."""
-        snapshot = scope.snapshot
-        if _rules_digest(snapshot) == self.rules_digest:
-            return True
-        return all(rule_digest(snapshot, scope.destination_rule(h)) == d for h, d in self.rules.items())
-
-
-def _rules_digest(snapshot: Snapshot) -> bytes:
-    return b"".join(snapshot.kind_digests.get(kind, b"") for kind in sorted(TRACED_KINDS))
-
 
 class ResourceCache:
     """Shared, serialized resources for every proxy; safe to call from several threads."""
 
-    def __init__(self, *, keep_versions: int = 2, on_failure: Callable[[], object] | None = None) -> None:
+    def __init__(
+        self, *, keep_versions: int = 2, on_failure: Callable[[], object] | None = None, strict: bool = False
+    ) -> None:
         #: called (outside the lock) for each proxy view whose generation failed: a metric
         self._on_failure = on_failure
+        #: raise a generation error instead of keeping the last good view: for the offline
+        #: commands, where a view kept from another tree would be a wrong answer
+        self._strict = strict
         self._memos = GenerationMemos()
         self._memo_version = ""
         self._lock = threading.Lock()
         #: whole configs by generation key, and outbound listeners and routes by their key, per
         #: config version; outbound clusters by their key per version of what they read
         #: (`CLUSTER_KINDS`), so a change to anything else keeps them
-        self._config: _Recent[tuple[object, ...], _Config] = _Recent(keep_versions)
-        self._outbound_parts: _Recent[OutboundProxy, _Traced] = _Recent(keep_versions)
-        self._cluster_parts: _Recent[OutboundProxy, _Traced] = _Recent(keep_versions)
+        self._config: Recent[tuple[object, ...], Part] = Recent(keep_versions)
+        self._outbound_parts: Recent[OutboundProxy, TracedPart] = Recent(keep_versions)
+        self._cluster_parts: Recent[OutboundProxy, TracedPart] = Recent(keep_versions)
         #: the whole outbound part by its key, per config version: found (generated, or kept
         #: after checking its traces) once per version, not once per proxy
-        self._outbound_now: _Recent[OutboundProxy, _Config] = _Recent(keep_versions)
+        self._outbound_now: Recent[OutboundProxy, Part] = Recent(keep_versions)
         #: inbound parts by `InboundView` (their only input), and joined sets by their parts
-        self._inbound_parts: GenerationMemo[InboundView, _Config] = GenerationMemo()
+        self._inbound_parts: GenerationMemo[InboundView, Part] = GenerationMemo()
         self._joins: GenerationMemo[tuple[str, int, int], tuple[ResourceSet, ResourceSet, ResourceSet]] = (
             GenerationMemo()
         )
         #: patched configs by the ids of their unpatched sets (held by the entry) and patch key
-        self._patches: GenerationMemo[tuple[object, ...], tuple[tuple[ResourceSet, ...], _Config]] = GenerationMemo()
+        self._patches: GenerationMemo[tuple[object, ...], tuple[tuple[ResourceSet, ...], Part]] = GenerationMemo()
+        #: gRPC server listeners by `InboundView`, as the Envoy inbound parts
+        self._grpc_inbound: GenerationMemo[InboundView, ResourceSet] = GenerationMemo()
+        #: gRPC assignment sets by the id of the Envoy set they are made from (held by the entry),
+        #: advanced per snapshot version (endpoints change without the config)
+        self._grpc_eds: GenerationMemo[int, tuple[ResourceSet, ResourceSet]] = GenerationMemo()
+        self._grpc_eds_at = ""
         #: cluster -> (the assignment's view, resource)
         self._eds: dict[str, tuple[AssignmentView, Resource]] = {}
         #: (cluster, locality view) -> (view, resource): the variants of proxies a locality rule
         #: or a failoverPriority rewrites for, one per distinct view (`eds_locality`)
         self._eds_variants: dict[tuple[str, LocalityView], tuple[AssignmentView, Resource]] = {}
-        self._views: _Recent[tuple[object, ...], ProxyResources] = _Recent(keep_versions)
+        self._views: Recent[tuple[object, ...], ProxyResources] = Recent(keep_versions)
         #: the EDS set of each distinct list of EDS clusters (and locality views), per version of
         #: what assignments read (the endpoints; DestinationRules through the subsets' labels,
         #: checked), and as found for each snapshot version
-        self._eds_sets: _Recent[tuple[object, ...], _TracedEds] = _Recent(keep_versions)
-        self._eds_now: _Recent[tuple[object, ...], ResourceSet] = _Recent(keep_versions)
+        self._eds_sets: Recent[tuple[object, ...], TracedEds] = Recent(keep_versions)
+        self._eds_now: Recent[tuple[object, ...], ResourceSet] = Recent(keep_versions)
         # Equal resources and equal sets, shared while anything holds them.
         self._resources: weakref.WeakValueDictionary[tuple[str, str, str], Resource] = weakref.WeakValueDictionary()
         self._sets: weakref.WeakValueDictionary[tuple[str, str], ResourceSet] = weakref.WeakValueDictionary()
@@ -261,8 +184,10 @@ class ResourceCache:
         self._failures_logged: set[tuple[str, tuple[object, ...]]] = set()
         #: proxyless gRPC nodes' configs by outbound key, per config version, and their
         #: assignments made from the shared ones (`grpc_view`)
-        self._grpc_config: _Recent[OutboundProxy, _Config] = _Recent(keep_versions)
+        self._grpc_config: Recent[OutboundProxy, Part] = Recent(keep_versions)
         self._grpc_assignments = GrpcAssignments()
+        #: EnvoyFilters said to match nothing, once per filter and kind of proxy
+        self._unmatched = UnmatchedFilters()
 
     def route_translations(self) -> tuple[int, int]:
         """VirtualService translations run and reused (`RouteMemo`), for the tests and benchmarks."""
@@ -290,6 +215,8 @@ class ResourceCache:
         try:
             view = self._generate_view(snapshot, proxy, key)
         except Exception as exc:
+            if self._strict:
+                raise
             return self._last_good_for(snapshot, proxy, key, exc)
         with self._lock:
             dropped = self._views.put(snapshot.version, key, view)
@@ -356,27 +283,34 @@ class ResourceCache:
         outbound_key = grpc_outbound(proxy, snapshot)
         with self._lock:
             config = self._grpc_config.get(snapshot.config_version, outbound_key)
+            self._advance_memos(snapshot)
+            if self._grpc_eds_at != snapshot.version:
+                self._grpc_eds_at = snapshot.version
+                self._grpc_eds.advance()
         if config is None:
             config = self._generated(grpc_config(snapshot, outbound_key, self._memos))
             with self._lock:
                 self._grpc_config.put(snapshot.config_version, outbound_key, config)
         by_type: dict[str, Mapping[str, Resource]] = dict(config.by_type)
-        inbound = grpc_inbound_listeners(snapshot, proxy)
-        if inbound:
-            listeners = by_type[types.LISTENER]
-            by_type[types.LISTENER] = self._set(types.LISTENER, [*listeners.values(), *inbound])
-        envoy_eds = self._eds_set(snapshot, config.eds_names)
-        by_type[types.ENDPOINT] = self._set(types.ENDPOINT, self._grpc_assignments.of(envoy_eds.ordered))
+        # Made once per InboundView and joined once per pair of sets, as an Envoy's inbound part.
+        inbound = self._grpc_inbound.get(
+            inbound_view(ProxyScope(snapshot, proxy)),
+            lambda view: self._set(types.LISTENER, grpc_inbound_listeners(view)),
+        )
+        by_type[types.LISTENER] = self._join(types.LISTENER, config.by_type[types.LISTENER], inbound)
+        # The Envoy assignments, per-locality variants included, as gRPC takes them.
+        envoy_eds = self._eds_set(snapshot, config.eds_names, eds_localities(snapshot, proxy, config.eds_names))
+        by_type[types.ENDPOINT] = self._grpc_eds.get(
+            id(envoy_eds),
+            lambda _key: (envoy_eds, self._set(types.ENDPOINT, self._grpc_assignments.of(envoy_eds.ordered))),
+        )[1]
         return ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
 
-    def _config_for(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> _Config:
+    def _config_for(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> Part:
         with self._lock:
             cached = self._config.get(snapshot.config_version, key)
-            if cached is None and self._memo_version != snapshot.config_version:
-                # A new config version: what no proxy asked for in the last two goes.
-                self._memo_version = snapshot.config_version
-                for memo in (self._memos, self._inbound_parts, self._joins, self._patches):
-                    memo.advance()
+            if cached is None:
+                self._advance_memos(snapshot)
         if cached is not None:
             return cached
         outbound = self._outbound_for(snapshot, proxy)
@@ -388,26 +322,37 @@ class ResourceCache:
         eds_names = (
             outbound.eds_names if not inbound.eds_names else tuple(sorted({*outbound.eds_names, *inbound.eds_names}))
         )
-        result = _Config(MappingProxyType(by_type), eds_names)
-        if proxy.envoy_filters:
+        result = Part(MappingProxyType(by_type), eds_names)
+        if proxy.envoy_filters or proxy.wasm_plugins:
             result = self._patched(result, proxy)
         with self._lock:
             self._config.put(snapshot.config_version, key, result)
         return result
 
-    def _patched(self, config: _Config, proxy: Proxy) -> _Config:
+    def _advance_memos(self, snapshot: Snapshot) -> None:
+        """On a new config version, what no proxy asked for in the last two goes. Called with the
+        lock held."""
+        if self._memo_version != snapshot.config_version:
+            self._memo_version = snapshot.config_version
+            for memo in (self._memos, self._inbound_parts, self._joins, self._patches, self._grpc_inbound):
+                memo.advance()
+
+    def _patched(self, config: Part, proxy: Proxy) -> Part:
         """`config` with the proxy's EnvoyFilters applied, once per joined sets and patch key
         (`Proxy.patch_key`): the proxies an EnvoyFilter selects alike share one patching, and a
         change elsewhere re-uses it while their unpatched config is the same sets."""
         sets = tuple(config.by_type[t] for t in _CONFIG_TYPES)
 
-        def patch(_key: object) -> tuple[tuple[ResourceSet, ...], _Config]:
+        def patch(_key: object) -> tuple[tuple[ResourceSet, ...], Part]:
             decoded = {t: tuple(decode_resource(r, t) for r in config.by_type[t].ordered) for t in _CONFIG_TYPES}
-            return sets, self._generated(apply_envoy_filters(decoded, proxy), count=False)
+            finished = finish_config(decoded, proxy)
+            for message in self._unmatched.new_messages(decoded, proxy, finished) if proxy.envoy_filters else ():
+                logger.warning("%s", message)
+            return sets, self._generated(finished, count=False)
 
         return self._patches.get((tuple(id(s) for s in sets), proxy.patch_key()), patch)[1]
 
-    def _outbound_for(self, snapshot: Snapshot, proxy: Proxy) -> _Config:
+    def _outbound_for(self, snapshot: Snapshot, proxy: Proxy) -> Part:
         """The outbound part for the proxy, from its two halves: clusters, kept while
         `CLUSTER_KINDS` and the services stay as they were, and listeners and routes, kept
         while every other kind does; both kept across DestinationRule changes that leave every
@@ -423,7 +368,7 @@ class ResourceCache:
             self._outbound_now.put(snapshot.config_version, outbound_key, whole)
         return whole
 
-    def _outbound_parts_for(self, snapshot: Snapshot, outbound_key: OutboundProxy) -> _Config:
+    def _outbound_parts_for(self, snapshot: Snapshot, outbound_key: OutboundProxy) -> Part:
         clusters_version = snapshot.version_of(CLUSTER_KINDS - TRACED_KINDS)
         rest_version = snapshot.version_of(frozenset(snapshot.kind_digests) - TRACED_KINDS - PATCH_KINDS - BOUND_KINDS)
         with self._lock:
@@ -440,7 +385,7 @@ class ResourceCache:
             clusters = self._generated({types.CLUSTER: made}, count=False)
             with self._lock:
                 self.cluster_generations += 1
-                traced = _Traced(clusters, rules, _rules_digest(snapshot))
+                traced = TracedPart(clusters, rules, rules_digest(snapshot))
                 if self._cluster_parts.put(clusters_version, outbound_key, traced):
                     self._forget_assignments()
         if rest is None:
@@ -448,22 +393,22 @@ class ResourceCache:
             generated = generate_outbound_listeners_and_routes(snapshot, outbound_key, self._memos, rules)
             rest = self._generated(generated, count=False)
             with self._lock:
-                self._outbound_parts.put(rest_version, outbound_key, _Traced(rest, rules, _rules_digest(snapshot)))
+                self._outbound_parts.put(rest_version, outbound_key, TracedPart(rest, rules, rules_digest(snapshot)))
         with self._lock:
             self.generations += 1
             self.outbound_generations += 1
         return self._whole(clusters, rest)
 
     @staticmethod
-    def _whole(clusters: _Config, rest: _Config) -> _Config:
+    def _whole(clusters: Part, rest: Part) -> Part:
         by_type = {types.CLUSTER: clusters.by_type[types.CLUSTER]}
         by_type |= {t: rest.by_type[t] for t in (types.LISTENER, types.ROUTE)}
-        return _Config(MappingProxyType(by_type), clusters.eds_names)
+        return Part(MappingProxyType(by_type), clusters.eds_names)
 
-    def _generated(self, generated: Mapping[str, tuple[Message, ...]], *, count: bool = True) -> _Config:
+    def _generated(self, generated: Mapping[str, tuple[Message, ...]], *, count: bool = True) -> Part:
         """A generated part as shared sets of serialized resources."""
         by_type = {t: self._set(t, (to_resource(m, t) for m in generated.get(t, ()))) for t in _CONFIG_TYPES}
-        result = _Config(MappingProxyType(by_type), tuple(sorted(eds_cluster_names(generated.get(types.CLUSTER, ())))))
+        result = Part(MappingProxyType(by_type), tuple(sorted(eds_cluster_names(generated.get(types.CLUSTER, ())))))
         if count:
             with self._lock:
                 self.generations += 1
@@ -538,7 +483,7 @@ class ResourceCache:
                 if view.port is not None and (parsed := parse_cluster_name(view.cluster_name)) and parsed.subset
             )
             with self._lock:
-                self._eds_sets.put(version, key, _TracedEds(eds, subsets, _rules_digest(snapshot)))
+                self._eds_sets.put(version, key, TracedEds(eds, subsets, rules_digest(snapshot)))
         with self._lock:
             self._eds_now.put(snapshot.version, key, eds)
         return eds
@@ -563,21 +508,3 @@ class ResourceCache:
             else:
                 self._eds_variants[(cluster, locality)] = (view, resource)
         return resource, view
-
-
-def changed_inputs(before: Snapshot, now: Snapshot) -> list[str]:
-    """The inputs that differ between two snapshots, each as `kind namespace/name (file:line)`
-    (or `MeshConfig`): what a generation error that did not happen at `before` comes from."""
-    out: list[str] = []
-    if before.mesh != now.mesh:
-        out.append("MeshConfig")
-    for kind in sorted(set(before.kind_digests) | set(now.kind_digests)):
-        if before.kind_digests.get(kind) == now.kind_digests.get(kind):
-            continue
-        old: dict[ConfigKey, str] = {c.key: c.content_digest() for c in before.of_kind(kind)}
-        for config in now.of_kind(kind):
-            if old.get(config.key) != config.content_digest():
-                out.append(f"{config.key} ({config.source})")
-    if before.registry_digest != now.registry_digest:
-        out.append("the registry's services")
-    return out

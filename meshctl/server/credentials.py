@@ -42,6 +42,7 @@ from meshctl.security.credentials import (
     KubeSecret,
     ca_resource,
     certificate_resource,
+    gateway_resource,
     namespaces,
     read_secret,
     secret_names,
@@ -133,12 +134,15 @@ class CredentialDirectory:
         held = sorted((n, s) for (ns, n), s in self._good.items() if ns == namespace)
         # Secrets named NAME-cacert go last: their bundle wins over NAME's own ca.crt (Istio's rule).
         for name, secret in sorted(held, key=lambda item: item[0].endswith(CA_SUFFIX)):
-            if secret.cert is not None and secret.key is not None:
-                resource = certificate_resource(name)
-                messages[resource] = mesh_tls.tls_certificate_secret(resource, secret.cert, secret.key)
-            if secret.ca is not None:
-                resource = ca_resource(name)
-                messages[resource] = mesh_tls.validation_secret(resource, secret.ca)
+            # Each under Istio's two names: `kubernetes://NAME` and, for the Gateway API's
+            # certificateRefs, `kubernetes-gateway://NAMESPACE/NAME`.
+            for named in (name, gateway_resource(namespace, name)):
+                if secret.cert is not None and secret.key is not None:
+                    resource = certificate_resource(named)
+                    messages[resource] = mesh_tls.tls_certificate_secret(resource, secret.cert, secret.key)
+                if secret.ca is not None:
+                    resource = ca_resource(named)
+                    messages[resource] = mesh_tls.validation_secret(resource, secret.ca)
         secrets = MappingProxyType({n: to_resource(m, types.SECRET) for n, m in sorted(messages.items())})
         if secrets:
             self._secrets[namespace] = secrets

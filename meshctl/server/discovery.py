@@ -35,10 +35,13 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from meshctl.config.findings import format_path
+from meshctl.config.gateway_api.status import Condition
 from meshctl.config.store import ConfigChange, ConfigStore
 from meshctl.debounce import Debouncer
 from meshctl.registry.aggregate import AggregateRegistry
 from meshctl.registry.model import RegistryChange
+from meshctl.snapshot.collectors import collector_problems
 from meshctl.snapshot.model import MeshSettings, Snapshot, build_snapshot
 
 logger = logging.getLogger("meshctl.server.discovery")
@@ -90,6 +93,9 @@ class Discovery:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshctl-snapshot")
         #: (store revision, snapshot) of the last build on the worker, which the next one updates.
         self._base: tuple[int, Snapshot] | None = None
+        #: The collector problems last warned of (`_warn_collectors`); on the worker only.
+        self._collector_problems: list[str] = []
+        self._gateway_api_warned: set[Condition] = set()
         #: Observers for metrics: called with (debounce seconds, trigger counts) per snapshot.
         self.on_debounced: Callable[[float, Trigger], None] = lambda _t, _tr: None
 
@@ -145,11 +151,20 @@ class Discovery:
         else:
             view, changed = self._store.changed_since(base[0])
             previous = base[1]
-        snapshot = build_snapshot(
-            view.configs, self._registry.model(), self._mesh, previous=previous, changed=changed
-        )
+        snapshot = build_snapshot(view.configs, self._registry.model(), self._mesh, previous=previous, changed=changed)
         self._base = (view.revision, snapshot)
+        self._warn_gateway_api(snapshot)
         return snapshot
+
+    def _warn_gateway_api(self, snapshot: Snapshot) -> None:
+        """Log the Gateway API status conditions (`meshctl validate` reports them too) once each,
+        when they first appear: a route that attached nowhere serves nothing, and says why only here."""
+        conditions = set(snapshot.gateway_api.conditions)
+        for condition in sorted(conditions - self._gateway_api_warned, key=lambda c: (str(c.key), c.path)):
+            config = snapshot.configs.get(condition.key)
+            place = f"{config.source} " if config is not None else ""
+            logger.warning("%s%s %s: %s", place, condition.key, format_path(condition.path), condition.text())
+        self._gateway_api_warned = conditions
 
     def _build_new(self, current: str | None) -> Snapshot:
         """On the worker: `build_next`, and, for a snapshot that differs from version `current`,
@@ -158,7 +173,17 @@ class Discovery:
         snapshot = self.build_next()
         if snapshot.version != current:
             snapshot.index.endpoints_at("")  # builds the index and its lookup by address
+            self._warn_collectors(snapshot)
         return snapshot
+
+    def _warn_collectors(self, snapshot: Snapshot) -> None:
+        """Say once (until it changes) which tracing and log collectors the registry lacks:
+        their providers are left out of every proxy's config (`snapshot/collectors.py`)."""
+        problems = [f"MeshConfig {p.field}.service: {why}" for p, why in collector_problems(snapshot)]
+        if problems != self._collector_problems:
+            for problem in problems:
+                logger.warning("%s", problem)
+            self._collector_problems = problems
 
     async def _build_off_loop(self) -> Snapshot:
         current = self.snapshot.version if self.snapshot is not None else None

@@ -18,13 +18,12 @@ from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import OutboundProxy, Proxy
-from meshctl.snapshot.scope import ProxyScope
+from meshctl.snapshot.proxy import OutboundProxy
 from meshctl.xds import types
 from meshctl.xds.generate import GenerationMemos, generate_outbound
 from meshctl.xds.grpc_gen import build_grpc_config, grpc_assignment
 from meshctl.xds.grpc_inbound import build_grpc_inbound
-from meshctl.xds.inbound_view import inbound_view
+from meshctl.xds.inbound_view import InboundView
 from meshctl.xds.resources import Resource, to_resource
 
 
@@ -35,9 +34,9 @@ def grpc_config(
     return build_grpc_config(generate_outbound(snapshot, proxy, memos))
 
 
-def grpc_inbound_listeners(snapshot: Snapshot, proxy: Proxy) -> list[Resource]:
-    """A gRPC server's listeners (`grpc_inbound`), made with each view: a handful per node."""
-    view = inbound_view(ProxyScope(snapshot, proxy))
+def grpc_inbound_listeners(view: InboundView) -> list[Resource]:
+    """A gRPC server's listeners (`grpc_inbound`) from its inbound view: the cache keeps them by
+    the view, as an Envoy's inbound part."""
     return [to_resource(m, types.LISTENER) for m in build_grpc_inbound(view)]
 
 

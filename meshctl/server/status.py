@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from meshctl.config.findings import format_path
 from meshctl.xds import types
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from meshctl.server.health import HealthDiscovery
     from meshctl.server.metrics import Metrics
     from meshctl.server.secrets import WorkloadSecrets
+    from meshctl.snapshot.model import Snapshot
 
 
 class RunningServer(Protocol):
@@ -99,6 +101,8 @@ class ServerStatus:
             entry: dict[str, Any] = {
                 "proxy": conn.node_id,
                 "workload": stream.proxy.workload if stream.proxy else "",
+                # Which generator family serves it: an Envoy, or a proxyless gRPC library.
+                "generator": "grpc" if stream.proxy is not None and stream.proxy.node.proxyless else "envoy",
                 "delta": conn.delta,
                 "connected_at": conn.connected_at,
                 "snapshot": conn.resources.snapshot_version if conn.resources else "",
@@ -121,8 +125,8 @@ class ServerStatus:
 
     def config_dump(self, proxy_id: str) -> dict[str, Any] | None:
         """The connected proxy's config as `meshctl dump -o json` prints it: Envoy's
-        `/config_dump?include_eds` of everything generated for it from the current snapshot, and
-        the secrets it holds, private keys redacted."""
+        `/config_dump?include_eds` of everything generated for it from the current snapshot (a
+        gRPC node's as `dump --grpc`), and the secrets it holds, private keys redacted."""
         from meshctl.xds.config_dump import build_config_dump, config_dump_dict
         from meshctl.xds.generate import generate
 
@@ -136,7 +140,12 @@ class ServerStatus:
             return None
         node_id = found[0].connection.node_id
         held = (*self._server.secrets.held(node_id), *self._server.credential_secrets.held(found[0].proxy))
-        resources = {**generate(snapshot, found[0].proxy), types.SECRET: held}
+        if found[0].proxy.node.proxyless:
+            from meshctl.xds.grpc_gen import generate_grpc
+
+            resources = {**generate_grpc(snapshot, found[0].proxy), types.SECRET: held}
+        else:
+            resources = {**generate(snapshot, found[0].proxy), types.SECRET: held}
         return config_dump_dict(build_config_dump(resources))
 
     def registryz(self) -> dict[str, Any]:
@@ -195,4 +204,38 @@ class ServerStatus:
                 {"file": f.file, "line": f.line, "column": f.column, "message": f.message, "text": str(f)}
                 for f in store.errors()
             ],
+            "gatewayApi": gateway_api_status(self._server.discovery.snapshot),
         }
+
+
+def gateway_api_status(snapshot: Snapshot | None) -> dict[str, Any]:
+    """The Gateway API's status as Istio would write it: the conditions that are False, and
+    which route attached to which listener (the mesh's sidecars for a GAMMA route)."""
+    if snapshot is None:
+        return {"conditions": [], "attachments": []}
+    translation = snapshot.gateway_api
+    return {
+        "conditions": [
+            {
+                "kind": c.key.kind,
+                "namespace": c.key.namespace,
+                "name": c.key.name,
+                "field": format_path(c.path),
+                "type": c.type,
+                "status": "False",
+                "reason": c.reason,
+                "message": c.message,
+                "source": str(snapshot.configs[c.key].source) if c.key in snapshot.configs else "",
+            }
+            for c in translation.conditions
+        ],
+        "attachments": [
+            {
+                "route": f"{a.route.kind} {a.route.namespace}/{a.route.name}",
+                "parent": f"Gateway {a.gateway.namespace}/{a.gateway.name}" if a.gateway is not None else "mesh",
+                "listener": a.listener or "",
+                "hosts": list(a.hosts),
+            }
+            for a in translation.attachments
+        ],
+    }

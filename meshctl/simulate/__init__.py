@@ -13,6 +13,7 @@ found again through the `istio` metadata the generators write into it.
     upstream.py    the chosen clusters: TLS mode and endpoints
     result.py      the answer, its outcome and its dict form for `-o json`
     simulator.py   the walk that ties them together
+    grpc.py        the same walk for a proxyless gRPC call: listener by target, gRPC status codes
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ A cases file is a list of cases, each a request sent by a proxy and what is expe
       request: {url: "http://reviews.bookinfo.mesh:9080/", headers: {end-user: jason}}
       expect: {cluster: "outbound|9080|v2|reviews.bookinfo.mesh", route: canary-jason}
 
+A request whose url is `xds:///HOST:PORT/SERVICE/METHOD` is a call from the proxy as a proxyless
+gRPC node (`meshctl.simulate.grpc`); `expect.grpc_status` checks its status code.
+
 A file is checked whole before any case runs, so a typo in the last case is an error (with its
 file:line) rather than a pass of everything before it: an expectation that is never checked must
 never read as one that holds. An unknown field is refused for the same reason (`expcet:` would
@@ -24,6 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshctl.errors import MeshctlError, UsageError
+from meshctl.simulate.grpc import CODES as GRPC_CODES
+from meshctl.simulate.grpc import GrpcCall, parse_call, simulate_grpc
 from meshctl.simulate.request import Request, parse_request
 from meshctl.simulate.simulator import Target, simulate
 
@@ -35,10 +40,11 @@ if TYPE_CHECKING:
 
 CASE_FIELDS = ("name", "proxy", "request", "expect")
 REQUEST_FIELDS = ("url", "method", "headers")
-EXPECT_FIELDS = ("cluster", "route", "status", "redirect", "header", "source")
+EXPECT_FIELDS = ("cluster", "route", "status", "grpc_status", "redirect", "header", "source")
 
-#: A proxy reference (as `--proxy` takes it) -> the proxy, or None when the tree has no such one.
-ProxyFinder = Callable[[str], "Proxy | None"]
+#: A proxy reference (as `--proxy` takes it) and whether it is a proxyless gRPC node -> the
+#: proxy, or None when the tree has no such one.
+ProxyFinder = Callable[[str, bool], "Proxy | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +58,9 @@ class Case:
     expect: Mapping[str, Any]
     file: str
     line: int
+    #: A proxyless gRPC call (`xds:///HOST:PORT/SERVICE/METHOD`): the channel's target, and the
+    #: proxy is a gRPC node; "" for an HTTP request from an Envoy.
+    grpc_target: str = ""
 
     @property
     def location(self) -> str:
@@ -165,8 +174,16 @@ def _case(item: Any, file: str, index: int, positions: Any) -> Case:
     headers = request.get("headers") or {}
     if not isinstance(headers, dict) or not all(_is_text(v) for v in headers.values()):
         raise fail("request.headers: a mapping of header names to values", "request", "headers")
+    given = [f"{k}:{_text(v)}" for k, v in headers.items()]
+    target = ""
     try:
-        parsed = parse_request(request["url"], str(method), [f"{k}:{_text(v)}" for k, v in headers.items()])
+        if request["url"].startswith("xds:"):
+            if "method" in request:
+                raise UsageError("a gRPC call (xds:///...) is a POST of its method: give no method")
+            call = parse_call(request["url"], given)
+            parsed, target = call.request, call.target
+        else:
+            parsed = parse_request(request["url"], str(method), given)
     except UsageError as exc:
         raise fail(f"request: {exc}", "request") from None
     if not isinstance(expect, dict) or not expect:
@@ -179,7 +196,7 @@ def _case(item: Any, file: str, index: int, positions: Any) -> Case:
             raise fail(f"expect.{key}: {_FORMS[key]}", "expect", key)
         normal[key] = wanted
     line, _ = positions.locate(0, [index])
-    return Case(name, proxy, parsed, normal, file, line)
+    return Case(name, proxy, parsed, normal, file, line, target)
 
 
 def _known(given: dict[str, Any], fields: Sequence[str], prefix: str, fail: Any, *path: str) -> None:
@@ -201,6 +218,7 @@ _FORMS = {
     "cluster": "a cluster name, or for weighted clusters a mapping of cluster name to weight",
     "route": "a route name (text; empty for an unnamed route)",
     "status": "an HTTP status (a number from 100 to 599)",
+    "grpc_status": "a gRPC call's status code by name (OK, UNAVAILABLE, PERMISSION_DENIED, ...)",
     "redirect": "the Location of the redirect (text)",
     "header": "a header the route adds: a mapping of name and value, or a list of them",
     "source": "the route's Istio resource as KIND/NAMESPACE/NAME",
@@ -227,6 +245,8 @@ def _expectation(key: str, value: Any) -> Any | None:
         return tuple(pairs) if pairs else None
     if key == "source":
         return value if isinstance(value, str) and value.count("/") == 2 else None
+    if key == "grpc_status":
+        return value.upper() if isinstance(value, str) and value.upper() in GRPC_CODES else None
     return value if isinstance(value, str) else None  # route, redirect
 
 
@@ -245,32 +265,35 @@ class ProxyResources:
         self._snapshot = snapshot
         self._find = find
         self._intercepted = interception
-        self._proxies: dict[str, Proxy] = {}
-        self._resources: dict[str, Mapping[str, Sequence[Any]]] = {}
+        self._proxies: dict[tuple[str, bool], Proxy] = {}
+        self._resources: dict[tuple[str, bool], Mapping[str, Sequence[Any]]] = {}
 
     def check(self, cases: Sequence[Case]) -> None:
         """Resolve every proxy the cases name, before any runs; UsageError at the first case
         naming one the tree does not describe."""
         for case in cases:
-            if case.proxy in self._proxies:
+            ref = (case.proxy, bool(case.grpc_target))
+            if ref in self._proxies:
                 continue
             try:
-                proxy = self._find(case.proxy)
+                proxy = self._find(*ref)
             except MeshctlError as exc:
                 raise UsageError(f"{case.location}: {case.name}: proxy: {exc}") from None
             if proxy is None:
                 raise UsageError(f"{case.location}: {case.name}: proxy {case.proxy!r} names no WorkloadEntry")
-            self._proxies[case.proxy] = proxy
+            self._proxies[ref] = proxy
 
-    def get(self, ref: str) -> tuple[Mapping[str, Sequence[Any]], Target]:
-        """The resources and walk target of a proxy `check` resolved."""
+    def get(self, ref: str, grpc: bool = False) -> tuple[Mapping[str, Sequence[Any]], Target]:
+        """The resources and walk target of a proxy `check` resolved (a gRPC node's with `grpc`)."""
         from meshctl.snapshot.proxy import ProxyType
         from meshctl.xds.generate import generate
+        from meshctl.xds.grpc_gen import generate_grpc
 
-        proxy = self._proxies[ref]
-        resources = self._resources.get(proxy.id)
+        proxy = self._proxies[ref, grpc]
+        resources = self._resources.get((proxy.id, grpc))
         if resources is None:
-            resources = self._resources[proxy.id] = generate(self._snapshot, proxy)
+            made = generate_grpc(self._snapshot, proxy) if grpc else generate(self._snapshot, proxy)
+            resources = self._resources[proxy.id, grpc] = made
         return resources, Target(proxy.id, router=proxy.type is ProxyType.ROUTER, intercepted=self._intercepted)
 
 
@@ -279,8 +302,11 @@ def run_cases(cases: Sequence[Case], proxies: ProxyResources, lookup: SourceLook
     proxies.check(cases)
     results = []
     for case in cases:
-        resources, target = proxies.get(case.proxy)
-        simulation = simulate(resources, case.request, target, lookup)
+        resources, target = proxies.get(case.proxy, bool(case.grpc_target))
+        if case.grpc_target:
+            simulation = simulate_grpc(resources, GrpcCall(case.grpc_target, case.request), target, lookup)
+        else:
+            simulation = simulate(resources, case.request, target, lookup)
         results.append(CaseResult(case, simulation, tuple(compare(case.expect, simulation))))
     return results
 
@@ -320,6 +346,8 @@ _GOT: dict[str, Callable[[Simulation], Any]] = {
     "cluster": _clusters,
     "route": lambda r: r.route_name if r.route_match is not None else None,
     "status": lambda r: r.outcome.status,
+    # A gRPC call's code: its outcome's flag, OK when it is forwarded (`simulate.grpc`).
+    "grpc_status": lambda r: r.outcome.flag or ("OK" if r.outcome.routed else None),
     "redirect": _redirect,
     "header": _headers,
     "source": _source,

@@ -184,6 +184,26 @@ class SnapshotIndex:
                 for k, v in previous._scoped.items()
                 if (k[0] == "services" and same_services) or (k[0] == "virtual_services" and same_routes)
             }
+        #: After a change of VirtualServices alone (the same services, the same mesh): each
+        #: VirtualService of the snapshot before by key, and the scopes' VirtualServices there,
+        #: so a scope looks again at the changed ones only (`scoped_virtual_services`)
+        self._routes_before: tuple[dict[ConfigKey, Config], dict[Hashable, tuple[Config, ...]]] | None = None
+        if previous is not None and previous._mesh == mesh and previous._services is services:
+            before = {k[1]: v for k, v in previous._scoped.items() if k[0] == "virtual_services"}
+            if before and not same("VirtualService"):
+                self._routes_before = ({c.key: c for c in previous._by_kind.get("VirtualService", ())}, before)
+            elif not before:  # no scope asked there (its config was generated already): the answers before it
+                self._routes_before = previous._routes_before
+        #: After a change of the services (the same mesh): the services before by host, and the
+        #: scopes' services there, so a scope tests only the new or changed ones (`scoped_services`)
+        self._services_before: tuple[Mapping[str, Service], dict[Hashable, tuple[Service, ...]]] | None = None
+        if previous is not None and previous._mesh == mesh:
+            seen = {k[1]: v for k, v in previous._scoped.items() if k[0] == "services"}
+            # No scope asked there (its config was generated already): the answers before it.
+            self._services_before = (previous._services.services, seen) if seen else previous._services_before
+        #: VirtualServices and services scopes tested for visibility (`scoped_virtual_services`,
+        #: `scoped_services`): for the tests
+        self.visibility_tests = 0
 
     def _index_rules(self, by_kind: Mapping[str, tuple[Config, ...]]) -> None:
         self.export = {}
@@ -217,6 +237,62 @@ class SnapshotIndex:
         found = self._scoped.get((table, key))
         if found is None:
             found = self._scoped[(table, key)] = make()
+        return found
+
+    def scoped_services(self, key: Hashable, visible: Callable[[Service], bool]) -> tuple[Service, ...]:
+        """The services for which `visible` holds, by hostname, remembered as `scoped` remembers
+        them. After a change of the services, a scope's answer before it stands for every
+        service that is the same object as then (the registry keeps an unchanged service's
+        object): only new or changed services are tested (what a scope sees of one depends on
+        it, the mesh and `key` alone). A ServiceEntry no scope imports then costs each scope a
+        pass over the hostnames, not a test of every service against its egress hosts."""
+        found: tuple[Service, ...] | None = self._scoped.get(("services", key))
+        if found is not None:
+            return found
+        model = self._services.services
+        before = self._services_before[1].get(key) if self._services_before is not None else None
+        if before is None or self._services_before is None:
+            self.visibility_tests += len(model)
+            found = tuple(svc for host in sorted(model) if visible(svc := model[host]))
+        else:
+            was = self._services_before[0]
+            seen = {svc.hostname for svc in before}
+            out = []
+            for host in sorted(model):
+                svc = model[host]
+                if was.get(host) is svc:
+                    if host in seen:
+                        out.append(svc)
+                    continue
+                self.visibility_tests += 1
+                if visible(svc):
+                    out.append(svc)
+            found = tuple(out)
+        self._scoped[("services", key)] = found
+        return found
+
+    def scoped_virtual_services(self, key: Hashable, visible: Callable[[Config], bool]) -> tuple[Config, ...]:
+        """The VirtualServices for which `visible` holds, in the snapshot's order, remembered as
+        `scoped` remembers them. After a change of VirtualServices alone, a scope's answer before
+        it stands for every VirtualService that is the same object as then: only those that
+        changed or came are tested (what a scope sees of one depends on it, the services and the
+        mesh alone, all of them part of `key` or the same)."""
+        found: tuple[Config, ...] | None = self._scoped.get(("virtual_services", key))
+        if found is not None:
+            return found
+        current = self._by_kind.get("VirtualService", ())
+        before = self._routes_before[1].get(key) if self._routes_before is not None else None
+        if before is None or self._routes_before is None:
+            self.visibility_tests += len(current)
+            found = tuple(vs for vs in current if visible(vs))
+        else:
+            was = self._routes_before[0]
+            seen = {vs.key for vs in before}
+            fresh = [vs for vs in current if was.get(vs.key) is not vs]
+            self.visibility_tests += len(fresh)
+            shown = {vs.key for vs in fresh if visible(vs)}
+            found = tuple(vs for vs in current if (vs.key in shown if was.get(vs.key) is not vs else vs.key in seen))
+        self._scoped[("virtual_services", key)] = found
         return found
 
     def resolve(self, host: str, namespace: str) -> list[str]:

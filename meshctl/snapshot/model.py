@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from meshctl.config import mesh as mesh_config
+from meshctl.config.gateway_api import Translation, with_translation
 from meshctl.config.model import Config, ConfigKey
 from meshctl.registry import serviceentry
 from meshctl.registry.model import Resolution, ServiceModel
@@ -57,6 +58,9 @@ class Snapshot:
     _previous: Snapshot | None = None
     #: The config keys changed since `_previous` (None: unknown), likewise kept until the index.
     _changed: frozenset[ConfigKey] | None = None
+    #: What the Gateway API resources gave (their Istio configs are among `configs`): the
+    #: conditions and attachments that `validate`, `dump` and the server report.
+    gateway_api: Translation = field(default_factory=Translation)
 
     @property
     def index(self) -> SnapshotIndex:
@@ -117,6 +121,10 @@ def build_snapshot(
         by_key = MappingProxyType(dict(configs))
     else:
         by_key = MappingProxyType({c.key: c for c in configs})
+    # The Gateway API is served as the Istio configs it translates to (`config.gateway_api`).
+    by_key, changed, gateway_api = with_translation(
+        by_key, services.services.__contains__, previous.by_kind if previous is not None else None, changed
+    )
     if previous is None or changed is None:
         grouped: dict[str, list[Config]] = defaultdict(list)
         for key in sorted(by_key):
@@ -160,6 +168,7 @@ def build_snapshot(
         by_kind=MappingProxyType(by_kind),
         kind_digests=MappingProxyType(kind_digests),
         registry_digest=registry_digest,
+        gateway_api=gateway_api,
         # Only an indexed snapshot is a base for the index: one never indexed (a build that
         # changed nothing, dropped) would otherwise keep the chain of snapshots before it alive.
         _previous=base,

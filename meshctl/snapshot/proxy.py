@@ -44,10 +44,13 @@ from meshctl.errors import BindingError, NodeIdError
 from meshctl.logs import untrusted
 from meshctl.registry.model import Endpoint, Service
 from meshctl.registry.serviceentry import GROUP_ANNOTATION
+from meshctl.snapshot.collectors import Collector
 from meshctl.snapshot.envoy_filters import filters_key, select_envoy_filters
 from meshctl.snapshot.interception import DNS_METADATA_KEYS, InterceptionMode, dns_settings
 from meshctl.snapshot.model import Snapshot, spec
 from meshctl.snapshot.telemetry import NO_ACCESS_LOGS, AccessLogs, LogPlan, access_logs
+from meshctl.snapshot.tracing import NO_TRACING, TraceSide, Tracing, tracing
+from meshctl.snapshot.wasm_plugins import plugins_key, select_wasm_plugins
 
 #: Istio's node ids are a few hundred characters at most (a Kubernetes name, a namespace, an IP
 #: and a domain); a longer one is not a proxy's.
@@ -187,7 +190,10 @@ class OutboundProxy:
     - its workload's locality only where the mesh has DNS clusters (their inline endpoints get
       locality priorities);
     - the ports its app listens on (`app_ports`), where it binds no outbound listener;
-    - its DNS listener's port (0: none) and whether it forwards names outside the mesh.
+    - its DNS listener's port (0: none) and whether it forwards names outside the mesh;
+    - the access logs and tracing Telemetry gives its outbound listeners, resolved, and the
+      collectors its logs and tracing send to. Tracing carries Istio's per-workload tags (the
+      canonical service), so with tracing on, proxies of different services part ways.
     """
 
     type: ProxyType
@@ -207,6 +213,11 @@ class OutboundProxy:
     credentials: bool = True
     #: The access logs Telemetry gives its outbound listeners (`snapshot/telemetry.py`).
     client_logs: LogPlan = ()
+    #: The tracing Telemetry gives its outbound listeners (`snapshot/tracing.py`).
+    client_tracing: TraceSide | None = None
+    #: The collectors its tracing and access logs (either side) send to: their clusters are
+    #: sent whatever its Sidecar imports (`snapshot/collectors.py`).
+    collectors: tuple[Collector, ...] = ()
 
     @property
     def labels(self) -> Mapping[str, str]:
@@ -240,6 +251,10 @@ class Proxy:
     envoy_filters: tuple[Config, ...] = ()
     #: The access logs the Telemetries that select it add up to (`snapshot/telemetry.py`).
     access_logs: AccessLogs = NO_ACCESS_LOGS
+    #: Its tracing, from the same Telemetries (`snapshot/tracing.py`).
+    tracing: Tracing = NO_TRACING
+    #: The WasmPlugins that apply to it, in run order (`select_wasm_plugins`).
+    wasm_plugins: tuple[Config, ...] = ()
 
     @property
     def id(self) -> str:
@@ -301,17 +316,20 @@ class Proxy:
             *self.patch_key(),
             self.node.proxyless,
             self.access_logs,
+            self.tracing,
         )
 
     def patch_key(self) -> tuple[object, ...]:
         """Everything EnvoyFilter patching reads of the proxy, besides its generated config: the
         filters that select it, what their proxy matches test (its version, its metadata), its
-        type (the patch context) and the services of its inbound clusters (cluster matches)."""
-        if not self.envoy_filters:
+        type (the patch context) and the services of its inbound clusters (cluster matches).
+        The WasmPlugins that select it are added at the same stage, before the patches."""
+        if not self.envoy_filters and not self.wasm_plugins:
             return ()
         metadata = tuple(sorted(map(str, self.node.metadata.items())))
         served = tuple(sorted({(i.service.hostname, p) for i in self.instances for p in i.endpoint.ports.values()}))
-        return (filters_key(self.envoy_filters), self.node.proxy_version, metadata, self.node.type, served)
+        patches = (filters_key(self.envoy_filters), self.node.proxy_version, metadata, self.node.type, served)
+        return (*patches, plugins_key(self.wasm_plugins)) if self.wasm_plugins else patches
 
     @property
     def family(self) -> str:
@@ -363,8 +381,12 @@ def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
     address_in_config = node.interception is not InterceptionMode.NONE or _any_sidecar_ingress(snapshot)
     proxy = Proxy(node, MappingProxyType(labels), workload, tuple(instances), address_in_config)
     outbound = outbound_proxy(proxy, snapshot)
-    filters = select_envoy_filters(snapshot, node.namespace, proxy.labels)
+    router = node.type is ProxyType.ROUTER
+    services = [i.service for i in instances]
+    filters = select_envoy_filters(snapshot, node.namespace, proxy.labels, router=router, services=services)
     logs = access_logs(snapshot, node.namespace, proxy.labels)
+    traced = tracing(snapshot, node.namespace, proxy.labels, node.name, gateway=router)
+    plugins = select_wasm_plugins(snapshot, node.namespace, proxy.labels, router=router, services=services)
     return Proxy(
         node,
         proxy.labels,
@@ -376,6 +398,8 @@ def bind_proxy(node: ProxyNode, snapshot: Snapshot) -> Proxy:
         account,
         filters,
         logs,
+        traced,
+        plugins,
     )
 
 
@@ -428,6 +452,9 @@ def outbound_proxy(proxy: Proxy, snapshot: Snapshot) -> OutboundProxy:
     redirected = proxy.interception is not InterceptionMode.NONE
     sidecar = select_sidecar(snapshot, proxy.type, proxy.namespace, labels)
     dns_port, dns_forward = dns_settings(proxy.node.metadata) if proxy.type is ProxyType.SIDECAR else (0, True)
+    logs = access_logs(snapshot, proxy.namespace, labels)
+    gateway = proxy.type is ProxyType.ROUTER
+    traced = tracing(snapshot, proxy.namespace, labels, proxy.node.name, gateway=gateway)
     return OutboundProxy(
         type=proxy.type,
         namespace=proxy.namespace,
@@ -442,8 +469,19 @@ def outbound_proxy(proxy: Proxy, snapshot: Snapshot) -> OutboundProxy:
         dns_port=dns_port,
         dns_forward=dns_forward,
         credentials=proxy.node.credentials,
-        client_logs=access_logs(snapshot, proxy.namespace, labels).client,
+        client_logs=logs.client,
+        client_tracing=traced.client,
+        collectors=_collectors(logs, traced),
     )
+
+
+def _collectors(logs: AccessLogs, traced: Tracing) -> tuple[Collector, ...]:
+    """The collectors a proxy's tracing and access logs send to, once each, by cluster name."""
+    found = {c.cluster: c for c in traced.collectors}
+    for entry in (*logs.client, *logs.server):
+        if entry.collector is not None and not entry.disabled:
+            found.setdefault(entry.collector.cluster, entry.collector)
+    return tuple(found[name] for name in sorted(found))
 
 
 def select_sidecar(

@@ -149,20 +149,13 @@ class ProxyScope:
         namespace and egress hosts, so computed once for them (`SnapshotIndex.scoped`)."""
         sidecar = self.proxy.type is ProxyType.SIDECAR
         key = (self.proxy.namespace, sidecar, self.egress_hosts if sidecar else ())
-        return self.snapshot.index.scoped("services", key, self._services)
+        return self.snapshot.index.scoped_services(key, self._calls)
 
-    def _services(self) -> tuple[Service, ...]:
-        out = []
-        ns = self.proxy.namespace
-        model = self.snapshot.services
-        for host in sorted(model.services):
-            svc = model.services[host]
-            if not svc.visible_from(ns, self.snapshot.mesh.default_service_export_to):
-                continue
-            if self.proxy.type is ProxyType.SIDECAR and not self.imports(svc.namespace, svc.hostname):
-                continue
-            out.append(svc)
-        return tuple(out)
+    def _calls(self, svc: Service) -> bool:
+        """Whether the proxy may call `svc`: it reads the service, the mesh and `services`' key."""
+        if not svc.visible_from(self.proxy.namespace, self.snapshot.mesh.default_service_export_to):
+            return False
+        return self.proxy.type is not ProxyType.SIDECAR or self.imports(svc.namespace, svc.hostname)
 
     @cached_property
     def service_hosts(self) -> frozenset[str]:
@@ -180,25 +173,22 @@ class ProxyScope:
         hosts (`SnapshotIndex.scoped`)."""
         sidecar = self.proxy.type is ProxyType.SIDECAR
         key = (self.proxy.namespace, tuple(gateways), sidecar, self.egress_hosts if sidecar else ())
-        return self.snapshot.index.scoped("virtual_services", key, lambda: self._virtual_services(gateways))
-
-    def _virtual_services(self, gateways: Sequence[str]) -> tuple[Config, ...]:
         wanted = set(gateways)
-        out = []
-        for vs in self.snapshot.of_kind("VirtualService"):
-            if not self.snapshot.index.exported_to(vs, self.proxy.namespace):
-                continue
-            bound = {resolve_gateway_name(g, vs.namespace) for g in spec(vs).gateways} or {MESH_GATEWAY}
-            if not bound & wanted:
-                continue
-            if (
-                MESH_GATEWAY in wanted
-                and self.proxy.type is ProxyType.SIDECAR
-                and not any(e.overlaps(vs.namespace, h) for h in self.resolved_hosts(vs) for e in self.egress_hosts)
-            ):
-                continue
-            out.append(vs)
-        return tuple(out)
+        return self.snapshot.index.scoped_virtual_services(key, lambda vs: self._sees(vs, wanted))
+
+    def _sees(self, vs: Config, wanted: set[str]) -> bool:
+        """Whether the VirtualService is visible here and bound to one of `wanted` gateways: it
+        reads the VirtualService, the services (its resolved hosts) and `virtual_services`' key."""
+        if not self.snapshot.index.exported_to(vs, self.proxy.namespace):
+            return False
+        bound = {resolve_gateway_name(g, vs.namespace) for g in spec(vs).gateways} or {MESH_GATEWAY}
+        if not bound & wanted:
+            return False
+        return not (
+            MESH_GATEWAY in wanted
+            and self.proxy.type is ProxyType.SIDECAR
+            and not any(e.overlaps(vs.namespace, h) for h in self.resolved_hosts(vs) for e in self.egress_hosts)
+        )
 
     def resolved_hosts(self, vs: Config) -> list[str]:
         """The VirtualService's hosts with short names resolved against the known services."""

@@ -15,7 +15,10 @@ providers in scope are those the last level naming any for that side names (Mesh
 (`filter.expression`, the last one given for it) as the levels say in order. The result is a
 `LogPlan` and is part of the proxy's keys (`OutboundProxy.client_logs`, `Proxy.access_logs`), so a
 Telemetry change regenerates only the proxies whose plan it changes. An empty plan means "no
-Telemetry says anything here": MeshConfig's own `accessLogFile` applies, as in Istio.
+Telemetry says anything here": MeshConfig's own `accessLogFile` applies, as in Istio. A gRPC
+access log service's entry carries its collector, looked up in the registry
+(`snapshot/collectors.py`); one whose collector is not there is left out, as Istio leaves it.
+Tracing is resolved from the same Telemetries in `snapshot/tracing.py`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from meshctl.api.telemetry.v1alpha1 import telemetry_pb2
 from meshctl.config.labels import labels_match
 from meshctl.config.mesh_providers import ENVOY_PROVIDER
 from meshctl.config.model import Config
+from meshctl.snapshot.collectors import Collector, resolve_collector
 from meshctl.snapshot.model import MeshSettings, Snapshot, spec
 
 KIND: Final = "Telemetry"
@@ -39,11 +43,13 @@ SERVER: Final = telemetry_pb2.SERVER
 @dataclass(frozen=True, slots=True)
 class LogEntry:
     """One provider's access log on one side: its CEL filter ("" for none), or turned off (an
-    entry that writes nothing, but keeps MeshConfig's own log from applying)."""
+    entry that writes nothing, but keeps MeshConfig's own log from applying). A gRPC access log
+    service's entry carries its collector, resolved in the registry."""
 
     provider: str
     filter: str = ""
     disabled: bool = False
+    collector: Collector | None = None
 
 
 #: A proxy side's access logs by provider name; () when no Telemetry applies.
@@ -147,6 +153,20 @@ def _known(mesh: MeshSettings, name: str) -> bool:
     return name == ENVOY_PROVIDER or mesh.providers.file_log(name) is not None
 
 
+def _resolved(snapshot: Snapshot, entry: LogEntry) -> LogEntry | None:
+    """`entry` as meshctl serves it: a file log as is, a log service with its collector (None
+    when the provider is neither, or its collector is not in the registry)."""
+    if _known(snapshot.mesh, entry.provider):
+        return entry
+    provider = snapshot.mesh.providers.collector(entry.provider)
+    if provider is None or provider.tracing:
+        return None
+    collector = resolve_collector(snapshot, provider)
+    if collector is None:
+        return None
+    return LogEntry(entry.provider, entry.filter, entry.disabled, collector)
+
+
 def log_plan(snapshot: Snapshot, telemetries: Sequence[Config], mode: int) -> LogPlan:
     """The access logs of one side of a proxy with `telemetries` (`select_telemetries`)."""
     levels = [spec(c).access_logging for c in telemetries if spec(c).access_logging]
@@ -154,7 +174,8 @@ def log_plan(snapshot: Snapshot, telemetries: Sequence[Config], mode: int) -> Lo
     if not levels and not defaults:
         return ()
     merged = merge_logs(levels, defaults, mode)
-    return tuple(merged[name] for name in sorted(merged) if _known(snapshot.mesh, name))
+    resolved = (_resolved(snapshot, merged[name]) for name in sorted(merged))
+    return tuple(entry for entry in resolved if entry is not None)
 
 
 def access_logs(snapshot: Snapshot, namespace: str, labels: Mapping[str, str]) -> AccessLogs:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -273,7 +273,11 @@ class AdsClient:
         self.resources[type_url] = candidate
         state.version, state.nonce = version, response.nonce
         self._answer(type_url, response.nonce, None)
-        # Follow-up subscriptions, as Envoy makes them.
+        self._follow_up(type_url)
+
+    def _follow_up(self, type_url: str) -> None:
+        """The subscriptions a response of `type_url` leads to, as Envoy makes them."""
+        candidate = self.resources[type_url]
         if type_url == types.CLUSTER:
             wanted = eds_names(candidate)
             if wanted != self._state[types.ENDPOINT].names or not self._state[types.ENDPOINT].started:
@@ -321,3 +325,71 @@ class AdsClient:
             and rds_names(self.resources[types.LISTENER]) <= self.names(types.ROUTE)
         )
 
+
+def api_listener_routes(listeners: Mapping[str, Message]) -> set[str]:
+    """The route configs the API listeners (a gRPC client's) name over RDS."""
+    out: set[str] = set()
+    for listener in listeners.values():
+        typed = listener.api_listener.api_listener  # type: ignore[attr-defined]
+        if typed.type_url == _HCM:
+            hcm = hcm_pb2.HttpConnectionManager()
+            typed.Unpack(hcm)
+            if hcm.HasField("rds"):
+                out.add(hcm.rds.route_config_name)
+    return out
+
+
+def route_clusters(routes: Mapping[str, Message]) -> set[str]:
+    """The clusters the routes send to (one or a weighted set each)."""
+    out: set[str] = set()
+    for config in routes.values():
+        for vh in config.virtual_hosts:  # type: ignore[attr-defined]
+            for route in vh.routes:
+                if route.route.cluster:
+                    out.add(route.route.cluster)
+                out.update(c.name for c in route.route.weighted_clusters.clusters)
+    return out
+
+
+class GrpcAdsClient(AdsClient):
+    """A proxyless gRPC node (`GENERATOR: grpc`) subscribing as grpcio's xDS client does, for
+    the names it dials: listeners by name (`host:port`, one per channel), then the route
+    configs they name, the clusters those routes send to and their endpoints, each by name (never
+    the wildcard) and ACKed. `dialed` are the listener names; server listener names
+    (`xds.istio.io/grpc/lds/inbound/...`) may be among them."""
+
+    def __init__(self, address: str, node_id: str, *, dialed: Iterable[str], **kwargs: Any) -> None:
+        metadata = {**(kwargs.pop("metadata", None) or {}), "GENERATOR": "grpc"}
+        super().__init__(address, node_id, metadata=metadata, **kwargs)
+        self.dialed = frozenset(dialed)
+
+    def _subscribe(self, type_url: str, names: set[str]) -> None:
+        if type_url == types.CLUSTER and not self._state[types.LISTENER].started:
+            # The base class starts as Envoy, with clusters: gRPC starts with its listeners.
+            type_url, names = types.LISTENER, set(self.dialed)
+        super()._subscribe(type_url, names)
+
+    def _follow_up(self, type_url: str) -> None:
+        held = self.resources
+        if type_url == types.LISTENER:
+            next_type, names = types.ROUTE, api_listener_routes(held[types.LISTENER])
+        elif type_url == types.ROUTE:
+            next_type, names = types.CLUSTER, route_clusters(held[types.ROUTE])
+        elif type_url == types.CLUSTER:
+            next_type, names = types.ENDPOINT, eds_names(held[types.CLUSTER])
+        else:
+            return
+        state = self._state[next_type]
+        if names != state.names or not state.started:
+            self._subscribe(next_type, names)
+
+    def complete(self) -> bool:
+        """Holds every dialed listener, and every route config, cluster and assignment they
+        lead to."""
+        held = self.resources
+        return (
+            self.dialed <= self.names(types.LISTENER)
+            and api_listener_routes(held[types.LISTENER]) <= self.names(types.ROUTE)
+            and route_clusters(held[types.ROUTE]) <= self.names(types.CLUSTER)
+            and eds_names(held[types.CLUSTER]) <= self.names(types.ENDPOINT)
+        )

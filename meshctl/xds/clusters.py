@@ -160,12 +160,31 @@ def build_outbound_clusters(scope: ProxyScope, memo: ClusterMemo | None = None) 
         proxy = scope.proxy
         rules = jwt_rules_for_workload(scope.snapshot, proxy.namespace, proxy.labels)
         out.extend(_delimited_stats(jwks_clusters(rules, family=proxy.family, connect_timeout=timeout)))
+    out.extend(_collector_clusters(scope, {c.name for c in out}, memo))
     out.append(_delimited_stats([_blackhole(timeout)])[0])
     if scope.proxy.type is ProxyType.SIDECAR:
         out.append(_delimited_stats([_passthrough(names.PASSTHROUGH_CLUSTER, timeout)])[0])
         if dfp.allow_any_dynamic_dns(scope):
             out.extend(_delimited_stats([dfp.allow_any_cluster(scope, timeout)]))
     return merge_clusters(out)
+
+
+def _collector_clusters(scope: ProxyScope, present: set[str], memo: ClusterMemo | None) -> list[cluster_pb2.Cluster]:
+    """The clusters of the collectors the proxy's tracing and access logs send to that its
+    Sidecar did not import (`snapshot/collectors.py`): the port's cluster alone, as the
+    collector's own service would have it."""
+    out: list[cluster_pb2.Cluster] = []
+    for collector in scope.proxy.collectors:
+        if collector.cluster in present:
+            continue
+        service = scope.snapshot.services.services.get(collector.hostname)
+        port = service.port(collector.port) if service is not None else None
+        if service is None or port is None:
+            continue
+        view = outbound_cluster_view(scope, service, port)
+        made = service_port_clusters(view) if memo is None else memo.get(view, service_port_clusters)
+        out.extend(c for c in made if c.name == collector.cluster)
+    return out
 
 
 def outbound_cluster_view(scope: ProxyScope, service: Service, port: ServicePort) -> OutboundClusterView:

@@ -44,6 +44,8 @@ from meshctl.xds.memo import GenerationMemo
 from meshctl.xds.names import eds_cluster_names
 from meshctl.xds.route_memo import RouteMemo
 from meshctl.xds.routes import build_routes
+from meshctl.xds.tracing import with_tracing
+from meshctl.xds.wasm import apply_wasm_plugins
 
 Generated = Mapping[str, tuple[Message, ...]]
 
@@ -67,15 +69,28 @@ TRACED_KINDS: frozenset[str] = frozenset({"DestinationRule"})
 #: (`apply_envoy_filters`), keyed by the proxy's generation key, which names the filters.
 PATCH_KINDS: frozenset[str] = frozenset({"EnvoyFilter"})
 #: Kinds no part reads from the snapshot: Telemetry is resolved when a proxy is bound, into its
-#: keys (`OutboundProxy.client_logs`, `Proxy.access_logs`), so a Telemetry change regenerates
-#: only the parts of the proxies whose access logs it changes.
-BOUND_KINDS: frozenset[str] = frozenset({"Telemetry"})
+#: keys (`OutboundProxy.client_logs`/`client_tracing`/`collectors`, `Proxy.access_logs`/`tracing`),
+#: so a Telemetry change regenerates only the parts of the proxies whose logs or tracing it changes.
+#: WasmPlugins too: resolved into `Proxy.wasm_plugins` and added with the patches (`finish_config`).
+BOUND_KINDS: frozenset[str] = frozenset({"Telemetry", "WasmPlugin"})
 
 
 def generate_config(snapshot: Snapshot, proxy: Proxy) -> Generated:
     """Clusters, listeners and routes for `proxy` (everything but endpoints), by type URL."""
     scope = ProxyScope(snapshot, proxy)
-    return apply_envoy_filters(merge_config(_outbound(scope), generate_inbound(inbound_view(scope))), proxy)
+    return finish_config(merge_config(_outbound(scope), generate_inbound(inbound_view(scope))), proxy)
+
+
+def unpatched_config(snapshot: Snapshot, proxy: Proxy) -> Generated:
+    """`generate_config` before its last stage (`finish_config`): what EnvoyFilters patch."""
+    scope = ProxyScope(snapshot, proxy)
+    return merge_config(_outbound(scope), generate_inbound(inbound_view(scope)))
+
+
+def finish_config(config: Generated, proxy: Proxy) -> Generated:
+    """The last stage of generation, on a proxy's joined config: its WasmPlugins' filters, then
+    its EnvoyFilters' patches (which see the plugins, as in Istio). Keyed by `Proxy.patch_key`."""
+    return apply_envoy_filters(apply_wasm_plugins(config, proxy), proxy)
 
 
 class GenerationMemos:
@@ -133,7 +148,11 @@ def generate_inbound(view: InboundView) -> Generated:
     return MappingProxyType(
         {
             types.CLUSTER: tuple(build_inbound_clusters(view)),
-            types.LISTENER: tuple(with_access_log(build_inbound_listeners(view), view.mesh, view.server_logs)),
+            types.LISTENER: tuple(
+                with_tracing(
+                    with_access_log(build_inbound_listeners(view), view.mesh, view.server_logs), view.server_tracing
+                )
+            ),
             types.ROUTE: (),
         }
     )
@@ -163,7 +182,10 @@ def _outbound_clusters(scope: ProxyScope, memos: GenerationMemos | None) -> tupl
 def _outbound_listeners_and_routes(scope: ProxyScope, memos: GenerationMemos | None) -> dict[str, tuple[Message, ...]]:
     return {
         types.LISTENER: tuple(
-            with_access_log(build_outbound_listeners(scope), scope.snapshot.mesh, scope.proxy.client_logs)
+            with_tracing(
+                with_access_log(build_outbound_listeners(scope), scope.snapshot.mesh, scope.proxy.client_logs),
+                scope.proxy.client_tracing,
+            )
         ),
         types.ROUTE: tuple(build_routes(scope, memos.routes if memos is not None else None)),
     }

@@ -14,7 +14,9 @@ and an Envoy sidecar in one namespace take the same route for the same request.
 
 - Listeners: one per name a client may dial: every domain of a service's virtual host in the
   sidecar's route config for the port (its full hostname, its short and `name.namespace` forms
-  as the proxy's DNS domain expands them, its addresses), each with `:PORT`. The subscription
+  as the proxy's DNS domain expands them, its addresses), each with `:PORT`, and, for a
+  service of one port, each without it too (`xds:///reviews.shop.mesh`: there is no other port
+  it could mean; a service of several ports must be dialed with one). The subscription
   sends only the names a client asked for, so what a change leaves alone is not sent again.
   Each holds an HCM with the fault filter and the router, and RDS over ADS to
   `outbound|PORT||HOST`.
@@ -23,15 +25,18 @@ and an Envoy sidecar in one namespace take the same route for the same request.
   timeout becomes `max_stream_duration` (gRPC reads no other), its retry conditions keep those
   gRPC implements (`GRPC_RETRY_ON`; none left: no retry policy), and per-route filter configs
   keep the fault filter's alone.
-- Clusters: the outbound EDS clusters, their balancer as gRPC has it (ROUND_ROBIN for
+- Clusters: the outbound EDS clusters, and DNS clusters (ServiceEntry resolution DNS) as gRPC's
+  LOGICAL_DNS (gRFC A37: the name and port, which gRPC resolves itself), their balancer as gRPC has it (ROUND_ROBIN for
   LEAST_REQUEST, RANDOM and MAGLEV; RING_HASH kept), circuit breakers' `max_requests` and
   outlier detection kept; the mesh's mutual TLS (ISTIO_MUTUAL) through the certificate
   provider `default` (`grpc_upstream_tls`), any other TLS not sent at all, and auto mTLS's
   per-endpoint choice (which gRPC has no way to make) left out, as istiod does. Clusters of other
-  types (DNS, passthrough) are left out.
+  types (passthrough, original destination) are left out.
 - Listeners of gRPC servers: `grpc_inbound`.
-- Endpoints: the shared assignments, each group given a locality (empty if the registry has none)
-  and a weight, which gRPC requires (`grpc_assignment`).
+- Endpoints: the shared assignments (or, where a locality rule is in force, the node's
+  per-locality variant, as an Envoy of its locality gets: gRPC fails over by priority too), each
+  group given a locality (empty if the registry has none) and a weight, which gRPC requires
+  (`grpc_assignment`).
 """
 
 from __future__ import annotations
@@ -53,10 +58,14 @@ from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
+from meshctl.config.analysis_grpc import GRPC_RETRY_ON
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import OutboundProxy, Proxy, outbound_of
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
+from meshctl.xds.cluster_dns import discovery_type
+from meshctl.xds.eds_locality import build_variant, eds_localities
+from meshctl.xds.endpoints import assignment_view
 from meshctl.xds.generate import Generated, generate_outbound, load_assignment
 from meshctl.xds.grpc_inbound import build_grpc_inbound
 from meshctl.xds.inbound_view import inbound_view
@@ -68,9 +77,6 @@ _Cluster = cluster_pb2.Cluster
 
 FAULT_FILTER: Final = "envoy.filters.http.fault"
 ROUTER_FILTER: Final = "envoy.filters.http.router"
-#: The retry conditions gRPC implements (gRFC A44): status codes by name. Envoy's HTTP
-#: conditions (5xx, connect-failure, refused-stream, ...) mean nothing to it and are dropped.
-GRPC_RETRY_ON: Final = ("cancelled", "deadline-exceeded", "internal", "resource-exhausted", "unavailable")
 #: The certificate provider instance (in the node's bootstrap) mesh TLS names, as istiod does.
 CERTIFICATE_PROVIDER: Final = "default"
 #: Envoy balancers gRPC has; the others become ROUND_ROBIN, the one every gRPC has.
@@ -103,7 +109,13 @@ def generate_grpc(snapshot: Snapshot, proxy: Proxy) -> Generated:
     inbound = build_grpc_inbound(inbound_view(ProxyScope(snapshot, proxy)))
     config[types.LISTENER] = tuple(sorted([*config[types.LISTENER], *inbound], key=lambda m: m.name))  # type: ignore[attr-defined]
     names = sorted(eds_cluster_names(config[types.CLUSTER]))
-    config[types.ENDPOINT] = tuple(grpc_assignment(load_assignment(snapshot, n)) for n in names)
+    views = eds_localities(snapshot, proxy, names)
+    config[types.ENDPOINT] = tuple(
+        grpc_assignment(
+            build_variant(assignment_view(snapshot, n), views[n]) if n in views else load_assignment(snapshot, n)
+        )
+        for n in names
+    )
     return config
 
 
@@ -132,22 +144,27 @@ def build_grpc_config(envoy: Mapping[str, Iterable[Message]]) -> dict[str, tuple
     same proxy (`envoy`: Envoy messages by type URL, as `generate_outbound` makes them)."""
     listeners: dict[str, listener_pb2.Listener] = {}
     routes: dict[str, route_pb2.RouteConfiguration] = {}
-    for config in envoy.get(types.ROUTE, ()):
-        assert isinstance(config, route_pb2.RouteConfiguration)
-        if not config.name.isdigit():
-            continue  # gateway and egress-only route configs: no service port of their own
-        port = int(config.name)
-        for vh in config.virtual_hosts:
-            host, sep, vh_port = vh.name.rpartition(":")
-            if not sep or vh_port != config.name or "*" in host:
-                continue
-            name = grpc_route_name(port, host)
-            domains = _dialed_names(vh.domains, port)
-            routes[name] = route_pb2.RouteConfiguration(name=name, virtual_hosts=[grpc_virtual_host(vh, domains)])
-            for dialed in domains:
-                if dialed not in listeners and not dialed.startswith("["):
-                    listeners[dialed] = api_listener(dialed, name)
-    made = (grpc_cluster(c) for c in envoy.get(types.CLUSTER, ()) if _is_outbound_eds(c))
+    hosts = [
+        (int(config.name), host, vh)
+        for config in envoy.get(types.ROUTE, ())
+        if isinstance(config, route_pb2.RouteConfiguration) and config.name.isdigit()  # not gateways' or egress'
+        for vh in config.virtual_hosts
+        for host, sep, vh_port in [vh.name.rpartition(":")]
+        if sep and vh_port == config.name and "*" not in host
+    ]
+    ports: dict[str, int] = {}
+    for _, host, _ in hosts:
+        ports[host] = ports.get(host, 0) + 1
+    for port, host, vh in hosts:
+        name = grpc_route_name(port, host)
+        domains = _dialed_names(vh.domains, port)
+        if ports[host] == 1:  # one port: dialed without it too (`xds:///host`)
+            domains += [d for d in _bare_names(vh.domains) if d not in domains]
+        routes[name] = route_pb2.RouteConfiguration(name=name, virtual_hosts=[grpc_virtual_host(vh, domains)])
+        for dialed in domains:
+            if dialed not in listeners and not dialed.startswith("["):
+                listeners[dialed] = api_listener(dialed, name)
+    made = (grpc_cluster(c) for c in envoy.get(types.CLUSTER, ()) if _is_outbound(c))
     clusters = [c for c in made if c is not None]
     return {
         types.LISTENER: tuple(listeners[n] for n in sorted(listeners)),
@@ -167,6 +184,11 @@ def _dialed_names(domains: Iterable[str], port: int) -> list[str]:
         if named not in out and port != NO_PORT:
             out.append(named)
     return out
+
+
+def _bare_names(domains: Iterable[str]) -> list[str]:
+    """The names a one-port service is dialed by without its port: each domain that has none."""
+    return [d for d in domains if d != "*" and not d.endswith(".") and not d.rpartition(":")[2].isdigit()]
 
 
 def api_listener(name: str, route_name: str) -> listener_pb2.Listener:
@@ -249,10 +271,13 @@ def dropped_retry_conditions(policy: rc.RetryPolicy) -> list[str]:
     return [c.strip() for c in policy.retry_on.split(",") if c.strip() and c.strip() not in GRPC_RETRY_ON]
 
 
-def _is_outbound_eds(cluster: Message) -> bool:
+def _is_outbound(cluster: Message) -> bool:
+    """An outbound cluster of a service gRPC can reach: EDS, or resolved by DNS."""
     assert isinstance(cluster, cluster_pb2.Cluster)
     parsed = parse_cluster_name(cluster.name)
-    return cluster.type == _Cluster.EDS and parsed is not None and parsed.direction == "outbound"
+    if parsed is None or parsed.direction != "outbound":
+        return False
+    return cluster.type == _Cluster.EDS or discovery_type(cluster) in ("STRICT_DNS", "LOGICAL_DNS")
 
 
 def grpc_cluster(cluster: Message) -> cluster_pb2.Cluster | None:
@@ -260,14 +285,18 @@ def grpc_cluster(cluster: Message) -> cluster_pb2.Cluster | None:
     cannot do from xDS (a DestinationRule's own certificates: better no cluster, whose calls
     fail, than one that sends in the clear what was meant to be encrypted)."""
     assert isinstance(cluster, cluster_pb2.Cluster)
-    out = _Cluster(name=cluster.name, type=_Cluster.EDS)
+    if cluster.WhichOneof("cluster_discovery_type") == "type" and cluster.type == _Cluster.EDS:
+        out = _Cluster(name=cluster.name, type=_Cluster.EDS)
+        out.eds_cluster_config.CopyFrom(cluster.eds_cluster_config)
+    else:
+        out = _Cluster(name=cluster.name, type=_Cluster.LOGICAL_DNS)
+        out.load_assignment.CopyFrom(_logical_dns_target(cluster))
     if cluster.HasField("transport_socket"):
         tls = grpc_upstream_tls(cluster.transport_socket.typed_config)
         if tls is None:
             return None
         out.transport_socket.name = "envoy.transport_sockets.tls"
         out.transport_socket.typed_config.CopyFrom(_typed(tls))
-    out.eds_cluster_config.CopyFrom(cluster.eds_cluster_config)
     out.connect_timeout.CopyFrom(cluster.connect_timeout)
     out.metadata.CopyFrom(cluster.metadata)  # which DestinationRule made it, for dump and diff
     if cluster.lb_policy in _GRPC_LB:
@@ -281,6 +310,21 @@ def grpc_cluster(cluster: Message) -> cluster_pb2.Cluster | None:
             out.circuit_breakers.thresholds.add(priority=threshold.priority, max_requests=threshold.max_requests)
     if cluster.HasField("outlier_detection"):
         out.outlier_detection.CopyFrom(cluster.outlier_detection)
+    return out
+
+
+def _logical_dns_target(cluster: cluster_pb2.Cluster) -> endpoint_pb2.ClusterLoadAssignment:
+    """What gRPC resolves for a DNS cluster (gRFC A37): one locality holding one endpoint, the
+    name and port; a ServiceEntry listing several names is reached by its first."""
+    out = endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster.name)
+    first = next((e for group in cluster.load_assignment.endpoints for e in group.lb_endpoints), None)
+    if first is not None:
+        group = out.endpoints.add()
+        group.locality.SetInParent()
+        group.load_balancing_weight.value = 1
+        endpoint = group.lb_endpoints.add()
+        endpoint.endpoint.address.CopyFrom(first.endpoint.address)
+        endpoint.load_balancing_weight.value = 1
     return out
 
 

@@ -29,6 +29,7 @@ from meshctl.snapshot.model import MeshSettings
 from meshctl.snapshot.proxy import Proxy
 from meshctl.snapshot.scope import MergedDestinationRule, ProxyScope
 from meshctl.snapshot.telemetry import LogPlan
+from meshctl.snapshot.tracing import TraceSide
 from meshctl.xds import names
 from meshctl.xds.memo import Ref
 from meshctl.xds.refs import config_ref, destination_rule_ref
@@ -67,6 +68,8 @@ class InboundView:
     request_authentication: tuple[Ref[Config], ...] = ()
     #: The access logs Telemetry gives its inbound listeners (`snapshot/telemetry.py`).
     server_logs: LogPlan = ()
+    #: The tracing Telemetry gives its inbound listeners (`snapshot/tracing.py`).
+    server_tracing: TraceSide | None = None
 
     @property
     def sidecar_config(self) -> Config | None:
@@ -120,4 +123,5 @@ def inbound_view(scope: ProxyScope) -> InboundView:
             config_ref(c) for c in request_authentications(scope.snapshot, proxy.namespace, proxy.labels)
         ),
         server_logs=proxy.access_logs.server,
+        server_tracing=proxy.tracing.server,
     )

@@ -43,6 +43,11 @@ _REDIRECT_CODES: Final = {
 }
 
 
+#: Istio's annotation of a VirtualService made from the Gateway API (`gateway_api`): its path
+#: prefixes match whole path segments, as the Gateway API's PathPrefix does.
+ROUTE_SEMANTICS: Final = "internal.istio.io/route-semantics"
+
+
 def resolve_destination_host(host: str, namespace: str, known: Iterable[str]) -> str:
     """A destination host as written in `namespace`: a short name (`reviews`) stands for the
     known service `reviews.<namespace>.<suffix>` (the first, in name order, if several);
@@ -140,7 +145,10 @@ def translate_route(
     name = route.name
     if match is not None and match.name:
         name = f"{name}.{match.name}"
-    out = rc.Route(name=name, match=route_match(match), metadata=istio_metadata(vs))
+    gateway_semantics = vs.annotations.get(ROUTE_SEMANTICS) == "gateway"
+    out = rc.Route(
+        name=name, match=route_match(match, gateway_semantics=gateway_semantics), metadata=istio_metadata(vs)
+    )
     if match is not None and match.stat_prefix:
         out.stat_prefix = match.stat_prefix
     authority = ""

@@ -116,11 +116,12 @@ def _query_matcher(name: str, match: vs_pb2.StringMatch) -> rc.QueryParameterMat
     return out
 
 
-def route_match(match: vs_pb2.HTTPMatchRequest | None) -> rc.RouteMatch:
+def route_match(match: vs_pb2.HTTPMatchRequest | None, *, gateway_semantics: bool = False) -> rc.RouteMatch:
     """Istio's TranslateRouteMatch: headers (and inverted `withoutHeaders`) sorted by name, then
     method, authority and scheme as pseudo-headers; the path from `uri`; query parameters by
     name (sorted here, where Istio's map order varies); `case_sensitive` from `ignoreUriCase`
-    whenever there is a match block."""
+    whenever there is a match block. With `gateway_semantics` (a route made from the Gateway
+    API) a prefix other than `/` matches whole path segments (`path_separated_prefix`)."""
     out = rc.RouteMatch(prefix="/")
     if match is None:
         return out
@@ -138,6 +139,8 @@ def route_match(match: vs_pb2.HTTPMatchRequest | None) -> rc.RouteMatch:
         kind = match.uri.WhichOneof("match_type")
         if kind == "exact":
             out.path = match.uri.exact
+        elif kind == "prefix" and gateway_semantics and match.uri.prefix not in ("", "/"):
+            out.path_separated_prefix = match.uri.prefix.rstrip("/")
         elif kind == "prefix":
             out.prefix = match.uri.prefix
         elif kind == "regex":
@@ -172,6 +175,8 @@ def operation_path(match: rc.RouteMatch) -> str:
     kind = match.WhichOneof("path_specifier")
     if kind == "prefix":
         return f"{match.prefix}*"
+    if kind == "path_separated_prefix":
+        return f"{match.path_separated_prefix}*"
     if kind == "path":
         return str(match.path)
     if kind == "safe_regex":

@@ -12,21 +12,12 @@ schema layer (`config/schema.py`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from google.protobuf.message import Message
 
-from meshctl.config.findings import FieldPath, Severity
+from meshctl.config.validation.issue import Issue
 
-
-@dataclass(frozen=True, slots=True)
-class Issue:
-    """A rule broken by one resource: the field path from the document root (`spec`, ...)."""
-
-    path: FieldPath
-    message: str
-    severity: Severity = Severity.ERROR
-
+__all__ = ["Issue", "Validator", "import_rules", "validate_spec"]
 
 Validator = Callable[[Message], list[Issue]]
 
@@ -43,6 +34,7 @@ def _validators() -> dict[str, Validator]:
     from meshctl.config.validation.sidecar import validate as sidecar
     from meshctl.config.validation.telemetry import validate as telemetry
     from meshctl.config.validation.virtual_service import validate as virtual_service
+    from meshctl.config.validation.wasm_plugin import validate as wasm_plugin
     from meshctl.config.validation.workload_entry import validate as workload_entry
     from meshctl.config.validation.workload_group import validate as workload_group
 
@@ -59,6 +51,7 @@ def _validators() -> dict[str, Validator]:
         "AuthorizationPolicy": authorization_policy,
         "RequestAuthentication": request_authentication,
         "Telemetry": telemetry,
+        "WasmPlugin": wasm_plugin,
     }
 
 
@@ -76,4 +69,8 @@ def validate_spec(kind: str, spec: Message) -> list[Issue]:
     """Every rule `kind` breaks in `spec`; empty when it is valid."""
     import_rules()
     validator = _VALIDATORS.get(kind)
+    if validator is None and spec.DESCRIPTOR.full_name == "google.protobuf.Struct":
+        from meshctl.config.gateway_api.model import validate as gateway_api
+
+        return gateway_api(kind, spec)
     return validator(spec) if validator is not None else []

@@ -5,9 +5,10 @@ wrong class for the applyTo (a cluster match on an HTTP_FILTER), a sub-filter ma
 `HTTP_FILTER` or not under the HTTP connection manager, a `proxyVersion` that is no regular
 expression, and a value that does not parse into the Envoy type of its applyTo: so does meshctl.
 Istio accepts operations that do nothing for their applyTo (ADD on a ROUTE_CONFIGURATION):
-meshctl accepts them too, with a warning. `EXTENSION_CONFIG` and `BOOTSTRAP` need parts of
-Istio meshctl has not (ECDS, an agent writing the bootstrap): an error, not a patch silently
-dropped. `targetRefs` name Kubernetes Services and Gateways, which a VM mesh has not.
+meshctl accepts them too, with a warning. `EXTENSION_CONFIG` needs ECDS, which meshctl
+does not serve: an error, not a patch silently dropped. `BOOTSTRAP` patches are applied by
+`meshctl bootstrap --config` (`meshctl/bootstrap_patches.py`), never by `serve`: a warning says
+so. `targetRefs` are checked against what meshctl resolves (`snapshot/target_refs.py`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from google.protobuf.message import Message
 from meshctl.api.networking.v1alpha3 import envoy_filter_pb2
 from meshctl.config.envoy_types import deprecated_fields, parse_value
 from meshctl.config.findings import FieldPath
+from meshctl.config.references import POLICY_TARGET_KINDS, POLICY_TARGET_NAMES
 from meshctl.config.validation import Issue
 from meshctl.config.validation.common import Report, check_selector, enum_name
 
@@ -42,6 +44,7 @@ EFFECTIVE: dict[int, frozenset[int]] = {
     EF.VIRTUAL_HOST: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE, EF.Patch.REPLACE}),
     EF.HTTP_ROUTE: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE, *_INSERTS}),
     EF.CLUSTER: frozenset({EF.Patch.MERGE, EF.Patch.ADD, EF.Patch.REMOVE}),
+    EF.BOOTSTRAP: frozenset({EF.Patch.MERGE}),
 }
 
 
@@ -52,14 +55,24 @@ def validate(spec: Message) -> list[Issue]:
         check_selector(report, ("spec", "workloadSelector", "labels"), ef.workload_selector.labels, "the EnvoyFilter")
         if ef.target_refs:
             report.error(("spec", "targetRefs"), "workloadSelector and targetRefs cannot both be set")
-    if ef.target_refs:
-        report.error(
-            ("spec", "targetRefs"),
-            "targetRefs name Kubernetes Services and Gateways, which meshctl has not: use workloadSelector",
-        )
+    for i, ref in enumerate(ef.target_refs):
+        _target_ref(report, ("spec", "targetRefs", i), ref)
     for i, patch in enumerate(ef.config_patches):
         _patch(report, ("spec", "configPatches", i), patch)
     return report.issues
+
+
+def _target_ref(report: Report, path: FieldPath, ref: Any) -> None:
+    """A target reference meshctl can resolve (`snapshot/target_refs.py`), in the filter's namespace."""
+    if not ref.name:
+        report.error((*path, "name"), "targetRef name must be set")
+    if ref.namespace:
+        report.error((*path, "namespace"), "targetRef namespace must not be set: it names the EnvoyFilter's own")
+    group = ref.group or "core"
+    if (group, ref.kind) == ("gateway.networking.k8s.io", "GatewayClass"):
+        report.error((*path, "kind"), "a GatewayClass names gateways of a class, which meshctl does not have")
+    elif (group, ref.kind) not in POLICY_TARGET_KINDS:
+        report.error((*path, "kind"), f"targetRef must be to a {POLICY_TARGET_NAMES}, not {group}/{ref.kind}")
 
 
 def _patch(report: Report, path: FieldPath, cp: Any) -> None:
@@ -67,10 +80,22 @@ def _patch(report: Report, path: FieldPath, cp: Any) -> None:
     if apply_to == EF.INVALID:
         report.error((*path, "applyTo"), "missing applyTo")
         return
-    if apply_to in (EF.EXTENSION_CONFIG, EF.BOOTSTRAP):
-        what = "ECDS" if apply_to == EF.EXTENSION_CONFIG else "a bootstrap written by the control plane's agent"
-        report.error((*path, "applyTo"), f"applyTo {enum_name(cp, 'apply_to')} needs {what}, which meshctl has not")
+    if apply_to == EF.EXTENSION_CONFIG:
+        report.error(
+            (*path, "applyTo"),
+            "applyTo EXTENSION_CONFIG patches ECDS resources, which meshctl does not serve: WasmPlugins are "
+            "written inline in the listeners, patch them with HTTP_FILTER (subFilter name NAMESPACE.NAME)",
+        )
         return
+    if apply_to == EF.BOOTSTRAP:
+        if cp.HasField("match") and cp.match.WhichOneof("object_types") is not None:
+            report.error((*path, "match"), "applyTo BOOTSTRAP takes no listener, route configuration or cluster match")
+            return
+        report.warn(
+            (*path, "applyTo"),
+            "applyTo BOOTSTRAP is applied by `meshctl bootstrap --config` when it writes the bootstrap, never by "
+            "`serve`: write the proxy's bootstrap again and restart its Envoy for the patch to take effect",
+        )
     if not cp.HasField("patch"):
         report.error((*path, "patch"), "missing patch")
         return

@@ -7,7 +7,8 @@ expression parses. meshctl adds what it cannot serve:
 - `metrics` is an error: Istio's metrics are made by its own stats filter
   (`istio.stats`), which upstream Envoy does not have; a proxy would refuse the filter, and
   leaving the overrides out would silently count what the resource says not to.
-- `tracing` is a warning: it is not applied yet, so a workload is traced as if it were absent.
+- `tracing` is served (`snapshot/tracing.py`); only what Istio ignores is warned of (a second
+  provider, a second entry).
 - `targetRefs` / `targetRef` name Kubernetes Gateways and Services (waypoints); a VM workload is
   neither, so such a Telemetry applies to no proxy (a warning, as for AuthorizationPolicy).
 
@@ -102,7 +103,6 @@ def validate(spec: Message) -> list[Issue]:
                 report.error((*tag_path, "literal", "value"), "a literal custom tag must have a value")
             elif kind in ("environment", "header") and not getattr(tag, kind).name:
                 report.error((*tag_path, kind, "name"), f"a {kind} custom tag must name one")
-        report.warn(path, "tracing is not applied by meshctl yet: the workload is traced as without it")
     if len(telemetry.tracing) > 1:
         report.warn(("spec", "tracing"), "multiple tracing entries are not supported: Istio uses the first")
     for i, _ in enumerate(telemetry.metrics):

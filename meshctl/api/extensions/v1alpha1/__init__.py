@@ -1,0 +1,1 @@
+"""Generated from protos/ by tools/gen_protos.py; do not edit."""

@@ -1,0 +1,126 @@
+"""The small values `ResourceCache` keeps its generations in: per-version maps, generated
+parts with what their generation read (the DestinationRules an outbound part or an EDS set asked
+for), and what changed between two snapshots when a proxy's generation fails. Apart from the
+cache so that its module says how sharing works and this one what is shared."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from meshctl.config.model import ConfigKey
+from meshctl.snapshot.model import Snapshot
+from meshctl.snapshot.scope import ProxyScope, rule_digest
+from meshctl.xds.endpoints import subset_labels
+from meshctl.xds.generate import TRACED_KINDS
+from meshctl.xds.resources import ResourceSet
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Recent(Generic[K, V]):
+    """Entries keyed by (version, key), for the `keep` most recently used versions only: when a
+    new version comes in, the entries of the least recently used one go."""
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._versions: list[str] = []  # least recently used first
+        self._data: dict[tuple[str, K], V] = {}
+
+    def get(self, version: str, key: K) -> V | None:
+        return self._data.get((version, key))
+
+    def put(self, version: str, key: K, value: V) -> list[str]:
+        """Store `value`; returns the versions dropped to make room for a new one."""
+        dropped: list[str] = []
+        if not self._versions or self._versions[-1] != version:
+            if version in self._versions:
+                self._versions.remove(version)
+            self._versions.append(version)
+            while len(self._versions) > self._keep:
+                dropped.append(self._versions.pop(0))
+            if dropped:
+                gone = set(dropped)
+                self._data = {k: v for k, v in self._data.items() if k[0] not in gone}
+        self._data[(version, key)] = value
+        return dropped
+
+    def values(self) -> list[V]:
+        return list(self._data.values())
+
+    @property
+    def versions(self) -> tuple[str, ...]:
+        return tuple(self._versions)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """A generated part (or a whole config): its resource sets by type, and the EDS names its
+    clusters ask for."""
+
+    by_type: Mapping[str, ResourceSet]
+    eds_names: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TracedEds:
+    """An EDS set, and the labels each subset cluster in it was built with (host, subset, labels):
+    the only part of a DestinationRule an assignment reads (`subset_labels`)."""
+
+    eds: ResourceSet
+    subsets: tuple[tuple[str, str, tuple[tuple[str, str], ...] | None], ...]
+    #: the DestinationRules' content digest when it was made: the same rules, the same answers
+    rules_digest: bytes
+
+    def holds(self, snapshot: Snapshot) -> bool:
+        if rules_digest(snapshot) == self.rules_digest:
+            return True
+        for host, subset, labels in self.subsets:
+            now = subset_labels(snapshot, host, subset)
+            if (tuple(sorted(now.items())) if now is not None else None) != labels:
+                return False
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class TracedPart:
+    """An outbound part and the DestinationRules its generation asked for (host -> digest)."""
+
+    part: Part
+    rules: Mapping[str, object]
+    #: the DestinationRules' content digest when it was made: the same rules, the same answers
+    rules_digest: bytes
+
+    def holds(self, scope: ProxyScope) -> bool:
+        """Whether every rule asked for is, in `scope`'s snapshot, the one it was."""
+        snapshot = scope.snapshot
+        if rules_digest(snapshot) == self.rules_digest:
+            return True
+        return all(rule_digest(snapshot, scope.destination_rule(h)) == d for h, d in self.rules.items())
+
+
+def rules_digest(snapshot: Snapshot) -> bytes:
+    return b"".join(snapshot.kind_digests.get(kind, b"") for kind in sorted(TRACED_KINDS))
+
+
+def changed_inputs(before: Snapshot, now: Snapshot) -> list[str]:
+    """The inputs that differ between two snapshots, each as `kind namespace/name (file:line)`
+    (or `MeshConfig`): what a generation error that did not happen at `before` comes from."""
+    out: list[str] = []
+    if before.mesh != now.mesh:
+        out.append("MeshConfig")
+    for kind in sorted(set(before.kind_digests) | set(now.kind_digests)):
+        if before.kind_digests.get(kind) == now.kind_digests.get(kind):
+            continue
+        old: dict[ConfigKey, str] = {c.key: c.content_digest() for c in before.of_kind(kind)}
+        for config in now.of_kind(kind):
+            if old.get(config.key) != config.content_digest():
+                out.append(f"{config.key} ({config.source})")
+    if before.registry_digest != now.registry_digest:
+        out.append("the registry's services")
+    return out

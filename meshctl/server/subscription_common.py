@@ -1,0 +1,126 @@
+"""What the state-of-the-world and incremental subscriptions share: the request kinds and
+outcomes, what a push is, the bounds on what a stream may make the server hold, and how names
+and versions a client sends are kept (`meshctl.server.subscription` says how it all fits)."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import sys
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from meshctl.errors import SubscriptionLimitError
+from meshctl.xds.resources import Resource, ResourceSet, set_version
+
+WILDCARD = "*"
+
+#: The most names of one type one stream may subscribe to (or claim in initial_resource_versions).
+#: Far more than any proxy needs (a sidecar watches one assignment per cluster), far less than
+#: the millions a client could send to make the server hold them.
+MAX_NAMES = 100_000
+
+
+class RequestKind(enum.Enum):
+    INITIAL = "initial"  # first request of this type on the stream
+    ACK = "ack"
+    NACK = "nack"
+    STALE = "stale"  # refers to a response that is no longer the latest (SotW): ignored
+    UPDATE = "update"  # delta: a subscription change without an ACK or NACK
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    kind: RequestKind
+    subscription_changed: bool = False
+    error: str = ""
+    #: a NACK that says again what the stream's current NACK said, of the same version: worth
+    #: logging and counting once (see `SotwSubscription.handle`, `DeltaSubscription.handle`)
+    repeated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """What to send on the stream for one type: a whole set (SotW) or a delta."""
+
+    type_url: str
+    version: str
+    nonce: str
+    resources: tuple[Resource, ...]
+    removed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    version: str
+    nonce: str
+    message: str
+
+
+#: How many unanswered responses a subscription keeps track of (partial `SotwSubscription`,
+#: `DeltaSubscription`): a node that leaves more unanswered makes it forget the oldest.
+_UNANSWERED_KEPT = 64
+
+
+def _version_of(available: Mapping[str, Resource]) -> str:
+    return available.version if isinstance(available, ResourceSet) else set_version(available.values())
+
+
+#: Name sets subscribed to, one copy of each: the sidecars of a namespace ask for the same
+#: assignments (150 names, 8 KB a set), so a thousand streams hold ten sets, not a thousand.
+#: Keyed by hash; a collision, or two event loops of one process writing at once, only costs
+#: one set its sharing.
+_NAME_SETS: weakref.WeakValueDictionary[int, frozenset[str]] = weakref.WeakValueDictionary()
+
+
+def _shared_names(names: frozenset[str]) -> frozenset[str]:
+    """`names`, or an equal set already held by another subscription."""
+    key = hash(names)
+    found = _NAME_SETS.get(key)
+    if found is not None and found == names:
+        return found
+    _NAME_SETS[key] = names
+    return names
+
+
+def _keeper(offered: Mapping[str, Resource] | None) -> Callable[[str], str]:
+    """How a name a client sent is kept. With the resources the stream is `offered`: as the name
+    of the resource under it, one string every stream asking for it shares, else as sent. Not
+    `sys.intern`, which only a caller without them gets: CPython's table of interned strings
+    grows for good, so a client that sends 100,000 made-up names would leave the server bigger
+    after its stream ended, and so would each such stream after it."""
+    if offered is None:
+        return sys.intern
+
+    def keep(name: str) -> str:
+        found = offered.get(name)
+        return found.name if found is not None else name
+
+    return keep
+
+
+def _too_many(type_url: str, count: int, what: str, limit: int) -> SubscriptionLimitError:
+    return SubscriptionLimitError(
+        f"{type_url}: {count} {what}, more than the {limit} one stream may have", type_url=type_url, limit=limit
+    )
+
+
+def _version(offered: Mapping[str, Resource] | None, name: str, version: str) -> str:
+    """A version a client says it holds, kept as the offered resource's string when they are
+    the same (a thousand proxies resuming hold one copy), else as sent."""
+    if offered is None:
+        return sys.intern(version)
+    found = offered.get(name)
+    return found.version if found is not None and found.version == version else version
+
+
+class _Nonces:
+    """Nonces unique within a stream: a counter, readable in logs and debug pages."""
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+        self._counter = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter)}"

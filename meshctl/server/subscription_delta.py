@@ -1,0 +1,251 @@
+"""Incremental (delta) xDS for one type on one stream (`DeltaSubscription`), without I/O; see
+`meshctl.server.subscription` for the protocol rules both kinds of subscription follow."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from meshctl.server.subscription_common import (
+    _UNANSWERED_KEPT,
+    MAX_NAMES,
+    WILDCARD,
+    Nack,
+    Push,
+    RequestKind,
+    RequestOutcome,
+    _keeper,
+    _Nonces,
+    _too_many,
+    _version,
+    _version_of,
+)
+from meshctl.xds.resources import Resource, ResourceSet
+
+#: In `DeltaSubscription.known`: the node may hold the resource, at a version not known (it
+#: rejected or may have partly applied a response): it is sent again, and its removal told.
+_UNKNOWN = ""
+
+
+#: A delta response until it is answered: its set version, what it carried, what it said removed.
+_Sent = tuple[str, tuple[Resource, ...], tuple[str, ...]]
+
+
+class DeltaSubscription:
+    """Incremental xDS for one type on one stream.
+
+    `known` is what the node holds, name -> version, as far as we know: from its
+    `initial_resource_versions`, and from what it is sent, as soon as it is sent. A NACK makes
+    what the rejected response carried or removed unknown (`_UNKNOWN`), since Envoy may apply
+    part of a response it rejects: such a resource is sent again with its next change (the
+    content rejected is not sent again unchanged), and its removal is told again if it is gone.
+
+    Responses are tracked until answered, the newest `_UNANSWERED_KEPT` of them. A NACK of a
+    response no longer tracked, once some were forgotten, may be of any of them: then no version
+    the node holds is known, and the next push sends everything it watches again. A NACK of the
+    response the stream's current NACK names, once more, changes nothing and is `repeated`.
+
+    A request that would leave more than `max_names` names subscribed, or a first request with
+    more than `max_names` initial versions, raises `SubscriptionLimitError` and changes nothing.
+    """
+
+    def __init__(
+        self, type_url: str, *, wildcard_when_empty: bool, nonce_prefix: str = "", max_names: int = MAX_NAMES
+    ) -> None:
+        self.type_url = type_url
+        self._wildcard_when_empty = wildcard_when_empty
+        self._max_names = max_names
+        self._nonces = _Nonces(nonce_prefix)
+        self.started = False
+        self.wildcard = False
+        self.names: set[str] = set()
+        #: What the node holds, name -> version, as far as we know (`_UNKNOWN`: some version).
+        self.known: dict[str, str] = {}
+        #: watched names told absent (in `removed`) while they do not exist: a subset of `names`
+        self._absent_told: set[str] = set()
+        #: name -> the version the node rejected, not sent again: a subset of `known`
+        self._nacked: dict[str, str] = {}
+        #: nonce -> what the response carried, oldest first, until the node answers it
+        self._in_flight: dict[str, _Sent] = {}
+        #: `_in_flight` was cut short: a NACK of a nonce it lacks may be of a forgotten one
+        self._untracked = False
+        self._sent_nonce: str | None = None
+        self.sent_version: str | None = None
+        self.acked_version: str | None = None
+        self.nack: Nack | None = None
+        #: A ResourceSet found to need no push; the same set needs none until a request comes.
+        self._settled: ResourceSet | None = None
+        #: initial resource versions the first request claimed
+        self._claimed = 0
+
+    @property
+    def held_names(self) -> int:
+        """How many names the client made this subscription hold: those subscribed, and the
+        initial resource versions it claimed (kept while the stream lives)."""
+        return len(self.names) + self._claimed
+
+    def names_after(self, request: discovery_pb2.DeltaDiscoveryRequest) -> int:
+        """At most how many names this subscription holds once `request` is applied (raises
+        `SubscriptionLimitError` past `max_names`): what a client is charged before it is."""
+        claimed = self._claimed if self.started else len(request.initial_resource_versions)
+        return self._check_limits(request) + claimed
+
+    def handle(
+        self, request: discovery_pb2.DeltaDiscoveryRequest, offered: Mapping[str, Resource] | None = None
+    ) -> RequestOutcome:
+        """Apply one request; names are kept as the names of the resources `offered` (`_keeper`)."""
+        self._check_limits(request)
+        keep = _keeper(offered)
+        self._settled = None
+        changed = False
+        kind = RequestKind.UPDATE
+        if not self.started:
+            self.started = True
+            kind = RequestKind.INITIAL
+            changed = True
+            # Interned: a thousand proxies resuming on this replica name the same resources.
+            self.known.update((keep(n), _version(offered, n, v)) for n, v in request.initial_resource_versions.items())
+            self._claimed = len(request.initial_resource_versions)
+            if not request.resource_names_subscribe and self._wildcard_when_empty:
+                self.wildcard = True
+        for name in request.resource_names_subscribe:
+            changed = True
+            if name == WILDCARD:
+                self.wildcard = True
+                continue
+            self.names.add(keep(name))
+            if kind is not RequestKind.INITIAL and name in self.known:
+                # An explicit subscribe asks for the resource even if the node had it before.
+                self.known[name] = _UNKNOWN
+            self._absent_told.discard(name)
+        for name in request.resource_names_unsubscribe:
+            changed = True
+            if name == WILDCARD:
+                self.wildcard = False
+                continue
+            self.names.discard(name)
+            self.known.pop(name, None)
+            self._nacked.pop(name, None)
+            self._absent_told.discard(name)
+        if not request.response_nonce:
+            return RequestOutcome(kind, changed)
+        return self._answered(request, kind, changed)
+
+    def _check_limits(self, request: discovery_pb2.DeltaDiscoveryRequest) -> int:
+        """Raise before anything changes if the request would pass `max_names`; else at most
+        how many names are subscribed once it is applied."""
+        limit = self._max_names
+        if not self.started and len(request.initial_resource_versions) > limit:
+            count = len(request.initial_resource_versions)
+            raise _too_many(self.type_url, count, "initial resource versions", limit)
+        subscribe = request.resource_names_subscribe
+        if len(self.names) + len(subscribe) <= limit:
+            return len(self.names) + len(subscribe)
+        unsubscribe = set(request.resource_names_unsubscribe)
+        adding = {n for n in subscribe if n != WILDCARD and n not in self.names and n not in unsubscribe}
+        count = len(self.names) - len(unsubscribe & self.names) + len(adding)
+        if count > limit:
+            raise _too_many(self.type_url, count, "names subscribed", limit)
+        return count
+
+    def _answered(
+        self, request: discovery_pb2.DeltaDiscoveryRequest, kind: RequestKind, changed: bool
+    ) -> RequestOutcome:
+        """The node answered a response: an ACK, a NACK, or (a nonce not in flight, no error) neither."""
+        nonce = request.response_nonce
+        sent = self._in_flight.pop(nonce, None)
+        untracked = self._untracked
+        if not self._in_flight:
+            self._untracked = False  # every response sent is answered: none is unknown
+        if not request.HasField("error_detail"):
+            if sent is not None:
+                kind = RequestKind.ACK
+                self.nack = None
+                self.acked_version = sent[0]
+            return RequestOutcome(kind, changed)
+        error = request.error_detail.message or "rejected"
+        repeated = False
+        if sent is not None:
+            version = sent[0]
+            self._rejected(sent)
+        elif self.nack is not None and nonce == self.nack.nonce:
+            version, repeated = self.nack.version, True  # the very same NACK: acted on already
+        else:
+            version = self.sent_version or ""
+            repeated = self.nack is not None and self.nack.version == version
+            if untracked:
+                # Perhaps of a response forgotten: whatever it carried, the node may lack.
+                self.known = dict.fromkeys(self.known, _UNKNOWN)
+                self._absent_told.clear()
+        self.nack = Nack(version, nonce, error)
+        return RequestOutcome(RequestKind.NACK, changed, error, repeated)
+
+    def _rejected(self, sent: _Sent) -> None:
+        """The node rejected this response, and may have applied any part of it."""
+        _, resources, removed = sent
+        for r in resources:
+            if not self.wants(r.name):
+                continue  # no longer watched: the node dropped it
+            self._nacked[r.name] = r.version
+            if self.known.get(r.name, r.version) == r.version:  # unless a later response sent another
+                self.known[r.name] = _UNKNOWN
+        for name in removed:
+            if name not in self.known and self.wants(name):
+                self.known[name] = _UNKNOWN
+
+    def wants(self, name: str) -> bool:
+        return self.wildcard or name in self.names
+
+    def resend(self, names: Iterable[str]) -> None:
+        """Send these resources again even if the node holds their version (see SotwSubscription)."""
+        self._settled = None
+        for name in names:
+            if name in self.known and self.wants(name):
+                self.known[name] = _UNKNOWN
+
+    @property
+    def awaiting_ack(self) -> bool:
+        """The latest response is not answered yet (Envoy answers them in order)."""
+        return self._sent_nonce in self._in_flight
+
+    def next_push(self, available: Mapping[str, Resource]) -> Push | None:
+        if not self.started or available is self._settled:
+            return None
+        scope = available.keys() if self.wildcard else self.names & available.keys()
+        to_send = []
+        for name in sorted(scope):
+            r = available[name]
+            if self.known.get(name) == r.version or self._nacked.get(name) == r.version:
+                continue
+            to_send.append(r)
+        removed = [n for n in sorted(self.known) if n not in available and self.wants(n)]
+        # Names the node asked for that do not exist: say so once, so it stops waiting for them.
+        absent = sorted(
+            n for n in self.names if n not in available and n not in self.known and n not in self._absent_told
+        )
+        if not to_send and not removed and not absent:
+            if not self.awaiting_ack:
+                # The node holds every current version (after a reconnect it may have sent
+                # them all in initial_resource_versions): it is in sync, though nothing was sent.
+                self.sent_version = self.acked_version = _version_of(available)
+            if isinstance(available, ResourceSet):
+                self._settled = available
+            return None
+        for r in to_send:
+            self.known[r.name] = r.version
+            self._nacked.pop(r.name, None)
+        for n in removed:
+            del self.known[n]
+            self._nacked.pop(n, None)
+            if n in self.names:
+                self._absent_told.add(n)  # told, as an absent name is: not again while it is gone
+        self._absent_told.update(absent)
+        resources, gone = tuple(to_send), tuple(removed + absent)
+        nonce = self._sent_nonce = self._nonces.next()
+        self.sent_version = _version_of(available)
+        self._in_flight[nonce] = (self.sent_version, resources, gone)
+        while len(self._in_flight) > _UNANSWERED_KEPT:
+            del self._in_flight[next(iter(self._in_flight))]
+            self._untracked = True
+        return Push(self.type_url, self.sent_version, nonce, resources, gone)
