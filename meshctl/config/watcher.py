@@ -14,12 +14,12 @@ twenty thousand. A burst of edits is one change.
 A full pass walks the whole tree and re-reads every file whose stat signature changed, and
 hands the store the complete new set (`replace_all`). It runs at start, on `reload_now`
 (SIGHUP), when events cannot say what changed (a directory created, deleted or renamed, a root
-itself or a ConfigMap's `..data` link swapped, a path in a directory the last walk did not list,
-a root about to be left with no file), when watches are lost or cannot be set up (then on a
-timer, every `retry_interval`), when the inotify layer warns (its queue overflowed: events were
-lost), and every `resync_period` seconds (0: never), so a missed event costs a delay, never a
-wrong mesh: a file changed through a path no watch sees (a link to a file outside the tree, a
-bind mount) is picked up by the next full pass.
+itself or a ConfigMap's `..data` link swapped, a path in a directory the last walk did not list
+or where `.meshctlignore` rules hold, a root about to be left with no file), when watches are
+lost or cannot be set up (then on a timer, every `retry_interval`), when the inotify layer warns
+(its queue overflowed: events were lost), and every `resync_period` seconds (0: never), so a
+missed event costs a delay, never a wrong mesh: a file changed through a path no watch sees (a
+link to a file outside the tree, a bind mount) is picked up by the next full pass.
 
 What survives a bad reload, and why:
 
