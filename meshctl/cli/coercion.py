@@ -46,9 +46,12 @@ def install(param: Any) -> None:
     descriptor = getattr(param, "type_descriptor", None)
     if descriptor is None or descriptor.file_annotation is not None:
         return
-    convert = _converter(descriptor.annotation, descriptor.parameter_info)
-    if convert is not None:
-        param._runtime_param = _Plain(descriptor.parameter_info, descriptor.annotation, convert)
+    try:
+        convert = _converter(descriptor.annotation, descriptor.parameter_info)
+        if convert is not None:
+            param._runtime_param = _Plain(descriptor.parameter_info, descriptor.annotation, convert)
+    except (TypeError, AttributeError, ValueError):  # pragma: no cover - typer's private shapes moved
+        return  # typer converts it, as it would without this module: slower, never wrong
 
 
 if RuntimeParam is not None:
