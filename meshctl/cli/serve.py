@@ -279,7 +279,7 @@ def serve(
             help="Names all xDS streams together may subscribe to; past it the stream asking ends with "
             "RESOURCE_EXHAUSTED; 0 for no limit.",
         ),
-    ] = 5_000_000,
+    ] = 25_000_000,
     max_streams_per_client: Annotated[
         int,
         typer.Option(

@@ -46,8 +46,10 @@ class StreamLimits:
     max_names_per_stream: int = MAX_NAMES
     #: names one client may have subscribed, over all its streams and types
     max_names_per_client: int = 100_000
-    #: names every stream together may have subscribed
-    max_names_total: int = 5_000_000
+    #: names every stream together may have subscribed: 2,000 sidecars scoped to a tenth of a
+    #: 10,000-service mesh watch about 5.6 million (a bound of 5 million refused a tenth of them);
+    #: this leaves four times that, at about a hundred bytes a name held
+    max_names_total: int = 25_000_000
     #: streams one client may have open
     max_streams_per_client: int = 100
     #: distinct node ids the streams of one client certificate may name
