@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from meshctl.xds.resources import varint as uleb  # unsigned LEB128 is protobuf's varint: every count, index and size
+
 I32: Final = 0x7F
 _FUNC_TYPE: Final = 0x60
 
@@ -42,19 +44,6 @@ _NAME_AT: Final = 64
 _CONFIG_PTR_AT: Final = 16
 _CONFIG_SIZE_AT: Final = 20
 _HEAP_AT: Final = 4096
-
-
-def uleb(value: int) -> bytes:
-    """Unsigned LEB128, as the format writes every count, index and size."""
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 def sleb(value: int) -> bytes:
