@@ -64,6 +64,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("meshctl.server")
 
+#: Calls gRPC core may hold before the server accepts them. Its default starts cancelling new
+#: ones at random past 1,000 (all past 3,000), which a fleet reconnecting at once reaches while
+#: the loop is busy; each waits a few KB, and the bound still stops a flood.
+MAX_PENDING_CALLS = 50_000
 #: What a proxy is told while the server cannot serve a complete mesh yet (istiod's words).
 NOT_READY = "server is not ready to serve discovery information"
 
@@ -277,6 +281,11 @@ class Server:
                 ("grpc.keepalive_permit_without_calls", 1),
                 # A fleet reconnecting at once must not have its calls cancelled after 30 s unaccepted.
                 ("grpc.server_max_unrequested_time_in_server", 600),
+                # Nor cancelled at random once more than 1,000 wait (gRPC core's early rejection of
+                # calls not yet accepted, between these two bounds): a fleet of thousands
+                # connecting while the loop is busy is the normal case, not an overload.
+                ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+                ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
                 *grpc_age_options(self.settings.max_connection_age),
             ]
         )
