@@ -17,9 +17,10 @@ PERMISSION_DENIED, never re-bound; Envoy reconnects and is checked again.
 Binding and generation run on one worker thread, never on the event loop. Generating a large
 proxy's config takes a good fraction of a second; on the loop, a fleet connecting at once would
 keep it busy for minutes, during which gRPC accepts no new call (and cancels those it has held
-unaccepted for 30 s, or past its pending-call bounds: `server.app` raises both), and no ACK or push of an already served proxy moves. One thread keeps the
-work in order (a stream's first binding before the snapshots published after it) and the loop
-free; each stream applies only results newer than the ones it has.
+unaccepted for 30 s, or past its pending-call bounds: `server.app` raises both), and no ACK or
+push of an already served proxy moves. One thread keeps the work in order (a stream's first
+binding before the snapshots published after it) and the loop free; each stream applies only
+results newer than the ones it has.
 """
 
 from __future__ import annotations
