@@ -35,6 +35,7 @@ from meshctl.config.mesh import MeshSettings
 from meshctl.config.mesh_providers import ENVOY_PROVIDER, FileLogProvider
 from meshctl.snapshot.collectors import Collector
 from meshctl.snapshot.telemetry import LogEntry, LogPlan
+from meshctl.xds.listener_walk import rewrite_filters
 
 FILE_LOGGER: Final = "envoy.access_loggers.file"
 HTTP_GRPC_LOGGER: Final = "envoy.access_loggers.http_grpc"
@@ -202,16 +203,6 @@ def with_access_log(
     logs = access_logs(mesh, plan)
     if not logs:
         return out
-    for listener in out:
-        chains = list(listener.filter_chains)
-        if listener.HasField("default_filter_chain"):
-            chains.append(listener.default_filter_chain)
-        for chain in chains:
-            for network_filter in chain.filters:
-                for cls in (hcm_pb2.HttpConnectionManager, tcp_proxy_pb2.TcpProxy):
-                    if network_filter.typed_config.Is(cls.DESCRIPTOR):
-                        config = cls()
-                        network_filter.typed_config.Unpack(config)
-                        config.access_log.extend(logs)
-                        network_filter.typed_config.Pack(config, deterministic=True)  # as `access_log`
+    rewrite_filters(out, hcm_pb2.HttpConnectionManager, lambda manager: manager.access_log.extend(logs))
+    rewrite_filters(out, tcp_proxy_pb2.TcpProxy, lambda proxy: proxy.access_log.extend(logs))
     return out

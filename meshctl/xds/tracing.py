@@ -36,6 +36,7 @@ from google.protobuf import any_pb2, duration_pb2, message, wrappers_pb2
 
 from meshctl.config.schema import parse_duration
 from meshctl.snapshot.tracing import TraceSide
+from meshctl.xds.listener_walk import rewrite_filters
 
 ZIPKIN: Final = "envoy.tracers.zipkin"
 OPENTELEMETRY: Final = "envoy.tracers.opentelemetry"
@@ -230,17 +231,10 @@ def with_tracing(listeners: Iterable[listener_pb2.Listener], side: TraceSide | N
     request_id = uuid_pb2.UuidRequestIdConfig(
         use_request_id_for_trace_sampling=wrappers_pb2.BoolValue(value=side.use_request_id)
     )
-    for listener in out:
-        chains = list(listener.filter_chains)
-        if listener.HasField("default_filter_chain"):
-            chains.append(listener.default_filter_chain)
-        for chain in chains:
-            for network_filter in chain.filters:
-                if not network_filter.typed_config.Is(hcm_pb2.HttpConnectionManager.DESCRIPTOR):
-                    continue
-                manager = hcm_pb2.HttpConnectionManager()
-                network_filter.typed_config.Unpack(manager)
-                manager.tracing.CopyFrom(tracing)
-                manager.request_id_extension.typed_config.Pack(request_id)
-                network_filter.typed_config.Pack(manager, deterministic=True)
+
+    def trace(manager: hcm_pb2.HttpConnectionManager) -> None:
+        manager.tracing.CopyFrom(tracing)
+        manager.request_id_extension.typed_config.Pack(request_id)
+
+    rewrite_filters(out, hcm_pb2.HttpConnectionManager, trace)
     return out

@@ -46,6 +46,7 @@ from meshctl.snapshot.model import spec
 from meshctl.snapshot.proxy import Proxy, ProxyType
 from meshctl.xds import types
 from meshctl.xds.listener_filters import HCM, typed
+from meshctl.xds.listener_walk import filter_chains
 
 Generated = Mapping[str, tuple[Message, ...]]
 W = istio_wasm_pb2
@@ -196,18 +197,14 @@ def apply_wasm_plugins(config: Generated, proxy: Proxy) -> Generated:
         source: Any = original
         inbound = not gateway and source.traffic_direction == base_pb2.TrafficDirection.INBOUND
         mode = _SERVER if inbound else _CLIENT
-        chains = list(source.filter_chains)
-        if source.HasField("default_filter_chain"):
-            chains.append(source.default_filter_chain)
+        chains = filter_chains(source)
         wanted = [[c for c in proxy.wasm_plugins if _matches(c, mode, _port(source, ch))] for ch in chains]
         if not any(wanted):
             listeners.append(original)
             continue
         listener: Any = type(original)()
         listener.CopyFrom(original)
-        copies = list(listener.filter_chains)
-        if listener.HasField("default_filter_chain"):
-            copies.append(listener.default_filter_chain)
+        copies = filter_chains(listener)
         for chain, plugins in zip(copies, wanted, strict=True):
             if plugins:
                 _chain(chain, plugins, filters)
