@@ -75,17 +75,55 @@ def apply_envoy_filters(config: Generated, proxy: Proxy) -> Generated:
         return config
     gateway = proxy.type is ProxyType.ROUTER
     out = dict(config)
-    if EF.CLUSTER in patches:
-        hosts = inbound_hosts(proxy)
-        out[types.CLUSTER] = tuple(_clusters(config[types.CLUSTER], patches[EF.CLUSTER], gateway, hosts))
-    if patches.keys() & {EF.LISTENER, EF.FILTER_CHAIN, EF.NETWORK_FILTER, EF.HTTP_FILTER, EF.LISTENER_FILTER}:
-        out[types.LISTENER] = tuple(_listeners(config[types.LISTENER], patches, gateway))
-    elif patches.keys() & {EF.ROUTE_CONFIGURATION, EF.VIRTUAL_HOST, EF.HTTP_ROUTE} and not gateway:
-        out[types.LISTENER] = tuple(_listeners(config[types.LISTENER], patches, gateway))  # inline routes
-    if patches.keys() & {EF.ROUTE_CONFIGURATION, EF.VIRTUAL_HOST, EF.HTTP_ROUTE}:
-        context = EF.GATEWAY if gateway else EF.SIDECAR_OUTBOUND
-        out[types.ROUTE] = tuple(_route_configuration(_copy(rc), patches, context) for rc in config[types.ROUTE])
+    for type_url, patched in patch_resources(config, patches, gateway, inbound_hosts(proxy)).items():
+        out[type_url] = tuple(m for m in patched if m is not None)
+    names = {t: {m.name for m in out[t]} for t in (types.CLUSTER, types.LISTENER)}  # type: ignore[attr-defined]
+    for type_url, added in added_resources(patches, gateway, names).items():
+        out[type_url] = (*out[type_url], *added)
     return MappingProxyType(out)
+
+
+#: What patches of each kind rework: a listener's, its filter chains and filters; a route
+#: configuration's (and a sidecar's inbound listeners' inline ones).
+LISTENER_PATCHES = frozenset({EF.LISTENER, EF.FILTER_CHAIN, EF.NETWORK_FILTER, EF.HTTP_FILTER, EF.LISTENER_FILTER})
+ROUTE_PATCHES = frozenset({EF.ROUTE_CONFIGURATION, EF.VIRTUAL_HOST, EF.HTTP_ROUTE})
+
+
+def patch_resources(
+    config: Generated, patches: Patches, gateway: bool, hosts: Mapping[str, frozenset[str]]
+) -> dict[str, list[Message | None]]:
+    """Every operation but the ADD of a cluster or a listener: each resource of `config` patched
+    alone (its context is its own), in a list aligned with `config`'s (None where a patch removes
+    it), for the types some patch reworks. A resource no patch changes is the same object (but
+    for listeners, always copied). Alone, because nothing of one resource's patching reads
+    another's: the server patches a part of a config at a time (`envoyfilter_parts`)."""
+    out: dict[str, list[Message | None]] = {}
+    if EF.CLUSTER in patches:
+        out[types.CLUSTER] = [_cluster(c, patches[EF.CLUSTER], gateway, hosts) for c in config[types.CLUSTER]]
+    if patches.keys() & LISTENER_PATCHES or (patches.keys() & ROUTE_PATCHES and not gateway):  # inline routes
+        out[types.LISTENER] = [_patched_listener(listener, patches, gateway) for listener in config[types.LISTENER]]
+    if patches.keys() & ROUTE_PATCHES:
+        context = EF.GATEWAY if gateway else EF.SIDECAR_OUTBOUND
+        out[types.ROUTE] = [_route_configuration(_copy(rc), patches, context) for rc in config[types.ROUTE]]
+    return out
+
+
+def added_resources(patches: Patches, gateway: bool, names: Mapping[str, set[str]]) -> dict[str, list[Message]]:
+    """The clusters and listeners ADD patches make whose names `names` (by type, the config's
+    after the other operations; updated here) does not hold yet. An ADD for ANY context is made
+    once, outbound, as Istio's (whose duplicate is dropped)."""
+    out: dict[str, list[Message]] = {}
+    for apply_to, type_url in ((EF.CLUSTER, types.CLUSTER), (EF.LISTENER, types.LISTENER)):
+        adds = [p for p in patches.get(apply_to, ()) if p.operation == EF.Patch.ADD]
+        if not adds:
+            continue
+        seen = names[type_url]
+        made = _added(adds, EF.GATEWAY if gateway else EF.SIDECAR_OUTBOUND, seen)
+        if not gateway:
+            made.extend(_added([p for p in adds if p.context == EF.SIDECAR_INBOUND], EF.SIDECAR_INBOUND, seen))
+        if made:
+            out[type_url] = made
+    return out
 
 
 def _added(patches: Iterable[Patch], context: int, names: set[str]) -> list[Any]:
@@ -113,32 +151,28 @@ def inbound_hosts(proxy: Proxy) -> dict[str, frozenset[str]]:
     return {name: frozenset(h) for name, h in hosts.items()}
 
 
-def _clusters(
-    clusters: tuple[Message, ...], patches: list[Patch], gateway: bool, hosts: Mapping[str, frozenset[str]]
-) -> list[Message]:
-    out: list[Message] = []
-    for cluster in clusters:
-        name = cluster.name  # type: ignore[attr-defined]
-        context = EF.GATEWAY if gateway else EF.SIDECAR_INBOUND if name.startswith("inbound|") else EF.SIDECAR_OUTBOUND
-        patched: Any = cluster
-        for p in patches:
-            if p.operation not in (EF.Patch.MERGE, EF.Patch.REMOVE) or not context_matches(p, context):
-                continue
-            if not cluster_matches(patched, p, hosts.get(name, frozenset())):
-                continue
-            if p.operation == EF.Patch.REMOVE:
-                patched = None
-                break
-            if patched is cluster:
-                patched = _copy(cluster)
-            _merge_cluster(patched, p.value)
-        if patched is not None:
-            out.append(patched)
-    names = {c.name for c in out}  # type: ignore[attr-defined]
-    out.extend(_added(patches, EF.GATEWAY if gateway else EF.SIDECAR_OUTBOUND, names))
-    if not gateway:
-        out.extend(_added([p for p in patches if p.context == EF.SIDECAR_INBOUND], EF.SIDECAR_INBOUND, names))
-    return out
+def cluster_context(name: str, gateway: bool) -> int:
+    """The patch context of a cluster: its own, by its name."""
+    return EF.GATEWAY if gateway else EF.SIDECAR_INBOUND if name.startswith("inbound|") else EF.SIDECAR_OUTBOUND
+
+
+def _cluster(cluster: Message, patches: list[Patch], gateway: bool, hosts: Mapping[str, frozenset[str]]) -> Any:
+    """One cluster with the MERGE and REMOVE patches applied (None: removed; the same object
+    when none applies)."""
+    name = cluster.name  # type: ignore[attr-defined]
+    context = cluster_context(name, gateway)
+    patched: Any = cluster
+    for p in patches:
+        if p.operation not in (EF.Patch.MERGE, EF.Patch.REMOVE) or not context_matches(p, context):
+            continue
+        if not cluster_matches(patched.name, p, hosts.get(name, frozenset())):
+            continue
+        if p.operation == EF.Patch.REMOVE:
+            return None
+        if patched is cluster:
+            patched = _copy(cluster)
+        _merge_cluster(patched, p.value)
+    return patched
 
 
 def _merge_cluster(cluster: Any, value: Any) -> None:
@@ -165,26 +199,17 @@ def _merge_cluster(cluster: Any, value: Any) -> None:
 # --- listeners ----------------------------------------------------------------------------
 
 
-def _listeners(listeners: tuple[Message, ...], patches: Patches, gateway: bool) -> list[Message]:
-    out: list[Message] = []
-    for original in listeners:
-        listener: Any = _copy(original)
-        if gateway:
-            context = EF.GATEWAY
-        elif listener.traffic_direction == base_pb2.TrafficDirection.INBOUND:
-            context = EF.SIDECAR_INBOUND
-        else:
-            context = EF.SIDECAR_OUTBOUND
-        if _listener(listener, patches, context):
-            out.append(listener)
-    names = {listener.name for listener in out}  # type: ignore[attr-defined]
-    adds = patches.get(EF.LISTENER, ())
+def listener_context(listener: Any, gateway: bool) -> int:
+    """The patch context of a listener: its own, by its traffic direction."""
     if gateway:
-        out.extend(_added(adds, EF.GATEWAY, names))
-    else:  # an ADD for ANY context is made once, outbound, as Istio's
-        out.extend(_added(adds, EF.SIDECAR_OUTBOUND, names))
-        out.extend(_added([p for p in adds if p.context == EF.SIDECAR_INBOUND], EF.SIDECAR_INBOUND, names))
-    return out
+        return EF.GATEWAY
+    return EF.SIDECAR_INBOUND if listener.traffic_direction == base_pb2.TrafficDirection.INBOUND else EF.SIDECAR_OUTBOUND
+
+
+def _patched_listener(original: Message, patches: Patches, gateway: bool) -> Any:
+    """A patched copy of one listener, None when a patch removes it."""
+    listener: Any = _copy(original)
+    return listener if _listener(listener, patches, listener_context(listener, gateway)) else None
 
 
 def _applicable(patches: Patches, apply_to: int, context: int, test: Callable[[Patch], bool]) -> list[Patch]:
@@ -367,7 +392,7 @@ def _route_configuration(rc: Any, patches: Patches, context: int) -> Any:
     """Patch one route configuration in place (a copy, or an inbound listener's inline one)."""
 
     def here(p: Patch) -> bool:
-        return route_configuration_matches(rc, p, context)
+        return route_configuration_matches(rc.name, p, context)
 
     for p in _applicable(patches, EF.ROUTE_CONFIGURATION, context, here):
         if p.operation == EF.Patch.MERGE:

@@ -123,13 +123,22 @@ def compile_patches(
     in order."""
     by_apply: dict[int, list[Patch]] = {}
     for config in filters:
-        for patch in _compiled(config.key, config.content_digest(), config):
-            if patch.version_regex is not None and not patch.version_regex.search(proxy_version):
-                continue
-            if any(str(metadata.get(k, "")) != v or k not in metadata for k, v in patch.metadata.items()):
-                continue
-            by_apply.setdefault(patch.apply_to, []).append(patch)
+        for patch in compiled(config):
+            if applies(patch, proxy_version, metadata):
+                by_apply.setdefault(patch.apply_to, []).append(patch)
     return by_apply
+
+
+def compiled(config: Config) -> tuple[Patch, ...]:
+    """An EnvoyFilter's patches, compiled once per content."""
+    return _compiled(config.key, config.content_digest(), config)
+
+
+def applies(patch: Patch, proxy_version: str, metadata: Mapping[str, Any]) -> bool:
+    """Whether a patch's proxy match (version, metadata) takes a proxy in."""
+    if patch.version_regex is not None and not patch.version_regex.search(proxy_version):
+        return False
+    return not any(str(metadata.get(k, "")) != v or k not in metadata for k, v in patch.metadata.items())
 
 
 def context_matches(patch: Patch, context: int) -> bool:
@@ -203,15 +212,16 @@ def _route_port(name: str) -> int:
     return int(name) if name.isdigit() else 0
 
 
-def route_configuration_matches(rc: Any, patch: Patch, context: int) -> bool:
+def route_configuration_matches(name: str, patch: Patch, context: int) -> bool:
+    """Whether a patch matches the route configuration `name` (its name is all it reads)."""
     if not patch.match.HasField("route_configuration"):
         return True
     m = patch.match.route_configuration
-    if m.name and m.name != rc.name:
+    if m.name and m.name != name:
         return False
     if context != EF.GATEWAY:
-        return not m.port_number or _route_port(rc.name) == m.port_number
-    parts = rc.name.split(".")  # http.8080 / https.443.PORTNAME.GW.NS
+        return not m.port_number or _route_port(name) == m.port_number
+    parts = name.split(".")  # http.8080 / https.443.PORTNAME.GW.NS
     port = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
     port_name = parts[2] if parts[0] == "https" and len(parts) == 5 else ""
     gateway = f"{parts[4]}/{parts[3]}" if parts[0] == "https" and len(parts) == 5 else ""
@@ -255,14 +265,15 @@ def route_matches(route: Any, patch: Patch) -> bool:
 # --- clusters -----------------------------------------------------------------------------
 
 
-def cluster_matches(cluster: Any, patch: Patch, hosts: frozenset[str] = frozenset()) -> bool:
-    """`hosts`: the services an inbound cluster serves (its name has none)."""
+def cluster_matches(name: str, patch: Patch, hosts: frozenset[str] = frozenset()) -> bool:
+    """Whether a patch matches the cluster `name` (its name is all it reads); `hosts`: the
+    services an inbound cluster serves (its name has none)."""
     if not patch.match.HasField("cluster"):
         return True
     m = patch.match.cluster
     if m.name:
-        return bool(m.name == cluster.name)
-    parts = cluster.name.split("|")
+        return bool(m.name == name)
+    parts = name.split("|")
     if len(parts) != 4:
         return not (m.service or m.subset or m.port_number)
     _, port, subset, host = parts
