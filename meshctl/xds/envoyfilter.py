@@ -203,7 +203,8 @@ def listener_context(listener: Any, gateway: bool) -> int:
     """The patch context of a listener: its own, by its traffic direction."""
     if gateway:
         return EF.GATEWAY
-    return EF.SIDECAR_INBOUND if listener.traffic_direction == base_pb2.TrafficDirection.INBOUND else EF.SIDECAR_OUTBOUND
+    inbound = listener.traffic_direction == base_pb2.TrafficDirection.INBOUND
+    return EF.SIDECAR_INBOUND if inbound else EF.SIDECAR_OUTBOUND
 
 
 def _patched_listener(original: Message, patches: Patches, gateway: bool) -> Any:
