@@ -57,6 +57,9 @@ from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.eds_locality import LocalityView, build_variant, eds_localities
 from meshctl.xds.endpoints import AssignmentView, assignment_view, build_assignment
+from meshctl.xds.envoyfilter import added_resources
+from meshctl.xds.envoyfilter_match import EF
+from meshctl.xds.envoyfilter_parts import FilterId, PatchPlan, finish_part, part_key, patch_plan, unmatched_filters
 from meshctl.xds.envoyfilter_report import UnmatchedFilters
 from meshctl.xds.generate import (
     ASSIGNMENT_KINDS,
@@ -65,7 +68,6 @@ from meshctl.xds.generate import (
     PATCH_KINDS,
     TRACED_KINDS,
     GenerationMemos,
-    finish_config,
     generate_inbound,
     generate_outbound_clusters,
     generate_outbound_listeners_and_routes,
@@ -74,7 +76,7 @@ from meshctl.xds.grpc_gen import grpc_outbound
 from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.memo import GenerationMemo
 from meshctl.xds.names import eds_cluster_names, parse_cluster_name
-from meshctl.xds.resources import Resource, ResourceSet, decode_resource, to_resource
+from meshctl.xds.resources import Resource, ResourceSet, to_resource
 
 logger = logging.getLogger("meshctl.server.cache")
 
@@ -150,8 +152,11 @@ class ResourceCache:
         self._joins: GenerationMemo[tuple[str, int, int], tuple[ResourceSet, ResourceSet, ResourceSet]] = (
             GenerationMemo()
         )
-        #: patched configs by the ids of their unpatched sets (held by the entry) and patch key
-        self._patches: GenerationMemo[tuple[object, ...], tuple[tuple[ResourceSet, ...], Part]] = GenerationMemo()
+        #: finished parts (EnvoyFilters, WasmPlugins) by the ids of their unpatched sets (held by
+        #: the entry) and `part_key`, with the filters that change something in them
+        self._patches: GenerationMemo[
+            tuple[object, ...], tuple[tuple[ResourceSet, ...], Part, frozenset[FilterId]]
+        ] = GenerationMemo()
         #: gRPC server listeners by `InboundView`, as the Envoy inbound parts
         self._grpc_inbound: GenerationMemo[InboundView, ResourceSet] = GenerationMemo()
         #: gRPC assignment sets by the id of the Envoy set they are made from (held by the entry),
@@ -324,7 +329,7 @@ class ResourceCache:
         )
         result = Part(MappingProxyType(by_type), eds_names)
         if proxy.envoy_filters or proxy.wasm_plugins:
-            result = self._patched(result, proxy)
+            result = self._patched(outbound, inbound, result, proxy)
         with self._lock:
             self._config.put(snapshot.config_version, key, result)
         return result
@@ -337,20 +342,53 @@ class ResourceCache:
             for memo in (self._memos, self._inbound_parts, self._joins, self._patches, self._grpc_inbound):
                 memo.advance()
 
-    def _patched(self, config: Part, proxy: Proxy) -> Part:
-        """`config` with the proxy's EnvoyFilters applied, once per joined sets and patch key
-        (`Proxy.patch_key`): the proxies an EnvoyFilter selects alike share one patching, and a
-        change elsewhere re-uses it while their unpatched config is the same sets."""
-        sets = tuple(config.by_type[t] for t in _CONFIG_TYPES)
-
-        def patch(_key: object) -> tuple[tuple[ResourceSet, ...], Part]:
-            decoded = {t: tuple(decode_resource(r, t) for r in config.by_type[t].ordered) for t in _CONFIG_TYPES}
-            finished = finish_config(decoded, proxy)
-            for message in self._unmatched.new_messages(decoded, proxy, finished) if proxy.envoy_filters else ():
+    def _patched(self, outbound: Part, inbound: Part, joined: Part, proxy: Proxy) -> Part:
+        """The joined config with the proxy's WasmPlugins and EnvoyFilters applied: each part
+        finished once per its sets and the plan's key (`envoyfilter_parts`), so the proxies
+        that share an outbound part share its patching, then the ADDs on the joined names. Where
+        the parts cannot be finished apart (a patch renames, or the parts share a name), the
+        joined config is one part."""
+        plan = patch_plan(proxy)
+        if plan is None:
+            return joined
+        split = plan.splits and all(
+            len(joined.by_type[t]) == len(outbound.by_type[t]) + len(inbound.by_type[t]) for t in _CONFIG_TYPES
+        )
+        if split:
+            (out, out_changed), (into, in_changed) = self._finished(outbound, plan), self._finished(inbound, plan)
+            by_type = {t: self._join(t, out.by_type[t], into.by_type[t]) for t in _CONFIG_TYPES}
+            eds = set(out.eds_names) | set(into.eds_names)
+            changed = out_changed | in_changed
+        else:
+            whole, changed = self._finished(joined, plan)
+            by_type, eds = dict(whole.by_type), set(whole.eds_names)
+        if any(p.operation == EF.Patch.ADD for kind in (EF.CLUSTER, EF.LISTENER) for p in plan.patches.get(kind, ())):
+            names = {t: set(by_type[t]) for t in (types.CLUSTER, types.LISTENER)}
+            for t, messages in added_resources(plan.patches, plan.gateway, names).items():
+                by_type[t] = self._set(t, [*by_type[t].ordered, *(to_resource(m, t) for m in messages)])
+                if t == types.CLUSTER:
+                    eds.update(eds_cluster_names(messages))
+        if plan.filters:
+            names_before = {t: joined.by_type[t].keys() for t in _CONFIG_TYPES}
+            unmatched = unmatched_filters(plan, changed, names_before, self._unmatched.said(proxy))
+            for message in self._unmatched.say(unmatched, proxy):
                 logger.warning("%s", message)
-            return sets, self._generated(finished, count=False)
+        return Part(MappingProxyType(by_type), tuple(sorted(eds)))
 
-        return self._patches.get((tuple(id(s) for s in sets), proxy.patch_key()), patch)[1]
+    def _finished(self, part: Part, plan: PatchPlan) -> tuple[Part, frozenset[FilterId]]:
+        """`part` finished (`finish_part`), once per its sets and `part_key`; and the filters
+        that change something in it."""
+        sets = tuple(part.by_type[t] for t in _CONFIG_TYPES)
+
+        def finish(_key: object) -> tuple[tuple[ResourceSet, ...], Part, frozenset[FilterId]]:
+            done = finish_part({t: part.by_type[t].ordered for t in _CONFIG_TYPES}, part.eds_names, plan)
+            by_type = dict(zip(_CONFIG_TYPES, sets, strict=True))
+            by_type |= {t: self._set(t, made) for t, made in done.by_type.items()}
+            return sets, Part(MappingProxyType(by_type), done.eds_names), done.changed_by
+
+        key = (tuple(id(s) for s in sets), part_key(plan, part.by_type[types.CLUSTER]))
+        _, finished, changed = self._patches.get(key, finish)
+        return finished, changed
 
     def _outbound_for(self, snapshot: Snapshot, proxy: Proxy) -> Part:
         """The outbound part for the proxy, from its two halves: clusters, kept while

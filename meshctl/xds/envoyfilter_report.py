@@ -83,11 +83,20 @@ class UnmatchedFilters:
     def new_messages(self, config: Generated, proxy: Proxy, finished: Generated | None = None) -> list[str]:
         """What is new to say of the proxy's EnvoyFilters, given its unpatched `config` (and its
         `finished` config, when made: see `unmatched_envoy_filters`)."""
+        return self.say(unmatched_envoy_filters(config, proxy, self.said(proxy), finished), proxy)
+
+    def said(self, proxy: Proxy) -> frozenset[tuple[object, str]]:
+        """The filters (key, digest) already said to match nothing for the proxy's kind."""
         kind = proxy.type.value
         with self._lock:
-            skip = frozenset((k, d) for k, d, t in self._said if t == kind)
+            return frozenset((k, d) for k, d, t in self._said if t == kind)
+
+    def say(self, unmatched: list[Config], proxy: Proxy) -> list[str]:
+        """The messages for those of `unmatched` (found to match nothing in the proxy's config)
+        not said yet for its kind of proxy."""
+        kind = proxy.type.value
         out = []
-        for envoy_filter in unmatched_envoy_filters(config, proxy, skip, finished):
+        for envoy_filter in unmatched:
             said = (envoy_filter.key, envoy_filter.content_digest(), kind)
             with self._lock:
                 if said in self._said:
