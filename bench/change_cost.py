@@ -8,10 +8,10 @@
 The mesh is the fleet benchmark's (`bench/fleet.py`), written to a temporary directory and loaded
 by the very parts `meshctl serve` runs: the directory watcher into a config store, the file
 registry, `Discovery.build`, `bind_proxy` and the `ResourceCache`. Each change of the fleet
-benchmark (a VirtualService every proxy imports, a DestinationRule one namespace imports, a
-WorkloadEntry added and removed), plus one ServiceEntry added to a file of N entries, is applied
-to the files and timed through each stage the server runs between the file write and the
-bytes a stream sends:
+benchmark (a VirtualService every proxy imports, a DestinationRule one namespace imports, an
+EnvoyFilter one namespace's proxies take, a WorkloadEntry added and removed), plus one
+ServiceEntry added to a file of N entries, is applied to the files and timed through each stage
+the server runs between the file write and the bytes a stream sends:
 
 - reload+registry: the watcher rescans the tree, parses what changed and updates the store,
   whose change the file registry (following the store) applies to its service model;
@@ -183,6 +183,11 @@ def measure(services: int, proxies: int, runs: int, dns_port: int = 0, profile: 
                 lambda s: _write(fleet.policy_change(s)),
                 lambda s: _write(fleet.policy_change(s + 50)),
             ),
+            (
+                "EnvoyFilter",
+                lambda s: _write(_envoy_filter(fleet, s)),
+                lambda _s: fleet.envoy_filter_change()[1].unlink(missing_ok=True),
+            ),
             ("endpoint added", add_churn, remove_churn),
             ("endpoint removed", remove_churn, add_churn),
             ("ServiceEntry added to a big file", big, lambda _s: big(0)),
@@ -217,6 +222,13 @@ def measure(services: int, proxies: int, runs: int, dns_port: int = 0, profile: 
         "lds": weight,
         "changes": results,
     }
+
+
+def _envoy_filter(fleet: Fleet, step: int) -> tuple[Any, Path, str]:
+    """The fleet benchmark's EnvoyFilter, its content new at each step (an annotation), so no
+    run finds the last one's config still in the cache."""
+    change, path, text = fleet.envoy_filter_change()
+    return change, path, text.replace("metadata: {", f"metadata: {{annotations: {{step: '{step}'}}, ", 1)
 
 
 def _write(change: tuple[Any, Path, str]) -> None:

@@ -182,6 +182,9 @@ class ResourceCache:
         self.outbound_generations = 0
         self.cluster_generations = 0  # outbound parts whose clusters had to be generated
         self.eds_builds = 0
+        #: parts EnvoyFilters and WasmPlugins were applied to, and the resources they decoded
+        self.patched_parts = 0
+        self.patched_resources = 0
         #: Proxy views whose generation failed (each kept its last good config, or had none).
         self.generation_failures = 0
         #: the last good view per generation key, for a proxy whose generation fails
@@ -382,6 +385,9 @@ class ResourceCache:
 
         def finish(_key: object) -> tuple[tuple[ResourceSet, ...], Part, frozenset[FilterId]]:
             done = finish_part({t: part.by_type[t].ordered for t in _CONFIG_TYPES}, part.eds_names, plan)
+            with self._lock:
+                self.patched_parts += 1
+                self.patched_resources += done.decoded
             by_type = dict(zip(_CONFIG_TYPES, sets, strict=True))
             by_type |= {t: self._set(t, made) for t, made in done.by_type.items()}
             return sets, Part(MappingProxyType(by_type), done.eds_names), done.changed_by

@@ -129,6 +129,8 @@ class FinishedPart:
     by_type: Mapping[str, list[Resource]]
     eds_names: tuple[str, ...]
     changed_by: frozenset[FilterId]
+    #: how many resources were decoded to be patched (the rest kept their bytes)
+    decoded: int
 
 
 def finish_part(resources: Mapping[str, Sequence[Resource]], eds_names: Iterable[str], plan: PatchPlan) -> FinishedPart:
@@ -158,7 +160,8 @@ def finish_part(resources: Mapping[str, Sequence[Resource]], eds_names: Iterable
         if t == types.CLUSTER:
             eds -= {m.name for m in decoded[t]}  # type: ignore[attr-defined]
             eds.update(eds_cluster_names(m for m in final[t] if m is not None))
-    return FinishedPart(MappingProxyType(by_type), tuple(sorted(eds)), _changed_by(plan, base, final))
+    decoded_count = sum(len(messages) for messages in decoded.values())
+    return FinishedPart(MappingProxyType(by_type), tuple(sorted(eds)), _changed_by(plan, base, final), decoded_count)
 
 
 def _touchable(type_url: str, resources: Sequence[Resource], plan: PatchPlan) -> list[int]:
