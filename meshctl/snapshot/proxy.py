@@ -323,7 +323,10 @@ class Proxy:
         """Everything EnvoyFilter patching reads of the proxy, besides its generated config: the
         filters that select it, what their proxy matches test (its version, its metadata), its
         type (the patch context) and the services of its inbound clusters (cluster matches).
-        The WasmPlugins that select it are added at the same stage, before the patches."""
+        The WasmPlugins that select it are added at the same stage, before the patches. The
+        server patches each part of a config under a narrower key (`envoyfilter_parts.part_key`:
+        the patches the version and metadata let in, not the values), so proxies that differ here
+        still share the patching of a part they share."""
         if not self.envoy_filters and not self.wasm_plugins:
             return ()
         metadata = tuple(sorted(map(str, self.node.metadata.items())))
