@@ -57,9 +57,15 @@ from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.eds_locality import LocalityView, build_variant, eds_localities
 from meshctl.xds.endpoints import AssignmentView, assignment_view, build_assignment
-from meshctl.xds.envoyfilter import added_resources
-from meshctl.xds.envoyfilter_match import EF
-from meshctl.xds.envoyfilter_parts import FilterId, PatchPlan, finish_part, part_key, patch_plan, unmatched_filters
+from meshctl.xds.envoyfilter_parts import (
+    FilterId,
+    PatchPlan,
+    added,
+    finish_part,
+    part_key,
+    patch_plan,
+    unmatched_filters,
+)
 from meshctl.xds.envoyfilter_report import UnmatchedFilters
 from meshctl.xds.generate import (
     ASSIGNMENT_KINDS,
@@ -365,12 +371,10 @@ class ResourceCache:
         else:
             whole, changed = self._finished(joined, plan)
             by_type, eds = dict(whole.by_type), set(whole.eds_names)
-        if any(p.operation == EF.Patch.ADD for kind in (EF.CLUSTER, EF.LISTENER) for p in plan.patches.get(kind, ())):
-            names = {t: set(by_type[t]) for t in (types.CLUSTER, types.LISTENER)}
-            for t, messages in added_resources(plan.patches, plan.gateway, names).items():
-                by_type[t] = self._set(t, [*by_type[t].ordered, *(to_resource(m, t) for m in messages)])
-                if t == types.CLUSTER:
-                    eds.update(eds_cluster_names(messages))
+        for t, messages in added(plan, by_type).items():
+            by_type[t] = self._set(t, [*by_type[t].ordered, *(to_resource(m, t) for m in messages)])
+            if t == types.CLUSTER:
+                eds.update(eds_cluster_names(messages))
         if plan.filters:
             names_before = {t: joined.by_type[t].keys() for t in _CONFIG_TYPES}
             unmatched = unmatched_filters(plan, changed, names_before, self._unmatched.said(proxy))

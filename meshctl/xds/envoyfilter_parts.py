@@ -76,6 +76,8 @@ class PatchPlan:
     key: tuple[object, ...]
     #: whether the parts may be finished apart: no patch renames a resource
     splits: bool
+    #: whether a patch ADDs a cluster or listener (`added`, on the joined names)
+    adds: bool
 
 
 def patch_plan(proxy: Proxy) -> PatchPlan | None:
@@ -104,6 +106,7 @@ def patch_plan(proxy: Proxy) -> PatchPlan | None:
         for apply_to in _RENAMING
         for p in patches.get(apply_to, ())
     )
+    adds = any(p.operation == EF.Patch.ADD for kind in (EF.CLUSTER, EF.LISTENER) for p in patches.get(kind, ()))
     return PatchPlan(
         proxy,
         patches,
@@ -112,6 +115,7 @@ def patch_plan(proxy: Proxy) -> PatchPlan | None:
         inbound_hosts(proxy),
         (gateway, tuple(chosen_key), plugins_key(proxy.wasm_plugins)),
         not renames,
+        adds,
     )
 
 
@@ -208,6 +212,14 @@ def _changed_by(
     return frozenset(
         ident for ident, own in ids if _changes(base, patch_resources(base, own, plan.gateway, plan.hosts))
     )
+
+
+def added(plan: PatchPlan, names: Mapping[str, Iterable[str]]) -> dict[str, list[Message]]:
+    """The clusters and listeners the plan's ADDs make, given the names (by type) of the joined,
+    finished config: once per proxy, as `apply_envoy_filters` makes them."""
+    if not plan.adds:
+        return {}
+    return added_resources(plan.patches, plan.gateway, {t: set(names[t]) for t in (types.CLUSTER, types.LISTENER)})
 
 
 def unmatched_filters(
