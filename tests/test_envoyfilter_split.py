@@ -62,6 +62,9 @@ PATCHES = (
     "applyTo: HTTP_FILTER, match: {{context: {ctx}, listener: {{filterChain: {{filter: {{name:"
     " envoy.filters.network.http_connection_manager, subFilter: {{name: envoy.filters.http.router}}}}}}}}}},"
     " patch: {{operation: INSERT_BEFORE, value: " + _FAULT + "}}",
+    "applyTo: HTTP_FILTER, match: {{context: {ctx}, listener: {{filterChain: {{filter: {{name:"
+    " envoy.filters.network.http_connection_manager, subFilter: {{name: bookinfo.plugin}}}}}}}}}},"
+    " patch: {{operation: REMOVE}}",
     "applyTo: ROUTE_CONFIGURATION, match: {{context: {ctx}, routeConfiguration: {{portNumber: 9080}}}},"
     " patch: {{operation: MERGE, value: {{max_direct_response_body_size_bytes: 2048}}}}",
     "applyTo: VIRTUAL_HOST, match: {{context: {ctx}}}, patch: {{operation: ADD, value: {{name: extra,"
@@ -71,15 +74,23 @@ PATCHES = (
 )
 CONTEXTS = ("ANY", "SIDECAR_OUTBOUND", "SIDECAR_INBOUND", "GATEWAY")
 PROXY_MATCHES = ("", ", proxy: {{proxyVersion: '^1\\\\.40'}}", ", proxy: {{metadata: {{ISTIO_VERSION: '1.99'}}}}")
-WASM = """
----
-apiVersion: extensions.istio.io/v1alpha1
-kind: WasmPlugin
-metadata: {name: stats, namespace: bookinfo}
-spec:
-  url: file:///opt/wasm/stats.wasm
-  phase: STATS
-"""
+#: WasmPlugins, which the same stage places before the patches: none, everywhere, on inbound
+#: traffic to one port, in network filter chains.
+WASM = (
+    "",
+    "  phase: STATS\n",
+    "  phase: AUTHN\n  match: [{mode: SERVER, ports: [{number: 9080}]}]\n",
+    "  type: NETWORK\n",
+)
+
+
+def wasm_plugin(body: str) -> str:
+    if not body:
+        return ""
+    return (
+        "\n---\napiVersion: extensions.istio.io/v1alpha1\nkind: WasmPlugin\n"
+        f"metadata: {{name: plugin, namespace: bookinfo}}\nspec:\n  url: file:///opt/wasm/p.wasm\n{body}"
+    )
 
 patch_st = st.tuples(st.sampled_from(PATCHES), st.sampled_from(CONTEXTS), st.sampled_from(PROXY_MATCHES))
 filter_st = st.tuples(
@@ -117,11 +128,11 @@ class _Lines(logging.Handler):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(filters=st.lists(filter_st, min_size=1, max_size=3), wasm=st.booleans())
+@given(filters=st.lists(filter_st, min_size=1, max_size=3), wasm=st.sampled_from(WASM))
 def test_split_patching_sends_what_whole_patching_makes(
-    filters: list[tuple[str, int, str, list[tuple[str, str, str]]]], wasm: bool
+    filters: list[tuple[str, int, str, list[tuple[str, str, str]]]], wasm: str
 ) -> None:
-    snapshot = snapshot_from_yaml(MESH + SECOND_V1 + (WASM if wasm else "") + "\n" + envoy_filters(filters))
+    snapshot = snapshot_from_yaml(MESH + SECOND_V1 + wasm_plugin(wasm) + "\n" + envoy_filters(filters))
     cache = ResourceCache(strict=True)
     said = UnmatchedFilters()  # the report as `meshctl dump` makes it, on the whole config
     expected_lines = []
