@@ -80,6 +80,7 @@ def test_change_cost_benchmark_times_every_stage_of_every_change() -> None:
     assert set(run["changes"]) == {
         "VirtualService",
         "DestinationRule",
+        "EnvoyFilter",
         "endpoint added",
         "endpoint removed",
         "ServiceEntry added to a big file",
