@@ -65,8 +65,8 @@ ASSIGNMENT_KINDS: frozenset[str] = frozenset({"DestinationRule"})
 #: asked for is the same: a rule for a host only one namespace imports regenerates that
 #: namespace's part alone (Istio's per-proxy dependency check, for this kind).
 TRACED_KINDS: frozenset[str] = frozenset({"DestinationRule"})
-#: Kinds no part reads: EnvoyFilters patch a proxy's whole config after its parts are joined
-#: (`apply_envoy_filters`), keyed by the proxy's generation key, which names the filters.
+#: Kinds no part reads: EnvoyFilters patch a proxy's parts after they are generated, a part at a
+#: time (`envoyfilter_parts.py`), keyed by the patches that apply to the proxy (`Proxy.patch_key`).
 PATCH_KINDS: frozenset[str] = frozenset({"EnvoyFilter"})
 #: Kinds no part reads from the snapshot: Telemetry is resolved when a proxy is bound, into its
 #: keys (`OutboundProxy.client_logs`/`client_tracing`/`collectors`, `Proxy.access_logs`/`tracing`),
