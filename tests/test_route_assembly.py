@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from meshctl.config.mesh import mesh_settings
-from meshctl.snapshot.model import Snapshot
+from meshctl.snapshot.model import Snapshot, build_snapshot
 from meshctl.snapshot.proxy import outbound_of
 from meshctl.snapshot.scope import ProxyScope
-from meshctl.testing.builders import proxy_for, snapshot_from_yaml
+from meshctl.testing.builders import configs_from_yaml, proxy_for, snapshot_from_yaml
 from meshctl.xds import types
 from meshctl.xds.generate import GenerationMemos, generate_config, generate_outbound_listeners_and_routes
 from meshctl.xds.resources import Serialized, decode_resource, to_resource
@@ -61,7 +61,7 @@ spec:
 """
 
 
-def mesh(timeout: str = "5s") -> str:
+def mesh(timeout: str = "5s", hash_header: str = "x-user") -> str:
     """Three namespaces calling each other's kube-style services (so each namespace sees its own
     short names), with VirtualServices, a consistent hash, an IPv6 address, a DYNAMIC_DNS host
     and a VirtualService host outside the registry."""
@@ -77,7 +77,7 @@ kind: DestinationRule
 metadata: {name: sticky, namespace: beta}
 spec:
   host: svc2.beta.svc.cluster.local
-  trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x-user}}}
+  trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: HASH_HEADER}}}
 ---
 apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -106,7 +106,7 @@ spec:
   http:
   - route: [{destination: {host: svc3.alpha.svc.cluster.local}}]
 """)
-    return "".join(parts)
+    return "".join(parts).replace("HASH_HEADER", hash_header)
 
 
 def cases() -> Iterator[tuple[str, Snapshot, list[str]]]:
@@ -177,3 +177,36 @@ def test_a_virtual_service_change_serializes_only_the_virtual_hosts_it_changed()
     # The three edited VirtualServices' hosts, on the two ports each serves, seen from the
     # three namespaces (each sees its own `svc0` by its short names too): nothing else.
     assert vhosts.made - first == 3 * 2 * 3
+
+
+def test_which_rule_applies_is_carried_past_a_change_of_other_kinds_only() -> None:
+    """A VirtualService change regenerates every namespace's routes, each asking which
+    DestinationRule applies to each of its hosts: the answers of the snapshot before stand while
+    the rules and the services are the same objects, and a rule change asks again."""
+    host = "svc2.beta.svc.cluster.local"
+    proxy = proxy_for(first := snapshot_from_yaml(mesh()), "sidecar~10.0.0.9~client.alpha~alpha.svc.cluster.local")
+    key = (proxy.namespace, outbound_of(proxy, first).label_pairs)
+
+    def answers(snapshot: Snapshot) -> dict[str, object]:
+        found: dict[str, object] = snapshot.index.scoped("destination_rules", key, dict)
+        return found
+
+    def rule_header(snapshot: Snapshot) -> str:
+        rule = ProxyScope(snapshot, proxy_for(snapshot, proxy.id)).destination_rule(host)
+        assert rule is not None
+        return str(rule.spec.traffic_policy.load_balancer.consistent_hash.http_header_name)
+
+    assert rule_header(first) == "x-user"
+    assert host in answers(first)
+
+    def next_snapshot(before: Snapshot, text: str, kind: str) -> Snapshot:
+        configs = configs_from_yaml(text)
+        changed = {c.key for c in configs if c.kind == kind}
+        return build_snapshot(configs, before.services, previous=before, changed=changed)
+
+    routes_changed = next_snapshot(first, mesh("7s"), "VirtualService")
+    assert answers(routes_changed) is answers(first)
+    assert rule_header(routes_changed) == "x-user"
+    rule_changed = next_snapshot(routes_changed, mesh("7s", "x-team"), "DestinationRule")
+    assert host not in answers(rule_changed)
+    assert rule_header(rule_changed) == "x-team"
