@@ -18,6 +18,7 @@ from meshctl.testing.builders import configs_from_yaml, proxy_for, snapshot_from
 from meshctl.xds import types
 from meshctl.xds.generate import GenerationMemos, generate_config, generate_outbound_listeners_and_routes
 from meshctl.xds.resources import Serialized, decode_resource, to_resource
+from meshctl.xds.route_context import service_on_port
 from meshctl.xds.route_memo import RouteMemo
 from meshctl.xds.routes import build_route_resources, build_routes
 
@@ -210,3 +211,19 @@ def test_which_rule_applies_is_carried_past_a_change_of_other_kinds_only() -> No
     rule_changed = next_snapshot(routes_changed, mesh("7s", "x-team"), "DestinationRule")
     assert host not in answers(rule_changed)
     assert rule_header(rule_changed) == "x-team"
+
+
+def test_a_service_reduced_to_a_port_is_the_same_object_in_every_scope_and_snapshot() -> None:
+    """What the route memo's traces compare on every check: equal answers that are the very same
+    objects, so a check costs an identity test rather than a copy and a field-by-field compare."""
+    host = "svc3.beta.svc.cluster.local"
+    first = snapshot_from_yaml(mesh())
+    later = build_snapshot(configs_from_yaml(mesh("7s")), first.services, previous=first)
+    answers = [
+        service_on_port(ProxyScope(snapshot, proxy_for(snapshot, node)), 8080)(host)
+        for snapshot in (first, later)
+        for node in ("sidecar~10.0.0.9~client.alpha~alpha.svc.cluster.local", CLIENT)
+    ]
+    assert answers[0] is not None and [p.number for p in answers[0].ports] == [8080]
+    assert all(a is answers[0] for a in answers)
+    assert service_on_port(ProxyScope(first, proxy_for(first, CLIENT)), 9090)(host) is not answers[0]
