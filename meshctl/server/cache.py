@@ -73,6 +73,7 @@ from meshctl.xds.generate import (
     CLUSTER_KINDS,
     PATCH_KINDS,
     TRACED_KINDS,
+    Assembled,
     GenerationMemos,
     generate_inbound,
     generate_outbound_clusters,
@@ -453,10 +454,12 @@ class ResourceCache:
         by_type |= {t: rest.by_type[t] for t in (types.LISTENER, types.ROUTE)}
         return Part(MappingProxyType(by_type), clusters.eds_names)
 
-    def _generated(self, generated: Mapping[str, tuple[Message, ...]], *, count: bool = True) -> Part:
-        """A generated part as shared sets of serialized resources."""
+    def _generated(self, generated: Assembled, *, count: bool = True) -> Part:
+        """A generated part as shared sets of serialized resources (some of them serialized
+        already: a sidecar's route configurations, `Serialized`)."""
         by_type = {t: self._set(t, (to_resource(m, t) for m in generated.get(t, ()))) for t in _CONFIG_TYPES}
-        result = Part(MappingProxyType(by_type), tuple(sorted(eds_cluster_names(generated.get(types.CLUSTER, ())))))
+        clusters = [c for c in generated.get(types.CLUSTER, ()) if isinstance(c, Message)]  # never `Serialized`
+        result = Part(MappingProxyType(by_type), tuple(sorted(eds_cluster_names(clusters))))
         if count:
             with self._lock:
                 self.generations += 1

@@ -179,10 +179,13 @@ class SnapshotIndex:
         if previous is not None and previous._mesh == mesh:
             same_services = previous._services is services
             same_routes = same("VirtualService") and same_services
+            same_rules = same("DestinationRule") and same_services
             self._scoped = {
                 k: v
                 for k, v in previous._scoped.items()
-                if (k[0] == "services" and same_services) or (k[0] == "virtual_services" and same_routes)
+                if (k[0] == "services" and same_services)
+                or (k[0] == "virtual_services" and same_routes)
+                or (k[0] == "destination_rules" and same_rules)
             }
         #: After a change of VirtualServices alone (the same services, the same mesh): each
         #: VirtualService of the snapshot before by key, and the scopes' VirtualServices there,
@@ -232,8 +235,9 @@ class SnapshotIndex:
     def scoped(self, table: str, key: Hashable, make: Callable[[], T]) -> T:
         """`make()`, remembered under `key` for this snapshot and the ones after it while their
         inputs are the same objects: `services` (the services a namespace and egress hosts see:
-        the service model) and `virtual_services` (the VirtualServices they see: those and the
-        model). Proxies of one scope share one computation, and a change elsewhere none."""
+        the service model), `virtual_services` (the VirtualServices they see: those and the
+        model) and `destination_rules` (the rule of each host a namespace and labels asked for:
+        the DestinationRules and the model). Proxies of one scope share one computation, and a change elsewhere none."""
         found = self._scoped.get((table, key))
         if found is None:
             found = self._scoped[(table, key)] = make()

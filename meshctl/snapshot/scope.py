@@ -105,7 +105,12 @@ class ProxyScope:
         self.snapshot = snapshot
         self.bound: Proxy | None = proxy if isinstance(proxy, Proxy) else None
         self.proxy: OutboundProxy = outbound_of(proxy, snapshot) if isinstance(proxy, Proxy) else proxy
-        self._dr_cache: dict[str, MergedDestinationRule | None] = {}
+        # Which rule applies to a host reads the rules, the services, the mesh and the proxy's
+        # namespace and labels alone: shared by the scopes of one namespace and labels, and
+        # carried to the next snapshot while those are the same (`SnapshotIndex.scoped`).
+        self._dr_cache: dict[str, MergedDestinationRule | None] = snapshot.index.scoped(
+            "destination_rules", (self.proxy.namespace, self.proxy.label_pairs), dict
+        )
         #: When set, every DestinationRule asked for is noted here (host -> `rule_digest`): the
         #: trace a part generated from this scope is checked against later (see ResourceCache).
         self.rule_trace: dict[str, object] | None = None

@@ -42,12 +42,16 @@ from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.listeners import build_inbound_listeners, build_outbound_listeners, sort_listeners
 from meshctl.xds.memo import GenerationMemo
 from meshctl.xds.names import eds_cluster_names
+from meshctl.xds.resources import Serialized
 from meshctl.xds.route_memo import RouteMemo
-from meshctl.xds.routes import build_routes
+from meshctl.xds.routes import build_route_resources, build_routes
 from meshctl.xds.tracing import with_tracing
 from meshctl.xds.wasm import apply_wasm_plugins
 
 Generated = Mapping[str, tuple[Message, ...]]
+#: Generated config where some resources are already their bytes (`Serialized`): what the
+#: server serializes, and nothing decodes.
+Assembled = Mapping[str, tuple[Message | Serialized, ...]]
 
 #: The config kinds outbound cluster generation reads, besides the registry's services (and so
 #: ServiceEntries and WorkloadEntries) and the mesh settings: which DestinationRule applies and
@@ -133,13 +137,21 @@ def generate_outbound_listeners_and_routes(
     proxy: OutboundProxy,
     memos: GenerationMemos | None = None,
     rule_trace: dict[str, object] | None = None,
-) -> Generated:
-    """The listeners and routes of `generate_outbound` (no clusters); with `memos`, route
-    translations are reused across proxies and snapshots where they read the same; with
+) -> Assembled:
+    """The listeners and routes of `generate_outbound` (no clusters), for the server, which
+    serializes them: with `memos`, route translations are reused across proxies and snapshots
+    where they read the same, and a sidecar's route configurations come as their bytes,
+    assembled from virtual hosts serialized once (`build_route_resources`); with
     `rule_trace`, every DestinationRule asked for is noted there."""
     scope = ProxyScope(snapshot, proxy)
     scope.rule_trace = rule_trace
-    return MappingProxyType({types.CLUSTER: (), **_outbound_listeners_and_routes(scope, memos)})
+    parts: dict[str, tuple[Message | Serialized, ...]] = {
+        types.CLUSTER: (),
+        **_outbound_listeners_and_routes(scope, memos, routes=memos is None),
+    }
+    if memos is not None:
+        parts[types.ROUTE] = tuple(build_route_resources(scope, memos.routes))
+    return MappingProxyType(parts)
 
 
 def generate_inbound(view: InboundView) -> Generated:
@@ -179,16 +191,17 @@ def _outbound_clusters(scope: ProxyScope, memos: GenerationMemos | None) -> tupl
     return tuple(build_outbound_clusters(scope, memos.clusters if memos is not None else None))
 
 
-def _outbound_listeners_and_routes(scope: ProxyScope, memos: GenerationMemos | None) -> dict[str, tuple[Message, ...]]:
-    return {
-        types.LISTENER: tuple(
-            with_tracing(
-                with_access_log(build_outbound_listeners(scope), scope.snapshot.mesh, scope.proxy.client_logs),
-                scope.proxy.client_tracing,
-            )
-        ),
-        types.ROUTE: tuple(build_routes(scope, memos.routes if memos is not None else None)),
-    }
+def _outbound_listeners_and_routes(
+    scope: ProxyScope, memos: GenerationMemos | None, *, routes: bool = True
+) -> dict[str, tuple[Message, ...]]:
+    listeners = with_tracing(
+        with_access_log(build_outbound_listeners(scope), scope.snapshot.mesh, scope.proxy.client_logs),
+        scope.proxy.client_tracing,
+    )
+    out: dict[str, tuple[Message, ...]] = {types.LISTENER: tuple(listeners)}
+    if routes:
+        out[types.ROUTE] = tuple(build_routes(scope, memos.routes if memos is not None else None))
+    return out
 
 
 def load_assignment(snapshot: Snapshot, cluster_name: str) -> endpoint_pb2.ClusterLoadAssignment:

@@ -31,11 +31,25 @@ class Resource:
     body: bytes = field(repr=False)
 
 
-def to_resource(message: Message, type_url: str) -> Resource:
+@dataclass(frozen=True, slots=True)
+class Serialized:
+    """A message's deterministic serialization, assembled from parts serialized before (a
+    route configuration from its virtual hosts: `route_assembly`) rather than by building the
+    whole message and serializing it again. `to_resource` takes it as it takes the message it
+    stands for, and gives the same bytes and version."""
+
+    name: str
+    value: bytes = field(repr=False)
+
+
+def to_resource(message: Message | Serialized, type_url: str) -> Resource:
     """Serialize once: the `Any` bytes every stream sends, and a content version."""
-    value = message.SerializeToString(deterministic=True)
+    if isinstance(message, Serialized):
+        name, value = message.name, message.value
+    else:
+        name, value = resource_name(message), message.SerializeToString(deterministic=True)
     version = hashlib.blake2b(value, digest_size=8).hexdigest()
-    return Resource(resource_name(message), version, encode_any(type_url, value))
+    return Resource(name, version, encode_any(type_url, value))
 
 
 def set_version(resources: Iterable[Resource]) -> str:

@@ -18,7 +18,7 @@ from meshctl.api.networking.v1alpha3 import destination_rule_pb2 as dr_pb2
 from meshctl.api.networking.v1alpha3 import virtual_service_pb2 as vs_pb2
 from meshctl.config.hosts import is_short_name
 from meshctl.config.model import Config
-from meshctl.registry.model import Service
+from meshctl.registry.model import Service, ServicePort
 from meshctl.snapshot.model import spec
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds.route_actions import ConsistentHash, RouteContext, cluster_for, resolve_destination_host
@@ -141,6 +141,27 @@ def service_on_port(scope: ProxyScope, port: int) -> Callable[[str], Service | N
         if svc is None:
             return None
         own = svc.port(port)
-        return dataclasses.replace(svc, ports=(own,)) if own is not None else None
+        return _reduced(svc, own) if own is not None else None
 
     return lookup
+
+
+#: (id of a service, port number) -> (that service, it reduced to the port). The registry keeps
+#: an unchanged service's object across snapshots, so every namespace's routes, in every config
+#: version, ask for the same few reductions: made once, they are also the same objects, which
+#: the route memo's traces compare at the cost of an identity test.
+_REDUCED: dict[tuple[int, int], tuple[Service, Service]] = {}
+#: Past this many, the reductions are made anew (services that left are not kept alive).
+_REDUCED_KEPT: Final = 1 << 17
+
+
+def _reduced(svc: Service, own: ServicePort) -> Service:
+    key = (id(svc), own.number)
+    found = _REDUCED.get(key)
+    if found is not None and found[0] is svc:
+        return found[1]
+    if len(_REDUCED) >= _REDUCED_KEPT:
+        _REDUCED.clear()
+    reduced = dataclasses.replace(svc, ports=(own,))
+    _REDUCED[key] = (svc, reduced)  # holding `svc` keeps its id from being reused while kept
+    return reduced

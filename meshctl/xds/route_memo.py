@@ -24,6 +24,8 @@ A service without a VirtualService gets a default route, a function of its host,
 port, the port it serves and its DestinationRule's consistent hash: those are its key, and one
 route is made per key.
 
+The virtual hosts made of these routes are kept too, serialized (`route_assembly`).
+
 Kept like `GenerationMemo`: what was not asked for during the last two config versions goes.
 """
 
@@ -41,6 +43,7 @@ from meshctl.config.model import Config, ConfigKey
 from meshctl.registry.model import Service
 from meshctl.snapshot.model import spec
 from meshctl.xds.route_actions import ConsistentHash, RouteContext, http_routes
+from meshctl.xds.route_assembly import VirtualHostMemo
 
 #: The fields of `RouteContext` the key holds; the others are the traced functions.
 KEY_FIELDS = ("listen_port", "gateways", "proxy_labels", "proxy_namespace", "is_tls")
@@ -69,7 +72,9 @@ class _Entry:
 
     def holds(self, ctx: RouteContext) -> bool:
         """Whether `ctx` answers every question of the trace as it was answered."""
-        return all(getattr(ctx, function)(*args) == answer for function, args, answer in self.trace)
+        return all(
+            (now := getattr(ctx, function)(*args)) is answer or now == answer for function, args, answer in self.trace
+        )
 
 
 class _Tracing:
@@ -111,6 +116,8 @@ class RouteMemo:
         #: services' default routes, by everything they are made of (`routes._default_route`)
         self._defaults: dict[Hashable, rc.Route] = {}
         self._defaults_previous: dict[Hashable, rc.Route] = {}
+        #: sidecar virtual hosts' bytes, keyed by the identities of the routes above they hold
+        self.virtual_hosts = VirtualHostMemo()
 
     def default_route(self, key: Hashable, make: Callable[[], rc.Route]) -> rc.Route:
         """The default route `key` names (the caller's key is all `make` reads), made once."""
@@ -159,3 +166,4 @@ class RouteMemo:
         with self._lock:
             self._previous, self._current = self._current, {}
             self._defaults_previous, self._defaults = self._defaults, {}
+        self.virtual_hosts.advance()

@@ -38,7 +38,9 @@ from meshctl.snapshot.scope import MESH_GATEWAY, ProxyScope, parse_egress_hosts
 from meshctl.xds import dynamic_forward as dfp
 from meshctl.xds import route_policy as policy
 from meshctl.xds.names import PASSTHROUGH_CLUSTER, sidecar_route_name
+from meshctl.xds.resources import Serialized
 from meshctl.xds.route_actions import ConsistentHash, http_routes
+from meshctl.xds.route_assembly import assemble_route_configuration, virtual_host_field
 from meshctl.xds.route_context import (
     destination_cluster,
     route_configuration,
@@ -52,7 +54,7 @@ from meshctl.xds.route_domains import NO_PORT, DomainAllocator, domain_name, ipv
 from meshctl.xds.route_gateway import build_gateway_routes
 from meshctl.xds.route_memo import RouteMemo
 
-__all__ = ["build_routes", "destination_cluster", "route_configuration"]
+__all__ = ["build_route_resources", "build_routes", "destination_cluster", "route_configuration"]
 
 #: Names of the catch-all virtual hosts (and their routes), as Istio names them.
 ALLOW_ANY = "allow_any"
@@ -70,7 +72,21 @@ def build_routes(scope: ProxyScope, memo: RouteMemo | None = None) -> list[route
     return sorted(configs, key=lambda c: c.name)
 
 
+def build_route_resources(scope: ProxyScope, memo: RouteMemo) -> list[route_pb2.RouteConfiguration | Serialized]:
+    """`build_routes`, with a sidecar's route configurations as their bytes, assembled from
+    virtual hosts serialized once (`route_assembly`): what the server serializes anyway, without
+    building the whole messages. The same bytes as `build_routes`' messages serialized."""
+    if scope.proxy.type is ProxyType.ROUTER:
+        return list(build_routes(scope, memo))
+    out = [_assembled(config, memo) for config in _sidecar_route_drafts(scope, memo)]
+    return sorted(out, key=lambda c: c.name)
+
+
 def build_sidecar_routes(scope: ProxyScope, memo: RouteMemo | None = None) -> list[route_pb2.RouteConfiguration]:
+    return [config.message() for config in _sidecar_route_drafts(scope, memo)]
+
+
+def _sidecar_route_drafts(scope: ProxyScope, memo: RouteMemo | None) -> list[_RouteDraft]:
     ports = sorted({p.number for s in scope.services for p in s.ports if _has_routes(p.protocol)})
     virtual_services = scope.virtual_services((MESH_GATEWAY,))
     configs = [
@@ -85,7 +101,7 @@ def build_sidecar_routes(scope: ProxyScope, memo: RouteMemo | None = None) -> li
 
 def _egress_route_configs(
     scope: ProxyScope, taken: set[int], virtual_services: Sequence[Config], memo: RouteMemo | None
-) -> list[route_pb2.RouteConfiguration]:
+) -> list[_RouteDraft]:
     """Route configs for Sidecar egress listeners on an HTTP port no service has (a VM whose app
     owns a service port reaches that service on another local port): each holds the services the
     listener imports, each reached on its own port (the one it has, or its only HTTP port)."""
@@ -127,13 +143,58 @@ class _HostGroup:
     other_hosts: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class _VirtualHostDraft:
+    """Everything a sidecar virtual host is made of; `message` builds it."""
+
+    name: str
+    domains: tuple[str, ...]
+    routes: tuple[rc.Route, ...]
+    #: the dynamic forward proxy cache its routes fill, if any
+    dfp_cache: str | None
+
+    def message(self) -> rc.VirtualHost:
+        vh = rc.VirtualHost(
+            name=self.name, domains=self.domains, routes=self.routes, include_request_attempt_count=True
+        )
+        if self.dfp_cache is not None:
+            dfp.enable(vh, self.dfp_cache)
+        return vh
+
+
+@dataclass(frozen=True, slots=True)
+class _RouteDraft:
+    """A sidecar route configuration before it is built: its virtual hosts in order, the
+    catch-all (if any) last."""
+
+    name: str
+    virtual_hosts: list[_VirtualHostDraft]
+    catch_all: rc.VirtualHost | None
+
+    def message(self) -> route_pb2.RouteConfiguration:
+        hosts = [vh.message() for vh in self.virtual_hosts]
+        return route_configuration(self.name, hosts if self.catch_all is None else [*hosts, self.catch_all])
+
+
+def _assembled(draft: _RouteDraft, memo: RouteMemo) -> Serialized:
+    """The draft's route configuration as bytes, each virtual host serialized once per what it
+    is made of: the route messages the memo shares stand, by identity, for their content."""
+    fields = [
+        memo.virtual_hosts.field((vh.name, vh.domains, tuple(map(id, vh.routes)), vh.dfp_cache), vh.routes, vh.message)
+        for vh in draft.virtual_hosts
+    ]
+    if draft.catch_all is not None:
+        fields.append(virtual_host_field(draft.catch_all))
+    return assemble_route_configuration(draft.name, fields)
+
+
 def _sidecar_route_config(
     scope: ProxyScope,
     port: int,
     virtual_services: Sequence[Config],
     services: dict[str, Service],
     memo: RouteMemo | None = None,
-) -> route_pb2.RouteConfiguration:
+) -> _RouteDraft:
     """The route config of listener port `port`, over `services` (each of which either has that
     port, or has been reduced to the one port it is reached on from this listener)."""
     reduced = any(s.port(port) is None for s in services.values())
@@ -160,11 +221,10 @@ def _sidecar_route_config(
         svc = services[host]
         if host not in claimed and _is_http(svc, port):
             groups.append(_HostGroup([_default_route(scope, svc, port, memo)], [svc]))
-    virtual_hosts = _virtual_hosts(scope, port, groups)
-    if not any("*" in vh.domains for vh in virtual_hosts):
-        # A VirtualService for `*` on port 80 already catches everything; Envoy refuses a second `*`.
-        virtual_hosts.append(_catch_all(scope))
-    return route_configuration(sidecar_route_name(port), virtual_hosts)
+    virtual_hosts = _virtual_hosts(scope, port, groups, memo)
+    # A VirtualService for `*` on port 80 already catches everything; Envoy refuses a second `*`.
+    catch_all = None if any("*" in vh.domains for vh in virtual_hosts) else _catch_all(scope)
+    return _RouteDraft(sidecar_route_name(port), virtual_hosts, catch_all)
 
 
 def _overlaps_any(hosts: Sequence[str], services: dict[str, Service]) -> bool:
@@ -257,41 +317,64 @@ def _build_default_route(host: str, port: int, target: int, hashing: ConsistentH
     )
 
 
-def _virtual_hosts(scope: ProxyScope, port: int, groups: Sequence[_HostGroup]) -> list[rc.VirtualHost]:
+def _virtual_hosts(
+    scope: ProxyScope, port: int, groups: Sequence[_HostGroup], memo: RouteMemo | None = None
+) -> list[_VirtualHostDraft]:
     """One virtual host per service and per other VirtualService host, named `HOST:PORT`,
     with each domain given to the first that asks (Envoy refuses duplicates). The route
     configuration ignores the port of the Host header, so domains carry none (Istio's
     BuildSidecarOutboundVirtualHosts with SidecarIgnorePort: a VirtualService host alone, a
-    service's names and addresses from generateVirtualHostDomains without a port)."""
+    service's names and addresses from generateVirtualHostDomains without a port).
+
+    Which virtual host gets which domains is a function of the port, the proxy's DNS domain and
+    the hosts in order (`_domain_plan`); with `memo` it is worked out once per those, and shared
+    by every namespace and config version that asks for it."""
     proxy_domain = scope.proxy.domain or f"{scope.proxy.namespace}.svc.cluster.local"
-    known = {h for g in groups for s in g.services for h in (s.hostname, domain_name(s.hostname, port))}
+    entries: list[tuple[Service | None, tuple[rc.Route, ...]]] = []
+    hosts: list[tuple[str, tuple[str, ...] | None]] = []
+    for group in groups:
+        routes = tuple(group.routes)
+        for host in group.other_hosts:
+            entries.append((None, routes))
+            hosts.append((host, None))
+        for svc in group.services:
+            entries.append((svc, routes))
+            hosts.append((svc.hostname, svc.addresses))
+    key = (port, proxy_domain, tuple(hosts))
+    plan = _domain_plan(*key) if memo is None else memo.virtual_hosts.plan(key, lambda: _domain_plan(*key))
+    out = []
+    for index, name, domains in plan:
+        served, routes = entries[index]
+        cache = dfp.cache_name(served.hostname) if served is not None and dfp.is_dynamic(served) else None
+        out.append(_VirtualHostDraft(name, domains, routes, cache))
+    return out
+
+
+def _domain_plan(
+    port: int, proxy_domain: str, hosts: tuple[tuple[str, tuple[str, ...] | None], ...]
+) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
+    """For `hosts` in order (a service's hostname with its addresses, or a VirtualService host
+    naming no service, with None), the virtual hosts they get, sorted by name: which host
+    (by index), its name and its domains. A host whose name came before, or left with no
+    domain, gets none."""
+    known = {h for host, addresses in hosts if addresses is not None for h in (host, domain_name(host, port))}
     allocator = DomainAllocator(known)
     names: set[str] = set()
-    out: list[rc.VirtualHost] = []
-
-    def add(host: str, svc: Service | None, routes: list[rc.Route]) -> None:
+    out: list[tuple[int, str, tuple[str, ...]]] = []
+    for index, (host, addresses) in enumerate(hosts):
         name = domain_name(host, port)
         if name in names:
-            return
+            continue
         names.add(name)
-        if svc is None:
+        if addresses is None:
             domains = allocator.claim([ipv6_compliant(host)])
         else:
-            wanted, expanded = service_domains(host, svc.addresses, NO_PORT, proxy_domain)
+            wanted, expanded = service_domains(host, addresses, NO_PORT, proxy_domain)
             domains = allocator.claim(wanted, expanded)
         if domains:
-            vh = rc.VirtualHost(name=name, domains=domains, routes=routes, include_request_attempt_count=True)
-            if svc is not None and dfp.is_dynamic(svc):
-                dfp.enable(vh, dfp.cache_name(svc.hostname))
-            out.append(vh)
-
-    for group in groups:
-        for host in group.other_hosts:
-            add(host, None, group.routes)
-        for svc in group.services:
-            add(svc.hostname, svc, group.routes)
-    out.sort(key=lambda vh: vh.name)
-    return out
+            out.append((index, name, tuple(domains)))
+    out.sort(key=lambda entry: entry[1])
+    return tuple(out)
 
 
 def _catch_all(scope: ProxyScope) -> rc.VirtualHost:
