@@ -206,9 +206,8 @@ class ParseCache:
             old = _read_entries(self.path, self._max_bytes, self._identity)
         except (OSError, _Unusable):
             old = {}
-        header = json.dumps({"format": _FORMAT, "identity": self._identity}, separators=(",", ":"))
-        parts = [header]
-        size = len(header) + 1
+        lines: list[str] = []
+        size = 200  # the header's, at most
         for key in sorted(keys):
             body = fresh.get(key) or old.get(key)
             if body is None:
@@ -216,8 +215,10 @@ class ParseCache:
             size += _KEY_CHARS + len(body) + 2
             if size > self._max_bytes:
                 break
-            parts.append(f"{key} {body}")
-        data = ("\n".join(parts) + "\n").encode("ascii")
+            lines.append(f"{key} {body}")
+        fields = {"format": _FORMAT, "identity": self._identity, "entries": len(lines)}
+        header = json.dumps(fields, separators=(",", ":"))
+        data = ("\n".join([header, *lines]) + "\n").encode("ascii")
         temp = self.path.with_name(f".{self.path.name}.tmp")
         with self._lock:
             try:
@@ -231,8 +232,10 @@ class ParseCache:
                 finally:
                     os.close(fd)
                 os.replace(temp, self.path)
-            except OSError as exc:
-                logger.warning("cannot write the parse cache %s: %s", self.path, exc.strerror or exc)
+            except OSError as exc:  # said once, like a cache that cannot be read
+                if not self._warned:
+                    logger.warning("cannot write the parse cache %s: %s", self.path, exc.strerror or exc)
+                self._warned = True
 
 
 def _read_entries(path: Path, limit: int, identity_: str) -> dict[str, str]:
@@ -247,10 +250,10 @@ def _read_entries(path: Path, limit: int, identity_: str) -> dict[str, str]:
         raise _Unusable("it does not start with this format's header")
     if header.get("identity") != identity_:
         raise _Unusable("it was written by another version of meshctl or of its YAML parser")
+    if lines[-1] or header.get("entries") != len(lines) - 2:
+        raise _Unusable("it is cut short, or has lines added")
     entries: dict[str, str] = {}
-    for line in lines[1:]:
-        if not line:
-            continue
+    for line in lines[1:-1]:
         key, body = line[:_KEY_CHARS], line[_KEY_CHARS + 1 :]
         if line[_KEY_CHARS : _KEY_CHARS + 1] != " " or not _is_key(key):
             raise _Unusable("a line of it is not an entry")
