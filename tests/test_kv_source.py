@@ -17,7 +17,9 @@ from conftest import PRODUCTPAGE
 from typer.testing import CliRunner
 
 from meshctl.cli.app import app
+from meshctl.config import yamlsource
 from meshctl.config.loader import LoadOptions
+from meshctl.config.model import ConfigKey
 from meshctl.config.store import ConfigStore
 from meshctl.kv.source import KvLocation, KvWatcher
 from meshctl.registry.consul import ConsulOptions
@@ -238,3 +240,48 @@ def test_serve_takes_one_config_source() -> None:
     assert result.exit_code == 2 and "either --config-dir or --config-consul-kv" in result.stderr
     result = runner.invoke(app, ["serve"])
     assert result.exit_code == 2 and "either --config-dir or --config-consul-kv" in result.stderr
+
+
+def test_one_changed_key_among_many_costs_one_read_and_one_parse(
+    fake: FakeConsul, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change is read in one request whatever the prefix holds, and only the key whose
+    ModifyIndex moved is parsed; the others keep what they gave."""
+    count = 300
+    entry = (
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: s{i}, namespace: shop}}\n"
+        "spec: {{hosts: [s{i}.shop.mesh], ports: [{{number: 80, name: http, protocol: HTTP}}], resolution: DNS}}\n"
+    )
+    for i in range(count):
+        fake.kv_put(f"meshctl/mesh/s{i:03d}.yaml", entry.format(i=i).encode())
+    fake.kv_put("meshctl/mesh/teams/", b"")  # a folder key, as `consul kv put` makes them
+    parsed: list[str] = []
+    real = yamlsource.parse_documents
+
+    def counting(text: str, **kwargs: object) -> list[yamlsource.Document]:
+        parsed.append(text)
+        return real(text, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(yamlsource, "parse_documents", counting)
+    store = ConfigStore()
+    watcher = KvWatcher(KvLocation(quick(fake.address), "meshctl/mesh"), store)
+    try:
+        watcher.start()
+        wait_for(lambda: len(store.configs) == count, "the prefix loaded", timeout=120)
+        assert len(parsed) == count
+        parsed.clear()
+        wait_for(lambda: fake.in_flight("/v1/kv/meshctl/mesh/") == 1, "the listing blocking for a change")
+        reads = len(fake.requests)
+        revision = store.revision
+        fake.kv_put("meshctl/mesh/s007.yaml", entry.format(i=7).replace("DNS", "STATIC").encode())
+        wait_for(lambda: store.revision > revision, "the edit applied", timeout=120)
+        assert len(parsed) == 1 and "s7.shop.mesh" in parsed[0]
+        config = store.get(ConfigKey("ServiceEntry", "shop", "s7"))
+        assert config is not None and config.spec.resolution == 1  # type: ignore[attr-defined]  # STATIC
+        # The listing that answers was asked before the edit; then one read of the values, and
+        # the next listing (no read per key: the prefix holds nothing but config).
+        after = [r for r in fake.requests[reads:] if r.path.startswith("/v1/kv/")]
+        assert len(after) <= 2, after
+        assert [r.query.get("recurse") for r in after if "index" not in r.query] == ["true"]
+    finally:
+        assert watcher.stop()

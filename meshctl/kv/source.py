@@ -7,10 +7,13 @@ last-good rule as a file of a watched directory (`meshctl.config.watcher`):
 
 - one blocking query on the prefix's key names (`GET /v1/kv/PREFIX/?keys`) follows the prefix
   with Consul's rules (`meshctl.registry.consul`: index reset when it goes back, at least 1, a
-  rate limit, backoff); each answer's YAML keys are then read one by one (`read_values`), and
-  the read counts only when no key changed after the listing's index, so each answer is one KV
-  revision and becomes at most one store revision (`replace_all`): a `kv push`, one Consul
-  transaction, reaches proxies as one change;
+  rate limit, backoff); on each answer the values are read in one request (`?recurse`,
+  `read_all_values`, one KV revision as Consul answers it) when the prefix holds nothing but
+  config and folder keys, else the YAML keys one by one (`read_values`), a read that counts only
+  when no key changed after the listing's index. Either way each answer is one KV revision and
+  becomes at most one store revision: a `kv push`, one Consul transaction, reaches proxies as
+  one change;
+- only the keys whose ModifyIndex moved are loaded again; the others keep what they gave;
 - a key whose value does not load keeps its last good resources, and its error stays in the
   store's file status until it is fixed; a key that never loaded contributes nothing; a deleted
   key's resources are deleted;
@@ -22,7 +25,8 @@ last-good rule as a file of a watched directory (`meshctl.config.watcher`):
 
 Only keys ending in `.yaml` or `.yml` are read, as only such files are in a directory; folder
 keys (ending in `/`) and other keys are ignored, and their values are never fetched: a prefix
-shared with other data (blobs, locks) costs its key names, not its bytes. Each value is bounded
+shared with other data (blobs, locks) costs its key names, not its bytes (but then a request per
+YAML key on each change, where a prefix of config alone costs two requests). Each value is bounded
 as a file is (`LoadOptions.max_file_bytes`: a key over it is that key's error and keeps its last
 good resources), and all of them together by `MAX_TOTAL_BYTES` (over it, the read fails as
 when Consul cannot be read: everything is kept).
@@ -54,6 +58,9 @@ logger = logging.getLogger("meshctl.kv.source")
 FIRST_READ_TIMEOUT: Final = 10.0
 #: The YAML values of one prefix, all together (Consul itself takes values of 512 KiB at most).
 MAX_TOTAL_BYTES: Final = 256 * 1024 * 1024
+#: An answer of `?recurse` holding `MAX_TOTAL_BYTES` of values: base64 takes 4 bytes for 3, and
+#: each entry's other fields some more.
+_ANSWER_LIMIT: Final = MAX_TOTAL_BYTES * 4 // 3 + 64 * 1024 * 1024
 #: Reads of a prefix that keeps changing while its values are read, before giving up (`kv pull`).
 _READ_ATTEMPTS: Final = 5
 
@@ -122,6 +129,40 @@ def config_names(data: object, prefix: str) -> list[str]:
     if not isinstance(data, list) or not all(isinstance(k, str) for k in data):
         raise RegistryError(f"GET {kv_path(prefix)}?keys: expected a list of key names")
     return sorted(k[len(prefix) :] for k in data if k.startswith(prefix) and is_config_key(k[len(prefix) :]))
+
+
+def only_config(data: object, prefix: str) -> bool:
+    """Whether a listing (`?keys`) holds nothing under `prefix` but config keys and folder keys,
+    so that reading the prefix whole fetches no other data's bytes."""
+    if not isinstance(data, list):
+        return True
+    return all(
+        not isinstance(k, str) or not k.startswith(prefix) or k.endswith("/") or is_config_key(k[len(prefix) :])
+        for k in data
+    )
+
+
+def read_all_values(
+    conn: ConsulConnection, options: ConsulOptions, prefix: str, *, max_value_bytes: int
+) -> dict[str, KvEntry]:
+    """Every config key under `prefix` with its value and ModifyIndex, in one request
+    (`?recurse`), which Consul answers from one revision. A value over `max_value_bytes` is
+    that key's refusal; RegistryError for an answer over what `MAX_TOTAL_BYTES` of values
+    takes, or a failed read."""
+    path = kv_path(prefix)
+    params = {"recurse": "true"} | ({"dc": options.datacenter} if options.datacenter else {})
+    try:
+        reply = conn.get(path, params, options.request_timeout, limit=_ANSWER_LIMIT)
+    except (OSError, http.client.HTTPException) as exc:
+        raise RegistryError(f"cannot read consul KV at {options.url}: {exc}") from exc
+    if reply.status == OVERSIZED:
+        raise RegistryError(f"the values under consul KV {prefix or '/'} are over {MAX_TOTAL_BYTES} bytes in all")
+    entries = parse_entries(None if reply.status == 404 else reply.json(path), prefix)
+    message = f"value is over the {max_value_bytes}-byte limit for a config file"
+    for name, entry in entries.items():
+        if len(entry.value) > max_value_bytes:
+            entries[name] = KvEntry(name, b"", entry.modify_index, refused=message)
+    return entries
 
 
 def read_values(
@@ -286,14 +327,12 @@ class KvWatcher:
     def _on_data(self, data: object, reply: ConsulReply) -> None:
         location = self._location
         names = config_names(data, location.prefix)
-        entries = read_values(
-            self._values,
-            location.consul,
-            location.prefix,
-            names,
-            reply.index,
-            max_value_bytes=self._load.max_file_bytes,
-        )
+        conn, options, prefix, limit = self._values, location.consul, location.prefix, self._load.max_file_bytes
+        entries: Mapping[str, KvEntry] | None
+        if names and only_config(data, prefix):
+            entries = read_all_values(conn, options, prefix, max_value_bytes=limit)
+        else:
+            entries = read_values(conn, options, prefix, names, reply.index, max_value_bytes=limit)
         if entries is None:  # the prefix moved on while it was read: the next answer comes at once
             return
         with self._lock:
