@@ -285,3 +285,58 @@ def test_one_changed_key_among_many_costs_one_read_and_one_parse(
         assert [r.query.get("recurse") for r in after if "index" not in r.query] == ["true"]
     finally:
         assert watcher.stop()
+
+
+def test_changes_applied_key_by_key_leave_the_store_as_a_fresh_read_does(fake: FakeConsul) -> None:
+    """Each answer is applied at the cost of the keys it changed; the store must end up as a
+    server reading the prefix afresh has it: the first definition of a resource defined twice
+    wins (by key name), the other is an error that goes when the winner does."""
+    prefix = "meshctl/mesh"
+
+    def vs(host: str) -> bytes:
+        return (
+            "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: x, namespace: shop}\n"
+            f"spec: {{hosts: [{host}], http: [{{route: [{{destination: {{host: {host}}}}}]}}]}}\n"
+        ).encode()
+
+    def seen(store: ConfigStore) -> tuple[object, ...]:
+        configs = {k: (c.source, c.content_digest()) for k, c in store.configs.items()}
+        return configs, {p: s.findings for p, s in store.file_status().items()}
+
+    def fresh() -> tuple[object, ...]:
+        store = ConfigStore()
+        other = KvWatcher(KvLocation(quick(fake.address), prefix), store)
+        try:
+            other.start()
+            return seen(store)
+        finally:
+            assert other.stop()
+
+    fake.kv_put(f"{prefix}/b.yaml", vs("b.shop.mesh"))
+    fake.kv_put(f"{prefix}/c.yaml", vs("c.shop.mesh").replace(b"name: x", b"name: c"))
+    store = ConfigStore()
+    watcher = KvWatcher(KvLocation(quick(fake.address), prefix), store)
+    steps: list[Callable[[], object]] = [
+        lambda: fake.kv_put(f"{prefix}/a.yaml", vs("a.shop.mesh")),  # a now wins, b is an error
+        lambda: fake.kv_put(f"{prefix}/b.yaml", vs("b2.shop.mesh")),  # b changes, still the loser
+        lambda: fake.kv_delete(f"{prefix}/a.yaml"),  # b wins again
+        lambda: fake.kv_put(f"{prefix}/c.yaml", vs("c.shop.mesh")),  # c now defines x too, after b
+        lambda: fake.kv_delete(f"{prefix}/b.yaml"),  # c's x wins, and c loses its own resource c
+        lambda: fake.kv_put(f"{prefix}/a.yaml", vs("a.shop.mesh") + b"---\n" + vs("a2.shop.mesh")),  # twice in one
+    ]
+    try:
+        watcher.start()
+        assert seen(store) == fresh()
+        for step in steps:
+            step()
+            wait_for(lambda: seen(store) == fresh(), "the store as a fresh read has it", timeout=20)
+        # A broken key keeps its last good resources (which a fresh read never saw), and its
+        # fix is applied as a fresh read has it.
+        kept = dict(store.configs)
+        fake.kv_put(f"{prefix}/a.yaml", BROKEN)
+        wait_for(lambda: any(f.file == "a.yaml" for f in store.errors()), "the broken key reported")
+        assert dict(store.configs) == kept
+        fake.kv_put(f"{prefix}/a.yaml", vs("a3.shop.mesh"))
+        wait_for(lambda: seen(store) == fresh(), "the fix applied as a fresh read has it", timeout=20)
+    finally:
+        assert watcher.stop()

@@ -13,7 +13,11 @@ last-good rule as a file of a watched directory (`meshctl.config.watcher`):
   when no key changed after the listing's index. Either way each answer is one KV revision and
   becomes at most one store revision: a `kv push`, one Consul transaction, reaches proxies as
   one change;
-- only the keys whose ModifyIndex moved are loaded again; the others keep what they gave;
+- only the keys whose ModifyIndex moved are loaded again, and the store is handed what they,
+  and the keys that came or went, change (`ConfigStore.update`, through the merge of the keys
+  kept from answer to answer, `MergedFiles`, as the directory watcher does for the files that
+  events name); the first answer, and the first after an outage or an emptied prefix, are
+  applied whole (`replace_all`);
 - a key whose value does not load keeps its last good resources, and its error stays in the
   store's file status until it is fixed; a key that never loaded contributes nothing; a deleted
   key's resources are deleted;
@@ -47,6 +51,9 @@ from urllib.parse import quote
 from meshctl.config.files import YAML_SUFFIXES
 from meshctl.config.findings import Finding, Severity
 from meshctl.config.loader import FileResult, LoadOptions, load_bytes, merge_files
+from meshctl.config.merged import MergedFiles
+from meshctl.config.model import Config
+from meshctl.config.scan import Position
 from meshctl.config.store import ConfigChange, ConfigStore, EventKind, FileStatus
 from meshctl.config.watcher import ReloadResult
 from meshctl.errors import RegistryError, UsageError
@@ -248,11 +255,18 @@ class KvLocation:
 
 @dataclass(slots=True)
 class _State:
-    """What the last applied answer left: each key's last load (by ModifyIndex) and last good load."""
+    """What the last applied answer left: each key's last load (by ModifyIndex) and last good
+    load, and the merge of the good ones (None: the next answer is applied whole)."""
 
     loaded: dict[str, tuple[int, FileResult]] = field(default_factory=dict)
     good: dict[str, FileResult] = field(default_factory=dict)
     errors: tuple[Finding, ...] = ()
+    merged: MergedFiles | None = None
+
+
+def _position(name: str) -> Position:
+    """Where a key sorts in the merge: by name, as `merge_files` is given them."""
+    return (0, ((0, name),))
 
 
 class KvWatcher:
@@ -265,6 +279,7 @@ class KvWatcher:
         self._lock = threading.Lock()  # one answer applied at a time; guards _state
         self._state = _State()
         self._outage: str | None = None
+        self._outage_seen = False
         self._reported: set[str] = set()
         self._first = threading.Event()  # answered or failed once
         self._synced = threading.Event()  # answered once
@@ -319,6 +334,7 @@ class KvWatcher:
         with self._lock:
             first = self._outage is None
             self._outage = message
+            self._outage_seen = True  # its status is the prefix's: the next answer applies whole
             self._store.set_file_status(self._statuses(self._state.errors, extra=(self._outage_finding(),)))
         if first:
             logger.warning("consul KV %s is failing (%s): keeping its last config", self._location.display, message)
@@ -356,7 +372,7 @@ class KvWatcher:
                 f"({count}) until it does; to serve an empty mesh on purpose, leave an empty .yaml key in it"
             )
             finding = Finding(Severity.ERROR, message, self._location.display)
-            self._state = _State(previous.loaded, previous.good, (finding,))
+            self._state = _State(previous.loaded, previous.good, (finding,))  # the next answer applies whole
             self._store.set_file_status(self._statuses((finding,)))
             self._log_findings((finding,))
             return None
@@ -365,8 +381,11 @@ class KvWatcher:
             entry = entries[name]
             last = previous.loaded.get(name)
             if last is not None and last[0] == entry.modify_index and entry.modify_index:
-                result = last[1]
-            elif entry.refused is not None:
+                state.loaded[name] = last
+                if name in previous.good:
+                    state.good[name] = previous.good[name]
+                continue
+            if entry.refused is not None:
                 result = FileResult(name, findings=(Finding(Severity.ERROR, entry.refused, name),))
             else:
                 before = last[1] if last is not None else None
@@ -375,17 +394,55 @@ class KvWatcher:
             good = result if result.ok else previous.good.get(name)
             if good is not None:
                 state.good[name] = good
-        merged, duplicates = merge_files(state.good[n] for n in sorted(state.good))
-        findings = [f for _, r in state.loaded.values() for f in r.findings] + duplicates
+        if previous.merged is None or self._outage_seen:
+            change, findings = self._apply_whole(state)
+        else:
+            change, findings = self._apply_changed(previous, state, previous.merged)
+        self._outage_seen = False
         state.errors = tuple(f for f in findings if f.severity is Severity.ERROR)
+        self._state = state
+        self._log_findings(findings)
+        return change
+
+    def _apply_whole(self, state: _State) -> tuple[ConfigChange | None, list[Finding]]:
+        """Hand the store every key's resources and status (the first answer, or after an outage
+        or an emptied prefix, whose statuses it replaces)."""
+        merged, duplicates = merge_files(state.good[n] for n in sorted(state.good))
+        state.merged = MergedFiles(dict(merged), duplicates)
+        findings = [f for _, r in state.loaded.values() for f in r.findings] + duplicates
         by_file: dict[str, list[Finding]] = {name: [] for name in state.loaded}
         for finding in findings:
             by_file.setdefault(finding.file or self._location.display, []).append(finding)
         files = [FileStatus(path, tuple(found)) for path, found in by_file.items()]
-        change = self._store.replace_all(merged, files=files)
-        self._state = state
-        self._log_findings(findings)
-        return change
+        return self._store.replace_all(merged, files=files), findings
+
+    def _apply_changed(
+        self, previous: _State, state: _State, merged: MergedFiles
+    ) -> tuple[ConfigChange | None, list[Finding]]:
+        """Hand the store what the keys that changed, came or went change, at the cost of those
+        keys (`MergedFiles`), as the directory watcher does for the files events name."""
+        changed = {n for n in state.loaded if state.loaded[n] is not previous.loaded.get(n)}
+        changed.update(n for n in previous.loaded if n not in state.loaded)
+        before = {n: previous.good[n].configs for n in changed if n in previous.good}
+        after = {n: state.good[n].configs for n in changed if n in state.good}
+
+        def configs_of(name: str) -> tuple[Config, ...]:
+            good = state.good.get(name)
+            return good.configs if good is not None else ()
+
+        plan = merged.plan(before, after, configs_of, _position)
+        files: dict[str, FileStatus | None] = {}
+        for name in changed | plan.duplicates.keys():
+            loaded = state.loaded.get(name)
+            own = loaded[1].findings if loaded is not None else ()
+            dups = plan.duplicates[name] if name in plan.duplicates else merged.duplicates.get(name, [])
+            files[name] = FileStatus(name, (*own, *dups)) if loaded is not None or dups else None
+        change = self._store.update(plan.configs, files=files)
+        merged.adopt(plan)
+        state.merged = merged
+        findings = [f for _, r in state.loaded.values() for f in r.findings]
+        findings += [f for found in merged.duplicates.values() for f in found]
+        return change, findings
 
     def _statuses(self, findings: Sequence[Finding], extra: Sequence[Finding] = ()) -> list[FileStatus]:
         """The file status: every key as last loaded, plus `findings` and `extra` by file."""
