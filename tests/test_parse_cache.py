@@ -293,3 +293,18 @@ def test_no_state_directory_no_cache(tmp_path: Path) -> None:
     run(body)
     assert set(os.listdir(tmp_path)) == before
     shutil.rmtree(root)
+
+
+def test_a_fifo_where_the_cache_is_written_blocks_nothing(
+    mesh: tuple[Path, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    root, cache_file = mesh
+    cache_file.parent.mkdir()
+    os.mkfifo(cache_file.with_name(f".{cache_file.name}.tmp"))
+    cache = new_cache(cache_file)
+    with caplog.at_level(logging.WARNING, logger="meshctl.config.parse_cache"):
+        DirectoryWatcher([root], ConfigStore(), QUIET, cache).reload_now()
+        cache.join(timeout=30)
+    assert cache._writer is not None and not cache._writer.is_alive()
+    assert not cache_file.exists()
+    assert [r.getMessage() for r in caplog.records if "cannot write the parse cache" in r.getMessage()]

@@ -60,7 +60,10 @@ MAX_BYTES: Final = 64 * 1024 * 1024
 _FORMAT: Final = "meshctl-parse-cache/1"
 _KEY_CHARS: Final = 32  # hex digits of a 16-byte digest
 _OPEN: Final = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY | os.O_NOFOLLOW
-_WRITE: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+#: Not through a link, and not waiting for a reader should a FIFO be put where the file goes.
+_WRITE: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+#: How long stopping waits for a rewrite in progress (the rename makes one cut short harmless).
+JOIN_TIMEOUT: Final = 10.0
 
 
 class _Unusable(Exception):
@@ -73,7 +76,10 @@ def identity(max_values: int, max_alias_values: int) -> str:
     and ruamel's versions, and the bounds a parse was held to."""
     digest = hashlib.blake2b(digest_size=8)
     for module in (yamlsource, flowquotes):
-        digest.update(Path(module.__file__ or "").read_bytes())
+        try:
+            digest.update(Path(module.__file__ or "").read_bytes())
+        except OSError:  # no source at hand (a frozen build): its version stands for it
+            digest.update(module.__name__.encode())
     clib = sys.modules[yamlsource._CParser.__module__]
     from ruamel.yaml import __version__ as ruamel_version
 

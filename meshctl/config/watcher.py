@@ -87,7 +87,7 @@ from meshctl.config.findings import Finding, Severity
 from meshctl.config.loader import FileResult, LoadOptions, load_bytes, merge_files, unreadable
 from meshctl.config.merged import MergedFiles
 from meshctl.config.model import Config
-from meshctl.config.parse_cache import ParseCache
+from meshctl.config.parse_cache import JOIN_TIMEOUT, ParseCache
 from meshctl.config.paths import (
     exists,
     is_doubt,
@@ -252,7 +252,7 @@ class DirectoryWatcher:
             self._thread = None
         self._watches.close()
         if self._parse_cache is not None:
-            self._parse_cache.join()
+            self._parse_cache.join(JOIN_TIMEOUT)
 
     def __enter__(self) -> DirectoryWatcher:
         self.start()
