@@ -19,6 +19,7 @@ from meshctl.config import loader, tree
 from meshctl.config.findings import Finding, Severity, sort_findings
 from meshctl.config.loader import LoadOptions
 from meshctl.config.model import Config, ConfigKey
+from meshctl.config.parse_cache import ParseCache
 from meshctl.config.store import ConfigStore
 from meshctl.config.watcher import DirectoryWatcher, ReloadResult, WatchOptions
 from meshctl.registry.files import FileRegistry
@@ -59,9 +60,11 @@ class FollowedFiles:
     (the file registry) follows the store. `start` reads the tree once and starts both; `stop`
     ends both. Used from one thread at a time."""
 
-    def __init__(self, paths: Sequence[Path], options: WatchOptions | None = None) -> None:
+    def __init__(
+        self, paths: Sequence[Path], options: WatchOptions | None = None, parse_cache: ParseCache | None = None
+    ) -> None:
         self.store = ConfigStore()
-        self.watcher = DirectoryWatcher(list(paths), self.store, options)
+        self.watcher = DirectoryWatcher(list(paths), self.store, options, parse_cache)
         self.registry = FileRegistry()
         self._unfollow: Callable[[], None] | None = None
 

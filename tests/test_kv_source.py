@@ -17,7 +17,9 @@ from conftest import PRODUCTPAGE
 from typer.testing import CliRunner
 
 from meshctl.cli.app import app
+from meshctl.config import yamlsource
 from meshctl.config.loader import LoadOptions
+from meshctl.config.model import ConfigKey
 from meshctl.config.store import ConfigStore
 from meshctl.kv.source import KvLocation, KvWatcher
 from meshctl.registry.consul import ConsulOptions
@@ -238,3 +240,103 @@ def test_serve_takes_one_config_source() -> None:
     assert result.exit_code == 2 and "either --config-dir or --config-consul-kv" in result.stderr
     result = runner.invoke(app, ["serve"])
     assert result.exit_code == 2 and "either --config-dir or --config-consul-kv" in result.stderr
+
+
+def test_one_changed_key_among_many_costs_one_read_and_one_parse(
+    fake: FakeConsul, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change is read in one request whatever the prefix holds, and only the key whose
+    ModifyIndex moved is parsed; the others keep what they gave."""
+    count = 300
+    entry = (
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: s{i}, namespace: shop}}\n"
+        "spec: {{hosts: [s{i}.shop.mesh], ports: [{{number: 80, name: http, protocol: HTTP}}], resolution: DNS}}\n"
+    )
+    for i in range(count):
+        fake.kv_put(f"meshctl/mesh/s{i:03d}.yaml", entry.format(i=i).encode())
+    fake.kv_put("meshctl/mesh/teams/", b"")  # a folder key, as `consul kv put` makes them
+    parsed: list[str] = []
+    real = yamlsource.parse_documents
+
+    def counting(text: str, **kwargs: object) -> list[yamlsource.Document]:
+        parsed.append(text)
+        return real(text, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(yamlsource, "parse_documents", counting)
+    store = ConfigStore()
+    watcher = KvWatcher(KvLocation(quick(fake.address), "meshctl/mesh"), store)
+    try:
+        watcher.start()
+        wait_for(lambda: len(store.configs) == count, "the prefix loaded", timeout=120)
+        assert len(parsed) == count
+        parsed.clear()
+        wait_for(lambda: fake.in_flight("/v1/kv/meshctl/mesh/") == 1, "the listing blocking for a change")
+        reads = len(fake.requests)
+        revision = store.revision
+        fake.kv_put("meshctl/mesh/s007.yaml", entry.format(i=7).replace("DNS", "STATIC").encode())
+        wait_for(lambda: store.revision > revision, "the edit applied", timeout=120)
+        assert len(parsed) == 1 and "s7.shop.mesh" in parsed[0]
+        config = store.get(ConfigKey("ServiceEntry", "shop", "s7"))
+        assert config is not None and config.spec.resolution == 1  # type: ignore[attr-defined]  # STATIC
+        # The listing that answers was asked before the edit; then one read of the values, and
+        # the next listing (no read per key: the prefix holds nothing but config).
+        after = [r for r in fake.requests[reads:] if r.path.startswith("/v1/kv/")]
+        assert len(after) <= 2, after
+        assert [r.query.get("recurse") for r in after if "index" not in r.query] == ["true"]
+    finally:
+        assert watcher.stop()
+
+
+def test_changes_applied_key_by_key_leave_the_store_as_a_fresh_read_does(fake: FakeConsul) -> None:
+    """Each answer is applied at the cost of the keys it changed; the store must end up as a
+    server reading the prefix afresh has it: the first definition of a resource defined twice
+    wins (by key name), the other is an error that goes when the winner does."""
+    prefix = "meshctl/mesh"
+
+    def vs(host: str) -> bytes:
+        return (
+            "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: x, namespace: shop}\n"
+            f"spec: {{hosts: [{host}], http: [{{route: [{{destination: {{host: {host}}}}}]}}]}}\n"
+        ).encode()
+
+    def seen(store: ConfigStore) -> tuple[object, ...]:
+        configs = {k: (c.source, c.content_digest()) for k, c in store.configs.items()}
+        return configs, {p: s.findings for p, s in store.file_status().items()}
+
+    def fresh() -> tuple[object, ...]:
+        store = ConfigStore()
+        other = KvWatcher(KvLocation(quick(fake.address), prefix), store)
+        try:
+            other.start()
+            return seen(store)
+        finally:
+            assert other.stop()
+
+    fake.kv_put(f"{prefix}/b.yaml", vs("b.shop.mesh"))
+    fake.kv_put(f"{prefix}/c.yaml", vs("c.shop.mesh").replace(b"name: x", b"name: c"))
+    store = ConfigStore()
+    watcher = KvWatcher(KvLocation(quick(fake.address), prefix), store)
+    steps: list[Callable[[], object]] = [
+        lambda: fake.kv_put(f"{prefix}/a.yaml", vs("a.shop.mesh")),  # a now wins, b is an error
+        lambda: fake.kv_put(f"{prefix}/b.yaml", vs("b2.shop.mesh")),  # b changes, still the loser
+        lambda: fake.kv_delete(f"{prefix}/a.yaml"),  # b wins again
+        lambda: fake.kv_put(f"{prefix}/c.yaml", vs("c.shop.mesh")),  # c now defines x too, after b
+        lambda: fake.kv_delete(f"{prefix}/b.yaml"),  # c's x wins, and c loses its own resource c
+        lambda: fake.kv_put(f"{prefix}/a.yaml", vs("a.shop.mesh") + b"---\n" + vs("a2.shop.mesh")),  # twice in one
+    ]
+    try:
+        watcher.start()
+        assert seen(store) == fresh()
+        for step in steps:
+            step()
+            wait_for(lambda: seen(store) == fresh(), "the store as a fresh read has it", timeout=20)
+        # A broken key keeps its last good resources (which a fresh read never saw), and its
+        # fix is applied as a fresh read has it.
+        kept = dict(store.configs)
+        fake.kv_put(f"{prefix}/a.yaml", BROKEN)
+        wait_for(lambda: any(f.file == "a.yaml" for f in store.errors()), "the broken key reported")
+        assert dict(store.configs) == kept
+        fake.kv_put(f"{prefix}/a.yaml", vs("a3.shop.mesh"))
+        wait_for(lambda: seen(store) == fresh(), "the fix applied as a fresh read has it", timeout=20)
+    finally:
+        assert watcher.stop()

@@ -47,6 +47,8 @@ from meshctl.errors import ConfigError, YamlError
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
+    from meshctl.config.parse_cache import ParseCache
+
 
 # Kubernetes object names: RFC 1123 subdomain; namespaces: RFC 1123 label.
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -155,11 +157,17 @@ def unreadable(display: str, exc: ConfigError | OSError) -> FileResult:
 
 
 def load_bytes(
-    raw: bytes, display: str, options: LoadOptions | None = None, *, previous: FileResult | None = None
+    raw: bytes,
+    display: str,
+    options: LoadOptions | None = None,
+    *,
+    previous: FileResult | None = None,
+    parse_cache: ParseCache | None = None,
 ) -> FileResult:
     """Load a file's bytes, read by the caller (the watcher keeps a digest of exactly what it
     loaded). With `previous` (the last load of the same file), documents whose text it saw are
-    not loaded again (`meshctl.config.documents`), and the result keeps its pieces for the next."""
+    not loaded again (`meshctl.config.documents`), and the result keeps its pieces for the next.
+    With `parse_cache`, a text parsed by an earlier run is not parsed again (`parse_cache`)."""
     options = options or LoadOptions()
     try:
         yamlsource.check_size(len(raw), options.max_file_bytes)
@@ -167,10 +175,10 @@ def load_bytes(
     except ConfigError as exc:
         return FileResult(display, findings=(_file_error(display, str(exc)),))
     if previous is not None:
-        found = _load_pieces(text, display, options, previous.pieces)
+        found = _load_pieces(text, display, options, previous.pieces, parse_cache)
         if found is not None:
             return found
-    return load_text(text, display, options)
+    return load_text(text, display, options, parse_cache=parse_cache)
 
 
 #: Files of fewer documents are loaded whole: parsing each document on its own costs more than
@@ -179,14 +187,25 @@ _PIECES_FROM = 64
 
 
 def _load_pieces(
-    text: str, display: str, options: LoadOptions, previous: Sequence[documents.Piece]
+    text: str,
+    display: str,
+    options: LoadOptions,
+    previous: Sequence[documents.Piece],
+    parse_cache: ParseCache | None,
 ) -> FileResult | None:
     """`load_text`'s result, document by document, reusing what `previous` pieces gave for the
-    documents whose text is the same; None when the text cannot be cut exactly (see the module)."""
+    documents whose text is the same; None when the text cannot be cut exactly (see the module).
+    A text `parse_cache` holds is not parsed; one parsed here piece by piece is kept in it when
+    every piece was parsed (the documents of the pieces reused are not at hand)."""
     cuts = documents.cut(text)
     if cuts is None or not _PIECES_FROM <= len(cuts) <= yamlsource.DEFAULT_MAX_DOCUMENTS:
         return None
     known = documents.by_digest(previous)
+    key = parse_cache.text_key(text) if parse_cache is not None else ""
+    cached = parse_cache.lookup(display, key) if parse_cache is not None else None
+    by_index = {doc.index: doc for doc in cached} if cached is not None else None
+    whole = _Locator(text) if cached is not None else None
+    parsed: list[yamlsource.Document] | None = [] if parse_cache is not None and cached is None else None
     aliases = yamlsource.AliasBudget(options.max_alias_values)  # the file's, across its pieces
     findings = _FileFindings(display, options.max_findings_per_file)
     configs: list[Config] = []
@@ -196,11 +215,18 @@ def _load_pieces(
         piece = known.get(cut.digest)
         if piece is not None:
             piece_configs, piece_findings = documents.moved(piece, cut.line, cut.index)
+            parsed = None
         else:
-            try:
-                docs, locator = documents.parse_piece(cut, options.max_values, aliases)
-            except YamlError:
-                return None  # the whole text, loaded whole, says where
+            locator: Locator
+            if by_index is not None and whole is not None:
+                docs, locator = ([by_index[cut.index]] if cut.index in by_index else []), whole
+            else:
+                try:
+                    docs, locator = documents.parse_piece(cut, options.max_values, aliases)
+                except YamlError:
+                    return None  # the whole text, loaded whole, says where
+                if parsed is not None:
+                    parsed.extend(docs)
             loaded = [_load_document(doc, display, options, locator) for doc in docs]
             piece_configs = tuple(c for c, _ in loaded if c is not None)
             piece_findings = tuple(f for _, fs in loaded for f in fs)
@@ -213,18 +239,27 @@ def _load_pieces(
                 continue
             seen[config.key] = config.source
             configs.append(config)
+    if parse_cache is not None and parsed is not None:
+        parse_cache.record(key, parsed)
     if findings.has_errors:
         return FileResult(display, (), findings.result(), tuple(pieces), tuple(configs))
     return FileResult(display, tuple(configs), findings.result(), tuple(pieces))
 
 
-def load_text(text: str, display: str, options: LoadOptions | None = None) -> FileResult:
-    """Load every document of one file's text (also used for stdin)."""
+def load_text(
+    text: str, display: str, options: LoadOptions | None = None, *, parse_cache: ParseCache | None = None
+) -> FileResult:
+    """Load every document of one file's text (also used for stdin); with `parse_cache`, a
+    text an earlier run parsed is not parsed again."""
     options = options or LoadOptions()
     try:
         yamlsource.check_size(len(text.encode("utf-8", "surrogatepass")), options.max_file_bytes)
         aliases = yamlsource.AliasBudget(options.max_alias_values)
-        parsed = yamlsource.parse_documents(text, max_values=options.max_values, aliases=aliases)
+
+        def parse() -> list[yamlsource.Document]:
+            return yamlsource.parse_documents(text, max_values=options.max_values, aliases=aliases)
+
+        parsed = parse_cache.documents(display, text, parse) if parse_cache is not None else parse()
     except YamlError as exc:
         return FileResult(display, findings=(_file_error(display, exc.message, exc.line, exc.column),))
 

@@ -87,6 +87,7 @@ from meshctl.config.findings import Finding, Severity
 from meshctl.config.loader import FileResult, LoadOptions, load_bytes, merge_files, unreadable
 from meshctl.config.merged import MergedFiles
 from meshctl.config.model import Config
+from meshctl.config.parse_cache import JOIN_TIMEOUT, ParseCache
 from meshctl.config.paths import (
     exists,
     is_doubt,
@@ -178,13 +179,21 @@ def _lay_over(kept: dict[str, _T], new: Mapping[str, _T], path: str) -> None:
 class DirectoryWatcher:
     """Loads config directories (or files) into a store and keeps reloading them as they change."""
 
-    def __init__(self, paths: Sequence[Path], store: ConfigStore, options: WatchOptions | None = None) -> None:
+    def __init__(
+        self,
+        paths: Sequence[Path],
+        store: ConfigStore,
+        options: WatchOptions | None = None,
+        parse_cache: ParseCache | None = None,
+    ) -> None:
         if not paths:
             raise ValueError("nothing to watch: give at least one directory")
         # Absolute but not resolved: a root that is a symlink may be re-pointed, and is watched as named.
         self._roots = tuple(dict.fromkeys(os.path.abspath(p) for p in paths))
         self._store = store
         self._options = options or WatchOptions()
+        #: The parses of an earlier run, by text (`meshctl.config.parse_cache`); rewritten after full passes.
+        self._parse_cache = parse_cache
         self._cond = threading.Condition()  # guards the scheduling state up to _stale_roots
         #: The burst of file events not yet reloaded (`meshctl.debounce`).
         self._burst = Debouncer(self._options.debounce, self._options.max_delay)
@@ -242,6 +251,8 @@ class DirectoryWatcher:
             self._thread.join()
             self._thread = None
         self._watches.close()
+        if self._parse_cache is not None:
+            self._parse_cache.join(JOIN_TIMEOUT)
 
     def __enter__(self) -> DirectoryWatcher:
         self.start()
@@ -401,6 +412,8 @@ class DirectoryWatcher:
         self._cache, self._good, self._deferred = scan.cache, scan.good, scan.deferred
         self._order, self._own, self._merged = scan.order, scan.status, merge
         self._dirs, self._links, self._counts = scan.dirs, scan.links, scan.counts
+        if self._parse_cache is not None:
+            self._parse_cache.settle(scan.order)
         with self._cond:
             self._degraded, self._retry_at = degraded, scan.retry_at
             self._cond.notify_all()  # the watcher thread may be waiting for a later time
@@ -559,7 +572,7 @@ class DirectoryWatcher:
             return None
         # The last load of this file, so that its unchanged documents are not loaded again.
         before = cached.result if cached is not None else FileResult(path)
-        result = load_bytes(read.data, path, self._options.load, previous=before)
+        result = load_bytes(read.data, path, self._options.load, previous=before, parse_cache=self._parse_cache)
         # A failure of a file that changed again meanwhile is likely a half-written one's.
         if not result.ok and stat_signature(path) != read.after and self._hold(path, read, scan, now, moved=True):
             return None

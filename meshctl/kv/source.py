@@ -7,10 +7,17 @@ last-good rule as a file of a watched directory (`meshctl.config.watcher`):
 
 - one blocking query on the prefix's key names (`GET /v1/kv/PREFIX/?keys`) follows the prefix
   with Consul's rules (`meshctl.registry.consul`: index reset when it goes back, at least 1, a
-  rate limit, backoff); each answer's YAML keys are then read one by one (`read_values`), and
-  the read counts only when no key changed after the listing's index, so each answer is one KV
-  revision and becomes at most one store revision (`replace_all`): a `kv push`, one Consul
-  transaction, reaches proxies as one change;
+  rate limit, backoff); on each answer the values are read in one request (`?recurse`,
+  `read_all_values`, one KV revision as Consul answers it) when the prefix holds nothing but
+  config and folder keys, else the YAML keys one by one (`read_values`), a read that counts only
+  when no key changed after the listing's index. Either way each answer is one KV revision and
+  becomes at most one store revision: a `kv push`, one Consul transaction, reaches proxies as
+  one change;
+- only the keys whose ModifyIndex moved are loaded again, and the store is handed what they,
+  and the keys that came or went, change (`ConfigStore.update`, through the merge of the keys
+  kept from answer to answer, `MergedFiles`, as the directory watcher does for the files that
+  events name); the first answer, and the first after an outage or an emptied prefix, are
+  applied whole (`replace_all`);
 - a key whose value does not load keeps its last good resources, and its error stays in the
   store's file status until it is fixed; a key that never loaded contributes nothing; a deleted
   key's resources are deleted;
@@ -22,7 +29,8 @@ last-good rule as a file of a watched directory (`meshctl.config.watcher`):
 
 Only keys ending in `.yaml` or `.yml` are read, as only such files are in a directory; folder
 keys (ending in `/`) and other keys are ignored, and their values are never fetched: a prefix
-shared with other data (blobs, locks) costs its key names, not its bytes. Each value is bounded
+shared with other data (blobs, locks) costs its key names, not its bytes (but then a request per
+YAML key on each change, where a prefix of config alone costs two requests). Each value is bounded
 as a file is (`LoadOptions.max_file_bytes`: a key over it is that key's error and keeps its last
 good resources), and all of them together by `MAX_TOTAL_BYTES` (over it, the read fails as
 when Consul cannot be read: everything is kept).
@@ -43,6 +51,9 @@ from urllib.parse import quote
 from meshctl.config.files import YAML_SUFFIXES
 from meshctl.config.findings import Finding, Severity
 from meshctl.config.loader import FileResult, LoadOptions, load_bytes, merge_files
+from meshctl.config.merged import MergedFiles
+from meshctl.config.model import Config
+from meshctl.config.scan import Position
 from meshctl.config.store import ConfigChange, ConfigStore, EventKind, FileStatus
 from meshctl.config.watcher import ReloadResult
 from meshctl.errors import RegistryError, UsageError
@@ -54,6 +65,9 @@ logger = logging.getLogger("meshctl.kv.source")
 FIRST_READ_TIMEOUT: Final = 10.0
 #: The YAML values of one prefix, all together (Consul itself takes values of 512 KiB at most).
 MAX_TOTAL_BYTES: Final = 256 * 1024 * 1024
+#: An answer of `?recurse` holding `MAX_TOTAL_BYTES` of values: base64 takes 4 bytes for 3, and
+#: each entry's other fields some more.
+_ANSWER_LIMIT: Final = MAX_TOTAL_BYTES * 4 // 3 + 64 * 1024 * 1024
 #: Reads of a prefix that keeps changing while its values are read, before giving up (`kv pull`).
 _READ_ATTEMPTS: Final = 5
 
@@ -122,6 +136,40 @@ def config_names(data: object, prefix: str) -> list[str]:
     if not isinstance(data, list) or not all(isinstance(k, str) for k in data):
         raise RegistryError(f"GET {kv_path(prefix)}?keys: expected a list of key names")
     return sorted(k[len(prefix) :] for k in data if k.startswith(prefix) and is_config_key(k[len(prefix) :]))
+
+
+def only_config(data: object, prefix: str) -> bool:
+    """Whether a listing (`?keys`) holds nothing under `prefix` but config keys and folder keys,
+    so that reading the prefix whole fetches no other data's bytes."""
+    if not isinstance(data, list):
+        return True
+    return all(
+        not isinstance(k, str) or not k.startswith(prefix) or k.endswith("/") or is_config_key(k[len(prefix) :])
+        for k in data
+    )
+
+
+def read_all_values(
+    conn: ConsulConnection, options: ConsulOptions, prefix: str, *, max_value_bytes: int
+) -> dict[str, KvEntry]:
+    """Every config key under `prefix` with its value and ModifyIndex, in one request
+    (`?recurse`), which Consul answers from one revision. A value over `max_value_bytes` is
+    that key's refusal; RegistryError for an answer over what `MAX_TOTAL_BYTES` of values
+    takes, or a failed read."""
+    path = kv_path(prefix)
+    params = {"recurse": "true"} | ({"dc": options.datacenter} if options.datacenter else {})
+    try:
+        reply = conn.get(path, params, options.request_timeout, limit=_ANSWER_LIMIT)
+    except (OSError, http.client.HTTPException) as exc:
+        raise RegistryError(f"cannot read consul KV at {options.url}: {exc}") from exc
+    if reply.status == OVERSIZED:
+        raise RegistryError(f"the values under consul KV {prefix or '/'} are over {MAX_TOTAL_BYTES} bytes in all")
+    entries = parse_entries(None if reply.status == 404 else reply.json(path), prefix)
+    message = f"value is over the {max_value_bytes}-byte limit for a config file"
+    for name, entry in entries.items():
+        if len(entry.value) > max_value_bytes:
+            entries[name] = KvEntry(name, b"", entry.modify_index, refused=message)
+    return entries
 
 
 def read_values(
@@ -207,11 +255,18 @@ class KvLocation:
 
 @dataclass(slots=True)
 class _State:
-    """What the last applied answer left: each key's last load (by ModifyIndex) and last good load."""
+    """What the last applied answer left: each key's last load (by ModifyIndex) and last good
+    load, and the merge of the good ones (None: the next answer is applied whole)."""
 
     loaded: dict[str, tuple[int, FileResult]] = field(default_factory=dict)
     good: dict[str, FileResult] = field(default_factory=dict)
     errors: tuple[Finding, ...] = ()
+    merged: MergedFiles | None = None
+
+
+def _position(name: str) -> Position:
+    """Where a key sorts in the merge: by name, as `merge_files` is given them."""
+    return (0, ((0, name),))
 
 
 class KvWatcher:
@@ -224,6 +279,7 @@ class KvWatcher:
         self._lock = threading.Lock()  # one answer applied at a time; guards _state
         self._state = _State()
         self._outage: str | None = None
+        self._outage_seen = False
         self._reported: set[str] = set()
         self._first = threading.Event()  # answered or failed once
         self._synced = threading.Event()  # answered once
@@ -278,6 +334,7 @@ class KvWatcher:
         with self._lock:
             first = self._outage is None
             self._outage = message
+            self._outage_seen = True  # its status is the prefix's: the next answer applies whole
             self._store.set_file_status(self._statuses(self._state.errors, extra=(self._outage_finding(),)))
         if first:
             logger.warning("consul KV %s is failing (%s): keeping its last config", self._location.display, message)
@@ -286,14 +343,12 @@ class KvWatcher:
     def _on_data(self, data: object, reply: ConsulReply) -> None:
         location = self._location
         names = config_names(data, location.prefix)
-        entries = read_values(
-            self._values,
-            location.consul,
-            location.prefix,
-            names,
-            reply.index,
-            max_value_bytes=self._load.max_file_bytes,
-        )
+        conn, options, prefix, limit = self._values, location.consul, location.prefix, self._load.max_file_bytes
+        entries: Mapping[str, KvEntry] | None
+        if names and only_config(data, prefix):
+            entries = read_all_values(conn, options, prefix, max_value_bytes=limit)
+        else:
+            entries = read_values(conn, options, prefix, names, reply.index, max_value_bytes=limit)
         if entries is None:  # the prefix moved on while it was read: the next answer comes at once
             return
         with self._lock:
@@ -317,7 +372,7 @@ class KvWatcher:
                 f"({count}) until it does; to serve an empty mesh on purpose, leave an empty .yaml key in it"
             )
             finding = Finding(Severity.ERROR, message, self._location.display)
-            self._state = _State(previous.loaded, previous.good, (finding,))
+            self._state = _State(previous.loaded, previous.good, (finding,))  # the next answer applies whole
             self._store.set_file_status(self._statuses((finding,)))
             self._log_findings((finding,))
             return None
@@ -326,8 +381,11 @@ class KvWatcher:
             entry = entries[name]
             last = previous.loaded.get(name)
             if last is not None and last[0] == entry.modify_index and entry.modify_index:
-                result = last[1]
-            elif entry.refused is not None:
+                state.loaded[name] = last
+                if name in previous.good:
+                    state.good[name] = previous.good[name]
+                continue
+            if entry.refused is not None:
                 result = FileResult(name, findings=(Finding(Severity.ERROR, entry.refused, name),))
             else:
                 before = last[1] if last is not None else None
@@ -336,17 +394,55 @@ class KvWatcher:
             good = result if result.ok else previous.good.get(name)
             if good is not None:
                 state.good[name] = good
-        merged, duplicates = merge_files(state.good[n] for n in sorted(state.good))
-        findings = [f for _, r in state.loaded.values() for f in r.findings] + duplicates
+        if previous.merged is None or self._outage_seen:
+            change, findings = self._apply_whole(state)
+        else:
+            change, findings = self._apply_changed(previous, state, previous.merged)
+        self._outage_seen = False
         state.errors = tuple(f for f in findings if f.severity is Severity.ERROR)
+        self._state = state
+        self._log_findings(findings)
+        return change
+
+    def _apply_whole(self, state: _State) -> tuple[ConfigChange | None, list[Finding]]:
+        """Hand the store every key's resources and status (the first answer, or after an outage
+        or an emptied prefix, whose statuses it replaces)."""
+        merged, duplicates = merge_files(state.good[n] for n in sorted(state.good))
+        state.merged = MergedFiles(dict(merged), duplicates)
+        findings = [f for _, r in state.loaded.values() for f in r.findings] + duplicates
         by_file: dict[str, list[Finding]] = {name: [] for name in state.loaded}
         for finding in findings:
             by_file.setdefault(finding.file or self._location.display, []).append(finding)
         files = [FileStatus(path, tuple(found)) for path, found in by_file.items()]
-        change = self._store.replace_all(merged, files=files)
-        self._state = state
-        self._log_findings(findings)
-        return change
+        return self._store.replace_all(merged, files=files), findings
+
+    def _apply_changed(
+        self, previous: _State, state: _State, merged: MergedFiles
+    ) -> tuple[ConfigChange | None, list[Finding]]:
+        """Hand the store what the keys that changed, came or went change, at the cost of those
+        keys (`MergedFiles`), as the directory watcher does for the files events name."""
+        changed = {n for n in state.loaded if state.loaded[n] is not previous.loaded.get(n)}
+        changed.update(n for n in previous.loaded if n not in state.loaded)
+        before = {n: previous.good[n].configs for n in changed if n in previous.good}
+        after = {n: state.good[n].configs for n in changed if n in state.good}
+
+        def configs_of(name: str) -> tuple[Config, ...]:
+            good = state.good.get(name)
+            return good.configs if good is not None else ()
+
+        plan = merged.plan(before, after, configs_of, _position)
+        files: dict[str, FileStatus | None] = {}
+        for name in changed | plan.duplicates.keys():
+            loaded = state.loaded.get(name)
+            own = loaded[1].findings if loaded is not None else ()
+            dups = plan.duplicates[name] if name in plan.duplicates else merged.duplicates.get(name, [])
+            files[name] = FileStatus(name, (*own, *dups)) if loaded is not None or dups else None
+        change = self._store.update(plan.configs, files=files)
+        merged.adopt(plan)
+        state.merged = merged
+        findings = [f for _, r in state.loaded.values() for f in r.findings]
+        findings += [f for found in merged.duplicates.values() for f in found]
+        return change, findings
 
     def _statuses(self, findings: Sequence[Finding], extra: Sequence[Finding] = ()) -> list[FileStatus]:
         """The file status: every key as last loaded, plus `findings` and `extra` by file."""

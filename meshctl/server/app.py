@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Final
 import grpc
 
 from meshctl.config.loader import LoadOptions
+from meshctl.config.parse_cache import STATE_FILE as PARSE_CACHE_FILE
+from meshctl.config.parse_cache import ParseCache
 from meshctl.config.watcher import WatchOptions
 from meshctl.errors import CredentialError
 from meshctl.ingest import FollowedFiles
@@ -103,6 +105,15 @@ def _certificate_authority(settings: ServeSettings, trust_domain: str) -> Certif
         return None
 
 
+def _parse_cache(settings: ServeSettings, load: LoadOptions) -> ParseCache | None:
+    """The parses of the last run, kept in the state directory (the default one only when it
+    can be written), so that a restart parses only the files that changed."""
+    directory = history_dir(settings.state_dir, given=settings.state_dir_given)
+    if directory is None:
+        return None
+    return ParseCache(directory / PARSE_CACHE_FILE, max_values=load.max_values, max_alias_values=load.max_alias_values)
+
+
 class Server:
     """One `meshctl serve`: the watcher, the registries, the debounce, the ADS and admin servers."""
 
@@ -113,7 +124,11 @@ class Server:
         self.followed: FollowedFiles | FollowedKV = (
             FollowedKV(settings.config_kv, load)
             if settings.config_kv is not None
-            else FollowedFiles(settings.config_dirs, WatchOptions(load=load, resync_period=settings.resync_period))
+            else FollowedFiles(
+                settings.config_dirs,
+                WatchOptions(load=load, resync_period=settings.resync_period),
+                _parse_cache(settings, load),
+            )
         )
         self.store, self.watcher, self.files = self.followed.store, self.followed.watcher, self.followed.registry
         self.consul = ConsulRegistry(settings.consul) if settings.consul is not None else None
