@@ -211,8 +211,8 @@ class AdsServicer:
                 stream.wake.clear()
                 if stream.ending is not None:
                     await context.abort(*stream.ending)
-                # Decided here, so a wake-up with nothing to send (an ACK, most of them) costs no
-                # task: only writes need watching.
+                # Decided here, so a wake-up with nothing to send costs no task: only writes need
+                # watching. (A plain ACK, after which there is nothing new, wakes nothing.)
                 pushes = stream.connection.pushes()
                 if not pushes:
                     stream.change_seen = None
@@ -316,7 +316,8 @@ class AdsServicer:
                 self._observer.rejected(stream, type_url, outcome.error)
             elif outcome.kind is RequestKind.ACK:
                 self._observer.acked(stream, type_url)
-            stream.wake.set()
+            if conn.push_due:
+                stream.wake.set()
         return None
 
     async def _admit(self, stream: Stream, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Ending | None:
