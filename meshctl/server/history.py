@@ -107,8 +107,12 @@ def snapshot_changes(before: Snapshot | None, now: Snapshot) -> list[dict[str, s
     for kind in sorted(set(before.kind_digests) | set(now.kind_digests)):
         if before.kind_digests.get(kind) == now.kind_digests.get(kind):
             continue
-        old = {c.key: c for c in before.of_kind(kind)}
-        new = {c.key: c for c in now.of_kind(kind)}
+        # The configs a change leaves alone are the very objects in both: only the rest is
+        # compared (one WorkloadEntry among ten thousand is a few, not ten thousand).
+        before_all, now_all = before.of_kind(kind), now.of_kind(kind)
+        before_ids, now_ids = {id(c) for c in before_all}, {id(c) for c in now_all}
+        old = {c.key: c for c in before_all if id(c) not in now_ids}
+        new = {c.key: c for c in now_all if id(c) not in before_ids}
         for key in sorted(old.keys() | new.keys()):
             was, config = old.get(key), new.get(key)
             if was is not None and config is not None and was.content_digest() == config.content_digest():
@@ -120,7 +124,7 @@ def snapshot_changes(before: Snapshot | None, now: Snapshot) -> list[dict[str, s
     if old_services is not new_services:
         for host in sorted(old_services.keys() | new_services.keys()):
             was_service, service = old_services.get(host), new_services.get(host)
-            if was_service == service:
+            if was_service is service or was_service == service:
                 continue
             change = "added" if was_service is None else "removed" if service is None else "changed"
             out.append({"kind": "service", "name": host, "change": change, "source": ""})
