@@ -138,7 +138,7 @@ class Bench:
             PushHistory(state),
             RolloutSettings(),
             [root],
-            lambda: self.servicer.streams.values(),
+            lambda: self.servicer.streams.values(),  # noqa: PLW0108 (self.servicer is made below)
             lambda: None,
         )
         self.servicer = AdsServicer(self.delivery.source(self._resolve), lambda: self.snapshot, self.delivery)
