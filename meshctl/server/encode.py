@@ -28,10 +28,16 @@ class BlockCache:
     The same tuple (a `ResourceSet`'s) is often pushed to many streams in a row, under the same
     version: an endpoint change sends one namespace's assignments to every sidecar there, and
     the bytes differ only by each stream's nonce. An entry holds its tuple, so the id cannot be
-    reused while it lives. Used from one thread (the event loop)."""
+    reused while it lives. Used from one thread (the event loop).
 
-    def __init__(self, size: int = 8) -> None:
+    The streams of a publication come in no particular order, so the blocks of every namespace
+    (each has its own route configs and assignments) are wanted in turn: the cache holds up to
+    `size` of them, and `max_bytes` between them, the oldest going first."""
+
+    def __init__(self, size: int = 64, max_bytes: int = 16 << 20) -> None:
         self._size = size
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._blocks: dict[tuple[int, str], tuple[tuple[Resource, ...], bytes]] = {}
 
     def get(self, resources: tuple[Resource, ...], version: str = "") -> bytes:
@@ -41,9 +47,12 @@ class BlockCache:
         if found is not None and found[0] is resources:
             return found[1]
         block = _string(1, version) + _resources(resources)
+        if found is not None:  # an id reused by another tuple: its entry is replaced
+            self._bytes -= len(self._blocks.pop(key)[1])
         self._blocks[key] = (resources, block)
-        while len(self._blocks) > self._size:
-            del self._blocks[next(iter(self._blocks))]
+        self._bytes += len(block)
+        while len(self._blocks) > 1 and (len(self._blocks) > self._size or self._bytes > self._max_bytes):
+            self._bytes -= len(self._blocks.pop(next(iter(self._blocks)))[1])
         return block
 
 
