@@ -258,12 +258,16 @@ class Connection:
             return []
         out: list[Push] = []
         cds_pushed = False
+        pending: bool | None = None  # `_endpoints_pending`, asked once (for LDS and RDS alike)
         for type_url in types.PUSH_ORDER:
             sub = self.subscriptions.get(type_url)
             if sub is None:
                 continue
-            if type_url in (types.LISTENER, types.ROUTE) and self._endpoints_pending():
-                break
+            if type_url in (types.LISTENER, types.ROUTE):
+                if pending is None:
+                    pending = self._endpoints_pending()
+                if pending:
+                    break
             available = self.resources.of(type_url)
             if type_url == types.CLUSTER and self._retained:
                 available = {**self._retained, **available}
