@@ -30,6 +30,7 @@ current `Plan` only, one immutable object swapped in one assignment (`rollout_pl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -323,19 +324,24 @@ class Rollout:
         """Note the fleet version as good (a rollback target) once every proxy holds it ACKed.
 
         Asked after ACKs while a fleet converges: the stream found short of it last time is
-        looked at first, so each look costs one stream until that one is there."""
+        looked at first, so each look costs one stream until that one is there, and the next
+        look goes on from it (the streams before it held the version then)."""
         self._good_timer = None
         plan = self.plan
         if plan is None or plan.candidate is not None or plan.fleet.version in self.good:
             return
         version = plan.fleet.version
-        short = self._short
+        short, self._short = self._short, None
         if short is not None and short.counted and not _holds(short, version):  # counted: still open
+            self._short = short
             return
-        self._short = None
         streams = list(self._streams())
         if not streams:
             return
+        if short is not None and short.counted:
+            with contextlib.suppress(ValueError):
+                at = streams.index(short)
+                streams = streams[at:] + streams[:at]
         for stream in streams:
             if not _holds(stream, version):
                 self._short = stream
