@@ -3,7 +3,8 @@ ACK, in one process, without gRPC.
 
     python bench/push_cost.py                          # 1,000 services, 1,000 proxies
     python bench/push_cost.py --proxies 2000 --runs 5
-    python bench/push_cost.py --profile /tmp/push.prof   # a cProfile of the timed changes
+    python bench/push_cost.py --profile /tmp/push.prof   # cProfiles of the timed changes
+    python bench/push_cost.py --only VirtualService     # one change
 
 The mesh is the fleet benchmark's (`bench/fleet.py`), loaded by the parts `meshctl serve` runs
 (as in bench/change_cost.py). The servicer is the real `AdsServicer`, with the real `Delivery`
@@ -194,7 +195,9 @@ async def _no_publish(_snapshot: Snapshot, _seen: float) -> None:
     return None
 
 
-async def measure(services: int, proxies: int, runs: int, profile: Path | None) -> dict[str, Any]:
+async def measure(
+    services: int, proxies: int, runs: int, profile: Path | None, only: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     spec = FleetSpec(services=services, endpoints=10, proxies=proxies)
     with tempfile.TemporaryDirectory(prefix="meshctl-push-") as tmp:
         root, state = Path(tmp) / "mesh", Path(tmp) / "state"
@@ -221,8 +224,26 @@ async def measure(services: int, proxies: int, runs: int, profile: Path | None) 
             ("endpoint removed", remove_churn, add_churn),
         ]
         profiler = cProfile.Profile() if profile is not None else None
+        # The worker thread's share (binding and generation) in a profile of its own.
+        worker = cProfile.Profile() if profile is not None else None
+        if worker is not None:
+            resolve_many = bench.servicer._resolve_many
+            timed = [False]
+
+            def profiled(*args: Any) -> Any:
+                if not timed[0]:
+                    return resolve_many(*args)
+                worker.enable()
+                try:
+                    return resolve_many(*args)
+                finally:
+                    worker.disable()
+
+            bench.servicer._resolve_many = profiled  # type: ignore[method-assign]
         results: dict[str, dict[str, float]] = {}
         for name, do, undo in changes:
+            if only and name not in only:
+                continue
             best: dict[str, float] | None = None
             for run in range(runs):
                 undo(run + 1)
@@ -237,6 +258,7 @@ async def measure(services: int, proxies: int, runs: int, profile: Path | None) 
                 bench.client_cpu = 0.0
                 if profiler is not None:
                     profiler.enable()
+                    timed[0] = True
                 started = time.process_time()
                 await bench.publish(snapshot)
                 await bench.quiet()
@@ -245,14 +267,16 @@ async def measure(services: int, proxies: int, runs: int, profile: Path | None) 
                 total = time.process_time() - started - bench.client_cpu
                 if profiler is not None:
                     profiler.disable()
+                    timed[0] = False
                 sent = sum(_count(line) for line in bench.metrics.pushes.render()) - sum(_count(x) for x in pushes)
                 timing = {"converged": round(converged, 4), "with timers": round(total, 4), "pushes": sent}
                 if best is None or timing["with timers"] < best["with timers"]:
                     best = timing
             assert best is not None
             results[name] = best
-        if profiler is not None and profile is not None:
+        if profiler is not None and worker is not None and profile is not None:
             profiler.dump_stats(profile)
+            worker.dump_stats(profile.with_name(profile.name + ".worker"))
         await bench.stop()
     gc.unfreeze()
     return {"services": services, "proxies": proxies, "changes": results}
@@ -267,9 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--services", type=int, default=1000)
     parser.add_argument("--proxies", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--profile", type=Path, help="write a cProfile of the timed changes here")
+    parser.add_argument(
+        "--profile", type=Path, help="write a cProfile of the timed changes here (the worker thread's to FILE.worker)"
+    )
+    parser.add_argument("--only", action="append", default=[], help="time this change only (repeatable)")
     args = parser.parse_args(argv)
-    result = asyncio.run(measure(args.services, args.proxies, args.runs, args.profile))
+    result = asyncio.run(measure(args.services, args.proxies, args.runs, args.profile, frozenset(args.only)))
     print(f"\n{args.services:,} services, {args.proxies:,} proxies (CPU s, clients' share taken off)", file=sys.stderr)
     print("| change | converged | with timers | pushes |", file=sys.stderr)
     print("|---|---|---|---|", file=sys.stderr)
