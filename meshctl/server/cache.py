@@ -44,7 +44,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from google.protobuf.message import Message
@@ -101,14 +101,15 @@ class _LastGood:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class _Bound:
-    """A node as last bound: the proxy, its generation key, and what the binding read beyond
-    the config version (`binding_inputs`)."""
+    """A node as last bound: the proxy, its generation key, what the binding read beyond the
+    config version (`binding_inputs`), and the snapshot version it was last resolved at."""
 
     node: ProxyNode
     proxy: Proxy
     key: tuple[object, ...]
     config_version: str
     inputs: tuple[object, ...]
+    at: str
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -220,9 +221,10 @@ class ResourceCache:
         asks of the cache, the one place the two meet.
 
         A node bound before at the same config version, whose WorkloadEntry and endpoints are
-        as they were (`binding_inputs`), is the proxy it was, at the new snapshot, with the
-        same generation key: an endpoint change binds again only the proxies of the workloads
-        it touched, and every other stream's resolution is one lookup of its key's view."""
+        as they were (`binding_inputs`), is the proxy it was, with the same generation key: an
+        endpoint change binds again only the proxies of the workloads it touched, and every
+        other stream's resolution is one lookup of its key's view. (The proxy still says the
+        snapshot it was bound in; its config, keyed on the config version, is found as is.)"""
         inputs = binding_inputs(node, snapshot)
         with self._lock:
             last = self._bound.get(node.id)
@@ -233,15 +235,13 @@ class ResourceCache:
             and last.inputs == inputs
         ):
             proxy, key = last.proxy, last.key
-            if proxy.snapshot_version != snapshot.version:
-                proxy = replace(proxy, snapshot_version=snapshot.version)
         else:
             proxy = bind_proxy(node, snapshot)
             key = proxy.generation_key()
             with self._lock:
                 self.bindings += 1
         with self._lock:
-            self._bound[node.id] = _Bound(node, proxy, key, snapshot.config_version, inputs)
+            self._bound[node.id] = _Bound(node, proxy, key, snapshot.config_version, inputs, snapshot.version)
         return Resolved(proxy, self._view_of(snapshot, proxy, key))
 
     def resources(self, snapshot: Snapshot, proxy: Proxy) -> ProxyResources:
@@ -307,7 +307,7 @@ class ResourceCache:
         held."""
         kept = set(self._views.versions)
         self._last_good = {k: g for k, g in self._last_good.items() if g.asked_at in kept}
-        self._bound = {n: b for n, b in self._bound.items() if b.proxy.snapshot_version in kept}
+        self._bound = {n: b for n, b in self._bound.items() if b.at in kept}
         configs = set(self._config.versions)
         self._failures_logged = {f for f in self._failures_logged if f[0] in configs}
 
