@@ -129,10 +129,12 @@ class ProxyResources:
     by_type: Mapping[str, Mapping[str, Resource]]
 
     def of(self, type_url: str) -> Mapping[str, Resource]:
-        return self.by_type.get(type_url, MappingProxyType({}))
+        return self.by_type.get(type_url, _NOTHING)
 
 
 _CONFIG_TYPES = (types.CLUSTER, types.LISTENER, types.ROUTE)
+#: What `ProxyResources.of` gives for a type it has none of (asked at every push of every stream).
+_NOTHING: Mapping[str, Resource] = MappingProxyType({})
 
 
 class ResourceCache:
