@@ -369,3 +369,27 @@ def test_a_resumed_stream_sent_nothing_takes_new_names_without_a_nonce() -> None
     assert outcome.kind is not RequestKind.STALE
     eds = [p for p in moved.pushes() if p.type_url == EDS]
     assert eds and "b" in [r.name for r in eds[0].resources]
+
+
+def test_a_plain_ack_leaves_nothing_due_and_one_that_releases_a_cluster_does() -> None:
+    """The servicer wakes a stream after a request only when `push_due`: after a plain ACK,
+    `pushes()` has nothing to say; after one that lets a retained cluster go, it has CDS."""
+    conn = Connection("c1", delta=False)
+    subscribed(conn, ["a", "b"], ["r"])
+    assert conn.push_due
+    conn.update(resources("v1", cds=[res("a"), res("b")], eds=[res("a"), res("b")], lds=[res("l")], rds=[res("r")]))
+    for push in conn.pushes():
+        names = {EDS: ["a", "b"], RDS: ["r"]}.get(push.type_url)
+        conn.handle(push.type_url, request(push.type_url, names, push))
+        assert not conn.push_due
+        assert conn.pushes() == []
+    conn.update(resources("v2", cds=[res("a")], eds=[res("a")], lds=[res("l")], rds=[res("r", "2")]))
+    (rds_push,) = conn.pushes()
+    assert conn.retained_clusters == {"b"}
+    conn.handle(RDS, request(RDS, ["r"], rds_push))
+    assert conn.push_due  # b was retained: its release is CDS news
+    pushes = conn.pushes()
+    assert [p.type_url for p in pushes] == [CDS, EDS]
+    # An ACK naming other names than before is a subscription change: due.
+    conn.handle(EDS, request(EDS, ["a"], pushes[1]))
+    assert conn.push_due

@@ -65,6 +65,8 @@ TOO_MANY_NEW_STREAMS = "too many new streams on this replica; retry"
 _UNSUPPORTED_LOGGED = 8
 #: How long a refused stream waits for its first request before the refusal is sent anyway.
 _FIRST_REQUEST_WAIT = 1.0
+#: Seconds of resolving per trip of a publication to the worker thread (`AdsServicer.publish`).
+_PUBLISH_BUDGET = 0.01
 
 
 #: A status to end a stream with, and its message.
@@ -97,6 +99,8 @@ class Stream:
     counted: bool = False
     #: Set to end the stream with this status (its binding changed): the serving task does.
     ending: Ending | None = None
+    #: While the serving task writes: the reader ending then cancels the write.
+    writing: bool = False
 
 
 class PushObserver:
@@ -199,9 +203,17 @@ class AdsServicer:
         )
         stream = Stream(connection, client=client, certified=certified, certificate_not_after=certificate_end(context))
         reader = asyncio.create_task(self._read(stream, requests, context))
-        # The reader ending wakes the stream too: one event to wait on, no task per wake-up.
-        reader.add_done_callback(lambda _: stream.wake.set())
-        flush: asyncio.Future[None] | None = None
+        serving = asyncio.current_task()
+
+        def reader_ended(_: object) -> None:
+            # The reader ending wakes the stream too: one event to wait on, no task per wake-up.
+            stream.wake.set()
+            # A client that stops reading blocks the writes for good: the reader ending (the
+            # stream aborted for abuse, or the client gone) must still end the stream.
+            if stream.writing and serving is not None:
+                serving.cancel()
+
+        reader.add_done_callback(reader_ended)
         try:
             while True:
                 await stream.wake.wait()
@@ -211,30 +223,29 @@ class AdsServicer:
                 stream.wake.clear()
                 if stream.ending is not None:
                     await context.abort(*stream.ending)
-                # Decided here, so a wake-up with nothing to send (an ACK, most of them) costs no
-                # task: only writes need watching.
+                # Decided here, so a wake-up with nothing to send costs no task: only writes need
+                # watching. (A plain ACK, after which there is nothing new, wakes nothing.)
                 pushes = stream.connection.pushes()
                 if not pushes:
                     stream.change_seen = None
                     continue
-                # A client that stops reading blocks the writes for good: the reader ending (the
-                # stream aborted for abuse, or the client gone) must still end the stream.
-                flush = asyncio.ensure_future(self._flush(stream, pushes, context))
-                await asyncio.wait((flush, reader), return_when=asyncio.FIRST_COMPLETED)
-                if not flush.done():
-                    flush.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await flush
+                # Written here, not by a task of its own (a task and a wait per push cost more
+                # than the write of a small one): `reader_ended` cancels a write in progress.
+                stream.writing = True
+                try:
+                    await self._flush(stream, pushes, context)
+                except asyncio.CancelledError:
+                    if not reader.done() or serving is None:
+                        raise  # the call itself was cancelled: the client left
+                    serving.uncancel()
                     reader.result()
                     return
-                flush.result()
+                finally:
+                    stream.writing = False
         finally:
-            # The client leaving cancels this coroutine, not the tasks it waits on: a write still
-            # waiting on flow control then fails alone, and its error is the client's leaving.
-            for task in (reader, flush):
-                if task is not None:
-                    task.cancel()
-                    task.add_done_callback(_consume)
+            # The client leaving cancels this coroutine, not the reader: it is cancelled here.
+            reader.cancel()
+            reader.add_done_callback(_consume)
             self._release(stream)
             if self.streams.pop(conn_id, None) is not None:
                 self._observer.connected(len(self.streams))
@@ -316,7 +327,8 @@ class AdsServicer:
                 self._observer.rejected(stream, type_url, outcome.error)
             elif outcome.kind is RequestKind.ACK:
                 self._observer.acked(stream, type_url)
-            stream.wake.set()
+            if conn.push_due:
+                stream.wake.set()
         return None
 
     async def _admit(self, stream: Stream, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Ending | None:
@@ -379,15 +391,20 @@ class AdsServicer:
         return resolved.proxy, resolved.resources
 
     def _resolve_many(
-        self, streams: Sequence[Stream], snapshot: object
+        self, streams: Sequence[Stream], start: int, snapshot: object, budget: float
     ) -> list[tuple[Proxy, ProxyResources] | BaseException]:
+        """On the worker thread: `streams` from `start` resolved in `snapshot`, as many as
+        `budget` seconds allow (one at least), each result or what it raised."""
         out: list[tuple[Proxy, ProxyResources] | BaseException] = []
-        for stream in streams:
+        deadline = time.monotonic() + budget
+        for stream in itertools.islice(streams, start, None):
             try:
                 assert stream.node is not None  # only admitted streams are in self.streams
                 out.append(self._resolve(stream.node, snapshot))
             except Exception as exc:
                 out.append(exc)
+            if time.monotonic() >= deadline:
+                break
         return out
 
     def _apply(self, stream: Stream, epoch: int, proxy: Proxy, resources: ProxyResources) -> bool:
@@ -415,18 +432,28 @@ class AdsServicer:
     # -- snapshots ---------------------------------------------------------------------------
 
     async def publish(
-        self, snapshot: object, seen: float | None = None, *, batch: int = 16, nodes: Collection[str] | None = None
+        self,
+        snapshot: object,
+        seen: float | None = None,
+        *,
+        budget: float = _PUBLISH_BUDGET,
+        nodes: Collection[str] | None = None,
     ) -> None:
         """Give every stream (or those of `nodes` only: a state that changed for them alone, as a
-        renewed certificate) the new snapshot, `batch` streams per trip to the worker thread."""
+        renewed certificate) the new snapshot, resolved on the worker thread `budget` seconds of
+        streams per trip: a change that generates nothing (an endpoint moved) resolves a
+        thousand streams in a few trips, not one per handful of them, and the streams of each
+        trip are woken as it returns."""
         seen = seen or time.monotonic()
         self._epoch += 1
         epoch = self._epoch
         loop = asyncio.get_running_loop()
         streams = [s for s in self.streams.values() if nodes is None or (s.node is not None and s.node.id in nodes)]
-        for start in range(0, len(streams), batch):
-            chunk = streams[start : start + batch]
-            results = await loop.run_in_executor(self._worker, self._resolve_many, chunk, snapshot)
+        start = 0
+        while start < len(streams):
+            results = await loop.run_in_executor(self._worker, self._resolve_many, streams, start, snapshot, budget)
+            chunk = streams[start : start + len(results)]
+            start += len(results)
             for stream, result in zip(chunk, results, strict=True):
                 if isinstance(result, BindingError):
                     if stream.ending is None:

@@ -52,7 +52,7 @@ from google.protobuf.message import Message
 from meshctl.server.cache_parts import Part, Recent, TracedEds, TracedPart, changed_inputs, rules_digest
 from meshctl.server.grpc_view import GrpcAssignments, grpc_config, grpc_inbound_listeners
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyNode, bind_proxy, outbound_of
+from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyNode, bind_proxy, binding_inputs, outbound_of
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.eds_locality import LocalityView, build_variant, eds_localities
@@ -109,6 +109,19 @@ class _LastGood:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class _Bound:
+    """A node as last bound: the proxy, its generation key, what the binding read beyond the
+    config version (`binding_inputs`), and the snapshot version it was last resolved at."""
+
+    node: ProxyNode
+    proxy: Proxy
+    key: tuple[object, ...]
+    config_version: str
+    inputs: tuple[object, ...]
+    at: str
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class Resolved:
     """A node bound to its workload in one snapshot, and everything it may be sent there."""
 
@@ -125,10 +138,12 @@ class ProxyResources:
     by_type: Mapping[str, Mapping[str, Resource]]
 
     def of(self, type_url: str) -> Mapping[str, Resource]:
-        return self.by_type.get(type_url, MappingProxyType({}))
+        return self.by_type.get(type_url, _NOTHING)
 
 
 _CONFIG_TYPES = (types.CLUSTER, types.LISTENER, types.ROUTE)
+#: What `ProxyResources.of` gives for a type it has none of (asked at every push of every stream).
+_NOTHING: Mapping[str, Resource] = MappingProxyType({})
 
 
 class ResourceCache:
@@ -196,6 +211,11 @@ class ResourceCache:
         self.generation_failures = 0
         #: the last good view per generation key, for a proxy whose generation fails
         self._last_good: dict[tuple[object, ...], _LastGood] = {}
+        #: each node as last bound, by node id (`resolve`); nodes bound at no snapshot version
+        #: still kept are forgotten with the views
+        self._bound: dict[str, _Bound] = {}
+        #: Nodes bound (`bind_proxy`) by `resolve`, for the tests and benchmarks.
+        self.bindings = 0
         self._failures_logged: set[tuple[str, tuple[object, ...]]] = set()
         #: proxyless gRPC nodes' configs by outbound key, per config version, and their
         #: assignments made from the shared ones (`grpc_view`)
@@ -215,14 +235,38 @@ class ResourceCache:
 
     def resolve(self, node: ProxyNode, snapshot: Snapshot) -> Resolved:
         """`node` bound in `snapshot` (`bind_proxy`), and its resources: what the ADS servicer
-        asks of the cache, the one place the two meet."""
-        proxy = bind_proxy(node, snapshot)
-        return Resolved(proxy, self.resources(snapshot, proxy))
+        asks of the cache, the one place the two meet.
+
+        A node bound before at the same config version, whose WorkloadEntry and endpoints are
+        as they were (`binding_inputs`), is the proxy it was, with the same generation key: an
+        endpoint change binds again only the proxies of the workloads it touched, and every
+        other stream's resolution is one lookup of its key's view. (The proxy still says the
+        snapshot it was bound in; its config, keyed on the config version, is found as is.)"""
+        inputs = binding_inputs(node, snapshot)
+        with self._lock:
+            last = self._bound.get(node.id)
+        if (
+            last is not None
+            and last.config_version == snapshot.config_version
+            and (last.node is node or last.node == node)
+            and last.inputs == inputs
+        ):
+            proxy, key = last.proxy, last.key
+        else:
+            proxy = bind_proxy(node, snapshot)
+            key = proxy.generation_key()
+            with self._lock:
+                self.bindings += 1
+        with self._lock:
+            self._bound[node.id] = _Bound(node, proxy, key, snapshot.config_version, inputs, snapshot.version)
+        return Resolved(proxy, self._view_of(snapshot, proxy, key))
 
     def resources(self, snapshot: Snapshot, proxy: Proxy) -> ProxyResources:
         """Everything `proxy` may be sent at `snapshot`; when generating it fails, the last good
         view of its key (see the module docstring), or GenerationError when there is none."""
-        key = proxy.generation_key()
+        return self._view_of(snapshot, proxy, proxy.generation_key())
+
+    def _view_of(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> ProxyResources:
         with self._lock:
             view = self._views.get(snapshot.version, key)
         if view is not None:
@@ -280,6 +324,7 @@ class ResourceCache:
         held."""
         kept = set(self._views.versions)
         self._last_good = {k: g for k, g in self._last_good.items() if g.asked_at in kept}
+        self._bound = {n: b for n, b in self._bound.items() if b.at in kept}
         configs = set(self._config.versions)
         self._failures_logged = {f for f in self._failures_logged if f[0] in configs}
 

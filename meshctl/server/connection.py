@@ -104,6 +104,8 @@ class Connection:
         #: per type: set version -> the newest generation it was sent in
         self._sent_generation: dict[str, dict[str, int]] = {}
         self._acked_generation: dict[str, int] = {}
+        #: Whether the last request handled may have given `pushes()` more to say (see `handle`).
+        self.push_due = False
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -140,7 +142,13 @@ class Connection:
 
         Raises `SubscriptionLimitError` for a request that would pass `max_names`, leaving the
         connection as it was (the servicer ends the stream); ValueError for a type not served.
-        A `repeated` NACK is not counted in `nacks` again."""
+        A `repeated` NACK is not counted in `nacks` again.
+
+        Sets `push_due`: False for a plain ACK (the names as they were, no cluster retained),
+        after which `pushes()` says what it said before the ACK, so the servicer need not ask it
+        again. Every push to a fleet comes back as one such ACK per stream."""
+        self.push_due = True
+        retained = bool(self._retained)
         new = type_url not in self.subscriptions
         sub = self.subscription(type_url)
         charged = self._charged.get(type_url, 0)
@@ -174,6 +182,8 @@ class Connection:
                 # (and one that never ACKs keeps the last `_SENT_VERSIONS_KEPT`, see `pushes`).
                 self._sent_generation[type_url] = {v: g for v, g in sent.items() if g >= acked}
             self._release_retained()
+            # With a cluster retained, an ACK may release it (a CDS push then follows): asked.
+            self.push_due = outcome.subscription_changed or retained
         return outcome
 
     def close(self) -> None:
@@ -248,12 +258,16 @@ class Connection:
             return []
         out: list[Push] = []
         cds_pushed = False
+        pending: bool | None = None  # `_endpoints_pending`, asked once (for LDS and RDS alike)
         for type_url in types.PUSH_ORDER:
             sub = self.subscriptions.get(type_url)
             if sub is None:
                 continue
-            if type_url in (types.LISTENER, types.ROUTE) and self._endpoints_pending():
-                break
+            if type_url in (types.LISTENER, types.ROUTE):
+                if pending is None:
+                    pending = self._endpoints_pending()
+                if pending:
+                    break
             available = self.resources.of(type_url)
             if type_url == types.CLUSTER and self._retained:
                 available = {**self._retained, **available}
@@ -288,6 +302,19 @@ class Connection:
         if cds.wildcard:  # as Envoy subscribes: then only a set comparison, on every push
             return not clusters <= eds.names
         return any(cds.wants(n) and not eds.wants(n) for n in clusters)
+
+    def settled(self) -> bool:
+        """Whether the node ACKed every type it was sent, at the version sent, and NACKed none
+        (what `status()` says, without making it: the rollout asks it of every stream)."""
+        found = False
+        for type_url in types.PUSH_ORDER:
+            sub = self.subscriptions.get(type_url)
+            if sub is None:
+                continue
+            if (sub.sent_version or "") != (sub.acked_version or "") or sub.nack is not None:
+                return False
+            found = True
+        return found
 
     def status(self) -> list[TypeStatus]:
         out = []

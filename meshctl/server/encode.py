@@ -22,26 +22,51 @@ _RESOURCE_TAG = varint(2 << 3 | _LEN)
 
 
 class BlockCache:
-    """The last few encoded `resources` fields, by the identity of the tuple they encode.
+    """The last few encoded `version_info` and `resources` fields, by the version and the
+    identity of the tuple they encode.
 
-    The same tuple (a `ResourceSet`'s) is often pushed to many streams in a row: an endpoint
-    change sends one namespace's assignments to every sidecar there, and the bytes differ only
-    by each stream's nonce. An entry holds its tuple, so the id cannot be reused while it lives.
-    Used from one thread (the event loop)."""
+    The same tuple (a `ResourceSet`'s) is often pushed to many streams in a row, under the same
+    version: an endpoint change sends one namespace's assignments to every sidecar there, and
+    the bytes differ only by each stream's nonce. An entry holds its tuple, so the id cannot be
+    reused while it lives. Used from one thread (the event loop).
 
-    def __init__(self, size: int = 8) -> None:
+    The streams of a publication come in no particular order, so the blocks of every namespace
+    (each has its own route configs and assignments) are wanted in turn: the cache holds up to
+    `size` of them, and `max_bytes` between them, the oldest going first."""
+
+    def __init__(self, size: int = 64, max_bytes: int = 16 << 20) -> None:
         self._size = size
-        self._blocks: dict[int, tuple[tuple[Resource, ...], bytes]] = {}
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._blocks: dict[tuple[int, str], tuple[tuple[Resource, ...], bytes]] = {}
 
-    def get(self, resources: tuple[Resource, ...]) -> bytes:
-        found = self._blocks.get(id(resources))
+    def get(self, resources: tuple[Resource, ...], version: str = "") -> bytes:
+        """`version_info` (field 1, when `version` is given) and `resources` (field 2), encoded."""
+        key = (id(resources), version)
+        found = self._blocks.get(key)
         if found is not None and found[0] is resources:
             return found[1]
-        block = _resources(resources)
-        self._blocks[id(resources)] = (resources, block)
-        while len(self._blocks) > self._size:
-            del self._blocks[next(iter(self._blocks))]
+        block = _string(1, version) + _resources(resources)
+        if found is not None:  # an id reused by another tuple: its entry is replaced
+            self._bytes -= len(self._blocks.pop(key)[1])
+        self._blocks[key] = (resources, block)
+        self._bytes += len(block)
+        while len(self._blocks) > 1 and (len(self._blocks) > self._size or self._bytes > self._max_bytes):
+            self._bytes -= len(self._blocks.pop(next(iter(self._blocks)))[1])
         return block
+
+
+#: `type_url` (field 4) of each type served, encoded once.
+_TYPE_FIELDS: dict[str, bytes] = {}
+
+
+def _type_field(type_url: str) -> bytes:
+    found = _TYPE_FIELDS.get(type_url)
+    if found is None:
+        found = _string(4, type_url)
+        if len(_TYPE_FIELDS) < 64:  # the types served; a made-up one is encoded each time
+            _TYPE_FIELDS[type_url] = found
+    return found
 
 
 def _resources(resources: tuple[Resource, ...]) -> bytes:
@@ -55,10 +80,11 @@ def _resources(resources: tuple[Resource, ...]) -> bytes:
 def encode_sotw(push: Push, control_plane: bytes = b"", *, blocks: BlockCache | None = None) -> bytes:
     """envoy.service.discovery.v3.DiscoveryResponse: version_info=1, resources=2, type_url=4,
     nonce=5, control_plane=6 (an already-serialized ControlPlane message)."""
-    block = blocks.get(push.resources) if blocks is not None else _resources(push.resources)
-    parts = [_string(1, push.version), block]
-    parts.append(_string(4, push.type_url))
-    parts.append(_string(5, push.nonce))
+    if blocks is not None:
+        head = blocks.get(push.resources, push.version)
+    else:
+        head = _string(1, push.version) + _resources(push.resources)
+    parts = [head, _type_field(push.type_url), _string(5, push.nonce)]
     if control_plane:
         parts.append(length_delimited(6, control_plane))
     return b"".join(parts)

@@ -107,8 +107,12 @@ def snapshot_changes(before: Snapshot | None, now: Snapshot) -> list[dict[str, s
     for kind in sorted(set(before.kind_digests) | set(now.kind_digests)):
         if before.kind_digests.get(kind) == now.kind_digests.get(kind):
             continue
-        old = {c.key: c for c in before.of_kind(kind)}
-        new = {c.key: c for c in now.of_kind(kind)}
+        # The configs a change leaves alone are the very objects in both: only the rest is
+        # compared (one WorkloadEntry among ten thousand is a few, not ten thousand).
+        before_all, now_all = before.of_kind(kind), now.of_kind(kind)
+        before_ids, now_ids = {id(c) for c in before_all}, {id(c) for c in now_all}
+        old = {c.key: c for c in before_all if id(c) not in now_ids}
+        new = {c.key: c for c in now_all if id(c) not in before_ids}
         for key in sorted(old.keys() | new.keys()):
             was, config = old.get(key), new.get(key)
             if was is not None and config is not None and was.content_digest() == config.content_digest():
@@ -120,7 +124,7 @@ def snapshot_changes(before: Snapshot | None, now: Snapshot) -> list[dict[str, s
     if old_services is not new_services:
         for host in sorted(old_services.keys() | new_services.keys()):
             was_service, service = old_services.get(host), new_services.get(host)
-            if was_service == service:
+            if was_service is service or was_service == service:
                 continue
             change = "added" if was_service is None else "removed" if service is None else "changed"
             out.append({"kind": "service", "name": host, "change": change, "source": ""})
@@ -160,6 +164,10 @@ class PushHistory:
         self._path = state_dir / FILE_NAME if state_dir is not None else None
         self._entries: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._dirty = False
+        #: each entry's JSON as last written, and the versions changed since (encoded again):
+        #: a write while a fleet ACKs encodes the newest version, not every one kept
+        self._encoded: dict[str, str] = {}
+        self._touched: set[str] = set()
         self._written_at = 0.0
         self._write_failed = False
         if self._path is not None:
@@ -212,10 +220,14 @@ class PushHistory:
         entry["changes_beyond"] = max(0, len(changes) - MAX_CHANGES)
         entry.setdefault("rollout", {})
         self._entries[version] = entry
+        self._touched.add(version)
         while len(self._entries) > self.keep:
-            self._entries.popitem(last=False)
+            gone, _ = self._entries.popitem(last=False)
+            self._encoded.pop(gone, None)
         if len(self._entries) > DETAILED:
-            compact(self._entries[list(self._entries)[-DETAILED - 1]])
+            older = list(self._entries)[-DETAILED - 1]
+            compact(self._entries[older])
+            self._touched.add(older)
         self._dirty = True
         return entry
 
@@ -224,6 +236,7 @@ class PushHistory:
         entry = self._entries.get(version)
         if entry is not None and what not in entry["rollout"]:
             entry["rollout"][what] = when if when is not None else time.time()
+            self._touched.add(version)
             self._dirty = True
 
     def note_proxy(
@@ -239,6 +252,7 @@ class PushHistory:
         if record is None:
             if len(proxies) >= MAX_PROXIES:
                 entry["proxies_beyond"] += 1
+                self._touched.add(version)
                 return
             record = proxies[node_id] = {}
         types: dict[str, Any] = record.setdefault(type_short, {})
@@ -247,6 +261,9 @@ class PushHistory:
             types["error"] = message[:MAX_MESSAGE]
         elif event not in types:
             types[event] = when if when is not None else time.time()
+        else:
+            return
+        self._touched.add(version)
         self._dirty = True
 
     # -- the file --------------------------------------------------------------------------
@@ -259,11 +276,10 @@ class PushHistory:
             return
         self._dirty = False
         self._written_at = time.monotonic()
-        data = {"format": _FORMAT, "entries": list(self._entries.values())}
         tmp = self._path.with_name(f".{FILE_NAME}.tmp")
         try:
             self._path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(data, separators=(",", ":")))
+            tmp.write_text(self._json())
             os.replace(tmp, self._path)
         except OSError as exc:
             if not self._write_failed:
@@ -273,6 +289,17 @@ class PushHistory:
                 tmp.unlink()
         else:
             self._write_failed = False
+
+    def _json(self) -> str:
+        """The file's text: `{"format": 1, "entries": [...]}` as `json.dumps` writes it compact,
+        with only the entries changed since the last write encoded again."""
+        encoded = self._encoded
+        for version, entry in self._entries.items():
+            if version in self._touched or version not in encoded:
+                encoded[version] = json.dumps(entry, separators=(",", ":"))
+        self._touched.clear()
+        entries = ",".join(encoded[v] for v in self._entries)
+        return f'{{"format":{_FORMAT},"entries":[{entries}]}}'
 
     def _load(self, path: Path) -> None:
         try:

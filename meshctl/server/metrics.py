@@ -12,7 +12,9 @@ seconds, open file descriptors, start time), read from /proc at each scrape.
 
 from __future__ import annotations
 
+import bisect
 import datetime
+import itertools
 import math
 import os
 import resource
@@ -113,22 +115,23 @@ class Histogram(_Metric):
         }
 
     def observe(self, value: float, *labels: str) -> None:
+        """Counted in its own bucket only (the first bound it does not pass, else +Inf): the
+        cumulative counts Prometheus reads are summed at `render`, not at each of a fleet's
+        pushes."""
+        index = len(self.buckets) if math.isnan(value) else bisect.bisect_left(self.buckets, value)
         with self._lock:
             counts, totals = self._series.setdefault(labels, ([0] * (len(self.buckets) + 1), [0.0]))
-            for i, bound in enumerate(self.buckets):
-                if value <= bound:
-                    counts[i] += 1
-            counts[-1] += 1
+            counts[index] += 1
             totals[0] += value
 
     def count(self, *labels: str) -> int:
         series = self._series.get(labels)
-        return series[0][-1] if series else 0
+        return sum(series[0]) if series else 0
 
     def render(self) -> list[str]:
         out: list[str] = []
         with self._lock:
-            items = sorted((k, (list(c), t[0])) for k, (c, t) in self._series.items())
+            items = sorted((k, (list(itertools.accumulate(c)), t[0])) for k, (c, t) in self._series.items())
         for key, (counts, total) in items:
             for bound, count in zip((*self.buckets, math.inf), counts, strict=True):
                 le = f'le="{_number(bound)}"'

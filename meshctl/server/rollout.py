@@ -30,6 +30,7 @@ current `Plan` only, one immutable object swapped in one assignment (`rollout_pl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -84,6 +85,8 @@ class Rollout:
         self._stage_started = 0.0
         self._timer: Any = None
         self._good_timer: Any = None
+        #: The stream `check_good` last found short of the fleet version: looked at first.
+        self._short: Stream | None = None
         self._waiting_said = ""
         #: Versions every proxy ACKed, newest last, with their snapshots (bounded by keep_good).
         self.good: OrderedDict[str, Snapshot] = OrderedDict()
@@ -255,6 +258,8 @@ class Rollout:
         )
 
     def left(self, stream: Stream) -> None:
+        if stream is self._short:
+            self._short = None
         candidate = self.candidate
         if candidate is None or self.held or self.role_of(stream) != "canary":
             return
@@ -316,20 +321,32 @@ class Rollout:
             self._good_timer = self._call_later(_GOOD_CHECK_DELAY, self.check_good)
 
     def check_good(self) -> None:
-        """Note the fleet version as good (a rollback target) once every proxy holds it ACKed."""
+        """Note the fleet version as good (a rollback target) once every proxy holds it ACKed.
+
+        Asked after ACKs while a fleet converges: the stream found short of it last time is
+        looked at first, so each look costs one stream until that one is there, and the next
+        look goes on from it (the streams before it held the version then)."""
         self._good_timer = None
         plan = self.plan
         if plan is None or plan.candidate is not None or plan.fleet.version in self.good:
             return
-        streams = list(self._streams())
-        if not streams or not all(
-            s.connection.resources is not None
-            and s.connection.resources.snapshot_version == plan.fleet.version
-            and settled(s)
-            for s in streams
-        ):
+        version = plan.fleet.version
+        short, self._short = self._short, None
+        if short is not None and short.counted and not _holds(short, version):  # counted: still open
+            self._short = short
             return
-        self.good[plan.fleet.version] = plan.fleet
+        streams = list(self._streams())
+        if not streams:
+            return
+        if short is not None and short.counted:
+            with contextlib.suppress(ValueError):
+                at = streams.index(short)
+                streams = streams[at:] + streams[:at]
+        for stream in streams:
+            if not _holds(stream, version):
+                self._short = stream
+                return
+        self.good[version] = plan.fleet
         while len(self.good) > self.settings.keep_good:
             self.good.popitem(last=False)
 
@@ -518,9 +535,14 @@ class RolloutError(Exception):
     """An operator's rollout action that cannot be done now; the message says why."""
 
 
+def _holds(stream: Stream, version: str) -> bool:
+    """Whether the stream is offered snapshot `version` and holds it ACKed (`settled`)."""
+    resources = stream.connection.resources
+    return resources is not None and resources.snapshot_version == version and settled(stream)
+
+
 def settled(stream: Stream) -> bool:
     """Whether the stream has nothing left to send and every type sent is ACKed, none NACKed."""
     if stream.wake.is_set():
         return False  # resources changed and its pushes are not decided yet
-    statuses = stream.connection.status()
-    return bool(statuses) and all(s.acked_version == s.sent_version and not s.nack for s in statuses)
+    return stream.connection.settled()

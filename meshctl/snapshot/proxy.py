@@ -550,6 +550,14 @@ def _any_sidecar_ingress(snapshot: Snapshot) -> bool:
     return any(spec(c).ingress for c in snapshot.of_kind("Sidecar"))
 
 
+def binding_inputs(node: ProxyNode, snapshot: Snapshot) -> tuple[object, list[tuple[Service, Endpoint]]]:
+    """What `bind_proxy` reads of `snapshot` beyond its `config_version` (which leaves out
+    WorkloadEntries and endpoints): the node's WorkloadEntry and the endpoints at its address.
+    At one config version, a node whose inputs are equal (the entry the very same object) binds
+    to the same proxy, so an endpoint change need not bind the fleet again."""
+    return _workload_entry(node, snapshot), snapshot.index.endpoints_at(node.ip)
+
+
 def _workload_entry(node: ProxyNode, snapshot: Snapshot) -> Any:
     named = snapshot.get("WorkloadEntry", node.namespace, node.name)
     return named if named is not None else snapshot.index.workload_entry_at(node.namespace, node.ip)

@@ -1,0 +1,102 @@
+"""An endpoint change binds again only the proxies whose own workload it touched: every other
+node resolves to the proxy it was, at the new snapshot, and gets what binding it afresh gives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from meshctl.config.model import Config
+from meshctl.registry.serviceentry import build_file_model
+from meshctl.server.cache import ResourceCache
+from meshctl.snapshot.model import Snapshot, build_snapshot
+from meshctl.snapshot.proxy import parse_node_id
+from meshctl.testing.builders import configs_from_yaml
+from meshctl.xds import types
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
+MESH = "\n---\n".join(p.read_text() for p in sorted(EXAMPLES.rglob("*.yaml")))
+NEW_RATINGS = """
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: ratings-v1-b, namespace: bookinfo}
+spec:
+  address: 10.10.0.52
+  serviceAccount: bookinfo-ratings
+  labels: {app: ratings, version: v1}
+"""
+REVIEWS_V1_RELABELLED = """
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: reviews-v1-vm, namespace: bookinfo}
+spec:
+  address: 10.10.0.41
+  labels: {app: reviews, version: v1, track: canary}
+  serviceAccount: bookinfo-reviews
+  locality: eu-west/zone-a
+"""
+NODES = {
+    "productpage": "sidecar~10.10.0.11~productpage-v1-vm.bookinfo~bookinfo.svc.cluster.local",
+    "reviews-v1": "sidecar~10.10.0.41~reviews-v1-vm.bookinfo~bookinfo.svc.cluster.local",
+    "reviews-v2": "sidecar~10.10.0.42~reviews-v2-vm.bookinfo~bookinfo.svc.cluster.local",
+    # No workload at its address until NEW_RATINGS adds one.
+    "ratings-b": "sidecar~10.10.0.52~ratings-v1-b.bookinfo~bookinfo.svc.cluster.local",
+}
+
+
+def _snapshot(configs: list[Config]) -> Snapshot:
+    return build_snapshot(configs, build_file_model(configs))
+
+
+def _mesh(change: str = "") -> tuple[list[Config], Snapshot, Snapshot]:
+    """The example mesh, and it with `change` applied as the config store applies one: the
+    configs it leaves alone are the very objects they were (one with the same key replaced)."""
+    base = configs_from_yaml(MESH)
+    added = configs_from_yaml(change) if change else []
+    keys = {c.key for c in added}
+    after = [c for c in base if c.key not in keys] + added
+    return base, _snapshot(base), _snapshot(after)
+
+
+def _bytes(view: object) -> dict[str, dict[str, bytes]]:
+    return {t: {n: r.body for n, r in view.of(t).items()} for t in types.PUSH_ORDER}  # type: ignore[attr-defined]
+
+
+def test_an_endpoint_change_binds_no_proxy_whose_workload_it_leaves_alone() -> None:
+    _, before, after = _mesh(NEW_RATINGS)
+    assert before.config_version == after.config_version and before.version != after.version
+    cache = ResourceCache()
+    nodes = {name: parse_node_id(node_id) for name, node_id in NODES.items()}
+    first = {name: cache.resolve(node, before) for name, node in nodes.items()}
+    assert cache.bindings == len(nodes)
+    assert first["ratings-b"].proxy.workload == ""  # nothing at its address yet
+
+    again = {name: cache.resolve(node, after) for name, node in nodes.items()}
+    # Only the node at the new workload's address was bound again: it is that workload now.
+    assert cache.bindings == len(nodes) + 1
+    assert again["ratings-b"].proxy.workload == "bookinfo/ratings-v1-b"
+    for name, resolved in again.items():
+        assert resolved.resources.snapshot_version == after.version
+        # What each is sent is what binding it afresh in a cache of its own gives, byte for byte.
+        fresh = ResourceCache().resolve(nodes[name], after)
+        assert _bytes(resolved.resources) == _bytes(fresh.resources), name
+        assert resolved.proxy.generation_key() == fresh.proxy.generation_key(), name
+    # The other proxies see the new endpoint of ratings.
+    ratings = again["productpage"].resources.of(types.ENDPOINT)["outbound|9080||ratings.bookinfo.mesh"]
+    assert b"10.10.0.52" in ratings.body
+
+
+def test_an_endpoint_change_to_a_proxys_own_workload_binds_it_again() -> None:
+    _, before, after = _mesh(REVIEWS_V1_RELABELLED)
+    assert before.config_version == after.config_version  # workload labels are endpoints' business
+    cache = ResourceCache()
+    nodes = {name: parse_node_id(node_id) for name, node_id in NODES.items()}
+    for node in nodes.values():
+        cache.resolve(node, before)
+    bound = cache.bindings
+    again = {name: cache.resolve(node, after) for name, node in nodes.items()}
+    assert cache.bindings == bound + 1  # reviews-v1 alone
+    assert again["reviews-v1"].proxy.labels.get("track") == "canary"
+    assert again["reviews-v2"].proxy.labels.get("track") is None
+    fresh = ResourceCache().resolve(nodes["reviews-v1"], after)
+    assert _bytes(again["reviews-v1"].resources) == _bytes(fresh.resources)
+    assert again["reviews-v1"].proxy.generation_key() == fresh.proxy.generation_key()
