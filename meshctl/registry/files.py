@@ -2,9 +2,10 @@
 store holds them, turned into a service model (`serviceentry.build_file_model`) and kept in
 step with the store.
 
-A change of WorkloadEntries alone (a VM joining or leaving) is applied to the last build
-(`serviceentry.update_file_model`); any other change to these kinds is built again from the
-store's whole content, reusing what the memo converted before.
+A change of WorkloadEntries and ServiceEntries (a VM joining or leaving, an entry added to a
+file of thousands) is applied to the last build (`serviceentry.update_file_model`), so it costs
+what it touches; a change it cannot apply on its own (a WorkloadGroup, a hostname defined twice)
+is built again from the store's whole content, reusing what the memo converted before.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
     from meshctl.config.store import ConfigChange, ConfigStore
 
 logger = logging.getLogger("meshctl.registry.files")
+
+#: The kinds whose changes are applied to the last build rather than built again.
+_APPLIED_KINDS = frozenset({"WorkloadEntry", "ServiceEntry"})
 
 
 class FileRegistry:
@@ -75,8 +79,9 @@ class FileRegistry:
     def follow(self, store: ConfigStore) -> Callable[[], None]:
         """Keep in step with `store` from now on; returns a function that stops following.
 
-        A store change that creates, updates or deletes WorkloadEntries only is applied as such
-        (`update_file_model`: their ServiceEntries' endpoints alone are redone); any other change
+        A store change that creates, updates or deletes WorkloadEntries and ServiceEntries only
+        is applied as such (`update_file_model`: the entries changed and the endpoints of those
+        selecting the workloads changed alone are redone); any other change
         to one of our kinds rebuilds from the store's whole current content, so a change
         delivered late or twice can never leave the model behind the store.
         """
@@ -84,7 +89,7 @@ class FileRegistry:
         def on_change(change: ConfigChange) -> None:
             if not change.kinds & KINDS:
                 return
-            if change.kinds & KINDS == {"WorkloadEntry"} and self._apply_events(change):
+            if change.kinds & KINDS <= _APPLIED_KINDS and self._apply_events(change):
                 return
             self.replace(store.configs.values())
 
@@ -93,7 +98,7 @@ class FileRegistry:
         return unsubscribe
 
     def _apply_events(self, change: ConfigChange) -> bool:
-        """Apply a change of WorkloadEntries only; False when it needs a whole build."""
+        """Apply a change of WorkloadEntries and ServiceEntries; False when it needs a whole build."""
         events = [e for e in change.events if e.key.kind in KINDS]
         after = {e.key: e.new for e in events}
         with self._lock:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import itertools
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -227,7 +228,7 @@ class Endpoint:
         return (self.address, self.namespace, self.name)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class ServiceModel:
     """Every service and its endpoints at one moment; immutable, shared by snapshots.
 
@@ -245,6 +246,12 @@ class ServiceModel:
     _identities: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict, compare=False, repr=False)
     #: Whole-model digests computed once (the model is immutable): name -> digest.
     _model_digests: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+    #: For a model made by `patch_model`: the model it was made from (weakly: models must not
+    #: keep the ones before them alive) and the only hosts whose service or endpoints differ
+    #: from it, so `diff_models` looks at those and not at the mesh.
+    _patched_from: tuple[weakref.ref[ServiceModel], frozenset[str]] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     def endpoints_of(self, hostname: str) -> tuple[Endpoint, ...]:
         return self.endpoints.get(hostname, ())
@@ -368,6 +375,56 @@ def make_model(
     return model
 
 
+def patch_model(
+    model: ServiceModel,
+    services: Mapping[str, Service | None],
+    endpoints: Mapping[str, tuple[Endpoint, ...]],
+) -> ServiceModel:
+    """`model` with the services of some hosts replaced or removed (None) and the endpoints of
+    some hosts replaced (empty: none), endpoints given in model order (`sorted_endpoints`).
+
+    The same model `make_model` makes from the whole content, at the cost of the hosts named:
+    the mappings keep their hostname order, and every digest of a host left as it was carries
+    over. An edit of one ServiceEntry among ten thousand then costs one service, not the mesh."""
+    by_host = dict(model.services)
+    eps = dict(model.endpoints)
+    reorder = False
+    for host, service in services.items():
+        if service is None:
+            by_host.pop(host, None)
+            eps.pop(host, None)
+        else:
+            reorder = reorder or host not in by_host
+            by_host[host] = service
+    for host, given in endpoints.items():
+        if given and host in by_host:
+            reorder = reorder or host not in eps
+            eps[host] = given
+        else:
+            eps.pop(host, None)
+    if reorder:
+        by_host = dict(sorted(by_host.items()))
+        eps = {host: eps[host] for host in by_host if host in eps}
+    old_services, old_endpoints = model.services, model.endpoints
+    touched = frozenset(
+        host
+        for host in services.keys() | endpoints.keys()
+        if old_services.get(host) is not by_host.get(host) or old_endpoints.get(host) is not eps.get(host)
+    )
+    new = ServiceModel(MappingProxyType(by_host), MappingProxyType(eps), model.notes)
+    new._service_digests.update(model._service_digests)
+    new._endpoint_digests.update(model._endpoint_digests)
+    new._identities.update(model._identities)
+    for host in touched:
+        if old_services.get(host) is not by_host.get(host):
+            new._service_digests.pop(host, None)
+        if old_endpoints.get(host) is not eps.get(host):
+            new._endpoint_digests.pop(host, None)
+            new._identities.pop(host, None)
+    object.__setattr__(new, "_patched_from", (weakref.ref(model), touched))
+    return new
+
+
 def sorted_endpoints(endpoints: Iterable[Endpoint]) -> tuple[Endpoint, ...]:
     """Endpoints in the order a model keeps them."""
     return tuple(sorted(endpoints, key=Endpoint.sort_key))
@@ -402,10 +459,19 @@ class RegistryStatus:
 
 
 def diff_models(old: ServiceModel, new: ServiceModel) -> RegistryChange | None:
-    """The change from `old` to `new`, or None when they are the same."""
+    """The change from `old` to `new`, or None when they are the same. For a model patched from
+    `old` (`patch_model`), only the hosts the patch touched are compared."""
+    if new is old:
+        return None
+    candidates: Iterable[str]
+    patched = new._patched_from
+    if patched is not None and patched[0]() is old:
+        candidates = patched[1]
+    else:
+        candidates = old.services.keys() | new.services.keys()
     hosts: set[str] = set()
     services_changed = False
-    for host in old.services.keys() | new.services.keys():
+    for host in candidates:
         a, b = old.services.get(host), new.services.get(host)
         if a is not b and a != b:
             hosts.add(host)
