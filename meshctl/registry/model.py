@@ -15,7 +15,7 @@ import enum
 import hashlib
 import itertools
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
@@ -136,6 +136,9 @@ class TlsMode(enum.StrEnum):
 K = TypeVar("K")
 V = TypeVar("V")
 
+#: Whole-model digests are sums of per-host hashes of 128 bits, modulo this.
+_DIGEST_MODULUS: Final = 1 << 128
+
 #: The one empty mapping every endpoint without labels (or ports) shares.
 _EMPTY: Final[Mapping[Any, Any]] = MappingProxyType({})
 
@@ -244,8 +247,8 @@ class ServiceModel:
     _service_digests: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
     _endpoint_digests: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     _identities: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict, compare=False, repr=False)
-    #: Whole-model digests computed once (the model is immutable): name -> digest.
-    _model_digests: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+    #: Whole-model digests computed once (the model is immutable), as sums (`_sum`): kind -> sum.
+    _sums: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
     #: For a model made by `patch_model`: the model it was made from (weakly: models must not
     #: keep the ones before them alive) and the only hosts whose service or endpoints differ
     #: from it, so `diff_models` looks at those and not at the mesh.
@@ -256,20 +259,14 @@ class ServiceModel:
     def endpoints_of(self, hostname: str) -> tuple[Endpoint, ...]:
         return self.endpoints.get(hostname, ())
 
-    def digest(self, endpoints_of: Callable[[Service], bool] | None = None) -> str:
+    def digest(self, *, definitions: bool = False) -> str:
         """A content hash: two replicas that see the same registries compute the same value.
-        `endpoints_of` limits which services' endpoints count (all by default)."""
-        h = hashlib.blake2b(digest_size=16)
-        known = self._service_digests
-        for host in sorted(self.services):
-            service = self.services[host]
-            digest = known.get(host)
-            if digest is None:
-                digest = known[host] = repr(_service_tuple(service)).encode()
-            h.update(digest)
-            if endpoints_of is None or endpoints_of(service):
-                h.update(self.endpoints_digest(host).encode())
-        return h.hexdigest()
+        With `definitions`, the endpoints of EDS (STATIC) services are left out: what clusters,
+        listeners and routes depend on.
+
+        The hash is a sum of one hash per host, so a model patched from another (`patch_model`)
+        whose digest is known computes its own from the hosts the patch touched, not the mesh."""
+        return f"{self._sum('definitions' if definitions else 'all'):032x}"
 
     def identities(self, hostname: str) -> tuple[tuple[str, str], ...]:
         """The (namespace, service account) of every workload behind `hostname`, sorted: whom a
@@ -286,13 +283,41 @@ class ServiceModel:
     def identities_digest(self) -> bytes:
         """A hash of every service's workload identities: clients' mutual TLS settings name them,
         so a workload with a new service account changes clusters, not only endpoints."""
-        found = self._model_digests.get("identities")
-        if found is None:
-            h = hashlib.blake2b(digest_size=16)
-            for host in sorted(self.services):
-                h.update(repr((host, self.identities(host))).encode())
-            found = self._model_digests["identities"] = h.digest()
+        return self._sum("identities").to_bytes(16, "big")
+
+    def _sum(self, kind: str) -> int:
+        """The sum of every host's `_term` (mod 2**128), computed once per model: from the
+        model patched, when its sum is known, at the cost of the hosts touched."""
+        found = self._sums.get(kind)
+        if found is not None:
+            return found
+        patched = self._patched_from
+        base = patched[0]() if patched is not None else None
+        if patched is not None and base is not None and kind in base._sums:
+            total = base._sums[kind]
+            for host in patched[1]:
+                total += self._term(kind, host) - base._term(kind, host)
+        else:
+            total = sum(self._term(kind, host) for host in self.services)
+        found = self._sums[kind] = total % _DIGEST_MODULUS
         return found
+
+    def _term(self, kind: str, host: str) -> int:
+        """One host's part of a digest: a hash of its service and endpoints (`all`), of its
+        service and, unless EDS serves them, its endpoints (`definitions`), or of the
+        identities behind it (`identities`); 0 for a host the model does not have."""
+        service = self.services.get(host)
+        if service is None:
+            return 0
+        if kind == "identities":
+            data = repr((host, self.identities(host))).encode()
+        else:
+            data = self._service_digests.get(host) or b""
+            if not data:
+                data = self._service_digests[host] = repr(_service_tuple(service)).encode()
+            if kind == "all" or service.resolution is not Resolution.STATIC:
+                data += self.endpoints_digest(host).encode()
+        return int.from_bytes(hashlib.blake2b(data, digest_size=16).digest(), "big")
 
     def endpoints_digest(self, hostname: str) -> str:
         """A content hash of one service's endpoints (EDS caches per host on it), computed once

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from meshctl.registry.model import diff_models
 from meshctl.snapshot.model import Snapshot
 
 logger = logging.getLogger("meshctl.server.history")
@@ -107,8 +108,11 @@ def snapshot_changes(before: Snapshot | None, now: Snapshot) -> list[dict[str, s
     for kind in sorted(set(before.kind_digests) | set(now.kind_digests)):
         if before.kind_digests.get(kind) == now.kind_digests.get(kind):
             continue
-        old = {c.key: c for c in before.of_kind(kind)}
-        new = {c.key: c for c in now.of_kind(kind)}
+        # A config object kept from one snapshot to the next is unchanged: only the others are
+        # looked at, so an edit among ten thousand configs of a kind costs the kind's tuples once.
+        kept = {id(c) for c in before.of_kind(kind)} & {id(c) for c in now.of_kind(kind)}
+        old = {c.key: c for c in before.of_kind(kind) if id(c) not in kept}
+        new = {c.key: c for c in now.of_kind(kind) if id(c) not in kept}
         for key in sorted(old.keys() | new.keys()):
             was, config = old.get(key), new.get(key)
             if was is not None and config is not None and was.content_digest() == config.content_digest():
@@ -117,8 +121,9 @@ def snapshot_changes(before: Snapshot | None, now: Snapshot) -> list[dict[str, s
             source = str((config or was).source)  # type: ignore[union-attr]  # one of them is set
             out.append({"kind": kind, "name": f"{key.namespace}/{key.name}", "change": change, "source": source})
     old_services, new_services = before.services.services, now.services.services
-    if old_services is not new_services:
-        for host in sorted(old_services.keys() | new_services.keys()):
+    registry = diff_models(before.services, now.services)
+    if registry is not None and not registry.endpoint_only:
+        for host in sorted(registry.hosts):
             was_service, service = old_services.get(host), new_services.get(host)
             if was_service == service:
                 continue

@@ -19,7 +19,7 @@ from meshctl.config import mesh as mesh_config
 from meshctl.config.gateway_api import Translation, with_translation
 from meshctl.config.model import Config, ConfigKey
 from meshctl.registry import serviceentry
-from meshctl.registry.model import Resolution, ServiceModel
+from meshctl.registry.model import ServiceModel
 from meshctl.snapshot.index import SnapshotIndex
 
 #: Mesh-wide settings live with the MeshConfig they are read from; generators find them here.
@@ -146,7 +146,7 @@ def build_snapshot(
                 by_kind.pop(kind, None)
                 kind_digests.pop(kind, None)
     base = previous if previous is not None and previous._index is not None else None
-    definitions = services.digest(endpoints_of=lambda s: s.resolution is not Resolution.STATIC).encode()
+    definitions = services.digest(definitions=True).encode()
     registry_digest = hashlib.blake2b(definitions + services.identities_digest(), digest_size=16).digest()
     h = hashlib.blake2b(digest_size=12)
     for kind in sorted(kind_digests):
