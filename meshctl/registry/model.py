@@ -411,8 +411,8 @@ def patch_model(
     The same model `make_model` makes from the whole content, at the cost of the hosts named:
     the mappings keep their hostname order, and every digest of a host left as it was carries
     over. An edit of one ServiceEntry among ten thousand then costs one service, not the mesh."""
-    by_host = dict(model.services)
-    eps = dict(model.endpoints)
+    by_host = _copy(model.services)
+    eps = _copy(model.endpoints)
     reorder = False
     for host, service in services.items():
         if service is None:
@@ -450,6 +450,13 @@ def patch_model(
     return new
 
 
+def _copy(mapping: Mapping[K, V]) -> dict[K, V]:
+    """A dict copy; of a MappingProxyType, its dict's own copy (`dict()` would look up every key)."""
+    if isinstance(mapping, (dict, MappingProxyType)):
+        return mapping.copy()
+    return dict(mapping)
+
+
 def sorted_endpoints(endpoints: Iterable[Endpoint]) -> tuple[Endpoint, ...]:
     """Endpoints in the order a model keeps them."""
     return tuple(sorted(endpoints, key=Endpoint.sort_key))
@@ -483,20 +490,24 @@ class RegistryStatus:
     endpoints: int = 0
 
 
+def patched_hosts(old: ServiceModel, new: ServiceModel) -> frozenset[str] | None:
+    """When `new` was patched from `old` (`patch_model`), the only hosts whose service or
+    endpoints may differ between them; None when that is not known (then any host may)."""
+    if new is old:
+        return frozenset()
+    patched = new._patched_from
+    return patched[1] if patched is not None and patched[0]() is old else None
+
+
 def diff_models(old: ServiceModel, new: ServiceModel) -> RegistryChange | None:
     """The change from `old` to `new`, or None when they are the same. For a model patched from
     `old` (`patch_model`), only the hosts the patch touched are compared."""
     if new is old:
         return None
-    candidates: Iterable[str]
-    patched = new._patched_from
-    if patched is not None and patched[0]() is old:
-        candidates = patched[1]
-    else:
-        candidates = old.services.keys() | new.services.keys()
     hosts: set[str] = set()
     services_changed = False
-    for host in candidates:
+    candidates = patched_hosts(old, new)
+    for host in old.services.keys() | new.services.keys() if candidates is None else candidates:
         a, b = old.services.get(host), new.services.get(host)
         if a is not b and a != b:
             hosts.add(host)

@@ -17,7 +17,14 @@ from meshctl.config.labels import selector_labels
 from meshctl.config.mesh import MeshSettings
 from meshctl.config.model import Config, ConfigKey
 from meshctl.config.references import is_exported
-from meshctl.registry.model import Endpoint, Resolution, Service, ServiceModel, TrafficDistribution
+from meshctl.registry.model import (
+    Endpoint,
+    Resolution,
+    Service,
+    ServiceModel,
+    TrafficDistribution,
+    patched_hosts,
+)
 from meshctl.snapshot.loopback import allocate_services
 
 T = TypeVar("T")
@@ -47,6 +54,32 @@ def _names_failover_priority(rule: Any) -> bool:
         and bool(p.load_balancer.locality_lb_setting.failover_priority)
         for p in policies
     )
+
+
+def _short_key(host: str) -> tuple[str, str] | None:
+    """The (short name, namespace) under which `name.namespace.rest` is found."""
+    parts = host.split(".", 2)
+    return (parts[0], parts[1]) if len(parts) >= 3 else None
+
+
+def _short_names_updated(
+    short: dict[tuple[str, str], list[str]], moved: Iterable[str], services: ServiceModel
+) -> dict[tuple[str, str], list[str]]:
+    """A copy of the short-name lookup with the hosts `moved` (added or removed) in or out,
+    each list in host order as a build from scratch makes it."""
+    out = defaultdict(list, short)
+    for host in moved:
+        key = _short_key(host)
+        if key is None:
+            continue
+        hosts = [h for h in out.get(key, ()) if h != host]
+        if host in services.services:
+            hosts = sorted([*hosts, host])
+        if hosts:
+            out[key] = hosts
+        else:
+            out.pop(key, None)
+    return out
 
 
 class _EntriesByAddress:
@@ -145,22 +178,31 @@ class SnapshotIndex:
             self._entries = previous._entries.updated({k for k in changed if k.kind == "WorkloadEntry"}, entries)
         else:
             self._entries = _EntriesByAddress.of(by_kind.get("WorkloadEntry", ()))
-        same_hosts = previous is not None and (
-            previous._services is services or previous._services.services.keys() == services.services.keys()
-        )
-        if previous is not None and same_hosts:
-            self._short: dict[tuple[str, str], list[str]] = previous._short
+        #: (short name, namespace) -> the hosts it stands for
+        self._short: dict[tuple[str, str], list[str]]
+        #: the short names the rules' hosts were resolved through: what `_index_rules` read of `_short`
+        self._short_asked: set[tuple[str, str]] = set()
+        moved = self._hosts_moved(previous, services)
+        if previous is not None and moved is not None:
+            self._short = previous._short if not moved else _short_names_updated(previous._short, moved, services)
         else:
             self._short = defaultdict(list)
             for host in sorted(services.services):
-                parts = host.split(".")
-                if len(parts) >= 3:
-                    self._short[(parts[0], parts[1])].append(host)
-        if previous is not None and same_hosts and same("VirtualService", "DestinationRule") and previous._mesh == mesh:
+                if (short := _short_key(host)) is not None:
+                    self._short[short].append(host)
+        if (
+            previous is not None
+            and moved is not None
+            and same("VirtualService", "DestinationRule")
+            and previous._mesh == mesh
+            and not any(_short_key(host) in previous._short_asked for host in moved)
+        ):
+            # Rules resolve hosts through short names only: hosts come and go under others.
             self.export: dict[ConfigKey, frozenset[str]] = previous.export
             self.hosts: dict[ConfigKey, tuple[str, ...]] = previous.hosts
             self._dr_exact: dict[str, dict[str, list[Config]]] = previous._dr_exact
             self._dr_wild: dict[str, list[Config]] = previous._dr_wild
+            self._short_asked = previous._short_asked
         else:
             self._index_rules(by_kind)
         if previous is not None and same("Sidecar", "DestinationRule", "Gateway", "VirtualService"):
@@ -205,6 +247,22 @@ class SnapshotIndex:
         #: `scoped_services`): for the tests
         self.visibility_tests = 0
 
+    @staticmethod
+    def _hosts_moved(previous: SnapshotIndex | None, services: ServiceModel) -> set[str] | None:
+        """The hostnames added or removed since `previous`, when few are known to be (the model
+        patched from the one before, or the same hostnames); None: build the name lookups anew."""
+        if previous is None:
+            return None
+        before = previous._services
+        if before is services:
+            return set()
+        touched = patched_hosts(before, services)
+        if touched is None:
+            return set() if before.services.keys() == services.services.keys() else None
+        if len(touched) > _INCREMENTAL_HOSTS:
+            return None
+        return {host for host in touched if (host in before.services) != (host in services.services)}
+
     def _index_rules(self, by_kind: Mapping[str, tuple[Config, ...]]) -> None:
         self.export = {}
         self.hosts = {}
@@ -218,6 +276,8 @@ class SnapshotIndex:
                 raw = spec.hosts if kind == "VirtualService" else [spec.host]
                 resolved: list[str] = []
                 for host in raw:
+                    if is_short_name(host):
+                        self._short_asked.add((host, config.namespace))
                     for h in self.resolve(host, config.namespace):
                         if h not in resolved:
                             resolved.append(h)
@@ -427,7 +487,7 @@ class SnapshotIndex:
         before = previous._services
         changed = {
             host
-            for host in before.services.keys() | model.services.keys()
+            for host in patched_hosts(before, model) or before.services.keys() | model.services.keys()
             if before.services.get(host) is not model.services.get(host)
             or before.endpoints.get(host) is not model.endpoints.get(host)
         }
