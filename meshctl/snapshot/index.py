@@ -25,7 +25,7 @@ from meshctl.registry.model import (
     TrafficDistribution,
     patched_hosts,
 )
-from meshctl.snapshot.loopback import allocate_services
+from meshctl.snapshot.loopback import allocate_services, wants_loopback
 
 T = TypeVar("T")
 
@@ -54,6 +54,27 @@ def _names_failover_priority(rule: Any) -> bool:
         and bool(p.load_balancer.locality_lb_setting.failover_priority)
         for p in policies
     )
+
+
+def _prefers_close(service: Service) -> bool:
+    return service.traffic_distribution is not TrafficDistribution.ANY
+
+
+def _is_dns_or_loopback(service: Service) -> bool:
+    return service.resolution in _DNS or wants_loopback(service)
+
+
+def _touch_none(before: ServiceModel, after: ServiceModel, test: Callable[[Service], bool]) -> bool:
+    """Whether `after` is known to be patched from `before` on hosts none of whose services,
+    before or after, passes `test` (what depends on those services alone is then the same)."""
+    touched = patched_hosts(before, after)
+    if touched is None:
+        return False
+    for host in touched:
+        for service in (before.services.get(host), after.services.get(host)):
+            if service is not None and test(service):
+                return False
+    return True
 
 
 def _short_key(host: str) -> tuple[str, str] | None:
@@ -209,12 +230,20 @@ class SnapshotIndex:
             self._selectors = previous._selectors
         if previous is not None and same("AuthorizationPolicy", "RequestAuthentication"):
             self._policy_selectors = previous._policy_selectors
-        if previous is not None and previous._services is services:
+        if previous is not None and (
+            previous._services is services or _touch_none(previous._services, services, _is_dns_or_loopback)
+        ):
+            # The same services, or a patch that touched none resolved by DNS or given an address.
             self._dns = previous._dns
             if previous._mesh.loopback_range == mesh.loopback_range:
                 self._loopback = previous._loopback
         same_locality = previous is not None and previous._mesh.locality_lb_setting == mesh.locality_lb_setting
-        if previous is not None and previous._services is services and same("DestinationRule") and same_locality:
+        if (
+            previous is not None
+            and (previous._services is services or _touch_none(previous._services, services, _prefers_close))
+            and same("DestinationRule")
+            and same_locality
+        ):
             self._label_failover = previous._label_failover
         #: What scopes computed from the index's inputs alone, by their arguments (see `scoped`).
         self._scoped: dict[tuple[str, Hashable], Any] = {}
