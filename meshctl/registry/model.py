@@ -11,6 +11,7 @@ select subsets and workloads), a locality, a weight, a health status and an iden
 
 from __future__ import annotations
 
+import bisect
 import enum
 import hashlib
 import itertools
@@ -413,14 +414,16 @@ def patch_model(
     over. An edit of one ServiceEntry among ten thousand then costs one service, not the mesh."""
     by_host = _copy(model.services)
     eps = _copy(model.endpoints)
-    reorder = False
+    added: list[str] = []
     for host, service in services.items():
         if service is None:
             by_host.pop(host, None)
             eps.pop(host, None)
         else:
-            reorder = reorder or host not in by_host
+            if host not in by_host:
+                added.append(host)
             by_host[host] = service
+    reorder = bool(added)
     for host, given in endpoints.items():
         if given and host in by_host:
             reorder = reorder or host not in eps
@@ -428,8 +431,12 @@ def patch_model(
         else:
             eps.pop(host, None)
     if reorder:
-        by_host = dict(sorted(by_host.items()))
-        eps = {host: eps[host] for host in by_host if host in eps}
+        # Hostname order, as `make_model` gives it: the few hosts added put in their places.
+        order = [host for host in model.services if host in by_host]
+        for host in added:
+            bisect.insort(order, host)
+        by_host = {host: by_host[host] for host in order}
+        eps = {host: eps[host] for host in order if host in eps}
     old_services, old_endpoints = model.services, model.endpoints
     touched = frozenset(
         host

@@ -8,6 +8,7 @@ indexes are the few lookups every proxy needs; anything proxy-specific lives in 
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
@@ -135,13 +136,22 @@ def build_snapshot(
         by_kind = dict(previous.by_kind)
         kind_digests = dict(previous.kind_digests)
         for kind in {k.kind for k in changed}:
-            touched = {k for k in changed if k.kind == kind}
-            kept = [c for c in previous.by_kind.get(kind, ()) if c.key not in touched]
-            kept.extend(by_key[k] for k in touched if k in by_key)
-            kept.sort(key=lambda c: c.key)  # the kept part is sorted already: linear
-            if kept:
-                by_kind[kind] = tuple(kept)
-                kind_digests[kind] = _kind_digest(by_kind[kind])
+            # The configs of the kind stay sorted by key: each changed key is found by bisection
+            # and its config taken out or put in, and the kind's digest (a sum) follows it.
+            configs = list(previous.by_kind.get(kind, ()))
+            total = _digest_sum(kind_digests.get(kind))
+            for key in sorted(k for k in changed if k.kind == kind):
+                at = bisect.bisect_left(configs, key, key=_key_of)
+                if at < len(configs) and configs[at].key == key:
+                    total -= _digest_term(configs[at])
+                    del configs[at]
+                config = by_key.get(key)
+                if config is not None:
+                    configs.insert(at, config)
+                    total += _digest_term(config)
+            if configs:
+                by_kind[kind] = tuple(configs)
+                kind_digests[kind] = _digest_bytes(total)
             else:
                 by_kind.pop(kind, None)
                 kind_digests.pop(kind, None)
@@ -177,11 +187,28 @@ def build_snapshot(
 
 
 def _kind_digest(configs: tuple[Config, ...]) -> bytes:
-    """A hash of one kind's configs, in their (sorted) order."""
-    h = hashlib.blake2b(digest_size=16)
-    for config in configs:
-        h.update(config.content_digest().encode())
-    return h.digest()
+    """A hash of one kind's configs: the sum of their content digests (mod 2**128), so the next
+    snapshot's follows a change by adding and subtracting the configs it touched."""
+    return _digest_bytes(sum(_digest_term(c) for c in configs))
+
+
+_DIGEST_MODULUS: Final = 1 << 128
+
+
+def _digest_term(config: Config) -> int:
+    return int(config.content_digest(), 16)
+
+
+def _digest_sum(digest: bytes | None) -> int:
+    return int.from_bytes(digest, "big") if digest else 0
+
+
+def _digest_bytes(total: int) -> bytes:
+    return (total % _DIGEST_MODULUS).to_bytes(16, "big")
+
+
+def _key_of(config: Config) -> ConfigKey:
+    return config.key
 
 
 def spec(config: Config) -> Any:
