@@ -90,7 +90,7 @@ def cpu_seconds(pid: int) -> float:
 def start_profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
     """py-spy on the server, the GIL holder only: the profile is the server's own CPU."""
     command = [str(Path(sys.executable).with_name("py-spy")), "record", "-p", str(pid), "-r", "200", "--gil"]
-    command += ["-f", "raw", "-o", str(out)]
+    command += ["--nonblocking", "-f", "raw", "-o", str(out)]  # sampling without pausing the server
     profiler = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # attached before the first edit
     return profiler

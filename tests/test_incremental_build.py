@@ -197,6 +197,8 @@ def test_updated_snapshots_equal_full_builds(sequence: list[tuple[str, str, str,
     for edit in sequence:
         tree.apply(edit)
         store.replace_all(tree.configs())
+        if edit[3] % 2:
+            discovery.build_next()  # built and dropped unindexed: the next is indexed from the last indexed
         incremental = discovery.build_next()
         full = discovery.build()
         _same(incremental, full)
@@ -299,3 +301,30 @@ def test_a_file_change_is_built_without_a_second_quiet_period() -> None:
     settled, unsettled = asyncio.run(scenario())
     assert settled < 1.0  # no quiet period (2 s) waited
     assert unsettled >= 2.0
+
+
+def test_a_build_that_changed_nothing_leaves_the_next_its_index_to_update() -> None:
+    """Two inputs telling of one edit (the store and the registry) make a second build that
+    changes nothing, which the server drops unindexed; the build after it still updates the
+    last index: a new service is tested against each scope alone, not the mesh again."""
+    tree = Tree()
+    store = ConfigStore()
+    files = FileRegistry()
+    files.follow(store)
+
+    async def _publish(_snapshot: Snapshot, _seen: float) -> None:
+        return None
+
+    discovery = Discovery(store, AggregateRegistry([files]), _publish)
+    cache = ResourceCache()
+    node = parse_node_id("sidecar~10.1.0.1~a-0.ns1~ns1.svc.cluster.local")
+    store.replace_all(tree.configs())
+    first = discovery.build_next()
+    cache.resources(first, bind_proxy(node, first))
+    assert discovery.build_next().version == first.version  # nothing changed: never indexed
+    tree.docs[("entry", "new", "ns1")] = _service_entry("new", "ns1", 8080)
+    store.replace_all(tree.configs())
+    after = discovery.build_next()
+    cache.resources(after, bind_proxy(node, after))
+    assert after.index.visibility_tests == 1  # the new service; before: every service again
+    _same(after, discovery.build())

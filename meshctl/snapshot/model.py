@@ -156,6 +156,11 @@ def build_snapshot(
                 by_kind.pop(kind, None)
                 kind_digests.pop(kind, None)
     base = previous if previous is not None and previous._index is not None else None
+    base_changed = frozenset(changed) if changed is not None else None
+    if base is None and previous is not None and previous._changed is not None and base_changed is not None:
+        # `previous` was never indexed (a build that changed nothing, dropped: two inputs told
+        # of one edit): index from the snapshot it was built from, for the changes of both.
+        base, base_changed = previous._previous, previous._changed | base_changed
     definitions = services.digest(definitions=True).encode()
     registry_digest = hashlib.blake2b(definitions + services.identities_digest(), digest_size=16).digest()
     h = hashlib.blake2b(digest_size=12)
@@ -182,7 +187,7 @@ def build_snapshot(
         # Only an indexed snapshot is a base for the index: one never indexed (a build that
         # changed nothing, dropped) would otherwise keep the chain of snapshots before it alive.
         _previous=base,
-        _changed=frozenset(changed) if base is not None and changed is not None else None,
+        _changed=base_changed if base is not None else None,
     )
 
 
