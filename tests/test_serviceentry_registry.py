@@ -717,3 +717,23 @@ def test_a_host_defined_twice_by_an_edit_is_left_to_the_whole_build() -> None:
     assert model == build_file_model(store.configs.values())
     assert model.services["reviews.shop.mesh"].origin == "ServiceEntry shop/a-reviews"
     assert model.notes
+
+
+def test_health_checks_follow_workload_entries_edited_one_at_a_time() -> None:
+    from meshctl.registry.health import HealthCheckedRegistry, HealthReports
+
+    annotated = '  annotations: {proxy.istio.io/health-checks-enabled: "true"}\n'
+    checked = we("vm-2", "10.0.0.2", "{app: reviews}", meta=annotated)
+    store = ConfigStore()
+    store.replace_all(load(REVIEWS + VM1))
+    files = FileRegistry()
+    health = HealthCheckedRegistry(files, HealthReports())
+    files.follow(store)
+    health.follow(store)
+    assert dict(health.checks()) == {}
+    store.replace_all(load(REVIEWS + VM1 + checked))  # WorkloadEntries alone: applied to the last build
+    assert list(health.checks()) == [("shop", "vm-2")]
+    assert health.checks()[("shop", "vm-2")].probe.ports == (9080,)
+    store.replace_all(load(REVIEWS + VM1 + VM2))  # the annotation gone
+    assert dict(health.checks()) == {}
+    health.close()

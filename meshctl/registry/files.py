@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from meshctl.config.model import Config, ConfigKey
 from meshctl.registry.aggregate import model_change
 from meshctl.registry.base import Listener
+from meshctl.registry.health_checks import may_be_checked
 from meshctl.registry.model import RegistryChange, RegistryStatus, ServiceModel
 from meshctl.registry.serviceentry import KINDS, BuildMemo, build_file_model, update_file_model
 
@@ -45,6 +46,8 @@ class FileRegistry:
         # Reentrant: a listener (called with it held) may read `configs()`.
         self._lock = threading.RLock()
         self._configs: dict[ConfigKey, Config] = {c.key: c for c in configs if c.kind in KINDS}
+        #: Those of `_configs` that health checks read (`may_be_checked`), kept in step with them.
+        self._checkable: dict[ConfigKey, Config] = {k: c for k, c in self._configs.items() if may_be_checked(c)}
         #: WorkloadEntries of VMs that registered themselves into a WorkloadGroup (`set_registered`).
         self._registered: dict[ConfigKey, Config] = {}
         self._memo = BuildMemo()
@@ -62,6 +65,12 @@ class FileRegistry:
         """The ServiceEntry, WorkloadEntry and WorkloadGroup configs the model is built from."""
         with self._lock:
             return tuple(self._configs.values())
+
+    def checkable(self) -> tuple[Config, ...]:
+        """The configs of `configs()` that health checks read (`health_checks.may_be_checked`):
+        a handful in a mesh of thousands, so a change need not pass over the others for them."""
+        with self._lock:
+            return tuple(self._checkable.values())
 
     def status(self) -> RegistryStatus:
         model = self._model
@@ -108,10 +117,13 @@ class FileRegistry:
             if new is None:
                 return False
             for key, config in after.items():
+                self._checkable.pop(key, None)
                 if config is None:
                     self._configs.pop(key, None)
                 else:
                     self._configs[key] = config
+                    if may_be_checked(config):
+                        self._checkable[key] = config
             self._publish(new)
         return True
 
@@ -142,6 +154,7 @@ class FileRegistry:
             return self._rebuild(configs)
 
     def _rebuild(self, configs: dict[ConfigKey, Config]) -> RegistryChange | None:
+        self._checkable = {k: c for k, c in configs.items() if may_be_checked(c)}
         if _same_configs(self._configs, configs):
             self._configs = configs  # newer Source positions, same content
             return None

@@ -110,9 +110,10 @@ def snapshot_changes(before: Snapshot | None, now: Snapshot) -> list[dict[str, s
             continue
         # A config object kept from one snapshot to the next is unchanged: only the others are
         # looked at, so an edit among ten thousand configs of a kind costs the kind's tuples once.
-        kept = {id(c) for c in before.of_kind(kind)} & {id(c) for c in now.of_kind(kind)}
-        old = {c.key: c for c in before.of_kind(kind) if id(c) not in kept}
-        new = {c.key: c for c in now.of_kind(kind) if id(c) not in kept}
+        was_by_id = dict(zip(map(id, before.of_kind(kind)), before.of_kind(kind), strict=True))
+        now_by_id = dict(zip(map(id, now.of_kind(kind)), now.of_kind(kind), strict=True))
+        old = {was_by_id[i].key: was_by_id[i] for i in was_by_id.keys() - now_by_id.keys()}
+        new = {now_by_id[i].key: now_by_id[i] for i in now_by_id.keys() - was_by_id.keys()}
         for key in sorted(old.keys() | new.keys()):
             was, config = old.get(key), new.get(key)
             if was is not None and config is not None and was.content_digest() == config.content_digest():
