@@ -247,9 +247,12 @@ class SnapshotIndex:
             self._label_failover = previous._label_failover
         #: What scopes computed from the index's inputs alone, by their arguments (see `scoped`).
         self._scoped: dict[tuple[str, Hashable], Any] = {}
+        # What a scope sees of a VirtualService reads it, its exportTo and its resolved hosts (the
+        # rules' index) and the mesh: with that index kept, so are the scopes' answers.
+        same_rules = previous is not None and self.hosts is previous.hosts
         if previous is not None and previous._mesh == mesh:
             same_services = previous._services is services
-            same_routes = same("VirtualService") and same_services
+            same_routes = same("VirtualService") and (same_services or same_rules)
             self._scoped = {
                 k: v
                 for k, v in previous._scoped.items()
@@ -259,7 +262,7 @@ class SnapshotIndex:
         #: VirtualService of the snapshot before by key, and the scopes' VirtualServices there,
         #: so a scope looks again at the changed ones only (`scoped_virtual_services`)
         self._routes_before: tuple[dict[ConfigKey, Config], dict[Hashable, tuple[Config, ...]]] | None = None
-        if previous is not None and previous._mesh == mesh and previous._services is services:
+        if previous is not None and previous._mesh == mesh and (previous._services is services or same_rules):
             before = {k[1]: v for k, v in previous._scoped.items() if k[0] == "virtual_services"}
             if before and not same("VirtualService"):
                 self._routes_before = ({c.key: c for c in previous._by_kind.get("VirtualService", ())}, before)
