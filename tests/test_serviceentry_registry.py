@@ -24,6 +24,7 @@ from meshctl.registry.model import (
     Resolution,
     ServiceModel,
     TlsMode,
+    patched_hosts,
 )
 from meshctl.registry.serviceentry import build_file_model
 
@@ -687,3 +688,52 @@ def test_a_read_only_mapping_is_taken_as_is_and_empty_ones_are_one() -> None:
     assert Endpoint("10.0.0.1", {}).ports is Endpoint("10.0.0.2", {}, {}).labels
     copied = Endpoint("10.0.0.1", {9080: 9080}, {"app": "reviews"}).labels
     assert isinstance(copied, MappingProxyType) and copied == {"app": "reviews"}
+
+
+def test_a_service_entry_edit_is_applied_to_the_last_model_and_touches_its_hosts_only() -> None:
+    store = ConfigStore()
+    others = "".join(se(name=f"s{i}", hosts=f"[s{i}.shop.mesh]") for i in range(5))
+    store.replace_all(load(REVIEWS + VM1 + others))
+    registry = FileRegistry()
+    events = recording(registry)
+    registry.follow(store)
+    before = registry.model()
+    store.replace_all(load(REVIEWS + VM1 + others + se(name="added", hosts="[added.shop.mesh]")))
+    after = registry.model()
+    assert patched_hosts(before, after) == {"added.shop.mesh"}
+    assert after.services["s0.shop.mesh"] is before.services["s0.shop.mesh"]
+    assert events[-1] == RegistryChange(frozenset({"added.shop.mesh"}), endpoint_only=False, settled=True)
+    assert after == build_file_model(store.configs.values())
+
+
+def test_a_host_defined_twice_by_an_edit_is_left_to_the_whole_build() -> None:
+    store = ConfigStore()
+    store.replace_all(load(REVIEWS + VM1))
+    registry = FileRegistry()
+    registry.follow(store)
+    # A second entry for the same host, first by name: it wins, and a note names both.
+    store.replace_all(load(REVIEWS + VM1 + se(name="a-reviews", hosts="[reviews.shop.mesh]")))
+    model = registry.model()
+    assert model == build_file_model(store.configs.values())
+    assert model.services["reviews.shop.mesh"].origin == "ServiceEntry shop/a-reviews"
+    assert model.notes
+
+
+def test_health_checks_follow_workload_entries_edited_one_at_a_time() -> None:
+    from meshctl.registry.health import HealthCheckedRegistry, HealthReports
+
+    annotated = '  annotations: {proxy.istio.io/health-checks-enabled: "true"}\n'
+    checked = we("vm-2", "10.0.0.2", "{app: reviews}", meta=annotated)
+    store = ConfigStore()
+    store.replace_all(load(REVIEWS + VM1))
+    files = FileRegistry()
+    health = HealthCheckedRegistry(files, HealthReports())
+    files.follow(store)
+    health.follow(store)
+    assert dict(health.checks()) == {}
+    store.replace_all(load(REVIEWS + VM1 + checked))  # WorkloadEntries alone: applied to the last build
+    assert list(health.checks()) == [("shop", "vm-2")]
+    assert health.checks()[("shop", "vm-2")].probe.ports == (9080,)
+    store.replace_all(load(REVIEWS + VM1 + VM2))  # the annotation gone
+    assert dict(health.checks()) == {}
+    health.close()

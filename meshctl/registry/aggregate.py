@@ -57,8 +57,11 @@ def _is_dns(model: ServiceModel, host: str) -> bool:
 def merge_models(members: Iterable[tuple[str, ServiceModel]], previous: ServiceModel | None = None) -> ServiceModel:
     """One model from `(registry name, model)` pairs in precedence order; members' notes are kept
     and each hostname defined twice adds one. Digests known to the members or to the `previous`
-    merge carry over (`make_model`)."""
+    merge carry over (`make_model`). A single member is its own merge: its model is taken as
+    it is, so a change to it costs no pass over the mesh here (nor in `diff_models`)."""
     members = list(members)
+    if len(members) == 1:
+        return members[0][1]
     services: dict[str, Service] = {}
     owners: dict[str, str] = {}
     endpoints: dict[str, tuple[Endpoint, ...]] = {}

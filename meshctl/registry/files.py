@@ -2,9 +2,10 @@
 store holds them, turned into a service model (`serviceentry.build_file_model`) and kept in
 step with the store.
 
-A change of WorkloadEntries alone (a VM joining or leaving) is applied to the last build
-(`serviceentry.update_file_model`); any other change to these kinds is built again from the
-store's whole content, reusing what the memo converted before.
+A change of WorkloadEntries and ServiceEntries (a VM joining or leaving, an entry added to a
+file of thousands) is applied to the last build (`serviceentry.update_file_model`), so it costs
+what it touches; a change it cannot apply on its own (a WorkloadGroup, a hostname defined twice)
+is built again from the store's whole content, reusing what the memo converted before.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 from meshctl.config.model import Config, ConfigKey
 from meshctl.registry.aggregate import model_change
 from meshctl.registry.base import Listener
+from meshctl.registry.health_checks import may_be_checked
 from meshctl.registry.model import RegistryChange, RegistryStatus, ServiceModel
 from meshctl.registry.serviceentry import KINDS, BuildMemo, build_file_model, update_file_model
 
@@ -25,6 +27,9 @@ if TYPE_CHECKING:
     from meshctl.config.store import ConfigChange, ConfigStore
 
 logger = logging.getLogger("meshctl.registry.files")
+
+#: The kinds whose changes are applied to the last build rather than built again.
+_APPLIED_KINDS = frozenset({"WorkloadEntry", "ServiceEntry"})
 
 
 class FileRegistry:
@@ -41,6 +46,8 @@ class FileRegistry:
         # Reentrant: a listener (called with it held) may read `configs()`.
         self._lock = threading.RLock()
         self._configs: dict[ConfigKey, Config] = {c.key: c for c in configs if c.kind in KINDS}
+        #: Those of `_configs` that health checks read (`may_be_checked`), kept in step with them.
+        self._checkable: dict[ConfigKey, Config] = {k: c for k, c in self._configs.items() if may_be_checked(c)}
         #: WorkloadEntries of VMs that registered themselves into a WorkloadGroup (`set_registered`).
         self._registered: dict[ConfigKey, Config] = {}
         self._memo = BuildMemo()
@@ -59,6 +66,12 @@ class FileRegistry:
         with self._lock:
             return tuple(self._configs.values())
 
+    def checkable(self) -> tuple[Config, ...]:
+        """The configs of `configs()` that health checks read (`health_checks.may_be_checked`):
+        a handful in a mesh of thousands, so a change need not pass over the others for them."""
+        with self._lock:
+            return tuple(self._checkable.values())
+
     def status(self) -> RegistryStatus:
         model = self._model
         return RegistryStatus(
@@ -75,8 +88,9 @@ class FileRegistry:
     def follow(self, store: ConfigStore) -> Callable[[], None]:
         """Keep in step with `store` from now on; returns a function that stops following.
 
-        A store change that creates, updates or deletes WorkloadEntries only is applied as such
-        (`update_file_model`: their ServiceEntries' endpoints alone are redone); any other change
+        A store change that creates, updates or deletes WorkloadEntries and ServiceEntries only
+        is applied as such (`update_file_model`: the entries changed and the endpoints of those
+        selecting the workloads changed alone are redone); any other change
         to one of our kinds rebuilds from the store's whole current content, so a change
         delivered late or twice can never leave the model behind the store.
         """
@@ -84,7 +98,7 @@ class FileRegistry:
         def on_change(change: ConfigChange) -> None:
             if not change.kinds & KINDS:
                 return
-            if change.kinds & KINDS == {"WorkloadEntry"} and self._apply_events(change):
+            if change.kinds & KINDS <= _APPLIED_KINDS and self._apply_events(change):
                 return
             self.replace(store.configs.values())
 
@@ -93,7 +107,7 @@ class FileRegistry:
         return unsubscribe
 
     def _apply_events(self, change: ConfigChange) -> bool:
-        """Apply a change of WorkloadEntries only; False when it needs a whole build."""
+        """Apply a change of WorkloadEntries and ServiceEntries; False when it needs a whole build."""
         events = [e for e in change.events if e.key.kind in KINDS]
         after = {e.key: e.new for e in events}
         with self._lock:
@@ -103,10 +117,13 @@ class FileRegistry:
             if new is None:
                 return False
             for key, config in after.items():
+                self._checkable.pop(key, None)
                 if config is None:
                     self._configs.pop(key, None)
                 else:
                     self._configs[key] = config
+                    if may_be_checked(config):
+                        self._checkable[key] = config
             self._publish(new)
         return True
 
@@ -137,6 +154,7 @@ class FileRegistry:
             return self._rebuild(configs)
 
     def _rebuild(self, configs: dict[ConfigKey, Config]) -> RegistryChange | None:
+        self._checkable = {k: c for k, c in configs.items() if may_be_checked(c)}
         if _same_configs(self._configs, configs):
             self._configs = configs  # newer Source positions, same content
             return None

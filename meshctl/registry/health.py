@@ -374,7 +374,7 @@ class HealthCheckedRegistry:
         self._lock = threading.Lock()
         self._listeners: list[Listener] = []
         self._base = files.model()
-        self._checks = workload_checks(files.configs(), self._base)
+        self._checks = workload_checks(files.checkable(), self._base)
         self._model = apply_health(self._base, self._checks, reports, self._base)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshctl-health")
         self._pending = False
@@ -423,7 +423,7 @@ class HealthCheckedRegistry:
 
     def _files_changed(self, change: RegistryChange | None) -> None:
         base = self._files.model()
-        checks = workload_checks(self._files.configs(), base)
+        checks = workload_checks(self._files.checkable(), base)
         with self._lock:
             added = checks.keys() - self._checks.keys()
             self._base, self._checks = base, checks

@@ -156,5 +156,15 @@ def workload_checks(configs: Iterable[Config], model: ServiceModel) -> dict[tupl
     return checks
 
 
+def may_be_checked(config: Config) -> bool:
+    """Whether `workload_checks` reads `config` at all: a WorkloadGroup, or a WorkloadEntry of a
+    group or with checks turned on. The others cannot make or change a check, so a registry may
+    hand over these alone."""
+    kind = config.key.kind
+    if kind == "WorkloadGroup":
+        return True
+    return kind == "WorkloadEntry" and bool(config.annotations.get(GROUP_ANNOTATION) or _enabled(config.annotations))
+
+
 def _enabled(annotations: Mapping[str, str]) -> bool:
     return annotations.get(HEALTH_CHECKS_ANNOTATION, "").strip().lower() == "true"

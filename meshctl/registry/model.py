@@ -11,10 +11,12 @@ select subsets and workloads), a locality, a weight, a health status and an iden
 
 from __future__ import annotations
 
+import bisect
 import enum
 import hashlib
 import itertools
-from collections.abc import Callable, Iterable, Mapping
+import weakref
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
@@ -135,6 +137,9 @@ class TlsMode(enum.StrEnum):
 K = TypeVar("K")
 V = TypeVar("V")
 
+#: Whole-model digests are sums of per-host hashes of 128 bits, modulo this.
+_DIGEST_MODULUS: Final = 1 << 128
+
 #: The one empty mapping every endpoint without labels (or ports) shares.
 _EMPTY: Final[Mapping[Any, Any]] = MappingProxyType({})
 
@@ -227,7 +232,7 @@ class Endpoint:
         return (self.address, self.namespace, self.name)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class ServiceModel:
     """Every service and its endpoints at one moment; immutable, shared by snapshots.
 
@@ -243,26 +248,26 @@ class ServiceModel:
     _service_digests: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
     _endpoint_digests: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     _identities: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict, compare=False, repr=False)
-    #: Whole-model digests computed once (the model is immutable): name -> digest.
-    _model_digests: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+    #: Whole-model digests computed once (the model is immutable), as sums (`_sum`): kind -> sum.
+    _sums: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    #: For a model made by `patch_model`: the model it was made from (weakly: models must not
+    #: keep the ones before them alive) and the only hosts whose service or endpoints differ
+    #: from it, so `diff_models` looks at those and not at the mesh.
+    _patched_from: tuple[weakref.ref[ServiceModel], frozenset[str]] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     def endpoints_of(self, hostname: str) -> tuple[Endpoint, ...]:
         return self.endpoints.get(hostname, ())
 
-    def digest(self, endpoints_of: Callable[[Service], bool] | None = None) -> str:
+    def digest(self, *, definitions: bool = False) -> str:
         """A content hash: two replicas that see the same registries compute the same value.
-        `endpoints_of` limits which services' endpoints count (all by default)."""
-        h = hashlib.blake2b(digest_size=16)
-        known = self._service_digests
-        for host in sorted(self.services):
-            service = self.services[host]
-            digest = known.get(host)
-            if digest is None:
-                digest = known[host] = repr(_service_tuple(service)).encode()
-            h.update(digest)
-            if endpoints_of is None or endpoints_of(service):
-                h.update(self.endpoints_digest(host).encode())
-        return h.hexdigest()
+        With `definitions`, the endpoints of EDS (STATIC) services are left out: what clusters,
+        listeners and routes depend on.
+
+        The hash is a sum of one hash per host, so a model patched from another (`patch_model`)
+        whose digest is known computes its own from the hosts the patch touched, not the mesh."""
+        return f"{self._sum('definitions' if definitions else 'all'):032x}"
 
     def identities(self, hostname: str) -> tuple[tuple[str, str], ...]:
         """The (namespace, service account) of every workload behind `hostname`, sorted: whom a
@@ -279,13 +284,41 @@ class ServiceModel:
     def identities_digest(self) -> bytes:
         """A hash of every service's workload identities: clients' mutual TLS settings name them,
         so a workload with a new service account changes clusters, not only endpoints."""
-        found = self._model_digests.get("identities")
-        if found is None:
-            h = hashlib.blake2b(digest_size=16)
-            for host in sorted(self.services):
-                h.update(repr((host, self.identities(host))).encode())
-            found = self._model_digests["identities"] = h.digest()
+        return self._sum("identities").to_bytes(16, "big")
+
+    def _sum(self, kind: str) -> int:
+        """The sum of every host's `_term` (mod 2**128), computed once per model: from the
+        model patched, when its sum is known, at the cost of the hosts touched."""
+        found = self._sums.get(kind)
+        if found is not None:
+            return found
+        patched = self._patched_from
+        base = patched[0]() if patched is not None else None
+        if patched is not None and base is not None and kind in base._sums:
+            total = base._sums[kind]
+            for host in patched[1]:
+                total += self._term(kind, host) - base._term(kind, host)
+        else:
+            total = sum(self._term(kind, host) for host in self.services)
+        found = self._sums[kind] = total % _DIGEST_MODULUS
         return found
+
+    def _term(self, kind: str, host: str) -> int:
+        """One host's part of a digest: a hash of its service and endpoints (`all`), of its
+        service and, unless EDS serves them, its endpoints (`definitions`), or of the
+        identities behind it (`identities`); 0 for a host the model does not have."""
+        service = self.services.get(host)
+        if service is None:
+            return 0
+        if kind == "identities":
+            data = repr((host, self.identities(host))).encode()
+        else:
+            data = self._service_digests.get(host) or b""
+            if not data:
+                data = self._service_digests[host] = repr(_service_tuple(service)).encode()
+            if kind == "all" or service.resolution is not Resolution.STATIC:
+                data += self.endpoints_digest(host).encode()
+        return int.from_bytes(hashlib.blake2b(data, digest_size=16).digest(), "big")
 
     def endpoints_digest(self, hostname: str) -> str:
         """A content hash of one service's endpoints (EDS caches per host on it), computed once
@@ -368,6 +401,69 @@ def make_model(
     return model
 
 
+def patch_model(
+    model: ServiceModel,
+    services: Mapping[str, Service | None],
+    endpoints: Mapping[str, tuple[Endpoint, ...]],
+) -> ServiceModel:
+    """`model` with the services of some hosts replaced or removed (None) and the endpoints of
+    some hosts replaced (empty: none), endpoints given in model order (`sorted_endpoints`).
+
+    The same model `make_model` makes from the whole content, at the cost of the hosts named:
+    the mappings keep their hostname order, and every digest of a host left as it was carries
+    over. An edit of one ServiceEntry among ten thousand then costs one service, not the mesh."""
+    by_host = _copy(model.services)
+    eps = _copy(model.endpoints)
+    added: list[str] = []
+    for host, service in services.items():
+        if service is None:
+            by_host.pop(host, None)
+            eps.pop(host, None)
+        else:
+            if host not in by_host:
+                added.append(host)
+            by_host[host] = service
+    reorder = bool(added)
+    for host, given in endpoints.items():
+        if given and host in by_host:
+            reorder = reorder or host not in eps
+            eps[host] = given
+        else:
+            eps.pop(host, None)
+    if reorder:
+        # Hostname order, as `make_model` gives it: the few hosts added put in their places.
+        order = [host for host in model.services if host in by_host]
+        for host in added:
+            bisect.insort(order, host)
+        by_host = {host: by_host[host] for host in order}
+        eps = {host: eps[host] for host in order if host in eps}
+    old_services, old_endpoints = model.services, model.endpoints
+    touched = frozenset(
+        host
+        for host in services.keys() | endpoints.keys()
+        if old_services.get(host) is not by_host.get(host) or old_endpoints.get(host) is not eps.get(host)
+    )
+    new = ServiceModel(MappingProxyType(by_host), MappingProxyType(eps), model.notes)
+    new._service_digests.update(model._service_digests)
+    new._endpoint_digests.update(model._endpoint_digests)
+    new._identities.update(model._identities)
+    for host in touched:
+        if old_services.get(host) is not by_host.get(host):
+            new._service_digests.pop(host, None)
+        if old_endpoints.get(host) is not eps.get(host):
+            new._endpoint_digests.pop(host, None)
+            new._identities.pop(host, None)
+    object.__setattr__(new, "_patched_from", (weakref.ref(model), touched))
+    return new
+
+
+def _copy(mapping: Mapping[K, V]) -> dict[K, V]:
+    """A dict copy; of a MappingProxyType, its dict's own copy (`dict()` would look up every key)."""
+    if isinstance(mapping, (dict, MappingProxyType)):
+        return mapping.copy()
+    return dict(mapping)
+
+
 def sorted_endpoints(endpoints: Iterable[Endpoint]) -> tuple[Endpoint, ...]:
     """Endpoints in the order a model keeps them."""
     return tuple(sorted(endpoints, key=Endpoint.sort_key))
@@ -401,11 +497,24 @@ class RegistryStatus:
     endpoints: int = 0
 
 
+def patched_hosts(old: ServiceModel, new: ServiceModel) -> frozenset[str] | None:
+    """When `new` was patched from `old` (`patch_model`), the only hosts whose service or
+    endpoints may differ between them; None when that is not known (then any host may)."""
+    if new is old:
+        return frozenset()
+    patched = new._patched_from
+    return patched[1] if patched is not None and patched[0]() is old else None
+
+
 def diff_models(old: ServiceModel, new: ServiceModel) -> RegistryChange | None:
-    """The change from `old` to `new`, or None when they are the same."""
+    """The change from `old` to `new`, or None when they are the same. For a model patched from
+    `old` (`patch_model`), only the hosts the patch touched are compared."""
+    if new is old:
+        return None
     hosts: set[str] = set()
     services_changed = False
-    for host in old.services.keys() | new.services.keys():
+    candidates = patched_hosts(old, new)
+    for host in old.services.keys() | new.services.keys() if candidates is None else candidates:
         a, b = old.services.get(host), new.services.get(host)
         if a is not b and a != b:
             hosts.add(host)

@@ -65,6 +65,7 @@ from meshctl.registry.model import (
     TrafficDistribution,
     frozen,
     make_model,
+    patch_model,
     sorted_endpoints,
 )
 
@@ -283,20 +284,110 @@ def update_file_model(
     configs: Mapping[ConfigKey, Config | None], changed: Iterable[ConfigKey], memo: BuildMemo
 ) -> ServiceModel | None:
     """The model `build_file_model(configs.values(), memo)` would make, when only the
-    WorkloadEntries `changed` (created, updated or deleted) differ from the build that filled
-    `memo`: those workloads are converted, and only the ServiceEntries that selected them before
-    or select them now are matched again. None when that does not hold (another kind changed, a
-    WorkloadEntry of a WorkloadGroup, or no build before): build the whole model then.
+    WorkloadEntries and ServiceEntries `changed` (created, updated or deleted) differ from the
+    build that filled `memo`: those workloads are converted, only the ServiceEntries that
+    selected them before or select them now are matched again, and the ServiceEntries changed
+    are converted and matched. None when that does not hold (another kind changed, a
+    WorkloadEntry of a WorkloadGroup, no build before) or when the result would need the
+    whole build's rules (a model with notes, a hostname defined twice, an entry ignored): build
+    the whole model then.
 
-    An endpoint joining or leaving then costs its namespace's ServiceEntries, not the mesh."""
+    An endpoint joining or leaving then costs its namespace's ServiceEntries, and an edit of
+    one ServiceEntry costs that entry, not the mesh."""
     model, index = memo.model, memo.index
     if model is None or index is None:
         return None
     changed = list(changed)
-    if any(key.kind != "WorkloadEntry" for key in changed):
+    if any(key.kind not in _INCREMENTAL_KINDS for key in changed):
         return None
+    entries = _changed_entries(configs, [k for k in changed if k.kind == "ServiceEntry"], memo)
+    if entries is None:
+        return None
+    workloads = _changed_workloads(configs, [k for k in changed if k.kind == "WorkloadEntry"], memo)
+    if workloads is None:
+        return None
+    if not workloads and not entries:
+        return model
+    endpoints = _apply_workloads(workloads, memo) if workloads else {}
+    services: dict[str, Service | None] = {}
+    for key, config, converted in entries:
+        old = memo.entries.pop(key, None)
+        if old is not None:
+            for service in old[2]:
+                if memo.owners.get(service.hostname) == key:
+                    del memo.owners[service.hostname]
+                    services[service.hostname] = None
+                    endpoints[service.hostname] = ()
+        if config is None:
+            continue
+        spec = config.spec
+        assert isinstance(spec, _SE)  # _changed_entries converted it
+        selected: Sequence[_Workload] = ()
+        if spec.HasField("workload_selector"):
+            selected = index.select(config.namespace, dict(spec.workload_selector.labels))
+        entry_endpoints = {s.hostname: sorted_endpoints(_endpoints(spec, s, selected)) for s in converted}
+        memo.entries[key] = (config, selected, converted, entry_endpoints)
+        for service in converted:
+            memo.owners[service.hostname] = key
+            services[service.hostname] = service
+            endpoints[service.hostname] = entry_endpoints[service.hostname]
+    updated = patch_model(model, services, endpoints)
+    memo.model = updated
+    return updated
+
+
+#: The kinds `update_file_model` applies as a change; any other needs the whole build.
+_INCREMENTAL_KINDS: Final = frozenset({"WorkloadEntry", "ServiceEntry"})
+
+
+def _changed_entries(
+    configs: Mapping[ConfigKey, Config | None], keys: list[ConfigKey], memo: BuildMemo
+) -> list[tuple[ConfigKey, Config | None, list[Service]]] | None:
+    """The ServiceEntries changed, each with its new services (none: deleted); None when the
+    change needs the whole build. Reads the memo, changes nothing.
+
+    Without notes in the model before, every hostname had one ServiceEntry and none was
+    ignored; if that still holds after the change, each hostname still belongs to the one entry
+    that defines it, so the entries changed can be replaced on their own."""
+    assert memo.model is not None
+    out: list[tuple[ConfigKey, Config | None, list[Service]]] = []
+    if not keys:
+        return out
+    if memo.model.notes:
+        return None
+    claimed: set[str] = set()
+    leaving = set(keys)
+    for key in keys:
+        config = configs.get(key)
+        known = memo.entries.get(key)
+        if config is None and known is None:
+            continue
+        if config is not None and known is not None and config is known[0]:
+            continue
+        converted: list[Service] = []
+        if config is not None:
+            spec = config.spec
+            if not isinstance(spec, _SE):
+                return None
+            converted = convert_services(config)
+            if not converted and spec.hosts:
+                return None  # ignored, with a note
+            for service in converted:
+                owner = memo.owners.get(service.hostname)
+                if service.hostname in claimed or (owner is not None and owner not in leaving):
+                    return None  # defined twice: the first by name wins, with a note
+                claimed.add(service.hostname)
+        out.append((key, config, converted))
+    return out
+
+
+def _changed_workloads(
+    configs: Mapping[ConfigKey, Config | None], keys: list[ConfigKey], memo: BuildMemo
+) -> list[tuple[ConfigKey, Config | None, _Workload | None, _Workload | None]] | None:
+    """The WorkloadEntries changed, each as (key, config, old workload, new workload); None when
+    one belongs (or belonged) to a WorkloadGroup. Reads the memo, changes nothing."""
     replaced: list[tuple[ConfigKey, Config | None, _Workload | None, _Workload | None]] = []
-    for key in changed:
+    for key in keys:
         config = configs.get(key)
         known = memo.workloads.get(key)
         if config is None and known is None:
@@ -311,8 +402,16 @@ def update_file_model(
             if isinstance(entry, _WE):
                 new = _workload_from_message(entry, config.name, config.namespace, config.labels, None)
         replaced.append((key, config, known[2] if known is not None else None, new))
-    if not replaced:
-        return model
+    return replaced
+
+
+def _apply_workloads(
+    replaced: list[tuple[ConfigKey, Config | None, _Workload | None, _Workload | None]], memo: BuildMemo
+) -> dict[str, tuple[Endpoint, ...]]:
+    """Put the workloads changed into the memo's index and match again the ServiceEntries
+    that selected them or select them now; returns those entries' hosts' new endpoints."""
+    index = memo.index
+    assert index is not None
     touched: dict[str, list[Mapping[str, str]]] = {}
     for key, config, old, new in replaced:
         if old is not None:
@@ -324,7 +423,7 @@ def update_file_model(
             memo.workloads[key] = (config, None, new)
         else:
             memo.workloads.pop(key, None)
-    endpoints = dict(model.endpoints)
+    endpoints: dict[str, tuple[Endpoint, ...]] = {}
     for key, (config, _selected, converted, _endpoints_of) in list(memo.entries.items()):
         labels = touched.get(config.namespace)
         if labels is None:
@@ -340,13 +439,8 @@ def update_file_model(
         memo.entries[key] = (config, selected, converted, entry_endpoints)
         for host, eps in entry_endpoints.items():
             if memo.owners.get(host) == key:
-                if eps:
-                    endpoints[host] = eps
-                else:
-                    endpoints.pop(host, None)
-    updated = make_model(model.services.values(), endpoints, model.notes, previous=[model])
-    memo.model = updated
-    return updated
+                endpoints[host] = eps
+    return endpoints
 
 
 def _same_workloads(a: Sequence[_Workload], b: Sequence[_Workload]) -> bool:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from meshctl.registry.model import diff_models
 from meshctl.snapshot.model import Snapshot
 
 logger = logging.getLogger("meshctl.server.history")
@@ -121,8 +122,9 @@ def snapshot_changes(before: Snapshot | None, now: Snapshot) -> list[dict[str, s
             source = str((config or was).source)  # type: ignore[union-attr]  # one of them is set
             out.append({"kind": kind, "name": f"{key.namespace}/{key.name}", "change": change, "source": source})
     old_services, new_services = before.services.services, now.services.services
-    if old_services is not new_services:
-        for host in sorted(old_services.keys() | new_services.keys()):
+    registry = diff_models(before.services, now.services)
+    if registry is not None and not registry.endpoint_only:
+        for host in sorted(registry.hosts):
             was_service, service = old_services.get(host), new_services.get(host)
             if was_service is service or was_service == service:
                 continue

@@ -17,8 +17,15 @@ from meshctl.config.labels import selector_labels
 from meshctl.config.mesh import MeshSettings
 from meshctl.config.model import Config, ConfigKey
 from meshctl.config.references import is_exported
-from meshctl.registry.model import Endpoint, Resolution, Service, ServiceModel, TrafficDistribution
-from meshctl.snapshot.loopback import allocate_services
+from meshctl.registry.model import (
+    Endpoint,
+    Resolution,
+    Service,
+    ServiceModel,
+    TrafficDistribution,
+    patched_hosts,
+)
+from meshctl.snapshot.loopback import allocate_services, wants_loopback
 
 T = TypeVar("T")
 
@@ -47,6 +54,53 @@ def _names_failover_priority(rule: Any) -> bool:
         and bool(p.load_balancer.locality_lb_setting.failover_priority)
         for p in policies
     )
+
+
+def _prefers_close(service: Service) -> bool:
+    return service.traffic_distribution is not TrafficDistribution.ANY
+
+
+def _is_dns_or_loopback(service: Service) -> bool:
+    return service.resolution in _DNS or wants_loopback(service)
+
+
+def _touch_none(before: ServiceModel, after: ServiceModel, test: Callable[[Service], bool]) -> bool:
+    """Whether `after` is known to be patched from `before` on hosts none of whose services,
+    before or after, passes `test` (what depends on those services alone is then the same)."""
+    touched = patched_hosts(before, after)
+    if touched is None:
+        return False
+    for host in touched:
+        for service in (before.services.get(host), after.services.get(host)):
+            if service is not None and test(service):
+                return False
+    return True
+
+
+def _short_key(host: str) -> tuple[str, str] | None:
+    """The (short name, namespace) under which `name.namespace.rest` is found."""
+    parts = host.split(".", 2)
+    return (parts[0], parts[1]) if len(parts) >= 3 else None
+
+
+def _short_names_updated(
+    short: dict[tuple[str, str], list[str]], moved: Iterable[str], services: ServiceModel
+) -> dict[tuple[str, str], list[str]]:
+    """A copy of the short-name lookup with the hosts `moved` (added or removed) in or out,
+    each list in host order as a build from scratch makes it."""
+    out = defaultdict(list, short)
+    for host in moved:
+        key = _short_key(host)
+        if key is None:
+            continue
+        hosts = [h for h in out.get(key, ()) if h != host]
+        if host in services.services:
+            hosts = sorted([*hosts, host])
+        if hosts:
+            out[key] = hosts
+        else:
+            out.pop(key, None)
+    return out
 
 
 class _EntriesByAddress:
@@ -145,40 +199,61 @@ class SnapshotIndex:
             self._entries = previous._entries.updated({k for k in changed if k.kind == "WorkloadEntry"}, entries)
         else:
             self._entries = _EntriesByAddress.of(by_kind.get("WorkloadEntry", ()))
-        same_hosts = previous is not None and (
-            previous._services is services or previous._services.services.keys() == services.services.keys()
-        )
-        if previous is not None and same_hosts:
-            self._short: dict[tuple[str, str], list[str]] = previous._short
+        #: (short name, namespace) -> the hosts it stands for
+        self._short: dict[tuple[str, str], list[str]]
+        #: the short names the rules' hosts were resolved through: what `_index_rules` read of `_short`
+        self._short_asked: set[tuple[str, str]] = set()
+        moved = self._hosts_moved(previous, services)
+        if previous is not None and moved is not None:
+            self._short = previous._short if not moved else _short_names_updated(previous._short, moved, services)
         else:
             self._short = defaultdict(list)
             for host in sorted(services.services):
-                parts = host.split(".")
-                if len(parts) >= 3:
-                    self._short[(parts[0], parts[1])].append(host)
-        if previous is not None and same_hosts and same("VirtualService", "DestinationRule") and previous._mesh == mesh:
+                if (short := _short_key(host)) is not None:
+                    self._short[short].append(host)
+        if (
+            previous is not None
+            and moved is not None
+            and same("VirtualService", "DestinationRule")
+            and previous._mesh == mesh
+            and not any(_short_key(host) in previous._short_asked for host in moved)
+        ):
+            # Rules resolve hosts through short names only: hosts come and go under others.
             self.export: dict[ConfigKey, frozenset[str]] = previous.export
             self.hosts: dict[ConfigKey, tuple[str, ...]] = previous.hosts
             self._dr_exact: dict[str, dict[str, list[Config]]] = previous._dr_exact
             self._dr_wild: dict[str, list[Config]] = previous._dr_wild
+            self._short_asked = previous._short_asked
         else:
             self._index_rules(by_kind)
         if previous is not None and same("Sidecar", "DestinationRule", "Gateway", "VirtualService"):
             self._selectors = previous._selectors
         if previous is not None and same("AuthorizationPolicy", "RequestAuthentication"):
             self._policy_selectors = previous._policy_selectors
-        if previous is not None and previous._services is services:
+        if previous is not None and (
+            previous._services is services or _touch_none(previous._services, services, _is_dns_or_loopback)
+        ):
+            # The same services, or a patch that touched none resolved by DNS or given an address.
             self._dns = previous._dns
             if previous._mesh.loopback_range == mesh.loopback_range:
                 self._loopback = previous._loopback
         same_locality = previous is not None and previous._mesh.locality_lb_setting == mesh.locality_lb_setting
-        if previous is not None and previous._services is services and same("DestinationRule") and same_locality:
+        if (
+            previous is not None
+            and (previous._services is services or _touch_none(previous._services, services, _prefers_close))
+            and same("DestinationRule")
+            and same_locality
+        ):
             self._label_failover = previous._label_failover
         #: What scopes computed from the index's inputs alone, by their arguments (see `scoped`).
         self._scoped: dict[tuple[str, Hashable], Any] = {}
+        # What a scope sees of a VirtualService reads it, its exportTo and its resolved hosts (the
+        # rules' index) and the mesh: with that index kept, so are the scopes' answers.
+        same_index = previous is not None and self.hosts is previous.hosts
         if previous is not None and previous._mesh == mesh:
             same_services = previous._services is services
-            same_routes = same("VirtualService") and same_services
+            same_routes = same("VirtualService") and (same_services or same_index)
+            # Which DestinationRule applies to a host reads the rules and the services.
             same_rules = same("DestinationRule") and same_services
             self._scoped = {
                 k: v
@@ -191,7 +266,7 @@ class SnapshotIndex:
         #: VirtualService of the snapshot before by key, and the scopes' VirtualServices there,
         #: so a scope looks again at the changed ones only (`scoped_virtual_services`)
         self._routes_before: tuple[dict[ConfigKey, Config], dict[Hashable, tuple[Config, ...]]] | None = None
-        if previous is not None and previous._mesh == mesh and previous._services is services:
+        if previous is not None and previous._mesh == mesh and (previous._services is services or same_index):
             before = {k[1]: v for k, v in previous._scoped.items() if k[0] == "virtual_services"}
             if before and not same("VirtualService"):
                 self._routes_before = ({c.key: c for c in previous._by_kind.get("VirtualService", ())}, before)
@@ -208,6 +283,22 @@ class SnapshotIndex:
         #: `scoped_services`): for the tests
         self.visibility_tests = 0
 
+    @staticmethod
+    def _hosts_moved(previous: SnapshotIndex | None, services: ServiceModel) -> set[str] | None:
+        """The hostnames added or removed since `previous`, when few are known to be (the model
+        patched from the one before, or the same hostnames); None: build the name lookups anew."""
+        if previous is None:
+            return None
+        before = previous._services
+        if before is services:
+            return set()
+        touched = patched_hosts(before, services)
+        if touched is None:
+            return set() if before.services.keys() == services.services.keys() else None
+        if len(touched) > _INCREMENTAL_HOSTS:
+            return None
+        return {host for host in touched if (host in before.services) != (host in services.services)}
+
     def _index_rules(self, by_kind: Mapping[str, tuple[Config, ...]]) -> None:
         self.export = {}
         self.hosts = {}
@@ -221,6 +312,8 @@ class SnapshotIndex:
                 raw = spec.hosts if kind == "VirtualService" else [spec.host]
                 resolved: list[str] = []
                 for host in raw:
+                    if is_short_name(host):
+                        self._short_asked.add((host, config.namespace))
                     for h in self.resolve(host, config.namespace):
                         if h not in resolved:
                             resolved.append(h)
@@ -431,7 +524,7 @@ class SnapshotIndex:
         before = previous._services
         changed = {
             host
-            for host in before.services.keys() | model.services.keys()
+            for host in patched_hosts(before, model) or before.services.keys() | model.services.keys()
             if before.services.get(host) is not model.services.get(host)
             or before.endpoints.get(host) is not model.endpoints.get(host)
         }

@@ -8,6 +8,7 @@ indexes are the few lookups every proxy needs; anything proxy-specific lives in 
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
@@ -19,7 +20,7 @@ from meshctl.config import mesh as mesh_config
 from meshctl.config.gateway_api import Translation, with_translation
 from meshctl.config.model import Config, ConfigKey
 from meshctl.registry import serviceentry
-from meshctl.registry.model import Resolution, ServiceModel
+from meshctl.registry.model import ServiceModel
 from meshctl.snapshot.index import SnapshotIndex
 
 #: Mesh-wide settings live with the MeshConfig they are read from; generators find them here.
@@ -135,18 +136,32 @@ def build_snapshot(
         by_kind = dict(previous.by_kind)
         kind_digests = dict(previous.kind_digests)
         for kind in {k.kind for k in changed}:
-            touched = {k for k in changed if k.kind == kind}
-            kept = [c for c in previous.by_kind.get(kind, ()) if c.key not in touched]
-            kept.extend(by_key[k] for k in touched if k in by_key)
-            kept.sort(key=lambda c: c.key)  # the kept part is sorted already: linear
-            if kept:
-                by_kind[kind] = tuple(kept)
-                kind_digests[kind] = _kind_digest(by_kind[kind])
+            # The configs of the kind stay sorted by key: each changed key is found by bisection
+            # and its config taken out or put in, and the kind's digest (a sum) follows it.
+            configs = list(previous.by_kind.get(kind, ()))
+            total = _digest_sum(kind_digests.get(kind))
+            for key in sorted(k for k in changed if k.kind == kind):
+                at = bisect.bisect_left(configs, key, key=_key_of)
+                if at < len(configs) and configs[at].key == key:
+                    total -= _digest_term(configs[at])
+                    del configs[at]
+                config = by_key.get(key)
+                if config is not None:
+                    configs.insert(at, config)
+                    total += _digest_term(config)
+            if configs:
+                by_kind[kind] = tuple(configs)
+                kind_digests[kind] = _digest_bytes(total)
             else:
                 by_kind.pop(kind, None)
                 kind_digests.pop(kind, None)
     base = previous if previous is not None and previous._index is not None else None
-    definitions = services.digest(endpoints_of=lambda s: s.resolution is not Resolution.STATIC).encode()
+    base_changed = frozenset(changed) if changed is not None else None
+    if base is None and previous is not None and previous._changed is not None and base_changed is not None:
+        # `previous` was never indexed (a build that changed nothing, dropped: two inputs told
+        # of one edit): index from the snapshot it was built from, for the changes of both.
+        base, base_changed = previous._previous, previous._changed | base_changed
+    definitions = services.digest(definitions=True).encode()
     registry_digest = hashlib.blake2b(definitions + services.identities_digest(), digest_size=16).digest()
     h = hashlib.blake2b(digest_size=12)
     for kind in sorted(kind_digests):
@@ -172,16 +187,33 @@ def build_snapshot(
         # Only an indexed snapshot is a base for the index: one never indexed (a build that
         # changed nothing, dropped) would otherwise keep the chain of snapshots before it alive.
         _previous=base,
-        _changed=frozenset(changed) if base is not None and changed is not None else None,
+        _changed=base_changed if base is not None else None,
     )
 
 
 def _kind_digest(configs: tuple[Config, ...]) -> bytes:
-    """A hash of one kind's configs, in their (sorted) order."""
-    h = hashlib.blake2b(digest_size=16)
-    for config in configs:
-        h.update(config.content_digest().encode())
-    return h.digest()
+    """A hash of one kind's configs: the sum of their content digests (mod 2**128), so the next
+    snapshot's follows a change by adding and subtracting the configs it touched."""
+    return _digest_bytes(sum(_digest_term(c) for c in configs))
+
+
+_DIGEST_MODULUS: Final = 1 << 128
+
+
+def _digest_term(config: Config) -> int:
+    return int(config.content_digest(), 16)
+
+
+def _digest_sum(digest: bytes | None) -> int:
+    return int.from_bytes(digest, "big") if digest else 0
+
+
+def _digest_bytes(total: int) -> bytes:
+    return (total % _DIGEST_MODULUS).to_bytes(16, "big")
+
+
+def _key_of(config: Config) -> ConfigKey:
+    return config.key
 
 
 def spec(config: Config) -> Any:
