@@ -49,7 +49,15 @@ from types import MappingProxyType
 
 from google.protobuf.message import Message
 
-from meshctl.server.cache_parts import Part, Recent, TracedEds, TracedPart, changed_inputs, rules_digest
+from meshctl.server.cache_parts import (
+    Part,
+    Recent,
+    ServicesRead,
+    TracedEds,
+    TracedPart,
+    changed_inputs,
+    rules_digest,
+)
 from meshctl.server.grpc_view import GrpcAssignments, grpc_config, grpc_inbound_listeners
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyNode, bind_proxy, outbound_of
@@ -63,6 +71,7 @@ from meshctl.xds.generate import (
     BOUND_KINDS,
     CLUSTER_KINDS,
     PATCH_KINDS,
+    SCOPED_SERVICES,
     TRACED_KINDS,
     GenerationMemos,
     finish_config,
@@ -369,31 +378,48 @@ class ResourceCache:
         return whole
 
     def _outbound_parts_for(self, snapshot: Snapshot, outbound_key: OutboundProxy) -> Part:
-        clusters_version = snapshot.version_of(CLUSTER_KINDS - TRACED_KINDS)
-        rest_version = snapshot.version_of(frozenset(snapshot.kind_digests) - TRACED_KINDS - PATCH_KINDS - BOUND_KINDS)
+        # A sidecar's parts check what they read of the registry (`SCOPED_SERVICES`), so a
+        # service outside their scope regenerates none of them; a router's are keyed on it all.
+        scoped = outbound_key.type in SCOPED_SERVICES
+        clusters_version = snapshot.version_of(CLUSTER_KINDS - TRACED_KINDS, services=not scoped)
+        rest_version = snapshot.version_of(
+            frozenset(snapshot.kind_digests) - TRACED_KINDS - PATCH_KINDS - BOUND_KINDS, services=not scoped
+        )
         with self._lock:
             clusters_entry = self._cluster_parts.get(clusters_version, outbound_key)
             rest_entry = self._outbound_parts.get(rest_version, outbound_key)
         scope = ProxyScope(snapshot, outbound_key)  # answers the traces' questions, once each
-        clusters = clusters_entry.part if clusters_entry is not None and clusters_entry.holds(scope) else None
-        rest = rest_entry.part if rest_entry is not None and rest_entry.holds(scope) else None
+        clusters = rest = None
+        if clusters_entry is not None and clusters_entry.holds(scope):
+            clusters = clusters_entry.part
+            if (kept := clusters_entry.checked_at(scope)) is not clusters_entry:
+                with self._lock:
+                    self._cluster_parts.put(clusters_version, outbound_key, kept)
+        if rest_entry is not None and rest_entry.holds(scope):
+            rest = rest_entry.part
+            if (kept := rest_entry.checked_at(scope)) is not rest_entry:
+                with self._lock:
+                    self._outbound_parts.put(rest_version, outbound_key, kept)
         if clusters is not None and rest is not None:
             return self._whole(clusters, rest)
         if clusters is None:
             rules: dict[str, object] = {}
-            made = generate_outbound_clusters(snapshot, outbound_key, self._memos, rules)
+            names: set[tuple[str, str]] = set()
+            made = generate_outbound_clusters(snapshot, outbound_key, self._memos, rules, names)
             clusters = self._generated({types.CLUSTER: made}, count=False)
+            traced = TracedPart(clusters, rules, rules_digest(snapshot), _services_read(scope, names, scoped))
             with self._lock:
                 self.cluster_generations += 1
-                traced = TracedPart(clusters, rules, rules_digest(snapshot))
                 if self._cluster_parts.put(clusters_version, outbound_key, traced):
                     self._forget_assignments()
         if rest is None:
             rules = {}
-            generated = generate_outbound_listeners_and_routes(snapshot, outbound_key, self._memos, rules)
+            names = set()
+            generated = generate_outbound_listeners_and_routes(snapshot, outbound_key, self._memos, rules, names)
             rest = self._generated(generated, count=False)
+            traced = TracedPart(rest, rules, rules_digest(snapshot), _services_read(scope, names, scoped))
             with self._lock:
-                self._outbound_parts.put(rest_version, outbound_key, TracedPart(rest, rules, rules_digest(snapshot)))
+                self._outbound_parts.put(rest_version, outbound_key, traced)
         with self._lock:
             self.generations += 1
             self.outbound_generations += 1
@@ -508,3 +534,11 @@ class ResourceCache:
             else:
                 self._eds_variants[(cluster, locality)] = (view, resource)
         return resource, view
+
+
+def _services_read(scope: ProxyScope, names: set[tuple[str, str]], scoped: bool) -> ServicesRead | None:
+    """What a part generated in `scope` read of the registry, for a part not keyed on it."""
+    if not scoped:
+        return None
+    snapshot = scope.snapshot
+    return ServicesRead(snapshot.services, snapshot.index.loopback, scope.services, frozenset(names))

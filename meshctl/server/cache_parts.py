@@ -6,10 +6,11 @@ cache so that its module says how sharing works and this one what is shared."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from meshctl.config.model import ConfigKey
+from meshctl.registry.model import Service, ServiceModel
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.scope import ProxyScope, rule_digest
 from meshctl.xds.endpoints import subset_labels
@@ -88,20 +89,69 @@ class TracedEds:
 
 
 @dataclass(frozen=True, slots=True)
+class ServicesRead:
+    """What an outbound part read of the registry, for a part kept across service changes
+    (`SCOPED_SERVICES`): the model and loopback allocation it was made (or last checked) at,
+    the services its scope saw, and the short names its generation resolved."""
+
+    model: ServiceModel
+    loopback: Mapping[str, str]
+    services: tuple[Service, ...]
+    names: frozenset[tuple[str, str]]
+
+    def holds(self, scope: ProxyScope, rules: Mapping[str, object]) -> bool:
+        """Whether no host that changed since `model` is one the part read: its scope sees the
+        same services, and no changed host is one of them, a collector, a rule asked for
+        (`rules`) or a short name's resolution."""
+        snapshot = scope.snapshot
+        if snapshot.services is self.model:
+            return True
+        changed = snapshot.index.changed_hosts(self.model, self.loopback)
+        if not changed:
+            return True
+        if scope.services != self.services:
+            return False
+        if not changed.isdisjoint(scope.service_hosts) or not changed.isdisjoint(rules):
+            return False
+        if any(c.hostname in changed for c in scope.proxy.collectors):
+            return False
+        names = {(parts[0], parts[1]) for h in changed if len(parts := h.split(".")) >= 3}
+        return names.isdisjoint(self.names) and names.isdisjoint(snapshot.index.short_hosts())
+
+    def at(self, scope: ProxyScope) -> ServicesRead:
+        """The same reads, as of `scope`'s snapshot (where `holds` found them unchanged)."""
+        snapshot = scope.snapshot
+        return ServicesRead(snapshot.services, snapshot.index.loopback, scope.services, self.names)
+
+
+@dataclass(frozen=True, slots=True)
 class TracedPart:
-    """An outbound part and the DestinationRules its generation asked for (host -> digest)."""
+    """An outbound part and the DestinationRules its generation asked for (host -> digest), and
+    for a part not keyed on the registry, what it read of it."""
 
     part: Part
     rules: Mapping[str, object]
     #: the DestinationRules' content digest when it was made: the same rules, the same answers
     rules_digest: bytes
+    services: ServicesRead | None = None
 
     def holds(self, scope: ProxyScope) -> bool:
-        """Whether every rule asked for is, in `scope`'s snapshot, the one it was."""
+        """Whether every rule asked for is, in `scope`'s snapshot, the one it was, and (for a
+        part not keyed on the registry) every service it read."""
+        return self._rules_hold(scope) and (self.services is None or self.services.holds(scope, self.rules))
+
+    def _rules_hold(self, scope: ProxyScope) -> bool:
         snapshot = scope.snapshot
         if rules_digest(snapshot) == self.rules_digest:
             return True
         return all(rule_digest(snapshot, scope.destination_rule(h)) == d for h, d in self.rules.items())
+
+    def checked_at(self, scope: ProxyScope) -> TracedPart:
+        """The part as of `scope`'s snapshot, where `holds` found it kept: later checks compare
+        against this snapshot's services, and the model it was made at is let go."""
+        if self.services is None or self.services.model is scope.snapshot.services:
+            return self
+        return replace(self, services=self.services.at(scope))
 
 
 def rules_digest(snapshot: Snapshot) -> bytes:

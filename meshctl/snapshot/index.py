@@ -163,6 +163,12 @@ class SnapshotIndex:
             self._dr_wild: dict[str, list[Config]] = previous._dr_wild
         else:
             self._index_rules(by_kind)
+        #: `short_hosts`, with the rule hosts it comes from
+        self._short_hosts: frozenset[tuple[str, str]] | None = None
+        if previous is not None and previous.hosts is self.hosts:
+            self._short_hosts = previous._short_hosts
+        #: `changed_hosts` by the id of the model before (held, so the id stays its own)
+        self._changed: dict[int, tuple[ServiceModel, frozenset[str]]] = {}
         if previous is not None and same("Sidecar", "DestinationRule", "Gateway", "VirtualService"):
             self._selectors = previous._selectors
         if previous is not None and same("AuthorizationPolicy", "RequestAuthentication"):
@@ -403,6 +409,51 @@ class SnapshotIndex:
         if self._loopback is None:
             self._loopback = allocate_services(self._services.services.values(), self._mesh.loopback_range)
         return self._loopback
+
+    def changed_hosts(self, before: ServiceModel, before_loopback: Mapping[str, str]) -> frozenset[str]:
+        """The hosts whose part of the registry generation may read differently here than in
+        `before` (whose loopback allocation was `before_loopback`): the service itself (came,
+        went or changed), its endpoints where its clusters or listeners carry them (resolution
+        not STATIC), its workloads' identities, its loopback address. What `registry_digest`
+        hashes for the whole mesh, host by host: what an outbound part checks its services
+        against (`TracedPart`). Computed once per model before."""
+        found = self._changed.get(id(before))
+        if found is not None and found[0] is before:
+            return found[1]
+        now = self._services
+        was, cur = before.services, now.services
+        out: set[str] = set()
+        if before is not now:
+            for host in was.keys() | cur.keys():
+                a, b = was.get(host), cur.get(host)
+                if a is not b and a != b:
+                    out.add(host)
+                    continue
+                if b is None:
+                    continue
+                ea, eb = before.endpoints.get(host, ()), now.endpoints.get(host, ())
+                if ea is eb:
+                    continue
+                carried = b.resolution is not Resolution.STATIC  # its endpoints are in CDS or LDS
+                if (carried and ea != eb) or before.identities(host) != now.identities(host):
+                    out.add(host)
+        loopback = self.loopback
+        if loopback is not before_loopback:
+            out.update(h for h in before_loopback.keys() | loopback.keys() if before_loopback.get(h) != loopback.get(h))
+        result = frozenset(out)
+        self._changed[id(before)] = (before, result)
+        return result
+
+    def short_hosts(self) -> frozenset[tuple[str, str]]:
+        """(short name, namespace) of every short host a VirtualService or DestinationRule names
+        as its host: the names whose resolution (`resolve`) decides which VirtualServices a scope
+        sees and which services a rule is for. A host `a.b.rest` added or removed changes only
+        the resolution of (`a`, `b`)."""
+        if self._short_hosts is None:
+            self._short_hosts = frozenset(
+                (h, key.namespace) for key, hosts in self.hosts.items() for h in hosts if is_short_name(h)
+            )
+        return self._short_hosts
 
     def endpoints_at(self, address: str) -> list[tuple[Service, Endpoint]]:
         """Every (service, endpoint) whose endpoint has `address`, by service hostname: how a
