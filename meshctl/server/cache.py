@@ -8,6 +8,9 @@ Three levels of sharing, from the most to the least expensive to redo:
   per `CLUSTER_KINDS`, its listeners and routes per every other kind; DestinationRules are
   not in those versions but traced (each part notes the rules it asked for, and is kept while
   they are the same, so a rule of one namespace's service regenerates that namespace alone),
+  and neither, for a sidecar, is the registry: a part notes what it read of it (`ServicesRead`:
+  the services its scope sees, short names resolved) and is kept while no host it read changed,
+  so a ServiceEntry outside a namespace's scope regenerates none of its parts,
   within which each service port's clusters are made once per `OutboundClusterView` and shared
   across keys and versions (a VirtualService change builds no cluster); and the inbound part (its
   own workload) once per `InboundView`, the only input of inbound generation (a
@@ -363,10 +366,11 @@ class ResourceCache:
 
     def _outbound_for(self, snapshot: Snapshot, proxy: Proxy) -> Part:
         """The outbound part for the proxy, from its two halves: clusters, kept while
-        `CLUSTER_KINDS` and the services stay as they were, and listeners and routes, kept
-        while every other kind does; both kept across DestinationRule changes that leave every
-        rule they asked for as it was (`TRACED_KINDS`). The OutboundProxy is the key of both:
-        generation reads nothing of the proxy beyond it."""
+        `CLUSTER_KINDS` stay as they were, and listeners and routes, kept while every other kind
+        does; both kept across DestinationRule changes that leave every rule they asked for as
+        it was (`TRACED_KINDS`), and a sidecar's across service changes that leave every service
+        they read as it was (`SCOPED_SERVICES`; a router's are keyed on every service). The
+        OutboundProxy is the key of both: generation reads nothing of the proxy beyond it."""
         outbound_key = outbound_of(proxy, snapshot)
         with self._lock:
             found = self._outbound_now.get(snapshot.config_version, outbound_key)
