@@ -9,6 +9,7 @@ makes from scratch.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -269,3 +270,97 @@ def test_a_service_entry_no_sidecar_imports_regenerates_only_the_parts_that_see_
             assert_serves_what_generate_makes(cache.resources(snapshot, proxy), snapshot, proxy, (step, n))
         made = (cache.cluster_generations - before[0], cache.outbound_generations - before[1])
         assert made == ((3, 3) if step == 0 else (1, 1)), (step, made)
+
+
+def _web(resolution: str = "STATIC", protocol: str = "HTTP", address: str = "10.1.0.1", account: str = "web") -> str:
+    """ns1's service, its VM, and ns1's Sidecar importing ns1 alone."""
+    return f"""
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: web, namespace: ns1}}
+spec:
+  hosts: [web.ns1.mesh]
+  location: MESH_INTERNAL
+  resolution: {resolution}
+  ports: [{{number: 8080, name: {protocol.lower()}, protocol: {protocol}}}]
+  workloadSelector: {{labels: {{app: web}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{name: web-vm, namespace: ns1}}
+spec: {{address: {address}, labels: {{app: web}}, serviceAccount: {account}}}
+---
+{_sidecar("ns1", 1)}"""
+
+
+def _hidden(host: str, protocol: str = "HTTP") -> str:
+    """A ServiceEntry of ns3 that ns1 cannot see (exported to ns3 alone)."""
+    return f"""---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: hidden, namespace: ns3}}
+spec:
+  hosts: [{host}]
+  exportTo: ["."]
+  resolution: STATIC
+  ports: [{{number: 8080, name: {protocol.lower()}, protocol: {protocol}}}]
+"""
+
+
+def _web_route(destination: str) -> str:
+    return f"""---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: web, namespace: ns1}}
+spec:
+  hosts: [web.ns1.mesh]
+  http: [{{route: [{{destination: {{host: {destination}, port: {{number: 8080}}}}}}]}}]
+"""
+
+
+HASHING_RULE = """---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: api, namespace: ns3}
+spec:
+  host: api.ns1.mesh
+  trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x-user}}}
+"""
+#: (what it shows, the mesh before, after, the client's node metadata)
+READS = {
+    # A route's short destination `api` in ns1 comes to name a host ns1 cannot see.
+    "a short name resolved": (_web() + _web_route("api"), _web() + _web_route("api") + _hidden("api.ns1.mesh"), {}),
+    # A host ns1 cannot see comes to be declared in ns3, whose rule then applies to it.
+    "a rule asked for": (
+        _web() + _web_route("api.ns1.mesh") + HASHING_RULE,
+        _web() + _web_route("api.ns1.mesh") + HASHING_RULE + _hidden("api.ns1.mesh"),
+        {},
+    ),
+    # A TCP host sorting before web's and wanting its loopback address takes it.
+    "a loopback address": (_web(protocol="TCP"), _web(protocol="TCP") + _hidden("a3.ns3.mesh", "TCP"), {}),
+    # web's VM runs under another account: its clients' mutual TLS checks another identity.
+    "an identity": (_web(), _web(account="web-2") + _hidden("other.ns3.mesh"), {}),
+    # web has no address: a redirected client listens on its endpoints' addresses.
+    "endpoints": (
+        _web("NONE", "TCP"),
+        _web("NONE", "TCP", address="10.1.0.2") + _hidden("other.ns3.mesh"),
+        {"INTERCEPTION_MODE": "REDIRECT"},
+    ),
+}
+
+
+@pytest.mark.parametrize("what", sorted(READS))
+def test_a_part_is_regenerated_when_a_host_it_read_changed(what: str) -> None:
+    """Each way an ns1 client's outbound part reads the registry beyond its scope's list of
+    services, changed by a service ns1 cannot see (or alongside one): the part is not kept."""
+    before, after, metadata = READS[what]
+    cache = ResourceCache()
+    node = "sidecar~10.9.0.1~client.ns1~ns1.svc.cluster.local"
+    configs = []
+    for step, text in enumerate((before, after)):
+        snapshot = snapshot_from_yaml(text, mesh=SMALL_LOOPBACK)
+        proxy = proxy_for(snapshot, node, metadata)
+        assert_serves_what_generate_makes(cache.resources(snapshot, proxy), snapshot, proxy, (what, step))
+        configs.append(generate(snapshot, proxy))
+    assert configs[0] != configs[1], "the change shows in the client's config"
+    assert cache.outbound_generations == 2
