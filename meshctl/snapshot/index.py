@@ -163,7 +163,7 @@ class SnapshotIndex:
             self._dr_wild: dict[str, list[Config]] = previous._dr_wild
         else:
             self._index_rules(by_kind)
-        #: `short_hosts`, with the rule hosts it comes from
+        #: `short_hosts`, carried with the rules' resolved hosts it is made from
         self._short_hosts: frozenset[tuple[str, str]] | None = None
         if previous is not None and previous.hosts is self.hosts:
             self._short_hosts = previous._short_hosts

@@ -50,7 +50,7 @@ class Snapshot:
     #: A hash of the registry's services (but endpoints of EDS services) and their identities:
     #: the part of `config_version` that is not config kinds or mesh settings.
     registry_digest: bytes = b""
-    #: `version_of` results, by (kinds, endpoints): computed once per snapshot.
+    #: `version_of` results, by (kinds, endpoints, services): computed once per snapshot.
     _versions: dict[tuple[frozenset[str], bool, bool], str] = field(default_factory=dict)
     _index: SnapshotIndex | None = None
     #: The snapshot this one was built from, until its index is built (which reuses parts of
