@@ -148,10 +148,16 @@ class TracedPart:
 
     def checked_at(self, scope: ProxyScope) -> TracedPart:
         """The part as of `scope`'s snapshot, where `holds` found it kept: later checks compare
-        against this snapshot's services, and the model it was made at is let go."""
-        if self.services is None or self.services.model is scope.snapshot.services:
+        against this snapshot's rules and services (a snapshot with the same rules then needs
+        no rule asked again), and the model it was made at is let go."""
+        snapshot = scope.snapshot
+        digest = rules_digest(snapshot)
+        services = self.services
+        if services is not None and services.model is not snapshot.services:
+            services = services.at(scope)
+        if digest == self.rules_digest and services is self.services:
             return self
-        return replace(self, services=self.services.at(scope))
+        return replace(self, rules_digest=digest, services=services)
 
 
 def rules_digest(snapshot: Snapshot) -> bytes:
