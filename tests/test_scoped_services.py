@@ -364,3 +364,18 @@ def test_a_part_is_regenerated_when_a_host_it_read_changed(what: str) -> None:
         configs.append(generate(snapshot, proxy))
     assert configs[0] != configs[1], "the change shows in the client's config"
     assert cache.outbound_generations == 2
+
+
+def test_an_endpoint_change_rebuilds_only_the_eds_sets_naming_its_service() -> None:
+    """ns1's service moves to another address: the EDS sets of ns1's client and of ns3's (which
+    sees everything) are made again, ns2's client keeps its own; every client is served what
+    `generate` makes."""
+    cache = ResourceCache()
+    nodes = [f"sidecar~10.9.0.{i}~client.{ns}~{ns}.svc.cluster.local" for i, ns in enumerate(NAMESPACES)]
+    for step, text in enumerate((_namespaces_mesh(), _namespaces_mesh().replace("10.0.0.1", "10.0.0.9"))):
+        snapshot = snapshot_from_yaml(text)
+        before = cache.eds_set_builds
+        for n in nodes:
+            proxy = proxy_for(snapshot, n)
+            assert_serves_what_generate_makes(cache.resources(snapshot, proxy), snapshot, proxy, (step, n))
+        assert cache.eds_set_builds - before == (3 if step == 0 else 2), step

@@ -176,9 +176,10 @@ class ResourceCache:
         #: or a failoverPriority rewrites for, one per distinct view (`eds_locality`)
         self._eds_variants: dict[tuple[str, LocalityView], tuple[AssignmentView, Resource]] = {}
         self._views: Recent[tuple[object, ...], ProxyResources] = Recent(keep_versions)
-        #: the EDS set of each distinct list of EDS clusters (and locality views), per version of
-        #: what assignments read (the endpoints; DestinationRules through the subsets' labels,
-        #: checked), and as found for each snapshot version
+        #: the EDS set of each distinct list of EDS clusters (and locality views), per mesh
+        #: settings, checked against what assignments read (its clusters' services and
+        #: endpoints; DestinationRules through the subsets' labels), and as found for each
+        #: snapshot version
         self._eds_sets: Recent[tuple[object, ...], TracedEds] = Recent(keep_versions)
         self._eds_now: Recent[tuple[object, ...], ResourceSet] = Recent(keep_versions)
         # Equal resources and equal sets, shared while anything holds them.
@@ -189,6 +190,7 @@ class ResourceCache:
         self.outbound_generations = 0
         self.cluster_generations = 0  # outbound parts whose clusters had to be generated
         self.eds_builds = 0
+        self.eds_set_builds = 0  # EDS sets (the assignments of one list of clusters) made
         #: Proxy views whose generation failed (each kept its last good config, or had none).
         self.generation_failures = 0
         #: the last good view per generation key, for a proxy whose generation fails
@@ -497,12 +499,16 @@ class ResourceCache:
             now = self._eds_now.get(snapshot.version, key)
         if now is not None:
             return now
-        # Kept across DestinationRule changes that leave every subset's labels as they were.
-        version = snapshot.version_of(ASSIGNMENT_KINDS - TRACED_KINDS, endpoints=True)
+        # Kept across DestinationRule changes that leave every subset's labels as they were, and
+        # across service changes that leave its clusters' services and endpoints as they were.
+        version = snapshot.version_of(ASSIGNMENT_KINDS - TRACED_KINDS, services=False)
         with self._lock:
             found = self._eds_sets.get(version, key)
         if found is not None and found.holds(snapshot):
             eds = found.eds
+            if (kept := found.checked_at(snapshot)) is not found:
+                with self._lock:
+                    self._eds_sets.put(version, key, kept)
         else:
             views = views or {}
             made = [self._eds_for(snapshot, name, views.get(name)) for name in names]
@@ -512,8 +518,11 @@ class ResourceCache:
                 for _, view in made
                 if view.port is not None and (parsed := parse_cluster_name(view.cluster_name)) and parsed.subset
             )
+            hosts = frozenset(parsed.host for name in names if (parsed := parse_cluster_name(name)))
+            traced = TracedEds(eds, subsets, rules_digest(snapshot), snapshot.services, hosts)
             with self._lock:
-                self._eds_sets.put(version, key, TracedEds(eds, subsets, rules_digest(snapshot)))
+                self.eds_set_builds += 1
+                self._eds_sets.put(version, key, traced)
         with self._lock:
             self._eds_now.put(snapshot.version, key, eds)
         return eds

@@ -71,14 +71,22 @@ class Part:
 @dataclass(frozen=True, slots=True)
 class TracedEds:
     """An EDS set, and the labels each subset cluster in it was built with (host, subset, labels):
-    the only part of a DestinationRule an assignment reads (`subset_labels`)."""
+    the only part of a DestinationRule an assignment reads (`subset_labels`); and the model it
+    was made (or last checked) at with the hosts of its clusters, whose services and endpoints
+    are all an assignment reads of the registry."""
 
     eds: ResourceSet
     subsets: tuple[tuple[str, str, tuple[tuple[str, str], ...] | None], ...]
     #: the DestinationRules' content digest when it was made: the same rules, the same answers
     rules_digest: bytes
+    model: ServiceModel
+    hosts: frozenset[str]
 
     def holds(self, snapshot: Snapshot) -> bool:
+        if snapshot.services is not self.model and not snapshot.index.endpoints_changed(self.model).isdisjoint(
+            self.hosts
+        ):
+            return False
         if rules_digest(snapshot) == self.rules_digest:
             return True
         for host, subset, labels in self.subsets:
@@ -86,6 +94,13 @@ class TracedEds:
             if (tuple(sorted(now.items())) if now is not None else None) != labels:
                 return False
         return True
+
+    def checked_at(self, snapshot: Snapshot) -> TracedEds:
+        """The set as of `snapshot`, where `holds` found it kept (see `TracedPart.checked_at`)."""
+        digest = rules_digest(snapshot)
+        if digest == self.rules_digest and snapshot.services is self.model:
+            return self
+        return replace(self, rules_digest=digest, model=snapshot.services)
 
 
 @dataclass(frozen=True, slots=True)

@@ -169,6 +169,7 @@ class SnapshotIndex:
             self._short_hosts = previous._short_hosts
         #: `changed_hosts` by the id of the model before (held, so the id stays its own)
         self._changed: dict[int, tuple[ServiceModel, frozenset[str]]] = {}
+        self._endpoints_changed: dict[int, tuple[ServiceModel, frozenset[str]]] = {}
         if previous is not None and same("Sidecar", "DestinationRule", "Gateway", "VirtualService"):
             self._selectors = previous._selectors
         if previous is not None and same("AuthorizationPolicy", "RequestAuthentication"):
@@ -442,6 +443,25 @@ class SnapshotIndex:
             out.update(h for h in before_loopback.keys() | loopback.keys() if before_loopback.get(h) != loopback.get(h))
         result = frozenset(out)
         self._changed[id(before)] = (before, result)
+        return result
+
+    def endpoints_changed(self, before: ServiceModel) -> frozenset[str]:
+        """The hosts whose service or endpoints differ here from `before`: what a load
+        assignment reads of the registry (`AssignmentView`). Computed once per model before."""
+        found = self._endpoints_changed.get(id(before))
+        if found is not None and found[0] is before:
+            return found[1]
+        now = self._services
+        out: set[str] = set()
+        if before is not now:
+            was, cur = before.services, now.services
+            for host in was.keys() | cur.keys():
+                a, b = was.get(host), cur.get(host)
+                ea, eb = before.endpoints.get(host, ()), now.endpoints.get(host, ())
+                if (a is not b and a != b) or (ea is not eb and ea != eb):
+                    out.add(host)
+        result = frozenset(out)
+        self._endpoints_changed[id(before)] = (before, result)
         return result
 
     def short_hosts(self) -> frozenset[tuple[str, str]]:
