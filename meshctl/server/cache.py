@@ -19,7 +19,8 @@ Three levels of sharing, from the most to the least expensive to redo:
 - a ClusterLoadAssignment is built once per `AssignmentView` (its service port, the service's
   endpoints by digest, the subset's labels: everything `build_assignment` reads) and shared by
   every proxy with the cluster, so an endpoint change rebuilds only its service's, and a config
-  change only those it touches;
+  change only those it touches; the set of one list of clusters is kept while their services
+  and endpoints are, so an endpoint change looks again only at the sets that name its service;
 - a proxy's complete view (`ProxyResources`) is assembled once per (snapshot version, key).
 
 Proxies with different keys still often get equal resources (every sidecar of a namespace gets
