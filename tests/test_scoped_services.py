@@ -379,3 +379,19 @@ def test_an_endpoint_change_rebuilds_only_the_eds_sets_naming_its_service() -> N
             proxy = proxy_for(snapshot, n)
             assert_serves_what_generate_makes(cache.resources(snapshot, proxy), snapshot, proxy, (step, n))
         assert cache.eds_set_builds - before == (3 if step == 0 else 2), step
+
+
+def test_after_a_change_undone_the_next_service_change_keeps_what_it_did_not_touch() -> None:
+    """web.ns1 moves and moves back, then a ServiceEntry only ns3's client sees comes: ns1's
+    and ns2's clients keep their parts and EDS sets, which are those of before the move (the
+    ones the move replaced are tried too), and only ns3's are made again."""
+    cache = ResourceCache()
+    nodes = [f"sidecar~10.9.0.{i}~client.{ns}~{ns}.svc.cluster.local" for i, ns in enumerate(NAMESPACES)]
+    moved = _namespaces_mesh().replace("10.0.0.1", "10.0.0.9")
+    for step, text in enumerate((_namespaces_mesh(), moved, _namespaces_mesh(), _namespaces_mesh(CATALOG_ENTRY))):
+        snapshot = snapshot_from_yaml(text)
+        before = (cache.outbound_generations, cache.eds_set_builds)
+        for n in nodes:
+            proxy = proxy_for(snapshot, n)
+            assert_serves_what_generate_makes(cache.resources(snapshot, proxy), snapshot, proxy, (step, n))
+    assert (cache.outbound_generations - before[0], cache.eds_set_builds - before[1]) == (1, 1)

@@ -397,14 +397,16 @@ class ResourceCache:
             rest_entry = self._outbound_parts.get(rest_version, outbound_key)
         scope = ProxyScope(snapshot, outbound_key)  # answers the traces' questions, once each
         clusters = rest = None
-        if clusters_entry is not None and clusters_entry.holds(scope):
-            clusters = clusters_entry.part
-            if (kept := clusters_entry.checked_at(scope)) is not clusters_entry:
+        kept = clusters_entry.found_at(scope) if clusters_entry is not None else None
+        if kept is not None:
+            clusters = kept.part
+            if kept is not clusters_entry:
                 with self._lock:
                     self._cluster_parts.put(clusters_version, outbound_key, kept)
-        if rest_entry is not None and rest_entry.holds(scope):
-            rest = rest_entry.part
-            if (kept := rest_entry.checked_at(scope)) is not rest_entry:
+        kept = rest_entry.found_at(scope) if rest_entry is not None else None
+        if kept is not None:
+            rest = kept.part
+            if kept is not rest_entry:
                 with self._lock:
                     self._outbound_parts.put(rest_version, outbound_key, kept)
         if clusters is not None and rest is not None:
@@ -415,6 +417,7 @@ class ResourceCache:
             made = generate_outbound_clusters(snapshot, outbound_key, self._memos, rules, names)
             clusters = self._generated({types.CLUSTER: made}, count=False)
             traced = TracedPart(clusters, rules, rules_digest(snapshot), _services_read(scope, names, scoped))
+            traced = clusters_entry.replaced_by(traced) if clusters_entry is not None else traced
             with self._lock:
                 self.cluster_generations += 1
                 if self._cluster_parts.put(clusters_version, outbound_key, traced):
@@ -425,6 +428,7 @@ class ResourceCache:
             generated = generate_outbound_listeners_and_routes(snapshot, outbound_key, self._memos, rules, names)
             rest = self._generated(generated, count=False)
             traced = TracedPart(rest, rules, rules_digest(snapshot), _services_read(scope, names, scoped))
+            traced = rest_entry.replaced_by(traced) if rest_entry is not None else traced
             with self._lock:
                 self._outbound_parts.put(rest_version, outbound_key, traced)
         with self._lock:
@@ -505,9 +509,10 @@ class ResourceCache:
         version = snapshot.version_of(ASSIGNMENT_KINDS - TRACED_KINDS, services=False)
         with self._lock:
             found = self._eds_sets.get(version, key)
-        if found is not None and found.holds(snapshot):
-            eds = found.eds
-            if (kept := found.checked_at(snapshot)) is not found:
+        kept = found.found_at(snapshot) if found is not None else None
+        if kept is not None:
+            eds = kept.eds
+            if kept is not found:
                 with self._lock:
                     self._eds_sets.put(version, key, kept)
         else:
@@ -521,6 +526,7 @@ class ResourceCache:
             )
             hosts = frozenset(parsed.host for name in names if (parsed := parse_cluster_name(name)))
             traced = TracedEds(eds, subsets, rules_digest(snapshot), snapshot.services, hosts)
+            traced = found.replaced_by(traced) if found is not None else traced
             with self._lock:
                 self.eds_set_builds += 1
                 self._eds_sets.put(version, key, traced)

@@ -81,6 +81,9 @@ class TracedEds:
     rules_digest: bytes
     model: ServiceModel
     hosts: frozenset[str]
+    #: the set this one replaced under its key, tried when this one does not hold: a change
+    #: undone finds its set there, not made again
+    before: TracedEds | None = None
 
     def holds(self, snapshot: Snapshot) -> bool:
         if snapshot.services is not self.model and not snapshot.index.endpoints_changed(self.model).isdisjoint(
@@ -101,6 +104,19 @@ class TracedEds:
         if digest == self.rules_digest and snapshot.services is self.model:
             return self
         return replace(self, rules_digest=digest, model=snapshot.services)
+
+    def found_at(self, snapshot: Snapshot) -> TracedEds | None:
+        """This set or the one before it, whichever holds at `snapshot`, as of it (the other
+        kept as the one before), or None."""
+        if self.holds(snapshot):
+            return self.checked_at(snapshot)
+        if self.before is not None and self.before.holds(snapshot):
+            return replace(self.before.checked_at(snapshot), before=replace(self, before=None))
+        return None
+
+    def replaced_by(self, new: TracedEds) -> TracedEds:
+        """`new`, with this one as the one before it."""
+        return replace(new, before=replace(self, before=None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +165,9 @@ class TracedPart:
     #: the DestinationRules' content digest when it was made: the same rules, the same answers
     rules_digest: bytes
     services: ServicesRead | None = None
+    #: the part this one replaced under its key, tried when this one does not hold: a change
+    #: undone finds its part there, not generated again
+    before: TracedPart | None = None
 
     def holds(self, scope: ProxyScope) -> bool:
         """Whether every rule asked for is, in `scope`'s snapshot, the one it was, and (for a
@@ -173,6 +192,19 @@ class TracedPart:
         if digest == self.rules_digest and services is self.services:
             return self
         return replace(self, rules_digest=digest, services=services)
+
+    def found_at(self, scope: ProxyScope) -> TracedPart | None:
+        """This part or the one before it, whichever holds in `scope`, as of its snapshot (the
+        other kept as the one before), or None."""
+        if self.holds(scope):
+            return self.checked_at(scope)
+        if self.before is not None and self.before.holds(scope):
+            return replace(self.before.checked_at(scope), before=replace(self, before=None))
+        return None
+
+    def replaced_by(self, new: TracedPart) -> TracedPart:
+        """`new`, with this one as the one before it."""
+        return replace(new, before=replace(self, before=None))
 
 
 def rules_digest(snapshot: Snapshot) -> bytes:
