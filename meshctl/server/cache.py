@@ -8,6 +8,9 @@ Three levels of sharing, from the most to the least expensive to redo:
   per `CLUSTER_KINDS`, its listeners and routes per every other kind; DestinationRules are
   not in those versions but traced (each part notes the rules it asked for, and is kept while
   they are the same, so a rule of one namespace's service regenerates that namespace alone),
+  and neither, for a sidecar, is the registry: a part notes what it read of it (`ServicesRead`:
+  the services its scope sees, short names resolved) and is kept while no host it read changed,
+  so a ServiceEntry outside a namespace's scope regenerates none of its parts,
   within which each service port's clusters are made once per `OutboundClusterView` and shared
   across keys and versions (a VirtualService change builds no cluster); and the inbound part (its
   own workload) once per `InboundView`, the only input of inbound generation (a
@@ -16,7 +19,8 @@ Three levels of sharing, from the most to the least expensive to redo:
 - a ClusterLoadAssignment is built once per `AssignmentView` (its service port, the service's
   endpoints by digest, the subset's labels: everything `build_assignment` reads) and shared by
   every proxy with the cluster, so an endpoint change rebuilds only its service's, and a config
-  change only those it touches;
+  change only those it touches; the set of one list of clusters is kept while their services
+  and endpoints are, so an endpoint change looks again only at the sets that name its service;
 - a proxy's complete view (`ProxyResources`) is assembled once per (snapshot version, key).
 
 Proxies with different keys still often get equal resources (every sidecar of a namespace gets
@@ -49,7 +53,15 @@ from types import MappingProxyType
 
 from google.protobuf.message import Message
 
-from meshctl.server.cache_parts import Part, Recent, TracedEds, TracedPart, changed_inputs, rules_digest
+from meshctl.server.cache_parts import (
+    Part,
+    Recent,
+    ServicesRead,
+    TracedEds,
+    TracedPart,
+    changed_inputs,
+    rules_digest,
+)
 from meshctl.server.grpc_view import GrpcAssignments, grpc_config, grpc_inbound_listeners
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyNode, bind_proxy, binding_inputs, outbound_of
@@ -72,6 +84,7 @@ from meshctl.xds.generate import (
     BOUND_KINDS,
     CLUSTER_KINDS,
     PATCH_KINDS,
+    SCOPED_SERVICES,
     TRACED_KINDS,
     Assembled,
     GenerationMemos,
@@ -191,9 +204,10 @@ class ResourceCache:
         #: or a failoverPriority rewrites for, one per distinct view (`eds_locality`)
         self._eds_variants: dict[tuple[str, LocalityView], tuple[AssignmentView, Resource]] = {}
         self._views: Recent[tuple[object, ...], ProxyResources] = Recent(keep_versions)
-        #: the EDS set of each distinct list of EDS clusters (and locality views), per version of
-        #: what assignments read (the endpoints; DestinationRules through the subsets' labels,
-        #: checked), and as found for each snapshot version
+        #: the EDS set of each distinct list of EDS clusters (and locality views), per mesh
+        #: settings, checked against what assignments read (its clusters' services and
+        #: endpoints; DestinationRules through the subsets' labels), and as found for each
+        #: snapshot version
         self._eds_sets: Recent[tuple[object, ...], TracedEds] = Recent(keep_versions)
         self._eds_now: Recent[tuple[object, ...], ResourceSet] = Recent(keep_versions)
         # Equal resources and equal sets, shared while anything holds them.
@@ -204,6 +218,7 @@ class ResourceCache:
         self.outbound_generations = 0
         self.cluster_generations = 0  # outbound parts whose clusters had to be generated
         self.eds_builds = 0
+        self.eds_set_builds = 0  # EDS sets (the assignments of one list of clusters) made
         #: parts EnvoyFilters and WasmPlugins were applied to, and the resources they decoded
         self.patched_parts = 0
         self.patched_resources = 0
@@ -448,10 +463,11 @@ class ResourceCache:
 
     def _outbound_for(self, snapshot: Snapshot, proxy: Proxy) -> Part:
         """The outbound part for the proxy, from its two halves: clusters, kept while
-        `CLUSTER_KINDS` and the services stay as they were, and listeners and routes, kept
-        while every other kind does; both kept across DestinationRule changes that leave every
-        rule they asked for as it was (`TRACED_KINDS`). The OutboundProxy is the key of both:
-        generation reads nothing of the proxy beyond it."""
+        `CLUSTER_KINDS` stay as they were, and listeners and routes, kept while every other kind
+        does; both kept across DestinationRule changes that leave every rule they asked for as
+        it was (`TRACED_KINDS`), and a sidecar's across service changes that leave every service
+        they read as it was (`SCOPED_SERVICES`; a router's are keyed on every service). The
+        OutboundProxy is the key of both: generation reads nothing of the proxy beyond it."""
         outbound_key = outbound_of(proxy, snapshot)
         with self._lock:
             found = self._outbound_now.get(snapshot.config_version, outbound_key)
@@ -463,31 +479,52 @@ class ResourceCache:
         return whole
 
     def _outbound_parts_for(self, snapshot: Snapshot, outbound_key: OutboundProxy) -> Part:
-        clusters_version = snapshot.version_of(CLUSTER_KINDS - TRACED_KINDS)
-        rest_version = snapshot.version_of(frozenset(snapshot.kind_digests) - TRACED_KINDS - PATCH_KINDS - BOUND_KINDS)
+        # A sidecar's parts check what they read of the registry (`SCOPED_SERVICES`), so a
+        # service outside their scope regenerates none of them; a router's are keyed on it all.
+        scoped = outbound_key.type in SCOPED_SERVICES
+        clusters_version = snapshot.version_of(CLUSTER_KINDS - TRACED_KINDS, services=not scoped)
+        rest_version = snapshot.version_of(
+            frozenset(snapshot.kind_digests) - TRACED_KINDS - PATCH_KINDS - BOUND_KINDS, services=not scoped
+        )
         with self._lock:
             clusters_entry = self._cluster_parts.get(clusters_version, outbound_key)
             rest_entry = self._outbound_parts.get(rest_version, outbound_key)
         scope = ProxyScope(snapshot, outbound_key)  # answers the traces' questions, once each
-        clusters = clusters_entry.part if clusters_entry is not None and clusters_entry.holds(scope) else None
-        rest = rest_entry.part if rest_entry is not None and rest_entry.holds(scope) else None
+        clusters = rest = None
+        kept = clusters_entry.found_at(scope) if clusters_entry is not None else None
+        if kept is not None:
+            clusters = kept.part
+            if kept is not clusters_entry:
+                with self._lock:
+                    self._cluster_parts.put(clusters_version, outbound_key, kept)
+        kept = rest_entry.found_at(scope) if rest_entry is not None else None
+        if kept is not None:
+            rest = kept.part
+            if kept is not rest_entry:
+                with self._lock:
+                    self._outbound_parts.put(rest_version, outbound_key, kept)
         if clusters is not None and rest is not None:
             return self._whole(clusters, rest)
         if clusters is None:
             rules: dict[str, object] = {}
-            made = generate_outbound_clusters(snapshot, outbound_key, self._memos, rules)
+            names: set[tuple[str, str]] = set()
+            made = generate_outbound_clusters(snapshot, outbound_key, self._memos, rules, names)
             clusters = self._generated({types.CLUSTER: made}, count=False)
+            traced = TracedPart(clusters, rules, rules_digest(snapshot), _services_read(scope, names, scoped))
+            traced = clusters_entry.replaced_by(traced) if clusters_entry is not None else traced
             with self._lock:
                 self.cluster_generations += 1
-                traced = TracedPart(clusters, rules, rules_digest(snapshot))
                 if self._cluster_parts.put(clusters_version, outbound_key, traced):
                     self._forget_assignments()
         if rest is None:
             rules = {}
-            generated = generate_outbound_listeners_and_routes(snapshot, outbound_key, self._memos, rules)
+            names = set()
+            generated = generate_outbound_listeners_and_routes(snapshot, outbound_key, self._memos, rules, names)
             rest = self._generated(generated, count=False)
+            traced = TracedPart(rest, rules, rules_digest(snapshot), _services_read(scope, names, scoped))
+            traced = rest_entry.replaced_by(traced) if rest_entry is not None else traced
             with self._lock:
-                self._outbound_parts.put(rest_version, outbound_key, TracedPart(rest, rules, rules_digest(snapshot)))
+                self._outbound_parts.put(rest_version, outbound_key, traced)
         with self._lock:
             self.generations += 1
             self.outbound_generations += 1
@@ -563,12 +600,17 @@ class ResourceCache:
             now = self._eds_now.get(snapshot.version, key)
         if now is not None:
             return now
-        # Kept across DestinationRule changes that leave every subset's labels as they were.
-        version = snapshot.version_of(ASSIGNMENT_KINDS - TRACED_KINDS, endpoints=True)
+        # Kept across DestinationRule changes that leave every subset's labels as they were, and
+        # across service changes that leave its clusters' services and endpoints as they were.
+        version = snapshot.version_of(ASSIGNMENT_KINDS - TRACED_KINDS, services=False)
         with self._lock:
             found = self._eds_sets.get(version, key)
-        if found is not None and found.holds(snapshot):
-            eds = found.eds
+        kept = found.found_at(snapshot) if found is not None else None
+        if kept is not None:
+            eds = kept.eds
+            if kept is not found:
+                with self._lock:
+                    self._eds_sets.put(version, key, kept)
         else:
             views = views or {}
             made = [self._eds_for(snapshot, name, views.get(name)) for name in names]
@@ -578,8 +620,12 @@ class ResourceCache:
                 for _, view in made
                 if view.port is not None and (parsed := parse_cluster_name(view.cluster_name)) and parsed.subset
             )
+            hosts = frozenset(parsed.host for name in names if (parsed := parse_cluster_name(name)))
+            traced = TracedEds(eds, subsets, rules_digest(snapshot), snapshot.services, hosts)
+            traced = found.replaced_by(traced) if found is not None else traced
             with self._lock:
-                self._eds_sets.put(version, key, TracedEds(eds, subsets, rules_digest(snapshot)))
+                self.eds_set_builds += 1
+                self._eds_sets.put(version, key, traced)
         with self._lock:
             self._eds_now.put(snapshot.version, key, eds)
         return eds
@@ -604,3 +650,11 @@ class ResourceCache:
             else:
                 self._eds_variants[(cluster, locality)] = (view, resource)
         return resource, view
+
+
+def _services_read(scope: ProxyScope, names: set[tuple[str, str]], scoped: bool) -> ServicesRead | None:
+    """What a part generated in `scope` read of the registry, for a part not keyed on it."""
+    if not scoped:
+        return None
+    snapshot = scope.snapshot
+    return ServicesRead(snapshot.services, snapshot.index.loopback, scope.services, frozenset(names))

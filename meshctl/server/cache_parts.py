@@ -6,10 +6,11 @@ cache so that its module says how sharing works and this one what is shared."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from meshctl.config.model import ConfigKey
+from meshctl.registry.model import Service, ServiceModel
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.scope import ProxyScope, rule_digest
 from meshctl.xds.endpoints import subset_labels
@@ -70,14 +71,25 @@ class Part:
 @dataclass(frozen=True, slots=True)
 class TracedEds:
     """An EDS set, and the labels each subset cluster in it was built with (host, subset, labels):
-    the only part of a DestinationRule an assignment reads (`subset_labels`)."""
+    the only part of a DestinationRule an assignment reads (`subset_labels`); and the model it
+    was made (or last checked) at with the hosts of its clusters, whose services and endpoints
+    are all an assignment reads of the registry."""
 
     eds: ResourceSet
     subsets: tuple[tuple[str, str, tuple[tuple[str, str], ...] | None], ...]
     #: the DestinationRules' content digest when it was made: the same rules, the same answers
     rules_digest: bytes
+    model: ServiceModel
+    hosts: frozenset[str]
+    #: the set this one replaced under its key, tried when this one does not hold: a change
+    #: undone finds its set there, not made again
+    before: TracedEds | None = None
 
     def holds(self, snapshot: Snapshot) -> bool:
+        if snapshot.services is not self.model and not snapshot.index.endpoints_changed(self.model).isdisjoint(
+            self.hosts
+        ):
+            return False
         if rules_digest(snapshot) == self.rules_digest:
             return True
         for host, subset, labels in self.subsets:
@@ -86,22 +98,113 @@ class TracedEds:
                 return False
         return True
 
+    def checked_at(self, snapshot: Snapshot) -> TracedEds:
+        """The set as of `snapshot`, where `holds` found it kept (see `TracedPart.checked_at`)."""
+        digest = rules_digest(snapshot)
+        if digest == self.rules_digest and snapshot.services is self.model:
+            return self
+        return replace(self, rules_digest=digest, model=snapshot.services)
+
+    def found_at(self, snapshot: Snapshot) -> TracedEds | None:
+        """This set or the one before it, whichever holds at `snapshot`, as of it (the other
+        kept as the one before), or None."""
+        if self.holds(snapshot):
+            return self.checked_at(snapshot)
+        if self.before is not None and self.before.holds(snapshot):
+            return replace(self.before.checked_at(snapshot), before=replace(self, before=None))
+        return None
+
+    def replaced_by(self, new: TracedEds) -> TracedEds:
+        """`new`, with this one as the one before it."""
+        return replace(new, before=replace(self, before=None))
+
+
+@dataclass(frozen=True, slots=True)
+class ServicesRead:
+    """What an outbound part read of the registry, for a part kept across service changes
+    (`SCOPED_SERVICES`): the model and loopback allocation it was made (or last checked) at,
+    the services its scope saw, and the short names its generation resolved."""
+
+    model: ServiceModel
+    loopback: Mapping[str, str]
+    services: tuple[Service, ...]
+    names: frozenset[tuple[str, str]]
+
+    def holds(self, scope: ProxyScope, rules: Mapping[str, object]) -> bool:
+        """Whether no host that changed since `model` is one the part read: its scope sees the
+        same services, and no changed host is one of them, a collector, a rule asked for
+        (`rules`) or a short name's resolution."""
+        snapshot = scope.snapshot
+        if snapshot.services is self.model:
+            return True
+        changed = snapshot.index.changed_hosts(self.model, self.loopback)
+        if not changed:
+            return True
+        if scope.services != self.services:
+            return False
+        if not changed.isdisjoint(scope.service_hosts) or not changed.isdisjoint(rules):
+            return False
+        if any(c.hostname in changed for c in scope.proxy.collectors):
+            return False
+        names = {(parts[0], parts[1]) for h in changed if len(parts := h.split(".")) >= 3}
+        return names.isdisjoint(self.names) and names.isdisjoint(snapshot.index.short_hosts())
+
+    def at(self, scope: ProxyScope) -> ServicesRead:
+        """The same reads, as of `scope`'s snapshot (where `holds` found them unchanged)."""
+        snapshot = scope.snapshot
+        return ServicesRead(snapshot.services, snapshot.index.loopback, scope.services, self.names)
+
 
 @dataclass(frozen=True, slots=True)
 class TracedPart:
-    """An outbound part and the DestinationRules its generation asked for (host -> digest)."""
+    """An outbound part and the DestinationRules its generation asked for (host -> digest), and
+    for a part not keyed on the registry, what it read of it."""
 
     part: Part
     rules: Mapping[str, object]
     #: the DestinationRules' content digest when it was made: the same rules, the same answers
     rules_digest: bytes
+    services: ServicesRead | None = None
+    #: the part this one replaced under its key, tried when this one does not hold: a change
+    #: undone finds its part there, not generated again
+    before: TracedPart | None = None
 
     def holds(self, scope: ProxyScope) -> bool:
-        """Whether every rule asked for is, in `scope`'s snapshot, the one it was."""
+        """Whether every rule asked for is, in `scope`'s snapshot, the one it was, and (for a
+        part not keyed on the registry) every service it read."""
+        return self._rules_hold(scope) and (self.services is None or self.services.holds(scope, self.rules))
+
+    def _rules_hold(self, scope: ProxyScope) -> bool:
         snapshot = scope.snapshot
         if rules_digest(snapshot) == self.rules_digest:
             return True
         return all(rule_digest(snapshot, scope.destination_rule(h)) == d for h, d in self.rules.items())
+
+    def checked_at(self, scope: ProxyScope) -> TracedPart:
+        """The part as of `scope`'s snapshot, where `holds` found it kept: later checks compare
+        against this snapshot's rules and services (a snapshot with the same rules then needs
+        no rule asked again), and the model it was made at is let go."""
+        snapshot = scope.snapshot
+        digest = rules_digest(snapshot)
+        services = self.services
+        if services is not None and services.model is not snapshot.services:
+            services = services.at(scope)
+        if digest == self.rules_digest and services is self.services:
+            return self
+        return replace(self, rules_digest=digest, services=services)
+
+    def found_at(self, scope: ProxyScope) -> TracedPart | None:
+        """This part or the one before it, whichever holds in `scope`, as of its snapshot (the
+        other kept as the one before), or None."""
+        if self.holds(scope):
+            return self.checked_at(scope)
+        if self.before is not None and self.before.holds(scope):
+            return replace(self.before.checked_at(scope), before=replace(self, before=None))
+        return None
+
+    def replaced_by(self, new: TracedPart) -> TracedPart:
+        """`new`, with this one as the one before it."""
+        return replace(new, before=replace(self, before=None))
 
 
 def rules_digest(snapshot: Snapshot) -> bytes:

@@ -226,6 +226,13 @@ class SnapshotIndex:
             self._short_asked = previous._short_asked
         else:
             self._index_rules(by_kind)
+        #: `short_hosts`, carried with the rules' resolved hosts it is made from
+        self._short_hosts: frozenset[tuple[str, str]] | None = None
+        if previous is not None and previous.hosts is self.hosts:
+            self._short_hosts = previous._short_hosts
+        #: `changed_hosts` by the id of the model before (held, so the id stays its own)
+        self._changed: dict[int, tuple[ServiceModel, frozenset[str]]] = {}
+        self._endpoints_changed: dict[int, tuple[ServiceModel, frozenset[str]]] = {}
         if previous is not None and same("Sidecar", "DestinationRule", "Gateway", "VirtualService"):
             self._selectors = previous._selectors
         if previous is not None and same("AuthorizationPolicy", "RequestAuthentication"):
@@ -500,6 +507,70 @@ class SnapshotIndex:
         if self._loopback is None:
             self._loopback = allocate_services(self._services.services.values(), self._mesh.loopback_range)
         return self._loopback
+
+    def changed_hosts(self, before: ServiceModel, before_loopback: Mapping[str, str]) -> frozenset[str]:
+        """The hosts whose part of the registry generation may read differently here than in
+        `before` (whose loopback allocation was `before_loopback`): the service itself (came,
+        went or changed), its endpoints where its clusters or listeners carry them (resolution
+        not STATIC), its workloads' identities, its loopback address. What `registry_digest`
+        hashes for the whole mesh, host by host: what an outbound part checks its services
+        against (`TracedPart`). Computed once per model before."""
+        found = self._changed.get(id(before))
+        if found is not None and found[0] is before:
+            return found[1]
+        now = self._services
+        was, cur = before.services, now.services
+        out: set[str] = set()
+        if before is not now:
+            for host in was.keys() | cur.keys():
+                a, b = was.get(host), cur.get(host)
+                if a is not b and a != b:
+                    out.add(host)
+                    continue
+                if b is None:
+                    continue
+                ea, eb = before.endpoints.get(host, ()), now.endpoints.get(host, ())
+                if ea is eb:
+                    continue
+                carried = b.resolution is not Resolution.STATIC  # its endpoints are in CDS or LDS
+                if (carried and ea != eb) or before.identities(host) != now.identities(host):
+                    out.add(host)
+        loopback = self.loopback
+        if loopback is not before_loopback:
+            out.update(h for h in before_loopback.keys() | loopback.keys() if before_loopback.get(h) != loopback.get(h))
+        result = frozenset(out)
+        self._changed[id(before)] = (before, result)
+        return result
+
+    def endpoints_changed(self, before: ServiceModel) -> frozenset[str]:
+        """The hosts whose service or endpoints differ here from `before`: what a load
+        assignment reads of the registry (`AssignmentView`). Computed once per model before."""
+        found = self._endpoints_changed.get(id(before))
+        if found is not None and found[0] is before:
+            return found[1]
+        now = self._services
+        out: set[str] = set()
+        if before is not now:
+            was, cur = before.services, now.services
+            for host in was.keys() | cur.keys():
+                a, b = was.get(host), cur.get(host)
+                ea, eb = before.endpoints.get(host, ()), now.endpoints.get(host, ())
+                if (a is not b and a != b) or (ea is not eb and ea != eb):
+                    out.add(host)
+        result = frozenset(out)
+        self._endpoints_changed[id(before)] = (before, result)
+        return result
+
+    def short_hosts(self) -> frozenset[tuple[str, str]]:
+        """(short name, namespace) of every short host a VirtualService or DestinationRule names
+        as its host: the names whose resolution (`resolve`) decides which VirtualServices a scope
+        sees and which services a rule is for. A host `a.b.rest` added or removed changes only
+        the resolution of (`a`, `b`)."""
+        if self._short_hosts is None:
+            self._short_hosts = frozenset(
+                (h, key.namespace) for key, hosts in self.hosts.items() for h in hosts if is_short_name(h)
+            )
+        return self._short_hosts
 
     def endpoints_at(self, address: str) -> list[tuple[Service, Endpoint]]:
         """Every (service, endpoint) whose endpoint has `address`, by service hostname: how a

@@ -51,8 +51,8 @@ class Snapshot:
     #: A hash of the registry's services (but endpoints of EDS services) and their identities:
     #: the part of `config_version` that is not config kinds or mesh settings.
     registry_digest: bytes = b""
-    #: `version_of` results, by (kinds, endpoints): computed once per snapshot.
-    _versions: dict[tuple[frozenset[str], bool], str] = field(default_factory=dict)
+    #: `version_of` results, by (kinds, endpoints, services): computed once per snapshot.
+    _versions: dict[tuple[frozenset[str], bool, bool], str] = field(default_factory=dict)
     _index: SnapshotIndex | None = None
     #: The snapshot this one was built from, until its index is built (which reuses parts of
     #: the one before); then forgotten, so snapshots do not keep each other alive.
@@ -78,22 +78,25 @@ class Snapshot:
     def of_kind(self, kind: str) -> tuple[Config, ...]:
         return self.by_kind.get(kind, ())
 
-    def version_of(self, kinds: frozenset[str], *, endpoints: bool = False) -> str:
+    def version_of(self, kinds: frozenset[str], *, endpoints: bool = False, services: bool = True) -> str:
         """A content hash of what a part of generation reads: the configs of `kinds` (registry
         kinds reach it only through the services), the registry's services and identities, the
         mesh settings and, with `endpoints`, every endpoint. Equal for two snapshots exactly
         when those inputs are equal, so a part keyed on it is shared by every snapshot that
-        changed something else (a VirtualService edit builds no cluster)."""
-        found = self._versions.get((kinds, endpoints))
+        changed something else (a VirtualService edit builds no cluster). Without `services`,
+        the registry is left out: for a part that checks what it read of it instead (a
+        sidecar's outbound part, `TracedPart`)."""
+        found = self._versions.get((kinds, endpoints, services))
         if found is None:
             h = hashlib.blake2b(digest_size=12)
             for kind in sorted(kinds - _REGISTRY_KINDS):
                 h.update(kind.encode() + b"\0" + self.kind_digests.get(kind, b""))
             h.update(repr(self.mesh).encode())
-            h.update(self.registry_digest)
+            if services:
+                h.update(self.registry_digest)
             if endpoints:
                 h.update(self.services.digest().encode())
-            found = self._versions[(kinds, endpoints)] = h.hexdigest()
+            found = self._versions[(kinds, endpoints, services)] = h.hexdigest()
         return found
 
     def get(self, kind: str, namespace: str, name: str) -> Config | None:

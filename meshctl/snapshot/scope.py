@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from meshctl.config.hosts import host_matches, hosts_overlap
+from meshctl.config.hosts import host_matches, hosts_overlap, is_short_name
 from meshctl.config.labels import labels_match, selector_labels
 from meshctl.config.model import Config, ConfigKey
 from meshctl.config.references import MESH_GATEWAY as _MESH
@@ -114,6 +114,9 @@ class ProxyScope:
         #: When set, every DestinationRule asked for is noted here (host -> `rule_digest`): the
         #: trace a part generated from this scope is checked against later (see ResourceCache).
         self.rule_trace: dict[str, object] | None = None
+        #: When set, every short name resolved through `resolve` is noted here as (name,
+        #: namespace): beside its services, the one thing a part reads of hosts outside its scope.
+        self.name_trace: set[tuple[str, str]] | None = None
 
     @cached_property
     def sidecar(self) -> Config | None:
@@ -169,6 +172,21 @@ class ProxyScope:
     def service(self, hostname: str) -> Service | None:
         svc = self.snapshot.services.services.get(hostname)
         return svc if svc is not None and hostname in self.service_hosts else None
+
+    def resolve(self, host: str, namespace: str) -> list[str]:
+        """What `host`, written in `namespace`, stands for among every known service host
+        (`SnapshotIndex.resolve`): the host, then any services a short name names. Generators
+        resolve names written in config here and nowhere else, so a part's trace of them is
+        whole."""
+        if self.name_trace is not None and is_short_name(host):
+            self.name_trace.add((host, namespace))
+        return self.snapshot.index.resolve(host, namespace)
+
+    def destination_host(self, host: str, namespace: str) -> str:
+        """A destination's host as written in `namespace`: a short name stands for the first
+        service it names (in name order), else for itself."""
+        resolved = self.resolve(host, namespace)
+        return resolved[1] if len(resolved) > 1 else resolved[0]
 
     # -- VirtualServices ---------------------------------------------------------------------
 

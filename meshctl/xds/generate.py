@@ -25,7 +25,7 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf.message import Message
 
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import OutboundProxy, Proxy
+from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyType
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.access_log import with_access_log
@@ -77,6 +77,17 @@ PATCH_KINDS: frozenset[str] = frozenset({"EnvoyFilter"})
 #: so a Telemetry change regenerates only the parts of the proxies whose logs or tracing it changes.
 #: WasmPlugins too: resolved into `Proxy.wasm_plugins` and added with the patches (`finish_config`).
 BOUND_KINDS: frozenset[str] = frozenset({"Telemetry", "WasmPlugin"})
+#: The kinds of proxy whose outbound parts read the registry only as far as their scope sees it,
+#: so a part is kept across a service change outside it: the services the scope sees
+#: (`ProxyScope.services`, and through them the DNS table, loopback addresses, dynamic forward
+#: proxy, passthrough and sniffing), for those hosts their endpoints where CDS or a listener
+#: carries them and their workloads' identities; a host beyond that only as a collector
+#: (`OutboundProxy.collectors`), a DestinationRule asked for (`rule_trace`) or a short name
+#: resolved, by a VirtualService's or rule's host (`SnapshotIndex.short_hosts`) or through
+#: `ProxyScope.resolve` (`name_trace`: route destinations). `TracedPart` checks each of these;
+#: a new way of reading the services must be one of them. Not routers: a Gateway's servers
+#: route to any host, so their parts stay keyed on every service.
+SCOPED_SERVICES: frozenset[ProxyType] = frozenset({ProxyType.SIDECAR})
 
 
 def generate_config(snapshot: Snapshot, proxy: Proxy) -> Generated:
@@ -123,12 +134,15 @@ def generate_outbound_clusters(
     proxy: OutboundProxy,
     memos: GenerationMemos | None = None,
     rule_trace: dict[str, object] | None = None,
+    name_trace: set[tuple[str, str]] | None = None,
 ) -> tuple[Message, ...]:
     """The clusters of `generate_outbound` alone: they read only `CLUSTER_KINDS` of the configs,
     so the server keeps them while other kinds change. With `rule_trace`, every
-    DestinationRule asked for is noted there (see `TRACED_KINDS`)."""
+    DestinationRule asked for is noted there (see `TRACED_KINDS`), with `name_trace` every short
+    name resolved (see `SCOPED_SERVICES`)."""
     scope = ProxyScope(snapshot, proxy)
     scope.rule_trace = rule_trace
+    scope.name_trace = name_trace
     return _outbound_clusters(scope, memos)
 
 
@@ -137,14 +151,17 @@ def generate_outbound_listeners_and_routes(
     proxy: OutboundProxy,
     memos: GenerationMemos | None = None,
     rule_trace: dict[str, object] | None = None,
+    name_trace: set[tuple[str, str]] | None = None,
 ) -> Assembled:
     """The listeners and routes of `generate_outbound` (no clusters), for the server, which
     serializes them: with `memos`, route translations are reused across proxies and snapshots
     where they read the same, and a sidecar's route configurations come as their bytes,
     assembled from virtual hosts serialized once (`build_route_resources`); with
-    `rule_trace`, every DestinationRule asked for is noted there."""
+    `rule_trace`, every DestinationRule asked for is noted there, with `name_trace` every short
+    name resolved."""
     scope = ProxyScope(snapshot, proxy)
     scope.rule_trace = rule_trace
+    scope.name_trace = name_trace
     parts: dict[str, tuple[Message | Serialized, ...]] = {
         types.CLUSTER: (),
         **_outbound_listeners_and_routes(scope, memos, routes=memos is None),

@@ -47,8 +47,7 @@ def static_match(match: Any, *, scope: ProxyScope, gateways: set[str], port: int
 
 def destination_host(scope: ProxyScope, host: str, vs_namespace: str) -> str:
     """A route destination's host with a short name resolved in the VirtualService's namespace."""
-    resolved = scope.snapshot.index.resolve(host, vs_namespace)
-    return resolved[1] if len(resolved) > 1 else resolved[0]
+    return scope.destination_host(host, vs_namespace)
 
 
 def destination_cluster(scope: ProxyScope, destination: Any, vs_namespace: str, listener_port: int) -> str:

@@ -21,7 +21,7 @@ from meshctl.config.model import Config
 from meshctl.registry.model import Service, ServicePort
 from meshctl.snapshot.model import spec
 from meshctl.snapshot.scope import ProxyScope
-from meshctl.xds.route_actions import ConsistentHash, RouteContext, cluster_for, resolve_destination_host
+from meshctl.xds.route_actions import ConsistentHash, RouteContext, cluster_for
 
 #: Istio raises Envoy's 4 KiB limit on direct response bodies to what its validation allows.
 MAX_DIRECT_RESPONSE_BODY_BYTES: Final = 1024 * 1024
@@ -45,11 +45,10 @@ def route_configuration(name: str, virtual_hosts: Sequence[rc.VirtualHost]) -> r
 def virtual_service_hosts(scope: ProxyScope, vs: Config) -> list[str]:
     """The VirtualService's hosts, lower-cased, with short names standing for the services they
     resolve to in its namespace (a short name that resolves to none stays as written)."""
-    index = scope.snapshot.index
     out: list[str] = []
     for raw in spec(vs).hosts:
         host = raw.lower()
-        expanded = index.resolve(host, vs.namespace)[1:] if is_short_name(host) else []
+        expanded = scope.resolve(host, vs.namespace)[1:] if is_short_name(host) else []
         for h in expanded or [host]:
             if h not in out:
                 out.append(h)
@@ -60,7 +59,7 @@ def destination_cluster(scope: ProxyScope, destination: vs_pb2.Destination, defa
     """The cluster a VirtualService destination (written in `namespace`) names, for this proxy:
     `outbound|PORT|SUBSET|HOST`, the port being the destination's, else the service's only
     port, else `default_port`. TCP and TLS routes name their clusters the same way."""
-    host = resolve_destination_host(destination.host.lower(), namespace, scope.snapshot.services.services.keys())
+    host = scope.destination_host(destination.host.lower(), namespace)
     port = destination.port.number if destination.HasField("port") else 0
     return cluster_for(host, destination.subset, port, scope.service(host), default_port)
 
@@ -118,13 +117,12 @@ def route_context(
     is_tls: bool = False,
 ) -> RouteContext:
     """The context VirtualService routes are translated in for this proxy."""
-    known = scope.snapshot.services.services.keys()
     return RouteContext(
         listen_port=listen_port,
         gateways=gateways,
         proxy_labels=scope.proxy.labels,
         proxy_namespace=scope.proxy.namespace,
-        resolve_host=lambda host, namespace: resolve_destination_host(host, namespace, known),
+        resolve_host=scope.destination_host,
         lookup_service=lookup_service or scope.service,
         lookup_hash=lambda destination, host: destination_hash(scope, destination, host),
         is_tls=is_tls,
