@@ -7,7 +7,6 @@ its deadline and its byte limit. And the server's own admin port against idle co
 from __future__ import annotations
 
 import os
-import resource
 import socket
 import subprocess
 import threading
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, PRODUCTPAGE
 
-from meshctl.testing.serve_process import ServeProcess, meshctl_command
+from meshctl.testing.serve_process import ServeProcess, limited_meshctl_command
 
 pytestmark = pytest.mark.slow
 
@@ -102,15 +101,11 @@ def answer(body: bytes) -> Handler:
     return handler
 
 
-def _limited() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (_MEMORY_LIMIT, _MEMORY_LIMIT))
-
-
 def meshctl(*args: str) -> tuple[str, float]:
     """Run the CLI; returns its one error line and the seconds it took, after checking exit 2."""
     started = time.monotonic()
     proc = subprocess.run(
-        [*meshctl_command(), *args], capture_output=True, text=True, timeout=120, check=False, preexec_fn=_limited
+        [*limited_meshctl_command(_MEMORY_LIMIT), *args], capture_output=True, text=True, timeout=120, check=False
     )
     took = time.monotonic() - started
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])

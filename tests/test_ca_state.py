@@ -9,7 +9,6 @@ Each test runs the real `meshctl serve` command: the claims are about what an op
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import time
 from datetime import UTC, datetime, timedelta
@@ -20,7 +19,7 @@ from conftest import EXAMPLES
 from test_ca import Issuer, make_ca_cert, write_cacerts
 
 from meshctl.testing.envoy import free_port
-from meshctl.testing.serve_process import ServeProcess, meshctl_command
+from meshctl.testing.serve_process import ServeProcess, limited_meshctl_command, meshctl_command
 
 pytestmark = pytest.mark.slow
 
@@ -28,20 +27,15 @@ pytestmark = pytest.mark.slow
 _MEMORY_LIMIT = 2 * 1024**3
 
 
-def _limited() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (_MEMORY_LIMIT, _MEMORY_LIMIT))
-
-
 def serve_once(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """`meshctl serve` on the examples with `args`, expected to stop by itself (exit 2)."""
     flags = ["-c", str(EXAMPLES), "--xds-address", "127.0.0.1:0", "--admin-address", "127.0.0.1:0"]
     return subprocess.run(
-        [*meshctl_command(), "serve", *flags, *args],
+        [*limited_meshctl_command(_MEMORY_LIMIT), "serve", *flags, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
-        preexec_fn=_limited,
     )
 
 

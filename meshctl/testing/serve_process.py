@@ -38,6 +38,21 @@ def meshctl_command() -> list[str]:
     return [sys.executable, "-m", "meshctl"]
 
 
+def limited_meshctl_command(address_space: int) -> list[str]:
+    """`meshctl_command()` with its address space bounded to `address_space` bytes (RLIMIT_AS).
+
+    The bound is set by a small interpreter that then execs the CLI, not by a `preexec_fn`: that
+    runs Python in the forked child of a process whose gRPC threads may be mid-call (a test
+    worker that ran a server), and gRPC's fork handling can then abort the child before it
+    execs (seen as SIGABRT with "epoll_wait error: Bad file descriptor")."""
+    launcher = (
+        "import os, resource, sys; "
+        f"resource.setrlimit(resource.RLIMIT_AS, ({address_space}, {address_space})); "
+        "os.execv(sys.executable, [sys.executable, '-m', 'meshctl', *sys.argv[1:]])"
+    )
+    return [sys.executable, "-c", launcher]
+
+
 class ServeProcess:
     """One `meshctl serve` subprocess on 127.0.0.1; a context manager.
 
