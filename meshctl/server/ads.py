@@ -52,6 +52,7 @@ from meshctl.server.limits import ClientLedger, StreamLimits, release_free_memor
 from meshctl.server.node_address import with_peer_address
 from meshctl.server.pacing import TokenBucket
 from meshctl.server.subscription import Push, RequestKind
+from meshctl.server.write_budget import WriteBudget
 from meshctl.snapshot.proxy import METADATA_KEYS, Proxy, ProxyNode, parse_node_id
 from meshctl.xds import types
 
@@ -149,6 +150,7 @@ class AdsServicer:
         pace: TokenBucket | None = None,
         limits: StreamLimits | None = None,
         left: Callable[[str], None] | None = None,
+        write_budget: WriteBudget | None = None,
     ) -> None:
         self._cache = cache
         self._snapshot = snapshot
@@ -169,6 +171,8 @@ class AdsServicer:
         self._nodes: Counter[str] = Counter()
         self._trim: asyncio.TimerHandle | None = None
         self._blocks = BlockCache()
+        #: Response bytes in gRPC's hands at once (`meshctl.server.write_budget`); None: unbounded.
+        self.write_budget = write_budget
 
     def handlers(self) -> grpc.GenericRpcHandler[Any, Any]:
         return ads_handlers(self.stream_sotw, self.stream_delta)
@@ -418,13 +422,20 @@ class AdsServicer:
 
     async def _flush(self, stream: Stream, pushes: Sequence[Push], context: grpc.aio.ServicerContext[Any, Any]) -> None:
         conn = stream.connection
+        budget = self.write_budget
         for push in pushes:
-            data = encode_delta(push) if conn.delta else encode_sotw(push, blocks=self._blocks)
-            # Said before the write: the stream's reader can take Envoy's ACK of it (on this
-            # loop) before the write returns, and an ACK of a push not yet recorded as sent
-            # would be lost to the history and the rollout.
-            self._observer.pushed(stream, push, len(data))
-            await context.write(data)
+            # Room is taken before encoding: the encoded bytes are what the budget bounds.
+            hold = await budget.take(_response_size(push)) if budget is not None else None
+            try:
+                data = encode_delta(push) if conn.delta else encode_sotw(push, blocks=self._blocks)
+                # Said before the write: the stream's reader can take Envoy's ACK of it (on this
+                # loop) before the write returns, and an ACK of a push not yet recorded as sent
+                # would be lost to the history and the rollout.
+                self._observer.pushed(stream, push, len(data))
+                await context.write(data)
+            finally:
+                if budget is not None and hold is not None:
+                    budget.give_back(hold)
         if stream.change_seen is not None:
             self._observer.converged(stream, time.monotonic() - stream.change_seen)
         stream.change_seen = None
@@ -472,6 +483,11 @@ class AdsServicer:
                 if stream.change_seen is None:
                     stream.change_seen = seen
                 stream.wake.set()
+
+
+def _response_size(push: Push) -> int:
+    """About the bytes `push` encodes to: its resources, plus a little for the envelope."""
+    return sum(len(r.body) for r in push.resources) + 256
 
 
 def _consume(task: asyncio.Future[None]) -> None:

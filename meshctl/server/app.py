@@ -59,6 +59,7 @@ from meshctl.server.rollout_kv import shared_rollout
 from meshctl.server.secrets import WorkloadSecrets
 from meshctl.server.settings import ServeSettings, check_bindable, grpc_age_options, split_address
 from meshctl.server.status import ServerStatus
+from meshctl.server.write_budget import WriteBudget
 from meshctl.snapshot.model import Snapshot
 
 if TYPE_CHECKING:
@@ -180,6 +181,7 @@ class Server:
             pace=TokenBucket(rate) if (rate := settings.max_new_streams_per_second) > 0 else None,
             limits=settings.limits,
             left=self.secrets.forget,
+            write_budget=WriteBudget(),
         )
         # The store's view is replaced on each change: read at each call, not bound now.
         self.registrar = AutoRegistrar(
