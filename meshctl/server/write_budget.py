@@ -25,8 +25,11 @@ import contextlib
 from collections import deque
 from dataclasses import dataclass, field
 
-#: The default budget: responses in gRPC's hands at once, in bytes.
-DEFAULT_BYTES = 256 * 1024 * 1024
+#: The default budget: responses in gRPC's hands at once, in bytes. Enough for a link of 10 Gbit/s
+#: at 50 ms round trips; at 5,000 services x 1,000 proxies connecting at once, 16 MB took the
+#: server's peak from 654-660 MB to 552 MB (256 MB never filled there), and the fleet converged
+#: no slower.
+DEFAULT_BYTES = 64 * 1024 * 1024
 #: How long a write counts against the budget at most.
 DEFAULT_LINGER = 2.0
 
