@@ -189,9 +189,9 @@ class ResourceCache:
         )
         #: finished parts (EnvoyFilters, WasmPlugins) by the ids of their unpatched sets (held by
         #: the entry) and `part_key`, with the filters that change something in them
-        self._patches: GenerationMemo[
-            tuple[object, ...], tuple[tuple[ResourceSet, ...], Part, frozenset[FilterId]]
-        ] = GenerationMemo()
+        self._patches: GenerationMemo[tuple[object, ...], tuple[tuple[ResourceSet, ...], Part, frozenset[FilterId]]] = (
+            GenerationMemo()
+        )
         #: gRPC server listeners by `InboundView`, as the Envoy inbound parts
         self._grpc_inbound: GenerationMemo[InboundView, ResourceSet] = GenerationMemo()
         #: gRPC assignment sets by the id of the Envoy set they are made from (held by the entry),
@@ -217,6 +217,9 @@ class ResourceCache:
         self.generations = 0  # outbound and inbound parts
         self.outbound_generations = 0
         self.cluster_generations = 0  # outbound parts whose clusters had to be generated
+        #: outbound clusters serialized for those parts (a part brought up to date across a
+        #: service change serializes the changed services' clusters alone)
+        self.cluster_resources_made = 0
         self.eds_builds = 0
         self.eds_set_builds = 0  # EDS sets (the assignments of one list of clusters) made
         #: parts EnvoyFilters and WasmPlugins were applied to, and the resources they decoded
@@ -506,11 +509,18 @@ class ResourceCache:
         if clusters is not None and rest is not None:
             return self._whole(clusters, rest)
         if clusters is None:
-            rules: dict[str, object] = {}
-            names: set[tuple[str, str]] = set()
-            made = generate_outbound_clusters(snapshot, outbound_key, self._memos, rules, names)
-            clusters = self._generated({types.CLUSTER: made}, count=False)
-            traced = TracedPart(clusters, rules, rules_digest(snapshot), _services_read(scope, names, scoped))
+            traced = self._clusters_updated(scope, clusters_entry) if clusters_entry is not None else None
+            if traced is None:
+                rules: dict[str, object] = {}
+                names: set[tuple[str, str]] = set()
+                hosts: dict[str, tuple[str, ...]] | None = {} if scoped else None
+                made = generate_outbound_clusters(snapshot, outbound_key, self._memos, rules, names, host_trace=hosts)
+                clusters = self._generated({types.CLUSTER: made}, count=False)
+                with self._lock:
+                    self.cluster_resources_made += len(made)
+                read = _services_read(scope, names, scoped)
+                traced = TracedPart(clusters, rules, rules_digest(snapshot), read, hosts)
+            clusters = traced.part
             traced = clusters_entry.replaced_by(traced) if clusters_entry is not None else traced
             with self._lock:
                 self.cluster_generations += 1
@@ -529,6 +539,45 @@ class ResourceCache:
             self.generations += 1
             self.outbound_generations += 1
         return self._whole(clusters, rest)
+
+    def _clusters_updated(self, scope: ProxyScope, entry: TracedPart) -> TracedPart | None:
+        """A sidecar's cluster part brought up to date from `entry` where only services of its
+        scope changed (`ServicesRead.touched`): the clusters of the hosts that did not change
+        are kept as they are, those of the changed hosts and the catch-alls made again. Equal
+        to the part made whole (each cluster is a function of its own service port's view), at
+        the cost of the services that changed instead of all the scope sees: one ServiceEntry
+        added to a namespace of thousands makes its own clusters alone."""
+        read, hosts = entry.services, entry.hosts
+        if read is None or hosts is None or not entry.holds_rules(scope):
+            return None
+        touched = read.touched(scope, entry.rules)
+        if touched is None:
+            return None
+        snapshot = scope.snapshot
+        rules: dict[str, object] = dict(entry.rules)
+        names: set[tuple[str, str]] = set(read.names)
+        made_hosts: dict[str, tuple[str, ...]] = {}
+        made = generate_outbound_clusters(
+            snapshot, scope.proxy, self._memos, rules, names, only=touched, host_trace=made_hosts
+        )
+        before = entry.part.by_type[types.CLUSTER]
+        kept_hosts = {h: n for h, n in hosts.items() if h not in touched}
+        kept = [before[n] for ns in kept_hosts.values() for n in ns if n in before]
+        serialized = [to_resource(m, types.CLUSTER) for m in made]
+        with self._lock:
+            fresh = [self._intern(types.CLUSTER, r) for r in serialized]
+        # The clusters of a service win over a catch-all of the same name, as in a whole part.
+        present = {r.name for r in kept}
+        resources = [*kept, *(r for r in fresh if r.name not in present)]
+        gone = {n for h, ns in hosts.items() if h in touched for n in ns}
+        eds = {n for n in entry.part.eds_names if n not in gone and n in present}
+        eds.update(eds_cluster_names([m for m, r in zip(made, fresh, strict=True) if r.name not in present]))
+        by_type = MappingProxyType({types.CLUSTER: self._set(types.CLUSTER, resources, interned=True)})
+        part = Part(by_type, tuple(sorted(eds)))
+        with self._lock:
+            self.cluster_resources_made += len(made)
+        services = ServicesRead(snapshot.services, snapshot.index.loopback, scope.services, frozenset(names))
+        return TracedPart(part, rules, rules_digest(snapshot), services, kept_hosts | made_hosts)
 
     @staticmethod
     def _whole(clusters: Part, rest: Part) -> Part:

@@ -149,6 +149,26 @@ class ServicesRead:
         names = {(parts[0], parts[1]) for h in changed if len(parts := h.split(".")) >= 3}
         return names.isdisjoint(self.names) and names.isdisjoint(snapshot.index.short_hosts())
 
+    def touched(self, scope: ProxyScope, rules: Mapping[str, object]) -> frozenset[str] | None:
+        """The hosts that changed since `model`, where they are all a part read differently:
+        services of its scope that came, went or changed, and no collector, short name, or
+        other service of the scope. A part made of one piece per service (the clusters) is then
+        brought up to date by making those hosts' pieces again; None where it cannot be."""
+        snapshot = scope.snapshot
+        changed = snapshot.index.changed_hosts(self.model, self.loopback)
+        if any(c.hostname in changed for c in scope.proxy.collectors):
+            return None
+        names = {(parts[0], parts[1]) for h in changed if len(parts := h.split(".")) >= 3}
+        if not names.isdisjoint(self.names) or not names.isdisjoint(snapshot.index.short_hosts()):
+            return None
+        # A rule asked for by a host that did not change is the same rule (checked apart); one
+        # asked for by a changed host is asked again when its service's pieces are made again.
+        if any(h in changed and h not in scope.service_hosts for h in rules):
+            return None
+        was = [s.hostname for s in self.services if s.hostname not in changed]
+        now = [s.hostname for s in scope.services if s.hostname not in changed]
+        return changed if was == now else None
+
     def at(self, scope: ProxyScope) -> ServicesRead:
         """The same reads, as of `scope`'s snapshot (where `holds` found them unchanged)."""
         snapshot = scope.snapshot
@@ -165,6 +185,9 @@ class TracedPart:
     #: the DestinationRules' content digest when it was made: the same rules, the same answers
     rules_digest: bytes
     services: ServicesRead | None = None
+    #: the names of each service's resources in the part, by host, where it is made of one piece
+    #: per service (a sidecar's clusters): what `ServicesRead.touched` lets be made again alone
+    hosts: Mapping[str, tuple[str, ...]] | None = None
     #: the part this one replaced under its key, tried when this one does not hold: a change
     #: undone finds its part there, not generated again
     before: TracedPart | None = None
@@ -172,9 +195,10 @@ class TracedPart:
     def holds(self, scope: ProxyScope) -> bool:
         """Whether every rule asked for is, in `scope`'s snapshot, the one it was, and (for a
         part not keyed on the registry) every service it read."""
-        return self._rules_hold(scope) and (self.services is None or self.services.holds(scope, self.rules))
+        return self.holds_rules(scope) and (self.services is None or self.services.holds(scope, self.rules))
 
-    def _rules_hold(self, scope: ProxyScope) -> bool:
+    def holds_rules(self, scope: ProxyScope) -> bool:
+        """Whether every rule asked for is, in `scope`'s snapshot, the one it was."""
         snapshot = scope.snapshot
         if rules_digest(snapshot) == self.rules_digest:
             return True
