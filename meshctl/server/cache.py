@@ -550,11 +550,12 @@ class ResourceCache:
         read, hosts = entry.services, entry.hosts
         if read is None or hosts is None or not entry.holds_rules(scope):
             return None
-        touched = read.touched(scope, entry.rules)
+        touched = read.touched(scope)
         if touched is None:
             return None
         snapshot = scope.snapshot
-        rules: dict[str, object] = dict(entry.rules)
+        # A changed host's rule is asked for again where its service is still seen.
+        rules: dict[str, object] = {h: d for h, d in entry.rules.items() if h not in touched}
         names: set[tuple[str, str]] = set(read.names)
         made_hosts: dict[str, tuple[str, ...]] = {}
         made = generate_outbound_clusters(

@@ -149,21 +149,19 @@ class ServicesRead:
         names = {(parts[0], parts[1]) for h in changed if len(parts := h.split(".")) >= 3}
         return names.isdisjoint(self.names) and names.isdisjoint(snapshot.index.short_hosts())
 
-    def touched(self, scope: ProxyScope, rules: Mapping[str, object]) -> frozenset[str] | None:
+    def touched(self, scope: ProxyScope) -> frozenset[str] | None:
         """The hosts that changed since `model`, where they are all a part read differently:
         services of its scope that came, went or changed, and no collector, short name, or
         other service of the scope. A part made of one piece per service (the clusters) is then
-        brought up to date by making those hosts' pieces again; None where it cannot be."""
+        brought up to date by making those hosts' pieces again; None where it cannot be. (The
+        rules the part asked for are checked apart, `TracedPart.holds_rules`: a service's pieces
+        ask for their own host's rule alone, asked again when they are made again.)"""
         snapshot = scope.snapshot
         changed = snapshot.index.changed_hosts(self.model, self.loopback)
         if any(c.hostname in changed for c in scope.proxy.collectors):
             return None
         names = {(parts[0], parts[1]) for h in changed if len(parts := h.split(".")) >= 3}
         if not names.isdisjoint(self.names) or not names.isdisjoint(snapshot.index.short_hosts()):
-            return None
-        # A rule asked for by a host that did not change is the same rule (checked apart); one
-        # asked for by a changed host is asked again when its service's pieces are made again.
-        if any(h in changed and h not in scope.service_hosts for h in rules):
             return None
         was = [s.hostname for s in self.services if s.hostname not in changed]
         now = [s.hostname for s in scope.services if s.hostname not in changed]
