@@ -210,6 +210,8 @@ class ResourceCache:
         #: snapshot version
         self._eds_sets: Recent[tuple[object, ...], TracedEds] = Recent(keep_versions)
         self._eds_now: Recent[tuple[object, ...], ResourceSet] = Recent(keep_versions)
+        #: the last EDS set made without locality views, by the version it was made at
+        self._eds_last: dict[str, TracedEds] = {}
         # Equal resources and equal sets, shared while anything holds them.
         self._resources: weakref.WeakValueDictionary[tuple[str, str, str], Resource] = weakref.WeakValueDictionary()
         self._sets: weakref.WeakValueDictionary[tuple[str, str], ResourceSet] = weakref.WeakValueDictionary()
@@ -222,6 +224,8 @@ class ResourceCache:
         self.cluster_resources_made = 0
         self.eds_builds = 0
         self.eds_set_builds = 0  # EDS sets (the assignments of one list of clusters) made
+        #: the assignments those sets looked up or built (the rest taken from the last set made)
+        self.eds_set_members_made = 0
         #: parts EnvoyFilters and WasmPlugins were applied to, and the resources they decoded
         self.patched_parts = 0
         self.patched_resources = 0
@@ -662,20 +666,33 @@ class ResourceCache:
                 with self._lock:
                     self._eds_sets.put(version, key, kept)
         else:
+            # A set for a list of clusters one service longer or shorter than the last one made
+            # (a service added where a sidecar sees it) takes the other clusters' assignments
+            # from it where they read the same (`TracedEds.holds`, host by host).
+            last = self._eds_last.get(version) if not views else None
+            reused = last.reusable(snapshot) if last is not None else {}
             views = views or {}
-            made = [self._eds_for(snapshot, name, views.get(name)) for name in names]
-            eds = self._set(types.ENDPOINT, [resource for resource, _ in made])
+            made = [self._eds_for(snapshot, name, views.get(name)) for name in names if name not in reused]
+            resources = [resource for resource, _ in made]
+            resources += (reused[name] for name in names if name in reused)
+            eds = self._set(types.ENDPOINT, resources)
             subsets = tuple(
                 (parsed.host, parsed.subset, view.subset_labels)
                 for _, view in made
                 if view.port is not None and (parsed := parse_cluster_name(view.cluster_name)) and parsed.subset
             )
+            if last is not None and last.subsets and reused:
+                subset_hosts = {(p.host, p.subset) for n in names if n in reused and (p := parse_cluster_name(n))}
+                subsets += tuple(s for s in last.subsets if (s[0], s[1]) in subset_hosts)
             hosts = frozenset(parsed.host for name in names if (parsed := parse_cluster_name(name)))
             traced = TracedEds(eds, subsets, rules_digest(snapshot), snapshot.services, hosts)
             traced = found.replaced_by(traced) if found is not None else traced
             with self._lock:
                 self.eds_set_builds += 1
+                self.eds_set_members_made += len(made)
                 self._eds_sets.put(version, key, traced)
+                if not views:
+                    self._eds_last = {version: traced}
         with self._lock:
             self._eds_now.put(snapshot.version, key, eds)
         return eds

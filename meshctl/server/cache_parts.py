@@ -15,7 +15,7 @@ from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.scope import ProxyScope, rule_digest
 from meshctl.xds.endpoints import subset_labels
 from meshctl.xds.generate import TRACED_KINDS
-from meshctl.xds.resources import ResourceSet
+from meshctl.xds.resources import Resource, ResourceSet
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -97,6 +97,17 @@ class TracedEds:
             if (tuple(sorted(now.items())) if now is not None else None) != labels:
                 return False
         return True
+
+    def reusable(self, snapshot: Snapshot) -> dict[str, Resource]:
+        """The assignments of this set that read the same at `snapshot` (same DestinationRules,
+        their host's service and endpoints unchanged), by cluster name: what a set for another
+        list of clusters at the same version takes instead of making them again."""
+        if rules_digest(snapshot) != self.rules_digest:
+            return {}
+        changed = snapshot.index.endpoints_changed(self.model) if snapshot.services is not self.model else frozenset()
+        # An outbound cluster's name ends with its host; any other name's assignment reads
+        # nothing of the registry (`assignment_view`), so it is kept whatever its last part.
+        return {r.name: r for r in self.eds.ordered if not changed or r.name.rpartition("|")[2] not in changed}
 
     def checked_at(self, snapshot: Snapshot) -> TracedEds:
         """The set as of `snapshot`, where `holds` found it kept (see `TracedPart.checked_at`)."""
