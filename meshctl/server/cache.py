@@ -189,9 +189,9 @@ class ResourceCache:
         )
         #: finished parts (EnvoyFilters, WasmPlugins) by the ids of their unpatched sets (held by
         #: the entry) and `part_key`, with the filters that change something in them
-        self._patches: GenerationMemo[
-            tuple[object, ...], tuple[tuple[ResourceSet, ...], Part, frozenset[FilterId]]
-        ] = GenerationMemo()
+        self._patches: GenerationMemo[tuple[object, ...], tuple[tuple[ResourceSet, ...], Part, frozenset[FilterId]]] = (
+            GenerationMemo()
+        )
         #: gRPC server listeners by `InboundView`, as the Envoy inbound parts
         self._grpc_inbound: GenerationMemo[InboundView, ResourceSet] = GenerationMemo()
         #: gRPC assignment sets by the id of the Envoy set they are made from (held by the entry),
@@ -210,6 +210,8 @@ class ResourceCache:
         #: snapshot version
         self._eds_sets: Recent[tuple[object, ...], TracedEds] = Recent(keep_versions)
         self._eds_now: Recent[tuple[object, ...], ResourceSet] = Recent(keep_versions)
+        #: the last EDS set made without locality views, by the version it was made at
+        self._eds_last: dict[str, TracedEds] = {}
         # Equal resources and equal sets, shared while anything holds them.
         self._resources: weakref.WeakValueDictionary[tuple[str, str, str], Resource] = weakref.WeakValueDictionary()
         self._sets: weakref.WeakValueDictionary[tuple[str, str], ResourceSet] = weakref.WeakValueDictionary()
@@ -217,8 +219,13 @@ class ResourceCache:
         self.generations = 0  # outbound and inbound parts
         self.outbound_generations = 0
         self.cluster_generations = 0  # outbound parts whose clusters had to be generated
+        #: outbound clusters serialized for those parts (a part brought up to date across a
+        #: service change serializes the changed services' clusters alone)
+        self.cluster_resources_made = 0
         self.eds_builds = 0
         self.eds_set_builds = 0  # EDS sets (the assignments of one list of clusters) made
+        #: the assignments those sets looked up or built (the rest taken from the last set made)
+        self.eds_set_members_made = 0
         #: parts EnvoyFilters and WasmPlugins were applied to, and the resources they decoded
         self.patched_parts = 0
         self.patched_resources = 0
@@ -506,11 +513,18 @@ class ResourceCache:
         if clusters is not None and rest is not None:
             return self._whole(clusters, rest)
         if clusters is None:
-            rules: dict[str, object] = {}
-            names: set[tuple[str, str]] = set()
-            made = generate_outbound_clusters(snapshot, outbound_key, self._memos, rules, names)
-            clusters = self._generated({types.CLUSTER: made}, count=False)
-            traced = TracedPart(clusters, rules, rules_digest(snapshot), _services_read(scope, names, scoped))
+            traced = self._clusters_updated(scope, clusters_entry) if clusters_entry is not None else None
+            if traced is None:
+                rules: dict[str, object] = {}
+                names: set[tuple[str, str]] = set()
+                hosts: dict[str, tuple[str, ...]] | None = {} if scoped else None
+                made = generate_outbound_clusters(snapshot, outbound_key, self._memos, rules, names, host_trace=hosts)
+                clusters = self._generated({types.CLUSTER: made}, count=False)
+                with self._lock:
+                    self.cluster_resources_made += len(made)
+                read = _services_read(scope, names, scoped)
+                traced = TracedPart(clusters, rules, rules_digest(snapshot), read, hosts)
+            clusters = traced.part
             traced = clusters_entry.replaced_by(traced) if clusters_entry is not None else traced
             with self._lock:
                 self.cluster_generations += 1
@@ -529,6 +543,46 @@ class ResourceCache:
             self.generations += 1
             self.outbound_generations += 1
         return self._whole(clusters, rest)
+
+    def _clusters_updated(self, scope: ProxyScope, entry: TracedPart) -> TracedPart | None:
+        """A sidecar's cluster part brought up to date from `entry` where only services of its
+        scope changed (`ServicesRead.touched`): the clusters of the hosts that did not change
+        are kept as they are, those of the changed hosts and the catch-alls made again. Equal
+        to the part made whole (each cluster is a function of its own service port's view), at
+        the cost of the services that changed instead of all the scope sees: one ServiceEntry
+        added to a namespace of thousands makes its own clusters alone."""
+        read, hosts = entry.services, entry.hosts
+        if read is None or hosts is None or not entry.holds_rules(scope):
+            return None
+        touched = read.touched(scope)
+        if touched is None:
+            return None
+        snapshot = scope.snapshot
+        # A changed host's rule is asked for again where its service is still seen.
+        rules: dict[str, object] = {h: d for h, d in entry.rules.items() if h not in touched}
+        names: set[tuple[str, str]] = set(read.names)
+        made_hosts: dict[str, tuple[str, ...]] = {}
+        made = generate_outbound_clusters(
+            snapshot, scope.proxy, self._memos, rules, names, only=touched, host_trace=made_hosts
+        )
+        before = entry.part.by_type[types.CLUSTER]
+        kept_hosts = {h: n for h, n in hosts.items() if h not in touched}
+        kept = [before[n] for ns in kept_hosts.values() for n in ns if n in before]
+        serialized = [to_resource(m, types.CLUSTER) for m in made]
+        with self._lock:
+            fresh = [self._intern(types.CLUSTER, r) for r in serialized]
+        # The clusters of a service win over a catch-all of the same name, as in a whole part.
+        present = {r.name for r in kept}
+        resources = [*kept, *(r for r in fresh if r.name not in present)]
+        gone = {n for h, ns in hosts.items() if h in touched for n in ns}
+        eds = {n for n in entry.part.eds_names if n not in gone and n in present}
+        eds.update(eds_cluster_names([m for m, r in zip(made, fresh, strict=True) if r.name not in present]))
+        by_type = MappingProxyType({types.CLUSTER: self._set(types.CLUSTER, resources, interned=True)})
+        part = Part(by_type, tuple(sorted(eds)))
+        with self._lock:
+            self.cluster_resources_made += len(made)
+        services = ServicesRead(snapshot.services, snapshot.index.loopback, scope.services, frozenset(names))
+        return TracedPart(part, rules, rules_digest(snapshot), services, kept_hosts | made_hosts)
 
     @staticmethod
     def _whole(clusters: Part, rest: Part) -> Part:
@@ -612,20 +666,33 @@ class ResourceCache:
                 with self._lock:
                     self._eds_sets.put(version, key, kept)
         else:
+            # A set for a list of clusters one service longer or shorter than the last one made
+            # (a service added where a sidecar sees it) takes the other clusters' assignments
+            # from it where they read the same (`TracedEds.holds`, host by host).
+            last = self._eds_last.get(version) if not views else None
+            reused = last.reusable(snapshot) if last is not None else {}
             views = views or {}
-            made = [self._eds_for(snapshot, name, views.get(name)) for name in names]
-            eds = self._set(types.ENDPOINT, [resource for resource, _ in made])
+            made = [self._eds_for(snapshot, name, views.get(name)) for name in names if name not in reused]
+            resources = [resource for resource, _ in made]
+            resources += (reused[name] for name in names if name in reused)
+            eds = self._set(types.ENDPOINT, resources)
             subsets = tuple(
                 (parsed.host, parsed.subset, view.subset_labels)
                 for _, view in made
                 if view.port is not None and (parsed := parse_cluster_name(view.cluster_name)) and parsed.subset
             )
+            if last is not None and last.subsets and reused:
+                subset_hosts = {(p.host, p.subset) for n in names if n in reused and (p := parse_cluster_name(n))}
+                subsets += tuple(s for s in last.subsets if (s[0], s[1]) in subset_hosts)
             hosts = frozenset(parsed.host for name in names if (parsed := parse_cluster_name(name)))
             traced = TracedEds(eds, subsets, rules_digest(snapshot), snapshot.services, hosts)
             traced = found.replaced_by(traced) if found is not None else traced
             with self._lock:
                 self.eds_set_builds += 1
+                self.eds_set_members_made += len(made)
                 self._eds_sets.put(version, key, traced)
+                if not views:
+                    self._eds_last = {version: traced}
         with self._lock:
             self._eds_now.put(snapshot.version, key, eds)
         return eds

@@ -15,7 +15,7 @@ from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.scope import ProxyScope, rule_digest
 from meshctl.xds.endpoints import subset_labels
 from meshctl.xds.generate import TRACED_KINDS
-from meshctl.xds.resources import ResourceSet
+from meshctl.xds.resources import Resource, ResourceSet
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -98,6 +98,17 @@ class TracedEds:
                 return False
         return True
 
+    def reusable(self, snapshot: Snapshot) -> dict[str, Resource]:
+        """The assignments of this set that read the same at `snapshot` (same DestinationRules,
+        their host's service and endpoints unchanged), by cluster name: what a set for another
+        list of clusters at the same version takes instead of making them again."""
+        if rules_digest(snapshot) != self.rules_digest:
+            return {}
+        changed = snapshot.index.endpoints_changed(self.model) if snapshot.services is not self.model else frozenset()
+        # An outbound cluster's name ends with its host; any other name's assignment reads
+        # nothing of the registry (`assignment_view`), so it is kept whatever its last part.
+        return {r.name: r for r in self.eds.ordered if not changed or r.name.rpartition("|")[2] not in changed}
+
     def checked_at(self, snapshot: Snapshot) -> TracedEds:
         """The set as of `snapshot`, where `holds` found it kept (see `TracedPart.checked_at`)."""
         digest = rules_digest(snapshot)
@@ -149,6 +160,24 @@ class ServicesRead:
         names = {(parts[0], parts[1]) for h in changed if len(parts := h.split(".")) >= 3}
         return names.isdisjoint(self.names) and names.isdisjoint(snapshot.index.short_hosts())
 
+    def touched(self, scope: ProxyScope) -> frozenset[str] | None:
+        """The hosts that changed since `model`, where they are all a part read differently:
+        services of its scope that came, went or changed, and no collector, short name, or
+        other service of the scope. A part made of one piece per service (the clusters) is then
+        brought up to date by making those hosts' pieces again; None where it cannot be. (The
+        rules the part asked for are checked apart, `TracedPart.holds_rules`: a service's pieces
+        ask for their own host's rule alone, asked again when they are made again.)"""
+        snapshot = scope.snapshot
+        changed = snapshot.index.changed_hosts(self.model, self.loopback)
+        if any(c.hostname in changed for c in scope.proxy.collectors):
+            return None
+        names = {(parts[0], parts[1]) for h in changed if len(parts := h.split(".")) >= 3}
+        if not names.isdisjoint(self.names) or not names.isdisjoint(snapshot.index.short_hosts()):
+            return None
+        was = [s.hostname for s in self.services if s.hostname not in changed]
+        now = [s.hostname for s in scope.services if s.hostname not in changed]
+        return changed if was == now else None
+
     def at(self, scope: ProxyScope) -> ServicesRead:
         """The same reads, as of `scope`'s snapshot (where `holds` found them unchanged)."""
         snapshot = scope.snapshot
@@ -165,6 +194,9 @@ class TracedPart:
     #: the DestinationRules' content digest when it was made: the same rules, the same answers
     rules_digest: bytes
     services: ServicesRead | None = None
+    #: the names of each service's resources in the part, by host, where it is made of one piece
+    #: per service (a sidecar's clusters): what `ServicesRead.touched` lets be made again alone
+    hosts: Mapping[str, tuple[str, ...]] | None = None
     #: the part this one replaced under its key, tried when this one does not hold: a change
     #: undone finds its part there, not generated again
     before: TracedPart | None = None
@@ -172,9 +204,10 @@ class TracedPart:
     def holds(self, scope: ProxyScope) -> bool:
         """Whether every rule asked for is, in `scope`'s snapshot, the one it was, and (for a
         part not keyed on the registry) every service it read."""
-        return self._rules_hold(scope) and (self.services is None or self.services.holds(scope, self.rules))
+        return self.holds_rules(scope) and (self.services is None or self.services.holds(scope, self.rules))
 
-    def _rules_hold(self, scope: ProxyScope) -> bool:
+    def holds_rules(self, scope: ProxyScope) -> bool:
+        """Whether every rule asked for is, in `scope`'s snapshot, the one it was."""
         snapshot = scope.snapshot
         if rules_digest(snapshot) == self.rules_digest:
             return True

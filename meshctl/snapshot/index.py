@@ -522,7 +522,9 @@ class SnapshotIndex:
         was, cur = before.services, now.services
         out: set[str] = set()
         if before is not now:
-            for host in was.keys() | cur.keys():
+            # A model patched from `before` names the only hosts that may differ.
+            patched = patched_hosts(before, now)
+            for host in patched if patched is not None else was.keys() | cur.keys():
                 a, b = was.get(host), cur.get(host)
                 if a is not b and a != b:
                     out.add(host)
@@ -552,7 +554,8 @@ class SnapshotIndex:
         out: set[str] = set()
         if before is not now:
             was, cur = before.services, now.services
-            for host in was.keys() | cur.keys():
+            patched = patched_hosts(before, now)
+            for host in patched if patched is not None else was.keys() | cur.keys():
                 a, b = was.get(host), cur.get(host)
                 ea, eb = before.endpoints.get(host, ()), now.endpoints.get(host, ())
                 if (a is not b and a != b) or (ea is not eb and ea != eb):

@@ -34,7 +34,7 @@ when TLS is originated. Clusters come out sorted by name; a name built twice kee
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final
@@ -143,17 +143,30 @@ class OutboundClusterView:
 ClusterMemo = GenerationMemo[OutboundClusterView, tuple[cluster_pb2.Cluster, ...]]
 
 
-def build_outbound_clusters(scope: ProxyScope, memo: ClusterMemo | None = None) -> list[cluster_pb2.Cluster]:
+def build_outbound_clusters(
+    scope: ProxyScope,
+    memo: ClusterMemo | None = None,
+    *,
+    only: Collection[str] | None = None,
+    host_trace: dict[str, tuple[str, ...]] | None = None,
+) -> list[cluster_pb2.Cluster]:
     """The clusters of the services the proxy may call, and the catch-alls (BlackHoleCluster,
     PassthroughCluster): what the `OutboundProxy` decides. With `memo`, a service port's
     clusters are made once per `OutboundClusterView` and shared (the messages must then be
-    treated as read-only)."""
+    treated as read-only). With `only`, the clusters of those hosts' services alone, and every
+    catch-all: what a part kept across a service change needs made again (the server's cluster
+    part of a sidecar); with `host_trace`, each service's cluster names are noted by host."""
     out: list[cluster_pb2.Cluster] = []
     for service in scope.services:
+        if only is not None and service.hostname not in only:
+            continue
+        start = len(out)
         for port in service.ports:
             if port.protocol is not Protocol.UDP:
                 view = outbound_cluster_view(scope, service, port)
                 out.extend(service_port_clusters(view) if memo is None else memo.get(view, service_port_clusters))
+        if host_trace is not None:
+            host_trace[service.hostname] = tuple(c.name for c in out[start:])
     timeout = scope.snapshot.mesh.connect_timeout_seconds
     if scope.proxy.type is ProxyType.ROUTER:
         # A gateway's own RequestAuthentication keys (sidecars get theirs with the inbound part).

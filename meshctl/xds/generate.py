@@ -18,7 +18,7 @@ proxies that rule reads alike (the same locality, the same values of the labels 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from types import MappingProxyType
 
 from envoy.config.endpoint.v3 import endpoint_pb2
@@ -135,15 +135,21 @@ def generate_outbound_clusters(
     memos: GenerationMemos | None = None,
     rule_trace: dict[str, object] | None = None,
     name_trace: set[tuple[str, str]] | None = None,
+    *,
+    only: Collection[str] | None = None,
+    host_trace: dict[str, tuple[str, ...]] | None = None,
 ) -> tuple[Message, ...]:
     """The clusters of `generate_outbound` alone: they read only `CLUSTER_KINDS` of the configs,
     so the server keeps them while other kinds change. With `rule_trace`, every
     DestinationRule asked for is noted there (see `TRACED_KINDS`), with `name_trace` every short
-    name resolved (see `SCOPED_SERVICES`)."""
+    name resolved (see `SCOPED_SERVICES`), with `host_trace` each service's cluster names by
+    host; with `only`, the clusters of those hosts' services and the catch-alls alone (what a
+    part kept across a change of those services needs made again)."""
     scope = ProxyScope(snapshot, proxy)
     scope.rule_trace = rule_trace
     scope.name_trace = name_trace
-    return _outbound_clusters(scope, memos)
+    memo = memos.clusters if memos is not None else None
+    return tuple(build_outbound_clusters(scope, memo, only=only, host_trace=host_trace))
 
 
 def generate_outbound_listeners_and_routes(
