@@ -7,9 +7,9 @@ from pathlib import Path
 
 from meshctl.config.model import Config
 from meshctl.registry.serviceentry import build_file_model
-from meshctl.server.cache import ResourceCache
+from meshctl.server.cache import Resolved, ResourceCache
 from meshctl.snapshot.model import Snapshot, build_snapshot
-from meshctl.snapshot.proxy import parse_node_id
+from meshctl.snapshot.proxy import ProxyNode, parse_node_id
 from meshctl.testing.builders import configs_from_yaml
 from meshctl.xds import types
 
@@ -100,3 +100,70 @@ def test_an_endpoint_change_to_a_proxys_own_workload_binds_it_again() -> None:
     fresh = ResourceCache().resolve(nodes["reviews-v1"], after)
     assert _bytes(again["reviews-v1"].resources) == _bytes(fresh.resources)
     assert again["reviews-v1"].proxy.generation_key() == fresh.proxy.generation_key()
+
+
+REVIEWS_ROUTE = """
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: bookinfo}
+spec:
+  hosts: [reviews.bookinfo.mesh]
+  http:
+  - route:
+    - destination: {host: reviews.bookinfo.mesh, subset: v2}
+      weight: 70
+    - destination: {host: reviews.bookinfo.mesh, subset: v3}
+      weight: 30
+"""
+# A route only proxies labelled app=productpage take: productpage's outbound config parts ways
+# with the other proxies' (its labels are tested by a selector now).
+REVIEWS_FROM_PRODUCTPAGE = """
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: reviews, namespace: bookinfo}
+spec:
+  hosts: [reviews.bookinfo.mesh]
+  http:
+  - match:
+    - sourceLabels: {app: productpage}
+    route:
+    - destination: {host: reviews.bookinfo.mesh, subset: v3}
+  - route:
+    - destination: {host: reviews.bookinfo.mesh, subset: v1}
+"""
+
+
+def _resolve_across(change: str) -> tuple[ResourceCache, dict[str, Resolved], Snapshot, dict[str, ProxyNode]]:
+    _, before, after = _mesh(change)
+    assert before.config_version != after.config_version
+    cache = ResourceCache()
+    nodes = {name: parse_node_id(node_id) for name, node_id in NODES.items()}
+    for node in nodes.values():
+        cache.resolve(node, before)
+    assert cache.bindings == len(nodes)
+    again = {name: cache.resolve(node, after) for name, node in nodes.items()}
+    return cache, again, after, nodes
+
+
+def test_a_virtualservice_change_binds_no_proxy_and_each_gets_what_a_fresh_binding_gives() -> None:
+    cache, again, after, nodes = _resolve_across(REVIEWS_ROUTE)
+    assert cache.bindings == len(nodes)  # none bound again
+    for name, resolved in again.items():
+        fresh = ResourceCache().resolve(nodes[name], after)
+        assert resolved.resources.config_version == after.config_version
+        assert _bytes(resolved.resources) == _bytes(fresh.resources), name
+        assert resolved.proxy.outbound == fresh.proxy.outbound, name
+    # The new weights reached the proxies that call reviews.
+    routes = b"".join(r.body for r in again["productpage"].resources.of(types.ROUTE).values())
+    assert b"v3" in routes
+
+
+def test_a_virtualservice_change_that_adds_a_label_selector_binds_every_proxy_again() -> None:
+    cache, again, after, nodes = _resolve_across(REVIEWS_FROM_PRODUCTPAGE)
+    assert cache.bindings == 2 * len(nodes)
+    for name, resolved in again.items():
+        fresh = ResourceCache().resolve(nodes[name], after)
+        assert _bytes(resolved.resources) == _bytes(fresh.resources), name
+        assert resolved.proxy.outbound == fresh.proxy.outbound, name
+    outbound = again["productpage"].proxy.outbound
+    assert outbound is not None and ("app", "productpage") in outbound.label_pairs

@@ -64,7 +64,16 @@ from meshctl.server.cache_parts import (
 )
 from meshctl.server.grpc_view import GrpcAssignments, grpc_config, grpc_inbound_listeners
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyNode, bind_proxy, binding_inputs, outbound_of
+from meshctl.snapshot.proxy import (
+    OutboundProxy,
+    Proxy,
+    ProxyNode,
+    bind_proxy,
+    binding_inputs,
+    binding_version,
+    outbound_of,
+    rebound,
+)
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.eds_locality import LocalityView, build_variant, eds_localities
@@ -123,13 +132,14 @@ class _LastGood:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class _Bound:
-    """A node as last bound: the proxy, its generation key, what the binding read beyond the
-    config version (`binding_inputs`), and the snapshot version it was last resolved at."""
+    """A node as last bound: the proxy, its generation key, the binding version it was bound
+    at, what the binding read beyond it (`binding_inputs`), and the snapshot version it was last
+    resolved at."""
 
     node: ProxyNode
     proxy: Proxy
     key: tuple[object, ...]
-    config_version: str
+    binding_version: str
     inputs: tuple[object, ...]
     at: str
 
@@ -229,6 +239,8 @@ class ResourceCache:
         #: each node as last bound, by node id (`resolve`); nodes bound at no snapshot version
         #: still kept are forgotten with the views
         self._bound: dict[str, _Bound] = {}
+        #: the binding version of the latest snapshot resolved at: (snapshot version, it)
+        self._binding_at = ("", "")
         #: Nodes bound (`bind_proxy`) by `resolve`, for the tests and benchmarks.
         self.bindings = 0
         self._failures_logged: set[tuple[str, tuple[object, ...]]] = set()
@@ -252,28 +264,37 @@ class ResourceCache:
         """`node` bound in `snapshot` (`bind_proxy`), and its resources: what the ADS servicer
         asks of the cache, the one place the two meet.
 
-        A node bound before at the same config version, whose WorkloadEntry and endpoints are
-        as they were (`binding_inputs`), is the proxy it was, with the same generation key: an
-        endpoint change binds again only the proxies of the workloads it touched, and every
-        other stream's resolution is one lookup of its key's view. (The proxy still says the
-        snapshot it was bound in; its config, keyed on the config version, is found as is.)"""
+        A node bound before at the same binding version (`binding_version`: what binding reads
+        of the configs and the registry), whose WorkloadEntry and endpoints are as they were
+        (`binding_inputs`), is the proxy it was, with the same generation key: an endpoint
+        change binds again only the proxies of the workloads it touched, a VirtualService or
+        DestinationRule change none (unless it changes a label selector), and every other
+        stream's resolution is one lookup of its key's view."""
         inputs = binding_inputs(node, snapshot)
         with self._lock:
             last = self._bound.get(node.id)
+            if self._binding_at[0] != snapshot.version:
+                self._binding_at = (snapshot.version, "")
+            version = self._binding_at[1]
+        if not version:
+            version = binding_version(snapshot)
+            with self._lock:
+                if self._binding_at[0] == snapshot.version:
+                    self._binding_at = (snapshot.version, version)
         if (
             last is not None
-            and last.config_version == snapshot.config_version
+            and last.binding_version == version
             and (last.node is node or last.node == node)
             and last.inputs == inputs
         ):
-            proxy, key = last.proxy, last.key
+            proxy, key = rebound(last.proxy, snapshot), last.key
         else:
             proxy = bind_proxy(node, snapshot)
             key = proxy.generation_key()
             with self._lock:
                 self.bindings += 1
         with self._lock:
-            self._bound[node.id] = _Bound(node, proxy, key, snapshot.config_version, inputs, snapshot.version)
+            self._bound[node.id] = _Bound(node, proxy, key, version, inputs, snapshot.version)
         return Resolved(proxy, self._view_of(snapshot, proxy, key))
 
     def resources(self, snapshot: Snapshot, proxy: Proxy) -> ProxyResources:

@@ -32,8 +32,9 @@ and of the metadata only the keys read here are kept.
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -550,12 +551,44 @@ def _any_sidecar_ingress(snapshot: Snapshot) -> bool:
     return any(spec(c).ingress for c in snapshot.of_kind("Sidecar"))
 
 
+#: The config kinds `bind_proxy` (and the `outbound_proxy` it makes) reads of a snapshot: the
+#: Sidecar that applies (and whether any binds an ingress address), the EnvoyFilters, WasmPlugins
+#: and Telemetry that select it, Gateways (filters' and plugins' `targetRefs`). The label
+#: selectors it keeps labels for (`SnapshotIndex.label_selectors`, `policy_selectors`) come from
+#: other kinds too (VirtualService `sourceLabels`, DestinationRule and policy selectors), and are
+#: compared themselves (`binding_version`), so an edit of those kinds that leaves every selector
+#: as it was binds no proxy again.
+BINDING_KINDS: frozenset[str] = frozenset({"Sidecar", "Gateway", "EnvoyFilter", "WasmPlugin", "Telemetry"})
+
+
+def binding_version(snapshot: Snapshot) -> str:
+    """A hash of everything `bind_proxy` reads of `snapshot` but what is particular to a node
+    (`binding_inputs`): the configs of `BINDING_KINDS`, the mesh settings and the registry's
+    services (`Snapshot.version_of`: collectors, `targetRefs` to services, whether any resolves
+    by DNS), and the label selectors. Two snapshots with equal versions bind a node with equal
+    inputs to the same proxy, so a VirtualService edit need not bind the fleet again."""
+    index = snapshot.index
+    h = hashlib.blake2b(digest_size=12)
+    h.update(snapshot.version_of(BINDING_KINDS).encode())
+    h.update(repr((index.label_selectors(), index.policy_selectors(), index.has_dns_services)).encode())
+    return h.hexdigest()
+
+
 def binding_inputs(node: ProxyNode, snapshot: Snapshot) -> tuple[object, list[tuple[Service, Endpoint]]]:
-    """What `bind_proxy` reads of `snapshot` beyond its `config_version` (which leaves out
+    """What `bind_proxy` reads of `snapshot` beyond its `binding_version` (which leaves out
     WorkloadEntries and endpoints): the node's WorkloadEntry and the endpoints at its address.
-    At one config version, a node whose inputs are equal (the entry the very same object) binds
+    At one binding version, a node whose inputs are equal (the entry the very same object) binds
     to the same proxy, so an endpoint change need not bind the fleet again."""
     return _workload_entry(node, snapshot), snapshot.index.endpoints_at(node.ip)
+
+
+def rebound(proxy: Proxy, snapshot: Snapshot) -> Proxy:
+    """`proxy` as bound in `snapshot`, for a node whose binding version and inputs there are
+    those it was bound with: binding it again would give the same proxy, so only the snapshot
+    its `outbound` belongs to moves (`outbound_of` then takes it as it is)."""
+    if proxy.snapshot_version == snapshot.version or proxy.outbound is None:
+        return proxy
+    return replace(proxy, snapshot_version=snapshot.version)
 
 
 def _workload_entry(node: ProxyNode, snapshot: Snapshot) -> Any:
