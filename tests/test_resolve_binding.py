@@ -115,6 +115,13 @@ spec:
     - destination: {host: reviews.bookinfo.mesh, subset: v3}
       weight: 30
 """
+MTLS_STRICT = """
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: default, namespace: bookinfo}
+spec:
+  mtls: {mode: STRICT}
+"""
 # A route only proxies labelled app=productpage take: productpage's outbound config parts ways
 # with the other proxies' (its labels are tested by a selector now).
 REVIEWS_FROM_PRODUCTPAGE = """
@@ -156,6 +163,27 @@ def test_a_virtualservice_change_binds_no_proxy_and_each_gets_what_a_fresh_bindi
     # The new weights reached the proxies that call reviews.
     routes = b"".join(r.body for r in again["productpage"].resources.of(types.ROUTE).values())
     assert b"v3" in routes
+
+
+def test_a_virtualservice_change_makes_no_inbound_view_and_joins_no_config_again() -> None:
+    """Inbound views read no VirtualService (`INBOUND_KINDS`): each key's view and part, and its
+    joined config where the outbound part is the same, are kept across the change."""
+    _, before, after = _mesh(REVIEWS_ROUTE)
+    cache = ResourceCache()
+    nodes = {name: parse_node_id(node_id) for name, node_id in NODES.items()}
+    first = {name: cache.resolve(node, before) for name, node in nodes.items()}
+    views = cache.inbound_views
+    assert views == len({r.proxy.generation_key() for r in first.values()})
+    again = {name: cache.resolve(node, after) for name, node in nodes.items()}
+    assert cache.inbound_views == views
+    for name, resolved in again.items():
+        fresh = ResourceCache().resolve(nodes[name], after)
+        assert _bytes(resolved.resources) == _bytes(fresh.resources), name
+    # A change of a kind inbound views read makes them again.
+    _, _, relabelled = _mesh(REVIEWS_ROUTE + "---\n" + MTLS_STRICT)
+    for node in nodes.values():
+        cache.resolve(node, relabelled)
+    assert cache.inbound_views == 2 * views
 
 
 def test_a_virtualservice_change_that_adds_a_label_selector_binds_every_proxy_again() -> None:

@@ -92,6 +92,7 @@ from meshctl.xds.generate import (
     ASSIGNMENT_KINDS,
     BOUND_KINDS,
     CLUSTER_KINDS,
+    INBOUND_KINDS,
     PATCH_KINDS,
     SCOPED_SERVICES,
     TRACED_KINDS,
@@ -197,6 +198,11 @@ class ResourceCache:
         self._joins: GenerationMemo[tuple[str, int, int], tuple[ResourceSet, ResourceSet, ResourceSet]] = (
             GenerationMemo()
         )
+        #: each key's inbound part with the version of `INBOUND_KINDS` it was found at, and its
+        #: last joined (unpatched) config with the two parts it joined, kept while both parts are
+        #: the very same; both forgotten with the key's last good view
+        self._inbound_held: dict[tuple[object, ...], tuple[str, Part]] = {}
+        self._joined: dict[tuple[object, ...], tuple[Part, Part, Part]] = {}
         #: finished parts (EnvoyFilters, WasmPlugins) by the ids of their unpatched sets (held by
         #: the entry) and `part_key`, with the filters that change something in them
         self._patches: GenerationMemo[
@@ -225,6 +231,7 @@ class ResourceCache:
         self._sets: weakref.WeakValueDictionary[tuple[str, str], ResourceSet] = weakref.WeakValueDictionary()
         #: Counters for /metrics and the benchmarks: how often work was done vs. shared.
         self.generations = 0  # outbound and inbound parts
+        self.inbound_views = 0  # inbound views made (one per key and version of `INBOUND_KINDS`)
         self.outbound_generations = 0
         self.cluster_generations = 0  # outbound parts whose clusters had to be generated
         self.eds_builds = 0
@@ -361,6 +368,8 @@ class ResourceCache:
         kept = set(self._views.versions)
         self._last_good = {k: g for k, g in self._last_good.items() if g.asked_at in kept}
         self._bound = {n: b for n, b in self._bound.items() if b.at in kept}
+        self._joined = {k: j for k, j in self._joined.items() if k in self._last_good}
+        self._inbound_held = {k: h for k, h in self._inbound_held.items() if k in self._last_good}
         configs = set(self._config.versions)
         self._failures_logged = {f for f in self._failures_logged if f[0] in configs}
 
@@ -410,20 +419,45 @@ class ResourceCache:
         if cached is not None:
             return cached
         outbound = self._outbound_for(snapshot, proxy)
-        inbound = self._inbound_parts.get(
-            inbound_view(ProxyScope(snapshot, proxy)), lambda view: self._generated(generate_inbound(view))
-        )
-        by_type = {t: self._join(t, outbound.by_type[t], inbound.by_type[t]) for t in _CONFIG_TYPES}
-        # Inbound parts name no EDS cluster as a rule: then the outbound part's (sorted) list, shared.
-        eds_names = (
-            outbound.eds_names if not inbound.eds_names else tuple(sorted({*outbound.eds_names, *inbound.eds_names}))
-        )
-        result = Part(MappingProxyType(by_type), eds_names)
-        if proxy.envoy_filters or proxy.wasm_plugins:
-            result = self._patched(outbound, inbound, result, proxy)
+        inbound = self._inbound_for(snapshot, proxy, key)
+        patched = bool(proxy.envoy_filters or proxy.wasm_plugins)
+        with self._lock:
+            held = self._joined.get(key)
+        if held is not None and held[0] is outbound and held[1] is inbound and not patched:
+            result = held[2]
+        else:
+            by_type = {t: self._join(t, outbound.by_type[t], inbound.by_type[t]) for t in _CONFIG_TYPES}
+            # Inbound parts name no EDS cluster as a rule: then the outbound part's (sorted) list, shared.
+            eds_names = (
+                outbound.eds_names
+                if not inbound.eds_names
+                else tuple(sorted({*outbound.eds_names, *inbound.eds_names}))
+            )
+            result = Part(MappingProxyType(by_type), eds_names)
+            if patched:
+                result = self._patched(outbound, inbound, result, proxy)
+            else:
+                with self._lock:
+                    self._joined[key] = (outbound, inbound, result)
         with self._lock:
             self._config.put(snapshot.config_version, key, result)
         return result
+
+    def _inbound_for(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> Part:
+        """The inbound part of the key's proxies: its view found once per version of what the view
+        reads (`INBOUND_KINDS`; the proxy through `key`), so a VirtualService change makes no
+        view; the part made once per view."""
+        version = snapshot.version_of(INBOUND_KINDS)
+        with self._lock:
+            found = self._inbound_held.get(key)
+        if found is not None and found[0] == version:
+            return found[1]
+        view = inbound_view(ProxyScope(snapshot, proxy))
+        part = self._inbound_parts.get(view, lambda made: self._generated(generate_inbound(made)))
+        with self._lock:
+            self.inbound_views += 1
+            self._inbound_held[key] = (version, part)
+        return part
 
     def _advance_memos(self, snapshot: Snapshot) -> None:
         """On a new config version, what no proxy asked for in the last two goes. Called with the
