@@ -3,13 +3,14 @@ node resolves to the proxy it was, at the new snapshot, and gets what binding it
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 from meshctl.config.model import Config
 from meshctl.registry.serviceentry import build_file_model
 from meshctl.server.cache import Resolved, ResourceCache
 from meshctl.snapshot.model import Snapshot, build_snapshot
-from meshctl.snapshot.proxy import ProxyNode, parse_node_id
+from meshctl.snapshot.proxy import Proxy, ProxyNode, bind_proxy, parse_node_id, rebound
 from meshctl.testing.builders import configs_from_yaml
 from meshctl.xds import types
 
@@ -195,3 +196,12 @@ def test_a_virtualservice_change_that_adds_a_label_selector_binds_every_proxy_ag
         assert resolved.proxy.outbound == fresh.proxy.outbound, name
     outbound = again["productpage"].proxy.outbound
     assert outbound is not None and ("app", "productpage") in outbound.label_pairs
+
+
+def test_a_proxy_carried_to_a_snapshot_keeps_every_field_but_the_snapshot_it_is_bound_in() -> None:
+    _, before, after = _mesh(REVIEWS_ROUTE)
+    proxy = bind_proxy(parse_node_id(NODES["reviews-v1"]), before)
+    carried = rebound(proxy, after)
+    for f in fields(Proxy):
+        expected = after.version if f.name == "snapshot_version" else getattr(proxy, f.name)
+        assert getattr(carried, f.name) == expected, f.name
