@@ -61,9 +61,7 @@ def _snapshot(configs: list[Config]) -> Snapshot:
 
 
 def _bound(snapshot: Snapshot) -> dict[str, Proxy]:
-    return {
-        n: proxy_for(snapshot, n, {"LABELS": {"istio": "ingressgateway"}} if n == GATEWAY else None) for n in NODES
-    }
+    return {n: proxy_for(snapshot, n, {"LABELS": {"istio": "ingressgateway"}} if n == GATEWAY else None) for n in NODES}
 
 
 def _binding(snapshot: Snapshot) -> dict[str, tuple[tuple[object, ...], OutboundProxy | None, str]]:
