@@ -205,3 +205,101 @@ def test_a_proxy_carried_to_a_snapshot_keeps_every_field_but_the_snapshot_it_is_
     for f in fields(Proxy):
         expected = after.version if f.name == "snapshot_version" else getattr(proxy, f.name)
         assert getattr(carried, f.name) == expected, f.name
+
+
+#: One change of each kind binding or inbound config reads, and of some they do not, applied
+#: one after another to the example mesh.
+CHANGES = {
+    "VirtualService": REVIEWS_ROUTE,
+    "Telemetry": """
+apiVersion: telemetry.istio.io/v1
+kind: Telemetry
+metadata: {name: reviews-logs, namespace: bookinfo}
+spec:
+  selector: {matchLabels: {app: reviews}}
+  accessLogging: [{providers: [{name: envoy}]}]
+""",
+    "EnvoyFilter": """
+apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {name: reviews-timeout, namespace: bookinfo}
+spec:
+  workloadSelector: {labels: {app: reviews}}
+  configPatches:
+  - applyTo: CLUSTER
+    match: {context: SIDECAR_OUTBOUND}
+    patch: {operation: MERGE, value: {connect_timeout: 7s}}
+""",
+    "WasmPlugin": """
+apiVersion: extensions.istio.io/v1alpha1
+kind: WasmPlugin
+metadata: {name: auth, namespace: bookinfo}
+spec:
+  selector: {matchLabels: {app: productpage}}
+  url: file:///opt/plugins/auth.wasm
+""",
+    "AuthorizationPolicy": """
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: reviews-admin, namespace: bookinfo}
+spec:
+  selector: {matchLabels: {app: reviews}}
+  action: DENY
+  rules: [{to: [{operation: {paths: [/admin]}}]}]
+""",
+    "PeerAuthentication": MTLS_STRICT,
+    "VirtualService with a selector": REVIEWS_FROM_PRODUCTPAGE,
+    "Sidecar": """
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: bookinfo}
+spec:
+  egress: [{hosts: ["./*"]}]
+""",
+    "DestinationRule": """
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: ratings, namespace: bookinfo}
+spec:
+  host: ratings.bookinfo.mesh
+  trafficPolicy: {connectionPool: {tcp: {maxConnections: 7}}}
+  subsets: [{name: v1, labels: {version: v1}}]
+""",
+    "WorkloadEntry": NEW_RATINGS,
+    "Telemetry again": """
+apiVersion: telemetry.istio.io/v1
+kind: Telemetry
+metadata: {name: reviews-logs, namespace: bookinfo}
+spec:
+  selector: {matchLabels: {app: reviews}}
+  accessLogging: [{disabled: true}]
+""",
+}
+
+
+def test_after_each_change_of_a_sequence_every_proxy_gets_what_a_fresh_binding_gives() -> None:
+    """Bindings and inbound parts kept across changes that leave what they read (one cache
+    through the whole sequence) serve, after every change, what a fresh cache serves."""
+    configs = {c.key: c for c in configs_from_yaml(MESH)}
+    cache = ResourceCache()
+    nodes = {name: parse_node_id(node_id) for name, node_id in NODES.items()}
+    # Traffic redirected to it: it has inbound listeners (policies, mutual TLS, access logs).
+    nodes["reviews-v2"] = parse_node_id(NODES["reviews-v2"], {"INTERCEPTION_MODE": "REDIRECT"})
+    bindings = []
+    inbound: dict[str, dict[str, bytes]] = {}
+    for what, change in [("start", ""), *CHANGES.items()]:
+        configs |= {c.key: c for c in (configs_from_yaml(change) if change else [])}
+        snapshot = _snapshot(list(configs.values()))
+        before = cache.bindings
+        for name, node in nodes.items():
+            served = cache.resolve(node, snapshot)
+            fresh = ResourceCache().resolve(node, snapshot)
+            assert _bytes(served.resources) == _bytes(fresh.resources), (what, name)
+            assert served.proxy.generation_key() == fresh.proxy.generation_key(), (what, name)
+        bindings.append((what, cache.bindings - before))
+        inbound[what] = _bytes(cache.resolve(nodes["reviews-v2"], snapshot).resources)[types.LISTENER]
+    kept = {what for what, bound in bindings if bound == 0}
+    assert {"VirtualService", "AuthorizationPolicy", "PeerAuthentication", "DestinationRule"} <= kept
+    # The policy changes reached the redirected proxy's inbound listeners (the test is not blind).
+    assert inbound["AuthorizationPolicy"] != inbound["WasmPlugin"]
+    assert inbound["PeerAuthentication"] != inbound["AuthorizationPolicy"]

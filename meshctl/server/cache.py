@@ -68,6 +68,7 @@ from meshctl.snapshot.proxy import (
     OutboundProxy,
     Proxy,
     ProxyNode,
+    ProxyType,
     bind_proxy,
     binding_inputs,
     binding_version,
@@ -246,8 +247,8 @@ class ResourceCache:
         #: each node as last bound, by node id (`resolve`); nodes bound at no snapshot version
         #: still kept are forgotten with the views
         self._bound: dict[str, _Bound] = {}
-        #: the binding version of the latest snapshot resolved at: (snapshot version, it)
-        self._binding_at = ("", "")
+        #: the binding versions (by proxy type) of the latest snapshot resolved at
+        self._binding_at: tuple[str, dict[ProxyType, str]] = ("", {})
         #: Nodes bound (`bind_proxy`) by `resolve`, for the tests and benchmarks.
         self.bindings = 0
         self._failures_logged: set[tuple[str, tuple[object, ...]]] = set()
@@ -281,13 +282,13 @@ class ResourceCache:
         with self._lock:
             last = self._bound.get(node.id)
             if self._binding_at[0] != snapshot.version:
-                self._binding_at = (snapshot.version, "")
-            version = self._binding_at[1]
-        if not version:
-            version = binding_version(snapshot)
+                self._binding_at = (snapshot.version, {})
+            versions = self._binding_at[1]
+            version = versions.get(node.type)
+        if version is None:
+            version = binding_version(snapshot, node.type)
             with self._lock:
-                if self._binding_at[0] == snapshot.version:
-                    self._binding_at = (snapshot.version, version)
+                versions[node.type] = version
         if (
             last is not None
             and last.binding_version == version

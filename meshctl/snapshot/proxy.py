@@ -561,16 +561,18 @@ def _any_sidecar_ingress(snapshot: Snapshot) -> bool:
 BINDING_KINDS: frozenset[str] = frozenset({"Sidecar", "Gateway", "EnvoyFilter", "WasmPlugin", "Telemetry"})
 
 
-def binding_version(snapshot: Snapshot) -> str:
-    """A hash of everything `bind_proxy` reads of `snapshot` but what is particular to a node
-    (`binding_inputs`): the configs of `BINDING_KINDS`, the mesh settings and the registry's
-    services (`Snapshot.version_of`: collectors, `targetRefs` to services, whether any resolves
-    by DNS), and the label selectors. Two snapshots with equal versions bind a node with equal
-    inputs to the same proxy, so a VirtualService edit need not bind the fleet again."""
+def binding_version(snapshot: Snapshot, proxy_type: ProxyType) -> str:
+    """A hash of everything `bind_proxy` reads of `snapshot` for a node of `proxy_type` but what
+    is particular to the node (`binding_inputs`): the configs of `BINDING_KINDS`, the mesh
+    settings and the registry's services (`Snapshot.version_of`: collectors, `targetRefs` to
+    services, whether any resolves by DNS), and the label selectors (a router's include the
+    policies'). Two snapshots with equal versions bind a node with equal inputs to the same
+    proxy, so a VirtualService edit need not bind the fleet again."""
     index = snapshot.index
+    policies = index.policy_selectors() if proxy_type is ProxyType.ROUTER else ()
     h = hashlib.blake2b(digest_size=12)
     h.update(snapshot.version_of(BINDING_KINDS).encode())
-    h.update(repr((index.label_selectors(), index.policy_selectors(), index.has_dns_services)).encode())
+    h.update(repr((index.label_selectors(), policies, index.has_dns_services)).encode())
     return h.hexdigest()
 
 
