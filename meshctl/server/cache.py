@@ -15,12 +15,11 @@ Three levels of sharing, from the most to the least expensive to redo:
   across keys and versions (a VirtualService change builds no cluster); and the inbound part (its
   own workload) once per `InboundView`, the only input of inbound generation (a
   change to another workload's Sidecar or another service's DestinationRule regenerates no
-  inbound part). An endpoint-only change (same config version) regenerates nothing of them;
-- a ClusterLoadAssignment is built once per `AssignmentView` (its service port, the service's
-  endpoints by digest, the subset's labels: everything `build_assignment` reads) and shared by
-  every proxy with the cluster, so an endpoint change rebuilds only its service's, and a config
-  change only those it touches; the set of one list of clusters is kept while their services
-  and endpoints are, so an endpoint change looks again only at the sets that name its service;
+  inbound part), the view itself found once per key and version of `INBOUND_KINDS` (a
+  VirtualService change makes none). An endpoint-only change (same config version)
+  regenerates nothing of them;
+- a ClusterLoadAssignment is built once per `AssignmentView` and shared by every proxy with the
+  cluster, and the set of one list of clusters is kept while what it read is (`cache_eds.py`);
 - a proxy's complete view (`ProxyResources`) is assembled once per (snapshot version, key).
 
 Proxies with different keys still often get equal resources (every sidecar of a namespace gets
@@ -53,11 +52,11 @@ from types import MappingProxyType
 
 from google.protobuf.message import Message
 
+from meshctl.server.cache_eds import Assignments
 from meshctl.server.cache_parts import (
     Part,
     Recent,
     ServicesRead,
-    TracedEds,
     TracedPart,
     changed_inputs,
     rules_digest,
@@ -77,8 +76,7 @@ from meshctl.snapshot.proxy import (
 )
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
-from meshctl.xds.eds_locality import LocalityView, build_variant, eds_localities
-from meshctl.xds.endpoints import AssignmentView, assignment_view, build_assignment
+from meshctl.xds.eds_locality import eds_localities
 from meshctl.xds.envoyfilter_parts import (
     FilterId,
     PatchPlan,
@@ -90,7 +88,6 @@ from meshctl.xds.envoyfilter_parts import (
 )
 from meshctl.xds.envoyfilter_report import UnmatchedFilters
 from meshctl.xds.generate import (
-    ASSIGNMENT_KINDS,
     BOUND_KINDS,
     CLUSTER_KINDS,
     INBOUND_KINDS,
@@ -106,7 +103,7 @@ from meshctl.xds.generate import (
 from meshctl.xds.grpc_gen import grpc_outbound
 from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.memo import GenerationMemo
-from meshctl.xds.names import eds_cluster_names, parse_cluster_name
+from meshctl.xds.names import eds_cluster_names
 from meshctl.xds.resources import Resource, ResourceSet, to_resource
 
 logger = logging.getLogger("meshctl.server.cache")
@@ -215,28 +212,17 @@ class ResourceCache:
         #: advanced per snapshot version (endpoints change without the config)
         self._grpc_eds: GenerationMemo[int, tuple[ResourceSet, ResourceSet]] = GenerationMemo()
         self._grpc_eds_at = ""
-        #: cluster -> (the assignment's view, resource)
-        self._eds: dict[str, tuple[AssignmentView, Resource]] = {}
-        #: (cluster, locality view) -> (view, resource): the variants of proxies a locality rule
-        #: or a failoverPriority rewrites for, one per distinct view (`eds_locality`)
-        self._eds_variants: dict[tuple[str, LocalityView], tuple[AssignmentView, Resource]] = {}
         self._views: Recent[tuple[object, ...], ProxyResources] = Recent(keep_versions)
-        #: the EDS set of each distinct list of EDS clusters (and locality views), per mesh
-        #: settings, checked against what assignments read (its clusters' services and
-        #: endpoints; DestinationRules through the subsets' labels), and as found for each
-        #: snapshot version
-        self._eds_sets: Recent[tuple[object, ...], TracedEds] = Recent(keep_versions)
-        self._eds_now: Recent[tuple[object, ...], ResourceSet] = Recent(keep_versions)
         # Equal resources and equal sets, shared while anything holds them.
         self._resources: weakref.WeakValueDictionary[tuple[str, str, str], Resource] = weakref.WeakValueDictionary()
         self._sets: weakref.WeakValueDictionary[tuple[str, str], ResourceSet] = weakref.WeakValueDictionary()
+        #: the assignments and EDS sets, shared by every proxy (`cache_eds.Assignments`)
+        self._assignments = Assignments(self._lock, self._set, keep_versions)
         #: Counters for /metrics and the benchmarks: how often work was done vs. shared.
         self.generations = 0  # outbound and inbound parts
         self.inbound_views = 0  # inbound views made (one per key and version of `INBOUND_KINDS`)
         self.outbound_generations = 0
         self.cluster_generations = 0  # outbound parts whose clusters had to be generated
-        self.eds_builds = 0
-        self.eds_set_builds = 0  # EDS sets (the assignments of one list of clusters) made
         #: parts EnvoyFilters and WasmPlugins were applied to, and the resources they decoded
         self.patched_parts = 0
         self.patched_resources = 0
@@ -262,6 +248,16 @@ class ResourceCache:
     def route_translations(self) -> tuple[int, int]:
         """VirtualService translations run and reused (`RouteMemo`), for the tests and benchmarks."""
         return self._memos.routes.made, self._memos.routes.reused
+
+    @property
+    def eds_builds(self) -> int:
+        """Assignments built (the rest were shared from an `AssignmentView`)."""
+        return self._assignments.builds
+
+    @property
+    def eds_set_builds(self) -> int:
+        """EDS sets (the assignments of one list of clusters) made."""
+        return self._assignments.set_builds
 
     @property
     def clusters_built(self) -> int:
@@ -380,7 +376,7 @@ class ResourceCache:
         config = self._config_for(snapshot, proxy, key)
         by_type: dict[str, Mapping[str, Resource]] = dict(config.by_type)
         views = eds_localities(snapshot, proxy, config.eds_names)
-        by_type[types.ENDPOINT] = self._eds_set(snapshot, config.eds_names, views)
+        by_type[types.ENDPOINT] = self._assignments.eds_set(snapshot, config.eds_names, views)
         return ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
 
     def _grpc_view(self, snapshot: Snapshot, proxy: Proxy) -> ProxyResources:
@@ -405,7 +401,8 @@ class ResourceCache:
         )
         by_type[types.LISTENER] = self._join(types.LISTENER, config.by_type[types.LISTENER], inbound)
         # The Envoy assignments, per-locality variants included, as gRPC takes them.
-        envoy_eds = self._eds_set(snapshot, config.eds_names, eds_localities(snapshot, proxy, config.eds_names))
+        views = eds_localities(snapshot, proxy, config.eds_names)
+        envoy_eds = self._assignments.eds_set(snapshot, config.eds_names, views)
         by_type[types.ENDPOINT] = self._grpc_eds.get(
             id(envoy_eds),
             lambda _key: (envoy_eds, self._set(types.ENDPOINT, self._grpc_assignments.of(envoy_eds.ordered))),
@@ -606,9 +603,7 @@ class ResourceCache:
     def _forget_assignments(self) -> None:
         """Drop the assignments of clusters no kept outbound part has: they would otherwise stay
         forever. (Inbound parts have no EDS clusters.) Called with the lock held."""
-        kept = {n for p in self._cluster_parts.values() for n in p.part.eds_names}
-        self._eds = {c: e for c, e in self._eds.items() if c in kept}
-        self._eds_variants = {k: e for k, e in self._eds_variants.items() if k[0] in kept}
+        self._assignments.forget({n for p in self._cluster_parts.values() for n in p.part.eds_names})
 
     def _join(self, type_url: str, outbound: ResourceSet, inbound: ResourceSet) -> ResourceSet:
         """One set of both parts' resources (on a name in both, outbound wins, as in
@@ -645,67 +640,6 @@ class ResourceCache:
             return found
         self._resources[key] = resource
         return resource
-
-    def _eds_set(
-        self, snapshot: Snapshot, names: tuple[str, ...], views: Mapping[str, LocalityView] | None = None
-    ) -> ResourceSet:
-        """The assignments of `names` at this snapshot: one set for every proxy with those
-        clusters (and, where locality rules apply, the same locality views)."""
-        key: tuple[object, ...] = (names, tuple(sorted(views.items()))) if views else names
-        with self._lock:
-            now = self._eds_now.get(snapshot.version, key)
-        if now is not None:
-            return now
-        # Kept across DestinationRule changes that leave every subset's labels as they were, and
-        # across service changes that leave its clusters' services and endpoints as they were.
-        version = snapshot.version_of(ASSIGNMENT_KINDS - TRACED_KINDS, services=False)
-        with self._lock:
-            found = self._eds_sets.get(version, key)
-        kept = found.found_at(snapshot) if found is not None else None
-        if kept is not None:
-            eds = kept.eds
-            if kept is not found:
-                with self._lock:
-                    self._eds_sets.put(version, key, kept)
-        else:
-            views = views or {}
-            made = [self._eds_for(snapshot, name, views.get(name)) for name in names]
-            eds = self._set(types.ENDPOINT, [resource for resource, _ in made])
-            subsets = tuple(
-                (parsed.host, parsed.subset, view.subset_labels)
-                for _, view in made
-                if view.port is not None and (parsed := parse_cluster_name(view.cluster_name)) and parsed.subset
-            )
-            hosts = frozenset(parsed.host for name in names if (parsed := parse_cluster_name(name)))
-            traced = TracedEds(eds, subsets, rules_digest(snapshot), snapshot.services, hosts)
-            traced = found.replaced_by(traced) if found is not None else traced
-            with self._lock:
-                self.eds_set_builds += 1
-                self._eds_sets.put(version, key, traced)
-        with self._lock:
-            self._eds_now.put(snapshot.version, key, eds)
-        return eds
-
-    def _eds_for(
-        self, snapshot: Snapshot, cluster: str, locality: LocalityView | None = None
-    ) -> tuple[Resource, AssignmentView]:
-        """The assignment of `cluster`, built once per `AssignmentView` (and locality view):
-        the view holds everything `build_assignment` reads, so a config change that touches
-        none of it (most do not) reuses the assignment as it was."""
-        view = assignment_view(snapshot, cluster)
-        with self._lock:
-            found = self._eds.get(cluster) if locality is None else self._eds_variants.get((cluster, locality))
-        if found is not None and found[0] == view:
-            return found[1], view
-        assignment = build_assignment(view) if locality is None else build_variant(view, locality)
-        resource = to_resource(assignment, types.ENDPOINT)
-        with self._lock:
-            self.eds_builds += 1
-            if locality is None:
-                self._eds[cluster] = (view, resource)
-            else:
-                self._eds_variants[(cluster, locality)] = (view, resource)
-        return resource, view
 
 
 def _services_read(scope: ProxyScope, names: set[tuple[str, str]], scoped: bool) -> ServicesRead | None:
