@@ -266,6 +266,29 @@ spec:
   subsets: [{name: v1, labels: {version: v1}}]
 """,
     "WorkloadEntry": NEW_RATINGS,
+    "ServiceEntry elsewhere": """
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: billing, namespace: shop}
+spec:
+  hosts: [billing.shop.mesh]
+  location: MESH_INTERNAL
+  ports: [{number: 8080, name: http, protocol: HTTP}]
+  resolution: STATIC
+  endpoints: [{address: 10.40.0.1}]
+""",
+    # The reviews workloads' own service: they are bound again (their instances changed).
+    "ServiceEntry of their own": """
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: reviews, namespace: bookinfo}
+spec:
+  hosts: [reviews.bookinfo.mesh]
+  location: MESH_INTERNAL
+  ports: [{number: 9080, name: http, protocol: HTTP, targetPort: 8081}]
+  resolution: STATIC
+  workloadSelector: {labels: {app: reviews}}
+""",
     "Telemetry again": """
 apiVersion: telemetry.istio.io/v1
 kind: Telemetry
@@ -300,6 +323,8 @@ def test_after_each_change_of_a_sequence_every_proxy_gets_what_a_fresh_binding_g
         inbound[what] = _bytes(cache.resolve(nodes["reviews-v2"], snapshot).resources)[types.LISTENER]
     kept = {what for what, bound in bindings if bound == 0}
     assert {"VirtualService", "AuthorizationPolicy", "PeerAuthentication", "DestinationRule"} <= kept
+    assert "ServiceEntry elsewhere" in kept
+    assert dict(bindings)["ServiceEntry of their own"] == 2  # reviews-v1 and reviews-v2 alone
     # The policy changes reached the redirected proxy's inbound listeners (the test is not blind).
     assert inbound["AuthorizationPolicy"] != inbound["WasmPlugin"]
     assert inbound["PeerAuthentication"] != inbound["AuthorizationPolicy"]

@@ -45,7 +45,7 @@ from meshctl.errors import BindingError, NodeIdError
 from meshctl.logs import untrusted
 from meshctl.registry.model import Endpoint, Service
 from meshctl.registry.serviceentry import GROUP_ANNOTATION
-from meshctl.snapshot.collectors import Collector
+from meshctl.snapshot.collectors import Collector, resolve_collector
 from meshctl.snapshot.envoy_filters import filters_key, select_envoy_filters
 from meshctl.snapshot.interception import DNS_METADATA_KEYS, InterceptionMode, dns_settings
 from meshctl.snapshot.model import Snapshot, spec
@@ -564,15 +564,18 @@ BINDING_KINDS: frozenset[str] = frozenset({"Sidecar", "Gateway", "EnvoyFilter", 
 def binding_version(snapshot: Snapshot, proxy_type: ProxyType) -> str:
     """A hash of everything `bind_proxy` reads of `snapshot` for a node of `proxy_type` but what
     is particular to the node (`binding_inputs`): the configs of `BINDING_KINDS`, the mesh
-    settings and the registry's services (`Snapshot.version_of`: collectors, `targetRefs` to
-    services, whether any resolves by DNS), and the label selectors (a router's include the
-    policies'). Two snapshots with equal versions bind a node with equal inputs to the same
-    proxy, so a VirtualService edit need not bind the fleet again."""
+    settings, the label selectors (a router's include the policies'), and of the registry only
+    what binding reads of it beyond its own address: whether any service resolves by DNS, the
+    services the mesh's collectors resolve to, and the WorkloadGroups (an entry's service
+    account). Two snapshots with equal versions bind a node with equal inputs to the same
+    proxy, so a VirtualService edit, or a ServiceEntry elsewhere, need not bind the fleet again."""
     index = snapshot.index
     policies = index.policy_selectors() if proxy_type is ProxyType.ROUTER else ()
+    collectors = tuple(resolve_collector(snapshot, p) for p in snapshot.mesh.providers.collectors)
     h = hashlib.blake2b(digest_size=12)
-    h.update(snapshot.version_of(BINDING_KINDS).encode())
-    h.update(repr((index.label_selectors(), policies, index.has_dns_services)).encode())
+    h.update(snapshot.version_of(BINDING_KINDS, services=False).encode())
+    h.update(snapshot.kind_digests.get("WorkloadGroup", b""))
+    h.update(repr((index.label_selectors(), policies, index.has_dns_services, collectors)).encode())
     return h.hexdigest()
 
 
