@@ -328,3 +328,21 @@ def test_after_each_change_of_a_sequence_every_proxy_gets_what_a_fresh_binding_g
     # The policy changes reached the redirected proxy's inbound listeners (the test is not blind).
     assert inbound["AuthorizationPolicy"] != inbound["WasmPlugin"]
     assert inbound["PeerAuthentication"] != inbound["AuthorizationPolicy"]
+
+
+def test_a_change_undone_and_another_made_binds_no_proxy_again() -> None:
+    """The snapshot a change undone goes back to is the latest again: the next change keeps
+    the bindings made or kept there, instead of forgetting them with the version before it."""
+    base = configs_from_yaml(MESH)
+    keyed = {c.key: c for c in base}
+    first = _snapshot(base)
+    routed = _snapshot(list((keyed | {c.key: c for c in configs_from_yaml(REVIEWS_ROUTE)}).values()))
+    other = REVIEWS_ROUTE.replace("weight: 70", "weight: 60").replace("weight: 30", "weight: 40")
+    rerouted = _snapshot(list((keyed | {c.key: c for c in configs_from_yaml(other)}).values()))
+    cache = ResourceCache()
+    nodes = {name: parse_node_id(node_id) for name, node_id in NODES.items()}
+    for snapshot in (first, routed, first, rerouted):
+        for name, node in nodes.items():
+            served = cache.resolve(node, snapshot)
+            assert _bytes(served.resources) == _bytes(ResourceCache().resolve(node, snapshot).resources), name
+    assert cache.bindings == len(nodes)

@@ -309,6 +309,10 @@ class ResourceCache:
     def _view_of(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> ProxyResources:
         with self._lock:
             view = self._views.get(snapshot.version, key)
+            # A version asked for again (a change undone) is the most recent one again: else the
+            # next version would drop it, and the bindings and last good views asked for there.
+            if view is not None and self._views.put(snapshot.version, key, view):
+                self._forget_last_good()
         if view is not None:
             return view
         try:
