@@ -346,3 +346,26 @@ def test_a_change_undone_and_another_made_binds_no_proxy_again() -> None:
             served = cache.resolve(node, snapshot)
             assert _bytes(served.resources) == _bytes(ResourceCache().resolve(node, snapshot).resources), name
     assert cache.bindings == len(nodes)
+
+
+def test_a_service_elsewhere_after_changes_that_kept_inbound_parts_makes_none() -> None:
+    """Inbound parts kept across VirtualService changes are still the parts of their views
+    when a change of the services makes the views again: none is generated again."""
+    keyed = {c.key: c for c in configs_from_yaml(MESH)}
+    weights = [("weight: 70", "weight: 60"), ("weight: 70", "weight: 50"), ("weight: 70", "weight: 40")]
+    routes = [REVIEWS_ROUTE.replace(*w) for w in weights]
+    service = CHANGES["ServiceEntry elsewhere"]
+    steps = [keyed, *({**keyed, **{c.key: c for c in configs_from_yaml(r)}} for r in routes)]
+    steps.append({**steps[-1], **{c.key: c for c in configs_from_yaml(service)}})
+    cache = ResourceCache()
+    nodes = {name: parse_node_id(node_id) for name, node_id in NODES.items()}
+    nodes["reviews-v2"] = parse_node_id(NODES["reviews-v2"], {"INTERCEPTION_MODE": "REDIRECT"})
+    made = []
+    for configs in steps:
+        snapshot = _snapshot(list(configs.values()))
+        for name, node in nodes.items():
+            served = cache.resolve(node, snapshot)
+            assert _bytes(served.resources) == _bytes(ResourceCache().resolve(node, snapshot).resources), name
+        made.append(cache.inbound_parts_made)
+    assert made[0] > 0
+    assert made[-1] == made[0], made

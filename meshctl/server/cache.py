@@ -196,10 +196,11 @@ class ResourceCache:
         self._joins: GenerationMemo[tuple[str, int, int], tuple[ResourceSet, ResourceSet, ResourceSet]] = (
             GenerationMemo()
         )
-        #: each key's inbound part with the version of `INBOUND_KINDS` it was found at, and its
+        #: each key's inbound view and part with the version of `INBOUND_KINDS` it was found at
+        #: (the view's memo forgets what it was not asked for in two config versions), and its
         #: last joined (unpatched) config with the two parts it joined, kept while both parts are
         #: the very same; both forgotten with the key's last good view
-        self._inbound_held: dict[tuple[object, ...], tuple[str, Part]] = {}
+        self._inbound_held: dict[tuple[object, ...], tuple[str, InboundView, Part]] = {}
         self._joined: dict[tuple[object, ...], tuple[Part, Part, Part]] = {}
         #: finished parts (EnvoyFilters, WasmPlugins) by the ids of their unpatched sets (held by
         #: the entry) and `part_key`, with the filters that change something in them
@@ -248,6 +249,11 @@ class ResourceCache:
     def route_translations(self) -> tuple[int, int]:
         """VirtualService translations run and reused (`RouteMemo`), for the tests and benchmarks."""
         return self._memos.routes.made, self._memos.routes.reused
+
+    @property
+    def inbound_parts_made(self) -> int:
+        """Inbound parts generated (the rest were shared from an `InboundView`)."""
+        return self._inbound_parts.made
 
     @property
     def eds_builds(self) -> int:
@@ -453,12 +459,15 @@ class ResourceCache:
         with self._lock:
             found = self._inbound_held.get(key)
         if found is not None and found[0] == version:
-            return found[1]
+            return found[2]
         view = inbound_view(ProxyScope(snapshot, proxy))
-        part = self._inbound_parts.get(view, lambda made: self._generated(generate_inbound(made)))
+        if found is not None and found[1] == view:
+            part = found[2]  # a change elsewhere (a service it does not serve): the part it was
+        else:
+            part = self._inbound_parts.get(view, lambda made: self._generated(generate_inbound(made)))
         with self._lock:
             self.inbound_views += 1
-            self._inbound_held[key] = (version, part)
+            self._inbound_held[key] = (version, view, part)
         return part
 
     def _advance_memos(self, snapshot: Snapshot) -> None:
