@@ -7,7 +7,7 @@
 
 The mesh is the fleet benchmark's (`bench/fleet.py`), written to a temporary directory and loaded
 by the very parts `meshctl serve` runs: the directory watcher into a config store, the file
-registry, `Discovery.build`, `bind_proxy` and the `ResourceCache`. Each change of the fleet
+registry, `Discovery.build` and the `ResourceCache` (its `resolve` binds each node). Each change of the fleet
 benchmark (a VirtualService every proxy imports, a DestinationRule one namespace imports, an
 EnvoyFilter one namespace's proxies take, a WorkloadEntry added and removed), plus one
 ServiceEntry added to a file of N entries, is applied to the files and timed through each stage
@@ -17,7 +17,7 @@ the server runs between the file write and the bytes a stream sends:
   whose change the file registry (following the store) applies to its service model;
 - snapshot: `Discovery.build` and the snapshot's index;
 - bind + resources: every connected proxy bound to the new snapshot and its resources looked up
-  or generated (`ResourceCache.resources`): the publication's work on the generation thread;
+  or generated (`ResourceCache.resolve`, as the servicer asks): the publication's work on the generation thread;
 - streams: each stream's `Connection.update` and `pushes()`, and the responses encoded (what the
   event loop does before `write`).
 
@@ -62,7 +62,7 @@ from meshctl.server.connection import Connection  # noqa: E402
 from meshctl.server.discovery import Discovery  # noqa: E402
 from meshctl.server.encode import BlockCache, encode_sotw  # noqa: E402
 from meshctl.snapshot.model import Snapshot  # noqa: E402
-from meshctl.snapshot.proxy import bind_proxy, parse_node_id  # noqa: E402
+from meshctl.snapshot.proxy import parse_node_id  # noqa: E402
 from meshctl.xds import types  # noqa: E402
 
 STAGES = ("reload+registry", "snapshot", "bind+resources", "streams")
@@ -105,7 +105,8 @@ class Server:
             snapshot = self.discovery.build_next()
             snapshot.index.endpoints_at("")
         with self.stage("bind+resources"):
-            views = [self.cache.resources(snapshot, bind_proxy(node, snapshot)) for node in self.nodes]
+            # As the servicer asks: `resolve` keeps a binding across a change that leaves its inputs.
+            views = [self.cache.resolve(node, snapshot).resources for node in self.nodes]
         self.views = views
         with self.stage("streams"):
             for conn, view in zip(self.connections, views, strict=True):

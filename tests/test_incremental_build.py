@@ -77,13 +77,56 @@ def _route(name: str, ns: str, timeout: int) -> str:
     target = other if timeout == 2 else f"{other}.{ns}.mesh"
     subset = ", subset: v1" if timeout == 3 else ""
     mirror = f", mirror: {{host: {name}.{ns}.mesh}}" if timeout == 1 else ""
+    # ... or only for the callers of one service (a label selector: proxies part ways).
+    source = f"match: [{{sourceLabels: {{app: {other}}}}}], " if timeout == 2 else ""
     return f"""
 apiVersion: networking.istio.io/v1
 kind: VirtualService
 metadata: {{name: {name}, namespace: {ns}}}
 spec:
   hosts: [{name}.{ns}.mesh]
-  http: [{{timeout: {timeout}s, route: [{{destination: {{host: {target}{subset}}}}}]{mirror}}}]
+  http: [{{{source}timeout: {timeout}s, route: [{{destination: {{host: {target}{subset}}}}}]{mirror}}}]
+"""
+
+
+def _policy(name: str, ns: str, n: int) -> str:
+    """What selects a service's workloads by label and shapes their inbound config or their
+    binding: an AuthorizationPolicy, a PeerAuthentication, a Telemetry or an EnvoyFilter."""
+    selector = f"{{matchLabels: {{app: {name}}}}}"
+    if n == 1:
+        return f"""
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {{name: {name}, namespace: {ns}}}
+spec: {{selector: {selector}, action: DENY, rules: [{{to: [{{operation: {{paths: [/admin]}}}}]}}]}}
+"""
+    if n == 2:
+        return f"""
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {{name: {name}, namespace: {ns}}}
+spec: {{selector: {selector}, mtls: {{mode: STRICT}}}}
+"""
+    return f"""
+apiVersion: telemetry.istio.io/v1
+kind: Telemetry
+metadata: {{name: {name}, namespace: {ns}}}
+spec: {{selector: {selector}, accessLogging: [{{providers: [{{name: envoy}}]}}]}}
+"""
+
+
+def _filter(name: str, ns: str, n: int) -> str:
+    """An EnvoyFilter for a service's workloads (its proxies' patch key)."""
+    return f"""
+apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  workloadSelector: {{labels: {{app: {name}}}}}
+  configPatches:
+  - applyTo: CLUSTER
+    match: {{context: SIDECAR_OUTBOUND}}
+    patch: {{operation: MERGE, value: {{connect_timeout: {n}s}}}}
 """
 
 
@@ -103,7 +146,7 @@ spec:
 
 # One edit: (what, service, namespace, a number for the new content; 0 deletes it).
 edits = st.tuples(
-    st.sampled_from(("entry", "workload", "workload", "workload2", "rule", "route", "sidecar")),
+    st.sampled_from(("entry", "workload", "workload", "workload2", "rule", "route", "sidecar", "policy", "filter")),
     st.sampled_from(SERVICES),
     st.sampled_from(NAMESPACES),
     st.integers(min_value=0, max_value=3),
@@ -136,6 +179,10 @@ class Tree:
             self.docs[key] = _rule(name, ns, n)
         elif what == "sidecar":
             self.docs[("sidecar", "", ns)] = _sidecar(ns, n)
+        elif what == "policy":
+            self.docs[key] = _policy(name, ns, n)
+        elif what == "filter":
+            self.docs[key] = _filter(name, ns, n)
         else:
             self.docs[key] = _route(name, ns, n)
 
@@ -211,10 +258,10 @@ def test_updated_snapshots_equal_full_builds(sequence: list[tuple[str, str, str,
         assert model.digest() == scratch.digest()
         assert model.digest(definitions=True) == scratch.digest(definitions=True)
         assert model.identities_digest() == scratch.identities_digest()
-        # The server's cache on the updated snapshot serves what `generate` makes from scratch.
+        # The server's cache on the updated snapshot serves what `generate` makes from scratch,
+        # to nodes resolved as the servicer resolves them (a binding kept where its inputs are).
         for node in nodes:
-            proxy = bind_proxy(node, incremental)
-            served = cache.resources(incremental, proxy)
+            served = cache.resolve(node, incremental).resources
             expected = generate(full, bind_proxy(node, full))
             for type_url, messages in expected.items():
                 got = served.of(type_url)

@@ -15,12 +15,11 @@ Three levels of sharing, from the most to the least expensive to redo:
   across keys and versions (a VirtualService change builds no cluster); and the inbound part (its
   own workload) once per `InboundView`, the only input of inbound generation (a
   change to another workload's Sidecar or another service's DestinationRule regenerates no
-  inbound part). An endpoint-only change (same config version) regenerates nothing of them;
-- a ClusterLoadAssignment is built once per `AssignmentView` (its service port, the service's
-  endpoints by digest, the subset's labels: everything `build_assignment` reads) and shared by
-  every proxy with the cluster, so an endpoint change rebuilds only its service's, and a config
-  change only those it touches; the set of one list of clusters is kept while their services
-  and endpoints are, so an endpoint change looks again only at the sets that name its service;
+  inbound part), the view itself found once per key and version of `INBOUND_KINDS` (a
+  VirtualService change makes none). An endpoint-only change (same config version)
+  regenerates nothing of them;
+- a ClusterLoadAssignment is built once per `AssignmentView` and shared by every proxy with the
+  cluster, and the set of one list of clusters is kept while what it read is (`cache_eds.py`);
 - a proxy's complete view (`ProxyResources`) is assembled once per (snapshot version, key).
 
 Proxies with different keys still often get equal resources (every sidecar of a namespace gets
@@ -53,22 +52,31 @@ from types import MappingProxyType
 
 from google.protobuf.message import Message
 
+from meshctl.server.cache_eds import Assignments
 from meshctl.server.cache_parts import (
     Part,
     Recent,
     ServicesRead,
-    TracedEds,
     TracedPart,
     changed_inputs,
     rules_digest,
 )
 from meshctl.server.grpc_view import GrpcAssignments, grpc_config, grpc_inbound_listeners
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyNode, bind_proxy, binding_inputs, outbound_of
+from meshctl.snapshot.proxy import (
+    OutboundProxy,
+    Proxy,
+    ProxyNode,
+    ProxyType,
+    bind_proxy,
+    binding_inputs,
+    binding_version,
+    outbound_of,
+    rebound,
+)
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
-from meshctl.xds.eds_locality import LocalityView, build_variant, eds_localities
-from meshctl.xds.endpoints import AssignmentView, assignment_view, build_assignment
+from meshctl.xds.eds_locality import eds_localities
 from meshctl.xds.envoyfilter_parts import (
     FilterId,
     PatchPlan,
@@ -80,9 +88,9 @@ from meshctl.xds.envoyfilter_parts import (
 )
 from meshctl.xds.envoyfilter_report import UnmatchedFilters
 from meshctl.xds.generate import (
-    ASSIGNMENT_KINDS,
     BOUND_KINDS,
     CLUSTER_KINDS,
+    INBOUND_KINDS,
     PATCH_KINDS,
     SCOPED_SERVICES,
     TRACED_KINDS,
@@ -95,7 +103,7 @@ from meshctl.xds.generate import (
 from meshctl.xds.grpc_gen import grpc_outbound
 from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.memo import GenerationMemo
-from meshctl.xds.names import eds_cluster_names, parse_cluster_name
+from meshctl.xds.names import eds_cluster_names
 from meshctl.xds.resources import Resource, ResourceSet, to_resource
 
 logger = logging.getLogger("meshctl.server.cache")
@@ -123,13 +131,14 @@ class _LastGood:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class _Bound:
-    """A node as last bound: the proxy, its generation key, what the binding read beyond the
-    config version (`binding_inputs`), and the snapshot version it was last resolved at."""
+    """A node as last bound: the proxy, its generation key, the binding version it was bound
+    at, what the binding read beyond it (`binding_inputs`), and the snapshot version it was last
+    resolved at."""
 
     node: ProxyNode
     proxy: Proxy
     key: tuple[object, ...]
-    config_version: str
+    binding_version: str
     inputs: tuple[object, ...]
     at: str
 
@@ -187,6 +196,12 @@ class ResourceCache:
         self._joins: GenerationMemo[tuple[str, int, int], tuple[ResourceSet, ResourceSet, ResourceSet]] = (
             GenerationMemo()
         )
+        #: each key's inbound view and part with the version of `INBOUND_KINDS` it was found at
+        #: (the view's memo forgets what it was not asked for in two config versions), and its
+        #: last joined (unpatched) config with the two parts it joined, kept while both parts are
+        #: the very same; both forgotten with the key's last good view
+        self._inbound_held: dict[tuple[object, ...], tuple[str, InboundView, Part]] = {}
+        self._joined: dict[tuple[object, ...], tuple[Part, Part, Part]] = {}
         #: finished parts (EnvoyFilters, WasmPlugins) by the ids of their unpatched sets (held by
         #: the entry) and `part_key`, with the filters that change something in them
         self._patches: GenerationMemo[tuple[object, ...], tuple[tuple[ResourceSet, ...], Part, frozenset[FilterId]]] = (
@@ -198,34 +213,20 @@ class ResourceCache:
         #: advanced per snapshot version (endpoints change without the config)
         self._grpc_eds: GenerationMemo[int, tuple[ResourceSet, ResourceSet]] = GenerationMemo()
         self._grpc_eds_at = ""
-        #: cluster -> (the assignment's view, resource)
-        self._eds: dict[str, tuple[AssignmentView, Resource]] = {}
-        #: (cluster, locality view) -> (view, resource): the variants of proxies a locality rule
-        #: or a failoverPriority rewrites for, one per distinct view (`eds_locality`)
-        self._eds_variants: dict[tuple[str, LocalityView], tuple[AssignmentView, Resource]] = {}
         self._views: Recent[tuple[object, ...], ProxyResources] = Recent(keep_versions)
-        #: the EDS set of each distinct list of EDS clusters (and locality views), per mesh
-        #: settings, checked against what assignments read (its clusters' services and
-        #: endpoints; DestinationRules through the subsets' labels), and as found for each
-        #: snapshot version
-        self._eds_sets: Recent[tuple[object, ...], TracedEds] = Recent(keep_versions)
-        self._eds_now: Recent[tuple[object, ...], ResourceSet] = Recent(keep_versions)
-        #: the last EDS set made without locality views, by the version it was made at
-        self._eds_last: dict[str, TracedEds] = {}
         # Equal resources and equal sets, shared while anything holds them.
         self._resources: weakref.WeakValueDictionary[tuple[str, str, str], Resource] = weakref.WeakValueDictionary()
         self._sets: weakref.WeakValueDictionary[tuple[str, str], ResourceSet] = weakref.WeakValueDictionary()
+        #: the assignments and EDS sets, shared by every proxy (`cache_eds.Assignments`)
+        self._assignments = Assignments(self._lock, self._set, keep_versions)
         #: Counters for /metrics and the benchmarks: how often work was done vs. shared.
         self.generations = 0  # outbound and inbound parts
+        self.inbound_views = 0  # inbound views made (one per key and version of `INBOUND_KINDS`)
         self.outbound_generations = 0
         self.cluster_generations = 0  # outbound parts whose clusters had to be generated
         #: outbound clusters serialized for those parts (a part brought up to date across a
         #: service change serializes the changed services' clusters alone)
         self.cluster_resources_made = 0
-        self.eds_builds = 0
-        self.eds_set_builds = 0  # EDS sets (the assignments of one list of clusters) made
-        #: the assignments those sets looked up or built (the rest taken from the last set made)
-        self.eds_set_members_made = 0
         #: parts EnvoyFilters and WasmPlugins were applied to, and the resources they decoded
         self.patched_parts = 0
         self.patched_resources = 0
@@ -236,6 +237,8 @@ class ResourceCache:
         #: each node as last bound, by node id (`resolve`); nodes bound at no snapshot version
         #: still kept are forgotten with the views
         self._bound: dict[str, _Bound] = {}
+        #: the binding versions (by proxy type) of the latest snapshot resolved at
+        self._binding_at: tuple[str, dict[ProxyType, str]] = ("", {})
         #: Nodes bound (`bind_proxy`) by `resolve`, for the tests and benchmarks.
         self.bindings = 0
         self._failures_logged: set[tuple[str, tuple[object, ...]]] = set()
@@ -251,6 +254,26 @@ class ResourceCache:
         return self._memos.routes.made, self._memos.routes.reused
 
     @property
+    def inbound_parts_made(self) -> int:
+        """Inbound parts generated (the rest were shared from an `InboundView`)."""
+        return self._inbound_parts.made
+
+    @property
+    def eds_builds(self) -> int:
+        """Assignments built (the rest were shared from an `AssignmentView`)."""
+        return self._assignments.builds
+
+    @property
+    def eds_set_members_made(self) -> int:
+        """Assignments looked up or built for the EDS sets made (the rest taken from the last set)."""
+        return self._assignments.set_members_made
+
+    @property
+    def eds_set_builds(self) -> int:
+        """EDS sets (the assignments of one list of clusters) made."""
+        return self._assignments.set_builds
+
+    @property
     def clusters_built(self) -> int:
         """Service ports whose clusters were generated (the rest were shared from a view)."""
         return self._memos.clusters.made
@@ -259,28 +282,37 @@ class ResourceCache:
         """`node` bound in `snapshot` (`bind_proxy`), and its resources: what the ADS servicer
         asks of the cache, the one place the two meet.
 
-        A node bound before at the same config version, whose WorkloadEntry and endpoints are
-        as they were (`binding_inputs`), is the proxy it was, with the same generation key: an
-        endpoint change binds again only the proxies of the workloads it touched, and every
-        other stream's resolution is one lookup of its key's view. (The proxy still says the
-        snapshot it was bound in; its config, keyed on the config version, is found as is.)"""
+        A node bound before at the same binding version (`binding_version`: what binding reads
+        of the configs and the registry), whose WorkloadEntry and endpoints are as they were
+        (`binding_inputs`), is the proxy it was, with the same generation key: an endpoint
+        change binds again only the proxies of the workloads it touched, a VirtualService or
+        DestinationRule change none (unless it changes a label selector), and every other
+        stream's resolution is one lookup of its key's view."""
         inputs = binding_inputs(node, snapshot)
         with self._lock:
             last = self._bound.get(node.id)
+            if self._binding_at[0] != snapshot.version:
+                self._binding_at = (snapshot.version, {})
+            versions = self._binding_at[1]
+            version = versions.get(node.type)
+        if version is None:
+            version = binding_version(snapshot, node.type)
+            with self._lock:
+                versions[node.type] = version
         if (
             last is not None
-            and last.config_version == snapshot.config_version
+            and last.binding_version == version
             and (last.node is node or last.node == node)
             and last.inputs == inputs
         ):
-            proxy, key = last.proxy, last.key
+            proxy, key = rebound(last.proxy, snapshot), last.key
         else:
             proxy = bind_proxy(node, snapshot)
             key = proxy.generation_key()
             with self._lock:
                 self.bindings += 1
         with self._lock:
-            self._bound[node.id] = _Bound(node, proxy, key, snapshot.config_version, inputs, snapshot.version)
+            self._bound[node.id] = _Bound(node, proxy, key, version, inputs, snapshot.version)
         return Resolved(proxy, self._view_of(snapshot, proxy, key))
 
     def resources(self, snapshot: Snapshot, proxy: Proxy) -> ProxyResources:
@@ -291,6 +323,10 @@ class ResourceCache:
     def _view_of(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> ProxyResources:
         with self._lock:
             view = self._views.get(snapshot.version, key)
+            # A version asked for again (a change undone) is the most recent one again: else the
+            # next version would drop it, and the bindings and last good views asked for there.
+            if view is not None and self._views.put(snapshot.version, key, view):
+                self._forget_last_good()
         if view is not None:
             return view
         try:
@@ -347,6 +383,8 @@ class ResourceCache:
         kept = set(self._views.versions)
         self._last_good = {k: g for k, g in self._last_good.items() if g.asked_at in kept}
         self._bound = {n: b for n, b in self._bound.items() if b.at in kept}
+        self._joined = {k: j for k, j in self._joined.items() if k in self._last_good}
+        self._inbound_held = {k: h for k, h in self._inbound_held.items() if k in self._last_good}
         configs = set(self._config.versions)
         self._failures_logged = {f for f in self._failures_logged if f[0] in configs}
 
@@ -356,7 +394,7 @@ class ResourceCache:
         config = self._config_for(snapshot, proxy, key)
         by_type: dict[str, Mapping[str, Resource]] = dict(config.by_type)
         views = eds_localities(snapshot, proxy, config.eds_names)
-        by_type[types.ENDPOINT] = self._eds_set(snapshot, config.eds_names, views)
+        by_type[types.ENDPOINT] = self._assignments.eds_set(snapshot, config.eds_names, views)
         return ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
 
     def _grpc_view(self, snapshot: Snapshot, proxy: Proxy) -> ProxyResources:
@@ -381,7 +419,8 @@ class ResourceCache:
         )
         by_type[types.LISTENER] = self._join(types.LISTENER, config.by_type[types.LISTENER], inbound)
         # The Envoy assignments, per-locality variants included, as gRPC takes them.
-        envoy_eds = self._eds_set(snapshot, config.eds_names, eds_localities(snapshot, proxy, config.eds_names))
+        views = eds_localities(snapshot, proxy, config.eds_names)
+        envoy_eds = self._assignments.eds_set(snapshot, config.eds_names, views)
         by_type[types.ENDPOINT] = self._grpc_eds.get(
             id(envoy_eds),
             lambda _key: (envoy_eds, self._set(types.ENDPOINT, self._grpc_assignments.of(envoy_eds.ordered))),
@@ -396,20 +435,48 @@ class ResourceCache:
         if cached is not None:
             return cached
         outbound = self._outbound_for(snapshot, proxy)
-        inbound = self._inbound_parts.get(
-            inbound_view(ProxyScope(snapshot, proxy)), lambda view: self._generated(generate_inbound(view))
-        )
-        by_type = {t: self._join(t, outbound.by_type[t], inbound.by_type[t]) for t in _CONFIG_TYPES}
-        # Inbound parts name no EDS cluster as a rule: then the outbound part's (sorted) list, shared.
-        eds_names = (
-            outbound.eds_names if not inbound.eds_names else tuple(sorted({*outbound.eds_names, *inbound.eds_names}))
-        )
-        result = Part(MappingProxyType(by_type), eds_names)
-        if proxy.envoy_filters or proxy.wasm_plugins:
-            result = self._patched(outbound, inbound, result, proxy)
+        inbound = self._inbound_for(snapshot, proxy, key)
+        patched = bool(proxy.envoy_filters or proxy.wasm_plugins)
+        with self._lock:
+            held = self._joined.get(key)
+        if held is not None and held[0] is outbound and held[1] is inbound and not patched:
+            result = held[2]
+        else:
+            by_type = {t: self._join(t, outbound.by_type[t], inbound.by_type[t]) for t in _CONFIG_TYPES}
+            # Inbound parts name no EDS cluster as a rule: then the outbound part's (sorted) list, shared.
+            eds_names = (
+                outbound.eds_names
+                if not inbound.eds_names
+                else tuple(sorted({*outbound.eds_names, *inbound.eds_names}))
+            )
+            result = Part(MappingProxyType(by_type), eds_names)
+            if patched:
+                result = self._patched(outbound, inbound, result, proxy)
+            else:
+                with self._lock:
+                    self._joined[key] = (outbound, inbound, result)
         with self._lock:
             self._config.put(snapshot.config_version, key, result)
         return result
+
+    def _inbound_for(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> Part:
+        """The inbound part of the key's proxies: its view found once per version of what the view
+        reads (`INBOUND_KINDS`; the proxy through `key`), so a VirtualService change makes no
+        view; the part made once per view."""
+        version = snapshot.version_of(INBOUND_KINDS)
+        with self._lock:
+            found = self._inbound_held.get(key)
+        if found is not None and found[0] == version:
+            return found[2]
+        view = inbound_view(ProxyScope(snapshot, proxy))
+        if found is not None and found[1] == view:
+            part = found[2]  # a change elsewhere (a service it does not serve): the part it was
+        else:
+            part = self._inbound_parts.get(view, lambda made: self._generated(generate_inbound(made)))
+        with self._lock:
+            self.inbound_views += 1
+            self._inbound_held[key] = (version, view, part)
+        return part
 
     def _advance_memos(self, snapshot: Snapshot) -> None:
         """On a new config version, what no proxy asked for in the last two goes. Called with the
@@ -604,9 +671,7 @@ class ResourceCache:
     def _forget_assignments(self) -> None:
         """Drop the assignments of clusters no kept outbound part has: they would otherwise stay
         forever. (Inbound parts have no EDS clusters.) Called with the lock held."""
-        kept = {n for p in self._cluster_parts.values() for n in p.part.eds_names}
-        self._eds = {c: e for c, e in self._eds.items() if c in kept}
-        self._eds_variants = {k: e for k, e in self._eds_variants.items() if k[0] in kept}
+        self._assignments.forget({n for p in self._cluster_parts.values() for n in p.part.eds_names})
 
     def _join(self, type_url: str, outbound: ResourceSet, inbound: ResourceSet) -> ResourceSet:
         """One set of both parts' resources (on a name in both, outbound wins, as in
@@ -643,80 +708,6 @@ class ResourceCache:
             return found
         self._resources[key] = resource
         return resource
-
-    def _eds_set(
-        self, snapshot: Snapshot, names: tuple[str, ...], views: Mapping[str, LocalityView] | None = None
-    ) -> ResourceSet:
-        """The assignments of `names` at this snapshot: one set for every proxy with those
-        clusters (and, where locality rules apply, the same locality views)."""
-        key: tuple[object, ...] = (names, tuple(sorted(views.items()))) if views else names
-        with self._lock:
-            now = self._eds_now.get(snapshot.version, key)
-        if now is not None:
-            return now
-        # Kept across DestinationRule changes that leave every subset's labels as they were, and
-        # across service changes that leave its clusters' services and endpoints as they were.
-        version = snapshot.version_of(ASSIGNMENT_KINDS - TRACED_KINDS, services=False)
-        with self._lock:
-            found = self._eds_sets.get(version, key)
-        kept = found.found_at(snapshot) if found is not None else None
-        if kept is not None:
-            eds = kept.eds
-            if kept is not found:
-                with self._lock:
-                    self._eds_sets.put(version, key, kept)
-        else:
-            # A set for a list of clusters one service longer or shorter than the last one made
-            # (a service added where a sidecar sees it) takes the other clusters' assignments
-            # from it where they read the same (`TracedEds.holds`, host by host).
-            last = self._eds_last.get(version) if not views else None
-            reused = last.reusable(snapshot) if last is not None else {}
-            views = views or {}
-            made = [self._eds_for(snapshot, name, views.get(name)) for name in names if name not in reused]
-            resources = [resource for resource, _ in made]
-            resources += (reused[name] for name in names if name in reused)
-            eds = self._set(types.ENDPOINT, resources)
-            subsets = tuple(
-                (parsed.host, parsed.subset, view.subset_labels)
-                for _, view in made
-                if view.port is not None and (parsed := parse_cluster_name(view.cluster_name)) and parsed.subset
-            )
-            if last is not None and last.subsets and reused:
-                subset_hosts = {(p.host, p.subset) for n in names if n in reused and (p := parse_cluster_name(n))}
-                subsets += tuple(s for s in last.subsets if (s[0], s[1]) in subset_hosts)
-            hosts = frozenset(parsed.host for name in names if (parsed := parse_cluster_name(name)))
-            traced = TracedEds(eds, subsets, rules_digest(snapshot), snapshot.services, hosts)
-            traced = found.replaced_by(traced) if found is not None else traced
-            with self._lock:
-                self.eds_set_builds += 1
-                self.eds_set_members_made += len(made)
-                self._eds_sets.put(version, key, traced)
-                if not views:
-                    self._eds_last = {version: traced}
-        with self._lock:
-            self._eds_now.put(snapshot.version, key, eds)
-        return eds
-
-    def _eds_for(
-        self, snapshot: Snapshot, cluster: str, locality: LocalityView | None = None
-    ) -> tuple[Resource, AssignmentView]:
-        """The assignment of `cluster`, built once per `AssignmentView` (and locality view):
-        the view holds everything `build_assignment` reads, so a config change that touches
-        none of it (most do not) reuses the assignment as it was."""
-        view = assignment_view(snapshot, cluster)
-        with self._lock:
-            found = self._eds.get(cluster) if locality is None else self._eds_variants.get((cluster, locality))
-        if found is not None and found[0] == view:
-            return found[1], view
-        assignment = build_assignment(view) if locality is None else build_variant(view, locality)
-        resource = to_resource(assignment, types.ENDPOINT)
-        with self._lock:
-            self.eds_builds += 1
-            if locality is None:
-                self._eds[cluster] = (view, resource)
-            else:
-                self._eds_variants[(cluster, locality)] = (view, resource)
-        return resource, view
 
 
 def _services_read(scope: ProxyScope, names: set[tuple[str, str]], scoped: bool) -> ServicesRead | None:

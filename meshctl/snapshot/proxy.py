@@ -32,6 +32,7 @@ and of the metadata only the keys read here are kept.
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -44,7 +45,7 @@ from meshctl.errors import BindingError, NodeIdError
 from meshctl.logs import untrusted
 from meshctl.registry.model import Endpoint, Service
 from meshctl.registry.serviceentry import GROUP_ANNOTATION
-from meshctl.snapshot.collectors import Collector
+from meshctl.snapshot.collectors import Collector, resolve_collector
 from meshctl.snapshot.envoy_filters import filters_key, select_envoy_filters
 from meshctl.snapshot.interception import DNS_METADATA_KEYS, InterceptionMode, dns_settings
 from meshctl.snapshot.model import Snapshot, spec
@@ -550,12 +551,66 @@ def _any_sidecar_ingress(snapshot: Snapshot) -> bool:
     return any(spec(c).ingress for c in snapshot.of_kind("Sidecar"))
 
 
+#: The config kinds `bind_proxy` (and the `outbound_proxy` it makes) reads of a snapshot: the
+#: Sidecar that applies (and whether any binds an ingress address), the EnvoyFilters, WasmPlugins
+#: and Telemetry that select it, Gateways (filters' and plugins' `targetRefs`). The label
+#: selectors it keeps labels for (`SnapshotIndex.label_selectors`, `policy_selectors`) come from
+#: other kinds too (VirtualService `sourceLabels`, DestinationRule and policy selectors), and are
+#: compared themselves (`binding_version`), so an edit of those kinds that leaves every selector
+#: as it was binds no proxy again.
+BINDING_KINDS: frozenset[str] = frozenset({"Sidecar", "Gateway", "EnvoyFilter", "WasmPlugin", "Telemetry"})
+
+
+def binding_version(snapshot: Snapshot, proxy_type: ProxyType) -> str:
+    """A hash of everything `bind_proxy` reads of `snapshot` for a node of `proxy_type` but what
+    is particular to the node (`binding_inputs`): the configs of `BINDING_KINDS`, the mesh
+    settings, the label selectors (a router's include the policies'), and of the registry only
+    what binding reads of it beyond its own address: whether any service resolves by DNS, the
+    services the mesh's collectors resolve to, and the WorkloadGroups (an entry's service
+    account). Two snapshots with equal versions bind a node with equal inputs to the same
+    proxy, so a VirtualService edit, or a ServiceEntry elsewhere, need not bind the fleet again."""
+    index = snapshot.index
+    policies = index.policy_selectors() if proxy_type is ProxyType.ROUTER else ()
+    collectors = tuple(resolve_collector(snapshot, p) for p in snapshot.mesh.providers.collectors)
+    h = hashlib.blake2b(digest_size=12)
+    h.update(snapshot.version_of(BINDING_KINDS, services=False).encode())
+    h.update(snapshot.kind_digests.get("WorkloadGroup", b""))
+    h.update(repr((index.label_selectors(), policies, index.has_dns_services, collectors)).encode())
+    return h.hexdigest()
+
+
 def binding_inputs(node: ProxyNode, snapshot: Snapshot) -> tuple[object, list[tuple[Service, Endpoint]]]:
-    """What `bind_proxy` reads of `snapshot` beyond its `config_version` (which leaves out
+    """What `bind_proxy` reads of `snapshot` beyond its `binding_version` (which leaves out
     WorkloadEntries and endpoints): the node's WorkloadEntry and the endpoints at its address.
-    At one config version, a node whose inputs are equal (the entry the very same object) binds
+    At one binding version, a node whose inputs are equal (the entry the very same object) binds
     to the same proxy, so an endpoint change need not bind the fleet again."""
     return _workload_entry(node, snapshot), snapshot.index.endpoints_at(node.ip)
+
+
+def rebound(proxy: Proxy, snapshot: Snapshot) -> Proxy:
+    """`proxy` as bound in `snapshot`, for a node whose binding version and inputs there are
+    those it was bound with: binding it again would give the same proxy, so only the snapshot
+    its `outbound` belongs to moves (`outbound_of` then takes it as it is)."""
+    if proxy.snapshot_version == snapshot.version or proxy.outbound is None:
+        return proxy
+    # Every field by position: `dataclasses.replace` costs several times this, once per proxy
+    # of the fleet on each change (a field added to Proxy must be added here:
+    # tests/test_resolve_binding.py compares every field).
+    p = proxy
+    return Proxy(
+        p.node,
+        p.labels,
+        p.workload,
+        p.instances,
+        p.address_in_config,
+        p.outbound,
+        snapshot.version,
+        p.service_account,
+        p.envoy_filters,
+        p.access_logs,
+        p.tracing,
+        p.wasm_plugins,
+    )
 
 
 def _workload_entry(node: ProxyNode, snapshot: Snapshot) -> Any:

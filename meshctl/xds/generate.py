@@ -61,6 +61,14 @@ Assembled = Mapping[str, tuple[Message | Serialized, ...]]
 #: (`Snapshot.version_of(CLUSTER_KINDS)` is their config version). Declared here, next to the
 #: generators, and checked by a test that takes away every other kind and finds no cluster changed.
 CLUSTER_KINDS: frozenset[str] = frozenset({"DestinationRule", "Sidecar", "PeerAuthentication", "RequestAuthentication"})
+#: The config kinds inbound generation reads (`InboundView`), besides the proxy (its generation
+#: key), the registry's services and the mesh settings: the Sidecar that applies, the
+#: DestinationRules of its own services, and the policies that select it. Not VirtualServices,
+#: Gateways or EnvoyFilters: the server keeps each key's inbound view and part across changes of
+#: those (`Snapshot.version_of(INBOUND_KINDS)`). Checked like `CLUSTER_KINDS`.
+INBOUND_KINDS: frozenset[str] = frozenset(
+    {"Sidecar", "DestinationRule", "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication"}
+)
 #: What assignments read beyond the registry (`AssignmentView`): the subsets' labels.
 ASSIGNMENT_KINDS: frozenset[str] = frozenset({"DestinationRule"})
 #: Kinds outbound parts read only through a traced lookup, so they are not in a part's version:
