@@ -126,3 +126,19 @@ def test_a_client_that_stops_reading_holds_the_room_no_longer_than_the_linger(tm
                 hog.cancel()
 
     run(test, timeout=90)
+
+
+def test_the_bound_is_the_serve_setting_and_zero_turns_it_off(tmp_path: Path) -> None:
+    mesh = big_mesh(tmp_path, services=3)
+
+    async def test() -> None:
+        async with serving(mesh, max_write_bytes=0) as server:
+            assert server.ads.write_budget is None
+            async with AdsClient(
+                f"127.0.0.1:{server.xds_port}", "sidecar~10.40.0.9~a.shop~shop.svc.cluster.local"
+            ) as c:
+                await c.wait_for(lambda c: _services(c) == 3, timeout=30)
+        async with serving(mesh, max_write_bytes=5_000_000) as server:
+            assert server.ads.write_budget is not None and server.ads.write_budget.limit == 5_000_000
+
+    run(test, timeout=90)

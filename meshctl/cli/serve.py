@@ -250,6 +250,17 @@ def serve(
             "refused with UNAVAILABLE, which Envoy retries, so a reconnect storm is paced; 0 for no limit.",
         ),
     ] = 0.0,
+    max_write_buffer_mb: Annotated[
+        int,
+        typer.Option(
+            envvar="MESHCTL_MAX_WRITE_BUFFER_MB",
+            metavar="MB",
+            min=0,
+            help="Response bytes handed to gRPC at once, in MB: a fleet connecting together waits its turn "
+            "instead of holding every first response in memory; a write still going after 2s stops counting, "
+            "so a proxy that stops reading holds no one up; 0 for no bound.",
+        ),
+    ] = 128,
     max_names_per_stream: Annotated[
         int,
         typer.Option(
@@ -466,6 +477,7 @@ def serve(
         insecure_send_keys=insecure_send_keys,
         max_connection_age=max_age / 1e9 if max_age else None,
         max_new_streams_per_second=max_new_streams_per_second,
+        max_write_bytes=max_write_buffer_mb * 1024 * 1024,
         limits=StreamLimits(
             max_names_per_stream=max_names_per_stream,
             max_names_per_client=max_names_per_client,

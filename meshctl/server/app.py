@@ -181,7 +181,7 @@ class Server:
             pace=TokenBucket(rate) if (rate := settings.max_new_streams_per_second) > 0 else None,
             limits=settings.limits,
             left=self.secrets.forget,
-            write_budget=WriteBudget(),
+            write_budget=WriteBudget(settings.max_write_bytes) if settings.max_write_bytes > 0 else None,
         )
         # The store's view is replaced on each change: read at each call, not bound now.
         self.registrar = AutoRegistrar(

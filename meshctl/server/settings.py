@@ -22,6 +22,7 @@ from meshctl.server.history import DEFAULT_KEEP
 from meshctl.server.limits import StreamLimits
 from meshctl.server.notify import NotifySettings
 from meshctl.server.rollout_plan import RolloutSettings
+from meshctl.server.write_budget import DEFAULT_BYTES
 from meshctl.snapshot.model import MeshSettings
 
 #: Where the self-signed root lives unless --state-dir says otherwise (systemd's StateDirectory=).
@@ -121,6 +122,8 @@ class ServeSettings:
     #: New ADS streams a second this server admits (a token bucket, `meshctl.server.pacing`);
     #: more are refused with UNAVAILABLE, which Envoy retries. 0: no limit.
     max_new_streams_per_second: float = 0.0
+    #: Response bytes handed to gRPC at once (`meshctl.server.write_budget`); 0: no bound.
+    max_write_bytes: int = DEFAULT_BYTES
     #: What the clients of the xDS port may make the server hold (`meshctl.server.limits`).
     limits: StreamLimits = field(default_factory=StreamLimits)
     #: Seconds a health-checked workload's Envoy may be without a health stream before the
