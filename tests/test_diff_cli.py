@@ -211,7 +211,7 @@ def test_an_internal_error_exits_2_not_1(trees: tuple[Path, Path], monkeypatch: 
     """Exit 1 means "something changes": a crash must never be read as that."""
     import meshctl.server.cache
 
-    def broken(*_: object) -> None:
+    def broken(*_: object, **__: object) -> None:
         raise RuntimeError("boom")
 
     # Generation as the server runs it, which `diff` goes through.
