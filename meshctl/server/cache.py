@@ -59,6 +59,7 @@ from meshctl.server.cache_parts import (
     ServicesRead,
     TracedPart,
     changed_inputs,
+    kept_entry,
     rules_digest,
 )
 from meshctl.server.grpc_view import GrpcAssignments, grpc_config, grpc_inbound_listeners
@@ -564,19 +565,14 @@ class ResourceCache:
             clusters_entry = self._cluster_parts.get(clusters_version, outbound_key)
             rest_entry = self._outbound_parts.get(rest_version, outbound_key)
         scope = ProxyScope(snapshot, outbound_key)  # answers the traces' questions, once each
-        clusters = rest = None
-        kept = clusters_entry.found_at(scope) if clusters_entry is not None else None
-        if kept is not None:
-            clusters = kept.part
-            if kept is not clusters_entry:
-                with self._lock:
-                    self._cluster_parts.put(clusters_version, outbound_key, kept)
-        kept = rest_entry.found_at(scope) if rest_entry is not None else None
-        if kept is not None:
-            rest = kept.part
-            if kept is not rest_entry:
-                with self._lock:
-                    self._outbound_parts.put(rest_version, outbound_key, kept)
+        def found_at(entry: TracedPart) -> TracedPart | None:
+            return entry.found_at(scope)
+
+        parts, lock = self._cluster_parts, self._lock
+        kept = kept_entry(parts, lock, clusters_version, outbound_key, clusters_entry, found_at=found_at)
+        clusters = kept.part if kept is not None else None
+        kept = kept_entry(self._outbound_parts, lock, rest_version, outbound_key, rest_entry, found_at=found_at)
+        rest = kept.part if kept is not None else None
         if clusters is not None and rest is not None:
             return self._whole(clusters, rest)
         if clusters is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
-from meshctl.server.cache_parts import Recent, TracedEds, rules_digest
+from meshctl.server.cache_parts import Recent, TracedEds, kept_entry, rules_digest
 from meshctl.snapshot.model import Snapshot
 from meshctl.xds import types
 from meshctl.xds.eds_locality import LocalityView, build_variant
@@ -76,12 +76,9 @@ class Assignments:
         version = snapshot.version_of(ASSIGNMENT_KINDS - TRACED_KINDS, services=False)
         with self._lock:
             found = self._sets.get(version, key)
-        kept = found.found_at(snapshot) if found is not None else None
+        kept = kept_entry(self._sets, self._lock, version, key, found, found_at=lambda entry: entry.found_at(snapshot))
         if kept is not None:
             eds = kept.eds
-            if kept is not found:
-                with self._lock:
-                    self._sets.put(version, key, kept)
         else:
             # A set for a list of clusters one service longer or shorter than the last one made
             # (a service added where a sidecar sees it) takes the other clusters' assignments

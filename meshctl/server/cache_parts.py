@@ -5,7 +5,8 @@ cache so that its module says how sharing works and this one what is shared."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
@@ -57,6 +58,24 @@ class Recent(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._data)
+
+
+def kept_entry(
+    recent: Recent[K, V],
+    lock: AbstractContextManager[object],
+    version: str,
+    key: K,
+    entry: V | None,
+    *,
+    found_at: Callable[[V], V | None],
+) -> V | None:
+    """`entry` (what `recent` held under `version` and `key`) as `found_at` finds it now: itself,
+    the entry it replaced (a change undone; it is put back in its place), or None."""
+    kept = found_at(entry) if entry is not None else None
+    if kept is not None and kept is not entry:
+        with lock:
+            recent.put(version, key, kept)
+    return kept
 
 
 @dataclass(frozen=True, slots=True)
