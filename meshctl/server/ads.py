@@ -424,8 +424,9 @@ class AdsServicer:
         conn = stream.connection
         budget = self.write_budget
         for push in pushes:
-            # Room is taken before encoding: the encoded bytes are what the budget bounds.
-            hold = await budget.take(_response_size(push)) if budget is not None else None
+            # Room is taken before encoding (the encoded bytes are what the budget bounds): the
+            # resources, plus a little for the envelope.
+            hold = await budget.take(self._blocks.size(push.resources) + 256) if budget is not None else None
             try:
                 data = encode_delta(push) if conn.delta else encode_sotw(push, blocks=self._blocks)
                 # Said before the write: the stream's reader can take Envoy's ACK of it (on this
@@ -483,11 +484,6 @@ class AdsServicer:
                 if stream.change_seen is None:
                     stream.change_seen = seen
                 stream.wake.set()
-
-
-def _response_size(push: Push) -> int:
-    """About the bytes `push` encodes to: its resources, plus a little for the envelope."""
-    return sum(len(r.body) for r in push.resources) + 256
 
 
 def _consume(task: asyncio.Future[None]) -> None:

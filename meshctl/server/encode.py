@@ -39,6 +39,8 @@ class BlockCache:
         self._max_bytes = max_bytes
         self._bytes = 0
         self._blocks: dict[tuple[int, str], tuple[tuple[Resource, ...], bytes]] = {}
+        #: id of a tuple -> (the tuple, its bodies' bytes), for `size`
+        self._sizes: dict[int, tuple[tuple[Resource, ...], int]] = {}
 
     def get(self, resources: tuple[Resource, ...], version: str = "") -> bytes:
         """`version_info` (field 1, when `version` is given) and `resources` (field 2), encoded."""
@@ -54,6 +56,20 @@ class BlockCache:
         while len(self._blocks) > 1 and (len(self._blocks) > self._size or self._bytes > self._max_bytes):
             self._bytes -= len(self._blocks.pop(next(iter(self._blocks)))[1])
         return block
+
+
+    def size(self, resources: tuple[Resource, ...]) -> int:
+        """The bytes of `resources`' bodies, about what a response of them weighs, counted once
+        per tuple: a change sends the same tuple to many streams (the write budget asks each
+        time, and at 10,000 services a tuple holds over a thousand resources)."""
+        found = self._sizes.get(id(resources))
+        if found is not None and found[0] is resources:
+            return found[1]
+        size = sum(len(r.body) for r in resources)
+        self._sizes[id(resources)] = (resources, size)
+        while len(self._sizes) > 4 * self._size:
+            del self._sizes[next(iter(self._sizes))]
+        return size
 
 
 #: `type_url` (field 4) of each type served, encoded once.
