@@ -49,7 +49,7 @@ from meshctl.security.peer_authentication import MtlsMode, namespace_mode
 from meshctl.security.request_authentication import jwt_rules_for_workload
 from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import Snapshot, spec
-from meshctl.snapshot.proxy import ProxyType
+from meshctl.snapshot.node import ProxyType
 from meshctl.snapshot.scope import MergedDestinationRule, ProxyScope
 from meshctl.xds import dynamic_forward as dfp
 from meshctl.xds import names

@@ -25,7 +25,8 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf.message import Message
 
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyType
+from meshctl.snapshot.node import ProxyType
+from meshctl.snapshot.proxy import OutboundProxy, Proxy
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.access_log import with_access_log
