@@ -59,7 +59,7 @@ class ProxyNode:
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     interception: InterceptionMode = InterceptionMode.NONE
     metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    #: Its identity was proven by a client certificate: bound strictly (see the module docstring).
+    #: Its identity was proven by a client certificate: bound strictly (`snapshot/binding.py`).
     attested: bool = False
     #: The workload (`Proxy.workload`) and service account its certificate proved, once the server
     #: checked it: an attested node binds to exactly these or not at all (`BindingError`).

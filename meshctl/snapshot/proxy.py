@@ -102,7 +102,7 @@ class Proxy:
     outbound: OutboundProxy | None = None
     #: The version of the snapshot it was bound in, which `outbound` belongs to.
     snapshot_version: str = ""
-    #: The service account its workload runs as (see the module docstring); "" when it is bound
+    #: The service account its workload runs as (`snapshot/binding.py`); "" when it is bound
     #: to none, or (attested) to endpoints that disagree on one.
     service_account: str = ""
     #: The EnvoyFilters that apply to it, in patch order (`select_envoy_filters`).
