@@ -62,7 +62,7 @@ from meshctl.server.connection import Connection  # noqa: E402
 from meshctl.server.discovery import Discovery  # noqa: E402
 from meshctl.server.encode import BlockCache, encode_sotw  # noqa: E402
 from meshctl.snapshot.model import Snapshot  # noqa: E402
-from meshctl.snapshot.proxy import parse_node_id  # noqa: E402
+from meshctl.snapshot.node import parse_node_id  # noqa: E402
 from meshctl.xds import types  # noqa: E402
 
 STAGES = ("reload+registry", "snapshot", "bind+resources", "streams")

@@ -70,7 +70,8 @@ def build_dump(spec: FleetSpec, root: Path, out: Path) -> None:
     """Write the floor's states for `spec` (mesh written under `root`) to `out`, as pickle."""
     from meshctl.cli.offline import load_tree
     from meshctl.server.cache import ResourceCache
-    from meshctl.snapshot.proxy import bind_proxy, parse_node_id
+    from meshctl.snapshot.binding import bind_proxy
+    from meshctl.snapshot.node import parse_node_id
     from meshctl.testing.fake_consul import FakeConsul
     from meshctl.xds.generate import load_assignment
     from meshctl.xds.names import parse_cluster_name

@@ -42,8 +42,10 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
 
 from meshctl.cli.offline import load_tree  # noqa: E402
 from meshctl.server.cache import ResourceCache  # noqa: E402
+from meshctl.snapshot.binding import bind_proxy  # noqa: E402
 from meshctl.snapshot.model import Snapshot, spec  # noqa: E402
-from meshctl.snapshot.proxy import Proxy, bind_proxy, parse_node_id  # noqa: E402
+from meshctl.snapshot.node import parse_node_id  # noqa: E402
+from meshctl.snapshot.proxy import Proxy  # noqa: E402
 from meshctl.xds import types  # noqa: E402
 from meshctl.xds.generate import generate  # noqa: E402
 

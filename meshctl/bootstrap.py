@@ -47,7 +47,7 @@ from typing import Any
 from meshctl.config.hosts import is_ip
 from meshctl.config.validation.common import regex_problem
 from meshctl.config.validation.regex_program import RE2_MAX_PROGRAM_SIZE
-from meshctl.snapshot.proxy import ProxyNode, ProxyType
+from meshctl.snapshot.node import ProxyNode, ProxyType
 
 XDS_CLUSTER = "xds-grpc"
 #: Istio's names for the Prometheus listener's cluster and port (`envoy_bootstrap.json`).

@@ -30,7 +30,7 @@ from meshctl.config.findings import Finding
 from meshctl.config.model import Config
 from meshctl.snapshot.envoy_filters import select_envoy_filters
 from meshctl.snapshot.model import spec
-from meshctl.snapshot.proxy import ProxyNode, ProxyType
+from meshctl.snapshot.node import ProxyNode, ProxyType
 from meshctl.xds.proto_merge import merge
 
 EF = envoy_filter_pb2.EnvoyFilter

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meshctl.snapshot.proxy import GRPC_GENERATOR, ProxyNode
+from meshctl.snapshot.node import GRPC_GENERATOR, ProxyNode
 
 #: Istio's listener name template for gRPC xDS servers (`grpcxds.ServerListenerNameTemplate`).
 SERVER_LISTENER_TEMPLATE = "xds.istio.io/grpc/lds/inbound/%s"

@@ -33,7 +33,7 @@ from meshctl.bootstrap import BootstrapOptions, build_bootstrap
 from meshctl.config.findings import Finding, Severity
 from meshctl.config.loader import load_text
 from meshctl.config.model import served_group
-from meshctl.snapshot.proxy import parse_node_id
+from meshctl.snapshot.node import parse_node_id
 from meshctl.testing.builders import vm_behind_ingress_yaml
 from meshctl.testing.envoy import envoy_binary
 from meshctl.testing.jwt import SigningKey

@@ -13,7 +13,7 @@ import pytest
 from conftest import PRODUCTPAGE, examples_copy
 
 from meshctl.registry.consul import ConsulOptions
-from meshctl.server.app import NOT_READY
+from meshctl.server.admission import NOT_READY
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.envoy import free_port
 from meshctl.testing.serve_process import ServeProcess, meshctl_command

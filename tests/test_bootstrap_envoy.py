@@ -33,7 +33,7 @@ import pytest
 from conftest import needs_envoy, wait_for
 
 from meshctl.bootstrap import BootstrapOptions, build_bootstrap
-from meshctl.snapshot.proxy import parse_node_id
+from meshctl.snapshot.node import parse_node_id
 from meshctl.testing.backends import Backend, send
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 from meshctl.testing.envoy import EnvoyProcess, free_port, static_resources, with_static_secrets

@@ -335,7 +335,7 @@ def test_a_cluster_view_is_its_whole_key() -> None:
     import dataclasses
     import inspect
 
-    from meshctl.xds import clusters, endpoints, inbound_view, listeners, listeners_inbound
+    from meshctl.xds import clusters, clusters_inbound, endpoints, inbound_view, listeners, listeners_inbound
     from meshctl.xds.memo import Ref
 
     for view_class in (clusters.OutboundClusterView, endpoints.AssignmentView, inbound_view.InboundView):
@@ -349,7 +349,7 @@ def test_a_cluster_view_is_its_whole_key() -> None:
         parameters = inspect.signature(getattr(clusters, name)).parameters
         assert "scope" not in parameters and "snapshot" not in parameters, name
     inbound = [
-        clusters.build_inbound_clusters,
+        clusters_inbound.build_inbound_clusters,
         listeners.build_inbound_listeners,
         listeners_inbound.build_inbound,
         listeners_inbound.inbound_ports,

@@ -135,7 +135,8 @@ def test_a_mutual_credential_server_takes_certificate_and_bundle_over_sds() -> N
 def test_a_proxy_not_sent_credentials_has_no_server_that_names_one() -> None:
     from dataclasses import replace
 
-    from meshctl.snapshot.proxy import bind_proxy, parse_node_id
+    from meshctl.snapshot.binding import bind_proxy
+    from meshctl.snapshot.node import parse_node_id
 
     snapshot = snapshot_from_yaml(GATEWAY, namespace="edge")
     node = replace(parse_node_id(ROUTER, {"LABELS": {"istio": "ingressgateway"}}), credentials=False)

@@ -1,5 +1,5 @@
 """What binding and inbound generation read of the configs, declared once each
-(`snapshot/proxy.py` `BINDING_KINDS`, `xds/generate.py` `INBOUND_KINDS`): the server keeps a node's
+(`snapshot/binding.py` `BINDING_KINDS`, `xds/generate.py` `INBOUND_KINDS`): the server keeps a node's
 binding and its inbound part while those stay as they were, so taking away every config of any
 other kind, one kind at a time, from a mesh that has every kind must bind every proxy alike and
 give it the same inbound config. (Taking away a declared kind does change them: the comparison
@@ -13,8 +13,10 @@ from test_cache import KINDS_EXTRA, MESH
 from meshctl.config.model import Config
 from meshctl.registry.serviceentry import KINDS as REGISTRY_KINDS
 from meshctl.registry.serviceentry import build_file_model
+from meshctl.snapshot.binding import BINDING_KINDS, binding_version
 from meshctl.snapshot.model import Snapshot, build_snapshot
-from meshctl.snapshot.proxy import BINDING_KINDS, OutboundProxy, Proxy, ProxyType, binding_version
+from meshctl.snapshot.node import ProxyType
+from meshctl.snapshot.proxy import OutboundProxy, Proxy
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.testing.builders import configs_from_yaml, proxy_for
 from meshctl.xds.generate import INBOUND_KINDS, generate_inbound

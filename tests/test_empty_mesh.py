@@ -22,7 +22,7 @@ from test_e2e_serve import CLIENT, NS, Mesh, dynamic_versions, service_entry, wa
 
 from meshctl.kv.source import KvLocation
 from meshctl.registry.consul import ConsulOptions
-from meshctl.server.app import EMPTY_MESH_MARKER, NOT_READY
+from meshctl.server.admission import EMPTY_MESH_MARKER, NOT_READY
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.backends import send
 from meshctl.testing.envoy import free_port

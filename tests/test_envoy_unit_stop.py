@@ -47,7 +47,7 @@ from conftest import (
 from ruamel.yaml import YAML
 
 from meshctl.bootstrap import BootstrapOptions, build_bootstrap
-from meshctl.snapshot.proxy import parse_node_id
+from meshctl.snapshot.node import parse_node_id
 from meshctl.testing.backends import Backend, Reply, send
 from meshctl.testing.builders import gateway_mesh_yaml
 from meshctl.testing.envoy import free_port

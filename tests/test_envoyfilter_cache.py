@@ -9,7 +9,8 @@ from __future__ import annotations
 from test_cache import MESH, SECOND_V1, assert_serves_what_generate_makes, node
 
 from meshctl.server.cache import ResourceCache
-from meshctl.snapshot.proxy import bind_proxy, parse_node_id
+from meshctl.snapshot.binding import bind_proxy
+from meshctl.snapshot.node import parse_node_id
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 from meshctl.xds import types
 

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from test_cache import MESH, SECOND_V1, assert_serves_what_generate_makes, node
 
 from meshctl.server.cache import ResourceCache
-from meshctl.snapshot.proxy import bind_proxy, parse_node_id
+from meshctl.snapshot.binding import bind_proxy
+from meshctl.snapshot.node import parse_node_id
 from meshctl.testing.builders import snapshot_from_yaml
 from meshctl.xds import types
 from meshctl.xds.envoyfilter_report import UnmatchedFilters

@@ -21,7 +21,7 @@ from meshctl.config.model import Config, ConfigKey, Source
 from meshctl.registry.serviceentry import build_file_model
 from meshctl.server.cache import GenerationError, ResourceCache
 from meshctl.snapshot.model import Snapshot, build_snapshot
-from meshctl.snapshot.proxy import parse_node_id
+from meshctl.snapshot.node import parse_node_id
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.builders import configs_from_yaml
 from meshctl.testing.server import run, serving

@@ -16,7 +16,8 @@ from meshctl.errors import BindingError
 from meshctl.security.ca import CertificateAuthority, IssuedCertificate
 from meshctl.security.identity import WorkloadIdentity
 from meshctl.server.auth import PeerIdentity, XdsTls, authorize_node
-from meshctl.snapshot.proxy import ProxyNode, bind_proxy, parse_node_id
+from meshctl.snapshot.binding import bind_proxy
+from meshctl.snapshot.node import ProxyNode, parse_node_id
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.builders import snapshot_from_yaml
 from meshctl.testing.server import run, serving

@@ -19,7 +19,8 @@ from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 
 from meshctl.simulate.listener import Connection, choose_chain
-from meshctl.snapshot.proxy import bind_proxy, parse_node_id
+from meshctl.snapshot.binding import bind_proxy
+from meshctl.snapshot.node import parse_node_id
 from meshctl.testing.builders import snapshot_from_yaml
 from meshctl.xds import types
 from meshctl.xds.generate import generate_config

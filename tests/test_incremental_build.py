@@ -21,8 +21,9 @@ from meshctl.registry.model import make_model
 from meshctl.registry.serviceentry import build_file_model
 from meshctl.server.cache import ResourceCache
 from meshctl.server.discovery import Discovery
+from meshctl.snapshot.binding import bind_proxy
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import bind_proxy, parse_node_id
+from meshctl.snapshot.node import parse_node_id
 from meshctl.testing.builders import configs_from_yaml
 from meshctl.xds.generate import generate
 

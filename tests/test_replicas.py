@@ -38,8 +38,9 @@ from meshctl.ingest import load_files
 from meshctl.registry.files import FileRegistry
 from meshctl.registry.model import make_model
 from meshctl.registry.serviceentry import build_file_model
+from meshctl.snapshot.binding import bind_proxy
 from meshctl.snapshot.model import build_snapshot
-from meshctl.snapshot.proxy import bind_proxy, parse_node_id
+from meshctl.snapshot.node import parse_node_id
 from meshctl.testing.ads_client import AdsClient, eds_names, rds_names
 from meshctl.testing.fake_consul import FakeConsul
 from meshctl.testing.serve_process import ServeProcess, meshctl_command

@@ -9,8 +9,10 @@ from pathlib import Path
 from meshctl.config.model import Config
 from meshctl.registry.serviceentry import build_file_model
 from meshctl.server.cache import Resolved, ResourceCache
+from meshctl.snapshot.binding import bind_proxy, rebound
 from meshctl.snapshot.model import Snapshot, build_snapshot
-from meshctl.snapshot.proxy import Proxy, ProxyNode, bind_proxy, parse_node_id, rebound
+from meshctl.snapshot.node import ProxyNode, parse_node_id
+from meshctl.snapshot.proxy import Proxy
 from meshctl.testing.builders import configs_from_yaml
 from meshctl.xds import types
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from meshctl.config.mesh import mesh_settings
+from meshctl.snapshot.binding import outbound_of
 from meshctl.snapshot.model import Snapshot, build_snapshot
-from meshctl.snapshot.proxy import outbound_of
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.testing.builders import configs_from_yaml, proxy_for, snapshot_from_yaml
 from meshctl.xds import types

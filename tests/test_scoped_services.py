@@ -19,8 +19,10 @@ from meshctl.registry.aggregate import AggregateRegistry
 from meshctl.registry.files import FileRegistry
 from meshctl.server.cache import ProxyResources, ResourceCache
 from meshctl.server.discovery import Discovery
+from meshctl.snapshot.binding import bind_proxy
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import Proxy, bind_proxy, parse_node_id
+from meshctl.snapshot.node import parse_node_id
+from meshctl.snapshot.proxy import Proxy
 from meshctl.testing.builders import configs_from_yaml, proxy_for, snapshot_from_yaml
 from meshctl.xds.generate import generate
 from meshctl.xds.names import resource_name

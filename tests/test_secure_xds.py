@@ -41,7 +41,8 @@ from meshctl.server.auth import (
     parse_spiffe_id,
     workload_service_account,
 )
-from meshctl.snapshot.proxy import bind_proxy, parse_node_id
+from meshctl.snapshot.binding import bind_proxy
+from meshctl.snapshot.node import parse_node_id
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.builders import snapshot_from_yaml
 from meshctl.testing.envoy import EnvoyProcess, free_port, validate_config

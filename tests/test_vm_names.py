@@ -17,7 +17,7 @@ from meshctl.config.mesh import mesh_settings
 from meshctl.errors import NodeIdError
 from meshctl.snapshot.loopback import allocate
 from meshctl.snapshot.model import MeshSettings
-from meshctl.snapshot.proxy import parse_node_id
+from meshctl.snapshot.node import parse_node_id
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 from meshctl.testing.envoy import validate_resources
 from meshctl.xds import types

@@ -31,9 +31,11 @@ from meshctl.config.findings import Severity
 from meshctl.config.labels import labels_match
 from meshctl.config.model import Config
 from meshctl.registry.serviceentry import build_file_model
+from meshctl.snapshot.binding import outbound_proxy
 from meshctl.snapshot.interception import DEFAULT_DNS_PORT
 from meshctl.snapshot.model import MeshSettings, Snapshot, build_snapshot, spec
-from meshctl.snapshot.proxy import OutboundProxy, Proxy, outbound_proxy, parse_node_id
+from meshctl.snapshot.node import parse_node_id
+from meshctl.snapshot.proxy import OutboundProxy, Proxy
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds.dns_table import TableConflict, table_conflicts
 

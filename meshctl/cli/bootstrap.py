@@ -12,7 +12,7 @@ from meshctl.cli.exits import reported
 
 if TYPE_CHECKING:
     from meshctl.bootstrap import BootstrapOptions
-    from meshctl.snapshot.proxy import ProxyNode
+    from meshctl.snapshot.node import ProxyNode
 
 
 class BootstrapFormat(enum.StrEnum):
@@ -199,7 +199,7 @@ def bootstrap(
     from meshctl.config.hosts import is_ip
     from meshctl.errors import UsageError
     from meshctl.server.settings import split_address
-    from meshctl.snapshot.proxy import parse_node_id
+    from meshctl.snapshot.node import parse_node_id
 
     if group is not None:
         if proxy or "." not in group:
@@ -391,7 +391,7 @@ def _print_grpc_bootstrap(
 
     from meshctl.errors import UsageError
     from meshctl.grpc_bootstrap import CERT_FILE, KEY_FILE, GrpcBootstrapOptions, build_grpc_bootstrap
-    from meshctl.snapshot.proxy import GRPC_GENERATOR, parse_node_id
+    from meshctl.snapshot.node import GRPC_GENERATOR, parse_node_id
 
     if delta:
         raise UsageError("--delta: gRPC's xDS client speaks state of the world only")

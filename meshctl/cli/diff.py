@@ -340,8 +340,8 @@ def _with_live_dns(target: Proxy, live: Mapping[str, Any], snapshot: Snapshot) -
     from dataclasses import replace
     from types import MappingProxyType
 
+    from meshctl.snapshot.binding import bind_proxy
     from meshctl.snapshot.interception import DNS_METADATA_KEYS
-    from meshctl.snapshot.proxy import bind_proxy
 
     kept = {k: v for k, v in target.node.metadata.items() if k not in DNS_METADATA_KEYS}
     dns = {k: live[k] for k in DNS_METADATA_KEYS if k in live}
@@ -370,7 +370,7 @@ def diff_live(
     from meshctl.check.envoy_admin import fetch_config_dump
     from meshctl.cli import offline
     from meshctl.cli import output as out
-    from meshctl.snapshot.proxy import bind_proxy
+    from meshctl.snapshot.binding import bind_proxy
     from meshctl.xds.config_dump import subscribed
     from meshctl.xds.generate import generate
 

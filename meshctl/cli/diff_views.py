@@ -165,7 +165,8 @@ def entries_by_ref(tree: LoadedTree) -> dict[tuple[str, str], Config]:
 def proxy_of_entry(snapshot: Snapshot, entry: Config | None, interception: str) -> Proxy | None:
     """The proxy of a WorkloadEntry, bound as `offline.find_proxy` binds one named by reference."""
     from meshctl.cli.offline import DEFAULT_DNS, node_id_for
-    from meshctl.snapshot.proxy import bind_proxy, parse_node_id
+    from meshctl.snapshot.binding import bind_proxy
+    from meshctl.snapshot.node import parse_node_id
 
     if entry is None:
         return None

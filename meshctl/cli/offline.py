@@ -157,7 +157,8 @@ def find_proxy(
     it); `grpc`, that it is a proxyless gRPC node (`GENERATOR: grpc`). Raises OfflineError for
     a node id that is not Istio's format."""
     from meshctl.errors import NodeIdError
-    from meshctl.snapshot.proxy import GRPC_GENERATOR, bind_proxy, parse_node_id
+    from meshctl.snapshot.binding import bind_proxy
+    from meshctl.snapshot.node import GRPC_GENERATOR, parse_node_id
 
     if is_node_id(ref):
         node_id = ref
@@ -196,7 +197,7 @@ def hidden_port_notes(snapshot: Snapshot, proxy: Proxy) -> list[str]:
     """Why the proxy has no outbound listener on a port its own app listens on, for each such
     port of a service it may call: the words `meshctl validate` says (MC0001)."""
     from meshctl.config.analysis import hidden_port_message
-    from meshctl.snapshot.proxy import ProxyType
+    from meshctl.snapshot.node import ProxyType
     from meshctl.snapshot.scope import ProxyScope
 
     if proxy.type is not ProxyType.SIDECAR or proxy.interception is not InterceptionMode.NONE:
@@ -221,7 +222,7 @@ def bypassed_port_notes(snapshot: Snapshot, proxy: Proxy) -> list[str]:
     iptables: clients reach the app there directly, where Istio (which redirects them) would
     apply the port's mutual TLS mode and the workload's policies."""
     from meshctl.snapshot.model import spec
-    from meshctl.snapshot.proxy import ProxyType
+    from meshctl.snapshot.node import ProxyType
     from meshctl.snapshot.scope import ProxyScope
 
     if proxy.type is not ProxyType.SIDECAR or proxy.interception is not InterceptionMode.NONE:
@@ -246,7 +247,7 @@ def gateway_target_port_notes(snapshot: Snapshot, proxy: Proxy) -> list[str]:
     `resolvePorts`, for a Kubernetes Service in front of the gateway); meshctl binds the server
     port, so mesh clients of that service, sent to the target port, find no listener."""
     from meshctl.snapshot.model import spec
-    from meshctl.snapshot.proxy import ProxyType
+    from meshctl.snapshot.node import ProxyType
     from meshctl.snapshot.scope import ProxyScope
 
     if proxy.type is not ProxyType.ROUTER:
@@ -317,7 +318,7 @@ def gateway_api_notes(snapshot: Snapshot, proxy: Proxy) -> list[str]:
     from meshctl.config.gateway_api import is_synthetic
     from meshctl.config.model import ConfigKey
     from meshctl.snapshot.model import spec
-    from meshctl.snapshot.proxy import ProxyType
+    from meshctl.snapshot.node import ProxyType
     from meshctl.snapshot.scope import ProxyScope
 
     if proxy.type is not ProxyType.ROUTER:

@@ -122,7 +122,7 @@ def simulate(
     from meshctl.simulate import Target, parse_request
     from meshctl.simulate import simulate as run
     from meshctl.simulate.request import parse_connection
-    from meshctl.snapshot.proxy import ProxyType
+    from meshctl.snapshot.node import ProxyType
     from meshctl.xds.generate import generate
 
     if cases is not None:

@@ -53,7 +53,8 @@ from meshctl.server.node_address import with_peer_address
 from meshctl.server.pacing import TokenBucket
 from meshctl.server.subscription import Push, RequestKind
 from meshctl.server.write_budget import WriteBudget
-from meshctl.snapshot.proxy import METADATA_KEYS, Proxy, ProxyNode, parse_node_id
+from meshctl.snapshot.node import METADATA_KEYS, ProxyNode, parse_node_id
+from meshctl.snapshot.proxy import Proxy
 from meshctl.xds import types
 
 logger = logging.getLogger("meshctl.server.ads")

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import gc
 import logging
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import grpc
@@ -29,7 +27,6 @@ from meshctl.config.loader import LoadOptions
 from meshctl.config.parse_cache import STATE_FILE as PARSE_CACHE_FILE
 from meshctl.config.parse_cache import ParseCache
 from meshctl.config.watcher import WatchOptions
-from meshctl.errors import CredentialError
 from meshctl.ingest import FollowedFiles
 from meshctl.ingest_kv import FollowedKV
 from meshctl.registry.aggregate import AggregateRegistry
@@ -37,14 +34,14 @@ from meshctl.registry.base import Registry
 from meshctl.registry.consul import ConsulRegistry
 from meshctl.registry.health import HealthCheckedRegistry, HealthReports, checked_endpoint_counts
 from meshctl.registry.health_share import ShareOptions
-from meshctl.security.ca import RENEW_FRACTION
 from meshctl.server.admin import AdminServer
+from meshctl.server.admission import Admission
 from meshctl.server.ads import AdsServicer
 from meshctl.server.auth import BearerToken, XdsTls, identity_authorizer, is_loopback
 from meshctl.server.autoregister import AutoRegistrar
-from meshctl.server.ca_expiry import CaExpiryWatch
-from meshctl.server.ca_follower import CaDirFollower, CaHolder
+from meshctl.server.ca_follower import CaHolder
 from meshctl.server.ca_service import CertificateService, serve_joins
+from meshctl.server.ca_upkeep import CaUpkeep, certificate_authority
 from meshctl.server.cache import ResourceCache
 from meshctl.server.credentials import CredentialDirectory, CredentialSecrets
 from meshctl.server.delivery import Delivery
@@ -71,39 +68,9 @@ logger = logging.getLogger("meshctl.server")
 #: ones at random past 1,000 (all past 3,000), which a fleet reconnecting at once reaches while
 #: the loop is busy; each waits a few KB, and the bound still stops a flood.
 MAX_PENDING_CALLS = 50_000
-#: What a proxy is told while the server cannot serve a complete mesh yet (istiod's words).
-NOT_READY = "server is not ready to serve discovery information"
-
-#: A file (or KV key) of this name in the config source says that a mesh with no config and no
-#: services is meant (`Server.admission`); being YAML, it is read like any file and adds nothing.
-EMPTY_MESH_MARKER: Final = "empty-mesh.yaml"
-
-
-#: The least outage of every replica that workload certificates should outlast (a third of their
-#: lifetime: the default 24 h gives 8 h); less is warned about at start.
-OUTAGE_WARNING: Final = datetime.timedelta(hours=1)
-
 
 #: The file in the state directory that keeps auto-registered WorkloadEntries across restarts.
 REGISTRATIONS_FILE: Final = "registrations.json"
-
-
-def _certificate_authority(settings: ServeSettings, trust_domain: str) -> CertificateAuthority | None:
-    """The CA of `settings` (see `ServeSettings.ca_dir`); raises CredentialError for files that
-    cannot be used."""
-    from meshctl.security.ca import CertificateAuthority
-
-    if settings.ca_dir is not None:
-        return CertificateAuthority.from_ca_dir(settings.ca_dir)
-    if settings.state_dir is None:
-        return None
-    try:
-        return CertificateAuthority.self_signed(settings.state_dir, trust_domain)
-    except CredentialError as exc:
-        if settings.state_dir_given:
-            raise
-        logger.warning("workload mutual TLS is off (give --state-dir or --ca-dir): %s", exc)
-        return None
 
 
 def _parse_cache(settings: ServeSettings, load: LoadOptions) -> ParseCache | None:
@@ -146,9 +113,11 @@ class Server:
         mesh = self.mesh_config.settings if self.mesh_config is not None else settings.mesh
         self.discovery = Discovery(self.store, self.registry, self._publish, mesh=mesh, debounce=settings.debounce)
         self.discovery.on_debounced = self._debounced
+        #: Whether a proxy connecting now is served (`meshctl.server.admission`).
+        self.readiness = Admission(settings, self.followed, self.consul, lambda: self.discovery.snapshot)
         tls = settings.tls
         authorize = identity_authorizer(lambda: self.discovery.snapshot) if tls and tls.client_ca_file else None
-        ca = _certificate_authority(settings, mesh.trust_domain)
+        ca = certificate_authority(settings, mesh.trust_domain)
         #: The CA in force; with --ca-dir, replaced when its files change (`meshctl.server.ca_follower`).
         self.ca_holder = CaHolder(ca) if ca is not None else None
         #: The push history and the staged rollout (`meshctl.server.delivery`).
@@ -183,6 +152,19 @@ class Server:
             left=self.secrets.forget,
             write_budget=WriteBudget(settings.max_write_bytes) if settings.max_write_bytes > 0 else None,
         )
+        #: Certificates renewed as they come due, the CA's end watched, a --ca-dir swap followed.
+        self.ca_upkeep = (
+            CaUpkeep(
+                settings,
+                self.ca_holder,
+                self.secrets,
+                self.metrics,
+                ads=self.ads,
+                snapshot=lambda: self.discovery.snapshot,
+            )
+            if self.ca_holder is not None
+            else None
+        )
         # The store's view is replaced on each change: read at each call, not bound now.
         self.registrar = AutoRegistrar(
             self.files,
@@ -216,12 +198,8 @@ class Server:
         if self.share is not None:
             self.checked.shared_status = self.share.status
             self.share.on_failing = lambda failing: self.metrics.shared_health_failing.set(int(failing))
-        self._renewal: asyncio.Task[None] | None = None
         self._credentials_task: asyncio.Task[None] | None = None
         self._unfollow_checks: Callable[[], None] | None = None
-        self._ca_watch: CaExpiryWatch | None = None
-        self._ca_follower: CaDirFollower | None = None
-        self._ca_push: asyncio.Task[None] | None = None
         self.status = ServerStatus(self)
         self.notify = SystemdNotifier(settings.notify, lambda: service_status(self))
         self._grpc: grpc.aio.Server | None = None
@@ -232,8 +210,6 @@ class Server:
         self.xds_port = 0
         self.admin_port = 0
         self.started_at = time.time()
-        self._sync_deadline = time.monotonic() + settings.registry_sync_timeout
-        self._sync_timer: asyncio.TimerHandle | None = None
         self._mesh_timer: asyncio.TimerHandle | None = None
         self._republishing: set[asyncio.Future[None]] = set()
 
@@ -275,15 +251,13 @@ class Server:
         if self.credentials is not None:
             self._credentials_task = asyncio.create_task(self._follow_credentials(), name="meshctl-credentials")
         self._observe(snapshot)
-        self._say_empty_mesh()
+        self.readiness.say_empty_mesh()
         if self.settings.freeze_startup:
             # Frozen objects are still freed by reference counting when a change drops them.
             gc.collect()
             gc.freeze()
 
-        self._sync_deadline = time.monotonic() + self.settings.registry_sync_timeout
-        if self.consul is not None and not self.consul.wait_synced(0):
-            self._sync_timer = loop.call_later(self.settings.registry_sync_timeout, self._sync_overdue)
+        self.readiness.start(loop)
         self._grpc = grpc.aio.server(
             options=[
                 # One server per xDS address: with the port shared (gRPC's default), a second
@@ -369,27 +343,8 @@ class Server:
             len(snapshot.configs),
             len(snapshot.services.services),
         )
-        if self.ca is not None:
-            self._renewal = asyncio.create_task(self._renew_certificates(), name="meshctl-renew")
-            self.metrics.watch_ca(
-                self.ca.root_not_after.timestamp(), self.ca.not_after.timestamp(), self.ca.root_fingerprints
-            )
-            # Which CA signs, and whether this start made it: a root found in a state directory
-            # (a root's first start reusing /var/lib/meshctl, say) must not be a surprise.
-            logger.info("workload certificates are signed by the %s", self.ca.describe())
-            self.metrics.watch_workload_certificates(self.secrets.earliest_expiry, self.secrets.signers)
-            if (outage := self.settings.workload_cert_lifetime * (1 - RENEW_FRACTION)) < OUTAGE_WARNING:
-                logger.warning(
-                    "--workload-cert-lifetime %s: certificates are renewed at two thirds of it, so proxies lose "
-                    "mutual TLS (and VMs their xDS certificate) after %s without any replica: under an hour",
-                    self.settings.workload_cert_lifetime,
-                    outage,
-                )
-            self._ca_watch = CaExpiryWatch(self.ca)
-            self._ca_watch.start()
-            if self.settings.ca_dir is not None and self.ca_holder is not None:
-                self._ca_follower = CaDirFollower(self.settings.ca_dir, self.ca_holder, self._ca_swapped)
-                self._ca_follower.start()
+        if self.ca_upkeep is not None:
+            self.ca_upkeep.start()
         if self.settings.on_ready is not None:
             self.settings.on_ready(self.xds_port, self.admin_port)
 
@@ -450,26 +405,6 @@ class Server:
             self.discovery.set_mesh(changed)
         self._mesh_timer = asyncio.get_running_loop().call_later(1.0, self._follow_mesh_config)
 
-    def _ca_swapped(self, before: CertificateAuthority, after: CertificateAuthority) -> None:
-        """A new CA is in force: every proxy gets a new trust bundle now, and the certificates a
-        signing certificate no longer in force issued are reissued within the window."""
-        window = min(self.settings.ca_reissue_window, self.settings.workload_cert_lifetime / 3)
-        nodes = self.secrets.follow_ca(window)
-        self.metrics.watch_ca(after.root_not_after.timestamp(), after.not_after.timestamp(), after.root_fingerprints)
-        if self._ca_watch is not None:
-            self._ca_watch.stop()
-        self._ca_watch = CaExpiryWatch(after)
-        self._ca_watch.start()
-        snapshot = self.discovery.snapshot
-        if nodes and snapshot is not None:
-            self._ca_push = asyncio.create_task(self._push_trust(snapshot, nodes), name="meshctl-trust-bundle")
-
-    async def _push_trust(self, snapshot: Snapshot, nodes: set[str]) -> None:
-        try:
-            await self.ads.publish(snapshot, nodes=nodes)
-        except Exception:  # the next renewal round or config push carries it; say so now
-            logger.exception("pushing the new trust bundle to %d proxies failed", len(nodes))
-
     async def _follow_credentials(self) -> None:
         """Look at the credentials directory once a second; push the secrets of a namespace whose
         files changed to the streams of that namespace (only their secrets change: Envoy swaps the
@@ -498,19 +433,11 @@ class Server:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._credentials_task
             self._credentials_task = None
-        if self._renewal is not None:
-            self._renewal.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewal
-            self._renewal = None
         if self._mesh_timer is not None:
             self._mesh_timer.cancel()
-        if self._ca_watch is not None:
-            self._ca_watch.stop()
-        if self._ca_follower is not None:
-            self._ca_follower.stop()
-        if self._sync_timer is not None:
-            self._sync_timer.cancel()
+        if self.ca_upkeep is not None:
+            await self.ca_upkeep.stop()
+        self.readiness.stop()
         await self.discovery.stop()
         self.delivery.stop()
         self.hds.stop()
@@ -533,27 +460,6 @@ class Server:
         await loop.run_in_executor(None, self.followed.stop)
         if self.consul is not None:
             await loop.run_in_executor(None, self.consul.stop)
-
-    async def _renew_certificates(self) -> None:
-        """Publish the current snapshot again to the streams whose workload certificates are due
-        (or nearly: `WorkloadSecrets.due_nodes`): they re-resolve, and only their `default`
-        secret changes."""
-        while True:
-            due = self.secrets.due()
-            now = datetime.datetime.now(datetime.UTC)
-            # Looked at every second at most: a certificate issued meanwhile may be short-lived.
-            wait = 1.0 if due is None else min(1.0, max(0.2, (due - now).total_seconds()))
-            await asyncio.sleep(wait)
-            due = self.secrets.due()
-            snapshot = self.discovery.snapshot
-            started = datetime.datetime.now(datetime.UTC)
-            if due is not None and snapshot is not None and started >= due:
-                try:
-                    await self.ads.publish(snapshot, nodes=self.secrets.due_nodes(started))
-                except Exception:
-                    logger.exception("renewing workload certificates failed; retrying")
-                    continue
-                self.secrets.forget_due(started)
 
     # -- pushes ------------------------------------------------------------------------------
 
@@ -585,69 +491,9 @@ class Server:
                 self.metrics.triggers.inc(name, by=count)
 
     def admission(self) -> str | None:
-        """None when a proxy connecting now gets a complete mesh, else why it must wait.
-
-        Until the first snapshot is built and every registry has synced once, new ADS streams are
-        refused with UNAVAILABLE (Envoy retries) in Istio's words (istio#25495): a proxy that
-        reconnects after a restart while Consul is down keeps its last config rather than being
-        sent a mesh without Consul's services. After `registry_sync_timeout` the server serves
-        what it has, and has said so in the log (`_sync_overdue`). Open streams are not affected.
-        """
-        if self.discovery.snapshot is None:
-            return NOT_READY
-        # A KV config source counts as a registry here: a mesh served before it was read is empty.
-        kv_synced = not isinstance(self.followed, FollowedKV) or self.followed.watcher.synced()
-        consul_synced = self.consul is None or self.consul.wait_synced(0)
-        if not (kv_synced and consul_synced) and time.monotonic() < self._sync_deadline:
-            return NOT_READY
-        if self.empty_mesh_refused():
-            return NOT_READY
-        return None
-
-    def empty_mesh_refused(self) -> bool:
-        """Whether the mesh now built is empty (no config, no service) without being meant so.
-
-        A config directory or KV prefix that holds nothing at start is far more often a volume not
-        mounted yet, a checkout half-way or a wrong prefix than a mesh meant to be empty, and a
-        replica that admits proxies with it makes every Envoy that fails over to it drop its
-        listeners and clusters. So an empty mesh is served only when said so: `--allow-empty-mesh`,
-        or a file named `EMPTY_MESH_MARKER` in the directory (a key of that name under the prefix).
-        """
-        snapshot = self.discovery.snapshot
-        if self.settings.allow_empty_mesh or snapshot is None:
-            return False
-        if snapshot.configs or snapshot.services.services:
-            return False
-        # Only an empty store gets here, so this walks a handful of file names at most.
-        return not any(Path(name).name == EMPTY_MESH_MARKER for name in self.store.file_status())
-
-    def _say_empty_mesh(self) -> None:
-        """Say at start-up why proxies are refused when the config source gave nothing (not while
-        Consul may still bring services or the KV prefix has not been read: that is said apart)."""
-        kv_unread = isinstance(self.followed, FollowedKV) and not self.followed.watcher.synced()
-        if self.consul is not None or kv_unread or not self.empty_mesh_refused():
-            return
-        source = (
-            self.settings.config_kv.display
-            if self.settings.config_kv is not None
-            else ", ".join(map(str, self.settings.config_dirs))
-        )
-        logger.error(
-            "%s holds no config and there are no services: proxies are refused (not ready) until it does; "
-            "to serve an empty mesh on purpose, put a file named %s in it or pass --allow-empty-mesh",
-            source,
-            EMPTY_MESH_MARKER,
-        )
-
-    def _sync_overdue(self) -> None:
-        self._sync_timer = None
-        if self.consul is not None and not self.consul.wait_synced(0):
-            logger.error(
-                "Consul has not synced %gs after start-up (%s): serving proxies the mesh without Consul's "
-                "services until it does (--registry-sync-timeout)",
-                self.settings.registry_sync_timeout,
-                self.consul.status().message,
-            )
+        """None when a proxy connecting now gets a complete mesh, else why it must wait
+        (`Admission.admission`)."""
+        return self.readiness.admission()
 
     def ready(self) -> bool:
         """What `/ready` says: whether a proxy connecting now is served (`admission`)."""

@@ -60,8 +60,9 @@ from meshctl.errors import CredentialError
 from meshctl.logs import untrusted
 from meshctl.security.files import read_credential
 from meshctl.server.ads import Authorizer
+from meshctl.snapshot.binding import bind_proxy
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import ProxyNode, bind_proxy
+from meshctl.snapshot.node import ProxyNode
 
 logger = logging.getLogger("meshctl.server.auth")
 

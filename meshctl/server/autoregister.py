@@ -40,7 +40,7 @@ from meshctl.registry.health_checks import GROUP_ANNOTATION
 from meshctl.server.auth import PeerIdentity, check_identity
 from meshctl.server.node_address import group_of
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import ProxyNode
+from meshctl.snapshot.node import ProxyNode
 
 logger = logging.getLogger("meshctl.server.autoregister")
 

@@ -57,7 +57,7 @@ from meshctl.security.join_token import JoinToken
 from meshctl.server.auth import PeerIdentity, XdsTls, authorize_node, bound_workload, parse_spiffe_id
 from meshctl.server.ca_follower import CaHolder
 from meshctl.snapshot.model import Snapshot, spec
-from meshctl.snapshot.proxy import ProxyNode, ProxyType
+from meshctl.snapshot.node import ProxyNode, ProxyType
 
 logger = logging.getLogger("meshctl.server.ca")
 

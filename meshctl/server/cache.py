@@ -63,18 +63,10 @@ from meshctl.server.cache_parts import (
     rules_digest,
 )
 from meshctl.server.grpc_view import GrpcAssignments, grpc_config, grpc_inbound_listeners
+from meshctl.snapshot.binding import bind_proxy, binding_inputs, binding_version, outbound_of, rebound
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import (
-    OutboundProxy,
-    Proxy,
-    ProxyNode,
-    ProxyType,
-    bind_proxy,
-    binding_inputs,
-    binding_version,
-    outbound_of,
-    rebound,
-)
+from meshctl.snapshot.node import ProxyNode, ProxyType
+from meshctl.snapshot.proxy import OutboundProxy, Proxy
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.eds_locality import eds_localities

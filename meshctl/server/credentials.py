@@ -48,7 +48,8 @@ from meshctl.security.credentials import (
     secret_names,
 )
 from meshctl.server.cache import ProxyResources, Resolved
-from meshctl.snapshot.proxy import Proxy, ProxyNode
+from meshctl.snapshot.node import ProxyNode
+from meshctl.snapshot.proxy import Proxy
 from meshctl.xds import mesh_tls, types
 from meshctl.xds.resources import Resource, to_resource
 

@@ -39,8 +39,9 @@ from meshctl.server.ads import Authorizer, _metadata
 from meshctl.server.auth import PeerIdentity
 from meshctl.server.autoregister import AutoRegistrar
 from meshctl.server.node_address import group_of, with_peer_address
+from meshctl.snapshot.binding import bind_proxy
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import ProxyNode, bind_proxy, parse_node_id
+from meshctl.snapshot.node import ProxyNode, parse_node_id
 from meshctl.xds.health_checks import STATUS_WORDS, health_check_specifier, health_cluster_name
 
 logger = logging.getLogger("meshctl.server.health")

@@ -15,7 +15,7 @@ from typing import Final
 from urllib.parse import unquote
 
 from meshctl.logs import untrusted
-from meshctl.snapshot.proxy import ProxyNode
+from meshctl.snapshot.node import ProxyNode
 
 METADATA_KEY: Final = "AUTO_REGISTER_GROUP"
 

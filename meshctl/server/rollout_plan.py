@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from meshctl.errors import UsageError
+from meshctl.snapshot.binding import bind_proxy
 from meshctl.snapshot.model import Snapshot, build_snapshot
-from meshctl.snapshot.proxy import Proxy, ProxyNode, bind_proxy
+from meshctl.snapshot.node import ProxyNode
+from meshctl.snapshot.proxy import Proxy
 
 if TYPE_CHECKING:
     from meshctl.server.cache import Resolved

@@ -53,7 +53,8 @@ from meshctl.security.ca import CertificateAuthority, IssuedCertificate
 from meshctl.security.identity import WorkloadIdentity
 from meshctl.server.ca_follower import CaHolder
 from meshctl.server.cache import ProxyResources, Resolved
-from meshctl.snapshot.proxy import Proxy, ProxyNode
+from meshctl.snapshot.node import ProxyNode
+from meshctl.snapshot.proxy import Proxy
 from meshctl.xds import mesh_tls, types
 from meshctl.xds.resources import Resource, to_resource
 

@@ -285,7 +285,7 @@ class ProxyResources:
 
     def get(self, ref: str, grpc: bool = False) -> tuple[Mapping[str, Sequence[Any]], Target]:
         """The resources and walk target of a proxy `check` resolved (a gRPC node's with `grpc`)."""
-        from meshctl.snapshot.proxy import ProxyType
+        from meshctl.snapshot.node import ProxyType
         from meshctl.xds.generate import generate
         from meshctl.xds.grpc_gen import generate_grpc
 

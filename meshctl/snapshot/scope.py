@@ -19,8 +19,10 @@ from meshctl.config.model import Config, ConfigKey
 from meshctl.config.references import MESH_GATEWAY as _MESH
 from meshctl.config.references import resolve_gateway_name
 from meshctl.registry.model import Service
+from meshctl.snapshot.binding import outbound_of, select_sidecar
 from meshctl.snapshot.model import Snapshot, spec
-from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyType, outbound_of, select_sidecar
+from meshctl.snapshot.node import ProxyType
+from meshctl.snapshot.proxy import OutboundProxy, Proxy
 
 #: The generators read it here, with the rest of the scope.
 MESH_GATEWAY = _MESH

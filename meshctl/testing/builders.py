@@ -8,8 +8,10 @@ from typing import Any
 from meshctl.config.loader import load_text
 from meshctl.config.model import Config
 from meshctl.registry.serviceentry import build_file_model
+from meshctl.snapshot.binding import bind_proxy
 from meshctl.snapshot.model import MeshSettings, Snapshot, build_snapshot
-from meshctl.snapshot.proxy import Proxy, bind_proxy, parse_node_id
+from meshctl.snapshot.node import parse_node_id
+from meshctl.snapshot.proxy import Proxy
 
 
 class InvalidFixture(Exception):

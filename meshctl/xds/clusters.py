@@ -11,16 +11,7 @@
   names). A DNS cluster left without endpoints (a subset that selects none) is
   not generated, as in Istio; a DNS service without any endpoint resolves its own hostname.
   Traffic policy: `cluster_policy` and `cluster_tls`.
-- `inbound|PORT||` for each port the proxy's workload serves (the endpoint port of each service
-  it is an instance of): STATIC to 127.0.0.1:PORT, since the application on a VM listens on
-  localhost. A Sidecar with `ingress` listeners replaces them all with one per listener, to its
-  `defaultEndpoint` (`127.0.0.1:P`, `0.0.0.0:P` for the proxy's IP, `unix://path`; none means
-  ORIGINAL_DST), as Istio does without ENABLE_SIDECAR_SERVICE_INBOUND_LISTENER_MERGE: a service
-  port it does not list is served by the passthrough cluster when traffic is redirected, and by
-  nothing without iptables (the app takes it directly). Istio builds no
-  inbound clusters in NONE interception without a Sidecar; meshctl does, because its VM default
-  is NONE with inbound listeners on the workload's address. Only the connection pool of a
-  traffic policy applies inbound (the DestinationRule's, overridden by the Sidecar's).
+- `inbound|PORT||` for each port the proxy's workload serves: `clusters_inbound.py`.
 - `BlackHoleCluster` always; `PassthroughCluster` for sidecars (gateways have no original
   destination listeners, as in Istio), and `AllowAnyDynamicDNSCluster` under outbound policy
   ALLOW_ANY_DYNAMIC_DNS; `InboundPassthroughCluster` when traffic is intercepted
@@ -34,25 +25,29 @@ when TLS is originated. Clusters come out sorted by name; a name built twice kee
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Final
 
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import config_source_pb2
-from google.protobuf import struct_pb2
 
 from meshctl.api.networking.v1alpha3 import destination_rule_pb2 as dr_pb2
 from meshctl.registry.model import Endpoint, Location, Protocol, Resolution, Service, ServicePort
 from meshctl.security.peer_authentication import MtlsMode, namespace_mode
 from meshctl.security.request_authentication import jwt_rules_for_workload
-from meshctl.snapshot.interception import InterceptionMode
-from meshctl.snapshot.model import Snapshot, spec
-from meshctl.snapshot.proxy import ProxyType
+from meshctl.snapshot.model import Snapshot
+from meshctl.snapshot.node import ProxyType
 from meshctl.snapshot.scope import MergedDestinationRule, ProxyScope
 from meshctl.xds import dynamic_forward as dfp
 from meshctl.xds import names
+from meshctl.xds.cluster_common import (
+    delimited_stats,
+    istio_metadata,
+    merge_clusters,
+    passthrough_cluster,
+    service_metadata,
+)
 from meshctl.xds.cluster_dns import is_dns_type, use_dns_extension
 from meshctl.xds.cluster_policy import (
     ClusterDraft,
@@ -63,15 +58,15 @@ from meshctl.xds.cluster_policy import (
     apply_outlier_detection,
     apply_proxy_protocol,
     apply_upstream_protocol,
-    default_thresholds,
     duration,
     policy_for_port,
     policy_for_subset,
     traffic_policy,
 )
 from meshctl.xds.cluster_tls import apply_auto_mtls, apply_istio_mutual, apply_tls, is_istio_mutual, originates_tls
-from meshctl.xds.endpoints import ISTIO_METADATA, locality_lb_endpoints, select_endpoints, socket_address
-from meshctl.xds.inbound_view import InboundView, inbound_view
+from meshctl.xds.clusters_inbound import build_inbound_clusters
+from meshctl.xds.endpoints import locality_lb_endpoints, select_endpoints
+from meshctl.xds.inbound_view import inbound_view
 from meshctl.xds.jwks_cluster import jwks_clusters
 from meshctl.xds.memo import GenerationMemo, Ref
 from meshctl.xds.mesh_tls import istio_sni, spiffe_uri
@@ -79,27 +74,10 @@ from meshctl.xds.refs import destination_rule_ref
 
 _Cluster = cluster_pb2.Cluster
 
-#: Source address for traffic sent back into the workload, which iptables lets through.
-INBOUND_PASSTHROUGH_BIND: Final = "127.0.0.6"
-INBOUND_PASSTHROUGH_CLUSTER: Final = "InboundPassthroughCluster"
-LOCALHOST: Final = "127.0.0.1"
-#: Istio's "never" for inbound ORIGINAL_DST cleanup: the largest duration Envoy accepts.
-_NEVER_SECONDS: Final = 9223372035
-_PASSTHROUGH_IDLE_SECONDS: Final = 300
-
 
 def build_clusters(scope: ProxyScope) -> list[cluster_pb2.Cluster]:
     """Every cluster for the scope's proxy, sorted by name."""
     return merge_clusters(build_outbound_clusters(scope), build_inbound_clusters(inbound_view(scope)))
-
-
-def merge_clusters(*parts: Iterable[cluster_pb2.Cluster]) -> list[cluster_pb2.Cluster]:
-    """Clusters of several parts sorted by name; the first of a name wins."""
-    out: dict[str, cluster_pb2.Cluster] = {}
-    for part in parts:
-        for c in part:
-            out.setdefault(c.name, c)
-    return [out[name] for name in sorted(out)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,13 +150,13 @@ def build_outbound_clusters(
         # A gateway's own RequestAuthentication keys (sidecars get theirs with the inbound part).
         proxy = scope.proxy
         rules = jwt_rules_for_workload(scope.snapshot, proxy.namespace, proxy.labels)
-        out.extend(_delimited_stats(jwks_clusters(rules, family=proxy.family, connect_timeout=timeout)))
+        out.extend(delimited_stats(jwks_clusters(rules, family=proxy.family, connect_timeout=timeout)))
     out.extend(_collector_clusters(scope, {c.name for c in out}, memo))
-    out.append(_delimited_stats([_blackhole(timeout)])[0])
+    out.append(delimited_stats([_blackhole(timeout)])[0])
     if scope.proxy.type is ProxyType.SIDECAR:
-        out.append(_delimited_stats([_passthrough(names.PASSTHROUGH_CLUSTER, timeout)])[0])
+        out.append(delimited_stats([passthrough_cluster(names.PASSTHROUGH_CLUSTER, timeout)])[0])
         if dfp.allow_any_dynamic_dns(scope):
-            out.extend(_delimited_stats([dfp.allow_any_cluster(scope, timeout)]))
+            out.extend(delimited_stats([dfp.allow_any_cluster(scope, timeout)]))
     return merge_clusters(out)
 
 
@@ -250,32 +228,7 @@ def service_port_clusters(view: OutboundClusterView) -> tuple[cluster_pb2.Cluste
     """The clusters of one service port: `outbound|PORT||HOST` and one per subset, finished
     (DNS extension, stat names) and sorted as `build_outbound_clusters` puts them."""
     # The DNS extension last, once every step of `_outbound` has read the plain type.
-    return tuple(_delimited_stats([use_dns_extension(c, view.dns_family) for c in _outbound(view)]))
-
-
-def build_inbound_clusters(view: InboundView) -> list[cluster_pb2.Cluster]:
-    """A sidecar's clusters to its own workload (`inbound|PORT||`, InboundPassthroughCluster)."""
-    proxy = view.proxy.value
-    if proxy.type is not ProxyType.SIDECAR:
-        return []
-    out = _inbound(view)
-    out.extend(jwks_clusters(view.jwt_rules, family=proxy.family, connect_timeout=view.mesh.connect_timeout_seconds))
-    if proxy.interception is not InterceptionMode.NONE:
-        timeout = view.mesh.connect_timeout_seconds
-        inbound = _passthrough(INBOUND_PASSTHROUGH_CLUSTER, timeout)
-        inbound.upstream_bind_config.source_address.address = INBOUND_PASSTHROUGH_BIND
-        inbound.upstream_bind_config.source_address.port_value = 0
-        out.append(inbound)
-    return merge_clusters(_delimited_stats(out))
-
-
-def _delimited_stats(clusters: list[cluster_pb2.Cluster]) -> list[cluster_pb2.Cluster]:
-    """Istio's ClusterBuilder.buildCluster (`util.DelimitedStatsPrefix`): stats under the
-    cluster's name ended by `;`, so the bootstrap's `cluster_name` tag extractor takes the whole
-    name (`outbound|9080|v1|reviews.bookinfo.mesh`) as a label instead of cutting it at a dot."""
-    for cluster in clusters:
-        cluster.alt_stat_name = f"{cluster.name};"
-    return clusters
+    return tuple(delimited_stats([use_dns_extension(c, view.dns_family) for c in _outbound(view)]))
 
 
 def _discovery_type(view: OutboundClusterView) -> int:
@@ -303,7 +256,7 @@ def _outbound(view: OutboundClusterView) -> list[cluster_pb2.Cluster]:
     policy = policy_for_port(rule_policy, port.number)
     _apply_traffic_policy(view, draft, policy, subset="")
     _maybe_eds(draft.cluster)
-    meta = _istio_metadata(draft.cluster)
+    meta = istio_metadata(draft.cluster)
     if service.location is Location.MESH_EXTERNAL:
         meta.update({"external": True})
     if rule is not None:
@@ -337,8 +290,8 @@ def _dynamic(view: OutboundClusterView, rule: MergedDestinationRule | None) -> l
     cache = dfp.dns_cache(dfp.cache_name(service.hostname), max_hosts=view.dns_cache_max_hosts, family=view.dns_family)
     name = names.outbound_cluster(port.number, service.hostname)
     draft = dfp.port_cluster(name, cache, protocol=port.protocol, policy=policy, connect_timeout=view.connect_timeout)
-    meta = _istio_metadata(draft.cluster)
-    meta.update({"services": [_service_metadata(service)], "default_original_port": port.number})
+    meta = istio_metadata(draft.cluster)
+    meta.update({"services": [service_metadata(service)], "default_original_port": port.number})
     if service.location is Location.MESH_EXTERNAL:
         meta.update({"external": True})
     if rule is not None:
@@ -366,7 +319,7 @@ def _subset(
     _apply_traffic_policy(view, draft, policy, subset=subset.name)
     _maybe_eds(draft.cluster)
     _rule_metadata(view.rule_path, draft.cluster, policy)
-    _istio_metadata(draft.cluster).update({"subset": subset.name})
+    istio_metadata(draft.cluster).update({"subset": subset.name})
     return draft.finish()
 
 
@@ -392,7 +345,7 @@ def _outbound_base(
     draft = ClusterDraft(cluster)
     # Inbound sniffing is not generated, so only outbound clusters follow the client's protocol.
     apply_upstream_protocol(draft, port.protocol, sniffed=view.proxy_type is ProxyType.SIDECAR)
-    _istio_metadata(cluster).update({"services": [_service_metadata(service)], "default_original_port": port.number})
+    istio_metadata(cluster).update({"services": [service_metadata(service)], "default_original_port": port.number})
     return draft
 
 
@@ -452,17 +405,8 @@ def _maybe_eds(cluster: cluster_pb2.Cluster) -> None:
     eds.eds_config.resource_api_version = config_source_pb2.V3
 
 
-def _istio_metadata(cluster: cluster_pb2.Cluster) -> struct_pb2.Struct:
-    meta: struct_pb2.Struct = cluster.metadata.filter_metadata[ISTIO_METADATA]
-    return meta
-
-
-def _service_metadata(service: Service) -> dict[str, str]:
-    return {"host": service.hostname, "name": service.hostname, "namespace": service.namespace}
-
-
 def _rule_metadata(rule_path: str, cluster: cluster_pb2.Cluster, policy: Policy | None) -> None:
-    meta = _istio_metadata(cluster)
+    meta = istio_metadata(cluster)
     meta.update({"config": rule_path})
     if policy is not None and originates_tls(policy.tls):
         meta.update({"alpn_override": "false"})
@@ -471,129 +415,6 @@ def _rule_metadata(rule_path: str, cluster: cluster_pb2.Cluster, policy: Policy 
 def _rule_path(scope: ProxyScope, rule: MergedDestinationRule) -> str:
     """Istio's `config` path of the first rule merged into `rule`."""
     return names.config_path(scope.snapshot.configs[rule.sources[0]])
-
-
-# -- inbound -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Target:
-    """A service port of the proxy's workload, and the endpoint port it is served on."""
-
-    service: Service
-    port: ServicePort
-    endpoint_port: int
-
-
-def _targets(view: InboundView) -> dict[int, list[_Target]]:
-    by_port: dict[int, list[_Target]] = {}
-    for instance in view.proxy.value.instances:
-        for number, endpoint_port in sorted(instance.endpoint.ports.items()):
-            port = instance.service.port(number)
-            if port is None or endpoint_port == 0 or port.protocol is Protocol.UDP:
-                continue
-            by_port.setdefault(endpoint_port, []).append(_Target(instance.service, port, endpoint_port))
-    return by_port
-
-
-def _inbound(view: InboundView) -> list[cluster_pb2.Cluster]:
-    sidecar = view.sidecar_config
-    ingress = list(spec(sidecar).ingress) if sidecar is not None else []
-    by_port = _targets(view)
-    out = []
-    # Istio's buildInboundClusters: a Sidecar with ingress listeners declares every inbound
-    # cluster (the services' other ports go to the passthrough cluster, as their listeners do).
-    for endpoint_port in () if ingress else sorted(by_port):
-        targets = by_port[endpoint_port]
-        out.append(_inbound_cluster(view, endpoint_port, (LOCALHOST, endpoint_port), targets[0].port.protocol, targets))
-    for listener in ingress:
-        try:
-            endpoint = _default_endpoint(listener.default_endpoint, view.proxy.value.ip)
-        except ValueError:
-            continue  # validation reports it; Istio skips the listener's cluster too
-        number = listener.port.number
-        protocol = Protocol.parse(listener.port.protocol) if listener.port.protocol else Protocol.TCP
-        out.append(_inbound_cluster(view, number, endpoint, protocol, by_port.get(number, [])))
-    return out
-
-
-def _default_endpoint(text: str, proxy_ip: str) -> tuple[str, int] | None:
-    """A Sidecar ingress `defaultEndpoint` as (address, port): port 0 for a unix socket, None
-    for none (ORIGINAL_DST); ValueError when it does not parse."""
-    if not text:
-        return None
-    if text.startswith("unix://"):
-        return text.removeprefix("unix://"), 0
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not port_text.isdigit():
-        raise ValueError(text)
-    host = host.strip("[]")
-    if host in ("0.0.0.0", "::"):
-        host = proxy_ip
-    return host, int(port_text)
-
-
-def _inbound_cluster(
-    view: InboundView,
-    cluster_port: int,
-    endpoint: tuple[str, int] | None,
-    protocol: Protocol,
-    targets: Sequence[_Target],
-) -> cluster_pb2.Cluster:
-    name = names.inbound_cluster(cluster_port)
-    cluster = _Cluster(name=name)
-    cluster.common_lb_config.SetInParent()
-    if endpoint is None:
-        cluster.type = _Cluster.ORIGINAL_DST
-        cluster.cleanup_interval.seconds = _NEVER_SECONDS
-    else:
-        cluster.type = _Cluster.STATIC
-        cluster.load_assignment.cluster_name = name
-        group = cluster.load_assignment.endpoints.add()
-        group.lb_endpoints.add().endpoint.address.CopyFrom(socket_address(*endpoint))
-    draft = ClusterDraft(cluster)
-    apply_upstream_protocol(draft, protocol)
-    if targets:
-        hosts: dict[str, Service] = {}
-        for t in targets:
-            hosts.setdefault(t.service.hostname, t.service)
-        _istio_metadata(cluster).update({"services": [_service_metadata(s) for s in hosts.values()]})
-    pool = None
-    if targets:
-        found = view.destination_rule(targets[0].service.hostname)
-        rule_policy = traffic_policy(found.rule.value.spec) if found is not None else None
-        if found is not None and rule_policy is not None:
-            policy = policy_for_port(rule_policy, targets[0].port.number)
-            pool = policy.connection_pool if policy is not None else None
-            _istio_metadata(cluster).update({"config": found.path})
-    pool = _sidecar_pool(view, cluster_port) or pool
-    apply_connection_pool(draft, pool, view.mesh.connect_timeout_seconds)
-    if cluster.type == _Cluster.ORIGINAL_DST:
-        cluster.lb_policy = _Cluster.CLUSTER_PROVIDED
-    intercepted = view.proxy.value.interception is not InterceptionMode.NONE
-    if intercepted and endpoint is not None and endpoint[1] != 0 and endpoint[0] not in (LOCALHOST, "::1"):
-        # Traffic to the workload's own address would be captured again without this source.
-        cluster.upstream_bind_config.source_address.address = INBOUND_PASSTHROUGH_BIND
-        cluster.upstream_bind_config.source_address.port_value = 0
-    return draft.finish()
-
-
-def _sidecar_pool(view: InboundView, port: int) -> dr_pb2.ConnectionPoolSettings | None:
-    """The Sidecar's connection pool for an inbound port: the ingress listener's, else the
-    Sidecar-wide `inboundConnectionPool` (Istio's InboundConnectionPoolForPort)."""
-    sidecar = view.sidecar_config
-    if sidecar is None:
-        return None
-    sidecar_spec = spec(sidecar)
-    pool: dr_pb2.ConnectionPoolSettings
-    for listener in sidecar_spec.ingress:
-        if listener.port.number == port and listener.HasField("connection_pool"):
-            pool = listener.connection_pool
-            return pool
-    if sidecar_spec.HasField("inbound_connection_pool"):
-        pool = sidecar_spec.inbound_connection_pool
-        return pool
-    return None
 
 
 # -- always there --------------------------------------------------------------------------
@@ -605,17 +426,3 @@ def _blackhole(timeout: float) -> cluster_pb2.Cluster:
     cluster.type = _Cluster.STATIC
     cluster.connect_timeout.CopyFrom(duration(timeout))
     return cluster
-
-
-def _passthrough(name: str, timeout: float) -> cluster_pb2.Cluster:
-    """ORIGINAL_DST to wherever the client connected, speaking the client's HTTP version."""
-    cluster = _Cluster(name=name)
-    cluster.type = _Cluster.ORIGINAL_DST
-    cluster.lb_policy = _Cluster.CLUSTER_PROVIDED
-    draft = ClusterDraft(cluster)
-    options = draft.http_options()
-    options.common_http_protocol_options.idle_timeout.CopyFrom(duration(_PASSTHROUGH_IDLE_SECONDS))
-    draft.use_downstream_protocol()
-    cluster.connect_timeout.CopyFrom(duration(timeout))
-    cluster.circuit_breakers.thresholds.append(default_thresholds())
-    return draft.finish()

@@ -28,7 +28,8 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
-from meshctl.snapshot.proxy import Proxy, ProxyType
+from meshctl.snapshot.node import ProxyType
+from meshctl.snapshot.proxy import Proxy
 from meshctl.xds import types
 from meshctl.xds.envoyfilter_match import (
     EF,

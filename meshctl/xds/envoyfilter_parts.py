@@ -31,7 +31,8 @@ from types import MappingProxyType
 from google.protobuf.message import Message
 
 from meshctl.config.model import Config
-from meshctl.snapshot.proxy import Proxy, ProxyType
+from meshctl.snapshot.node import ProxyType
+from meshctl.snapshot.proxy import Proxy
 from meshctl.snapshot.wasm_plugins import plugins_key
 from meshctl.xds import types
 from meshctl.xds.envoyfilter import (

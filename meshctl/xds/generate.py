@@ -25,16 +25,14 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf.message import Message
 
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import OutboundProxy, Proxy, ProxyType
+from meshctl.snapshot.node import ProxyType
+from meshctl.snapshot.proxy import OutboundProxy, Proxy
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.access_log import with_access_log
-from meshctl.xds.clusters import (
-    ClusterMemo,
-    build_inbound_clusters,
-    build_outbound_clusters,
-    merge_clusters,
-)
+from meshctl.xds.cluster_common import merge_clusters
+from meshctl.xds.clusters import ClusterMemo, build_outbound_clusters
+from meshctl.xds.clusters_inbound import build_inbound_clusters
 from meshctl.xds.eds_locality import build_variant, eds_localities
 from meshctl.xds.endpoints import assignment_view, build_load_assignment
 from meshctl.xds.envoyfilter import apply_envoy_filters

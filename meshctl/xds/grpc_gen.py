@@ -59,8 +59,9 @@ from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
 from meshctl.config.analysis_grpc import GRPC_RETRY_ON
+from meshctl.snapshot.binding import outbound_of
 from meshctl.snapshot.model import Snapshot
-from meshctl.snapshot.proxy import OutboundProxy, Proxy, outbound_of
+from meshctl.snapshot.proxy import OutboundProxy, Proxy
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.cluster_dns import discovery_type

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from envoy.config.listener.v3 import listener_pb2
 
-from meshctl.snapshot.proxy import ProxyType
+from meshctl.snapshot.node import ProxyType
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds.dns_table import build_dns_listener
 from meshctl.xds.inbound_view import InboundView, inbound_view

@@ -57,9 +57,9 @@ from google.protobuf import wrappers_pb2
 from meshctl.api.networking.v1alpha3 import gateway_pb2
 from meshctl.registry.model import Protocol
 from meshctl.security.peer_authentication import MtlsMode
+from meshctl.snapshot.binding import binds_to_port
 from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import spec
-from meshctl.snapshot.proxy import binds_to_port
 from meshctl.xds import listener_filters as lf
 from meshctl.xds import mesh_tls
 from meshctl.xds.inbound_match import ChainProtocol, match_options, own_tls_options

@@ -33,7 +33,7 @@ from meshctl.config.model import Config
 from meshctl.registry.model import Protocol, Service
 from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import spec
-from meshctl.snapshot.proxy import ProxyType
+from meshctl.snapshot.node import ProxyType
 from meshctl.snapshot.scope import MESH_GATEWAY, ProxyScope, parse_egress_hosts
 from meshctl.xds import dynamic_forward as dfp
 from meshctl.xds import route_policy as policy

@@ -43,7 +43,8 @@ from google.protobuf.message import Message
 from meshctl.api.extensions.v1alpha1 import wasm_pb2 as istio_wasm_pb2
 from meshctl.config.model import Config, ConfigKey
 from meshctl.snapshot.model import spec
-from meshctl.snapshot.proxy import Proxy, ProxyType
+from meshctl.snapshot.node import ProxyType
+from meshctl.snapshot.proxy import Proxy
 from meshctl.xds import types
 from meshctl.xds.listener_filters import HCM, typed
 from meshctl.xds.listener_walk import filter_chains
