@@ -113,14 +113,14 @@ def test_a_change_reaches_a_connected_fleet_without_waiting_for_room(tmp_path: P
                 await client.start()
             try:
                 for client in clients:
-                    await client.wait_for(lambda c: _services(c) == 600, timeout=60)
+                    await client.wait_for(lambda c: c.complete() and _services(c) == 600, timeout=60)
                 connects_waited = budget.waited
                 assert connects_waited > 0, "no connect waited: the budget was not in the way"
                 # One more service: every proxy is pushed its whole cluster set again, twelve
                 # responses larger than the bound on first responses, and none waits for room.
                 big_mesh(tmp_path, services=601)
                 for client in clients:
-                    await client.wait_for(lambda c: _services(c) == 601, timeout=60)
+                    await client.wait_for(lambda c: c.complete() and _services(c) == 601, timeout=60)
             finally:
                 for client in clients:
                     await client.close()
