@@ -103,7 +103,7 @@ class Stream:
     #: While the serving task writes: the reader ending then cancels the write.
     writing: bool = False
     #: Type URLs a response of which was written: later ones are changes (`write_budget`).
-    holds: set[str] = field(default_factory=set)
+    written_types: set[str] = field(default_factory=set)
 
 
 class PushObserver:
@@ -428,7 +428,7 @@ class AdsServicer:
         for push in pushes:
             # Room is taken before encoding (the encoded bytes are what the budget bounds): the
             # resources, plus a little for the envelope.
-            first = push.type_url not in stream.holds
+            first = push.type_url not in stream.written_types
             size = self._blocks.size(push.resources) + 256
             hold = await budget.take(size, first=first) if budget is not None else None
             try:
@@ -438,7 +438,7 @@ class AdsServicer:
                 # would be lost to the history and the rollout.
                 self._observer.pushed(stream, push, len(data))
                 await context.write(data)
-                stream.holds.add(push.type_url)
+                stream.written_types.add(push.type_url)
             finally:
                 if budget is not None and hold is not None:
                     budget.give_back(hold)
