@@ -106,6 +106,8 @@ class Phase:
     busy_s: float = 0.0
     #: the server's peak RSS (VmHWM) when the phase ended: a phase that grew it made the peak
     peak_rss_mb: float = 0.0
+    #: CPU seconds of the load clients meanwhile: they share the machine with the server
+    clients_cpu_s: float = 0.0
 
 
 @dataclass
@@ -197,6 +199,10 @@ class Workers:
             self.conns.append(parent)
             self.procs.append(proc)
         self.gather("ready", timeout=120)
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(proc.pid for proc in self.procs)
 
     def send(self, *command: Any) -> None:
         for conn in self.conns:
@@ -420,6 +426,7 @@ def measure(target: Target, fleet: Fleet, options: Options) -> Run:
             workers.send("arm", change.check, sorted(change.affected))
             workers.gather("armed", 60)
             cpu = proc_cpu_seconds(target.pids)
+            clients_cpu = proc_cpu_seconds(workers.pids)
             t0, wall = time.monotonic(), time.time()
             target.change(index, step)
             result = workers.collect(options.timeout_s)
@@ -432,10 +439,12 @@ def measure(target: Target, fleet: Fleet, options: Options) -> Run:
             phase.server_cpu_s = proc_cpu_seconds(target.pids) - cpu
             phase.busy_s = max(0.0, busy_until - t0)
             _, phase.peak_rss_mb = proc_memory_mb(target.pids)
+            phase.clients_cpu_s = proc_cpu_seconds(workers.pids) - clients_cpu
             run.phases.append(phase)
             log(
                 f"{target.name}: {change.name} at {_clock(wall)}: {len(change.affected):,} affected, "
-                f"p99 {stats.p99:.3f}s, server busy {phase.busy_s:.1f}s, peak RSS {phase.peak_rss_mb:.0f} MB"
+                f"p99 {stats.p99:.3f}s, server busy {phase.busy_s:.1f}s (CPU {phase.server_cpu_s:.1f}s, "
+                f"load clients' {phase.clients_cpu_s:.1f}s), peak RSS {phase.peak_rss_mb:.0f} MB"
             )
             run.nacks = result["nacks"]
         _, run.peak_rss_mb = proc_memory_mb(target.pids)
@@ -578,6 +587,7 @@ def _phase(p: Phase) -> dict[str, Any]:
         "others_pushed": p.others_pushed,
         "server_busy_s": _r(p.busy_s, 1),
         "peak_rss_mb": _r(p.peak_rss_mb, 1),
+        "clients_cpu_s": _r(p.clients_cpu_s, 1),
         "server_cpu_s": _r(p.server_cpu_s, 2),
     }
 
