@@ -124,7 +124,7 @@ class WriteBudget:
         kind, changes before first responses) until there is. `first`: a stream's first
         response of its type (a connect), else a change pushed to a stream that holds config."""
         queue = self._firsts if first else self._changes
-        if not queue and (first is False or not self._changes) and self._fits(size, first):
+        if not queue and (not first or not self._changes) and self._fits(size, first):
             return self._grant(size)
         loop = asyncio.get_running_loop()
         since = loop.time()
