@@ -40,6 +40,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import platform
+import shlex
 import signal
 import subprocess
 import sys
@@ -103,6 +104,10 @@ class Phase:
     server_cpu_s: float = 0.0
     #: from the change until the server went idle (all proxies done, affected or not)
     busy_s: float = 0.0
+    #: the server's peak RSS (VmHWM) when the phase ended: a phase that grew it made the peak
+    peak_rss_mb: float = 0.0
+    #: CPU seconds of the load clients meanwhile: they share the machine with the server
+    clients_cpu_s: float = 0.0
 
 
 @dataclass
@@ -116,6 +121,8 @@ class Run:
     rss_before_mb: float = 0.0
     rss_mb: float = 0.0
     peak_rss_mb: float = 0.0
+    #: the peak (VmHWM) once every proxy was complete: what the connect storm reached
+    connect_peak_rss_mb: float = 0.0
     idle_cpu_s: float = 0.0
     idle_s: float = 0.0
     cold_cpu_s: float = 0.0
@@ -192,6 +199,10 @@ class Workers:
             self.conns.append(parent)
             self.procs.append(proc)
         self.gather("ready", timeout=120)
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(proc.pid for proc in self.procs)
 
     def send(self, *command: Any) -> None:
         for conn in self.conns:
@@ -277,7 +288,7 @@ class Meshctl(Target):
             [fleet.root],
             consul=consul.address if consul is not None else None,
             debounce=options.debounce,
-            extra_args=FLEET_FROM_ONE_ADDRESS,
+            extra_args=FLEET_FROM_ONE_ADDRESS + options.serve_args,
         )
 
     def start(self) -> None:
@@ -375,6 +386,8 @@ class Options:
     profile: Path | None = None
     #: The proxies are proxyless gRPC clients (`bench/grpc_fleet.py`), measured without the floor.
     grpc: bool = False
+    #: More `meshctl serve` options, as given (e.g. `--max-write-buffer-mb 256`).
+    serve_args: tuple[str, ...] = ()
 
 
 def log(message: str) -> None:
@@ -401,7 +414,8 @@ def measure(target: Target, fleet: Fleet, options: Options) -> Run:
         log(f"{target.name}: every proxy complete after {run.cold_start_s:.1f}s")
         wait_idle(target.pids, options.timeout_s)
         run.cold_cpu_s = proc_cpu_seconds(target.pids) - cpu
-        run.rss_mb, _ = proc_memory_mb(target.pids)
+        run.rss_mb, run.connect_peak_rss_mb = proc_memory_mb(target.pids)
+        log(f"{target.name}: RSS {run.rss_mb:.0f} MB with every proxy, peak {run.connect_peak_rss_mb:.0f} MB")
 
         cpu = proc_cpu_seconds(target.pids)
         time.sleep(options.idle_s)
@@ -412,6 +426,7 @@ def measure(target: Target, fleet: Fleet, options: Options) -> Run:
             workers.send("arm", change.check, sorted(change.affected))
             workers.gather("armed", 60)
             cpu = proc_cpu_seconds(target.pids)
+            clients_cpu = proc_cpu_seconds(workers.pids)
             t0, wall = time.monotonic(), time.time()
             target.change(index, step)
             result = workers.collect(options.timeout_s)
@@ -423,10 +438,13 @@ def measure(target: Target, fleet: Fleet, options: Options) -> Run:
             phase = Phase(change.name, stats, sum(1 for n in others.values() if n), len(others))
             phase.server_cpu_s = proc_cpu_seconds(target.pids) - cpu
             phase.busy_s = max(0.0, busy_until - t0)
+            _, phase.peak_rss_mb = proc_memory_mb(target.pids)
+            phase.clients_cpu_s = proc_cpu_seconds(workers.pids) - clients_cpu
             run.phases.append(phase)
             log(
                 f"{target.name}: {change.name} at {_clock(wall)}: {len(change.affected):,} affected, "
-                f"p99 {stats.p99:.3f}s, server busy {phase.busy_s:.1f}s"
+                f"p99 {stats.p99:.3f}s, server busy {phase.busy_s:.1f}s (CPU {phase.server_cpu_s:.1f}s, "
+                f"load clients' {phase.clients_cpu_s:.1f}s), peak RSS {phase.peak_rss_mb:.0f} MB"
             )
             run.nacks = result["nacks"]
         _, run.peak_rss_mb = proc_memory_mb(target.pids)
@@ -522,6 +540,7 @@ def summarize(outcome: Outcome) -> dict[str, Any]:
         "rss_before_proxies_mb": _r(mesh.rss_before_mb, 1),
         "rss_per_proxy_kb": _r((mesh.rss_mb - mesh.rss_before_mb) * 1024 / proxies, 1),
         "peak_rss_mb": _r(mesh.peak_rss_mb, 1),
+        "connect_peak_rss_mb": _r(mesh.connect_peak_rss_mb, 1),
         "idle_cpu_percent": _r(100 * mesh.idle_cpu_s / mesh.idle_s, 2) if mesh.idle_s else None,
         "cold_start_cpu_s": _r(mesh.cold_cpu_s, 2),
         "phases": {p.name: _phase(p) for p in mesh.phases},
@@ -567,6 +586,8 @@ def _phase(p: Phase) -> dict[str, Any]:
         "missing": p.stats.missing,
         "others_pushed": p.others_pushed,
         "server_busy_s": _r(p.busy_s, 1),
+        "peak_rss_mb": _r(p.peak_rss_mb, 1),
+        "clients_cpu_s": _r(p.clients_cpu_s, 1),
         "server_cpu_s": _r(p.server_cpu_s, 2),
     }
 
@@ -715,6 +736,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, O
         type=parse_int_list,
         help="e.g. 1000,5000,10000: runs and a plot (docs/convergence-services.svg)",
     )
+    parser.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="more `meshctl serve` options, e.g. --serve-arg='--max-write-buffer-mb 256' (repeatable)",
+    )
     parser.add_argument("--server-log", type=Path, help="keep meshctl's log here")
     parser.add_argument("--profile", type=Path, help="py-spy the server into this file (collapsed stacks)")
     parser.add_argument("--svg", type=Path, default=DEFAULT_SVG)
@@ -744,6 +772,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, O
         server_log=args.server_log,
         profile=args.profile,
         grpc=args.grpc,
+        serve_args=tuple(arg for option in args.serve_arg for arg in shlex.split(option)),
     )
     return args, options
 

@@ -12,7 +12,7 @@ import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 from test_ads_client_leaves import METHOD, big_mesh
 
-from meshctl.server.write_budget import WriteBudget
+from meshctl.server.write_budget import CHANGE_FACTOR, WriteBudget
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.server import run, serving
 from meshctl.xds import types
@@ -66,6 +66,68 @@ def test_a_write_stops_counting_after_the_linger_and_a_cancelled_waiter_gives_it
         assert budget.held == 0
 
     asyncio.run(test())
+
+
+def test_a_change_waits_only_for_changes_and_goes_before_first_responses() -> None:
+    async def test() -> None:
+        budget = WriteBudget(limit=100, linger=60, change_limit=400)
+        connect = await budget.take(90)
+        # A first response waits beyond 100 bytes; a change's push only beyond 400.
+        late_connect = asyncio.create_task(budget.take(50))
+        change = await asyncio.wait_for(budget.take(200, first=False), 1)
+        await asyncio.sleep(0.02)
+        assert not late_connect.done() and budget.held == 290
+        # Full for changes too: when room comes, the waiting change goes before the connect.
+        big_change = await budget.take(110, first=False)
+        order: list[str] = []
+        waiting_change = asyncio.create_task(budget.take(10, first=False))
+        waiting_change.add_done_callback(lambda _: order.append("change"))
+        late_connect.add_done_callback(lambda _: order.append("connect"))
+        await asyncio.sleep(0.02)
+        assert order == []
+        for hold in (connect, change, big_change):
+            budget.give_back(hold)
+        await asyncio.wait_for(asyncio.gather(late_connect, waiting_change), 1)
+        assert order == ["change", "connect"]
+        assert budget.first_waits.count == 1 and budget.change_waits.count == 1
+        budget.give_back(late_connect.result())
+        budget.give_back(waiting_change.result())
+        assert budget.held == 0
+
+    asyncio.run(test())
+
+
+@pytest.mark.slow
+def test_a_change_reaches_a_connected_fleet_without_waiting_for_room(tmp_path: Path) -> None:
+    mesh = big_mesh(tmp_path, services=600)
+
+    async def test() -> None:
+        async with serving(mesh) as server:
+            # Room for about one first-cluster response among twelve proxies: their connects wait.
+            budget = server.ads.write_budget = WriteBudget(limit=600_000, linger=30)
+            address = f"127.0.0.1:{server.xds_port}"
+            clients = [
+                AdsClient(address, f"sidecar~10.40.2.{i}~client-{i}.shop~shop.svc.cluster.local") for i in range(12)
+            ]
+            for client in clients:
+                await client.start()
+            try:
+                for client in clients:
+                    await client.wait_for(lambda c: c.complete() and _services(c) == 600, timeout=60)
+                connects_waited = budget.waited
+                assert connects_waited > 0, "no connect waited: the budget was not in the way"
+                # One more service: every proxy is pushed its whole cluster set again, twelve
+                # responses larger than the bound on first responses, and none waits for room.
+                big_mesh(tmp_path, services=601)
+                for client in clients:
+                    await client.wait_for(lambda c: c.complete() and _services(c) == 601, timeout=60)
+            finally:
+                for client in clients:
+                    await client.close()
+            assert budget.waited == connects_waited, "the change's pushes waited for room"
+            assert budget.lingered == 0
+
+    run(test, timeout=120)
 
 
 @pytest.mark.slow
@@ -139,6 +201,8 @@ def test_the_bound_is_the_serve_setting_and_zero_turns_it_off(tmp_path: Path) ->
             ) as c:
                 await c.wait_for(lambda c: _services(c) == 3, timeout=30)
         async with serving(mesh, max_write_bytes=5_000_000) as server:
-            assert server.ads.write_budget is not None and server.ads.write_budget.limit == 5_000_000
+            budget = server.ads.write_budget
+            assert budget is not None and budget.limit == 5_000_000
+            assert budget.change_limit == 5_000_000 * CHANGE_FACTOR
 
     run(test, timeout=90)

@@ -256,9 +256,10 @@ def serve(
             envvar="MESHCTL_MAX_WRITE_BUFFER_MB",
             metavar="MB",
             min=0,
-            help="Response bytes handed to gRPC at once, in MB: a fleet connecting together waits its turn "
-            "instead of holding every first response in memory; a write still going after 2s stops counting, "
-            "so a proxy that stops reading holds no one up; 0 for no bound.",
+            help="First responses (a proxy connecting) handed to gRPC at once, in MB: a fleet connecting "
+            "together waits its turn instead of holding every first response in memory; a change's pushes to "
+            "connected proxies are bounded at 8 times this; a write still going after 2s stops counting, so a "
+            "proxy that stops reading holds no one up; 0 for no bound.",
         ),
     ] = 128,
     max_names_per_stream: Annotated[

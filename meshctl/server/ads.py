@@ -103,6 +103,8 @@ class Stream:
     ending: Ending | None = None
     #: While the serving task writes: the reader ending then cancels the write.
     writing: bool = False
+    #: Type URLs a response of which was written: later ones are changes (`write_budget`).
+    written_types: set[str] = field(default_factory=set)
 
 
 class PushObserver:
@@ -427,7 +429,9 @@ class AdsServicer:
         for push in pushes:
             # Room is taken before encoding (the encoded bytes are what the budget bounds): the
             # resources, plus a little for the envelope.
-            hold = await budget.take(self._blocks.size(push.resources) + 256) if budget is not None else None
+            first = push.type_url not in stream.written_types
+            size = self._blocks.size(push.resources) + 256
+            hold = await budget.take(size, first=first) if budget is not None else None
             try:
                 data = encode_delta(push) if conn.delta else encode_sotw(push, blocks=self._blocks)
                 # Said before the write: the stream's reader can take Envoy's ACK of it (on this
@@ -435,6 +439,7 @@ class AdsServicer:
                 # would be lost to the history and the rollout.
                 self._observer.pushed(stream, push, len(data))
                 await context.write(data)
+                stream.written_types.add(push.type_url)
             finally:
                 if budget is not None and hold is not None:
                     budget.give_back(hold)
