@@ -25,6 +25,7 @@ from meshctl.registry.model import (
     TrafficDistribution,
     patched_hosts,
 )
+from meshctl.snapshot.entries import EntriesByAddress
 from meshctl.snapshot.loopback import allocate_services, wants_loopback
 
 T = TypeVar("T")
@@ -103,59 +104,6 @@ def _short_names_updated(
     return out
 
 
-class _EntriesByAddress:
-    """WorkloadEntries by (namespace, address), the first by name of each (how a proxy without a
-    name is bound), updatable for a few changed entries without reading the others' specs again
-    (they are kept packed: each read parses)."""
-
-    __slots__ = ("first", "groups", "where")
-
-    def __init__(
-        self,
-        groups: dict[tuple[str, str], list[Config]],
-        where: dict[ConfigKey, tuple[str, str]],
-    ) -> None:
-        #: (namespace, address) -> entries, by key; key -> (namespace, address)
-        self.groups, self.where = groups, where
-        self.first: dict[tuple[str, str], Config] = {at: group[0] for at, group in groups.items()}
-
-    @classmethod
-    def of(cls, entries: Iterable[Config]) -> _EntriesByAddress:
-        groups: dict[tuple[str, str], list[Config]] = {}
-        where: dict[ConfigKey, tuple[str, str]] = {}
-        for entry in entries:  # in key order: each group is sorted
-            at = (entry.namespace, _spec(entry).address)
-            groups.setdefault(at, []).append(entry)
-            where[entry.key] = at
-        return cls(groups, where)
-
-    def updated(self, keys: Iterable[ConfigKey], now: Mapping[ConfigKey, Config]) -> _EntriesByAddress:
-        """A copy with the entries of `keys` as `now` has them (absent: deleted)."""
-        groups, where = dict(self.groups), dict(self.where)
-        touched: set[tuple[str, str]] = set()
-        for key in keys:
-            at = where.pop(key, None)
-            if at is not None:
-                groups[at] = [c for c in groups[at] if c.key != key]
-                touched.add(at)
-            entry = now.get(key)
-            if entry is not None:
-                at = (entry.namespace, _spec(entry).address)
-                groups[at] = sorted([*groups.get(at, ()), entry], key=lambda c: c.key)
-                where[key] = at
-                touched.add(at)
-        out = _EntriesByAddress.__new__(_EntriesByAddress)
-        out.groups, out.where = groups, where
-        out.first = dict(self.first)
-        for at in touched:
-            if groups.get(at):
-                out.first[at] = groups[at][0]
-            else:
-                groups.pop(at, None)
-                out.first.pop(at, None)
-        return out
-
-
 class SnapshotIndex:
     """Host resolution and DestinationRule/VirtualService lookups for one snapshot."""
 
@@ -193,12 +141,12 @@ class SnapshotIndex:
             return previous is not None and all(previous._by_kind.get(k) is by_kind.get(k) for k in kinds)
 
         if previous is not None and same("WorkloadEntry"):
-            self._entries: _EntriesByAddress = previous._entries
+            self._entries: EntriesByAddress = previous._entries
         elif previous is not None and changed is not None:
             entries = {c.key: c for c in by_kind.get("WorkloadEntry", ()) if c.key in changed}
             self._entries = previous._entries.updated({k for k in changed if k.kind == "WorkloadEntry"}, entries)
         else:
-            self._entries = _EntriesByAddress.of(by_kind.get("WorkloadEntry", ()))
+            self._entries = EntriesByAddress.of(by_kind.get("WorkloadEntry", ()))
         #: (short name, namespace) -> the hosts it stands for
         self._short: dict[tuple[str, str], list[str]]
         #: the short names the rules' hosts were resolved through: what `_index_rules` read of `_short`
