@@ -229,14 +229,17 @@ class SnapshotIndex:
                 self._routes_before = previous._routes_before
         #: After a change of the services (the same mesh): the services before by host, and the
         #: scopes' services there, so a scope tests only the new or changed ones (`scoped_services`)
-        self._services_before: tuple[Mapping[str, Service], dict[Hashable, tuple[Service, ...]]] | None = None
+        self._services_before: tuple[ServiceModel, dict[Hashable, tuple[Service, ...]]] | None = None
         if previous is not None and previous._mesh == mesh:
             seen = {k[1]: v for k, v in previous._scoped.items() if k[0] == "services"}
             # No scope asked there (its config was generated already): the answers before it.
-            self._services_before = (previous._services.services, seen) if seen else previous._services_before
+            self._services_before = (previous._services, seen) if seen else previous._services_before
         #: VirtualServices and services scopes tested for visibility (`scoped_virtual_services`,
         #: `scoped_services`): for the tests
         self.visibility_tests = 0
+        #: hostnames `scoped_services` went through: the mesh's on a pass, the changed ones after
+        #: a patch of the model (for the tests)
+        self.hosts_walked = 0
 
     @staticmethod
     def _hosts_moved(previous: SnapshotIndex | None, services: ServiceModel) -> set[str] | None:
@@ -303,12 +306,24 @@ class SnapshotIndex:
             return found
         model = self._services.services
         before = self._services_before[1].get(key) if self._services_before is not None else None
+        touched = patched_hosts(self._services_before[0], self._services) if self._services_before else None
         if before is None or self._services_before is None:
             self.visibility_tests += len(model)
+            self.hosts_walked += len(model)
             found = tuple(svc for host in sorted(model) if visible(svc := model[host]))
+        elif touched is not None:
+            # A model patched from that one (`patched_hosts`): every other host's service is the
+            # object it was, so the answer before stands but for the hosts the patches touched.
+            fresh = [model[host] for host in sorted(touched) if host in model]
+            self.hosts_walked += len(touched)
+            self.visibility_tests += len(fresh)
+            shown = [svc for svc in fresh if visible(svc)]
+            kept = [svc for svc in before if svc.hostname not in touched]
+            found = tuple(sorted([*kept, *shown], key=_hostname)) if shown else tuple(kept)
         else:
-            was = self._services_before[0]
+            was = self._services_before[0].services
             seen = {svc.hostname for svc in before}
+            self.hosts_walked += len(model)
             out = []
             for host in sorted(model):
                 svc = model[host]
@@ -570,3 +585,7 @@ class SnapshotIndex:
             else:
                 by_address.pop(address, None)
         return by_address
+
+
+def _hostname(service: Service) -> str:
+    return service.hostname
