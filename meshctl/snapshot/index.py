@@ -217,6 +217,16 @@ class SnapshotIndex:
                 or (k[0] == "virtual_services" and same_routes)
                 or (k[0] == "destination_rules" and same_rules)
             }
+            touched = patched_hosts(previous._services, services) if not same_services else None
+            if same("DestinationRule") and self._dr_exact is previous._dr_exact and touched is not None:
+                # A model patched from that one, the rules' index the same: a host's rule reads
+                # its own service (its namespace) beside them, so every other host's stands.
+                for k, v in previous._scoped.items():
+                    if k[0] == "destination_rules":
+                        rules = dict(v)
+                        for host in touched:
+                            rules.pop(host, None)
+                        self._scoped[k] = rules
         #: After a change of VirtualServices alone (the same services, the same mesh): each
         #: VirtualService of the snapshot before by key, and the scopes' VirtualServices there,
         #: so a scope looks again at the changed ones only (`scoped_virtual_services`)
