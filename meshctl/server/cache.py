@@ -238,6 +238,12 @@ class ResourceCache:
         """VirtualService translations run and reused (`RouteMemo`), for the tests and benchmarks."""
         return self._memos.routes.made, self._memos.routes.reused
 
+    def route_plans(self) -> tuple[int, int]:
+        """Route configurations' domain plans made whole and updated from the one before
+        (`route_plan`), for the tests and benchmarks."""
+        plans = self._memos.routes.virtual_hosts
+        return plans.plans_made, plans.plans_updated
+
     @property
     def generations(self) -> int:
         """Outbound and inbound parts generated."""
