@@ -150,3 +150,30 @@ def test_services_patched_into_the_model_are_all_a_scope_looks_at_and_it_agrees_
             assert [s.hostname for s in scope.services] == [s.hostname for s in _scopes(full)[ns].services]
         assert nxt.index.hosts_walked == 3 * (1 if step == 0 else 2)
         previous = nxt
+
+
+def test_the_rules_hosts_were_found_to_have_stand_after_a_patch_that_did_not_touch_them() -> None:
+    """Which DestinationRule applies to a host reads the rules and that host's service: after
+    a patch of the model, a scope finds the other hosts' answers from before (and the patched
+    host's anew), the same as a full build's."""
+    from meshctl.registry.model import patch_model
+
+    rule = (
+        "kind: DestinationRule\napiVersion: networking.istio.io/v1\nmetadata: {name: all, namespace: ns2}\n"
+        "spec: {host: '*.ns2.mesh', trafficPolicy: {loadBalancer: {simple: RANDOM}}}\n"
+    )
+    text = _mesh(5) + "---\n" + rule
+    first = _build(text)
+    hosts = ("s1.ns1.mesh", "s1.ns2.mesh", "s2.ns2.mesh")
+    for host in hosts:
+        _scopes(first)["ns1"].destination_rule(host)
+    s2 = first.services.services["s2.ns2.mesh"]
+    model = patch_model(first.services, {"s2.ns2.mesh": replace(s2, namespace="ns3")}, {})
+    configs = [c for kind in first.by_kind.values() for c in kind]
+    nxt = build_snapshot(configs, model, previous=first, changed=set())
+    scope = _scopes(nxt)["ns1"]
+    found = nxt.index.scoped("destination_rules", (scope.proxy.namespace, scope.proxy.label_pairs), dict)
+    assert set(found) == {"s1.ns1.mesh", "s1.ns2.mesh"}  # carried; the patched host asked anew
+    full = _scopes(build_snapshot(configs, model))["ns1"]
+    for host in hosts:
+        assert scope.destination_rule(host) == full.destination_rule(host), host
