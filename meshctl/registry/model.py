@@ -438,11 +438,14 @@ def patch_model(
             eps.pop(host, None)
     if reorder:
         # Hostname order, as `make_model` gives it: the few hosts added put in their places.
-        order = [host for host in model.services if host in by_host]
+        # (Copied with C-level iteration: this runs on every edit that adds a host, over the mesh.)
+        gone = len(model.services) + len(added) != len(by_host)
+        order = list(filter(by_host.__contains__, model.services)) if gone else list(model.services)
         for host in added:
             bisect.insort(order, host)
-        by_host = {host: by_host[host] for host in order}
-        eps = {host: eps[host] for host in order if host in eps}
+        by_host = dict(zip(order, map(by_host.__getitem__, order), strict=True))
+        with_endpoints = list(filter(eps.__contains__, order))
+        eps = dict(zip(with_endpoints, map(eps.__getitem__, with_endpoints), strict=True))
     old_services, old_endpoints = model.services, model.endpoints
     touched = frozenset(
         host
