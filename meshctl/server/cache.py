@@ -57,6 +57,7 @@ from meshctl.server.cache_parts import (
     Recent,
     changed_inputs,
 )
+from meshctl.server.cache_patches import Patches
 from meshctl.server.grpc_view import GrpcAssignments, grpc_config, grpc_inbound_listeners
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import (
@@ -72,16 +73,6 @@ from meshctl.snapshot.proxy import (
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.eds_locality import eds_localities
-from meshctl.xds.envoyfilter_parts import (
-    FilterId,
-    PatchPlan,
-    added,
-    finish_part,
-    part_key,
-    patch_plan,
-    unmatched_filters,
-)
-from meshctl.xds.envoyfilter_report import UnmatchedFilters
 from meshctl.xds.generate import (
     INBOUND_KINDS,
     Assembled,
@@ -91,8 +82,7 @@ from meshctl.xds.generate import (
 from meshctl.xds.grpc_gen import grpc_outbound
 from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.memo import GenerationMemo
-from meshctl.xds.names import eds_cluster_names
-from meshctl.xds.resources import Resource, ResourceSet, to_resource
+from meshctl.xds.resources import Resource, ResourceSet
 
 logger = logging.getLogger("meshctl.server.cache")
 
@@ -183,11 +173,6 @@ class ResourceCache:
         #: the very same; both forgotten with the key's last good view
         self._inbound_held: dict[tuple[object, ...], tuple[str, InboundView, Part]] = {}
         self._joined: dict[tuple[object, ...], tuple[Part, Part, Part]] = {}
-        #: finished parts (EnvoyFilters, WasmPlugins) by the ids of their unpatched sets (held by
-        #: the entry) and `part_key`, with the filters that change something in them
-        self._patches: GenerationMemo[tuple[object, ...], tuple[tuple[ResourceSet, ...], Part, frozenset[FilterId]]] = (
-            GenerationMemo()
-        )
         #: gRPC server listeners by `InboundView`, as the Envoy inbound parts
         self._grpc_inbound: GenerationMemo[InboundView, ResourceSet] = GenerationMemo()
         #: gRPC assignment sets by the id of the Envoy set they are made from (held by the entry),
@@ -212,9 +197,6 @@ class ResourceCache:
         #: Counters for /metrics and the benchmarks: how often work was done vs. shared.
         self._generations = 0  # inbound parts and gRPC configs (outbound ones: `self._outbound`)
         self.inbound_views = 0  # inbound views made (one per key and version of `INBOUND_KINDS`)
-        #: parts EnvoyFilters and WasmPlugins were applied to, and the resources they decoded
-        self.patched_parts = 0
-        self.patched_resources = 0
         #: Proxy views whose generation failed (each kept its last good config, or had none).
         self.generation_failures = 0
         #: the last good view per generation key, for a proxy whose generation fails
@@ -231,8 +213,8 @@ class ResourceCache:
         #: assignments made from the shared ones (`grpc_view`)
         self._grpc_config: Recent[OutboundProxy, Part] = Recent(keep_versions)
         self._grpc_assignments = GrpcAssignments()
-        #: EnvoyFilters said to match nothing, once per filter and kind of proxy
-        self._unmatched = UnmatchedFilters()
+        #: EnvoyFilters and WasmPlugins applied to parts (`cache_patches`)
+        self._patcher = Patches(self._lock, self._set, self._join)
 
     def route_translations(self) -> tuple[int, int]:
         """VirtualService translations run and reused (`RouteMemo`), for the tests and benchmarks."""
@@ -243,6 +225,16 @@ class ResourceCache:
         (`route_plan`), for the tests and benchmarks."""
         plans = self._memos.routes.virtual_hosts
         return plans.plans_made, plans.plans_updated
+
+    @property
+    def patched_parts(self) -> int:
+        """Parts EnvoyFilters and WasmPlugins were applied to."""
+        return self._patcher.parts
+
+    @property
+    def patched_resources(self) -> int:
+        """Resources decoded to apply them."""
+        return self._patcher.resources
 
     @property
     def generations(self) -> int:
@@ -495,57 +487,12 @@ class ResourceCache:
         lock held."""
         if self._memo_version != snapshot.config_version:
             self._memo_version = snapshot.config_version
-            for memo in (self._memos, self._inbound_parts, self._joins, self._patches, self._grpc_inbound):
+            for memo in (self._memos, self._inbound_parts, self._joins, self._patcher, self._grpc_inbound):
                 memo.advance()
 
     def _patched(self, outbound: Part, inbound: Part, joined: Part, proxy: Proxy) -> Part:
-        """The joined config with the proxy's WasmPlugins and EnvoyFilters applied: each part
-        finished once per its sets and the plan's key (`envoyfilter_parts`), so the proxies
-        that share an outbound part share its patching, then the ADDs on the joined names. Where
-        the parts cannot be finished apart (a patch renames, or the parts share a name), the
-        joined config is one part."""
-        plan = patch_plan(proxy)
-        if plan is None:
-            return joined
-        split = plan.splits and all(
-            len(joined.by_type[t]) == len(outbound.by_type[t]) + len(inbound.by_type[t]) for t in _CONFIG_TYPES
-        )
-        if split:
-            (out, out_changed), (into, in_changed) = self._finished(outbound, plan), self._finished(inbound, plan)
-            by_type = {t: self._join(t, out.by_type[t], into.by_type[t]) for t in _CONFIG_TYPES}
-            eds = set(out.eds_names) | set(into.eds_names)
-            changed = out_changed | in_changed
-        else:
-            whole, changed = self._finished(joined, plan)
-            by_type, eds = dict(whole.by_type), set(whole.eds_names)
-        for t, messages in added(plan, by_type).items():
-            by_type[t] = self._set(t, [*by_type[t].ordered, *(to_resource(m, t) for m in messages)])
-            if t == types.CLUSTER:
-                eds.update(eds_cluster_names(messages))
-        if plan.filters:
-            names_before = {t: joined.by_type[t].keys() for t in _CONFIG_TYPES}
-            unmatched = unmatched_filters(plan, changed, names_before, self._unmatched.said(proxy))
-            for message in self._unmatched.say(unmatched, proxy):
-                logger.warning("%s", message)
-        return Part(MappingProxyType(by_type), tuple(sorted(eds)))
-
-    def _finished(self, part: Part, plan: PatchPlan) -> tuple[Part, frozenset[FilterId]]:
-        """`part` finished (`finish_part`), once per its sets and `part_key`; and the filters
-        that change something in it."""
-        sets = tuple(part.by_type[t] for t in _CONFIG_TYPES)
-
-        def finish(_key: object) -> tuple[tuple[ResourceSet, ...], Part, frozenset[FilterId]]:
-            done = finish_part({t: part.by_type[t].ordered for t in _CONFIG_TYPES}, part.eds_names, plan)
-            with self._lock:
-                self.patched_parts += 1
-                self.patched_resources += done.decoded
-            by_type = dict(zip(_CONFIG_TYPES, sets, strict=True))
-            by_type |= {t: self._set(t, made) for t, made in done.by_type.items()}
-            return sets, Part(MappingProxyType(by_type), done.eds_names), done.changed_by
-
-        key = (tuple(id(s) for s in sets), part_key(plan, part.by_type[types.CLUSTER]))
-        _, finished, changed = self._patches.get(key, finish)
-        return finished, changed
+        """The joined config with the proxy's WasmPlugins and EnvoyFilters applied (`cache_patches`)."""
+        return self._patcher.patched(outbound, inbound, joined, proxy)
 
     def _outbound_for(self, snapshot: Snapshot, proxy: Proxy) -> Part:
         """The outbound part for the proxy (`cache_outbound.OutboundParts`)."""
