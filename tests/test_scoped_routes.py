@@ -3,6 +3,8 @@ scope sees what it would see in a snapshot built from nothing."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from meshctl.registry.serviceentry import build_file_model
 from meshctl.snapshot.model import build_snapshot
 from meshctl.snapshot.scope import ProxyScope
@@ -115,3 +117,63 @@ def test_a_service_change_tests_only_the_changed_services_and_agrees_with_a_full
     for ns, scope in _scopes(nxt).items():
         assert [s.hostname for s in scope.services] == [s.hostname for s in _scopes(full)[ns].services]
     assert nxt.index.visibility_tests == 3
+
+
+def test_services_patched_into_the_model_are_all_a_scope_looks_at_and_it_agrees_with_a_full_build() -> None:
+    """The file registry patches its model for an edit (`patch_model`): a scope's services are
+    then its answer before with the hosts the patches touched tested again, not a pass over the
+    mesh's hostnames; also two edits on (a snapshot between where no scope asked)."""
+    from meshctl.registry.model import patch_model
+
+    text = _mesh(5)
+    first = _build(text)
+    for scope in _scopes(first).values():
+        scope.services  # noqa: B018 (computed on first read)
+    old = {c.key: c for kind in first.by_kind.values() for c in kind}
+    model = first.services
+    s4 = model.services["s4.ns2.mesh"]
+    edits = [
+        # a new service of ns1, seen by ns1 alone (the others import s0.ns1.mesh of it)
+        ({"n0.ns1.mesh": replace(s4, hostname="n0.ns1.mesh", namespace="ns1")}, {}),
+        ({"s4.ns2.mesh": None}, {"s4.ns2.mesh": ()}),  # one gone
+        ({"a.ns3.mesh": replace(s4, hostname="a.ns3.mesh", namespace="ns3")}, {}),  # one first by name
+    ]
+    previous = first
+    for step, (services, endpoints) in enumerate(edits):
+        model = patch_model(model, services, endpoints)
+        nxt = build_snapshot(list(old.values()), model, previous=previous, changed=set())
+        if step == 1:
+            previous = nxt  # no scope asks at this snapshot: the next one looks two patches back
+            continue
+        full = build_snapshot(list(old.values()), model)
+        for ns, scope in _scopes(nxt).items():
+            assert [s.hostname for s in scope.services] == [s.hostname for s in _scopes(full)[ns].services]
+        assert nxt.index.hosts_walked == 3 * (1 if step == 0 else 2)
+        previous = nxt
+
+
+def test_the_rules_hosts_were_found_to_have_stand_after_a_patch_that_did_not_touch_them() -> None:
+    """Which DestinationRule applies to a host reads the rules and that host's service: after
+    a patch of the model, a scope finds the other hosts' answers from before (and the patched
+    host's anew), the same as a full build's."""
+    from meshctl.registry.model import patch_model
+
+    rule = (
+        "kind: DestinationRule\napiVersion: networking.istio.io/v1\nmetadata: {name: all, namespace: ns2}\n"
+        "spec: {host: '*.ns2.mesh', trafficPolicy: {loadBalancer: {simple: RANDOM}}}\n"
+    )
+    text = _mesh(5) + "---\n" + rule
+    first = _build(text)
+    hosts = ("s1.ns1.mesh", "s1.ns2.mesh", "s2.ns2.mesh")
+    for host in hosts:
+        _scopes(first)["ns1"].destination_rule(host)
+    s2 = first.services.services["s2.ns2.mesh"]
+    model = patch_model(first.services, {"s2.ns2.mesh": replace(s2, namespace="ns3")}, {})
+    configs = [c for kind in first.by_kind.values() for c in kind]
+    nxt = build_snapshot(configs, model, previous=first, changed=set())
+    scope = _scopes(nxt)["ns1"]
+    found = nxt.index.scoped("destination_rules", (scope.proxy.namespace, scope.proxy.label_pairs), dict)
+    assert set(found) == {"s1.ns1.mesh", "s1.ns2.mesh"}  # carried; the patched host asked anew
+    full = _scopes(build_snapshot(configs, model))["ns1"]
+    for host in hosts:
+        assert scope.destination_rule(host) == full.destination_rule(host), host

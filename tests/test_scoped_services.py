@@ -438,3 +438,32 @@ def test_a_service_added_where_a_sidecar_sees_it_makes_its_own_clusters_alone() 
             assert min(made) >= 200
         else:
             assert max(made) < 10, (step, made)
+
+
+def test_a_service_added_to_a_large_namespace_updates_its_route_plan_and_serves_what_generate_makes() -> None:
+    """A namespace of 300 services through the store and the file registry, as the server
+    applies edits: a service added, another, one removed, that undone (its config found whole),
+    one added again. The route configuration's domain plan is updated from the one before
+    where services only came, and each time the client is served, byte for byte, what
+    generation makes from a full build."""
+    store = ConfigStore()
+    files = FileRegistry()
+    files.follow(store)
+
+    async def _publish(_snapshot: Snapshot, _seen: float) -> None:
+        return None
+
+    discovery = Discovery(store, AggregateRegistry([files]), _publish)
+    cache = ResourceCache()
+    node = parse_node_id("sidecar~10.9.0.1~client.catalog~catalog.svc.cluster.local")
+    updated = []
+    steps = (_catalog(300, 150), _catalog(300), _catalog(301), _catalog(301, 7), _catalog(301), _catalog(302, 7))
+    for text in steps:
+        store.replace_all(configs_from_yaml(text))
+        snapshot = discovery.build_next()
+        before = cache.route_plans()[1]
+        view = cache.resources(snapshot, bind_proxy(node, snapshot))
+        full = discovery.build()
+        assert_serves_what_generate_makes(view, full, bind_proxy(node, full), text.count("ServiceEntry"))
+        updated.append(cache.route_plans()[1] - before)
+    assert updated == [0, 1, 1, 0, 0, 1]

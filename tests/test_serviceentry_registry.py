@@ -24,6 +24,7 @@ from meshctl.registry.model import (
     Resolution,
     ServiceModel,
     TlsMode,
+    diff_models,
     patched_hosts,
 )
 from meshctl.registry.serviceentry import build_file_model
@@ -704,6 +705,28 @@ def test_a_service_entry_edit_is_applied_to_the_last_model_and_touches_its_hosts
     assert after.services["s0.shop.mesh"] is before.services["s0.shop.mesh"]
     assert events[-1] == RegistryChange(frozenset({"added.shop.mesh"}), endpoint_only=False, settled=True)
     assert after == build_file_model(store.configs.values())
+
+
+def test_edits_in_a_row_name_their_hosts_against_a_model_several_edits_old() -> None:
+    """A part last checked a few edits ago compares the hosts those edits touched, not the
+    mesh: `patched_hosts` follows the chain of patches (up to eight), then knows nothing."""
+    store = ConfigStore()
+    others = "".join(se(name=f"s{i}", hosts=f"[s{i}.shop.mesh]") for i in range(5))
+    store.replace_all(load(REVIEWS + VM1 + others))
+    registry = FileRegistry()
+    registry.follow(store)
+    models = [registry.model()]
+    added = ""
+    for i in range(9):
+        added += se(name=f"added-{i}", hosts=f"[added-{i}.shop.mesh]")
+        store.replace_all(load(REVIEWS + VM1 + others + added))
+        models.append(registry.model())
+    assert patched_hosts(models[1], models[3]) == {"added-1.shop.mesh", "added-2.shop.mesh"}
+    assert patched_hosts(models[1], models[9]) == {f"added-{i}.shop.mesh" for i in range(1, 9)}
+    assert patched_hosts(models[0], models[9]) is None  # nine patches back: beyond the chain
+    change = diff_models(models[2], models[7])
+    assert change is not None and change.hosts == {f"added-{i}.shop.mesh" for i in range(2, 7)}
+    assert models[9] == build_file_model(store.configs.values())
 
 
 def test_a_host_defined_twice_by_an_edit_is_left_to_the_whole_build() -> None:

@@ -250,11 +250,13 @@ class ServiceModel:
     _identities: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict, compare=False, repr=False)
     #: Whole-model digests computed once (the model is immutable), as sums (`_sum`): kind -> sum.
     _sums: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
-    #: For a model made by `patch_model`: the model it was made from (weakly: models must not
-    #: keep the ones before them alive) and the only hosts whose service or endpoints differ
-    #: from it, so `diff_models` looks at those and not at the mesh.
-    _patched_from: tuple[weakref.ref[ServiceModel], frozenset[str]] | None = field(
-        default=None, compare=False, repr=False
+    #: For a model made by `patch_model`: the models it was patched from, the nearest first and
+    #: up to `_PATCH_CHAIN` steps back (weakly: models must not keep the ones before them
+    #: alive), each with the only hosts whose service or endpoints may differ from it, so
+    #: `diff_models` and the snapshot index look at those and not at the mesh, also against a
+    #: model a few changes old (a part last checked two edits ago).
+    _patched_from: tuple[tuple[weakref.ref[ServiceModel], frozenset[str]], ...] = field(
+        default=(), compare=False, repr=False
     )
 
     def endpoints_of(self, hostname: str) -> tuple[Endpoint, ...]:
@@ -292,7 +294,7 @@ class ServiceModel:
         found = self._sums.get(kind)
         if found is not None:
             return found
-        patched = self._patched_from
+        patched = self._patched_from[0] if self._patched_from else None
         base = patched[0]() if patched is not None else None
         if patched is not None and base is not None and kind in base._sums:
             total = base._sums[kind]
@@ -401,6 +403,10 @@ def make_model(
     return model
 
 
+#: How many patch steps back a patched model knows its differences from (`patched_hosts`).
+_PATCH_CHAIN: Final = 8
+
+
 def patch_model(
     model: ServiceModel,
     services: Mapping[str, Service | None],
@@ -432,11 +438,14 @@ def patch_model(
             eps.pop(host, None)
     if reorder:
         # Hostname order, as `make_model` gives it: the few hosts added put in their places.
-        order = [host for host in model.services if host in by_host]
+        # (Copied with C-level iteration: this runs on every edit that adds a host, over the mesh.)
+        gone = len(model.services) + len(added) != len(by_host)
+        order = list(filter(by_host.__contains__, model.services)) if gone else list(model.services)
         for host in added:
             bisect.insort(order, host)
-        by_host = {host: by_host[host] for host in order}
-        eps = {host: eps[host] for host in order if host in eps}
+        by_host = dict(zip(order, map(by_host.__getitem__, order), strict=True))
+        with_endpoints = list(filter(eps.__contains__, order))
+        eps = dict(zip(with_endpoints, map(eps.__getitem__, with_endpoints), strict=True))
     old_services, old_endpoints = model.services, model.endpoints
     touched = frozenset(
         host
@@ -453,7 +462,11 @@ def patch_model(
         if old_endpoints.get(host) is not eps.get(host):
             new._endpoint_digests.pop(host, None)
             new._identities.pop(host, None)
-    object.__setattr__(new, "_patched_from", (weakref.ref(model), touched))
+    # The steps before carry over, each widened by this one's hosts: a model some patches back
+    # differs at most in the hosts of every step since.
+    chain = [(weakref.ref(model), touched)]
+    chain.extend((ref, hosts | touched) for ref, hosts in model._patched_from[: _PATCH_CHAIN - 1] if ref() is not None)
+    object.__setattr__(new, "_patched_from", tuple(chain))
     return new
 
 
@@ -498,12 +511,15 @@ class RegistryStatus:
 
 
 def patched_hosts(old: ServiceModel, new: ServiceModel) -> frozenset[str] | None:
-    """When `new` was patched from `old` (`patch_model`), the only hosts whose service or
-    endpoints may differ between them; None when that is not known (then any host may)."""
+    """When `new` was patched from `old` (`patch_model`), directly or through up to
+    `_PATCH_CHAIN` patches in a row, the only hosts whose service or endpoints may differ
+    between them; None when that is not known (then any host may)."""
     if new is old:
         return frozenset()
-    patched = new._patched_from
-    return patched[1] if patched is not None and patched[0]() is old else None
+    for ref, hosts in new._patched_from:
+        if ref() is old:
+            return hosts
+    return None
 
 
 def diff_models(old: ServiceModel, new: ServiceModel) -> RegistryChange | None:

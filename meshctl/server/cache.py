@@ -3,7 +3,7 @@
 Three levels of sharing, from the most to the least expensive to redo:
 
 - clusters, listeners and routes are generated in two parts: the outbound part (the services a
-  proxy calls, nearly all of its config) once per `OutboundProxy` (which a namespace of VMs
+  proxy calls, nearly all of its config, `cache_outbound.py`) once per `OutboundProxy` (which a namespace of VMs
   serving different services usually shares) and version of the kinds it reads: its clusters
   per `CLUSTER_KINDS`, its listeners and routes per every other kind; DestinationRules are
   not in those versions but traced (each part notes the rules it asked for, and is kept while
@@ -50,54 +50,32 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from google.protobuf.message import Message
-
 from meshctl.server.cache_eds import Assignments
+from meshctl.server.cache_outbound import OutboundParts, generated_part
 from meshctl.server.cache_parts import (
     Part,
     Recent,
-    ServicesRead,
-    TracedPart,
     changed_inputs,
-    kept_entry,
-    rules_digest,
 )
+from meshctl.server.cache_patches import Patches
 from meshctl.server.grpc_view import GrpcAssignments, grpc_config, grpc_inbound_listeners
-from meshctl.snapshot.binding import bind_proxy, binding_inputs, binding_version, outbound_of, rebound
+from meshctl.snapshot.binding import bind_proxy, binding_inputs, binding_version, rebound
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.node import ProxyNode, ProxyType
 from meshctl.snapshot.proxy import OutboundProxy, Proxy
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
 from meshctl.xds.eds_locality import eds_localities
-from meshctl.xds.envoyfilter_parts import (
-    FilterId,
-    PatchPlan,
-    added,
-    finish_part,
-    part_key,
-    patch_plan,
-    unmatched_filters,
-)
-from meshctl.xds.envoyfilter_report import UnmatchedFilters
 from meshctl.xds.generate import (
-    BOUND_KINDS,
-    CLUSTER_KINDS,
     INBOUND_KINDS,
-    PATCH_KINDS,
-    SCOPED_SERVICES,
-    TRACED_KINDS,
     Assembled,
     GenerationMemos,
     generate_inbound,
-    generate_outbound_clusters,
-    generate_outbound_listeners_and_routes,
 )
 from meshctl.xds.grpc_gen import grpc_outbound
 from meshctl.xds.inbound_view import InboundView, inbound_view
 from meshctl.xds.memo import GenerationMemo
-from meshctl.xds.names import eds_cluster_names
-from meshctl.xds.resources import Resource, ResourceSet, to_resource
+from meshctl.xds.resources import Resource, ResourceSet
 
 logger = logging.getLogger("meshctl.server.cache")
 
@@ -175,15 +153,8 @@ class ResourceCache:
         self._memos = GenerationMemos()
         self._memo_version = ""
         self._lock = threading.Lock()
-        #: whole configs by generation key, and outbound listeners and routes by their key, per
-        #: config version; outbound clusters by their key per version of what they read
-        #: (`CLUSTER_KINDS`), so a change to anything else keeps them
+        #: whole configs by generation key, per config version
         self._config: Recent[tuple[object, ...], Part] = Recent(keep_versions)
-        self._outbound_parts: Recent[OutboundProxy, TracedPart] = Recent(keep_versions)
-        self._cluster_parts: Recent[OutboundProxy, TracedPart] = Recent(keep_versions)
-        #: the whole outbound part by its key, per config version: found (generated, or kept
-        #: after checking its traces) once per version, not once per proxy
-        self._outbound_now: Recent[OutboundProxy, Part] = Recent(keep_versions)
         #: inbound parts by `InboundView` (their only input), and joined sets by their parts
         self._inbound_parts: GenerationMemo[InboundView, Part] = GenerationMemo()
         self._joins: GenerationMemo[tuple[str, int, int], tuple[ResourceSet, ResourceSet, ResourceSet]] = (
@@ -195,11 +166,6 @@ class ResourceCache:
         #: the very same; both forgotten with the key's last good view
         self._inbound_held: dict[tuple[object, ...], tuple[str, InboundView, Part]] = {}
         self._joined: dict[tuple[object, ...], tuple[Part, Part, Part]] = {}
-        #: finished parts (EnvoyFilters, WasmPlugins) by the ids of their unpatched sets (held by
-        #: the entry) and `part_key`, with the filters that change something in them
-        self._patches: GenerationMemo[tuple[object, ...], tuple[tuple[ResourceSet, ...], Part, frozenset[FilterId]]] = (
-            GenerationMemo()
-        )
         #: gRPC server listeners by `InboundView`, as the Envoy inbound parts
         self._grpc_inbound: GenerationMemo[InboundView, ResourceSet] = GenerationMemo()
         #: gRPC assignment sets by the id of the Envoy set they are made from (held by the entry),
@@ -212,17 +178,18 @@ class ResourceCache:
         self._sets: weakref.WeakValueDictionary[tuple[str, str], ResourceSet] = weakref.WeakValueDictionary()
         #: the assignments and EDS sets, shared by every proxy (`cache_eds.Assignments`)
         self._assignments = Assignments(self._lock, self._set, keep_versions)
+        #: the outbound parts (`cache_outbound`), the bulk of every config
+        self._outbound = OutboundParts(
+            self._lock,
+            self._memos,
+            set_of=self._set,
+            intern=self._intern,
+            assignments=self._assignments,
+            keep_versions=keep_versions,
+        )
         #: Counters for /metrics and the benchmarks: how often work was done vs. shared.
-        self.generations = 0  # outbound and inbound parts
+        self._generations = 0  # inbound parts and gRPC configs (outbound ones: `self._outbound`)
         self.inbound_views = 0  # inbound views made (one per key and version of `INBOUND_KINDS`)
-        self.outbound_generations = 0
-        self.cluster_generations = 0  # outbound parts whose clusters had to be generated
-        #: outbound clusters serialized for those parts (a part brought up to date across a
-        #: service change serializes the changed services' clusters alone)
-        self.cluster_resources_made = 0
-        #: parts EnvoyFilters and WasmPlugins were applied to, and the resources they decoded
-        self.patched_parts = 0
-        self.patched_resources = 0
         #: Proxy views whose generation failed (each kept its last good config, or had none).
         self.generation_failures = 0
         #: the last good view per generation key, for a proxy whose generation fails
@@ -239,12 +206,49 @@ class ResourceCache:
         #: assignments made from the shared ones (`grpc_view`)
         self._grpc_config: Recent[OutboundProxy, Part] = Recent(keep_versions)
         self._grpc_assignments = GrpcAssignments()
-        #: EnvoyFilters said to match nothing, once per filter and kind of proxy
-        self._unmatched = UnmatchedFilters()
+        #: EnvoyFilters and WasmPlugins applied to parts (`cache_patches`)
+        self._patcher = Patches(self._lock, self._set, self._join)
 
     def route_translations(self) -> tuple[int, int]:
         """VirtualService translations run and reused (`RouteMemo`), for the tests and benchmarks."""
         return self._memos.routes.made, self._memos.routes.reused
+
+    def route_plans(self) -> tuple[int, int]:
+        """Route configurations' domain plans made whole and updated from the one before
+        (`route_plan`), for the tests and benchmarks."""
+        plans = self._memos.routes.virtual_hosts
+        return plans.plans_made, plans.plans_updated
+
+    @property
+    def patched_parts(self) -> int:
+        """Parts EnvoyFilters and WasmPlugins were applied to."""
+        return self._patcher.parts
+
+    @property
+    def patched_resources(self) -> int:
+        """Resources decoded to apply them."""
+        return self._patcher.resources
+
+    @property
+    def generations(self) -> int:
+        """Outbound and inbound parts generated."""
+        return self._generations + self._outbound.generations
+
+    @property
+    def outbound_generations(self) -> int:
+        """Outbound parts generated (one of their halves at least)."""
+        return self._outbound.outbound_generations
+
+    @property
+    def cluster_generations(self) -> int:
+        """Outbound parts whose clusters had to be generated (whole or brought up to date)."""
+        return self._outbound.cluster_generations
+
+    @property
+    def cluster_resources_made(self) -> int:
+        """Outbound clusters serialized for those parts (a part brought up to date across a
+        service change serializes the changed services' clusters alone)."""
+        return self._outbound.cluster_resources_made
 
     @property
     def inbound_parts_made(self) -> int:
@@ -476,190 +480,23 @@ class ResourceCache:
         lock held."""
         if self._memo_version != snapshot.config_version:
             self._memo_version = snapshot.config_version
-            for memo in (self._memos, self._inbound_parts, self._joins, self._patches, self._grpc_inbound):
+            for memo in (self._memos, self._inbound_parts, self._joins, self._patcher, self._grpc_inbound):
                 memo.advance()
 
     def _patched(self, outbound: Part, inbound: Part, joined: Part, proxy: Proxy) -> Part:
-        """The joined config with the proxy's WasmPlugins and EnvoyFilters applied: each part
-        finished once per its sets and the plan's key (`envoyfilter_parts`), so the proxies
-        that share an outbound part share its patching, then the ADDs on the joined names. Where
-        the parts cannot be finished apart (a patch renames, or the parts share a name), the
-        joined config is one part."""
-        plan = patch_plan(proxy)
-        if plan is None:
-            return joined
-        split = plan.splits and all(
-            len(joined.by_type[t]) == len(outbound.by_type[t]) + len(inbound.by_type[t]) for t in _CONFIG_TYPES
-        )
-        if split:
-            (out, out_changed), (into, in_changed) = self._finished(outbound, plan), self._finished(inbound, plan)
-            by_type = {t: self._join(t, out.by_type[t], into.by_type[t]) for t in _CONFIG_TYPES}
-            eds = set(out.eds_names) | set(into.eds_names)
-            changed = out_changed | in_changed
-        else:
-            whole, changed = self._finished(joined, plan)
-            by_type, eds = dict(whole.by_type), set(whole.eds_names)
-        for t, messages in added(plan, by_type).items():
-            by_type[t] = self._set(t, [*by_type[t].ordered, *(to_resource(m, t) for m in messages)])
-            if t == types.CLUSTER:
-                eds.update(eds_cluster_names(messages))
-        if plan.filters:
-            names_before = {t: joined.by_type[t].keys() for t in _CONFIG_TYPES}
-            unmatched = unmatched_filters(plan, changed, names_before, self._unmatched.said(proxy))
-            for message in self._unmatched.say(unmatched, proxy):
-                logger.warning("%s", message)
-        return Part(MappingProxyType(by_type), tuple(sorted(eds)))
-
-    def _finished(self, part: Part, plan: PatchPlan) -> tuple[Part, frozenset[FilterId]]:
-        """`part` finished (`finish_part`), once per its sets and `part_key`; and the filters
-        that change something in it."""
-        sets = tuple(part.by_type[t] for t in _CONFIG_TYPES)
-
-        def finish(_key: object) -> tuple[tuple[ResourceSet, ...], Part, frozenset[FilterId]]:
-            done = finish_part({t: part.by_type[t].ordered for t in _CONFIG_TYPES}, part.eds_names, plan)
-            with self._lock:
-                self.patched_parts += 1
-                self.patched_resources += done.decoded
-            by_type = dict(zip(_CONFIG_TYPES, sets, strict=True))
-            by_type |= {t: self._set(t, made) for t, made in done.by_type.items()}
-            return sets, Part(MappingProxyType(by_type), done.eds_names), done.changed_by
-
-        key = (tuple(id(s) for s in sets), part_key(plan, part.by_type[types.CLUSTER]))
-        _, finished, changed = self._patches.get(key, finish)
-        return finished, changed
+        """The joined config with the proxy's WasmPlugins and EnvoyFilters applied (`cache_patches`)."""
+        return self._patcher.patched(outbound, inbound, joined, proxy)
 
     def _outbound_for(self, snapshot: Snapshot, proxy: Proxy) -> Part:
-        """The outbound part for the proxy, from its two halves: clusters, kept while
-        `CLUSTER_KINDS` stay as they were, and listeners and routes, kept while every other kind
-        does; both kept across DestinationRule changes that leave every rule they asked for as
-        it was (`TRACED_KINDS`), and a sidecar's across service changes that leave every service
-        they read as it was (`SCOPED_SERVICES`; a router's are keyed on every service). The
-        OutboundProxy is the key of both: generation reads nothing of the proxy beyond it."""
-        outbound_key = outbound_of(proxy, snapshot)
-        with self._lock:
-            found = self._outbound_now.get(snapshot.config_version, outbound_key)
-        if found is not None:
-            return found
-        whole = self._outbound_parts_for(snapshot, outbound_key)
-        with self._lock:
-            self._outbound_now.put(snapshot.config_version, outbound_key, whole)
-        return whole
+        """The outbound part for the proxy (`cache_outbound.OutboundParts`)."""
+        return self._outbound.part_for(snapshot, proxy)
 
-    def _outbound_parts_for(self, snapshot: Snapshot, outbound_key: OutboundProxy) -> Part:
-        # A sidecar's parts check what they read of the registry (`SCOPED_SERVICES`), so a
-        # service outside their scope regenerates none of them; a router's are keyed on it all.
-        scoped = outbound_key.type in SCOPED_SERVICES
-        clusters_version = snapshot.version_of(CLUSTER_KINDS - TRACED_KINDS, services=not scoped)
-        rest_version = snapshot.version_of(
-            frozenset(snapshot.kind_digests) - TRACED_KINDS - PATCH_KINDS - BOUND_KINDS, services=not scoped
-        )
+    def _generated(self, generated: Assembled) -> Part:
+        """A generated part as shared sets of serialized resources, counted."""
+        result = generated_part(self._set, generated)
         with self._lock:
-            clusters_entry = self._cluster_parts.get(clusters_version, outbound_key)
-            rest_entry = self._outbound_parts.get(rest_version, outbound_key)
-        scope = ProxyScope(snapshot, outbound_key)  # answers the traces' questions, once each
-        def found_at(entry: TracedPart) -> TracedPart | None:
-            return entry.found_at(scope)
-
-        parts, lock = self._cluster_parts, self._lock
-        kept = kept_entry(parts, lock, clusters_version, outbound_key, clusters_entry, found_at=found_at)
-        clusters = kept.part if kept is not None else None
-        kept = kept_entry(self._outbound_parts, lock, rest_version, outbound_key, rest_entry, found_at=found_at)
-        rest = kept.part if kept is not None else None
-        if clusters is not None and rest is not None:
-            return self._whole(clusters, rest)
-        if clusters is None:
-            traced = self._clusters_updated(scope, clusters_entry) if clusters_entry is not None else None
-            if traced is None:
-                rules: dict[str, object] = {}
-                names: set[tuple[str, str]] = set()
-                hosts: dict[str, tuple[str, ...]] | None = {} if scoped else None
-                made = generate_outbound_clusters(snapshot, outbound_key, self._memos, rules, names, host_trace=hosts)
-                clusters = self._generated({types.CLUSTER: made}, count=False)
-                with self._lock:
-                    self.cluster_resources_made += len(made)
-                read = _services_read(scope, names, scoped)
-                traced = TracedPart(clusters, rules, rules_digest(snapshot), read, hosts)
-            clusters = traced.part
-            traced = clusters_entry.replaced_by(traced) if clusters_entry is not None else traced
-            with self._lock:
-                self.cluster_generations += 1
-                if self._cluster_parts.put(clusters_version, outbound_key, traced):
-                    self._forget_assignments()
-        if rest is None:
-            rules = {}
-            names = set()
-            generated = generate_outbound_listeners_and_routes(snapshot, outbound_key, self._memos, rules, names)
-            rest = self._generated(generated, count=False)
-            traced = TracedPart(rest, rules, rules_digest(snapshot), _services_read(scope, names, scoped))
-            traced = rest_entry.replaced_by(traced) if rest_entry is not None else traced
-            with self._lock:
-                self._outbound_parts.put(rest_version, outbound_key, traced)
-        with self._lock:
-            self.generations += 1
-            self.outbound_generations += 1
-        return self._whole(clusters, rest)
-
-    def _clusters_updated(self, scope: ProxyScope, entry: TracedPart) -> TracedPart | None:
-        """A sidecar's cluster part brought up to date from `entry` where only services of its
-        scope changed (`ServicesRead.touched`): the clusters of the hosts that did not change
-        are kept as they are, those of the changed hosts and the catch-alls made again. Equal
-        to the part made whole (each cluster is a function of its own service port's view), at
-        the cost of the services that changed instead of all the scope sees: one ServiceEntry
-        added to a namespace of thousands makes its own clusters alone."""
-        read, hosts = entry.services, entry.hosts
-        if read is None or hosts is None or not entry.holds_rules(scope):
-            return None
-        touched = read.touched(scope)
-        if touched is None:
-            return None
-        snapshot = scope.snapshot
-        # A changed host's rule is asked for again where its service is still seen.
-        rules: dict[str, object] = {h: d for h, d in entry.rules.items() if h not in touched}
-        names: set[tuple[str, str]] = set(read.names)
-        made_hosts: dict[str, tuple[str, ...]] = {}
-        made = generate_outbound_clusters(
-            snapshot, scope.proxy, self._memos, rules, names, only=touched, host_trace=made_hosts
-        )
-        before = entry.part.by_type[types.CLUSTER]
-        kept_hosts = {h: n for h, n in hosts.items() if h not in touched}
-        kept = [before[n] for ns in kept_hosts.values() for n in ns if n in before]
-        serialized = [to_resource(m, types.CLUSTER) for m in made]
-        with self._lock:
-            fresh = [self._intern(types.CLUSTER, r) for r in serialized]
-        # The clusters of a service win over a catch-all of the same name, as in a whole part.
-        present = {r.name for r in kept}
-        resources = [*kept, *(r for r in fresh if r.name not in present)]
-        gone = {n for h, ns in hosts.items() if h in touched for n in ns}
-        eds = {n for n in entry.part.eds_names if n not in gone and n in present}
-        eds.update(eds_cluster_names([m for m, r in zip(made, fresh, strict=True) if r.name not in present]))
-        by_type = MappingProxyType({types.CLUSTER: self._set(types.CLUSTER, resources, interned=True)})
-        part = Part(by_type, tuple(sorted(eds)))
-        with self._lock:
-            self.cluster_resources_made += len(made)
-        services = ServicesRead(snapshot.services, snapshot.index.loopback, scope.services, frozenset(names))
-        return TracedPart(part, rules, rules_digest(snapshot), services, kept_hosts | made_hosts)
-
-    @staticmethod
-    def _whole(clusters: Part, rest: Part) -> Part:
-        by_type = {types.CLUSTER: clusters.by_type[types.CLUSTER]}
-        by_type |= {t: rest.by_type[t] for t in (types.LISTENER, types.ROUTE)}
-        return Part(MappingProxyType(by_type), clusters.eds_names)
-
-    def _generated(self, generated: Assembled, *, count: bool = True) -> Part:
-        """A generated part as shared sets of serialized resources (some of them serialized
-        already: a sidecar's route configurations, `Serialized`)."""
-        by_type = {t: self._set(t, (to_resource(m, t) for m in generated.get(t, ()))) for t in _CONFIG_TYPES}
-        clusters = [c for c in generated.get(types.CLUSTER, ()) if isinstance(c, Message)]  # never `Serialized`
-        result = Part(MappingProxyType(by_type), tuple(sorted(eds_cluster_names(clusters))))
-        if count:
-            with self._lock:
-                self.generations += 1
+            self._generations += 1
         return result
-
-    def _forget_assignments(self) -> None:
-        """Drop the assignments of clusters no kept outbound part has: they would otherwise stay
-        forever. (Inbound parts have no EDS clusters.) Called with the lock held."""
-        self._assignments.forget({n for p in self._cluster_parts.values() for n in p.part.eds_names})
 
     def _join(self, type_url: str, outbound: ResourceSet, inbound: ResourceSet) -> ResourceSet:
         """One set of both parts' resources (on a name in both, outbound wins, as in
@@ -696,11 +533,3 @@ class ResourceCache:
             return found
         self._resources[key] = resource
         return resource
-
-
-def _services_read(scope: ProxyScope, names: set[tuple[str, str]], scoped: bool) -> ServicesRead | None:
-    """What a part generated in `scope` read of the registry, for a part not keyed on it."""
-    if not scoped:
-        return None
-    snapshot = scope.snapshot
-    return ServicesRead(snapshot.services, snapshot.index.loopback, scope.services, frozenset(names))

@@ -25,6 +25,7 @@ from meshctl.registry.model import (
     TrafficDistribution,
     patched_hosts,
 )
+from meshctl.snapshot.entries import EntriesByAddress
 from meshctl.snapshot.loopback import allocate_services, wants_loopback
 
 T = TypeVar("T")
@@ -103,59 +104,6 @@ def _short_names_updated(
     return out
 
 
-class _EntriesByAddress:
-    """WorkloadEntries by (namespace, address), the first by name of each (how a proxy without a
-    name is bound), updatable for a few changed entries without reading the others' specs again
-    (they are kept packed: each read parses)."""
-
-    __slots__ = ("first", "groups", "where")
-
-    def __init__(
-        self,
-        groups: dict[tuple[str, str], list[Config]],
-        where: dict[ConfigKey, tuple[str, str]],
-    ) -> None:
-        #: (namespace, address) -> entries, by key; key -> (namespace, address)
-        self.groups, self.where = groups, where
-        self.first: dict[tuple[str, str], Config] = {at: group[0] for at, group in groups.items()}
-
-    @classmethod
-    def of(cls, entries: Iterable[Config]) -> _EntriesByAddress:
-        groups: dict[tuple[str, str], list[Config]] = {}
-        where: dict[ConfigKey, tuple[str, str]] = {}
-        for entry in entries:  # in key order: each group is sorted
-            at = (entry.namespace, _spec(entry).address)
-            groups.setdefault(at, []).append(entry)
-            where[entry.key] = at
-        return cls(groups, where)
-
-    def updated(self, keys: Iterable[ConfigKey], now: Mapping[ConfigKey, Config]) -> _EntriesByAddress:
-        """A copy with the entries of `keys` as `now` has them (absent: deleted)."""
-        groups, where = dict(self.groups), dict(self.where)
-        touched: set[tuple[str, str]] = set()
-        for key in keys:
-            at = where.pop(key, None)
-            if at is not None:
-                groups[at] = [c for c in groups[at] if c.key != key]
-                touched.add(at)
-            entry = now.get(key)
-            if entry is not None:
-                at = (entry.namespace, _spec(entry).address)
-                groups[at] = sorted([*groups.get(at, ()), entry], key=lambda c: c.key)
-                where[key] = at
-                touched.add(at)
-        out = _EntriesByAddress.__new__(_EntriesByAddress)
-        out.groups, out.where = groups, where
-        out.first = dict(self.first)
-        for at in touched:
-            if groups.get(at):
-                out.first[at] = groups[at][0]
-            else:
-                groups.pop(at, None)
-                out.first.pop(at, None)
-        return out
-
-
 class SnapshotIndex:
     """Host resolution and DestinationRule/VirtualService lookups for one snapshot."""
 
@@ -193,12 +141,12 @@ class SnapshotIndex:
             return previous is not None and all(previous._by_kind.get(k) is by_kind.get(k) for k in kinds)
 
         if previous is not None and same("WorkloadEntry"):
-            self._entries: _EntriesByAddress = previous._entries
+            self._entries: EntriesByAddress = previous._entries
         elif previous is not None and changed is not None:
             entries = {c.key: c for c in by_kind.get("WorkloadEntry", ()) if c.key in changed}
             self._entries = previous._entries.updated({k for k in changed if k.kind == "WorkloadEntry"}, entries)
         else:
-            self._entries = _EntriesByAddress.of(by_kind.get("WorkloadEntry", ()))
+            self._entries = EntriesByAddress.of(by_kind.get("WorkloadEntry", ()))
         #: (short name, namespace) -> the hosts it stands for
         self._short: dict[tuple[str, str], list[str]]
         #: the short names the rules' hosts were resolved through: what `_index_rules` read of `_short`
@@ -269,6 +217,16 @@ class SnapshotIndex:
                 or (k[0] == "virtual_services" and same_routes)
                 or (k[0] == "destination_rules" and same_rules)
             }
+            touched = patched_hosts(previous._services, services) if not same_services else None
+            if same("DestinationRule") and self._dr_exact is previous._dr_exact and touched is not None:
+                # A model patched from that one, the rules' index the same: a host's rule reads
+                # its own service (its namespace) beside them, so every other host's stands.
+                for k, v in previous._scoped.items():
+                    if k[0] == "destination_rules":
+                        rules = dict(v)
+                        for host in touched:
+                            rules.pop(host, None)
+                        self._scoped[k] = rules
         #: After a change of VirtualServices alone (the same services, the same mesh): each
         #: VirtualService of the snapshot before by key, and the scopes' VirtualServices there,
         #: so a scope looks again at the changed ones only (`scoped_virtual_services`)
@@ -281,14 +239,17 @@ class SnapshotIndex:
                 self._routes_before = previous._routes_before
         #: After a change of the services (the same mesh): the services before by host, and the
         #: scopes' services there, so a scope tests only the new or changed ones (`scoped_services`)
-        self._services_before: tuple[Mapping[str, Service], dict[Hashable, tuple[Service, ...]]] | None = None
+        self._services_before: tuple[ServiceModel, dict[Hashable, tuple[Service, ...]]] | None = None
         if previous is not None and previous._mesh == mesh:
             seen = {k[1]: v for k, v in previous._scoped.items() if k[0] == "services"}
             # No scope asked there (its config was generated already): the answers before it.
-            self._services_before = (previous._services.services, seen) if seen else previous._services_before
+            self._services_before = (previous._services, seen) if seen else previous._services_before
         #: VirtualServices and services scopes tested for visibility (`scoped_virtual_services`,
         #: `scoped_services`): for the tests
         self.visibility_tests = 0
+        #: hostnames `scoped_services` went through: the mesh's on a pass, the changed ones after
+        #: a patch of the model (for the tests)
+        self.hosts_walked = 0
 
     @staticmethod
     def _hosts_moved(previous: SnapshotIndex | None, services: ServiceModel) -> set[str] | None:
@@ -355,12 +316,24 @@ class SnapshotIndex:
             return found
         model = self._services.services
         before = self._services_before[1].get(key) if self._services_before is not None else None
+        touched = patched_hosts(self._services_before[0], self._services) if self._services_before else None
         if before is None or self._services_before is None:
             self.visibility_tests += len(model)
+            self.hosts_walked += len(model)
             found = tuple(svc for host in sorted(model) if visible(svc := model[host]))
+        elif touched is not None:
+            # A model patched from that one (`patched_hosts`): every other host's service is the
+            # object it was, so the answer before stands but for the hosts the patches touched.
+            fresh = [model[host] for host in sorted(touched) if host in model]
+            self.hosts_walked += len(touched)
+            self.visibility_tests += len(fresh)
+            shown = [svc for svc in fresh if visible(svc)]
+            kept = [svc for svc in before if svc.hostname not in touched]
+            found = tuple(sorted([*kept, *shown], key=_hostname)) if shown else tuple(kept)
         else:
-            was = self._services_before[0]
+            was = self._services_before[0].services
             seen = {svc.hostname for svc in before}
+            self.hosts_walked += len(model)
             out = []
             for host in sorted(model):
                 svc = model[host]
@@ -622,3 +595,7 @@ class SnapshotIndex:
             else:
                 by_address.pop(address, None)
         return by_address
+
+
+def _hostname(service: Service) -> str:
+    return service.hostname

@@ -177,9 +177,10 @@ class _OutboundBuilder:
                 for entry in self.entries.values():
                     entry.locked = True
                 pairs = [(svc, port) for svc in egress.services for port in svc.ports]
-            shared = Counter(key for svc, port in pairs for key, _ in self._binds(svc, port, egress))
-            for svc, port in pairs:
-                for (bind, number), cidr in self._binds(svc, port, egress):
+            binds = [(svc, port, self._binds(svc, port, egress)) for svc, port in pairs]
+            shared = Counter(key for _, _, found in binds for key, _ in found)
+            for svc, port, found in binds:
+                for (bind, number), cidr in found:
                     self._add(svc, port, egress, bind=bind, cidr=cidr, shared=shared[(bind, number)] > 1)
         return [self._listener(entry) for entry in self.entries.values()]
 

@@ -32,6 +32,7 @@ from envoy.config.route.v3 import route_pb2
 
 from meshctl.xds.resources import Serialized, length_delimited
 from meshctl.xds.route_context import route_configuration
+from meshctl.xds.route_plan import DomainPlan, Host, domain_plan, updated_plan
 
 _T = TypeVar("_T")
 
@@ -64,6 +65,12 @@ class VirtualHostMemo:
         self._previous: dict[Hashable, tuple[object, bytes]] = {}
         self._plans: dict[Hashable, object] = {}
         self._plans_previous: dict[Hashable, object] = {}
+        #: the last domain plan made per (port, proxy domain), for the next one to be updated
+        #: from (`route_plan.updated_plan`): large plans only, one per namespace and port
+        self._latest: dict[tuple[int, str], DomainPlan] = {}
+        #: domain plans updated from the one before / made whole (for the benchmarks and tests)
+        self.plans_updated = 0
+        self.plans_made = 0
         #: virtual hosts serialized / reused (for the benchmarks and tests)
         self.made = 0
         self.reused = 0
@@ -98,6 +105,26 @@ class VirtualHostMemo:
         with self._lock:
             self._plans[key] = made
         return made
+
+    def planned(self, port: int, proxy_domain: str, hosts: tuple[Host, ...]) -> DomainPlan:
+        """`domain_plan(port, proxy_domain, hosts)`, from the last plan of that port and proxy
+        domain where it can be (`updated_plan`)."""
+        with self._lock:
+            before = self._latest.get((port, proxy_domain))
+        plan = updated_plan(before, port, proxy_domain, hosts) if before is not None else None
+        updated = plan is not None
+        if plan is None:
+            plan = domain_plan(port, proxy_domain, hosts)
+        with self._lock:
+            if plan.used:
+                self._latest[(port, proxy_domain)] = plan
+            else:
+                self._latest.pop((port, proxy_domain), None)
+            if updated:
+                self.plans_updated += 1
+            else:
+                self.plans_made += 1
+        return plan
 
     def advance(self) -> None:
         """A new config version: what the one before last used and this one has not yet is dropped."""

@@ -154,3 +154,8 @@ class DomainAllocator:
 
     def taken(self, domain: str) -> bool:
         return domain.lower() in self._used
+
+    @property
+    def used(self) -> frozenset[str]:
+        """Every domain taken so far, lowercase."""
+        return frozenset(self._used)

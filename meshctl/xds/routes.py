@@ -50,9 +50,9 @@ from meshctl.xds.route_context import (
     virtual_service_hosts,
 )
 from meshctl.xds.route_delegate import effective_http
-from meshctl.xds.route_domains import NO_PORT, DomainAllocator, domain_name, ipv6_compliant, service_domains
 from meshctl.xds.route_gateway import build_gateway_routes
 from meshctl.xds.route_memo import RouteMemo
+from meshctl.xds.route_plan import domain_plan
 
 __all__ = ["build_route_resources", "build_routes", "destination_cluster", "route_configuration"]
 
@@ -327,8 +327,9 @@ def _virtual_hosts(
     service's names and addresses from generateVirtualHostDomains without a port).
 
     Which virtual host gets which domains is a function of the port, the proxy's DNS domain and
-    the hosts in order (`_domain_plan`); with `memo` it is worked out once per those, and shared
-    by every namespace and config version that asks for it."""
+    the hosts in order (`route_plan`); with `memo` it is worked out once per those, and shared
+    by every namespace and config version that asks for it, or from the plan before where a few
+    services came (`updated_plan`)."""
     proxy_domain = scope.proxy.domain or f"{scope.proxy.namespace}.svc.cluster.local"
     entries: list[tuple[Service | None, tuple[rc.Route, ...]]] = []
     hosts: list[tuple[str, tuple[str, ...] | None]] = []
@@ -341,40 +342,13 @@ def _virtual_hosts(
             entries.append((svc, routes))
             hosts.append((svc.hostname, svc.addresses))
     key = (port, proxy_domain, tuple(hosts))
-    plan = _domain_plan(*key) if memo is None else memo.virtual_hosts.plan(key, lambda: _domain_plan(*key))
+    plan = domain_plan(*key) if memo is None else memo.virtual_hosts.plan(key, lambda: memo.virtual_hosts.planned(*key))
     out = []
-    for index, name, domains in plan:
+    for index, name, domains in plan.entries:
         served, routes = entries[index]
         cache = dfp.cache_name(served.hostname) if served is not None and dfp.is_dynamic(served) else None
         out.append(_VirtualHostDraft(name, domains, routes, cache))
     return out
-
-
-def _domain_plan(
-    port: int, proxy_domain: str, hosts: tuple[tuple[str, tuple[str, ...] | None], ...]
-) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
-    """For `hosts` in order (a service's hostname with its addresses, or a VirtualService host
-    naming no service, with None), the virtual hosts they get, sorted by name: which host
-    (by index), its name and its domains. A host whose name came before, or left with no
-    domain, gets none."""
-    known = {h for host, addresses in hosts if addresses is not None for h in (host, domain_name(host, port))}
-    allocator = DomainAllocator(known)
-    names: set[str] = set()
-    out: list[tuple[int, str, tuple[str, ...]]] = []
-    for index, (host, addresses) in enumerate(hosts):
-        name = domain_name(host, port)
-        if name in names:
-            continue
-        names.add(name)
-        if addresses is None:
-            domains = allocator.claim([ipv6_compliant(host)])
-        else:
-            wanted, expanded = service_domains(host, addresses, NO_PORT, proxy_domain)
-            domains = allocator.claim(wanted, expanded)
-        if domains:
-            out.append((index, name, tuple(domains)))
-    out.sort(key=lambda entry: entry[1])
-    return tuple(out)
 
 
 def _catch_all(scope: ProxyScope) -> rc.VirtualHost:
