@@ -32,7 +32,14 @@ class Recent(Generic[K, V]):
         self._data: dict[tuple[str, K], V] = {}
 
     def get(self, version: str, key: K) -> V | None:
-        return self._data.get((version, key))
+        """The entry, if held; a hit at an older version makes that version the most recently
+        used, so a change undone (the snapshot back at a version already held) keeps its entries
+        when the next change comes, rather than dropping the ones every proxy is served from."""
+        value = self._data.get((version, key))
+        if value is not None and self._versions[-1] != version:
+            self._versions.remove(version)
+            self._versions.append(version)
+        return value
 
     def put(self, version: str, key: K, value: V) -> list[str]:
         """Store `value`; returns the versions dropped to make room for a new one."""
