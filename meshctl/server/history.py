@@ -137,6 +137,10 @@ def snapshot_changes(before: Snapshot | None, now: Snapshot) -> list[dict[str, s
     return out
 
 
+def _git_list(git: Sequence[tuple[str, GitState]]) -> list[dict[str, Any]]:
+    return [{"dir": d, "commit": g.commit, "dirty": g.dirty} for d, g in git]
+
+
 def proxy_counts(entry: dict[str, Any]) -> dict[str, int]:
     """How many proxies were sent the version, ACKed all they were sent of it, NACKed any of it."""
     if "counted" in entry:
@@ -220,7 +224,7 @@ class PushHistory:
         }
         entry["rebuilt_at"] = (now if now is not None else time.time()) if existing else None
         entry["previous"] = before.version if before is not None else ""
-        entry["git"] = [{"dir": d, "commit": g.commit, "dirty": g.dirty} for d, g in git]
+        entry["git"] = _git_list(git)
         entry["endpoint_only"] = before is not None and before.config_version == snapshot.config_version
         entry["changes"] = changes[:MAX_CHANGES]
         entry["changes_beyond"] = max(0, len(changes) - MAX_CHANGES)
@@ -236,6 +240,14 @@ class PushHistory:
             self._touched.add(older)
         self._dirty = True
         return entry
+
+    def note_git(self, version: str, git: Sequence[tuple[str, GitState]]) -> None:
+        """The git state `version` was built from, once known (looked up off the push path)."""
+        entry = self._entries.get(version)
+        if entry is not None:
+            entry["git"] = _git_list(git)
+            self._touched.add(version)
+            self._dirty = True
 
     def note_rollout(self, version: str, what: str, when: float | None = None) -> None:
         """A rollout step of `version` (`canary`, `fleet`, `held`, `pinned`...) and when, the first time."""

@@ -1,0 +1,113 @@
+"""What the server spends per stream on a change every proxy sees, pinned by counting: the work
+done once per publication (not once per stream) stays so, and what a publication waits for
+before its first push is the server's own work only."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import tracemalloc
+from pathlib import Path
+
+import pytest
+from envoy.service.discovery.v3 import discovery_pb2
+
+from meshctl.server.delivery import Delivery
+from meshctl.server.history import PushHistory
+from meshctl.server.metrics import Metrics
+from meshctl.server.rollout_plan import RolloutSettings
+from meshctl.server.subscription import RequestKind, SotwSubscription
+from meshctl.testing.builders import snapshot_from_yaml
+from meshctl.xds import types
+
+SERVICE = """apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: web, namespace: shop}
+spec:
+  hosts: [web.shop.mesh]
+  ports: [{number: 80, name: http, protocol: HTTP}]
+  resolution: DNS
+"""
+
+
+def _git_repo(tmp_path: Path) -> Path:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t"}
+    env["GIT_COMMITTER_EMAIL"] = "t@x"
+    mesh = tmp_path / "mesh"
+    mesh.mkdir()
+    (mesh / "web.yaml").write_text(SERVICE)
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "web"]):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, env=env, capture_output=True)
+    return mesh
+
+
+def test_a_publication_does_not_wait_for_git_and_its_entry_gets_the_commit_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`git` that does not answer until released (a slow `git status` in a large checkout): the
+    publication is recorded and handed on at once, and the history entry names the commit once
+    git answers."""
+    mesh = _git_repo(tmp_path)
+    real_git = subprocess.run(["sh", "-c", "command -v git"], capture_output=True, text=True, check=True).stdout.strip()
+    release = tmp_path / "release"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    slow = bin_dir / "git"
+    slow.write_text(f'#!/bin/sh\nwhile [ ! -e "{release}" ]; do sleep 0.02; done\nexec "{real_git}" "$@"\n')
+    slow.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    history = PushHistory(tmp_path / "state")
+    snapshot = snapshot_from_yaml(SERVICE)
+
+    async def main() -> dict[str, object]:
+        delivery = Delivery(Metrics(), history, RolloutSettings(), [mesh], list, lambda: None)
+        try:
+            # Without git answering, this returns at once (milliseconds); waiting for git, only
+            # at git's own time-out (5 s, after which the entry would name no commit).
+            await asyncio.wait_for(delivery.published(snapshot), 3)
+            entry = history.entry(snapshot.version)
+            assert entry is not None and entry["git"] == []
+            release.touch()
+            for _ in range(3000):
+                if history.entry(snapshot.version)["git"]:  # type: ignore[index]
+                    break
+                await asyncio.sleep(0.01)
+            found = history.entry(snapshot.version)
+            assert found is not None
+            return found
+        finally:
+            release.touch()
+            delivery.stop()
+
+    entry = asyncio.run(main())
+    head = subprocess.run(["git", "-C", str(mesh), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    assert entry["git"] == [{"dir": str(mesh), "commit": head.stdout.strip(), "dirty": False}]
+
+
+def test_an_ack_naming_the_names_it_named_before_makes_no_string_of_them() -> None:
+    """Every EDS ACK names every assignment the proxy watches: ten thousand names at ten
+    thousand services, a thousand streams ACKing each push. The same names in the same order
+    are recognised without making them into Python strings (what a set of them would take)."""
+    names = [f"s{i}" for i in range(10_000)]
+    sub = SotwSubscription(types.ENDPOINT, wildcard_when_empty=False, partial=True)
+
+    def request(version: str = "", nonce: str = "") -> discovery_pb2.DiscoveryRequest:
+        return discovery_pb2.DiscoveryRequest(
+            type_url=types.ENDPOINT, resource_names=names, version_info=version, response_nonce=nonce
+        )
+
+    sub.handle(request())
+    push = sub.next_push({})
+    assert push is not None
+    ack = request(push.version, push.nonce)
+    tracemalloc.start()
+    try:
+        outcome = sub.handle(ack)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert outcome.kind is RequestKind.ACK and not outcome.subscription_changed
+    assert sub.acked_version == push.version and sub.names == frozenset(names)
+    # Ten thousand strings and a set of them take over 1 MB; their encoding alone, 80 KB.
+    assert peak < 400_000, peak
