@@ -13,11 +13,15 @@ from pathlib import Path
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
+from meshctl.server.cache import ResourceCache
+from meshctl.server.credentials import CredentialSecrets
 from meshctl.server.delivery import Delivery
 from meshctl.server.history import PushHistory
 from meshctl.server.metrics import Metrics
 from meshctl.server.rollout_plan import RolloutSettings
+from meshctl.server.secrets import WorkloadSecrets
 from meshctl.server.subscription import RequestKind, SotwSubscription
+from meshctl.snapshot.proxy import parse_node_id
 from meshctl.testing.builders import snapshot_from_yaml
 from meshctl.xds import types
 
@@ -111,3 +115,33 @@ def test_an_ack_naming_the_names_it_named_before_makes_no_string_of_them() -> No
     assert sub.acked_version == push.version and sub.names == frozenset(names)
     # Ten thousand strings and a set of them take over 1 MB; their encoding alone, 80 KB.
     assert peak < 400_000, peak
+
+
+SIDECAR = """
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: shop}
+spec:
+  egress: [{hosts: ["HOSTS"]}]
+"""
+
+
+def test_a_stream_resolved_at_each_publication_is_one_node_to_the_cache() -> None:
+    """The servicer resolves every stream at every publication through the secrets' sources,
+    which say whether the node may be sent keys and credentials: the node they hand the cache
+    is made once per stream, not once per publication (a `dataclasses.replace` each, more than
+    the rest of resolving a node whose binding is kept)."""
+    cache = ResourceCache()
+    workload = WorkloadSecrets(cache.resolve, None, trust_domain=lambda: "cluster.local")
+    source = CredentialSecrets(workload.resolve, None)
+    node = parse_node_id("sidecar~10.0.0.9~web.shop~shop.svc.cluster.local", {}, "")
+    snapshots = [
+        snapshot_from_yaml(SERVICE),
+        snapshot_from_yaml(SERVICE + SIDECAR.replace("HOSTS", "./*")),
+        snapshot_from_yaml(SERVICE + SIDECAR.replace("HOSTS", "*/*")),
+    ]
+    nodes = [source.resolve(node, snapshot).proxy.node for snapshot in snapshots]
+    assert cache.bindings == 3  # a Sidecar each time: bound again, from the node it was handed
+    assert not nodes[0].mesh_certificates and not nodes[0].credentials
+    assert nodes[1] is nodes[0] and nodes[2] is nodes[0]
