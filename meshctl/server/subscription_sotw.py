@@ -19,6 +19,7 @@ from meshctl.server.subscription_common import (
     _Nonces,
     _shared_names,
     _too_many,
+    names_cover,
 )
 from meshctl.xds.resources import Resource, ResourceSet, set_version
 
@@ -255,7 +256,7 @@ class SotwSubscription:
         if not self.started:
             return None
         whole = available if isinstance(available, ResourceSet) else None
-        if whole is not None and not (self.wildcard or whole.keys() <= self.names):
+        if whole is not None and not (self.wildcard or names_cover(whole, self.names)):
             whole = None
         if whole is not None:
             chosen, version = whole.ordered, whole.version  # the whole set: hashed already
