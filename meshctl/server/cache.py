@@ -322,7 +322,13 @@ class ResourceCache:
             view = self._views.get(snapshot.version, key)
             # A version asked for again (a change undone) is the most recent one again: else the
             # next version would drop it, and the bindings and last good views asked for there.
-            if view is not None and self._views.put(snapshot.version, key, view):
+            # (At the most recent version already, as for every stream of a publication but the
+            # first of its key, there is nothing to move.)
+            if (
+                view is not None
+                and self._views.versions[-1] != snapshot.version
+                and self._views.put(snapshot.version, key, view)
+            ):
                 self._forget_last_good()
         if view is not None:
             return view

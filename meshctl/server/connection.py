@@ -43,8 +43,9 @@ from meshctl.server.subscription import (
     RequestOutcome,
     SotwSubscription,
 )
+from meshctl.server.subscription_common import names_cover
 from meshctl.xds import types
-from meshctl.xds.resources import Resource
+from meshctl.xds.resources import Resource, ResourceSet
 
 Subscription = SotwSubscription | DeltaSubscription
 
@@ -298,8 +299,12 @@ class Connection:
         eds = self.subscriptions.get(types.ENDPOINT)
         if cds is None or eds is None or cds.nack is not None or self.resources is None or eds.wildcard:
             return False
-        clusters = self.resources.of(types.ENDPOINT).keys()
+        offered = self.resources.of(types.ENDPOINT)
+        clusters = offered.keys()
         if cds.wildcard:  # as Envoy subscribes: then only a set comparison, on every push
+            names = eds.names
+            if isinstance(offered, ResourceSet) and isinstance(names, frozenset):
+                return not names_cover(offered, names)  # once per namespace's set and names
             return not clusters <= eds.names
         return any(cds.wants(n) and not eds.wants(n) for n in clusters)
 

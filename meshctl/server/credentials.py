@@ -48,6 +48,7 @@ from meshctl.security.credentials import (
     secret_names,
 )
 from meshctl.server.cache import ProxyResources, Resolved
+from meshctl.server.secrets import NodeAs
 from meshctl.snapshot.node import ProxyNode
 from meshctl.snapshot.proxy import Proxy
 from meshctl.xds import mesh_tls, types
@@ -171,6 +172,7 @@ class CredentialSecrets:
         self.directory = directory
         self._unauthenticated = send_keys_unauthenticated
         self._lock = threading.Lock()
+        self._node_as = NodeAs(lambda n: n.credentials, lambda n, v: replace(n, credentials=v))
         #: (id, id) of two secret sets -> them and their union; the two are held so ids stay theirs
         self._joined: dict[tuple[int, int], tuple[Mapping[str, Resource], ...]] = {}
 
@@ -185,7 +187,7 @@ class CredentialSecrets:
 
     def resolve(self, node: ProxyNode, state: Any) -> Resolved:
         allowed = self.may_send(node)
-        resolved = self._resolve(replace(node, credentials=allowed), state)
+        resolved = self._resolve(self._node_as.get(node, allowed), state)
         if not allowed:
             return resolved
         assert self.directory is not None

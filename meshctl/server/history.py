@@ -34,6 +34,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
 from pathlib import Path
 from typing import Any, Final
 
@@ -110,10 +111,13 @@ def snapshot_changes(before: Snapshot | None, now: Snapshot) -> list[dict[str, s
             continue
         # The configs a change leaves alone are the very objects in both: only the rest is
         # compared (one WorkloadEntry among ten thousand is a few, not ten thousand).
+        # By identity, the passes over every config in C (`map`, `compress`): an endpoint change
+        # compares ten thousand WorkloadEntries on every publication, before any stream is pushed.
         before_all, now_all = before.of_kind(kind), now.of_kind(kind)
-        before_ids, now_ids = {id(c) for c in before_all}, {id(c) for c in now_all}
-        old = {c.key: c for c in before_all if id(c) not in now_ids}
-        new = {c.key: c for c in now_all if id(c) not in before_ids}
+        before_ids, now_ids = set(map(id, before_all)), set(map(id, now_all))
+        gone, came = before_ids - now_ids, now_ids - before_ids
+        old = {c.key: c for c in compress(before_all, map(gone.__contains__, map(id, before_all)))} if gone else {}
+        new = {c.key: c for c in compress(now_all, map(came.__contains__, map(id, now_all)))} if came else {}
         for key in sorted(old.keys() | new.keys()):
             was, config = old.get(key), new.get(key)
             if was is not None and config is not None and was.content_digest() == config.content_digest():
@@ -131,6 +135,10 @@ def snapshot_changes(before: Snapshot | None, now: Snapshot) -> list[dict[str, s
             change = "added" if was_service is None else "removed" if service is None else "changed"
             out.append({"kind": "service", "name": host, "change": change, "source": ""})
     return out
+
+
+def _git_list(git: Sequence[tuple[str, GitState]]) -> list[dict[str, Any]]:
+    return [{"dir": d, "commit": g.commit, "dirty": g.dirty} for d, g in git]
 
 
 def proxy_counts(entry: dict[str, Any]) -> dict[str, int]:
@@ -216,7 +224,7 @@ class PushHistory:
         }
         entry["rebuilt_at"] = (now if now is not None else time.time()) if existing else None
         entry["previous"] = before.version if before is not None else ""
-        entry["git"] = [{"dir": d, "commit": g.commit, "dirty": g.dirty} for d, g in git]
+        entry["git"] = _git_list(git)
         entry["endpoint_only"] = before is not None and before.config_version == snapshot.config_version
         entry["changes"] = changes[:MAX_CHANGES]
         entry["changes_beyond"] = max(0, len(changes) - MAX_CHANGES)
@@ -232,6 +240,14 @@ class PushHistory:
             self._touched.add(older)
         self._dirty = True
         return entry
+
+    def note_git(self, version: str, git: Sequence[tuple[str, GitState]]) -> None:
+        """The git state `version` was built from, once known (looked up off the push path)."""
+        entry = self._entries.get(version)
+        if entry is not None:
+            entry["git"] = _git_list(git)
+            self._touched.add(version)
+            self._dirty = True
 
     def note_rollout(self, version: str, what: str, when: float | None = None) -> None:
         """A rollout step of `version` (`canary`, `fleet`, `held`, `pinned`...) and when, the first time."""

@@ -117,6 +117,7 @@ class WorkloadSecrets:
         #: within a few seconds of each other then renew in one round, not one round each.
         self._window = min(lifetime / 20, datetime.timedelta(minutes=10))
         self._refused: set[str] = set()
+        self._node_as = NodeAs(lambda n: n.mesh_certificates, lambda n, v: replace(n, mesh_certificates=v))
         self._root_pem = b""
         self._root_message = mesh_tls.validation_secret(mesh_tls.ROOT_SECRET, b"")
         self._root: Resource | None = None
@@ -202,7 +203,7 @@ class WorkloadSecrets:
     def resolve(self, node: ProxyNode, state: Any) -> Resolved:
         allowed = self.may_send_keys(node)
         try:
-            resolved = self._resolve(replace(node, mesh_certificates=allowed), state)
+            resolved = self._resolve(self._node_as.get(node, allowed), state)
         except BindingError:
             self.forget(node.id)  # its stream ends: the key it held is no longer its
             raise
@@ -240,6 +241,7 @@ class WorkloadSecrets:
     def forget(self, node_id: str) -> None:
         """`node_id` holds no certificate any more (its last stream ended, or its binding no
         longer holds); its identity's certificate goes with its last node."""
+        self._node_as.forget(node_id)
         with self._lock:
             identity = self._holders.pop(node_id, None)
             if identity is not None:
@@ -339,3 +341,35 @@ class WorkloadSecrets:
             "issued %s to proxy %s until %s", identity.uri, untrusted(proxy.id), certificate.not_after.isoformat()
         )
         return held
+
+
+class NodeAs:
+    """A node with one of its flags (`mesh_certificates`, `credentials`) as resolving it needs,
+    made once per node object, not once per resolve: every stream is resolved at every
+    publication, and a `dataclasses.replace` of the node costs more than the rest of resolving
+    a kept binding (the cache then also finds its node by identity, not by comparing fields).
+    Holds one entry per node id, forgotten with the node, and never more than `_MAX_NODES`."""
+
+    def __init__(self, flag: Callable[[ProxyNode], bool], with_flag: Callable[[ProxyNode, bool], ProxyNode]) -> None:
+        self._flag = flag
+        self._with_flag = with_flag
+        self._made: dict[str, tuple[ProxyNode, ProxyNode]] = {}
+
+    def get(self, node: ProxyNode, value: bool) -> ProxyNode:
+        found = self._made.get(node.id)
+        if found is not None and found[0] is node and self._flag(found[1]) == value:
+            return found[1]
+        made = node if self._flag(node) == value else self._with_flag(node, value)
+        if len(self._made) >= _MAX_NODES:
+            self._made.clear()  # node ids that left without being forgotten: made again if asked
+        self._made[node.id] = (node, made)
+        return made
+
+    def forget(self, node_id: str) -> None:
+        self._made.pop(node_id, None)
+
+
+#: Nodes `NodeAs` holds at most: more than one replica serves (a fleet larger still only makes
+#: them again), few enough that the nodes of streams long gone weigh little (an entry holds the
+#: node it was made from: a few KB at most).
+_MAX_NODES = 20_000

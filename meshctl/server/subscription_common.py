@@ -84,6 +84,29 @@ def _shared_names(names: frozenset[str]) -> frozenset[str]:
     return names
 
 
+#: The last few (set, names) pairs `names_cover` answered, by their ids (each entry holds both,
+#: so the ids stay theirs).
+_COVERED: dict[tuple[int, int], tuple[ResourceSet, frozenset[str], bool]] = {}
+_COVERED_KEPT = 64
+
+
+def names_cover(offered: ResourceSet, names: frozenset[str]) -> bool:
+    """Whether `names` holds every name `offered` has: asked at every push of every stream (is
+    the set all the stream subscribes to? does the stream watch every assignment it is sent
+    clusters for?), a comparison of a thousand names at 10,000 services. The sidecars of a
+    namespace are offered the very same set and hold the very same names (`_shared_names`), so
+    it is answered once per pair. Used from one thread (the event loop)."""
+    key = (id(offered), id(names))
+    found = _COVERED.get(key)
+    if found is not None and found[0] is offered and found[1] is names:
+        return found[2]
+    covered = offered.keys() <= names
+    while len(_COVERED) >= _COVERED_KEPT:
+        del _COVERED[next(iter(_COVERED))]
+    _COVERED[key] = (offered, names, covered)
+    return covered
+
+
 def _keeper(offered: Mapping[str, Resource] | None) -> Callable[[str], str]:
     """How a name a client sent is kept. With the resources the stream is `offered`: as the name
     of the resource under it, one string every stream asking for it shares, else as sent. Not

@@ -19,6 +19,7 @@ from meshctl.server.subscription_common import (
     _Nonces,
     _shared_names,
     _too_many,
+    names_cover,
 )
 from meshctl.xds.resources import Resource, ResourceSet, set_version
 
@@ -98,6 +99,9 @@ class SotwSubscription:
         self._untracked = False
         #: started by a reconnect naming a version: if it is the current one, the node holds it
         self._resumed = False
+        #: `_names_key` of the last request, and the names it asked for
+        self._last_key: tuple[int, int] | None = None
+        self._last_names: frozenset[str] | None = None
 
     @property
     def held_names(self) -> int:
@@ -115,9 +119,11 @@ class SotwSubscription:
         """Apply one request. A NACK of the version already rejected (the node says it again, as
         Envoy does when it changes its names after a NACK) is `repeated`. Names are kept as the
         names of the resources `offered` (`_keeper`): one copy for all proxies."""
-        names = self._names_of(request, offered)
+        key = _names_key(request)
+        names = self._names_of(request, key, offered)
         if len(names) - (WILDCARD in names) > self._max_names:
             raise _too_many(self.type_url, len(names) - (WILDCARD in names), "names requested", self._max_names)
+        self._last_key, self._last_names = key, names
         if not self.started:
             self.started = True
             self._subscribe(names)
@@ -144,27 +150,39 @@ class SotwSubscription:
         return RequestOutcome(RequestKind.ACK, changed)
 
     def _names_of(
-        self, request: discovery_pb2.DiscoveryRequest, offered: Mapping[str, Resource] | None
+        self,
+        request: discovery_pb2.DiscoveryRequest,
+        key: tuple[int, int],
+        offered: Mapping[str, Resource] | None,
     ) -> frozenset[str]:
-        """The names the request asks for. Every ACK names the whole subscription again (ten
-        thousand assignments for a sidecar that sees ten thousand services): when they are the
-        names held, the set held is the answer, found by one comparison in C rather than a
-        lookup per name in `offered`."""
+        """The names the request asks for. Every ACK names the whole subscription again (150
+        assignments for a sidecar of a scoped namespace, ten thousand for one that sees ten
+        thousand services): when it names them as the last request did (`key`, its `_names_key`),
+        the set made of that one is the answer, found without making a string of any name; else the
+        names held, if equal, by one comparison in C rather than a lookup per name in `offered`."""
         raw = request.resource_names
+        if key == self._last_key and self._last_names is not None:
+            return self._last_names
+        names: frozenset[str] | None = None
         if self.started and len(raw) == len(self.names):
             same = frozenset(raw)
             if same == self.names:
-                return self.names
-        return frozenset(map(_keeper(offered), raw))
+                names = self.names
+        if names is None:
+            names = frozenset(map(_keeper(offered), raw))
+        return names
 
     def _subscribe(self, names: frozenset[str]) -> bool:
         wildcard = WILDCARD in names or (not names and self._wildcard_when_empty)
         if WILDCARD in names:
             names = names - {WILDCARD}
-        changed = wildcard != self.wildcard or names != self.names
+        changed = wildcard != self.wildcard or (names is not self.names and names != self.names)
         if not changed:
             return False  # the set held stays: every ACK names it again
-        self.wildcard, self.names = wildcard, _shared_names(names)
+        shared = _shared_names(names)
+        if self._last_names is names:
+            self._last_names = shared  # the next ACK's names are then the set held, by identity
+        self.wildcard, self.names = wildcard, shared
         if self.partial and not wildcard:
             gone = [n for n in self._held_names() if n not in names]
             if gone:
@@ -238,7 +256,7 @@ class SotwSubscription:
         if not self.started:
             return None
         whole = available if isinstance(available, ResourceSet) else None
-        if whole is not None and not (self.wildcard or whole.keys() <= self.names):
+        if whole is not None and not (self.wildcard or names_cover(whole, self.names)):
             whole = None
         if whole is not None:
             chosen, version = whole.ordered, whole.version  # the whole set: hashed already
@@ -295,3 +313,23 @@ class SotwSubscription:
         else:
             self._basis = None
         return fresh
+
+
+def _names_key(request: discovery_pb2.DiscoveryRequest) -> tuple[int, int]:
+    """The length and hash of the request's names as protobuf encodes them, in order: equal for
+    two requests naming the same names in the same order (as Envoy's ACKs do), made in C. A
+    set of 150 names made of the request costs 30 us, a thousand streams ACKing one push 30 ms;
+    this costs 4 us. Only the names are encoded: a copy with every other field cleared (ACKs
+    differ by version and nonce). Names sent in another order only miss this and are compared
+    as a set. Two different lists with one key need a 64-bit hash collision under a key
+    random per process."""
+    names = discovery_pb2.DiscoveryRequest()
+    names.CopyFrom(request)
+    for field in _OTHER_FIELDS:
+        names.ClearField(field)
+    encoded = names.SerializeToString()
+    return len(encoded), hash(encoded)
+
+
+#: Every field of DiscoveryRequest but `resource_names` (what `_names_key` leaves out).
+_OTHER_FIELDS = tuple(f.name for f in discovery_pb2.DiscoveryRequest.DESCRIPTOR.fields if f.name != "resource_names")
