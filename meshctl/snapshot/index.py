@@ -202,6 +202,9 @@ class SnapshotIndex:
             self._label_failover = previous._label_failover
         #: What scopes computed from the index's inputs alone, by their arguments (see `scoped`).
         self._scoped: dict[tuple[str, Hashable], Any] = {}
+        # The generation thread may still be filling the previous index's answers while this one
+        # is built: read them from one copy (made in C, whole) rather than iterating the live dict.
+        prior: dict[tuple[str, Hashable], Any] = previous._scoped.copy() if previous is not None else {}
         # What a scope sees of a VirtualService reads it, its exportTo and its resolved hosts (the
         # rules' index) and the mesh: with that index kept, so are the scopes' answers.
         same_index = previous is not None and self.hosts is previous.hosts
@@ -212,7 +215,7 @@ class SnapshotIndex:
             same_rules = same("DestinationRule") and same_services
             self._scoped = {
                 k: v
-                for k, v in previous._scoped.items()
+                for k, v in prior.items()
                 if (k[0] == "services" and same_services)
                 or (k[0] == "virtual_services" and same_routes)
                 or (k[0] == "destination_rules" and same_rules)
@@ -221,7 +224,7 @@ class SnapshotIndex:
             if same("DestinationRule") and self._dr_exact is previous._dr_exact and touched is not None:
                 # A model patched from that one, the rules' index the same: a host's rule reads
                 # its own service (its namespace) beside them, so every other host's stands.
-                for k, v in previous._scoped.items():
+                for k, v in prior.items():
                     if k[0] == "destination_rules":
                         rules = dict(v)
                         for host in touched:
@@ -232,7 +235,7 @@ class SnapshotIndex:
         #: so a scope looks again at the changed ones only (`scoped_virtual_services`)
         self._routes_before: tuple[dict[ConfigKey, Config], dict[Hashable, tuple[Config, ...]]] | None = None
         if previous is not None and previous._mesh == mesh and (previous._services is services or same_index):
-            before = {k[1]: v for k, v in previous._scoped.items() if k[0] == "virtual_services"}
+            before = {k[1]: v for k, v in prior.items() if k[0] == "virtual_services"}
             if before and not same("VirtualService"):
                 self._routes_before = ({c.key: c for c in previous._by_kind.get("VirtualService", ())}, before)
             elif not before:  # no scope asked there (its config was generated already): the answers before it
@@ -241,7 +244,7 @@ class SnapshotIndex:
         #: scopes' services there, so a scope tests only the new or changed ones (`scoped_services`)
         self._services_before: tuple[ServiceModel, dict[Hashable, tuple[Service, ...]]] | None = None
         if previous is not None and previous._mesh == mesh:
-            seen = {k[1]: v for k, v in previous._scoped.items() if k[0] == "services"}
+            seen = {k[1]: v for k, v in prior.items() if k[0] == "services"}
             # No scope asked there (its config was generated already): the answers before it.
             self._services_before = (previous._services, seen) if seen else previous._services_before
         #: VirtualServices and services scopes tested for visibility (`scoped_virtual_services`,
