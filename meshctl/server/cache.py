@@ -319,17 +319,9 @@ class ResourceCache:
 
     def _view_of(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> ProxyResources:
         with self._lock:
+            # A version asked for again (a change undone) is the most recent one again (`Recent.get`):
+            # else the next version would drop it, and the bindings and last good views asked for there.
             view = self._views.get(snapshot.version, key)
-            # A version asked for again (a change undone) is the most recent one again: else the
-            # next version would drop it, and the bindings and last good views asked for there.
-            # (At the most recent version already, as for every stream of a publication but the
-            # first of its key, there is nothing to move.)
-            if (
-                view is not None
-                and self._views.versions[-1] != snapshot.version
-                and self._views.put(snapshot.version, key, view)
-            ):
-                self._forget_last_good()
         if view is not None:
             return view
         try:
