@@ -24,7 +24,7 @@ from meshctl.server.metrics import Metrics
 from meshctl.server.rollout_plan import RolloutSettings
 from meshctl.server.secrets import WorkloadSecrets
 from meshctl.server.subscription import RequestKind, SotwSubscription
-from meshctl.snapshot.proxy import parse_node_id
+from meshctl.snapshot.node import parse_node_id
 from meshctl.testing.builders import snapshot_from_yaml
 from meshctl.xds import types
 from meshctl.xds.resources import Resource, ResourceSet
