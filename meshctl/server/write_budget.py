@@ -61,10 +61,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass(slots=True, eq=False)
 class Hold:
-    """Room taken for one write; given back once, by `WriteBudget.give_back` or by the linger timer."""
+    """Room taken for one write; given back once, by `WriteBudget.give_back` or by the linger."""
 
     size: int
-    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    #: when the room was taken (the loop's clock): it stops counting `linger` seconds after
+    since: float = field(default=0.0, repr=False)
     released: bool = False
 
 
@@ -111,6 +112,11 @@ class WriteBudget:
         #: what waited since the last log line
         self._unreported = (Waits(), Waits())
         self._report: asyncio.TimerHandle | None = None
+        #: the holds by the time they were taken (so by when they linger: the linger is one for
+        #: all), and the one timer that lets them linger: a timer per write, armed and cancelled,
+        #: cost a tenth of a stream's push
+        self._holds: deque[Hold] = deque()
+        self._sweep: asyncio.TimerHandle | None = None
 
     @property
     def waited(self) -> int:
@@ -150,8 +156,6 @@ class WriteBudget:
 
     def give_back(self, hold: Hold) -> None:
         """The write is done (or failed): its room goes to whoever waits."""
-        if hold.timer is not None:
-            hold.timer.cancel()
         self._release(hold)
 
     def _grant(self, size: int) -> Hold:
@@ -160,14 +164,27 @@ class WriteBudget:
 
     def _track(self, size: int) -> Hold:
         self.peak = max(self.peak, self.held)
-        hold = Hold(size)
-        hold.timer = asyncio.get_running_loop().call_later(self.linger, self._lingered, hold)
+        loop = asyncio.get_running_loop()
+        hold = Hold(size, loop.time())
+        self._holds.append(hold)
+        if self._sweep is None:
+            self._sweep = loop.call_at(hold.since + self.linger, self._linger)
         return hold
 
-    def _lingered(self, hold: Hold) -> None:
-        if not hold.released:
-            self.lingered += 1
-        self._release(hold)
+    def _linger(self) -> None:
+        """Holds taken `linger` seconds ago or more and still counting stop counting; the timer
+        is armed again for the oldest left, or not at all when none is."""
+        self._sweep = None
+        loop = asyncio.get_running_loop()
+        due = loop.time() - self.linger
+        holds = self._holds
+        while holds and (holds[0].released or holds[0].since <= due):
+            hold = holds.popleft()
+            if not hold.released:
+                self.lingered += 1
+                self._release(hold)
+        if holds:
+            self._sweep = loop.call_at(holds[0].since + self.linger, self._linger)
 
     def _release(self, hold: Hold) -> None:
         if hold.released:
