@@ -209,13 +209,13 @@ def test_broken_new_tree_exits_2_with_its_findings(trees: tuple[Path, Path]) -> 
 
 def test_an_internal_error_exits_2_not_1(trees: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """Exit 1 means "something changes": a crash must never be read as that."""
-    import meshctl.server.cache
+    import meshctl.server.cache_outbound
 
     def broken(*_: object, **__: object) -> None:
         raise RuntimeError("boom")
 
     # Generation as the server runs it, which `diff` goes through.
-    monkeypatch.setattr(meshctl.server.cache, "generate_outbound_clusters", broken)
+    monkeypatch.setattr(meshctl.server.cache_outbound, "generate_outbound_clusters", broken)
     old, new = trees
     result = run(old, new, "--all-proxies")
     assert (result.exit_code, result.stdout) == (2, "")

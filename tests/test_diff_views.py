@@ -64,10 +64,10 @@ def test_a_generation_error_in_the_new_tree_is_not_hidden_by_the_old_view(
 ) -> None:
     """The server keeps a proxy's last good config when generation fails; `diff` must not show
     the old tree's config as the new one's (and so "no change", exit 0): it fails, exit 2."""
-    import meshctl.server.cache
+    import meshctl.server.cache_outbound
 
     old, new = trees
-    real = meshctl.server.cache.generate_outbound_listeners_and_routes
+    real = meshctl.server.cache_outbound.generate_outbound_listeners_and_routes
     calls: list[str] = []
 
     def fails_the_second_time(snapshot: Any, *args: Any, **kwargs: Any) -> Any:
@@ -76,7 +76,7 @@ def test_a_generation_error_in_the_new_tree_is_not_hidden_by_the_old_view(
             raise RuntimeError("boom")
         return real(snapshot, *args, **kwargs)
 
-    monkeypatch.setattr(meshctl.server.cache, "generate_outbound_listeners_and_routes", fails_the_second_time)
+    monkeypatch.setattr(meshctl.server.cache_outbound, "generate_outbound_listeners_and_routes", fails_the_second_time)
     result = runner.invoke(app, ["diff", str(old), str(new), "--proxy", "sleep-vm.bookinfo", "-o", "json"])
     assert (result.exit_code, result.stdout) == (2, ""), result.output
     assert "internal error: RuntimeError: boom" in result.stderr
