@@ -5,6 +5,8 @@ holds the others' room for longer than the linger."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -12,6 +14,7 @@ import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 from test_ads_client_leaves import METHOD, big_mesh
 
+from meshctl.server.app import Server
 from meshctl.server.write_budget import CHANGE_FACTOR, WriteBudget
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.server import run, serving
@@ -20,6 +23,22 @@ from meshctl.xds import types
 
 def _services(client: AdsClient) -> int:
     return sum(name.startswith("outbound|") for name in client.resources[types.CLUSTER])
+
+
+@contextlib.asynccontextmanager
+async def _twelve_clients(server: Server, subnet: int) -> AsyncIterator[list[AdsClient]]:
+    """Twelve sidecars of `shop` connected together to `server`, closed at the end."""
+    address = f"127.0.0.1:{server.xds_port}"
+    clients = [
+        AdsClient(address, f"sidecar~10.40.{subnet}.{i}~client-{i}.shop~shop.svc.cluster.local") for i in range(12)
+    ]
+    for client in clients:
+        await client.start()
+    try:
+        yield clients
+    finally:
+        for client in clients:
+            await client.close()
 
 
 def test_room_is_given_in_turn_and_a_large_write_goes_alone() -> None:
@@ -105,13 +124,7 @@ def test_a_change_reaches_a_connected_fleet_without_waiting_for_room(tmp_path: P
         async with serving(mesh) as server:
             # Room for about one first-cluster response among twelve proxies: their connects wait.
             budget = server.ads.write_budget = WriteBudget(limit=600_000, linger=30)
-            address = f"127.0.0.1:{server.xds_port}"
-            clients = [
-                AdsClient(address, f"sidecar~10.40.2.{i}~client-{i}.shop~shop.svc.cluster.local") for i in range(12)
-            ]
-            for client in clients:
-                await client.start()
-            try:
+            async with _twelve_clients(server, 2) as clients:
                 for client in clients:
                     await client.wait_for(lambda c: c.complete() and _services(c) == 600, timeout=60)
                 connects_waited = budget.waited
@@ -121,9 +134,6 @@ def test_a_change_reaches_a_connected_fleet_without_waiting_for_room(tmp_path: P
                 big_mesh(tmp_path, services=601)
                 for client in clients:
                     await client.wait_for(lambda c: c.complete() and _services(c) == 601, timeout=60)
-            finally:
-                for client in clients:
-                    await client.close()
             assert budget.waited == connects_waited, "the change's pushes waited for room"
             assert budget.lingered == 0
 
@@ -138,18 +148,9 @@ def test_a_fleet_connecting_together_waits_for_room_and_every_proxy_converges(tm
         async with serving(mesh) as server:
             # A budget of about two first-cluster responses among twelve proxies: most wait.
             budget = server.ads.write_budget = WriteBudget(limit=600_000, linger=30)
-            address = f"127.0.0.1:{server.xds_port}"
-            clients = [
-                AdsClient(address, f"sidecar~10.40.1.{i}~client-{i}.shop~shop.svc.cluster.local") for i in range(12)
-            ]
-            for client in clients:
-                await client.start()
-            try:
+            async with _twelve_clients(server, 1) as clients:
                 for client in clients:
                     await client.wait_for(lambda c: _services(c) == 600, timeout=60)
-            finally:
-                for client in clients:
-                    await client.close()
             assert budget.waited > 0, "no write waited: the budget was not in the way"
             assert budget.peak <= budget.limit
             assert budget.lingered == 0
