@@ -171,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         "--mesh-services", type=int, default=0, help="services in the mesh, the file's among them (0: the file alone)"
     )
     parser.add_argument("--profile", type=Path, help="py-spy the server over the edits into this file")
-    parser.add_argument("--delta", action="store_true", help="Envoy speaks incremental (delta) xDS, not state of the world")
+    parser.add_argument(
+        "--delta", action="store_true", help="Envoy speaks incremental (delta) xDS, not state of the world"
+    )
     parser.add_argument("--in-process", action="store_true", help="CPU per stage in process, no server or Envoy")
     args = parser.parse_args(argv)
     if args.in_process:
@@ -182,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="meshctl-edit-") as tmp:
         root = Path(tmp) / "mesh"
         path, docs = write_mesh(root, args.entries, args.mesh_services)
-        with ServeProcess([root], debounce=0.1) as server, EnvoyProcess(server.bootstrap(NODE, delta=args.delta)) as envoy:
+        with (
+            ServeProcess([root], debounce=0.1) as server,
+            EnvoyProcess(server.bootstrap(NODE, delta=args.delta)) as envoy,
+        ):
             deadline = time.monotonic() + args.timeout + args.mesh_services / 100
             while not has_cluster(envoy, f"outbound|9080||ext-{args.entries - 1}.catalog.mesh"):
                 if time.monotonic() > deadline:

@@ -389,7 +389,9 @@ def test_a_build_reads_one_store_revision_while_the_watcher_thread_writes() -> N
 
 def _entry(name: str) -> Config:
     spec = spec_class("ServiceEntry")(
-        hosts=[f"{name}.shop.mesh"], location="MESH_INTERNAL", ports=[{"number": 80, "name": "http", "protocol": "HTTP"}]
+        hosts=[f"{name}.shop.mesh"],
+        location="MESH_INTERNAL",
+        ports=[{"number": 80, "name": "http", "protocol": "HTTP"}],
     )
     return make_config("ServiceEntry", name, "shop", spec)
 
