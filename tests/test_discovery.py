@@ -398,8 +398,8 @@ def _entry(name: str) -> Config:
 
 def test_a_file_edit_adding_a_service_is_one_build_though_the_registry_hears_of_it_first() -> None:
     """The file registry follows the store and tells the build of the new service before the
-    store does; a follower in between (the health checker) takes its time on the watcher's
-    thread. The build waits for the whole delivery: one build with both, not one woken by the
+    store does; a follower in between that takes its time on the watcher's thread makes sure
+    the loop wakes between the two. The build waits for the whole delivery: one build with both, not one woken by the
     registry's half and another that finds nothing new."""
 
     async def test() -> None:

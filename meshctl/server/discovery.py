@@ -125,9 +125,9 @@ class Discovery:
     def _hold(self, trigger: Trigger, *, settled: bool) -> None:
         """Wake the build for a change, or, while the store is handing a change to its followers
         on this thread, once they all have it. One file edit reaches the build as the file
-        registry's change (a ServiceEntry), then the store's, with the health checker's work in
-        between: woken by the first, the build ran while the watcher thread still worked, and
-        the second found nothing new and was built again for nothing."""
+        registry's change (a ServiceEntry), then the store's: when the loop woke between the two
+        (it did for about half of the edits of `bench/envoy_edit.py`), the first started a build
+        and the second another, which found nothing new."""
         with self._held_lock:
             first = self._held is None
             held = self._held or (Trigger(), True)
