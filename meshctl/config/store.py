@@ -122,6 +122,16 @@ class ConfigStore:
         """The store at the current revision; take revision and configs from one view so they agree."""
         return self._view
 
+    def after_delivery(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the change being handed to the listeners on this thread reached
+        them all (at once when none is being handed out here). A follower's own change made in
+        reply (the file registry's model, patched for a ServiceEntry) is part of the store's
+        change: a consumer of both waits for the end of the delivery to see them as one."""
+        if not getattr(self._local, "delivering", False):
+            callback()
+            return
+        self._local.after.append(callback)
+
     @property
     def revision(self) -> int:
         return self._view.revision
@@ -279,8 +289,10 @@ class ConfigStore:
     def _deliver(self) -> None:
         if getattr(self._local, "delivering", False):
             return  # written from inside a listener: the delivery loop below picks it up next
+        after: list[Callable[[], None]] = []
         with self._delivery:
             self._local.delivering = True
+            self._local.after = after
             try:
                 while True:
                     with self._lock:
@@ -296,6 +308,12 @@ class ConfigStore:
                             logger.exception("config listener %r failed on revision %d", listener, change.revision)
             finally:
                 self._local.delivering = False
+                self._local.after = []
+                for callback in after:
+                    try:
+                        callback()
+                    except Exception:
+                        logger.exception("config delivery callback %r failed", callback)
 
 
 def _diff(
