@@ -46,6 +46,7 @@ from google.protobuf import json_format
 from meshctl.errors import BindingError, NodeIdError, SubscriptionLimitError
 from meshctl.logs import untrusted
 from meshctl.server.cache import ProxyResources, Resolved
+from meshctl.server.collector import QuietFreezer
 from meshctl.server.connection import Connection
 from meshctl.server.encode import BlockCache, encode_delta, encode_sotw
 from meshctl.server.limits import ClientLedger, StreamLimits, release_free_memory
@@ -176,6 +177,9 @@ class AdsServicer:
         self._blocks = BlockCache()
         #: Response bytes in gRPC's hands at once (`meshctl.server.write_budget`); None: unbounded.
         self.write_budget = write_budget
+        #: Told of every publication, connect and write, to freeze the collector's objects once
+        #: quiet (`collector.QuietFreezer`); set by the server that owns the process's collector.
+        self.quiet_freezer: QuietFreezer | None = None
 
     def handlers(self) -> grpc.GenericRpcHandler[Any, Any]:
         return ads_handlers(self.stream_sotw, self.stream_delta)
@@ -349,6 +353,8 @@ class AdsServicer:
             logger.warning("refused a stream from %s: %s", context.peer(), str(exc))
             return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
         stream.label = untrusted(node.id)
+        if self.quiet_freezer is not None:
+            self.quiet_freezer.busy()
         addressed = with_peer_address(node, context.peer())  # a registering VM that gave no IP
         if isinstance(addressed, str):
             logger.warning("refused node %s: %s", stream.label, addressed)
@@ -440,6 +446,8 @@ class AdsServicer:
                 self._observer.pushed(stream, push, len(data))
                 await context.write(data)
                 stream.written_types.add(push.type_url)
+                if self.quiet_freezer is not None:
+                    self.quiet_freezer.busy()
             finally:
                 if budget is not None and hold is not None:
                     budget.give_back(hold)
@@ -463,6 +471,8 @@ class AdsServicer:
         thousand streams in a few trips, not one per handful of them, and the streams of each
         trip are woken as it returns."""
         seen = seen or time.monotonic()
+        if self.quiet_freezer is not None:
+            self.quiet_freezer.busy()
         self._epoch += 1
         epoch = self._epoch
         loop = asyncio.get_running_loop()

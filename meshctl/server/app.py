@@ -43,6 +43,7 @@ from meshctl.server.ca_follower import CaHolder
 from meshctl.server.ca_service import CertificateService, serve_joins
 from meshctl.server.ca_upkeep import CaUpkeep, certificate_authority
 from meshctl.server.cache import ResourceCache
+from meshctl.server.collector import QuietFreezer
 from meshctl.server.credentials import CredentialDirectory, CredentialSecrets
 from meshctl.server.delivery import Delivery
 from meshctl.server.discovery import Discovery, Trigger
@@ -256,6 +257,8 @@ class Server:
             # Frozen objects are still freed by reference counting when a change drops them.
             gc.collect()
             gc.freeze()
+            # And what the fleet's streams and each change's config leave alive, once quiet.
+            self.ads.quiet_freezer = QuietFreezer(loop)
 
         self.readiness.start(loop)
         self._grpc = grpc.aio.server(
@@ -437,6 +440,8 @@ class Server:
             self._mesh_timer.cancel()
         if self.ca_upkeep is not None:
             await self.ca_upkeep.stop()
+        if self.ads.quiet_freezer is not None:
+            self.ads.quiet_freezer.stop()
         self.readiness.stop()
         await self.discovery.stop()
         self.delivery.stop()
