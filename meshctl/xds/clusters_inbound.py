@@ -51,8 +51,6 @@ _Cluster = cluster_pb2.Cluster
 
 #: Source address for traffic sent back into the workload, which iptables lets through.
 INBOUND_PASSTHROUGH_BIND: Final = "127.0.0.6"
-INBOUND_PASSTHROUGH_CLUSTER: Final = "InboundPassthroughCluster"
-LOCALHOST: Final = "127.0.0.1"
 #: Istio's "never" for inbound ORIGINAL_DST cleanup: the largest duration Envoy accepts.
 _NEVER_SECONDS: Final = 9223372035
 
@@ -66,7 +64,7 @@ def build_inbound_clusters(view: InboundView) -> list[cluster_pb2.Cluster]:
     out.extend(jwks_clusters(view.jwt_rules, family=proxy.family, connect_timeout=view.mesh.connect_timeout_seconds))
     if proxy.interception is not InterceptionMode.NONE:
         timeout = view.mesh.connect_timeout_seconds
-        inbound = passthrough_cluster(INBOUND_PASSTHROUGH_CLUSTER, timeout)
+        inbound = passthrough_cluster(names.INBOUND_PASSTHROUGH_CLUSTER, timeout)
         inbound.upstream_bind_config.source_address.address = INBOUND_PASSTHROUGH_BIND
         inbound.upstream_bind_config.source_address.port_value = 0
         out.append(inbound)
@@ -102,7 +100,8 @@ def _inbound(view: InboundView) -> list[cluster_pb2.Cluster]:
     # cluster (the services' other ports go to the passthrough cluster, as their listeners do).
     for endpoint_port in () if ingress else sorted(by_port):
         targets = by_port[endpoint_port]
-        out.append(_inbound_cluster(view, endpoint_port, (LOCALHOST, endpoint_port), targets[0].port.protocol, targets))
+        local = (names.LOCALHOST, endpoint_port)
+        out.append(_inbound_cluster(view, endpoint_port, local, targets[0].port.protocol, targets))
     for listener in ingress:
         try:
             endpoint = _default_endpoint(listener.default_endpoint, view.proxy.value.ip)
@@ -168,7 +167,7 @@ def _inbound_cluster(
     if cluster.type == _Cluster.ORIGINAL_DST:
         cluster.lb_policy = _Cluster.CLUSTER_PROVIDED
     intercepted = view.proxy.value.interception is not InterceptionMode.NONE
-    if intercepted and endpoint is not None and endpoint[1] != 0 and endpoint[0] not in (LOCALHOST, "::1"):
+    if intercepted and endpoint is not None and endpoint[1] != 0 and endpoint[0] not in (names.LOCALHOST, "::1"):
         # Traffic to the workload's own address would be captured again without this source.
         cluster.upstream_bind_config.source_address.address = INBOUND_PASSTHROUGH_BIND
         cluster.upstream_bind_config.source_address.port_value = 0

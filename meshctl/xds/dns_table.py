@@ -49,7 +49,8 @@ from meshctl.registry.model import Location, Protocol
 from meshctl.snapshot.loopback import is_tcp_level
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import listener_filters as lf
-from meshctl.xds.listeners_outbound import LOCALHOST, outbound_answers
+from meshctl.xds.listeners_outbound import outbound_answers
+from meshctl.xds.names import LOCALHOST
 
 DNS_FILTER: Final = "envoy.filters.udp.dns_filter"
 #: How long a client may keep an answer: short, so a changed address is taken up soon.

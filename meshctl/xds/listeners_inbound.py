@@ -67,9 +67,11 @@ from meshctl.xds.inbound_view import InboundView
 from meshctl.xds.listener_tls import downstream_tls_context, unsupported_reason
 from meshctl.xds.names import (
     BLACKHOLE_CLUSTER,
+    INBOUND_PASSTHROUGH_CLUSTER,
     VIRTUAL_INBOUND,
     VIRTUAL_INBOUND_CATCHALL_HTTP,
     VIRTUAL_INBOUND_PORT,
+    WILDCARD,
     inbound_cluster,
     listener_name,
 )
@@ -77,8 +79,6 @@ from meshctl.xds.rbac import InboundAuthz
 
 logger = logging.getLogger("meshctl.xds.listeners")
 
-INBOUND_PASSTHROUGH_CLUSTER: Final = "InboundPassthroughCluster"
-WILDCARD: Final = "0.0.0.0"
 _TLS = gateway_pb2.ServerTLSSettings
 _TERMINATING_MODES: Final = frozenset({_TLS.SIMPLE, _TLS.MUTUAL, _TLS.OPTIONAL_MUTUAL})
 

@@ -66,17 +66,17 @@ from meshctl.xds.listener_l4 import configs_for_host, route_filters, single_dest
 from meshctl.xds.listeners_inbound import port_protocol
 from meshctl.xds.names import (
     BLACKHOLE_CLUSTER,
+    LOCALHOST,
     PASSTHROUGH_CLUSTER,
     VIRTUAL_OUTBOUND,
     VIRTUAL_OUTBOUND_PORT,
+    WILDCARD,
     listener_name,
     outbound_cluster,
 )
 
 logger = logging.getLogger("meshctl.xds.listeners")
 
-LOCALHOST: Final = "127.0.0.1"
-WILDCARD: Final = "0.0.0.0"
 #: Ports Envoy or an Istio agent already listen on (admin, capture, agent, health, stats, DNS).
 RESERVED_PORTS: Final = frozenset({15000, 15001, 15004, 15006, 15008, 15020, 15021, 15053, 15090})
 _MESH = frozenset({MESH_GATEWAY})

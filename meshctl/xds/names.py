@@ -25,6 +25,12 @@ VIRTUAL_INBOUND: Final = "virtualInbound"
 VIRTUAL_INBOUND_CATCHALL_HTTP: Final = "virtualInbound-catchall-http"
 VIRTUAL_OUTBOUND_PORT: Final = 15001
 VIRTUAL_INBOUND_PORT: Final = 15006
+#: Where inbound traffic for no declared port goes (the inbound listener and its cluster agree).
+INBOUND_PASSTHROUGH_CLUSTER: Final = "InboundPassthroughCluster"
+#: The workload's own address as its sidecar reaches it, and where loopback-bound listeners bind.
+LOCALHOST: Final = "127.0.0.1"
+#: The address a listener binds to reach every interface.
+WILDCARD: Final = "0.0.0.0"
 
 
 class Direction(enum.StrEnum):
