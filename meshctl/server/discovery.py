@@ -64,6 +64,9 @@ class Trigger:
     endpoint: int = 0
     service: int = 0
 
+    def __add__(self, other: Trigger) -> Trigger:
+        return Trigger(self.config + other.config, self.endpoint + other.endpoint, self.service + other.service)
+
 
 class Discovery:
     """Owns the debounce and the current snapshot; started once and stopped once."""
@@ -130,12 +133,8 @@ class Discovery:
         and the second another, which found nothing new."""
         with self._held_lock:
             first = self._held is None
-            held = self._held or (Trigger(), True)
-            t = held[0]
-            self._held = (
-                Trigger(t.config + trigger.config, t.endpoint + trigger.endpoint, t.service + trigger.service),
-                held[1] and settled,
-            )
+            held, all_settled = self._held or (Trigger(), True)
+            self._held = (held + trigger, all_settled and settled)
         if first:
             self._store.after_delivery(self._release)
 
@@ -156,8 +155,7 @@ class Discovery:
 
     def _mark(self, trigger: Trigger, settled: bool = False) -> None:
         self._burst.note(time.monotonic(), settled=settled)
-        p = self._pending
-        self._pending = Trigger(p.config + trigger.config, p.endpoint + trigger.endpoint, p.service + trigger.service)
+        self._pending += trigger
         self._event.set()
 
     # -- building (the worker thread) --------------------------------------------------------
