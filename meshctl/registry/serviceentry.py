@@ -43,10 +43,10 @@ from __future__ import annotations
 
 import bisect
 import ipaddress
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from sys import intern
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from meshctl.api.networking.v1alpha3 import service_entry_pb2, workload_entry_pb2, workload_group_pb2
 from meshctl.config.hosts import is_ip
@@ -357,13 +357,7 @@ def _changed_entries(
         return None
     claimed: set[str] = set()
     leaving = set(keys)
-    for key in keys:
-        config = configs.get(key)
-        known = memo.entries.get(key)
-        if config is None and known is None:
-            continue
-        if config is not None and known is not None and config is known[0]:
-            continue
+    for key, config, _ in _changed_since(configs, keys, memo.entries):
         converted: list[Service] = []
         if config is not None:
             spec = config.spec
@@ -381,19 +375,32 @@ def _changed_entries(
     return out
 
 
+#: A memo's entry for a config: the config it was made from first.
+_Entry = TypeVar("_Entry", bound=tuple[Any, ...])
+
+
+def _changed_since(
+    configs: Mapping[ConfigKey, Config | None], keys: list[ConfigKey], known: Mapping[ConfigKey, _Entry]
+) -> Iterator[tuple[ConfigKey, Config | None, _Entry | None]]:
+    """Each of `keys` whose config is not the very object the memo `known` holds for it (added,
+    replaced or gone), with the config now (None: gone) and the memo's entry (None: new)."""
+    for key in keys:
+        config = configs.get(key)
+        entry = known.get(key)
+        if config is None and entry is None:
+            continue
+        if config is not None and entry is not None and config is entry[0]:
+            continue
+        yield key, config, entry
+
+
 def _changed_workloads(
     configs: Mapping[ConfigKey, Config | None], keys: list[ConfigKey], memo: BuildMemo
 ) -> list[tuple[ConfigKey, Config | None, _Workload | None, _Workload | None]] | None:
     """The WorkloadEntries changed, each as (key, config, old workload, new workload); None when
     one belongs (or belonged) to a WorkloadGroup. Reads the memo, changes nothing."""
     replaced: list[tuple[ConfigKey, Config | None, _Workload | None, _Workload | None]] = []
-    for key in keys:
-        config = configs.get(key)
-        known = memo.workloads.get(key)
-        if config is None and known is None:
-            continue
-        if config is not None and known is not None and config is known[0]:
-            continue
+    for key, config, known in _changed_since(configs, keys, memo.workloads):
         if any(c is not None and c.annotations.get(GROUP_ANNOTATION) for c in (config, known and known[0])):
             return None  # group templates and their notes: the whole build handles them
         new: _Workload | None = None
