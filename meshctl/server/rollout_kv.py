@@ -76,6 +76,12 @@ class SharedRollout:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshctl-rollout-kv")
         self._lock = threading.Lock()
         self._index = 0  # ModifyIndex of `state` as last read
+        #: changes submitted and not yet written (or found needless): while any is, the state the
+        #: watch reads predates this replica's own decision, and is not handed to the rollout
+        self._pending = 0
+        #: the ModifyIndex this replica's last write replaced: a state read at or below it is
+        #: older than that write (a watch's answer still on its way), never adopted
+        self._overwritten = -1
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_change: Callable[[State, dict[str, State]], None] | None = None
         self._queries: list[BlockingQuery] = []
@@ -119,6 +125,8 @@ class SharedRollout:
     def _on_state(self, data: object, _reply: ConsulReply) -> None:
         state, _, index = self._decode(data)
         with self._lock:
+            if index <= self._overwritten:
+                return
             self._index = index
             self._state = state
         self._tell()
@@ -132,6 +140,8 @@ class SharedRollout:
     def _tell(self) -> None:
         """Hand the state and reports as last read to the rollout, on the event loop."""
         with self._lock:
+            if self._pending:
+                return  # told once the change is written, with the state it wrote
             state, reports = dict(self._state), dict(self._reports)
         loop, callback = self._loop, self._on_change
         if loop is not None and callback is not None and not loop.is_closed():
@@ -169,8 +179,21 @@ class SharedRollout:
     # -- writing ---------------------------------------------------------------------------
 
     def change(self, transform: Transform) -> None:
-        """Apply `transform` to the shared state, check-and-set, off the loop, in order."""
-        self._writer.submit(self._change, transform)
+        """Apply `transform` to the shared state, check-and-set, off the loop, in order. Until it
+        is written, the rollout is not handed a state read before it: this replica's decision (a
+        hold) would be undone by a state that does not have it yet, and made again when the
+        watch reads the write."""
+        with self._lock:
+            self._pending += 1
+        self._writer.submit(self._change_and_tell, transform)
+
+    def _change_and_tell(self, transform: Transform) -> None:
+        try:
+            self._change(transform)
+        finally:
+            with self._lock:
+                self._pending -= 1
+            self._tell()
 
     def report(self, report: State) -> None:
         """This replica's canaries of the candidate."""
@@ -182,8 +205,14 @@ class SharedRollout:
             current, index = self._read_state()
             new = transform(dict(current))
             if new is None or new == current:
+                with self._lock:
+                    if index >= self._index and index > self._overwritten:
+                        self._index, self._state = index, current
                 return
             if self._put(f"{self.folder}state", json.dumps(new, sort_keys=True).encode(), index):
+                with self._lock:
+                    self._overwritten = max(self._overwritten, index)
+                    self._state = new
                 return
         logger.error("the shared rollout state in consul (%s) kept changing: a change was not written", self.folder)
 
