@@ -73,19 +73,21 @@ class GitState:
 def git_state(directory: Path, timeout: float = 5.0) -> GitState | None:
     """The git commit `directory` is checked out at (and whether the part of the tree under it
     has uncommitted changes), or None when it is not in a checkout or git is not installed. Runs
-    `git`; call it off the event loop."""
+    `git`; call it off the event loop. The tree is looked at before the commit: a `git commit`
+    landing between the two reads then gives the new commit, clean, or the old one, dirty; read
+    the other way round it gave the old commit as clean, a commit the config did not come from."""
     try:
-        head = subprocess.run(
-            ["git", "-C", str(directory), "rev-parse", "--verify", "-q", "HEAD"],
-            capture_output=True, text=True, timeout=timeout, check=False,
-        )  # fmt: skip
-        if head.returncode != 0 or not head.stdout.strip():
-            return None
         status = subprocess.run(
             ["git", "-C", str(directory), "status", "--porcelain", "--", "."],
             capture_output=True, text=True, timeout=timeout, check=False,
         )  # fmt: skip
+        head = subprocess.run(
+            ["git", "-C", str(directory), "rev-parse", "--verify", "-q", "HEAD"],
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
     except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0 or not head.stdout.strip():
         return None
     return GitState(head.stdout.strip(), status.returncode != 0 or bool(status.stdout.strip()))
 
