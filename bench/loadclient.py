@@ -27,13 +27,20 @@ up, as Envoy does not. Given one address, a proxy keeps one stream as before.
 
 A check is plain data, evaluated on what the proxy holds after each response (`holds`): exact,
 and cheap enough to run on every response.
+
+The clients share the machine with the server they measure, so what they spend per response is
+kept small: decoded resources and what is read of them are shared (`SharedDecoding`), and what
+the fleet holds after the connect is frozen out of the cyclic collector. With the environment
+variable `MESHCTL_BENCH_CLIENT_PROFILE=PREFIX`, each worker writes a cProfile per phase.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import cProfile
 import functools
+import gc
 import multiprocessing.connection
 import os
 import random
@@ -47,7 +54,7 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
 from meshctl.server.ads import TOO_MANY_NEW_STREAMS
-from meshctl.testing.ads_client import AdsClient, GrpcAdsClient
+from meshctl.testing.ads_client import AdsClient, GrpcAdsClient, SharedDecoding
 from meshctl.xds import types
 
 #: Every proxy has its own TCP connection (a shared subchannel would multiplex them all on one),
@@ -239,7 +246,7 @@ class SimulatedProxy(AdsClient):
     def _apply(self, response: Any) -> None:
         counts = self.received.setdefault(response.type_url, [0, 0])
         counts[0] += 1
-        counts[1] += response.ByteSize()
+        counts[1] += self.response_bytes
         super()._apply(response)
         self.responses += 1
         self.last_response_at = time.monotonic()
@@ -293,11 +300,10 @@ class SimulatedProxy(AdsClient):
         lost, self._queue = self._queue, asyncio.Queue()
         lost.put_nowait(None)
         self._first = True
-        response_class = discovery_pb2.DeltaDiscoveryResponse if self.delta else discovery_pb2.DiscoveryResponse
         call = self._channels[self.address].stream_stream(
             _METHODS[self.delta],
             request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=response_class.FromString,
+            response_deserializer=self._deserializer(),
         )(self._requests())
         self.attempts += 1
         self.opened_at = time.monotonic()
@@ -393,7 +399,7 @@ class _Worker:
         and fails over to the others."""
         # Proxies of one scope are sent the same resources: one decoded copy for all of them
         # (at 10,000 services each proxy holds thousands, and a copy each took 12 GB).
-        shared: dict[tuple[str, bytes], Any] = {}
+        shared = SharedDecoding()
         everyone = (address,) if isinstance(address, str) else tuple(address)
         for j, node_id in enumerate(self.node_ids):
             mine = everyone[j % len(everyone) :] + everyone[: j % len(everyone)]
@@ -465,7 +471,33 @@ def worker_main(
         asyncio.run(_serve(_Worker(conn, node_ids, delta, dialed)))
 
 
+class _PhaseProfile:
+    """With `PROFILE_ENV` set to a path prefix, each worker writes a cProfile of its loop's CPU
+    (the thread's clock: not the waits, not gRPC's own threads) per phase, from one `arm` to
+    the next, to `PREFIX.PID.N`: where the load clients' CPU goes, which the server's share of
+    the two cores depends on."""
+
+    def __init__(self) -> None:
+        self.prefix = os.environ.get(PROFILE_ENV)
+        self.profile: cProfile.Profile | None = None
+        self.phase = 0
+
+    def next_phase(self) -> None:
+        if not self.prefix:
+            return
+        if self.profile is not None:
+            self.profile.disable()
+            self.profile.dump_stats(f"{self.prefix}.{os.getpid()}.{self.phase}")
+        self.phase += 1
+        self.profile = cProfile.Profile(time.thread_time)
+        self.profile.enable()
+
+
+PROFILE_ENV = "MESHCTL_BENCH_CLIENT_PROFILE"
+
+
 async def _serve(worker: _Worker) -> None:
+    profile = _PhaseProfile()
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -484,9 +516,14 @@ async def _serve(worker: _Worker) -> None:
             case "connect":
                 _, address, check = command
                 await worker.connect(address, check)
+                # What the fleet holds lives as long as the run: out of the cyclic collector,
+                # whose full collections over it were a visible share of the clients' CPU.
+                gc.collect()
+                gc.freeze()
                 worker.conn.send(("connected",))
             case "arm":
                 _, check, affected = command
+                profile.next_phase()
                 worker.arm(check, affected)
                 worker.conn.send(("armed",))
             case "collect":

@@ -20,6 +20,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import grpc
@@ -81,7 +82,11 @@ def _name(message: Message) -> str:
 
 
 def eds_names(clusters: Mapping[str, Message]) -> set[str]:
-    return {n for n, c in clusters.items() if c.type == cluster_pb2.Cluster.EDS}  # type: ignore[attr-defined]
+    return {n for n, c in clusters.items() if _is_eds(c)}
+
+
+def _is_eds(cluster: Message) -> bool:
+    return bool(cluster.type == cluster_pb2.Cluster.EDS)  # type: ignore[attr-defined]
 
 
 def rds_names(listeners: Mapping[str, Message]) -> set[str]:
@@ -100,6 +105,118 @@ def rds_names(listeners: Mapping[str, Message]) -> set[str]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """What the client's follow-ups read of one decoded resource."""
+
+    message: Message  # held, so the id it is found by stays its own
+    name: str
+    is_eds: bool
+    #: the SDS secrets a cluster or listener names
+    secrets: frozenset[str]
+    #: the route configurations a listener names over RDS
+    rds: frozenset[str]
+
+
+def _facts_of(type_url: str, message: Message) -> _Facts:
+    is_cluster, is_listener = type_url == types.CLUSTER, type_url == types.LISTENER
+    secrets: frozenset[str] = frozenset()
+    if is_cluster or is_listener:
+        secrets = frozenset(secret_names([message] if is_cluster else [], [message] if is_listener else []))
+    rds = frozenset(rds_names({"": message})) if is_listener else frozenset()
+    return _Facts(message, _name(message), is_cluster and _is_eds(message), secrets, rds)
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """A state-of-the-world response's resources, decoded, by name; and what they name."""
+
+    by_name: Mapping[str, Message]
+    eds: frozenset[str]
+    secrets: frozenset[str]
+    rds: frozenset[str]
+
+
+def _sent(facts: Iterable[_Facts]) -> _Sent:
+    """What a set of resources holds and names (resources of one name: the last wins)."""
+    last = {f.name: f for f in facts}
+    eds = frozenset(n for n, f in last.items() if f.is_eds)
+    secrets = frozenset(s for f in last.values() for s in f.secrets)
+    rds = frozenset(r for f in last.values() for r in f.rds)
+    return _Sent(MappingProxyType({n: f.message for n, f in last.items()}), eds, secrets, rds)
+
+
+_NONCE_TAG = bytes([5 << 3 | 2])  # DiscoveryResponse.nonce: field 5, length-delimited
+_RESPONSES_KEPT = 4096
+
+
+def _without_nonce(data: bytes, nonce: str) -> tuple[int, bytes]:
+    """A response's encoding without its nonce field, and where that field was: what is the
+    same for every stream sent the same resources (the nonce is each stream's own)."""
+    if not nonce:
+        return -1, data
+    encoded = nonce.encode()
+    field_bytes = _NONCE_TAG + _varint(len(encoded)) + encoded
+    at = data.rfind(field_bytes)
+    if at < 0:
+        return -1, data
+    return at, data[:at] + data[at + len(field_bytes) :]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+@dataclass
+class SharedDecoding:
+    """Decoded resources shared by the clients given the same one (`AdsClient(shared=...)`):
+    each resource by its type and bytes, what the clients read of each by its identity, and
+    each state-of-the-world response by its bytes without the nonce.
+
+    The clients of a simulated fleet share the machine with the server they measure, and the
+    proxies of one namespace are sent the same responses: a CDS response of a thousand clusters
+    is then decoded and read once, not once per proxy. Bytes are found by their type, length and
+    a few of them, then compared whole: a route configuration at 10,000 services is 400 KB, and
+    hashing it for every client cost more than the comparison (each `Any.value` read is a new
+    bytes object, whose hash is not kept)."""
+
+    messages: dict[tuple[str, int, bytes, bytes], list[tuple[bytes, Message]]] = field(default_factory=dict)
+    facts: dict[int, _Facts] = field(default_factory=dict)
+    responses: dict[tuple[str, int, int, bytes, bytes], list[tuple[bytes, _Sent]]] = field(default_factory=dict)
+
+    @staticmethod
+    def _key(type_url: str, value: bytes) -> tuple[str, int, bytes, bytes]:
+        return (type_url, len(value), value[:64], value[-64:])
+
+    def find(self, type_url: str, value: bytes) -> Message | None:
+        for held, message in self.messages.get(self._key(type_url, value), ()):
+            if held == value:
+                return message
+        return None
+
+    def keep(self, type_url: str, value: bytes, message: Message) -> None:
+        self.messages.setdefault(self._key(type_url, value), []).append((value, message))
+
+    def sent(self, type_url: str, data: bytes, nonce: str, make: Callable[[], _Sent]) -> _Sent:
+        """The response `data` (with `nonce`) decoded: by `make` the first time its resources
+        come, after that as they were."""
+        at, rest = _without_nonce(data, nonce)
+        key = (type_url, at, len(rest), rest[:64], rest[-64:])
+        for held, found in self.responses.get(key, ()):
+            if held == rest:
+                return found
+        made = make()
+        if len(self.responses) >= _RESPONSES_KEPT:
+            self.responses.clear()
+        self.responses.setdefault(key, []).append((rest, made))
+        return made
+
+
 class AdsClient:
     """One simulated Envoy on one ADS stream; use as an async context manager."""
 
@@ -112,13 +229,22 @@ class AdsClient:
         delta: bool = False,
         nack: NackRule | None = None,
         channel: grpc.aio.Channel | None = None,
-        shared: dict[tuple[str, bytes], Message] | None = None,
+        shared: SharedDecoding | None = None,
     ) -> None:
         """`shared`, when given, holds decoded resources by their bytes for every client that
-        is given the same dict: a thousand clients in one process that are sent the same
-        cluster keep one decoded copy of it (treat what `resources` holds as read-only then)."""
+        is given the same one: a thousand clients in one process that are sent the same
+        cluster keep one decoded copy of it (treat what `resources` holds as read-only then),
+        and what the client reads of each (its name, whether it is an EDS cluster, the
+        secrets it names) is then worked out once per decoded copy, not once per client and
+        response: a simulated fleet's clients share the machine with the server they measure."""
         self.address, self.node_id, self.delta = address, node_id, delta
         self._shared = shared
+        self._facts = shared.facts if shared is not None else None
+        #: the encoded size of the response being applied (read by subclasses that count bytes)
+        self.response_bytes = 0
+        self._response_data = b""
+        #: what the clusters and listeners held name (EDS clusters, SDS secrets, route configs)
+        self._named: dict[str, _Sent] = {t: _sent(()) for t in (types.CLUSTER, types.LISTENER)}
         self._metadata = dict(metadata or {})
         self._nack = nack
         self._own_channel = channel is None
@@ -144,13 +270,24 @@ class AdsClient:
         if self._channel is None:
             self._channel = grpc.aio.insecure_channel(self.address)
         method = _METHOD_DELTA if self.delta else _METHOD_SOTW
-        response_class = discovery_pb2.DeltaDiscoveryResponse if self.delta else discovery_pb2.DiscoveryResponse
         call = self._channel.stream_stream(
-            method, request_serializer=lambda m: m.SerializeToString(), response_deserializer=response_class.FromString
+            method, request_serializer=lambda m: m.SerializeToString(), response_deserializer=self._deserializer()
         )(self._requests())
         self._task = asyncio.create_task(self._receive(call))
         # As Envoy starts: clusters first; listeners once the clusters have their endpoints.
         self._subscribe(types.CLUSTER, set())
+
+    def _deserializer(self) -> Callable[[bytes], Any]:
+        """The stream's response decoder; it notes each response's size, which is then applied
+        before the next is read."""
+        response_class = discovery_pb2.DeltaDiscoveryResponse if self.delta else discovery_pb2.DiscoveryResponse
+
+        def decode(data: bytes) -> Any:
+            self.response_bytes = len(data)
+            self._response_data = data
+            return response_class.FromString(data)
+
+        return decode
 
     async def close(self) -> None:
         await self._queue.put(None)
@@ -229,15 +366,27 @@ class AdsClient:
 
     def _decode(self, type_url: str, cls: type[Message], packed: Any) -> Message:
         shared = self._shared
-        if shared is not None:
-            found = shared.get((type_url, packed.value))
-            if found is not None:
-                return found
-        m = cls()
-        packed.Unpack(m)
-        if shared is not None:
-            shared[(type_url, packed.value)] = m
+        if shared is None:
+            m = cls()
+            packed.Unpack(m)
+            return m
+        value = packed.value
+        found = shared.find(type_url, value)
+        if found is not None:
+            return found
+        m = cls.FromString(value)
+        shared.keep(type_url, value, m)
         return m
+
+    def _fact(self, type_url: str, message: Message) -> _Facts:
+        """`message`'s facts: kept by its identity among clients that share decoded copies."""
+        facts = self._facts
+        if facts is None:
+            return _facts_of(type_url, message)
+        found = facts.get(id(message))
+        if found is None or found.message is not message:
+            found = facts[id(message)] = _facts_of(type_url, message)
+        return found
 
     def _apply(self, response: Any) -> None:
         type_url = response.type_url
@@ -252,16 +401,15 @@ class AdsClient:
             for name in removed:
                 candidate.pop(name, None)
         else:
-            for any_msg in response.resources:
-                m = self._decode(type_url, cls, any_msg)
-                decoded[_name(m)] = m
+            sent = self._sotw_sent(type_url, cls, response)
+            decoded = sent.by_name  # type: ignore[assignment]  # read-only: shared between clients
             if type_url in PARTIAL_SOTW_TYPES:
                 # Envoy applies the names it watches, and ignores the others.
                 watched = self._state[type_url].names
                 fresh = {n: m for n, m in decoded.items() if n in watched}
                 candidate = {**self.resources[type_url], **fresh}
             else:
-                candidate = decoded
+                candidate = dict(decoded)
         version = response.system_version_info if self.delta else response.version_info
         self.log.append(Received(time.monotonic(), type_url, version, response.nonce, tuple(decoded), removed))
         error = self._nack(type_url, candidate) if self._nack is not None else None
@@ -271,29 +419,40 @@ class AdsClient:
             self._answer(type_url, response.nonce, error)
             return
         self.resources[type_url] = candidate
+        if type_url in self._named:
+            self._named[type_url] = (
+                sent if not self.delta else _sent(self._fact(type_url, m) for m in candidate.values())
+            )
         state.version, state.nonce = version, response.nonce
         self._answer(type_url, response.nonce, None)
         self._follow_up(type_url)
 
+    def _sotw_sent(self, type_url: str, cls: type[Message], response: Any) -> _Sent:
+        """A state-of-the-world response's resources, decoded; shared with the clients sent the
+        same (`SharedDecoding.sent`)."""
+
+        def make() -> _Sent:
+            return _sent(self._fact(type_url, self._decode(type_url, cls, r)) for r in response.resources)
+
+        if self._shared is None:
+            return make()
+        return self._shared.sent(type_url, self._response_data, response.nonce, make)
+
     def _follow_up(self, type_url: str) -> None:
         """The subscriptions a response of `type_url` leads to, as Envoy makes them."""
-        candidate = self.resources[type_url]
-        if type_url == types.CLUSTER:
-            wanted = eds_names(candidate)
-            if wanted != self._state[types.ENDPOINT].names or not self._state[types.ENDPOINT].started:
-                self._subscribe(types.ENDPOINT, wanted)
-        if not self._state[types.LISTENER].started and eds_names(self.resources[types.CLUSTER]) <= set(
-            self.resources[types.ENDPOINT]
-        ):
+        clusters, listeners = self._named[types.CLUSTER], self._named[types.LISTENER]
+        endpoints = self._state[types.ENDPOINT]
+        if type_url == types.CLUSTER and (clusters.eds != endpoints.names or not endpoints.started):
+            self._subscribe(types.ENDPOINT, set(clusters.eds))
+        if not self._state[types.LISTENER].started and clusters.eds <= self.resources[types.ENDPOINT].keys():
             self._subscribe(types.LISTENER, set())
-        if type_url == types.LISTENER:
-            wanted = rds_names(candidate)
-            if wanted != self._state[types.ROUTE].names or not self._state[types.ROUTE].started:
-                self._subscribe(types.ROUTE, wanted)
+        routes = self._state[types.ROUTE]
+        if type_url == types.LISTENER and (listeners.rds != routes.names or not routes.started):
+            self._subscribe(types.ROUTE, set(listeners.rds))
         if type_url in (types.CLUSTER, types.LISTENER):
-            named = secret_names(self.resources[types.CLUSTER].values(), self.resources[types.LISTENER].values())
+            named = clusters.secrets | listeners.secrets
             if named and named != self._state[types.SECRET].names:
-                self._subscribe(types.SECRET, named)
+                self._subscribe(types.SECRET, set(named))
 
     # -- waiting -----------------------------------------------------------------------------
 
@@ -321,8 +480,8 @@ class AdsClient:
         received = {r.type_url for r in self.log}
         return (
             {types.CLUSTER, types.LISTENER} <= received
-            and eds_names(self.resources[types.CLUSTER]) <= self.names(types.ENDPOINT)
-            and rds_names(self.resources[types.LISTENER]) <= self.names(types.ROUTE)
+            and self._named[types.CLUSTER].eds <= self.resources[types.ENDPOINT].keys()
+            and self._named[types.LISTENER].rds <= self.resources[types.ROUTE].keys()
         )
 
 
