@@ -170,8 +170,10 @@ def measure(services: int, proxies: int, runs: int, dns_port: int = 0, profile: 
         gc.freeze()  # as `meshctl serve` does after start-up
         churn = fleet.churn_path()
 
-        def add_churn(_step: int) -> None:
-            write_atomically(churn, fleet.churn_entry())
+        def add_churn(step: int) -> None:
+            # A VM the server has not seen at each step (a snapshot of its own), as in the fleet
+            # benchmark; the removal takes the mesh back to the snapshot before it, as there.
+            write_atomically(churn, fleet.churn_entry(step))
 
         def remove_churn(_step: int) -> None:
             churn.unlink(missing_ok=True)

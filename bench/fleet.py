@@ -327,8 +327,11 @@ class Fleet:
         svc = self.churn_service
         return self.root / self.namespace_of(svc) / f"{svc.name}-churn.yaml"
 
-    def churn_entry(self) -> str:
-        return self.workload_entry(self.churn_service, "churn", CHURN_IP)
+    def churn_entry(self, step: int = 0) -> str:
+        """The churn VM's WorkloadEntry; with `step`, a VM at another address of its own (just
+        below CHURN_IP's), so each step adds one the server has never seen."""
+        ip = CHURN_IP if not step else f"10.255.{254 - step // 250}.{step % 250 + 1}"
+        return self.workload_entry(self.churn_service, "churn", ip)
 
     def steps(self) -> list[Step]:
         """The changes of one run, in order; each is undone by a later one or left harmless."""

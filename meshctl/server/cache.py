@@ -177,7 +177,7 @@ class ResourceCache:
         self._resources: weakref.WeakValueDictionary[tuple[str, str, str], Resource] = weakref.WeakValueDictionary()
         self._sets: weakref.WeakValueDictionary[tuple[str, str], ResourceSet] = weakref.WeakValueDictionary()
         #: the assignments and EDS sets, shared by every proxy (`cache_eds.Assignments`)
-        self._assignments = Assignments(self._lock, self._set, keep_versions)
+        self._assignments = Assignments(self._lock, self._set, self._intern, keep_versions)
         #: the outbound parts (`cache_outbound`), the bulk of every config
         self._outbound = OutboundParts(
             self._lock,

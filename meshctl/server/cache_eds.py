@@ -5,13 +5,14 @@ digest, the subset's labels: everything `build_assignment` reads), and per local
 the proxies a locality rule or a failoverPriority rewrites it for; every proxy with the cluster
 shares it, so an endpoint change rebuilds only its service's, and a config change only those it
 touches. The set of one list of clusters is kept while their services and endpoints are (and
-the subsets' labels), so an endpoint change looks again only at the sets that name its service.
+the subsets' labels), so an endpoint change looks again only at the sets that name its service,
+and those make that service's assignments alone, the others taken from the set they replace.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
 from meshctl.server.cache_parts import Recent, TracedEds, kept_entry, rules_digest
 from meshctl.snapshot.model import Snapshot
@@ -30,12 +31,14 @@ class Assignments:
     def __init__(
         self,
         lock: threading.Lock,
-        make_set: Callable[[str, Iterable[Resource]], ResourceSet],
+        make_set: Callable[..., ResourceSet],
+        intern: Callable[[str, Resource], Resource],
         keep_versions: int,
     ) -> None:
         self._lock = lock
-        #: the cache's interned set of resources
+        #: the cache's interned set of resources, and its interning of one (under the lock)
         self._make_set = make_set
+        self._intern = intern
         #: cluster -> (the assignment's view, resource)
         self._by_cluster: dict[str, tuple[AssignmentView, Resource]] = {}
         #: (cluster, locality view) -> (view, resource): the variants of proxies a locality rule
@@ -46,7 +49,11 @@ class Assignments:
         #: endpoints; DestinationRules through the subsets' labels), and as found for each
         #: snapshot version
         self._sets: Recent[tuple[object, ...], TracedEds] = Recent(keep_versions)
-        self._now: Recent[tuple[object, ...], ResourceSet] = Recent(keep_versions)
+        #: ... by the identity of the list of clusters (each config's list, shared by the keys
+        #: of a scope; held by the entry, so its id is not reused): every proxy asks for its set
+        #: at each snapshot version, and hashing a thousand names each time cost more than
+        #: the rest of the lookup at 10,000 services
+        self._now: Recent[object, tuple[tuple[str, ...], ResourceSet]] = Recent(keep_versions)
         #: the last EDS set made without locality views, by the version it was made at
         self._last: dict[str, TracedEds] = {}
         #: Assignments built, and EDS sets made, for the tests and benchmarks.
@@ -66,11 +73,13 @@ class Assignments:
     ) -> ResourceSet:
         """The assignments of `names` at this snapshot: one set for every proxy with those
         clusters (and, where locality rules apply, the same locality views)."""
-        key: tuple[object, ...] = (names, tuple(sorted(views.items()))) if views else names
+        located = tuple(sorted(views.items())) if views else ()
+        held: object = (id(names), located) if views else id(names)
         with self._lock:
-            now = self._now.get(snapshot.version, key)
-        if now is not None:
-            return now
+            now = self._now.get(snapshot.version, held)
+        if now is not None and now[0] is names:
+            return now[1]
+        key: tuple[object, ...] = (names, located) if views else names
         # Kept across DestinationRule changes that leave every subset's labels as they were, and
         # across service changes that leave its clusters' services and endpoints as they were.
         version = snapshot.version_of(ASSIGNMENT_KINDS - TRACED_KINDS, services=False)
@@ -80,25 +89,37 @@ class Assignments:
         if kept is not None:
             eds = kept.eds
         else:
-            # A set for a list of clusters one service longer or shorter than the last one made
-            # (a service added where a sidecar sees it) takes the other clusters' assignments
-            # from it where they read the same (`TracedEds.reusable`, host by host).
-            last = self._last.get(version) if not views else None
+            # The set this list of clusters had (an endpoint change on one of its services), or
+            # for a list one service longer or shorter, the last one made (a service added where
+            # a sidecar sees it), gives the other clusters' assignments where they read the same
+            # (`TracedEds.reusable`, host by host): an endpoint added makes its own service's
+            # assignments alone, as the removal that takes it back finds its set kept.
+            last = found if found is not None else self._last.get(version) if not views else None
             reused = last.reusable(snapshot) if last is not None else {}
             views = views or {}
             made = [self._assignment(snapshot, name, views.get(name)) for name in names if name not in reused]
-            resources = [resource for resource, _ in made]
+            # The reused assignments are the interned ones of the set they come from: only the
+            # ones made are interned (a thousand lookups a set at 10,000 services otherwise).
+            with self._lock:
+                resources = [self._intern(types.ENDPOINT, resource) for resource, _ in made]
             resources += (reused[name] for name in names if name in reused)
-            eds = self._make_set(types.ENDPOINT, resources)
+            eds = self._make_set(types.ENDPOINT, resources, interned=True)
             subsets = tuple(
                 (parsed.host, parsed.subset, view.subset_labels)
                 for _, view in made
                 if view.port is not None and (parsed := parse_cluster_name(view.cluster_name)) and parsed.subset
             )
-            if last is not None and last.subsets and reused:
-                subset_hosts = {(p.host, p.subset) for n in names if n in reused and (p := parse_cluster_name(n))}
-                subsets += tuple(s for s in last.subsets if (s[0], s[1]) in subset_hosts)
-            hosts = frozenset(parsed.host for name in names if (parsed := parse_cluster_name(name)))
+            if found is not None and last is found:
+                # The same names: the same hosts, and the subsets of the hosts not made again.
+                if found.subsets and reused:
+                    remade = {view.cluster_name.rpartition("|")[2] for _, view in made}
+                    subsets += tuple(s for s in found.subsets if s[0] not in remade)
+                hosts = found.hosts
+            else:
+                if last is not None and last.subsets and reused:
+                    subset_hosts = {(p.host, p.subset) for n in names if n in reused and (p := parse_cluster_name(n))}
+                    subsets += tuple(s for s in last.subsets if (s[0], s[1]) in subset_hosts)
+                hosts = frozenset(parsed.host for name in names if (parsed := parse_cluster_name(name)))
             traced = TracedEds(eds, subsets, rules_digest(snapshot), snapshot.services, hosts)
             traced = found.replaced_by(traced) if found is not None else traced
             with self._lock:
@@ -108,7 +129,7 @@ class Assignments:
                 if not views:
                     self._last = {version: traced}
         with self._lock:
-            self._now.put(snapshot.version, key, eds)
+            self._now.put(snapshot.version, held, (names, eds))
         return eds
 
     def _assignment(
