@@ -44,6 +44,7 @@ from meshctl.registry.model import Service
 from meshctl.snapshot.model import spec
 from meshctl.xds.route_actions import ConsistentHash, RouteContext, http_routes
 from meshctl.xds.route_assembly import VirtualHostMemo
+from meshctl.xds.route_drafts import DraftKey, RouteDraftState
 
 #: The fields of `RouteContext` the key holds; the others are the traced functions.
 KEY_FIELDS = ("listen_port", "gateways", "proxy_labels", "proxy_namespace", "is_tls")
@@ -118,6 +119,24 @@ class RouteMemo:
         self._defaults_previous: dict[Hashable, rc.Route] = {}
         #: sidecar virtual hosts' bytes, keyed by the identities of the routes above they hold
         self.virtual_hosts = VirtualHostMemo()
+        #: each sidecar route configuration's last build, for the next to take over
+        #: (`route_drafts`), by (OutboundProxy, port, whether an egress listener's)
+        self._drafts: dict[DraftKey, RouteDraftState] = {}
+        self._drafts_previous: dict[DraftKey, RouteDraftState] = {}
+        #: VirtualService groups and default routes taken over from the build before / made
+        self.groups_kept = 0
+        self.groups_made = 0
+        self.defaults_kept = 0
+
+    def draft(self, key: DraftKey) -> RouteDraftState | None:
+        """The last build of the route configuration `key` names, if kept."""
+        with self._lock:
+            found = self._drafts.get(key)
+            return found if found is not None else self._drafts_previous.get(key)
+
+    def keep_draft(self, key: DraftKey, state: RouteDraftState) -> None:
+        with self._lock:
+            self._drafts[key] = state
 
     def default_route(self, key: Hashable, make: Callable[[], rc.Route]) -> rc.Route:
         """The default route `key` names (the caller's key is all `make` reads), made once."""
@@ -166,4 +185,5 @@ class RouteMemo:
         with self._lock:
             self._previous, self._current = self._current, {}
             self._defaults_previous, self._defaults = self._defaults, {}
+            self._drafts_previous, self._drafts = self._drafts, {}
         self.virtual_hosts.advance()
