@@ -87,6 +87,8 @@ class VirtualServiceGroup:
     names: frozenset[tuple[str, str]]
     #: whether it delegates: its routes then read other VirtualServices, and it is made anew
     delegates: bool
+    #: the route memo's entries its routes came from (`RouteMemo.kept`)
+    translations: tuple[Any, ...] = ()
 
     def holds(self, scope: ProxyScope) -> bool:
         """Whether the scope still picks, for every host this group claimed or passed over, the

@@ -150,10 +150,17 @@ class RouteMemo:
             self._defaults[key] = made
         return made
 
-    def routes(self, vs: Config, ctx: RouteContext, http: Sequence[vs_pb2.HTTPRoute]) -> list[rc.Route]:
+    def routes(
+        self,
+        vs: Config,
+        ctx: RouteContext,
+        http: Sequence[vs_pb2.HTTPRoute],
+        noted: list[tuple[RoutesKey, _Entry]] | None = None,
+    ) -> list[rc.Route]:
         """`http_routes(vs, ctx, http)`, reused when a translation with the same key read the
         same answers. `http` must be the VirtualService's own routes (no delegates merged): a
-        VirtualService with delegates is translated every time."""
+        VirtualService with delegates is translated every time. The entry used is appended to
+        `noted`, for a caller that takes the routes over later without asking (`kept`)."""
         if any(r.HasField("delegate") for r in spec(vs).http):
             return http_routes(vs, ctx, http)
         key = RoutesKey(
@@ -172,13 +179,26 @@ class RouteMemo:
             with self._lock:
                 self._current[key] = entry
                 self.reused += 1
+            if noted is not None:
+                noted.append((key, entry))
             return list(entry.routes)
         tracing = _Tracing(ctx)
         made = http_routes(vs, tracing.ctx, http)
+        entry = _Entry(tuple(tracing.trace), tuple(made))
         with self._lock:
-            self._current[key] = _Entry(tuple(tracing.trace), tuple(made))
+            self._current[key] = entry
             self.made += 1
+        if noted is not None:
+            noted.append((key, entry))
         return list(made)
+
+    def kept(self, noted: Sequence[tuple[RoutesKey, _Entry]]) -> None:
+        """Translations taken over from a build before without asking (`route_drafts`): still in
+        use, so kept for the next build that asks."""
+        if noted:
+            with self._lock:
+                for key, entry in noted:
+                    self._current.setdefault(key, entry)
 
     def advance(self) -> None:
         """A new config version: what the one before last used and this one has not yet is dropped."""

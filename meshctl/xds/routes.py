@@ -234,6 +234,7 @@ def _sidecar_route_config(
             found.told(scope)
             made = found
             if memo is not None:
+                memo.kept(found.translations)
                 memo.groups_kept += 1
         else:
             made = _virtual_service_group(scope, vs, services, ctx, memo)
@@ -279,13 +280,14 @@ def _virtual_service_group(
     names: set[tuple[str, str]] = set()
     scope.rule_trace, scope.name_trace = rules, names
     claims: list[tuple[str, ConfigKey | None]] = []
+    noted: list[Any] = []
     try:
-        group = _group_of(scope, vs, services, ctx, memo, claims=claims)
+        group = _group_of(scope, vs, services, ctx, memo, claims=claims, noted=noted)
     finally:
         scope.rule_trace, scope.name_trace = rule_trace, name_trace
     tell(scope, rules, names)
     delegates = any(r.HasField("delegate") for r in spec(vs).http)
-    return VirtualServiceGroup(vs, group, tuple(claims), rules, frozenset(names), delegates)
+    return VirtualServiceGroup(vs, group, tuple(claims), rules, frozenset(names), delegates, tuple(noted))
 
 
 def _group_of(
@@ -296,13 +298,14 @@ def _group_of(
     memo: RouteMemo | None,
     *,
     claims: list[tuple[str, ConfigKey | None]],
+    noted: list[Any],
 ) -> tuple[tuple[rc.Route, ...], tuple[Service, ...], tuple[str, ...]] | None:
     port = ctx.listen_port
     hosts = virtual_service_hosts(scope, vs)
     if port != _PLAIN_HTTP_PORT and not _overlaps_any(hosts, services):
         return None
     http = effective_http(scope, vs)
-    routes = memo.routes(vs, ctx, http) if memo is not None else http_routes(vs, ctx, http)
+    routes = memo.routes(vs, ctx, http, noted) if memo is not None else http_routes(vs, ctx, http)
     if not routes:
         # No route applies to this proxy: its hosts keep their default routes, as in Istio.
         return None
@@ -455,7 +458,7 @@ def _virtual_hosts(
         if (
             was is not None
             and was.served is served
-            and was.routes is routes
+            and _same_routes(was.routes, routes)
             and (was.domains is domains or was.domains == domains)
         ):
             made[name] = was
@@ -466,6 +469,11 @@ def _virtual_hosts(
         made[name] = KeptVirtualHost(served, routes, domains, draft)
         out.append(draft)
     return out, (ordered, plan if memo is not None else None, made)
+
+
+def _same_routes(a: tuple[rc.Route, ...], b: tuple[rc.Route, ...]) -> bool:
+    """The very same route messages (a translation taken over hands out the ones it made)."""
+    return a is b or (len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True)))
 
 
 def _catch_all(scope: ProxyScope) -> rc.VirtualHost:
