@@ -97,7 +97,8 @@ spec:
 
 
 def _rule(name: str, ns: str, n: int) -> str:
-    """A DestinationRule hashing by a header, for the whole host or one port of it."""
+    """A DestinationRule hashing by a header, for the whole host or one port of it, of a service
+    of its own namespace or of another."""
     policy = (
         f"{{loadBalancer: {{consistentHash: {{httpHeaderName: x-{n}}}}}}}"
         if n % 2
@@ -109,7 +110,7 @@ apiVersion: networking.istio.io/v1
 kind: DestinationRule
 metadata: {{name: {name}, namespace: {ns}}}
 spec:
-  host: {name}.{NAMESPACES[n % 3]}.mesh
+  host: {name}.{ns if n < 5 else NAMESPACES[n % 3]}.mesh
   trafficPolicy: {policy}
 """
 
@@ -150,6 +151,7 @@ class Tree:
             self.docs[("sidecar", "", ns)] = _sidecar(ns, 3)
             self.docs[("route", "a", ns)] = _route("a", ns, 1)
             self.docs[("rule", "b", ns)] = _rule("b", ns, 1)
+            self.docs[("rule", "d", ns)] = _rule("d", ns, 2)
         self.docs[("route", "c", "ns1")] = _route("c", "ns1", 2)
 
     def apply(self, edit: tuple[str, str, str, int]) -> None:
@@ -172,7 +174,7 @@ class Tree:
 
 
 edits = st.tuples(
-    st.sampled_from(("entry", "entry", "route", "route", "route", "rule", "sidecar", "delegate")),
+    st.sampled_from(("entry", "entry", "route", "route", "route", "rule", "rule", "sidecar", "delegate")),
     st.sampled_from(NAMES),
     st.sampled_from(NAMESPACES),
     st.integers(min_value=0, max_value=9),
