@@ -153,15 +153,21 @@ class Tree:
             self.docs[("rule", "b", ns)] = _rule("b", ns, 1)
             self.docs[("rule", "d", ns)] = _rule("d", ns, 2)
         self.docs[("route", "c", "ns1")] = _route("c", "ns1", 2)
+        # ns2's VirtualService for `a` delegates its HTTP routes
+        self.docs[("route", "a", "ns2")] = _route("a", "ns2", 5)
+        self.docs[("delegate", "", "ns2")] = _delegate("ns2", 1)
 
     def apply(self, edit: tuple[str, str, str, int]) -> None:
         what, name, ns, n = edit
+        if what == "sidecar" and ns not in CLIENTS:
+            ns = CLIENTS[n % 2]
+        elif what == "delegate":
+            ns = "ns2"
         key = (what, "" if what in ("sidecar", "delegate") else name, ns)
         if n == 0 and what != "route":
             self.docs.pop(key, None)
         elif what == "sidecar":
-            if ns in CLIENTS:
-                self.docs[key] = _sidecar(ns, n)
+            self.docs[key] = _sidecar(ns, n)
         elif what == "delegate":
             self.docs[key] = _delegate(ns, n)
         elif what == "route" and n == 9:
