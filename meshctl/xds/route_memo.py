@@ -24,7 +24,8 @@ A service without a VirtualService gets a default route, a function of its host,
 port, the port it serves and its DestinationRule's consistent hash: those are its key, and one
 route is made per key.
 
-The virtual hosts made of these routes are kept too, serialized (`route_assembly`).
+The virtual hosts made of these routes are kept too, serialized (`route_assembly`), and each
+sidecar route configuration's last build, for the next to take over (`route_drafts`).
 
 Kept like `GenerationMemo`: what was not asked for during the last two config versions goes.
 """
