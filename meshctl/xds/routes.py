@@ -53,7 +53,7 @@ from meshctl.xds.route_context import (
     virtual_service_hosts,
 )
 from meshctl.xds.route_delegate import effective_http
-from meshctl.xds.route_drafts import Basis, KeptVirtualHost, RouteDraftState, VirtualServiceGroup, tell
+from meshctl.xds.route_drafts import Basis, DraftKey, KeptVirtualHost, RouteDraftState, VirtualServiceGroup, tell
 from meshctl.xds.route_gateway import build_gateway_routes
 from meshctl.xds.route_memo import RouteMemo
 from meshctl.xds.route_plan import DomainPlan, Host, domain_plan
@@ -175,7 +175,7 @@ class _RouteDraft:
     virtual_hosts: list[_VirtualHostDraft]
     catch_all: rc.VirtualHost | None
     #: this build, kept for the next (`route_drafts`), with the key to keep it by
-    kept: tuple[tuple[Any, int, bool], RouteDraftState, dict[str, KeptVirtualHost]] | None = None
+    kept: tuple[DraftKey, RouteDraftState, dict[str, KeptVirtualHost]] | None = None
 
     def message(self) -> route_pb2.RouteConfiguration:
         hosts = [vh.message() for vh in self.virtual_hosts]
@@ -223,7 +223,7 @@ def _sidecar_route_config(
     reduced = any(s.port(port) is None for s in services.values())
     lookup = services.get if reduced else service_on_port(scope, port)
     ctx = route_context(scope, port, frozenset({MESH_GATEWAY}), lookup)
-    key = (scope.proxy, port, egress)
+    key: DraftKey = (scope.proxy, port, egress)
     prior = memo.draft(key) if memo is not None else None
     basis = Basis.of(scope)
     same_basis = prior is not None and prior.basis.same(basis)
