@@ -240,9 +240,9 @@ def test_route_configurations_taken_over_equal_fresh_ones() -> None:
     assert sum(kept) > 0
 
 
-def _big(services: int, routed: int, timeout: int = 1) -> str:
-    """A namespace of `services` HTTP services, the first `routed` with a VirtualService (the
-    first of them with the given timeout) and a consistent-hash DestinationRule."""
+def _big(services: int, routed: int, timeout: int = 1, header: str = "x-user") -> str:
+    """A namespace of `services` HTTP services, the first `routed` with a VirtualService and a
+    consistent-hash DestinationRule (the first of them with the given timeout and header)."""
     docs = []
     for i in range(services):
         docs.append(f"""
@@ -270,15 +270,16 @@ kind: DestinationRule
 metadata: {{name: s{i}, namespace: big}}
 spec:
   host: s{i}.big.mesh
-  trafficPolicy: {{loadBalancer: {{consistentHash: {{httpHeaderName: x-user}}}}}}
+  trafficPolicy: {{loadBalancer: {{consistentHash: {{httpHeaderName: {header if i == 0 else "x-user"}}}}}}}
 """)
     return "---".join(docs)
 
 
 def test_a_virtual_service_changed_or_a_service_added_costs_its_own_pieces() -> None:
     """In a namespace of 300 services, 30 of them routed: one VirtualService changed makes its
-    own group and virtual host again, and takes over every other group and default route; one
-    service added makes its own default route and virtual host alone. Both as built whole."""
+    own group and virtual host again, and takes over every other group and default route; so
+    does one DestinationRule changed, for the group that asked for it; one service added makes
+    its own default route and virtual host alone. Each as built whole."""
     store = ConfigStore()
     files = FileRegistry()
     files.follow(store)
@@ -304,6 +305,11 @@ def test_a_virtual_service_changed_or_a_service_added_costs_its_own_pieces() -> 
     assert memo.defaults_kept - counts[2] == 270
     assert memo.virtual_hosts.made - counts[3] == 1
     counts = (memo.groups_kept, memo.groups_made, memo.defaults_kept, memo.virtual_hosts.made)
-    build(_big(301, 30, timeout=7))
+    build(_big(300, 30, timeout=7, header="x-team"))
+    assert memo.groups_made - counts[1] == 1
+    assert memo.groups_kept - counts[0] == 29
+    assert memo.virtual_hosts.made - counts[3] == 1
+    counts = (memo.groups_kept, memo.groups_made, memo.defaults_kept, memo.virtual_hosts.made)
+    build(_big(301, 30, timeout=7, header="x-team"))
     assert memo.defaults_kept - counts[2] == 270
     assert memo.virtual_hosts.made - counts[3] == 1

@@ -9,11 +9,12 @@ port), and the next build takes each piece over where what the piece read is the
 
 - a VirtualService's group (its hosts, the services it claims, its translated routes) where
   the VirtualService is the same object and so are the inputs every translation reads beside
-  it (`Basis`: the service model, the DestinationRules, the mesh, the Sidecar), and every host
-  it claimed is still routed by it (`VirtualServiceGroup.claims`: which VirtualService the
-  scope picks for a host depends on all of them). The DestinationRules and short names the
-  group asked for are noted with it and told to the scope again, so a part's traces are
-  whole (`ProxyScope.rule_trace`, `name_trace`);
+  it (`Basis`: the service model, the mesh, the Sidecar), every DestinationRule it asked for is
+  the one it was (all of them, where the rules' digest is the same), and every host it claimed
+  is still routed by it (`VirtualServiceGroup.claims`: which VirtualService the scope picks for
+  a host depends on all of them). The DestinationRules and short names the group asked for are
+  noted with it and told to the scope again, so a part's traces are whole
+  (`ProxyScope.rule_trace`, `name_trace`);
 - a service's default route where the service and the DestinationRule the scope gives for its
   host are the same objects (the registry keeps an unchanged service's object, the snapshot
   index an unchanged rule's);
@@ -36,7 +37,7 @@ from envoy.config.route.v3 import route_components_pb2 as rc
 
 from meshctl.config.model import Config, ConfigKey
 from meshctl.registry.model import Service
-from meshctl.snapshot.scope import ProxyScope
+from meshctl.snapshot.scope import ProxyScope, rule_digest
 from meshctl.xds.route_plan import DomainPlan, Host
 
 if TYPE_CHECKING:
@@ -49,8 +50,9 @@ _RULE_KINDS = ("DestinationRule",)
 @dataclass(frozen=True, slots=True, eq=False)
 class Basis:
     """What every VirtualService translation and claim of one scope reads beside the
-    VirtualService itself: the service model (services, short names), the DestinationRules'
-    digest, the mesh and the Sidecar that applies. Equal when each is the same."""
+    VirtualService itself: the service model (services, short names), the mesh and the Sidecar
+    that applies; and the DestinationRules' digest, where the same, spares asking again for
+    the rules a group asked for."""
 
     model: object
     rules: tuple[bytes | None, ...]
@@ -64,12 +66,15 @@ class Basis:
         return Basis(snapshot.services, rules, snapshot.mesh, scope.sidecar)
 
     def same(self, other: Basis) -> bool:
+        """The same model, mesh and Sidecar (the rules are checked apart: `same_rules`)."""
         return (
             self.model is other.model
-            and self.rules == other.rules
             and (self.mesh is other.mesh or self.mesh == other.mesh)
             and self.sidecar is other.sidecar
         )
+
+    def same_rules(self, other: Basis) -> bool:
+        return self.rules == other.rules
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -100,6 +105,11 @@ class VirtualServiceGroup:
             if (chosen.key if chosen is not None else None) != key:
                 return False
         return True
+
+    def rules_hold(self, scope: ProxyScope) -> bool:
+        """Whether every DestinationRule the group asked for is, in the scope, the one it was."""
+        snapshot = scope.snapshot
+        return all(rule_digest(snapshot, scope.destination_rule(h)) == d for h, d in self.rules.items())
 
     def told(self, scope: ProxyScope) -> None:
         """Tell the scope's traces what this group asked, as asking again would."""

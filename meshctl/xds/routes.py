@@ -227,12 +227,13 @@ def _sidecar_route_config(
     prior = memo.draft(key) if memo is not None else None
     basis = Basis.of(scope)
     same_basis = prior is not None and prior.basis.same(basis)
+    same_rules = prior is not None and prior.basis.same_rules(basis)
     groups: list[_HostGroup] = []
     claimed: set[str] = set()
     made_groups: dict[ConfigKey, VirtualServiceGroup] = {}
     for vs in virtual_services:
         found = prior.groups.get(vs.key) if same_basis and prior is not None else None
-        if found is not None and found.vs is vs and found.holds(scope):
+        if found is not None and found.vs is vs and (same_rules or found.rules_hold(scope)) and found.holds(scope):
             found.told(scope)
             made = found
             if memo is not None:
