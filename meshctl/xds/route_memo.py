@@ -24,7 +24,8 @@ A service without a VirtualService gets a default route, a function of its host,
 port, the port it serves and its DestinationRule's consistent hash: those are its key, and one
 route is made per key.
 
-The virtual hosts made of these routes are kept too, serialized (`route_assembly`).
+The virtual hosts made of these routes are kept too, serialized (`route_assembly`), and each
+sidecar route configuration's last build, for the next to take over (`route_drafts`).
 
 Kept like `GenerationMemo`: what was not asked for during the last two config versions goes.
 """
@@ -44,6 +45,7 @@ from meshctl.registry.model import Service
 from meshctl.snapshot.model import spec
 from meshctl.xds.route_actions import ConsistentHash, RouteContext, http_routes
 from meshctl.xds.route_assembly import VirtualHostMemo
+from meshctl.xds.route_drafts import DraftKey, RouteDraftState
 
 #: The fields of `RouteContext` the key holds; the others are the traced functions.
 KEY_FIELDS = ("listen_port", "gateways", "proxy_labels", "proxy_namespace", "is_tls")
@@ -118,6 +120,24 @@ class RouteMemo:
         self._defaults_previous: dict[Hashable, rc.Route] = {}
         #: sidecar virtual hosts' bytes, keyed by the identities of the routes above they hold
         self.virtual_hosts = VirtualHostMemo()
+        #: each sidecar route configuration's last build, for the next to take over
+        #: (`route_drafts`), by (OutboundProxy, port, whether an egress listener's)
+        self._drafts: dict[DraftKey, RouteDraftState] = {}
+        self._drafts_previous: dict[DraftKey, RouteDraftState] = {}
+        #: VirtualService groups and default routes taken over from the build before / made
+        self.groups_kept = 0
+        self.groups_made = 0
+        self.defaults_kept = 0
+
+    def draft(self, key: DraftKey) -> RouteDraftState | None:
+        """The last build of the route configuration `key` names, if kept."""
+        with self._lock:
+            found = self._drafts.get(key)
+            return found if found is not None else self._drafts_previous.get(key)
+
+    def keep_draft(self, key: DraftKey, state: RouteDraftState) -> None:
+        with self._lock:
+            self._drafts[key] = state
 
     def default_route(self, key: Hashable, make: Callable[[], rc.Route]) -> rc.Route:
         """The default route `key` names (the caller's key is all `make` reads), made once."""
@@ -131,10 +151,17 @@ class RouteMemo:
             self._defaults[key] = made
         return made
 
-    def routes(self, vs: Config, ctx: RouteContext, http: Sequence[vs_pb2.HTTPRoute]) -> list[rc.Route]:
+    def routes(
+        self,
+        vs: Config,
+        ctx: RouteContext,
+        http: Sequence[vs_pb2.HTTPRoute],
+        noted: list[tuple[RoutesKey, _Entry]] | None = None,
+    ) -> list[rc.Route]:
         """`http_routes(vs, ctx, http)`, reused when a translation with the same key read the
         same answers. `http` must be the VirtualService's own routes (no delegates merged): a
-        VirtualService with delegates is translated every time."""
+        VirtualService with delegates is translated every time. The entry used is appended to
+        `noted`, for a caller that takes the routes over later without asking (`kept`)."""
         if any(r.HasField("delegate") for r in spec(vs).http):
             return http_routes(vs, ctx, http)
         key = RoutesKey(
@@ -153,17 +180,31 @@ class RouteMemo:
             with self._lock:
                 self._current[key] = entry
                 self.reused += 1
+            if noted is not None:
+                noted.append((key, entry))
             return list(entry.routes)
         tracing = _Tracing(ctx)
         made = http_routes(vs, tracing.ctx, http)
+        entry = _Entry(tuple(tracing.trace), tuple(made))
         with self._lock:
-            self._current[key] = _Entry(tuple(tracing.trace), tuple(made))
+            self._current[key] = entry
             self.made += 1
+        if noted is not None:
+            noted.append((key, entry))
         return list(made)
+
+    def kept(self, noted: Sequence[tuple[RoutesKey, _Entry]]) -> None:
+        """Translations taken over from a build before without asking (`route_drafts`): still in
+        use, so kept for the next build that asks."""
+        if noted:
+            with self._lock:
+                for key, entry in noted:
+                    self._current.setdefault(key, entry)
 
     def advance(self) -> None:
         """A new config version: what the one before last used and this one has not yet is dropped."""
         with self._lock:
             self._previous, self._current = self._current, {}
             self._defaults_previous, self._defaults = self._defaults, {}
+            self._drafts_previous, self._drafts = self._drafts, {}
         self.virtual_hosts.advance()

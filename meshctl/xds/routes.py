@@ -16,7 +16,9 @@ HTTPS server (`https.443.https.GATEWAY.NS`), holding the hosts its servers expos
 VirtualServices bound to the Gateway route (see `route_gateway`).
 
 Every VirtualService HTTP route is translated by `route_actions`; generation is a pure function
-of the scope, and the result is sorted by name.
+of the scope, and the result is sorted by name. With a memo, the server's builds take over what
+the build before of the same route configuration found where it read the same
+(`route_drafts`), so a change costs the pieces it touched, not the namespace's services.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.config.route.v3 import route_pb2
 
 from meshctl.config.hosts import hosts_overlap
-from meshctl.config.model import Config
+from meshctl.config.model import Config, ConfigKey
 from meshctl.registry.model import Protocol, Service
 from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import spec
@@ -39,7 +42,7 @@ from meshctl.xds import dynamic_forward as dfp
 from meshctl.xds import route_policy as policy
 from meshctl.xds.names import PASSTHROUGH_CLUSTER, sidecar_route_name
 from meshctl.xds.resources import Serialized
-from meshctl.xds.route_actions import ConsistentHash, http_routes
+from meshctl.xds.route_actions import ConsistentHash, RouteContext, http_routes
 from meshctl.xds.route_assembly import assemble_route_configuration, virtual_host_field
 from meshctl.xds.route_context import (
     destination_cluster,
@@ -50,9 +53,10 @@ from meshctl.xds.route_context import (
     virtual_service_hosts,
 )
 from meshctl.xds.route_delegate import effective_http
+from meshctl.xds.route_drafts import Basis, DraftKey, KeptVirtualHost, RouteDraftState, VirtualServiceGroup, tell
 from meshctl.xds.route_gateway import build_gateway_routes
 from meshctl.xds.route_memo import RouteMemo
-from meshctl.xds.route_plan import domain_plan
+from meshctl.xds.route_plan import DomainPlan, Host, domain_plan
 
 __all__ = ["build_route_resources", "build_routes", "destination_cluster", "route_configuration"]
 
@@ -129,7 +133,7 @@ def _egress_route_configs(
             own = svc.port(number) or (http_ports[0] if len(http_ports) == 1 else None)
             if own is not None:
                 services[svc.hostname] = dataclasses.replace(svc, ports=(own,))
-        out.append(_sidecar_route_config(scope, number, virtual_services, services, memo))
+        out.append(_sidecar_route_config(scope, number, virtual_services, services, memo, egress=True))
     return out
 
 
@@ -137,7 +141,7 @@ def _egress_route_configs(
 class _HostGroup:
     """Hosts that share one list of routes: a VirtualService's, or a service's default."""
 
-    routes: list[rc.Route]
+    routes: tuple[rc.Route, ...]
     services: list[Service] = field(default_factory=list)
     #: VirtualService hosts that name no service (`api.example.com`): served under their own name.
     other_hosts: list[str] = field(default_factory=list)
@@ -170,6 +174,8 @@ class _RouteDraft:
     name: str
     virtual_hosts: list[_VirtualHostDraft]
     catch_all: rc.VirtualHost | None
+    #: this build, kept for the next (`route_drafts`), with the key to keep it by
+    kept: tuple[DraftKey, RouteDraftState, dict[str, KeptVirtualHost]] | None = None
 
     def message(self) -> route_pb2.RouteConfiguration:
         hosts = [vh.message() for vh in self.virtual_hosts]
@@ -178,13 +184,26 @@ class _RouteDraft:
 
 def _assembled(draft: _RouteDraft, memo: RouteMemo) -> Serialized:
     """The draft's route configuration as bytes, each virtual host serialized once per what it
-    is made of: the route messages the memo shares stand, by identity, for their content."""
-    fields = [
-        memo.virtual_hosts.field((vh.name, vh.domains, tuple(map(id, vh.routes)), vh.dfp_cache), vh.routes, vh.message)
-        for vh in draft.virtual_hosts
-    ]
+    is made of: the route messages the memo shares stand, by identity, for their content. A
+    virtual host the build before made alike keeps its bytes (`route_drafts`)."""
+    kept = draft.kept
+    made = kept[2] if kept is not None else {}
+    fields = []
+    for vh in draft.virtual_hosts:
+        found = made.get(vh.name)
+        if found is not None and found.draft is vh and found.data:
+            fields.append(found.data[0])
+            continue
+        data = memo.virtual_hosts.field(
+            (vh.name, vh.domains, tuple(map(id, vh.routes)), vh.dfp_cache), vh.routes, vh.message
+        )
+        if found is not None and found.draft is vh:
+            found.data.append(data)
+        fields.append(data)
     if draft.catch_all is not None:
         fields.append(virtual_host_field(draft.catch_all))
+    if kept is not None:
+        memo.keep_draft(kept[0], kept[1])
     return assemble_route_configuration(draft.name, fields)
 
 
@@ -194,37 +213,110 @@ def _sidecar_route_config(
     virtual_services: Sequence[Config],
     services: dict[str, Service],
     memo: RouteMemo | None = None,
+    *,
+    egress: bool = False,
 ) -> _RouteDraft:
     """The route config of listener port `port`, over `services` (each of which either has that
-    port, or has been reduced to the one port it is reached on from this listener)."""
+    port, or has been reduced to the one port it is reached on from this listener). With `memo`,
+    what the build before of the same configuration found is taken over where it read the same
+    (`route_drafts`), and this build is kept for the next."""
     reduced = any(s.port(port) is None for s in services.values())
     lookup = services.get if reduced else service_on_port(scope, port)
     ctx = route_context(scope, port, frozenset({MESH_GATEWAY}), lookup)
+    key: DraftKey = (scope.proxy, port, egress)
+    prior = memo.draft(key) if memo is not None else None
+    basis = Basis.of(scope)
+    same_basis = prior is not None and prior.basis.same(basis)
+    same_rules = prior is not None and prior.basis.same_rules(basis)
     groups: list[_HostGroup] = []
     claimed: set[str] = set()
+    made_groups: dict[ConfigKey, VirtualServiceGroup] = {}
     for vs in virtual_services:
-        hosts = virtual_service_hosts(scope, vs)
-        if port != _PLAIN_HTTP_PORT and not _overlaps_any(hosts, services):
-            continue
-        http = effective_http(scope, vs)
-        routes = memo.routes(vs, ctx, http) if memo is not None else http_routes(vs, ctx, http)
-        if not routes:
-            # No route applies to this proxy: its hosts keep their default routes, as in Istio.
-            continue
-        other_hosts, matched = _claimed_hosts(scope, vs, hosts, services)
-        http_services = [s for s in matched if _is_http(s, port)]
-        if not http_services and port != _PLAIN_HTTP_PORT:
-            continue
-        groups.append(_HostGroup(routes, http_services, other_hosts))
-        claimed.update(s.hostname for s in http_services)
+        found = prior.groups.get(vs.key) if same_basis and prior is not None else None
+        if found is not None and found.vs is vs and (same_rules or found.rules_hold(scope)) and found.holds(scope):
+            found.told(scope)
+            made = found
+            if memo is not None:
+                memo.kept(found.translations)
+                memo.groups_kept += 1
+        else:
+            made = _virtual_service_group(scope, vs, services, ctx, memo)
+            if memo is not None:
+                memo.groups_made += 1
+        made_groups[vs.key] = made
+        if made.group is not None:
+            routes, http_services, other_hosts = made.group
+            groups.append(_HostGroup(routes, list(http_services), list(other_hosts)))
+            claimed.update(s.hostname for s in http_services)
+    defaults = prior.defaults if prior is not None else {}
+    made_defaults: dict[str, tuple[Service, object, tuple[rc.Route, ...]]] = {}
     for host in sorted(services):
         svc = services[host]
         if host not in claimed and _is_http(svc, port):
-            groups.append(_HostGroup([_default_route(scope, svc, port, memo)], [svc]))
-    virtual_hosts = _virtual_hosts(scope, port, groups, memo)
+            rule = scope.destination_rule(host)  # what the default route reads of the rules
+            was = defaults.get(host)
+            if was is not None and was[0] is svc and was[1] is rule:
+                if memo is not None:
+                    memo.defaults_kept += 1
+                made_defaults[host] = was
+            else:
+                made_defaults[host] = (svc, rule, (_default_route(scope, svc, port, memo),))
+            groups.append(_HostGroup(made_defaults[host][2], [svc]))
+    virtual_hosts, state = _virtual_hosts(scope, port, groups, memo, prior)
     # A VirtualService for `*` on port 80 already catches everything; Envoy refuses a second `*`.
     catch_all = None if any("*" in vh.domains for vh in virtual_hosts) else _catch_all(scope)
-    return _RouteDraft(sidecar_route_name(port), virtual_hosts, catch_all)
+    kept = None
+    if memo is not None:
+        hosts, plan, made_hosts = state
+        kept = (key, RouteDraftState(basis, made_groups, made_defaults, hosts, plan, made_hosts), made_hosts)
+    return _RouteDraft(sidecar_route_name(port), virtual_hosts, catch_all, kept)
+
+
+def _virtual_service_group(
+    scope: ProxyScope, vs: Config, services: dict[str, Service], ctx: RouteContext, memo: RouteMemo | None
+) -> VirtualServiceGroup:
+    """What `vs` makes of the route configuration of `port`: its routes and the hosts they
+    serve, or None; with the rules and short names it asked for, and the scope's answers to
+    which VirtualService routes each host it claimed or passed over."""
+    rule_trace, name_trace = scope.rule_trace, scope.name_trace
+    rules: dict[str, object] = {}
+    names: set[tuple[str, str]] = set()
+    scope.rule_trace, scope.name_trace = rules, names
+    claims: list[tuple[str, ConfigKey | None]] = []
+    noted: list[Any] = []
+    try:
+        group = _group_of(scope, vs, services, ctx, memo, claims=claims, noted=noted)
+    finally:
+        scope.rule_trace, scope.name_trace = rule_trace, name_trace
+    tell(scope, rules, names)
+    delegates = any(r.HasField("delegate") for r in spec(vs).http)
+    return VirtualServiceGroup(vs, group, tuple(claims), rules, frozenset(names), delegates, tuple(noted))
+
+
+def _group_of(
+    scope: ProxyScope,
+    vs: Config,
+    services: dict[str, Service],
+    ctx: RouteContext,
+    memo: RouteMemo | None,
+    *,
+    claims: list[tuple[str, ConfigKey | None]],
+    noted: list[Any],
+) -> tuple[tuple[rc.Route, ...], tuple[Service, ...], tuple[str, ...]] | None:
+    port = ctx.listen_port
+    hosts = virtual_service_hosts(scope, vs)
+    if port != _PLAIN_HTTP_PORT and not _overlaps_any(hosts, services):
+        return None
+    http = effective_http(scope, vs)
+    routes = memo.routes(vs, ctx, http, noted) if memo is not None else http_routes(vs, ctx, http)
+    if not routes:
+        # No route applies to this proxy: its hosts keep their default routes, as in Istio.
+        return None
+    other_hosts, matched = _claimed_hosts(scope, vs, hosts, services, claims)
+    http_services = [s for s in matched if _is_http(s, port)]
+    if not http_services and port != _PLAIN_HTTP_PORT:
+        return None
+    return tuple(routes), tuple(http_services), tuple(other_hosts)
 
 
 def _overlaps_any(hosts: Sequence[str], services: dict[str, Service]) -> bool:
@@ -260,7 +352,11 @@ def _is_http(svc: Service, port: int) -> bool:
 
 
 def _claimed_hosts(
-    scope: ProxyScope, vs: Config, hosts: Sequence[str], services: dict[str, Service]
+    scope: ProxyScope,
+    vs: Config,
+    hosts: Sequence[str],
+    services: dict[str, Service],
+    claims: list[tuple[str, ConfigKey | None]],
 ) -> tuple[list[str], list[Service]]:
     """Which services (with the listener's port) this VirtualService routes, and which of its
     hosts name no such service. A service is routed by the one VirtualService the scope picks
@@ -270,6 +366,7 @@ def _claimed_hosts(
 
     def claim(svc: Service) -> None:
         chosen = scope.virtual_service_for(svc.hostname)
+        claims.append((svc.hostname, chosen.key if chosen is not None else None))
         if chosen is not None and chosen.key == vs.key and svc not in matched:
             matched.append(svc)
 
@@ -318,8 +415,12 @@ def _build_default_route(host: str, port: int, target: int, hashing: ConsistentH
 
 
 def _virtual_hosts(
-    scope: ProxyScope, port: int, groups: Sequence[_HostGroup], memo: RouteMemo | None = None
-) -> list[_VirtualHostDraft]:
+    scope: ProxyScope,
+    port: int,
+    groups: Sequence[_HostGroup],
+    memo: RouteMemo | None = None,
+    prior: RouteDraftState | None = None,
+) -> tuple[list[_VirtualHostDraft], tuple[tuple[Host, ...], DomainPlan | None, dict[str, KeptVirtualHost]]]:
     """One virtual host per service and per other VirtualService host, named `HOST:PORT`,
     with each domain given to the first that asks (Envoy refuses duplicates). The route
     configuration ignores the port of the Host header, so domains carry none (Istio's
@@ -329,26 +430,53 @@ def _virtual_hosts(
     Which virtual host gets which domains is a function of the port, the proxy's DNS domain and
     the hosts in order (`route_plan`); with `memo` it is worked out once per those, and shared
     by every namespace and config version that asks for it, or from the plan before where a few
-    services came (`updated_plan`)."""
+    services came (`updated_plan`). With `prior` (this configuration's build before), its plan
+    stands for equal hosts, and each virtual host made of the same parts is taken over. Also
+    returns what this build is kept as: the hosts, the plan and the virtual hosts made."""
     proxy_domain = scope.proxy.domain or f"{scope.proxy.namespace}.svc.cluster.local"
     entries: list[tuple[Service | None, tuple[rc.Route, ...]]] = []
-    hosts: list[tuple[str, tuple[str, ...] | None]] = []
+    hosts: list[Host] = []
     for group in groups:
-        routes = tuple(group.routes)
+        routes = group.routes
         for host in group.other_hosts:
             entries.append((None, routes))
             hosts.append((host, None))
         for svc in group.services:
             entries.append((svc, routes))
             hosts.append((svc.hostname, svc.addresses))
-    key = (port, proxy_domain, tuple(hosts))
-    plan = domain_plan(*key) if memo is None else memo.virtual_hosts.plan(key, lambda: memo.virtual_hosts.planned(*key))
+    ordered = tuple(hosts)
+    key = (port, proxy_domain, ordered)
+    if prior is not None and prior.plan is not None and prior.hosts == ordered:
+        plan = prior.plan
+    elif memo is None:
+        plan = domain_plan(*key)
+    else:
+        plan = memo.virtual_hosts.plan(key, lambda: memo.virtual_hosts.planned(*key))
+    before = prior.virtual_hosts if prior is not None else {}
+    made: dict[str, KeptVirtualHost] = {}
     out = []
     for index, name, domains in plan.entries:
         served, routes = entries[index]
+        was = before.get(name)
+        if (
+            was is not None
+            and was.served is served
+            and _same_routes(was.routes, routes)
+            and (was.domains is domains or was.domains == domains)
+        ):
+            made[name] = was
+            out.append(was.draft)
+            continue
         cache = dfp.cache_name(served.hostname) if served is not None and dfp.is_dynamic(served) else None
-        out.append(_VirtualHostDraft(name, domains, routes, cache))
-    return out
+        draft = _VirtualHostDraft(name, domains, routes, cache)
+        made[name] = KeptVirtualHost(served, routes, domains, draft)
+        out.append(draft)
+    return out, (ordered, plan if memo is not None else None, made)
+
+
+def _same_routes(a: tuple[rc.Route, ...], b: tuple[rc.Route, ...]) -> bool:
+    """The very same route messages (a translation taken over hands out the ones it made)."""
+    return a is b or (len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True)))
 
 
 def _catch_all(scope: ProxyScope) -> rc.VirtualHost:
