@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
-from meshctl.config import yamlsource
+from meshctl.config import positions, yamlsource
 from meshctl.config.findings import FieldPath, Finding
 from meshctl.config.model import Config, Source
 from meshctl.config.yamlsource import Document
@@ -105,7 +105,7 @@ class _OffsetLocator:
     """Field positions in one document's own text, as positions in the whole file."""
 
     def __init__(self, text: str, line: int, index: int) -> None:
-        self._positions = yamlsource.Positions(text)
+        self._positions = positions.Positions(text)
         self._line, self._index = line, index
 
     def position(self, document: int, path: FieldPath) -> tuple[int, int]:

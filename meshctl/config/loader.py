@@ -22,7 +22,7 @@ from pathlib import Path
 from sys import intern
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from meshctl.config import documents, yamlsource
+from meshctl.config import documents, positions, yamlsource
 from meshctl.config.files import decode_text, read_config_file, walk_yaml
 from meshctl.config.findings import FieldPath, Finding, Severity, format_path, has_errors
 from meshctl.config.model import (
@@ -126,7 +126,7 @@ class _Locator:
     """Finds field positions in one file's text, composing it at most once."""
 
     def __init__(self, text: str) -> None:
-        self._positions = yamlsource.Positions(text)
+        self._positions = positions.Positions(text)
 
     def position(self, document: int, path: FieldPath) -> tuple[int, int]:
         return self._positions.locate(document, path)
