@@ -84,7 +84,7 @@ class FileResult:
     findings: tuple[Finding, ...] = ()
     #: What each document gave, kept by a load that may be followed by another of the same file
     #: (the watcher's), so that one reuses the documents whose text did not change.
-    pieces: tuple[documents.Piece, ...] = field(default=(), compare=False, repr=False)
+    pieces: documents.Pieces | None = field(default=None, compare=False, repr=False)
     #: The resources of a rejected file's documents that loaded complete: never served (the
     #: file keeps its last good contents), but analysed by `validate`, so one broken document
     #: neither hides the file's other findings nor makes its hosts look missing elsewhere.
@@ -190,39 +190,45 @@ def _load_pieces(
     text: str,
     display: str,
     options: LoadOptions,
-    previous: Sequence[documents.Piece],
+    previous: documents.Pieces | None,
     parse_cache: ParseCache | None,
 ) -> FileResult | None:
-    """`load_text`'s result, document by document, reusing what `previous` pieces gave for the
+    """`load_text`'s result, document by document, keeping what `previous` pieces gave for the
     documents whose text is the same; None when the text cannot be cut exactly (see the module).
     A text `parse_cache` holds is not parsed; one parsed here piece by piece is kept in it when
-    every piece was parsed (the documents of the pieces reused are not at hand)."""
-    cuts = documents.cut(text)
-    if cuts is None or not _PIECES_FROM <= len(cuts) <= yamlsource.DEFAULT_MAX_DOCUMENTS:
+    every piece was parsed (the documents of the pieces kept are not at hand)."""
+    recut = documents.recut(previous, text.encode("utf-8", "surrogatepass"))
+    if recut is None or not _PIECES_FROM <= recut.count <= yamlsource.DEFAULT_MAX_DOCUMENTS:
         return None
-    known = documents.by_digest(previous)
+    aliases = yamlsource.AliasBudget(options.max_alias_values)  # the file's, across its pieces
+    if not _charge(aliases, recut.head):
+        return None
     key = parse_cache.text_key(text) if parse_cache is not None else ""
     cached = parse_cache.lookup(display, key) if parse_cache is not None else None
     by_index = {doc.index: doc for doc in cached} if cached is not None else None
     whole = _Locator(text) if cached is not None else None
-    parsed: list[yamlsource.Document] | None = [] if parse_cache is not None and cached is None else None
-    aliases = yamlsource.AliasBudget(options.max_alias_values)  # the file's, across its pieces
-    findings = _FileFindings(display, options.max_findings_per_file)
-    configs: list[Config] = []
-    seen: dict[ConfigKey, Source] = {}
-    pieces: list[documents.Piece] = []
-    for cut in cuts:
+    fresh = parse_cache is not None and cached is None and not recut.head and not recut.tail
+    parsed: list[yamlsource.Document] | None = [] if fresh else None
+    known = documents.by_digest(recut.replaced)
+    pieces, starts = list(recut.head), list(recut.head_starts)
+    index = pieces[-1].index + pieces[-1].documents if pieces else 0
+    for cut in recut.middle:
         piece = known.get(cut.digest)
         if piece is not None:
-            piece_configs, piece_findings = documents.moved(piece, cut.line, cut.index)
+            if not _charge(aliases, (piece,)):
+                return None
+            piece = documents.moved(piece, cut.line, index)
             parsed = None
         else:
             locator: Locator
-            if by_index is not None and whole is not None:
-                docs, locator = ([by_index[cut.index]] if cut.index in by_index else []), whole
+            count = 1
+            used: int | None = 0
+            if by_index is not None and whole is not None and not cut.head:
+                docs, locator = ([by_index[index]] if index in by_index else []), whole
+                used = None if cut.may_alias() else 0  # what its aliases added is not known
             else:
                 try:
-                    docs, locator = documents.parse_piece(cut, options.max_values, aliases)
+                    docs, count, used, locator = documents.parse_piece(cut, index, options.max_values, aliases)
                 except YamlError:
                     return None  # the whole text, loaded whole, says where
                 if parsed is not None:
@@ -230,20 +236,62 @@ def _load_pieces(
             loaded = [_load_document(doc, display, options, locator) for doc in docs]
             piece_configs = tuple(c for c, _ in loaded if c is not None)
             piece_findings = tuple(f for _, fs in loaded for f in fs)
-        pieces.append(documents.Piece(cut.digest, cut.line, cut.index, piece_configs, piece_findings))
-        findings.extend(piece_findings)
-        for config in piece_configs:
+            piece = documents.Piece(cut.digest, cut.line, index, piece_configs, piece_findings, count, used)
+        pieces.append(piece)
+        starts.append(cut.start)
+        index += piece.documents
+    if recut.tail:
+        if not _charge(aliases, recut.tail):
+            return None
+        lines, indexes = recut.tail_line - recut.tail[0].line, index - recut.tail_index
+        if lines or indexes:
+            pieces += (documents.moved(p, p.line + lines, p.index + indexes) for p in recut.tail)
+        else:
+            pieces += recut.tail
+        starts += (s + recut.byte_shift for s in recut.tail_starts) if recut.byte_shift else recut.tail_starts
+    if parse_cache is not None and parsed is not None:
+        parse_cache.record(key, parsed)
+    configs, findings = _assemble(pieces, display, options)
+    kept = documents.Pieces(recut.data, tuple(starts), tuple(pieces))
+    if findings.has_errors:
+        return FileResult(display, (), findings.result(), kept, tuple(configs))
+    return FileResult(display, tuple(configs), findings.result(), kept)
+
+
+def _charge(aliases: yamlsource.AliasBudget, pieces: Sequence[documents.Piece]) -> bool:
+    """Charge what the aliases of `pieces` added to the file's budget, as a whole parse would;
+    False when that is not known or over the budget (the whole text is then loaded whole)."""
+    costs = [p.aliases for p in pieces]
+    if None in costs:
+        return False
+    aliases.left -= sum(c for c in costs if c)
+    return aliases.left >= 0
+
+
+def _assemble(
+    pieces: Sequence[documents.Piece], display: str, options: LoadOptions
+) -> tuple[list[Config], _FileFindings]:
+    """The file's resources and findings from its pieces, as `load_text` gives them: a resource
+    defined twice is an error at its second place, which keeps the first."""
+    configs = [c for p in pieces for c in p.configs]
+    findings = _FileFindings(display, options.max_findings_per_file)
+    if len({c.key for c in configs}) == len(configs):
+        for piece in pieces:
+            if piece.findings:
+                findings.extend(piece.findings)
+        return configs, findings
+    configs = []
+    seen: dict[ConfigKey, Source] = {}
+    for piece in pieces:
+        findings.extend(piece.findings)
+        for config in piece.configs:
             first = seen.get(config.key)
             if first is not None:
                 findings.extend([_duplicate(config, first)])
                 continue
             seen[config.key] = config.source
             configs.append(config)
-    if parse_cache is not None and parsed is not None:
-        parse_cache.record(key, parsed)
-    if findings.has_errors:
-        return FileResult(display, (), findings.result(), tuple(pieces), tuple(configs))
-    return FileResult(display, tuple(configs), findings.result(), tuple(pieces))
+    return configs, findings
 
 
 def load_text(

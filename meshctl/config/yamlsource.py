@@ -409,9 +409,21 @@ def parse_documents(
     built one at a time as libyaml parses them, so a file of a million empty documents stops at
     `max_documents` instead of holding them all. `aliases` is the file's alias budget, when
     `text` is one part of a file (a fresh one otherwise)."""
+    return parse_stream(text, max_values=max_values, max_documents=max_documents, aliases=aliases)[0]
+
+
+def parse_stream(
+    text: str,
+    *,
+    max_values: int = DEFAULT_MAX_VALUES,
+    max_documents: int = DEFAULT_MAX_DOCUMENTS,
+    aliases: AliasBudget | None = None,
+) -> tuple[list[Document], int]:
+    """`parse_documents`, and how many documents the text holds, empty ones included: a part
+    of a file is taken for one document only when libyaml finds exactly one in it."""
     budget = aliases or AliasBudget()
 
-    def run(next_event: Callable[[], Any], resolve: Any) -> list[Document]:
+    def run(next_event: Callable[[], Any], resolve: Any) -> tuple[list[Document], int]:
         start = budget.left  # a re-parse (`flowquotes`) starts from the same budget
         try:
             return _documents(next_event, resolve, max_values, max_documents, budget)
@@ -429,14 +441,14 @@ def parse_documents(
 
 def _documents(
     next_event: Callable[[], Any], resolve: Any, max_values: int, max_documents: int, aliases: AliasBudget
-) -> list[Document]:
+) -> tuple[list[Document], int]:
     docs: list[Document] = []
     index = 0
     while True:
         event = next_event()
         cls = type(event)
         if cls is StreamEndEvent:
-            return docs
+            return docs, index
         if cls is not DocumentStartEvent:
             continue
         if index >= max_documents:
