@@ -167,7 +167,10 @@ def _load_pieces(
     documents whose text is the same; None when the text cannot be cut exactly (see the module).
     A text `parse_cache` holds is not parsed; one parsed here piece by piece is kept in it when
     every piece was parsed (the documents of the pieces kept are not at hand)."""
-    recut = documents.recut(previous, text.encode("utf-8", "surrogatepass"))
+    data = text.encode("utf-8", "surrogatepass")
+    if (previous is None or not previous.pieces) and data.count(b"\n---") + 1 < _PIECES_FROM:
+        return None  # too few documents for pieces to pay: not worth a cut
+    recut = documents.recut(previous, data)
     if recut is None or not _PIECES_FROM <= recut.count <= yamlsource.DEFAULT_MAX_DOCUMENTS:
         return None
     aliases = yamlsource.AliasBudget(options.max_alias_values)  # the file's, across its pieces
