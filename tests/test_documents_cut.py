@@ -311,3 +311,18 @@ def test_an_edit_cuts_and_parses_the_stretch_that_changed() -> None:
     third = load_bytes(edited, FILE, OPTIONS, previous=second)
     assert _summary(third) == _summary(_whole(edited))
     assert sum(a is b for a, b in zip(second.configs, third.configs, strict=True)) == 1000
+
+
+def test_the_fix_of_a_typo_is_compared_with_the_text_before_the_typo() -> None:
+    """A save that does not parse is loaded whole (its error says where); the save that fixes
+    it keeps the documents of the last text that loaded, not a parse of every document."""
+    docs = [ENTRY.format(n=n % 250).replace(f"e{n % 250}", f"s{n}") for n in range(300)]
+    good = "---\n".join(docs)
+    first = load_bytes(good.encode(), FILE, OPTIONS, previous=FileResult(FILE))
+    typo = good.replace("name: s150,", "name: [s150,", 1)
+    broken = load_bytes(typo.encode(), FILE, OPTIONS, previous=first)
+    assert not broken.ok and _summary(broken) == _summary(_whole(typo.encode()))
+    fixed = good + "---\n" + ENTRY.format(n=7).replace("e7", "added")
+    again = load_bytes(fixed.encode(), FILE, OPTIONS, previous=broken)
+    assert _summary(again) == _summary(_whole(fixed.encode()))
+    assert again.configs[:300] == first.configs  # the very objects: nothing parsed again

@@ -59,7 +59,8 @@ class FileResult:
     configs: tuple[Config, ...] = ()
     findings: tuple[Finding, ...] = ()
     #: What each document gave, kept by a load that may be followed by another of the same file
-    #: (the watcher's), so that one reuses the documents whose text did not change.
+    #: (the watcher's), so that one reuses the documents whose text did not change: of this
+    #: text, or, when this one did not load, of the last text loaded by pieces.
     pieces: documents.Pieces | None = field(default=None, compare=False, repr=False)
     #: The resources of a rejected file's documents that loaded complete: never served (the
     #: file keeps its last good contents), but analysed by `validate`, so one broken document
@@ -144,11 +145,16 @@ def load_bytes(
         text = decode_text(raw)
     except ConfigError as exc:
         return FileResult(display, findings=(_file_error(display, str(exc)),))
-    if previous is not None:
-        found = _load_pieces(text, display, options, previous.pieces, parse_cache)
-        if found is not None:
-            return found
-    return load_text(text, display, options, parse_cache=parse_cache)
+    if previous is None:
+        return load_text(text, display, options, parse_cache=parse_cache)
+    found = _load_pieces(text, display, options, previous.pieces, parse_cache)
+    if found is not None:
+        return found
+    result = load_text(text, display, options, parse_cache=parse_cache)
+    if not result.ok and previous.pieces is not None:
+        # A save with a typo: the fix that follows is compared with the text before it.
+        result = replace(result, pieces=previous.pieces)
+    return result
 
 
 #: Files of fewer documents are loaded whole: parsing each document on its own costs more than
