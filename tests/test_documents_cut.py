@@ -300,7 +300,7 @@ def test_an_edit_cuts_and_parses_the_stretch_that_changed() -> None:
     docs.append(ENTRY.format(n=7).replace("e7", "added"))
     appended = "---\n".join(docs).encode()
     recut = documents.recut(first.pieces, appended)
-    assert recut is not None and len(recut.middle) <= 2 and len(recut.head) >= 998
+    assert recut is not None and len(recut.middle) <= 2 and len(recut.front) >= 998
     second = load_bytes(appended, FILE, OPTIONS, previous=first)
     assert second.configs[:999] == first.configs[:999]  # the same objects
     assert second.pieces is not None

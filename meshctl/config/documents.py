@@ -94,13 +94,13 @@ class Cut:
 
 @dataclass(frozen=True, slots=True)
 class Recut:
-    """A new text against the pieces of the last: the pieces kept at the start (same place), the
+    """A new text against the pieces of the last: the pieces kept at the front (same place), the
     new stretch cut (`middle`, with the old pieces it replaces to look its pieces up in), and the
-    pieces kept at the end, whose lines move by `line_shift` and whose starts by `byte_shift`."""
+    pieces kept at the end (`tail`), moved to start at `tail_line` and by `byte_shift` bytes."""
 
     data: bytes
-    head: Sequence[Piece]
-    head_starts: Sequence[int]
+    front: Sequence[Piece]
+    front_starts: Sequence[int]
     middle: list[Cut]
     replaced: Sequence[Piece]
     tail: Sequence[Piece]
@@ -113,7 +113,7 @@ class Recut:
     @property
     def count(self) -> int:
         """Pieces of the new text."""
-        return len(self.head) + len(self.middle) + len(self.tail)
+        return len(self.front) + len(self.middle) + len(self.tail)
 
 
 def exact(data: bytes, *, at_start: bool = True) -> bool:

@@ -180,16 +180,16 @@ def _load_pieces(
     if recut is None or not _PIECES_FROM <= recut.count <= yamlsource.DEFAULT_MAX_DOCUMENTS:
         return None
     aliases = yamlsource.AliasBudget(options.max_alias_values)  # the file's, across its pieces
-    if not _charge(aliases, recut.head):
+    if not _charge(aliases, recut.front):
         return None
     key = parse_cache.text_key(text) if parse_cache is not None else ""
     cached = parse_cache.lookup(display, key) if parse_cache is not None else None
     by_index = {doc.index: doc for doc in cached} if cached is not None else None
     whole = _Locator(text) if cached is not None else None
-    fresh = parse_cache is not None and cached is None and not recut.head and not recut.tail
+    fresh = parse_cache is not None and cached is None and not recut.front and not recut.tail
     parsed: list[yamlsource.Document] | None = [] if fresh else None
     known = documents.by_digest(recut.replaced)
-    pieces, starts = list(recut.head), list(recut.head_starts)
+    pieces, starts = list(recut.front), list(recut.front_starts)
     index = pieces[-1].index + pieces[-1].documents if pieces else 0
     for cut in recut.middle:
         piece = known.get(cut.digest)
