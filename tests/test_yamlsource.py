@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from meshctl.config.loader import LoadOptions, load_text
-from meshctl.config.yamlsource import AliasBudget, locate, parse_documents
+from meshctl.config.positions import locate
+from meshctl.config.yamlsource import AliasBudget, parse_documents
 from meshctl.errors import YamlError
 
 

@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from meshctl.config import yamlsource
+from meshctl.config import positions, yamlsource
 from meshctl.config.analysis import AnalysisIssue, analyze
 from meshctl.config.files import decode_text, read_config_file
 from meshctl.config.findings import Finding, Severity, format_path, sort_findings
@@ -33,7 +33,7 @@ class Positions:
 
     def __init__(self, texts: Mapping[str, str] | None = None) -> None:
         self._texts = dict(texts or {})
-        self._composed: tuple[str, yamlsource.Positions] | None = None
+        self._composed: tuple[str, positions.Positions] | None = None
 
     def _text(self, file: str) -> str | None:
         """The file's text, read by the same rules as when it was loaded (`read_config_file`):
@@ -50,7 +50,7 @@ class Positions:
         if text is None or not path:
             return source.line, source.column
         if self._composed is None or self._composed[0] != source.file:
-            self._composed = (source.file, yamlsource.Positions(text))
+            self._composed = (source.file, positions.Positions(text))
         line, column = self._composed[1].locate(source.document, path)
         return (line, column) if line else (source.line, source.column)
 

@@ -61,16 +61,25 @@ class MergedFiles:
     ) -> MergePlan:
         """The merge once the files of `before` (what each gave until now) give what `after`
         says instead; a file missing from `after` gives nothing any more. `configs_of` and
-        `position_of` tell the same about the other files, which keep what they give."""
+        `position_of` tell the same about the other files, which keep what they give.
+
+        Only the keys of resources that came, went or are new objects are planned: a resource
+        a file gives again as the very same object (the loader keeps the object of a document
+        that neither changed nor moved) keeps its place in the merge, so an edit of one entry
+        of a file of thousands plans one key."""
         changed = before.keys() | after.keys()
-        defining: dict[ConfigKey, list[tuple[Position, int, str, Config]]] = {}
+        keys: set[ConfigKey] = set()
+        for path in changed:
+            old, new = before.get(path, ()), after.get(path, ())
+            same = set(old).intersection(new)  # configs compare by identity
+            keys.update(c.key for c in old if c not in same)
+            keys.update(c.key for c in new if c not in same)
+        defining: dict[ConfigKey, list[tuple[Position, int, str, Config]]] = {key: [] for key in keys}
         for path, configs in after.items():
             position = position_of(path)
             for config in configs:
-                defining.setdefault(config.key, []).append((position, config.source.document, path, config))
-        for configs in before.values():
-            for config in configs:
-                defining.setdefault(config.key, [])
+                if config.key in keys:
+                    defining[config.key].append((position, config.source.document, path, config))
         plan = MergePlan()
         touched: set[str] = set(changed)
         for key, definitions in defining.items():
@@ -92,13 +101,26 @@ class MergedFiles:
             touched.update(d[2] for d in definitions)
         for path in touched:
             configs = after.get(path, ()) if path in changed else configs_of(path)
-            found: list[Finding] = []
-            for config in configs:
-                first = plan.configs[config.key] if config.key in plan.configs else self.configs.get(config.key)
+            plan.duplicates[path] = self._duplicates(path, configs, plan.configs)
+        return plan
+
+    def _duplicates(
+        self, path: str, configs: Sequence[Config], planned: Mapping[ConfigKey, Config | None]
+    ) -> list[Finding]:
+        """The duplicate errors of the file at `path` once it gives `configs`: found again for
+        the keys planned, kept for the others (their winner did not change). A file's own
+        configs never share a key (the loader keeps the first)."""
+        kept = {f.resource: f for f in self.duplicates.get(path, ())}
+        found: list[Finding] = []
+        for config in configs:
+            key = config.key
+            if key in planned:
+                first = planned[key]
                 if first is not None and first is not config:
                     found.append(_duplicate(config, first.source))
-            plan.duplicates[path] = found
-        return plan
+            elif kept and key in kept:
+                found.append(kept[key])
+        return found
 
     def adopt(self, plan: MergePlan) -> None:
         for key, config in plan.configs.items():

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from meshctl.api.networking.v1alpha3.destination_rule_pb2 import ClientTLSSettings, LocalityLoadBalancerSetting
-from meshctl.config import yamlsource
+from meshctl.config import positions, yamlsource
 from meshctl.config.cert_lifetime import check_secret_ttl
 from meshctl.config.files import decode_text, read_config_file
 from meshctl.config.findings import Finding, Severity, format_path
@@ -228,15 +228,15 @@ def _mesh_document(data: Any, text: str) -> tuple[Any, _Place]:
         data = data["mesh"]
         outer = ("mesh",)
     if not isinstance(data, str):
-        return data, lambda path: yamlsource.locate(text, 0, (*outer, *path))
+        return data, lambda path: positions.locate(text, 0, (*outer, *path))
     docs = yamlsource.parse_documents(data)
     inner = data
 
     def place(path: tuple[str | int, ...]) -> tuple[int, int]:
         # The MeshConfig is a block of text inside the file (`mesh: |`): its lines start on the
         # line after its key, each indented by the block's indentation.
-        line, column = yamlsource.locate(inner, 0, path)
-        key_line, _ = yamlsource.locate(text, 0, outer)
+        line, column = positions.locate(inner, 0, path)
+        key_line, _ = positions.locate(text, 0, outer)
         lines = text.splitlines()
         if not line or not key_line or key_line >= len(lines):
             return (0, 0)

@@ -15,8 +15,9 @@ from sys import intern
 from typing import Final
 
 from meshctl.config.findings import Finding, Severity, has_errors
-from meshctl.config.loader import _PACKED_KINDS, FileResult, LoadOptions, _spec_class, load_file
+from meshctl.config.loader import FileResult, LoadOptions, load_file
 from meshctl.config.model import KINDS, Config, ConfigKey, Source
+from meshctl.config.resource import PACKED_KINDS, spec_class_of
 from meshctl.config.validation import import_rules
 
 #: More workers than this rarely pay: a CPU quota (a container's) can be far below the CPUs the
@@ -103,7 +104,7 @@ def load_files(paths: list[Path], options: LoadOptions) -> list[FileResult]:
         return [load_file(p, options) for p in paths]
     # What every worker would import on first use is imported once, here, and shared by the fork.
     for kind in KINDS:
-        _spec_class(kind)
+        spec_class_of(kind)
     if options.validate:
         import_rules()
     size = -(-len(paths) // (workers * _CHUNKS_PER_WORKER))
@@ -155,7 +156,7 @@ def _unpack(packed: _PackedFile) -> FileResult:
         Config(
             ConfigKey(intern(kind), intern(namespace), name),
             intern(api),
-            spec if kind in _PACKED_KINDS else _spec_class(kind).FromString(spec),
+            spec if kind in PACKED_KINDS else spec_class_of(kind).FromString(spec),
             labels=labels,
             annotations=annotations,
             source=Source(*src),

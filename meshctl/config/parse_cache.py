@@ -5,7 +5,7 @@ Most files are the same as at the last start, so `meshctl serve --state-dir` kee
 file's parse gave (its documents: index, line, column and data, exactly what `parse_documents`
 returns) in `STATE_FILE`, keyed on a digest of the file's text, and a file whose text has an
 entry is not parsed again. Field positions are not kept: they come from the text, which is read
-anyway, and only when there is a finding (`yamlsource.Positions`).
+anyway, and only when there is a finding (`positions.Positions`).
 
 The file is plain data, never code: one JSON header line, then one line per text, `KEY JSON`.
 JSON gives back exactly the values a parse gives (str, int, float with inf and nan, bool,

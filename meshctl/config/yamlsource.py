@@ -24,16 +24,15 @@ Where Go's parser (and so Istio) and libyaml disagree, Go's reading wins: a plai
 ":" in a flow collection (`addresses: [10.0.0.1, 2001:db8::]`) fails in libyaml, and the text is
 then parsed with such scalars quoted, positions and values unchanged (`flowquotes`).
 
-Positions of individual fields are found again only when there is something to report:
-`Positions` parses a file once more, on the first question, into a tree of marks (under the
-same bounds), and walks it along a field path for each finding.
+Positions of individual fields are found again only when there is something to report
+(`positions`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from ruamel.yaml.cyaml import CSafeLoader
@@ -156,7 +155,7 @@ class AliasBudget:
         self.limit = limit
         self.left = limit
 
-_TOO_DEEP = f"nesting deeper than {MAX_DEPTH} levels"
+TOO_DEEP = f"nesting deeper than {MAX_DEPTH} levels"
 
 #: Marks a mapping that waits for its next key (no key can be this object).
 _NO_KEY: Final = object()
@@ -219,9 +218,9 @@ class _DocumentBuilder:
                 self.budget -= 1
                 self.built += 1
                 if self.budget < 0:
-                    raise _error(self._too_many(), mark)
+                    raise error_at(self._too_many(), mark)
                 if len(stack) > MAX_DEPTH:
-                    raise _error(_TOO_DEEP, mark)
+                    raise error_at(TOO_DEEP, mark)
                 tag = event.tag
                 if tag is None:
                     tag = self.resolve(ScalarNode, event.value, event.implicit)
@@ -238,9 +237,9 @@ class _DocumentBuilder:
                 self.budget -= 1
                 self.built += 1
                 if self.budget < 0:
-                    raise _error(self._too_many(), mark)
+                    raise error_at(self._too_many(), mark)
                 if len(stack) >= MAX_DEPTH:
-                    raise _error(_TOO_DEEP, mark)
+                    raise error_at(TOO_DEEP, mark)
                 is_map = cls is MappingStartEvent
                 if event.anchor is not None:
                     self.open_anchors.add(event.anchor)
@@ -257,24 +256,24 @@ class _DocumentBuilder:
             elif cls is AliasEvent:
                 mark, name = event.start_mark, event.anchor
                 if name in self.open_anchors:
-                    raise _error(f"recursive alias *{name}: nesting without end", mark)
+                    raise error_at(f"recursive alias *{name}: nesting without end", mark)
                 found = self.anchors.get(name)
                 if found is None:
-                    raise _error(f"found undefined alias *{name}", mark)
+                    raise error_at(f"found undefined alias *{name}", mark)
                 value, size, height = found
                 self.aliases.left -= size
                 self.built += size
                 if self.aliases.left < 0:
-                    raise _error(
+                    raise error_at(
                         f"aliases expand to more than {self.aliases.limit} values in this file (an alias bomb?)", mark
                     )
                 if len(stack) + height > MAX_DEPTH:
-                    raise _error(_TOO_DEEP, mark)
+                    raise error_at(TOO_DEEP, mark)
                 value = _copy(value)
             elif cls is DocumentEndEvent:
                 return root, root_mark
             else:  # pragma: no cover - libyaml sends nothing else inside a document
-                raise _error(f"unexpected YAML event {cls.__name__}", event.start_mark)
+                raise error_at(f"unexpected YAML event {cls.__name__}", event.start_mark)
 
             if not stack:
                 root, root_mark = value, mark
@@ -286,11 +285,11 @@ class _DocumentBuilder:
                 top.value.append(value)
             elif top.key is _NO_KEY:
                 if isinstance(value, (dict, list)):
-                    raise _error("a mapping key must be a scalar", mark)
+                    raise error_at("a mapping key must be a scalar", mark)
                 if value is not _MERGE_KEY:
                     first = top.seen.get(value)
                     if first is not None:
-                        raise _error(
+                        raise error_at(
                             f'duplicate key "{value}" (first defined at line {first.line + 1}, '
                             f"column {first.column + 1})",
                             mark,
@@ -315,7 +314,7 @@ def _merge_sources(value: Any, mark: Mark) -> dict[Any, Any]:
     out: dict[Any, Any] = {}
     for source in reversed(sources):
         if not isinstance(source, dict):
-            raise _error("a merge key (<<) takes a mapping or a list of mappings", mark)
+            raise error_at("a merge key (<<) takes a mapping or a list of mappings", mark)
         out.update(source)
     return out
 
@@ -358,7 +357,8 @@ def _scalar(tag: str, value: str) -> Any:
     return value
 
 
-def _error(message: str, mark: Mark) -> YamlError:
+def error_at(message: str, mark: Mark) -> YamlError:
+    """A YamlError at `mark` (libyaml's 0-based position), as findings give it (1-based)."""
     return YamlError(message, mark.line + 1, mark.column + 1)
 
 
@@ -409,9 +409,21 @@ def parse_documents(
     built one at a time as libyaml parses them, so a file of a million empty documents stops at
     `max_documents` instead of holding them all. `aliases` is the file's alias budget, when
     `text` is one part of a file (a fresh one otherwise)."""
+    return parse_stream(text, max_values=max_values, max_documents=max_documents, aliases=aliases)[0]
+
+
+def parse_stream(
+    text: str,
+    *,
+    max_values: int = DEFAULT_MAX_VALUES,
+    max_documents: int = DEFAULT_MAX_DOCUMENTS,
+    aliases: AliasBudget | None = None,
+) -> tuple[list[Document], int]:
+    """`parse_documents`, and how many documents the text holds, empty ones included: a part
+    of a file is taken for one document only when libyaml finds exactly one in it."""
     budget = aliases or AliasBudget()
 
-    def run(next_event: Callable[[], Any], resolve: Any) -> list[Document]:
+    def run(next_event: Callable[[], Any], resolve: Any) -> tuple[list[Document], int]:
         start = budget.left  # a re-parse (`flowquotes`) starts from the same budget
         try:
             return _documents(next_event, resolve, max_values, max_documents, budget)
@@ -420,7 +432,7 @@ def parse_documents(
             raise
 
     try:
-        return _parse(text, run)
+        return with_events(text, run)
     except YAMLError as exc:
         raise _yaml_error(exc) from None
     except (ValueError, TypeError) as exc:  # libyaml reader errors on bad characters
@@ -429,18 +441,18 @@ def parse_documents(
 
 def _documents(
     next_event: Callable[[], Any], resolve: Any, max_values: int, max_documents: int, aliases: AliasBudget
-) -> list[Document]:
+) -> tuple[list[Document], int]:
     docs: list[Document] = []
     index = 0
     while True:
         event = next_event()
         cls = type(event)
         if cls is StreamEndEvent:
-            return docs
+            return docs, index
         if cls is not DocumentStartEvent:
             continue
         if index >= max_documents:
-            raise _error(f"more than {max_documents} YAML documents in one file", event.start_mark)
+            raise error_at(f"more than {max_documents} YAML documents in one file", event.start_mark)
         data, mark = _DocumentBuilder(resolve, max_values, aliases).build(next_event)
         if data is not None and mark is not None:  # None: an empty document between two '---'
             docs.append(Document(index=index, line=mark.line + 1, column=mark.column + 1, data=data))
@@ -450,7 +462,7 @@ def _documents(
 _T = TypeVar("_T")
 
 
-def _parse(text: str, run: Callable[[Callable[[], Any], Any], _T]) -> _T:
+def with_events(text: str, run: Callable[[Callable[[], Any], Any], _T]) -> _T:
     """`run(next_event, resolve)` over libyaml's events for `text`. When libyaml stops at a plain
     scalar holding ":" in a flow collection (`[10.0.0.1, 2001:db8::]`), which Go's parser and so
     Istio read as a string, over the events of a copy with such scalars quoted instead, with the
@@ -494,117 +506,3 @@ def _parse(text: str, run: Callable[[Callable[[], Any], Any], _T]) -> _T:
 def check_size(size: int, limit: int = DEFAULT_MAX_FILE_BYTES) -> None:
     if size > limit:
         raise YamlError(f"file is {size} bytes, over the {limit}-byte limit for a config file")
-
-
-def locate(text: str, document: int, path: Sequence[str | int]) -> tuple[int, int]:
-    """1-based (line, column) of the deepest node along `path` in document `document` of `text`.
-
-    When the path leads to a field that is not written (a missing required field), the position
-    is that of its nearest written ancestor, which is where a person would add it.
-    """
-    return Positions(text).locate(document, path)
-
-
-@dataclass(slots=True)
-class _Placed:
-    """Where a value is written: its mark, a scalar's text (keys are matched by it), and a
-    collection's items (a mapping's as (key, value) pairs)."""
-
-    mark: Mark
-    is_map: bool = False
-    text: str | None = None
-    items: list[Any] = field(default_factory=list)
-
-
-def _place(text: str) -> list[_Placed | None]:
-    """Each document's position tree, empty documents included (they keep their index), built
-    from events with the same nesting bound as the data. Aliases share the anchored tree."""
-    return _parse(text, lambda next_event, _resolve: _place_events(next_event))
-
-
-def _place_events(next_event: Callable[[], Any]) -> list[_Placed | None]:
-    roots: list[_Placed | None] = []
-    while True:
-        event = next_event()
-        cls = type(event)
-        if cls is StreamEndEvent:
-            return roots
-        if cls is not DocumentStartEvent:
-            continue
-        if len(roots) >= DEFAULT_MAX_DOCUMENTS:
-            return roots
-        anchors: dict[str, _Placed] = {}
-        stack: list[tuple[_Placed, list[_Placed]]] = []  # a collection, and a mapping's pending key
-        root: _Placed | None = None
-        while (event := next_event()) and type(event) is not DocumentEndEvent:
-            cls = type(event)
-            if cls is MappingStartEvent or cls is SequenceStartEvent:
-                if len(stack) >= MAX_DEPTH:
-                    raise _error(_TOO_DEEP, event.start_mark)
-                placed = _Placed(event.start_mark, cls is MappingStartEvent)
-                if event.anchor is not None:
-                    anchors[event.anchor] = placed
-                stack.append((placed, []))
-                continue
-            if cls is MappingEndEvent or cls is SequenceEndEvent:
-                placed = stack.pop()[0]
-            elif cls is AliasEvent:
-                placed = anchors.get(event.anchor) or _Placed(event.start_mark)
-            else:
-                placed = _Placed(event.start_mark, text=event.value)
-                if event.anchor is not None:
-                    anchors[event.anchor] = placed
-            if not stack:
-                root = placed
-                continue
-            parent, key = stack[-1]
-            if not parent.is_map:
-                parent.items.append(placed)
-            elif key:
-                parent.items.append((key.pop(), placed))
-            else:
-                key.append(placed)
-        roots.append(root)
-
-
-class Positions:
-    """Field positions in one text, which is parsed once, on the first question: a file with
-    many findings costs one more parse, not one per finding."""
-
-    __slots__ = ("_roots", "_text")
-
-    def __init__(self, text: str) -> None:
-        self._text = text
-        self._roots: list[_Placed | None] | None = None
-
-    def locate(self, document: int, path: Sequence[str | int]) -> tuple[int, int]:
-        """As `locate()`; (0, 0) when the text does not parse or has no such document."""
-        if self._roots is None:
-            try:
-                self._roots = _place(self._text)
-            except (YAMLError, YamlError, ValueError, TypeError):
-                self._roots = []
-        # Empty documents are skipped by parse_documents but keep their index in the stream.
-        node = self._roots[document] if document < len(self._roots) else None
-        if node is None:
-            return (0, 0)
-        at = node
-        for part in path:
-            found = _child(node, part)
-            if found is None:
-                break
-            # A field is shown at its key (where a person reads the name); a list item at the item.
-            at, node = found
-        return at.mark.line + 1, at.mark.column + 1
-
-
-def _child(node: _Placed, part: str | int) -> tuple[_Placed, _Placed] | None:
-    if not node.is_map:
-        if isinstance(part, int) and 0 <= part < len(node.items):
-            item: _Placed = node.items[part]
-            return item, item
-        return None
-    for key, value in node.items:
-        if key.text is not None and key.text == str(part):
-            return key, value
-    return None

@@ -129,6 +129,7 @@ def load_cases(path: Path) -> list[Case]:
     is not a case as documented in docs/routing-tests.md."""
     from meshctl.config import yamlsource
     from meshctl.config.files import decode_text, read_config_file
+    from meshctl.config.positions import Positions
     from meshctl.errors import ConfigError, YamlError
 
     name = str(path)
@@ -144,7 +145,7 @@ def load_cases(path: Path) -> list[Case]:
     if len(documents) != 1 or not isinstance(documents[0].data, list) or not documents[0].data:
         line = documents[0].line if documents else 1
         raise UsageError(f"{name}:{line}: a cases file is one YAML list of cases (name, proxy, request, expect)")
-    positions = yamlsource.Positions(text)
+    positions = Positions(text)
     return [_case(item, name, i, positions) for i, item in enumerate(documents[0].data)]
 
 
