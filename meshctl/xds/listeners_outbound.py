@@ -56,13 +56,14 @@ from google.protobuf import wrappers_pb2
 from meshctl.api.networking.v1alpha3 import sidecar_pb2
 from meshctl.config.hosts import is_ip
 from meshctl.config.model import Config
-from meshctl.registry.model import Protocol, Resolution, Service, ServicePort
+from meshctl.registry.model import Endpoint, Protocol, Resolution, Service, ServicePort
 from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import spec
 from meshctl.snapshot.scope import MESH_GATEWAY, ProxyScope, parse_egress_hosts
 from meshctl.xds import dynamic_forward as dfp
 from meshctl.xds import listener_filters as lf
 from meshctl.xds.listener_l4 import configs_for_host, route_filters, single_destination_filters, static_match
+from meshctl.xds.listener_memo import Built, ListenerMemo
 from meshctl.xds.listeners_inbound import port_protocol
 from meshctl.xds.names import (
     BLACKHOLE_CLUSTER,
@@ -134,6 +135,8 @@ class _OutboundBuilder:
         #: the dynamic forward proxy's HTTP filters every outbound HCM carries (disabled until a
         #: virtual host enables one)
         self.dfp_filters = dfp.http_filters(scope)
+        #: host -> the endpoints `_binds` read of it: a `ListenerMemo` trace
+        self.endpoints_read: dict[str, tuple[Endpoint, ...]] = {}
 
     # -- egress listeners --------------------------------------------------------------------
 
@@ -205,7 +208,8 @@ class _OutboundBuilder:
         if address == WILDCARD and svc.resolution is Resolution.NONE:
             # Istio's listeners per endpoint for TCP services without a VIP: with no address to
             # bind, the endpoint addresses are the only way to tell such services apart.
-            eps = [e for e in self.scope.snapshot.services.endpoints_of(svc.hostname) if port.number in e.ports]
+            endpoints = self.endpoints_read[svc.hostname] = self.scope.snapshot.services.endpoints_of(svc.hostname)
+            eps = [e for e in endpoints if port.number in e.ports]
             addrs = sorted({e.address for e in eps if is_ip(e.address) and e.address != self.proxy.ip})
             if eps:
                 return [((a, port.number), "") for a in addrs]
@@ -486,14 +490,25 @@ def build_outbound(scope: ProxyScope) -> list[listener_pb2.Listener]:
     return build_outbound_with_answers(scope)[0]
 
 
-def build_outbound_with_answers(scope: ProxyScope) -> tuple[list[listener_pb2.Listener], dict[str, list[str]]]:
+def build_outbound_with_answers(
+    scope: ProxyScope, memo: ListenerMemo | None = None
+) -> tuple[list[listener_pb2.Listener], dict[str, list[str]]]:
     """`build_outbound`, and for each host the listeners serve the addresses where the app
-    reaches it (the DNS answers, `dns_table`)."""
+    reaches it (the DNS answers, `dns_table`); with `memo`, the build of the scope's key before
+    is reused where it read the same (`listener_memo`)."""
+    if memo is not None:
+        return memo.outbound(scope, _build)
+    listeners, answers, _ = _build(scope)
+    return listeners, answers
+
+
+def _build(scope: ProxyScope) -> Built:
     builder = _OutboundBuilder(scope)
     out = builder.build()
     if scope.proxy.interception is not InterceptionMode.NONE:
         out.append(build_virtual_outbound(scope))
-    return out, {host: found for host, found in builder.answers.items() if found}
+    answers = {host: found for host, found in builder.answers.items() if found}
+    return out, answers, builder.endpoints_read
 
 
 def outbound_answers(scope: ProxyScope) -> dict[str, list[str]]:
