@@ -30,6 +30,8 @@ from meshctl.xds.listeners import build_outbound_listeners
 from meshctl.xds.names import resource_name
 
 NAMES = ("a", "b", "c", "d")
+#: Hosts some changes add, which no tree starts with.
+LATER = ("e",)
 CLIENTS = ("ns1", "ns2")
 NAMESPACES = (*CLIENTS, "ns3")
 #: A loopback range of six addresses: hosts collide and run out, so one host added moves others.
@@ -59,6 +61,8 @@ def _entry(name: str, ns: str, n: int) -> str:
     ports = [f"{{number: {5000 + n % 3}, name: {port_name}{', protocol: ' + protocol if protocol else ''}}}"]
     if n % 4 == 1:
         ports.append("{number: 9080, name: http-alt, protocol: HTTP}")
+    if n >= 8 and resolution != "DYNAMIC_DNS":
+        ports = ["{number: 9080, name: http-web, protocol: HTTP}"]  # plain HTTP: the walk is patched
     export = '["."]' if n == 7 else '["*"]'
     return f"""
 apiVersion: networking.istio.io/v1
@@ -78,7 +82,7 @@ def _workload(name: str, ns: str, n: int) -> str:
 apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
 metadata: {{name: {name}-vm, namespace: {ns}}}
-spec: {{address: 10.{NAMESPACES.index(ns) + 1}.{NAMES.index(name)}.{n}, labels: {{app: {name}}}}}
+spec: {{address: 10.{NAMESPACES.index(ns) + 1}.{(NAMES + LATER).index(name)}.{n}, labels: {{app: {name}}}}}
 """
 
 
@@ -99,7 +103,7 @@ spec:
 def _route(name: str, ns: str, n: int) -> str:
     """A VirtualService with HTTP routes only, TCP routes, TLS routes or all three, by short
     name or in full, to another service by short name or in full."""
-    other = NAMES[(NAMES.index(name) + n) % len(NAMES)]
+    other = NAMES[((NAMES + LATER).index(name) + n) % len(NAMES)]
     host = name if n % 2 else f"{name}.{NAMESPACES[n % 3]}.mesh"
     target = other if n % 3 else f"{other}.{NAMESPACES[n % 3]}.mesh"
     parts = [f"http: [{{timeout: {n}s, route: [{{destination: {{host: {target}}}}}]}}]"]
@@ -149,7 +153,8 @@ class Tree:
         self.docs: dict[tuple[str, str, str], str] = {}
         for ns in NAMESPACES:
             for i, name in enumerate(NAMES):
-                self.docs[("entry", name, ns)] = _entry(name, ns, i + NAMESPACES.index(ns))
+                n = i + NAMESPACES.index(ns) if name != "d" else 8 + NAMESPACES.index(ns)  # d: plain HTTP
+                self.docs[("entry", name, ns)] = _entry(name, ns, n)
                 self.docs[("workload", name, ns)] = _workload(name, ns, 1)
         self.docs[("route", "a", "ns1")] = _route("a", "ns1", 1)
 
@@ -170,9 +175,9 @@ class Tree:
 
 edits = st.tuples(
     st.sampled_from(("entry", "entry", "workload", "route", "route", "rule", "sidecar")),
-    st.sampled_from(NAMES),
+    st.sampled_from(NAMES + LATER),
     st.sampled_from(NAMESPACES),
-    st.integers(min_value=0, max_value=9),
+    st.integers(min_value=0, max_value=11),
 )
 
 #: Clients without iptables (listeners bound on loopback addresses, one with a DNS table) and
@@ -240,11 +245,25 @@ def test_kept_listeners_equal_fresh_ones_after_random_changes(sequence: list[tup
         check(edit)
 
 
+SOLO = """
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: solo, namespace: ns1}
+spec:
+  hosts: [solo.ns1.mesh]
+  location: MESH_INTERNAL
+  resolution: DNS
+  ports: [{number: 7070, name: http, protocol: HTTP}]
+"""
+
+
 def test_a_virtual_service_with_http_routes_alone_walks_no_service_again() -> None:
-    """A VirtualService change with HTTP routes only reuses every client's listeners; one that
-    adds a TCP route builds them again, and so does a ServiceEntry added where a client sees
-    it."""
+    """A VirtualService change with HTTP routes only reuses every client's listeners, and a
+    plain HTTP service added beside others on its port patches them; a TCP route, or a TCP
+    service, builds them again. Each is what a fresh build makes."""
     tree = Tree()
+    tree.apply(("route", "a", "ns1", 4))  # HTTP routes alone
+    tree.apply(("entry", "a", "ns1", 8))  # plain HTTP on 9080, with d.ns2's HTTP port there
     store = ConfigStore()
     files = FileRegistry()
     files.follow(store)
@@ -256,22 +275,29 @@ def test_a_virtual_service_with_http_routes_alone_walks_no_service_again() -> No
     memo = ListenerMemo()
     nodes = [parse_node_id(n, metadata) for n, metadata in NODES]
 
-    def build(edit: tuple[str, str, str, int] | None) -> tuple[int, int]:
+    def build(edit: tuple[str, str, str, int] | None) -> tuple[int, int, int]:
         if edit is not None:
             tree.apply(edit)
         store.replace_all(configs_from_yaml(tree.text()))
         snapshot = discovery.build_next()
         memo.advance()
-        made, reused = memo.made, memo.reused
+        made, reused, patched = memo.made, memo.reused, memo.patched
         for node in nodes:
-            _listeners(snapshot, _traced_scope(snapshot, node), memo)
-        return memo.made - made, memo.reused - reused
+            kept = _listeners(snapshot, _traced_scope(snapshot, node), memo)
+            assert kept == _listeners(snapshot, _traced_scope(snapshot, node), None)
+        return memo.made - made, memo.reused - reused, memo.patched - patched
 
-    tree.apply(("route", "a", "ns1", 4))  # HTTP routes alone
-    assert build(None) == (len(NODES), 0)
-    assert build(("route", "a", "ns1", 8)) == (0, len(NODES))  # another timeout and host
-    assert build(("route", "b", "ns2", 4)) == (0, len(NODES))  # a new one, HTTP routes alone
-    made, _ = build(("route", "a", "ns1", 5))  # a TCP route for `a`
+    assert build(None) == (len(NODES), 0, 0)
+    assert build(("route", "a", "ns1", 8)) == (0, len(NODES), 0)  # another timeout and host
+    assert build(("route", "b", "ns2", 4)) == (0, len(NODES), 0)  # a new one, HTTP routes alone
+    assert build(("entry", "e", "ns1", 8)) == (0, 0, len(NODES))  # plain HTTP beside a.ns1 on 9080
+    assert build(("entry", "e", "ns1", 0)) == (0, 0, len(NODES))  # and gone again
+    # A plain HTTP service alone on its port: its listener comes and goes with it.
+    tree.docs[("entry", "solo", "ns1")] = SOLO
+    assert build(None) == (len(NODES), 0, 0)
+    del tree.docs[("entry", "solo", "ns1")]
+    assert build(None) == (len(NODES), 0, 0)
+    made, _, _ = build(("route", "a", "ns1", 5))  # a TCP route for `a`
     assert made >= 1
-    made, _ = build(("entry", "d", "ns1", 6))
+    made, _, _ = build(("entry", "e", "ns1", 1))  # a TCP port
     assert made >= 1

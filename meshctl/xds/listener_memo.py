@@ -27,22 +27,39 @@ Kept like `GenerationMemo`: what was not asked for during the last two config ve
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from envoy.config.listener.v3 import listener_pb2
 
 from meshctl.config.mesh import MeshSettings
 from meshctl.config.model import Config, ConfigKey
-from meshctl.registry.model import Endpoint, Service
+from meshctl.registry.model import Endpoint, Service, ServiceModel
 from meshctl.snapshot.model import spec
 from meshctl.snapshot.proxy import OutboundProxy
 from meshctl.snapshot.scope import ProxyScope, rule_digest
 
 #: host -> where the app reaches it (`listeners_outbound.build_outbound_with_answers`)
 Answers = dict[str, list[str]]
-#: What a build hands back: its listeners, its answers, and the endpoints it read by host.
-Built = tuple[list[listener_pb2.Listener], Answers, dict[str, tuple[Endpoint, ...]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Walk:
+    """What a build's walk over the services leaves beside its listeners, for a patch."""
+
+    #: (bind, port) -> how many service ports that listener took
+    taken: Mapping[tuple[str, int], int]
+    #: the listeners that took HTTP service ports alone
+    http_only: frozenset[tuple[str, int]]
+    #: whether one catch-all egress listener, without a bind, imports the scope as it is
+    whole_scope: bool
+
+
+#: What a build hands back: its listeners, its answers, the endpoints it read by host, its walk.
+Built = tuple[list[listener_pb2.Listener], Answers, dict[str, tuple[Endpoint, ...]], Walk]
+#: A walk patched for services that changed (as they were, as they are): their answers and the
+#: walk after, or None where a whole build must decide.
+Patch = Callable[[ProxyScope, Walk, Sequence[Service], Sequence[Service]], tuple[Answers, Walk] | None]
 
 
 def _config_id(config: Config | None) -> tuple[ConfigKey, str, str] | None:
@@ -71,10 +88,16 @@ class ListenerInputs:
         snapshot = scope.snapshot
         return ListenerInputs(scope.services, snapshot.index.loopback, _config_id(scope.sidecar), snapshot.mesh, l4)
 
-    def same_as(self, other: ListenerInputs) -> bool:
-        if self.services != other.services or self.sidecar != other.sidecar:
-            return False
-        if self.mesh != other.mesh or self.l4_virtual_services != other.l4_virtual_services:
+    def same_but_services(self, other: ListenerInputs) -> bool:
+        """The same inputs, but for the services and their loopback addresses."""
+        return (
+            self.sidecar == other.sidecar
+            and self.mesh == other.mesh
+            and self.l4_virtual_services == other.l4_virtual_services
+        )
+
+    def same_services(self, other: ListenerInputs) -> bool:
+        if self.services != other.services:
             return False
         if self.loopback is other.loopback:
             return True
@@ -94,6 +117,9 @@ class _Entry:
     #: kept unchanged: callers get copies (access logs and tracing are added in place)
     listeners: tuple[listener_pb2.Listener, ...]
     answers: Mapping[str, tuple[str, ...]]
+    walk: Walk
+    #: the registry's model it was made (or last patched) at: what `changed_hosts` starts from
+    model: ServiceModel
 
     def holds(self, scope: ProxyScope) -> bool:
         """Whether `scope` answers every question of the trace as it was answered (asked with
@@ -135,31 +161,39 @@ class ListenerMemo:
         self._lock = threading.Lock()
         self._current: dict[OutboundProxy, _Entry] = {}
         self._previous: dict[OutboundProxy, _Entry] = {}
-        #: builds run / reused (for the benchmarks and tests)
+        #: builds run / reused / patched for services that changed (for the benchmarks and tests)
         self.made = 0
         self.reused = 0
+        self.patched = 0
 
     def outbound(
-        self, scope: ProxyScope, make: Callable[[ProxyScope], Built]
+        self, scope: ProxyScope, make: Callable[[ProxyScope], Built], patch: Patch
     ) -> tuple[list[listener_pb2.Listener], Answers]:
         """`make(scope)`'s listeners and answers, reused from the key's last build where that
-        read the same (see the module)."""
+        read the same, or that build patched (`patch`) where only services changed and the
+        listeners stay as they were (see the module)."""
         key = scope.proxy
         inputs = ListenerInputs.of(scope)
         with self._lock:
             entry = self._current.get(key) or self._previous.get(key)
-        if entry is not None and inputs.same_as(entry.inputs) and entry.holds(scope):
-            entry.replay(scope)
-            with self._lock:
-                self._current[key] = entry
-                self.reused += 1
-            return _copies(entry.listeners), {h: list(found) for h, found in entry.answers.items()}
+        if entry is not None and inputs.same_but_services(entry.inputs) and entry.holds(scope):
+            if inputs.same_services(entry.inputs):
+                kept: _Entry | None = entry
+            else:
+                kept = self._patched(scope, inputs, entry, patch)
+            if kept is not None:
+                kept.replay(scope)
+                with self._lock:
+                    self._current[key] = kept
+                    self.reused += kept is entry
+                    self.patched += kept is not entry
+                return _copies(kept.listeners), {h: list(found) for h, found in kept.answers.items()}
         saved_rules, saved_names = scope.rule_trace, scope.name_trace
         rules: dict[str, object] = {}
         names: set[tuple[str, str]] = set()
         scope.rule_trace, scope.name_trace = rules, names
         try:
-            listeners, answers, endpoints = make(scope)
+            listeners, answers, endpoints, walk = make(scope)
         finally:
             scope.rule_trace, scope.name_trace = saved_rules, saved_names
         if saved_rules is not None:
@@ -175,11 +209,39 @@ class ListenerMemo:
             endpoints,
             tuple(_copies(listeners)),
             {h: tuple(found) for h, found in answers.items()},
+            walk,
+            scope.snapshot.services,
         )
         with self._lock:
             self._current[key] = made
             self.made += 1
         return listeners, answers
+
+    @staticmethod
+    def _patched(scope: ProxyScope, inputs: ListenerInputs, entry: _Entry, patch: Patch) -> _Entry | None:
+        """`entry` brought up to date where only services of the scope changed: the hosts that
+        changed (`SnapshotIndex.changed_hosts`, which covers loopback addresses and endpoints)
+        walked again as they were and as they are, every other service the same and in the
+        same order. None where `patch` finds the listeners may change."""
+        snapshot = scope.snapshot
+        changed = snapshot.index.changed_hosts(entry.model, entry.inputs.loopback)
+        was = [s for s in entry.inputs.services if s.hostname not in changed]
+        now = [s for s in inputs.services if s.hostname not in changed]
+        if was != now:
+            return None
+        before = [s for s in entry.inputs.services if s.hostname in changed]
+        after = [s for s in inputs.services if s.hostname in changed]
+        loopbacks = (entry.inputs.loopback, inputs.loopback)
+        if any(lb.get(s.hostname) is not None for lb in loopbacks for s in (*before, *after)):
+            return None
+        patched = patch(scope, entry.walk, before, after)
+        if patched is None:
+            return None
+        came, walk = patched
+        answers = {h: a for h, a in entry.answers.items() if h not in changed}
+        answers.update((h, tuple(a)) for h, a in came.items())
+        ordered = {s.hostname: answers[s.hostname] for s in inputs.services if s.hostname in answers}
+        return replace(entry, inputs=inputs, answers=ordered, walk=walk, model=snapshot.services)
 
     def advance(self) -> None:
         """A new config version: what the one before last used and this one has not yet is dropped."""

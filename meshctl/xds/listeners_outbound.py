@@ -46,7 +46,9 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Final
 
 from envoy.config.core.v3 import base_pb2
@@ -63,7 +65,7 @@ from meshctl.snapshot.scope import MESH_GATEWAY, ProxyScope, parse_egress_hosts
 from meshctl.xds import dynamic_forward as dfp
 from meshctl.xds import listener_filters as lf
 from meshctl.xds.listener_l4 import configs_for_host, route_filters, single_destination_filters, static_match
-from meshctl.xds.listener_memo import Built, ListenerMemo
+from meshctl.xds.listener_memo import Built, ListenerMemo, Walk
 from meshctl.xds.listeners_inbound import port_protocol
 from meshctl.xds.names import (
     BLACKHOLE_CLUSTER,
@@ -137,6 +139,11 @@ class _OutboundBuilder:
         self.dfp_filters = dfp.http_filters(scope)
         #: host -> the endpoints `_binds` read of it: a `ListenerMemo` trace
         self.endpoints_read: dict[str, tuple[Endpoint, ...]] = {}
+        #: (bind, port) -> how many service ports it took (each noted in `answers`), and the
+        #: listeners that took any but HTTP ones: what a `ListenerMemo` patch needs
+        self.taken: Counter[tuple[str, int]] = Counter()
+        self.not_http: set[tuple[str, int]] = set()
+        self.egresses: list[_Egress] = []
 
     # -- egress listeners --------------------------------------------------------------------
 
@@ -172,20 +179,25 @@ class _OutboundBuilder:
         return out
 
     def build(self) -> list[listener_pb2.Listener]:
-        for egress in self.egress_listeners():
-            if egress.port is not None:
-                pairs = [(svc, egress.port) for svc in egress.services]
-            else:
-                # A catch-all never adds to what a port-specific egress listener defined.
-                for entry in self.entries.values():
-                    entry.locked = True
-                pairs = [(svc, port) for svc in egress.services for port in svc.ports]
-            binds = [(svc, port, self._binds(svc, port, egress)) for svc, port in pairs]
-            shared = Counter(key for _, _, found in binds for key, _ in found)
-            for svc, port, found in binds:
-                for (bind, number), cidr in found:
-                    self._add(svc, port, egress, bind=bind, cidr=cidr, shared=shared[(bind, number)] > 1)
+        self.egresses = self.egress_listeners()
+        for egress in self.egresses:
+            self._walk(egress)
         return [self._listener(entry) for entry in self.entries.values()]
+
+    def _walk(self, egress: _Egress) -> None:
+        """Add every service port `egress` imports to the listeners where it listens."""
+        if egress.port is not None:
+            pairs = [(svc, egress.port) for svc in egress.services]
+        else:
+            # A catch-all never adds to what a port-specific egress listener defined.
+            for entry in self.entries.values():
+                entry.locked = True
+            pairs = [(svc, port) for svc in egress.services for port in svc.ports]
+        binds = [(svc, port, self._binds(svc, port, egress)) for svc, port in pairs]
+        shared = Counter(key for _, _, found in binds for key, _ in found)
+        for svc, port, found in binds:
+            for (bind, number), cidr in found:
+                self._add(svc, port, egress, bind=bind, cidr=cidr, shared=shared[(bind, number)] > 1)
 
     def _binds(self, svc: Service, port: ServicePort, egress: _Egress) -> list[tuple[tuple[str, int], str]]:
         """Where a service port listens: ((bind, port), destination CIDR to match or "")."""
@@ -239,7 +251,10 @@ class _OutboundBuilder:
         if dfp.is_dynamic(svc) and not dfp.serves(port):
             return  # as in Istio: a DYNAMIC_DNS port that is neither HTTP nor TLS gets nothing
         self._answer(svc, bind, egress)
+        self.taken[key] += 1
         kind = _kind(port.protocol)
+        if kind != "http":
+            self.not_http.add(key)
         if kind == "http":
             if entry is not None and entry.has_http:
                 return  # the port's RDS route config already serves every HTTP service on it
@@ -495,10 +510,11 @@ def build_outbound_with_answers(
 ) -> tuple[list[listener_pb2.Listener], dict[str, list[str]]]:
     """`build_outbound`, and for each host the listeners serve the addresses where the app
     reaches it (the DNS answers, `dns_table`); with `memo`, the build of the scope's key before
-    is reused where it read the same (`listener_memo`)."""
+    is reused, or patched for the services that changed, where it read the same
+    (`listener_memo`)."""
     if memo is not None:
-        return memo.outbound(scope, _build)
-    listeners, answers, _ = _build(scope)
+        return memo.outbound(scope, _build, _patch)
+    listeners, answers, _, _ = _build(scope)
     return listeners, answers
 
 
@@ -508,7 +524,40 @@ def _build(scope: ProxyScope) -> Built:
     if scope.proxy.interception is not InterceptionMode.NONE:
         out.append(build_virtual_outbound(scope))
     answers = {host: found for host, found in builder.answers.items() if found}
-    return out, answers, builder.endpoints_read
+    egresses = builder.egresses
+    whole = len(egresses) == 1 and egresses[0].port is None and not egresses[0].bind
+    walk = Walk(MappingProxyType(dict(builder.taken)), frozenset(builder.taken.keys() - builder.not_http), whole)
+    return out, answers, builder.endpoints_read, walk
+
+
+def _patch(
+    scope: ProxyScope, walk: Walk, before: Sequence[Service], now: Sequence[Service]
+) -> tuple[dict[str, list[str]], Walk] | None:
+    """A build's walk brought up to date for services that changed (`before` as they were,
+    `now` as they are), where the listeners stay as they were: every one of those services
+    plain HTTP, without a loopback address of its own or a dynamic forward proxy, imported by
+    the one catch-all egress listener, and only adding to or taking from listeners that serve
+    HTTP alone and still take some other service port (such a listener's one HTTP chain is
+    the same whichever services share it). Returns the changed services' DNS answers and the
+    walk after; None where the listeners may change (a whole build decides)."""
+    if not walk.whole_scope or not all(_plain_http(s) for s in (*before, *now)):
+        return None
+    gone, came = _OutboundBuilder(scope), _OutboundBuilder(scope)
+    egress = _Egress(None, "", gone.none_mode, tuple(before), ())
+    gone._walk(egress)
+    came._walk(replace(egress, services=tuple(now)))
+    taken = Counter(walk.taken)
+    taken.subtract(gone.taken)
+    taken.update(came.taken)
+    for key in gone.taken.keys() | came.taken.keys():
+        if key not in walk.http_only or taken[key] <= 0:
+            return None
+    answers = {host: found for host, found in came.answers.items() if found}
+    return answers, replace(walk, taken=MappingProxyType({k: n for k, n in taken.items() if n > 0}))
+
+
+def _plain_http(svc: Service) -> bool:
+    return not dfp.is_dynamic(svc) and all(port.protocol.is_http for port in svc.ports)
 
 
 def outbound_answers(scope: ProxyScope) -> dict[str, list[str]]:
