@@ -21,6 +21,15 @@ policy, a destination's service among the scope's) are functions of the key and 
 reused build replays its trace into the scope's own (`rule_trace`, `name_trace`), so the part
 that holds the listeners is checked later against the same reads as one built afresh.
 
+Where only services changed, the build is patched rather than made again when that is sure to
+leave every listener as it was: the services that changed (`SnapshotIndex.changed_hosts`) are
+walked again as they were and as they are (`listeners_outbound._patch`), and where each is plain
+HTTP, without a loopback address, imported by the one catch-all egress listener, and joins or
+leaves only listeners that serve HTTP alone and keep another service port, their DNS answers
+and the listeners' counts are updated. Such a listener is one HTTP chain naming the port's
+route configuration, the same whichever services share it. One ServiceEntry added to a
+namespace of thousands then costs its own walk, not the namespace's.
+
 Kept like `GenerationMemo`: what was not asked for during the last two config versions goes.
 """
 

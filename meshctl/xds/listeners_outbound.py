@@ -48,11 +48,13 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from types import MappingProxyType
 from typing import Final
 
 from envoy.config.core.v3 import base_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import wrappers_pb2
 
 from meshctl.api.networking.v1alpha3 import sidecar_pb2
@@ -134,9 +136,6 @@ class _OutboundBuilder:
         #: host -> the addresses where this proxy takes the app's connections for it: its DNS
         #: answers (`dns_table`), so the table is scoped exactly as the listeners are
         self.answers: dict[str, list[str]] = {}
-        #: the dynamic forward proxy's HTTP filters every outbound HCM carries (disabled until a
-        #: virtual host enables one)
-        self.dfp_filters = dfp.http_filters(scope)
         #: host -> the endpoints `_binds` read of it: a `ListenerMemo` trace
         self.endpoints_read: dict[str, tuple[Endpoint, ...]] = {}
         #: (bind, port) -> how many service ports it took (each noted in `answers`), and the
@@ -144,6 +143,13 @@ class _OutboundBuilder:
         self.taken: Counter[tuple[str, int]] = Counter()
         self.not_http: set[tuple[str, int]] = set()
         self.egresses: list[_Egress] = []
+
+    @cached_property
+    def dfp_filters(self) -> list[hcm_pb2.HttpFilter]:
+        """The dynamic forward proxy's HTTP filters every outbound HCM carries (disabled until
+        a virtual host enables one); found when the first HCM is made (a walk over the scope's
+        services, which a patch for a few of them does not need)."""
+        return dfp.http_filters(self.scope)
 
     # -- egress listeners --------------------------------------------------------------------
 
