@@ -49,7 +49,7 @@ from meshctl.snapshot.proxy import OutboundProxy
 from meshctl.snapshot.scope import ProxyScope, rule_digest
 
 #: host -> where the app reaches it (`listeners_outbound.build_outbound_with_answers`)
-Answers = dict[str, list[str]]
+Answers = Mapping[str, Sequence[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +196,7 @@ class ListenerMemo:
                     self._current[key] = kept
                     self.reused += kept is entry
                     self.patched += kept is not entry
-                return _copies(kept.listeners), {h: list(found) for h, found in kept.answers.items()}
+                return _copies(kept.listeners), kept.answers
         saved_rules, saved_names = scope.rule_trace, scope.name_trace
         rules: dict[str, object] = {}
         names: set[tuple[str, str]] = set()

@@ -67,7 +67,7 @@ from meshctl.snapshot.scope import MESH_GATEWAY, ProxyScope, parse_egress_hosts
 from meshctl.xds import dynamic_forward as dfp
 from meshctl.xds import listener_filters as lf
 from meshctl.xds.listener_l4 import configs_for_host, route_filters, single_destination_filters, static_match
-from meshctl.xds.listener_memo import Built, ListenerMemo, Walk
+from meshctl.xds.listener_memo import Answers, Built, ListenerMemo, Walk
 from meshctl.xds.listeners_inbound import port_protocol
 from meshctl.xds.names import (
     BLACKHOLE_CLUSTER,
@@ -513,7 +513,7 @@ def build_outbound(scope: ProxyScope) -> list[listener_pb2.Listener]:
 
 def build_outbound_with_answers(
     scope: ProxyScope, memo: ListenerMemo | None = None
-) -> tuple[list[listener_pb2.Listener], dict[str, list[str]]]:
+) -> tuple[list[listener_pb2.Listener], Answers]:
     """`build_outbound`, and for each host the listeners serve the addresses where the app
     reaches it (the DNS answers, `dns_table`); with `memo`, the build of the scope's key before
     is reused, or patched for the services that changed, where it read the same
@@ -538,7 +538,7 @@ def _build(scope: ProxyScope) -> Built:
 
 def _patch(
     scope: ProxyScope, walk: Walk, before: Sequence[Service], now: Sequence[Service]
-) -> tuple[dict[str, list[str]], Walk] | None:
+) -> tuple[Answers, Walk] | None:
     """A build's walk brought up to date for services that changed (`before` as they were,
     `now` as they are), where the listeners stay as they were: every one of those services
     plain HTTP, without a loopback address of its own or a dynamic forward proxy, imported by
@@ -566,6 +566,6 @@ def _plain_http(svc: Service) -> bool:
     return not dfp.is_dynamic(svc) and all(port.protocol.is_http for port in svc.ports)
 
 
-def outbound_answers(scope: ProxyScope) -> dict[str, list[str]]:
+def outbound_answers(scope: ProxyScope) -> Answers:
     """host -> where the app reaches it through this proxy (see `build_outbound_with_answers`)."""
     return build_outbound_with_answers(scope)[1]
