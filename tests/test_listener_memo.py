@@ -128,13 +128,15 @@ spec:
 
 def _sidecar(ns: str, n: int) -> str:
     """No egress (everything), its own namespace, everything, a port-specific egress listener
-    before the catch-all (bound elsewhere, or without capture), or an outbound policy."""
+    before the catch-all (bound elsewhere, or without capture), a catch-all without capture,
+    or an outbound policy."""
     egress = {
         1: '[{hosts: ["./*"]}]',
         2: '[{hosts: ["*/*"]}]',
         3: '[{port: {number: 5001, name: tcp, protocol: TCP}, hosts: ["*/*"]}, {hosts: ["./*", "ns3/*"]}]',
         4: '[{port: {number: 7000, name: http, protocol: HTTP}, bind: 127.0.0.9, hosts: ["*/*"]}, {hosts: ["*/*"]}]',
         5: '[{port: {number: 5000, name: tls, protocol: TLS}, captureMode: NONE, hosts: ["ns3/*"]}, {hosts: ["*/*"]}]',
+        6: '[{captureMode: NONE, hosts: ["*/*"]}]',
     }.get(n)
     body = f"egress: {egress}" if egress else "outboundTrafficPolicy: {mode: REGISTRY_ONLY}"
     return f"""

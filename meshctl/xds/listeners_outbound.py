@@ -531,7 +531,10 @@ def _build(scope: ProxyScope) -> Built:
         out.append(build_virtual_outbound(scope))
     answers = {host: found for host, found in builder.answers.items() if found}
     egresses = builder.egresses
-    whole = len(egresses) == 1 and egresses[0].port is None and not egresses[0].bind
+    # The one catch-all, bound as the proxy binds (a patch walks services through such a one).
+    whole = len(egresses) == 1 and egresses[0] == _Egress(
+        None, "", builder.none_mode, egresses[0].services, egresses[0].virtual_services
+    )
     walk = Walk(MappingProxyType(dict(builder.taken)), frozenset(builder.taken.keys() - builder.not_http), whole)
     return out, answers, builder.endpoints_read, walk
 
