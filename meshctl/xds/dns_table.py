@@ -34,7 +34,7 @@ every push: a new ServiceEntry's name resolves without a restart.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
@@ -77,7 +77,7 @@ def istio_names(host: str, namespace: str, domain: str) -> list[str]:
     return names
 
 
-def name_table(scope: ProxyScope, answers: Mapping[str, list[str]] | None = None) -> Mapping[str, str]:
+def name_table(scope: ProxyScope, answers: Mapping[str, Sequence[str]] | None = None) -> Mapping[str, str]:
     """name -> the address this proxy answers for it, in name order. A name two hosts claim
     (short names of two namespaces' hosts cannot; two hosts can) keeps the first host's in
     hostname order."""
@@ -117,7 +117,7 @@ class TableConflict:
         )
 
 
-def table_conflicts(scope: ProxyScope, answers: Mapping[str, list[str]] | None = None) -> list[TableConflict]:
+def table_conflicts(scope: ProxyScope, answers: Mapping[str, Sequence[str]] | None = None) -> list[TableConflict]:
     """What the table cannot answer apart: a name two hosts claim with different addresses (the
     first host in name order keeps it), and plain TCP hosts (TLS ones are told apart by SNI)
     answered with one address on one port (the loopback range full or turned off, or one
@@ -146,7 +146,7 @@ def table_conflicts(scope: ProxyScope, answers: Mapping[str, list[str]] | None =
     return out
 
 
-def _answer(addresses: list[str]) -> str:
+def _answer(addresses: Sequence[str]) -> str:
     """One address per name: a host's own one over the shared 127.0.0.1 (its HTTP ports listen
     on both), else the first."""
     return next((a for a in addresses if a != LOCALHOST), addresses[0] if addresses else "")
@@ -173,7 +173,7 @@ def mesh_domains(scope: ProxyScope, names: Mapping[str, str] | None = None) -> l
     return sorted(d for d in found if not any(d.endswith("." + other) for other in found))
 
 
-def build_dns_listener(scope: ProxyScope, answers: Mapping[str, list[str]]) -> listener_pb2.Listener:
+def build_dns_listener(scope: ProxyScope, answers: Mapping[str, Sequence[str]]) -> listener_pb2.Listener:
     """The UDP listener on 127.0.0.1:`dns_port` answering from this proxy's name table."""
     names = name_table(scope, answers)
     ttl = duration_pb2.Duration(seconds=ANSWER_TTL_SECONDS)

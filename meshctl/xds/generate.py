@@ -37,6 +37,7 @@ from meshctl.xds.eds_locality import build_variant, eds_localities
 from meshctl.xds.endpoints import assignment_view, build_load_assignment
 from meshctl.xds.envoyfilter import apply_envoy_filters
 from meshctl.xds.inbound_view import InboundView, inbound_view
+from meshctl.xds.listener_memo import ListenerMemo
 from meshctl.xds.listeners import build_inbound_listeners, build_outbound_listeners, sort_listeners
 from meshctl.xds.memo import GenerationMemo
 from meshctl.xds.names import eds_cluster_names
@@ -122,10 +123,12 @@ class GenerationMemos:
     def __init__(self) -> None:
         self.clusters: ClusterMemo = GenerationMemo()
         self.routes = RouteMemo()
+        self.listeners = ListenerMemo()
 
     def advance(self) -> None:
         self.clusters.advance()
         self.routes.advance()
+        self.listeners.advance()
 
 
 def generate_outbound(snapshot: Snapshot, proxy: OutboundProxy, memos: GenerationMemos | None = None) -> Generated:
@@ -223,8 +226,9 @@ def _outbound_clusters(scope: ProxyScope, memos: GenerationMemos | None) -> tupl
 def _outbound_listeners_and_routes(
     scope: ProxyScope, memos: GenerationMemos | None, *, routes: bool = True
 ) -> dict[str, tuple[Message, ...]]:
+    memo = memos.listeners if memos is not None else None
     listeners = with_tracing(
-        with_access_log(build_outbound_listeners(scope), scope.snapshot.mesh, scope.proxy.client_logs),
+        with_access_log(build_outbound_listeners(scope, memo), scope.snapshot.mesh, scope.proxy.client_logs),
         scope.proxy.client_tracing,
     )
     out: dict[str, tuple[Message, ...]] = {types.LISTENER: tuple(listeners)}

@@ -26,6 +26,7 @@ from meshctl.snapshot.node import ProxyType
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds.dns_table import build_dns_listener
 from meshctl.xds.inbound_view import InboundView, inbound_view
+from meshctl.xds.listener_memo import ListenerMemo
 from meshctl.xds.listeners_gateway import build_gateway
 from meshctl.xds.listeners_inbound import build_inbound
 from meshctl.xds.listeners_outbound import build_outbound_with_answers
@@ -36,11 +37,12 @@ def build_listeners(scope: ProxyScope) -> list[listener_pb2.Listener]:
     return sort_listeners([*build_outbound_listeners(scope), *build_inbound_listeners(inbound_view(scope))])
 
 
-def build_outbound_listeners(scope: ProxyScope) -> list[listener_pb2.Listener]:
-    """A sidecar's outbound listeners, or a router's Gateway listeners."""
+def build_outbound_listeners(scope: ProxyScope, memo: ListenerMemo | None = None) -> list[listener_pb2.Listener]:
+    """A sidecar's outbound listeners, or a router's Gateway listeners; with `memo`, a sidecar's
+    kept across snapshots where they read the same (`listener_memo`)."""
     if scope.proxy.type is ProxyType.ROUTER:
         return sort_listeners(build_gateway(scope))
-    listeners, answers = build_outbound_with_answers(scope)
+    listeners, answers = build_outbound_with_answers(scope, memo)
     if scope.proxy.dns_port:
         listeners.append(build_dns_listener(scope, answers))
     return sort_listeners(listeners)

@@ -46,23 +46,28 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from types import MappingProxyType
 from typing import Final
 
 from envoy.config.core.v3 import base_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import wrappers_pb2
 
 from meshctl.api.networking.v1alpha3 import sidecar_pb2
 from meshctl.config.hosts import is_ip
 from meshctl.config.model import Config
-from meshctl.registry.model import Protocol, Resolution, Service, ServicePort
+from meshctl.registry.model import Endpoint, Protocol, Resolution, Service, ServicePort
 from meshctl.snapshot.interception import InterceptionMode
 from meshctl.snapshot.model import spec
 from meshctl.snapshot.scope import MESH_GATEWAY, ProxyScope, parse_egress_hosts
 from meshctl.xds import dynamic_forward as dfp
 from meshctl.xds import listener_filters as lf
 from meshctl.xds.listener_l4 import configs_for_host, route_filters, single_destination_filters, static_match
+from meshctl.xds.listener_memo import Answers, Built, ListenerMemo, Walk
 from meshctl.xds.listeners_inbound import port_protocol
 from meshctl.xds.names import (
     BLACKHOLE_CLUSTER,
@@ -131,9 +136,20 @@ class _OutboundBuilder:
         #: host -> the addresses where this proxy takes the app's connections for it: its DNS
         #: answers (`dns_table`), so the table is scoped exactly as the listeners are
         self.answers: dict[str, list[str]] = {}
-        #: the dynamic forward proxy's HTTP filters every outbound HCM carries (disabled until a
-        #: virtual host enables one)
-        self.dfp_filters = dfp.http_filters(scope)
+        #: host -> the endpoints `_binds` read of it: a `ListenerMemo` trace
+        self.endpoints_read: dict[str, tuple[Endpoint, ...]] = {}
+        #: (bind, port) -> how many service ports it took (each noted in `answers`), and the
+        #: listeners that took any but HTTP ones: what a `ListenerMemo` patch needs
+        self.taken: Counter[tuple[str, int]] = Counter()
+        self.not_http: set[tuple[str, int]] = set()
+        self.egresses: list[_Egress] = []
+
+    @cached_property
+    def dfp_filters(self) -> list[hcm_pb2.HttpFilter]:
+        """The dynamic forward proxy's HTTP filters every outbound HCM carries (disabled until
+        a virtual host enables one); found when the first HCM is made (a walk over the scope's
+        services, which a patch for a few of them does not need)."""
+        return dfp.http_filters(self.scope)
 
     # -- egress listeners --------------------------------------------------------------------
 
@@ -169,20 +185,25 @@ class _OutboundBuilder:
         return out
 
     def build(self) -> list[listener_pb2.Listener]:
-        for egress in self.egress_listeners():
-            if egress.port is not None:
-                pairs = [(svc, egress.port) for svc in egress.services]
-            else:
-                # A catch-all never adds to what a port-specific egress listener defined.
-                for entry in self.entries.values():
-                    entry.locked = True
-                pairs = [(svc, port) for svc in egress.services for port in svc.ports]
-            binds = [(svc, port, self._binds(svc, port, egress)) for svc, port in pairs]
-            shared = Counter(key for _, _, found in binds for key, _ in found)
-            for svc, port, found in binds:
-                for (bind, number), cidr in found:
-                    self._add(svc, port, egress, bind=bind, cidr=cidr, shared=shared[(bind, number)] > 1)
+        self.egresses = self.egress_listeners()
+        for egress in self.egresses:
+            self._walk(egress)
         return [self._listener(entry) for entry in self.entries.values()]
+
+    def _walk(self, egress: _Egress) -> None:
+        """Add every service port `egress` imports to the listeners where it listens."""
+        if egress.port is not None:
+            pairs = [(svc, egress.port) for svc in egress.services]
+        else:
+            # A catch-all never adds to what a port-specific egress listener defined.
+            for entry in self.entries.values():
+                entry.locked = True
+            pairs = [(svc, port) for svc in egress.services for port in svc.ports]
+        binds = [(svc, port, self._binds(svc, port, egress)) for svc, port in pairs]
+        shared = Counter(key for _, _, found in binds for key, _ in found)
+        for svc, port, found in binds:
+            for (bind, number), cidr in found:
+                self._add(svc, port, egress, bind=bind, cidr=cidr, shared=shared[(bind, number)] > 1)
 
     def _binds(self, svc: Service, port: ServicePort, egress: _Egress) -> list[tuple[tuple[str, int], str]]:
         """Where a service port listens: ((bind, port), destination CIDR to match or "")."""
@@ -205,7 +226,8 @@ class _OutboundBuilder:
         if address == WILDCARD and svc.resolution is Resolution.NONE:
             # Istio's listeners per endpoint for TCP services without a VIP: with no address to
             # bind, the endpoint addresses are the only way to tell such services apart.
-            eps = [e for e in self.scope.snapshot.services.endpoints_of(svc.hostname) if port.number in e.ports]
+            endpoints = self.endpoints_read[svc.hostname] = self.scope.snapshot.services.endpoints_of(svc.hostname)
+            eps = [e for e in endpoints if port.number in e.ports]
             addrs = sorted({e.address for e in eps if is_ip(e.address) and e.address != self.proxy.ip})
             if eps:
                 return [((a, port.number), "") for a in addrs]
@@ -235,7 +257,10 @@ class _OutboundBuilder:
         if dfp.is_dynamic(svc) and not dfp.serves(port):
             return  # as in Istio: a DYNAMIC_DNS port that is neither HTTP nor TLS gets nothing
         self._answer(svc, bind, egress)
+        self.taken[key] += 1
         kind = _kind(port.protocol)
+        if kind != "http":
+            self.not_http.add(key)
         if kind == "http":
             if entry is not None and entry.has_http:
                 return  # the port's RDS route config already serves every HTTP service on it
@@ -486,16 +511,64 @@ def build_outbound(scope: ProxyScope) -> list[listener_pb2.Listener]:
     return build_outbound_with_answers(scope)[0]
 
 
-def build_outbound_with_answers(scope: ProxyScope) -> tuple[list[listener_pb2.Listener], dict[str, list[str]]]:
+def build_outbound_with_answers(
+    scope: ProxyScope, memo: ListenerMemo | None = None
+) -> tuple[list[listener_pb2.Listener], Answers]:
     """`build_outbound`, and for each host the listeners serve the addresses where the app
-    reaches it (the DNS answers, `dns_table`)."""
+    reaches it (the DNS answers, `dns_table`); with `memo`, the build of the scope's key before
+    is reused, or patched for the services that changed, where it read the same
+    (`listener_memo`)."""
+    if memo is not None:
+        return memo.outbound(scope, _build, _patch)
+    listeners, answers, _, _ = _build(scope)
+    return listeners, answers
+
+
+def _build(scope: ProxyScope) -> Built:
     builder = _OutboundBuilder(scope)
     out = builder.build()
     if scope.proxy.interception is not InterceptionMode.NONE:
         out.append(build_virtual_outbound(scope))
-    return out, {host: found for host, found in builder.answers.items() if found}
+    answers = {host: found for host, found in builder.answers.items() if found}
+    egresses = builder.egresses
+    # The one catch-all, bound as the proxy binds (a patch walks services through such a one).
+    whole = len(egresses) == 1 and egresses[0] == _Egress(
+        None, "", builder.none_mode, egresses[0].services, egresses[0].virtual_services
+    )
+    walk = Walk(MappingProxyType(dict(builder.taken)), frozenset(builder.taken.keys() - builder.not_http), whole)
+    return out, answers, builder.endpoints_read, walk
 
 
-def outbound_answers(scope: ProxyScope) -> dict[str, list[str]]:
+def _patch(
+    scope: ProxyScope, walk: Walk, before: Sequence[Service], now: Sequence[Service]
+) -> tuple[Answers, Walk] | None:
+    """A build's walk brought up to date for services that changed (`before` as they were,
+    `now` as they are), where the listeners stay as they were: every one of those services
+    plain HTTP, without a loopback address of its own or a dynamic forward proxy, imported by
+    the one catch-all egress listener, and only adding to or taking from listeners that serve
+    HTTP alone and still take some other service port (such a listener's one HTTP chain is
+    the same whichever services share it). Returns the changed services' DNS answers and the
+    walk after; None where the listeners may change (a whole build decides)."""
+    if not walk.whole_scope or not all(_plain_http(s) for s in (*before, *now)):
+        return None
+    gone, came = _OutboundBuilder(scope), _OutboundBuilder(scope)
+    egress = _Egress(None, "", gone.none_mode, tuple(before), ())
+    gone._walk(egress)
+    came._walk(replace(egress, services=tuple(now)))
+    taken = Counter(walk.taken)
+    taken.subtract(gone.taken)
+    taken.update(came.taken)
+    for key in gone.taken.keys() | came.taken.keys():
+        if key not in walk.http_only or taken[key] <= 0:
+            return None
+    answers = {host: found for host, found in came.answers.items() if found}
+    return answers, replace(walk, taken=MappingProxyType({k: n for k, n in taken.items() if n > 0}))
+
+
+def _plain_http(svc: Service) -> bool:
+    return not dfp.is_dynamic(svc) and all(port.protocol.is_http for port in svc.ports)
+
+
+def outbound_answers(scope: ProxyScope) -> Answers:
     """host -> where the app reaches it through this proxy (see `build_outbound_with_answers`)."""
     return build_outbound_with_answers(scope)[1]
