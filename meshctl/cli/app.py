@@ -46,6 +46,7 @@ except ImportError:  # an older typer, on click itself
     from click.core import Context  # type: ignore[assignment,no-redef,import-not-found,unused-ignore]
     from click.exceptions import NoSuchOption  # type: ignore[no-redef,import-not-found,unused-ignore]
 
+
 class _Group(TyperGroup):
     """typer's group, its own options (--version, the completion ones) converted without pydantic."""
 

@@ -263,9 +263,7 @@ def _list(directory: str, links: list[str]) -> tuple[list[str], list[os.DirEntry
     return files, subdirs
 
 
-def _enter(
-    directory: str, subdirs: list[os.DirEntry[str]], seen: dict[tuple[int, int], str], walk: Walk
-) -> list[str]:
+def _enter(directory: str, subdirs: list[os.DirEntry[str]], seen: dict[tuple[int, int], str], walk: Walk) -> list[str]:
     """The subdirectories to walk, by name: those not walked (or queued) already. A directory is
     claimed by its real entry before links to it in the same directory, so `alias -> team` next
     to `team` reads `team`; otherwise the first reached (the shallowest) wins."""

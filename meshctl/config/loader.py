@@ -27,7 +27,6 @@ from meshctl.config.model import (
 from meshctl.errors import ConfigError, YamlError
 
 if TYPE_CHECKING:
-
     from meshctl.config.parse_cache import ParseCache
 
 

@@ -40,13 +40,23 @@ from meshctl.config.validation.metadata import validate_metadata
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
-    from meshctl.config.loader import LoadOptions
-
 
 # Kubernetes object names: RFC 1123 subdomain; namespaces: RFC 1123 label.
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
+
+class DocumentOptions(Protocol):
+    """What loading one document reads of the loader's options (`loader.LoadOptions`)."""
+
+    @property
+    def default_namespace(self) -> str: ...
+
+    @property
+    def validate(self) -> bool: ...
+
+    @property
+    def refuse_unserved(self) -> bool: ...
 
 
 class Locator(Protocol):
@@ -56,7 +66,7 @@ class Locator(Protocol):
 
 
 def load_document(
-    doc: yamlsource.Document, display: str, options: LoadOptions, locator: Locator
+    doc: yamlsource.Document, display: str, options: DocumentOptions, locator: Locator
 ) -> tuple[Config | None, list[Finding]]:
     """One document to a Config. The kind, apiVersion and namespace are interned: each is
     written in thousands of documents and each document's copy would be a string of its own."""
@@ -151,7 +161,7 @@ def load_document(
     return config, problems
 
 
-def _not_served(group: str, api_version: str, kind: str, options: LoadOptions) -> tuple[str, Severity]:
+def _not_served(group: str, api_version: str, kind: str, options: DocumentOptions) -> tuple[str, Severity]:
     """Why a document of a kind meshctl does not serve is skipped, and how bad that is:
 
     - a kind no Istio group has, in an Istio group, is a typo: an error, with the kind meant;

@@ -370,9 +370,7 @@ class _Parser:
                     else:
                         self.fail((*path, key, i), converted)
 
-    def map_field(
-        self, value: Any, container: Any, f: _Field, path: FieldPath, null_value: str | None = None
-    ) -> None:
+    def map_field(self, value: Any, container: Any, f: _Field, path: FieldPath, null_value: str | None = None) -> None:
         if not isinstance(value, dict):
             self.fail(path, f"expected a mapping, got {_type_name(value)}")
             return

@@ -144,7 +144,6 @@ class Document:
     data: Any
 
 
-
 class AliasBudget:
     """The values aliases may still add: shared by every document of one file, so that a file
     of many small bombs is stopped as surely as one big one."""
@@ -154,6 +153,7 @@ class AliasBudget:
     def __init__(self, limit: int = DEFAULT_MAX_ALIAS_VALUES) -> None:
         self.limit = limit
         self.left = limit
+
 
 TOO_DEEP = f"nesting deeper than {MAX_DEPTH} levels"
 
@@ -302,7 +302,6 @@ class _DocumentBuilder:
             else:
                 top.value[top.key] = value
                 top.key = _NO_KEY
-
 
     def _too_many(self) -> str:
         return f"more than {self.limit} values in one document (the limit for a document)"

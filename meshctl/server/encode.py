@@ -57,7 +57,6 @@ class BlockCache:
             self._bytes -= len(self._blocks.pop(next(iter(self._blocks)))[1])
         return block
 
-
     def size(self, resources: tuple[Resource, ...]) -> int:
         """The bytes of `resources`' bodies, about what a response of them weighs, counted once
         per tuple: a change sends the same tuple to many streams (the write budget asks each

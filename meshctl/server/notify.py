@@ -50,6 +50,7 @@ class ServedState(Protocol):
 
     def ready(self) -> bool: ...
 
+
 logger = logging.getLogger("meshctl.server.notify")
 
 #: How long one send may block when systemd is slow to read its socket; a notification is never

@@ -69,9 +69,7 @@ def _ip_literal(host: str) -> str | None:
         return None
 
 
-def bound_listener(
-    listeners: Sequence[Any], request: Request, router: bool, resolved: str | None = None
-) -> Any | None:
+def bound_listener(listeners: Sequence[Any], request: Request, router: bool, resolved: str | None = None) -> Any | None:
     """The listener a connection to the URL's port reaches when nothing intercepts it: for a
     sidecar an outbound one on a local address, for a router any on the port; a listener on
     the URL's literal IP (or the address its name `resolved` to) before a wildcard one."""

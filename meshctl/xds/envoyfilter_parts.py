@@ -191,9 +191,7 @@ def _touchable(type_url: str, resources: Sequence[Resource], plan: PatchPlan) ->
         ]
     context = EF.GATEWAY if plan.gateway else EF.SIDECAR_OUTBOUND
     routes = [p for kind in ROUTE_PATCHES for p in patches.get(kind, ()) if context_matches(p, context)]
-    return [
-        i for i, r in enumerate(resources) if any(route_configuration_matches(r.name, p, context) for p in routes)
-    ]
+    return [i for i, r in enumerate(resources) if any(route_configuration_matches(r.name, p, context) for p in routes)]
 
 
 def _changes(base: Mapping[str, tuple[Message, ...]], patched: Mapping[str, Sequence[Message | None]]) -> bool:

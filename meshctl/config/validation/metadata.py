@@ -61,9 +61,7 @@ def _traffic_distribution(value: str, spec: Message) -> list[Issue]:
     return []
 
 
-def _dry_run(
-    kind: str, namespace: str, name: str, annotations: Mapping[str, str], spec: Message
-) -> list[Issue]:
+def _dry_run(kind: str, namespace: str, name: str, annotations: Mapping[str, str], spec: Message) -> list[Issue]:
     value = annotations.get(DRY_RUN)
     if value is None:
         return []
