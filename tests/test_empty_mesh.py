@@ -134,6 +134,16 @@ def held(envoy: object) -> dict[str, tuple[str, str]]:
     return {k: v for k, v in dynamic_versions(envoy).items() if not k.startswith("EDS/")}  # type: ignore[arg-type]
 
 
+def settled(server: ServeProcess, proxy: str) -> bool:
+    """Whether `proxy` is on the server's latest snapshot, with every type it was sent ACKed."""
+    for entry in server.admin_json("/debug/syncz"):
+        if entry["proxy"] == proxy:
+            kinds = entry["types"].values()
+            on_latest = entry["snapshot"] == entry["latest_snapshot"] != ""
+            return on_latest and all(t["sent"] == t["acked"] and not t["nack"] for t in kinds)
+    return False
+
+
 @pytest.mark.e2e
 @needs_envoy
 def test_envoy_keeps_its_config_when_its_server_comes_back_on_an_empty_directory(tmp_path: Path) -> None:
@@ -146,6 +156,9 @@ def test_envoy_keeps_its_config_when_its_server_comes_back_on_an_empty_directory
         envoy = mesh.envoy(server)
         host = f"web.{NS}.mesh"
         wait_for(lambda: send(port, host).ok, "Envoy routes through the mesh")
+        # What Envoy holds is taken once it has ACKed everything of the latest snapshot: a push
+        # still on its way when it is taken would show as a change the restart never made.
+        wait_for(lambda: settled(server, CLIENT), "Envoy has ACKed the latest snapshot")
         before = held(envoy)
         assert any(k.startswith("LDS/") for k in before)
 
