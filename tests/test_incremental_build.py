@@ -24,7 +24,7 @@ from meshctl.server.discovery import Discovery
 from meshctl.snapshot.binding import bind_proxy
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.node import parse_node_id
-from meshctl.testing.builders import configs_from_yaml
+from meshctl.testing.builders import configs_from_yaml, file_discovery
 from meshctl.xds.generate import generate
 
 SERVICES = ("a", "b", "c")
@@ -358,14 +358,7 @@ def test_a_build_that_changed_nothing_leaves_the_next_its_index_to_update() -> N
     scopes' VirtualServices are kept."""
     tree = Tree()
     tree.apply(("route", "b", "ns1", 1))
-    store = ConfigStore()
-    files = FileRegistry()
-    files.follow(store)
-
-    async def _publish(_snapshot: Snapshot, _seen: float) -> None:
-        return None
-
-    discovery = Discovery(store, AggregateRegistry([files]), _publish)
+    store, discovery = file_discovery()
     cache = ResourceCache()
     node = parse_node_id("sidecar~10.1.0.1~a-0.ns1~ns1.svc.cluster.local")
     store.replace_all(tree.configs())

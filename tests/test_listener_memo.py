@@ -13,16 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshctl.config.mesh import MeshSettings
-from meshctl.config.store import ConfigStore
-from meshctl.registry.aggregate import AggregateRegistry
-from meshctl.registry.files import FileRegistry
 from meshctl.server.cache import ResourceCache
-from meshctl.server.discovery import Discovery
 from meshctl.snapshot.binding import bind_proxy, outbound_of
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.node import parse_node_id
 from meshctl.snapshot.scope import ProxyScope
-from meshctl.testing.builders import configs_from_yaml
+from meshctl.testing.builders import configs_from_yaml, file_discovery
 from meshctl.xds import types
 from meshctl.xds.generate import generate
 from meshctl.xds.listener_memo import ListenerMemo
@@ -210,14 +206,7 @@ def test_kept_listeners_equal_fresh_ones_after_random_changes(sequence: list[tup
     byte, a fresh build's from a whole snapshot, with the same traces; and the server, whose
     generation goes through the memo, serves what generation from scratch makes."""
     tree = Tree()
-    store = ConfigStore()
-    files = FileRegistry()
-    files.follow(store)
-
-    async def _publish(_snapshot: Snapshot, _seen: float) -> None:
-        return None
-
-    discovery = Discovery(store, AggregateRegistry([files]), _publish, mesh=SMALL_LOOPBACK)
+    store, discovery = file_discovery(mesh=SMALL_LOOPBACK)
     memo = ListenerMemo()
     cache = ResourceCache()
     nodes = [parse_node_id(n, metadata) for n, metadata in NODES]
@@ -266,14 +255,7 @@ def test_a_virtual_service_with_http_routes_alone_walks_no_service_again() -> No
     tree = Tree()
     tree.apply(("route", "a", "ns1", 4))  # HTTP routes alone
     tree.apply(("entry", "a", "ns1", 8))  # plain HTTP on 9080, with d.ns2's HTTP port there
-    store = ConfigStore()
-    files = FileRegistry()
-    files.follow(store)
-
-    async def _publish(_snapshot: Snapshot, _seen: float) -> None:
-        return None
-
-    discovery = Discovery(store, AggregateRegistry([files]), _publish, mesh=SMALL_LOOPBACK)
+    store, discovery = file_discovery(mesh=SMALL_LOOPBACK)
     memo = ListenerMemo()
     nodes = [parse_node_id(n, metadata) for n, metadata in NODES]
 

@@ -10,15 +10,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meshctl.config.store import ConfigStore
-from meshctl.registry.aggregate import AggregateRegistry
-from meshctl.registry.files import FileRegistry
-from meshctl.server.discovery import Discovery
 from meshctl.snapshot.binding import bind_proxy
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.node import ProxyNode, parse_node_id
 from meshctl.snapshot.scope import ProxyScope
-from meshctl.testing.builders import configs_from_yaml
+from meshctl.testing.builders import configs_from_yaml, file_discovery
 from meshctl.xds import types
 from meshctl.xds.resources import to_resource
 from meshctl.xds.route_memo import RouteMemo
@@ -211,14 +207,7 @@ def test_route_configurations_taken_over_equal_fresh_ones() -> None:
     @given(st.lists(edits, min_size=1, max_size=12))
     def run(sequence: list[tuple[str, str, str, int]]) -> None:
         tree = Tree()
-        store = ConfigStore()
-        files = FileRegistry()
-        files.follow(store)
-
-        async def _publish(_snapshot: Snapshot, _seen: float) -> None:
-            return None
-
-        discovery = Discovery(store, AggregateRegistry([files]), _publish)
+        store, discovery = file_discovery()
         memo = RouteMemo()
 
         def check(what: object) -> None:
@@ -280,14 +269,7 @@ def test_a_virtual_service_changed_or_a_service_added_costs_its_own_pieces() -> 
     own group and virtual host again, and takes over every other group and default route; so
     does one DestinationRule changed, for the group that asked for it; one service added makes
     its own default route and virtual host alone. Each as built whole."""
-    store = ConfigStore()
-    files = FileRegistry()
-    files.follow(store)
-
-    async def _publish(_snapshot: Snapshot, _seen: float) -> None:
-        return None
-
-    discovery = Discovery(store, AggregateRegistry([files]), _publish)
+    store, discovery = file_discovery()
     memo = RouteMemo()
     node = parse_node_id("sidecar~10.9.0.1~client.big~big.svc.cluster.local", {})
 

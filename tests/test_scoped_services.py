@@ -14,16 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshctl.config.mesh import MeshSettings
-from meshctl.config.store import ConfigStore
-from meshctl.registry.aggregate import AggregateRegistry
-from meshctl.registry.files import FileRegistry
 from meshctl.server.cache import ProxyResources, ResourceCache
-from meshctl.server.discovery import Discovery
 from meshctl.snapshot.binding import bind_proxy
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.node import parse_node_id
 from meshctl.snapshot.proxy import Proxy
-from meshctl.testing.builders import configs_from_yaml, proxy_for, snapshot_from_yaml
+from meshctl.testing.builders import configs_from_yaml, file_discovery, proxy_for, snapshot_from_yaml
 from meshctl.xds.generate import generate
 from meshctl.xds.names import resource_name
 from meshctl.xds.resources import to_resource
@@ -173,14 +169,7 @@ def test_kept_parts_equal_fresh_ones_after_random_service_edits(sequence: list[t
     and a ServiceEntry no client can see (exported to its own namespace, named by no short
     name) regenerates no part at all."""
     tree = Tree()
-    store = ConfigStore()
-    files = FileRegistry()
-    files.follow(store)
-
-    async def _publish(_snapshot: Snapshot, _seen: float) -> None:
-        return None
-
-    discovery = Discovery(store, AggregateRegistry([files]), _publish, mesh=SMALL_LOOPBACK)
+    store, discovery = file_discovery(mesh=SMALL_LOOPBACK)
     cache = ResourceCache()
     nodes = [parse_node_id(n, metadata) for n, metadata in NODES]
 
@@ -446,14 +435,7 @@ def test_a_service_added_to_a_large_namespace_updates_its_route_plan_and_serves_
     one added again. The route configuration's domain plan is updated from the one before
     where services only came, and each time the client is served, byte for byte, what
     generation makes from a full build."""
-    store = ConfigStore()
-    files = FileRegistry()
-    files.follow(store)
-
-    async def _publish(_snapshot: Snapshot, _seen: float) -> None:
-        return None
-
-    discovery = Discovery(store, AggregateRegistry([files]), _publish)
+    store, discovery = file_discovery()
     cache = ResourceCache()
     node = parse_node_id("sidecar~10.9.0.1~client.catalog~catalog.svc.cluster.local")
     updated = []

@@ -7,7 +7,11 @@ from typing import Any
 
 from meshctl.config.loader import load_text
 from meshctl.config.model import Config
+from meshctl.config.store import ConfigStore
+from meshctl.registry.aggregate import AggregateRegistry
+from meshctl.registry.files import FileRegistry
 from meshctl.registry.serviceentry import build_file_model
+from meshctl.server.discovery import Discovery
 from meshctl.snapshot.binding import bind_proxy
 from meshctl.snapshot.model import MeshSettings, Snapshot, build_snapshot
 from meshctl.snapshot.node import parse_node_id
@@ -142,3 +146,17 @@ spec:
   egress:
   - hosts: [./nothing.{namespace}.mesh]
 """
+
+
+def file_discovery(mesh: MeshSettings | None = None) -> tuple[ConfigStore, Discovery]:
+    """A config store, the file registry following it, and the server's snapshot builder over
+    both, publishing nowhere: snapshots built from what is put in the store as `serve` builds
+    them, one `build_next` at a time."""
+    store = ConfigStore()
+    files = FileRegistry()
+    files.follow(store)
+
+    async def publish(_snapshot: Snapshot, _seen: float) -> None:
+        return None
+
+    return store, Discovery(store, AggregateRegistry([files]), publish, mesh=mesh)
