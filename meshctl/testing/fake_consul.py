@@ -29,7 +29,6 @@ an outage and a recovery), `set_index()` (indexes go backwards, as after a snaps
 from __future__ import annotations
 
 import base64
-import binascii
 import contextlib
 import json
 import re
@@ -44,6 +43,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from meshctl.testing.fake_consul_kv import KvOpFailed, field, kv_json, kv_op
 from meshctl.testing.fake_consul_sessions import ConsulAPIError, SessionsMixin, SessionTable, route_session
 
 _MAX_WAIT: Final = 600.0
@@ -59,14 +59,6 @@ class RecordedRequest:
     path: str
     query: Mapping[str, str]
     token: str
-
-
-def _field(obj: Mapping[str, Any], name: str, default: Any = None) -> Any:
-    """Consul decodes JSON field names case-insensitively (py-consul sends `node`, `service`)."""
-    for key, value in obj.items():
-        if key.lower() == name.lower():
-            return value
-    return default
 
 
 class FakeConsul(SessionsMixin):
@@ -185,26 +177,26 @@ class FakeConsul(SessionsMixin):
 
     def register(self, body: Mapping[str, Any]) -> None:
         """`PUT /v1/catalog/register` without HTTP."""
-        node = _field(body, "Node", "")
+        node = field(body, "Node", "")
         if not node:
             raise ConsulAPIError(400, "Must provide node")
-        dc = _field(body, "Datacenter") or self.datacenter
+        dc = field(body, "Datacenter") or self.datacenter
         if dc != self.datacenter:
             raise ConsulAPIError(500, f"No path to datacenter {dc}")
         with self._cond:
             touched: set[str] = set()
             catalog = changed = False
-            if not _field(body, "SkipNodeUpdate", False):
-                address = _field(body, "Address", "")
+            if not field(body, "SkipNodeUpdate", False):
+                address = field(body, "Address", "")
                 if not address:
                     raise ConsulAPIError(400, "Must provide address if SkipNodeUpdate is not set")
                 new_node = {
-                    "ID": _field(body, "ID", ""),
+                    "ID": field(body, "ID", ""),
                     "Node": node,
                     "Address": address,
                     "Datacenter": dc,
-                    "TaggedAddresses": dict(_field(body, "TaggedAddresses") or {}),
-                    "Meta": dict(_field(body, "NodeMeta") or {}),
+                    "TaggedAddresses": dict(field(body, "TaggedAddresses") or {}),
+                    "Meta": dict(field(body, "NodeMeta") or {}),
                 }
                 old_node = self._nodes.get(node)
                 if old_node is None or _strip(old_node) != new_node:
@@ -213,7 +205,7 @@ class FakeConsul(SessionsMixin):
                     changed = True
             elif node not in self._nodes:
                 raise ConsulAPIError(400, f"node {node!r} does not exist")
-            svc = _field(body, "Service")
+            svc = field(body, "Service")
             if svc:
                 new = _service(svc)
                 key = (node, new["ID"])
@@ -222,7 +214,7 @@ class FakeConsul(SessionsMixin):
                     self._services[key] = self._indexed(new, old)
                     touched |= {new["Service"]} | ({old["Service"]} if old else set())
                     catalog = True
-            checks = [_field(body, "Check"), *(_field(body, "Checks") or [])]
+            checks = [field(body, "Check"), *(field(body, "Checks") or [])]
             for chk in (c for c in checks if c):
                 scope = self._put_check(node, chk)
                 touched |= scope or set()
@@ -232,8 +224,8 @@ class FakeConsul(SessionsMixin):
 
     def deregister(self, body: Mapping[str, Any]) -> None:
         """`PUT /v1/catalog/deregister` without HTTP: a service, a check, or a whole node."""
-        node = _field(body, "Node", "")
-        service_id, check_id = _field(body, "ServiceID", ""), _field(body, "CheckID", "")
+        node = field(body, "Node", "")
+        service_id, check_id = field(body, "ServiceID", ""), field(body, "CheckID", "")
         with self._cond:
             if node not in self._nodes:
                 return
@@ -267,15 +259,15 @@ class FakeConsul(SessionsMixin):
 
     def _put_check(self, node: str, chk: Mapping[str, Any]) -> set[str] | None:
         """The services the check bears on, or None when it was already there as is."""
-        service_id = _field(chk, "ServiceID", "")
+        service_id = field(chk, "ServiceID", "")
         svc = self._services.get((node, service_id))
         new = {
             "Node": node,
-            "CheckID": _field(chk, "CheckID") or _field(chk, "Name", ""),
-            "Name": _field(chk, "Name", ""),
-            "Status": _field(chk, "Status") or "critical",  # Consul's default for a new check
-            "Notes": _field(chk, "Notes", ""),
-            "Output": _field(chk, "Output", ""),
+            "CheckID": field(chk, "CheckID") or field(chk, "Name", ""),
+            "Name": field(chk, "Name", ""),
+            "Status": field(chk, "Status") or "critical",  # Consul's default for a new check
+            "Notes": field(chk, "Notes", ""),
+            "Output": field(chk, "Output", ""),
             "ServiceID": service_id,
             "ServiceName": svc["Service"] if svc else "",
             "ServiceTags": list(svc["Tags"]) if svc else [],
@@ -344,12 +336,12 @@ class FakeConsul(SessionsMixin):
             errors: list[dict[str, Any]] = []
             wrote = False
             for number, op in enumerate(ops):
-                body = _field(op, "KV") if isinstance(op, Mapping) else None
+                body = field(op, "KV") if isinstance(op, Mapping) else None
                 if not isinstance(body, Mapping):
                     raise ConsulAPIError(400, f"operation {number}: only KV operations are supported here")
                 try:
-                    result, changed = _kv_op(kv, tombstones, body, index, self.sessions)
-                except _OpFailed as exc:
+                    result, changed = kv_op(kv, tombstones, body, index, self.sessions)
+                except KvOpFailed as exc:
                     errors.append({"OpIndex": number, "What": str(exc)})
                     continue
                 wrote = wrote or changed
@@ -446,109 +438,22 @@ class FakeConsul(SessionsMixin):
 
 
 def _service(svc: Mapping[str, Any]) -> dict[str, Any]:
-    name = _field(svc, "Service") or _field(svc, "Name", "")
+    name = field(svc, "Service") or field(svc, "Name", "")
     if not name:
         raise ConsulAPIError(400, "Must provide service name")
-    weights = _field(svc, "Weights") or {}
+    weights = field(svc, "Weights") or {}
     return {
-        "ID": _field(svc, "ID") or name,
+        "ID": field(svc, "ID") or name,
         "Service": name,
-        "Tags": list(_field(svc, "Tags") or []),
-        "Address": _field(svc, "Address", ""),
-        "TaggedAddresses": dict(_field(svc, "TaggedAddresses") or {}),
-        "Meta": dict(_field(svc, "Meta") or {}),
-        "Port": int(_field(svc, "Port", 0)),
-        "Weights": {"Passing": _field(weights, "Passing", 1), "Warning": _field(weights, "Warning", 1)},
-        "EnableTagOverride": bool(_field(svc, "EnableTagOverride", False)),
-        "Kind": _field(svc, "Kind", ""),
+        "Tags": list(field(svc, "Tags") or []),
+        "Address": field(svc, "Address", ""),
+        "TaggedAddresses": dict(field(svc, "TaggedAddresses") or {}),
+        "Meta": dict(field(svc, "Meta") or {}),
+        "Port": int(field(svc, "Port", 0)),
+        "Weights": {"Passing": field(weights, "Passing", 1), "Warning": field(weights, "Warning", 1)},
+        "EnableTagOverride": bool(field(svc, "EnableTagOverride", False)),
+        "Kind": field(svc, "Kind", ""),
     }
-
-
-class _OpFailed(Exception):
-    """One transaction operation that cannot apply; its message is Consul's `What`."""
-
-
-def _kv_op(
-    kv: dict[str, dict[str, Any]],
-    tombstones: dict[str, int],
-    op: Mapping[str, Any],
-    index: int,
-    sessions: SessionTable,
-) -> tuple[dict[str, Any] | None, bool]:
-    """Apply one KV operation to `kv` (a copy); returns its result entry and whether it wrote.
-    A plain write keeps the key's lock (Session, LockIndex), as Consul's does."""
-    verb, key = _field(op, "Verb", ""), _field(op, "Key", "")
-    if not isinstance(key, str) or (not key and verb != "delete-tree"):
-        raise _OpFailed("Must provide key")
-    want = int(_field(op, "Index", 0) or 0)
-    current = kv.get(key)
-    lock: dict[str, Any] = {"LockIndex": current["LockIndex"], **_session_of(current)} if current else {"LockIndex": 0}
-    if verb in ("lock", "unlock"):
-        session = _field(op, "Session", "")
-        if session not in sessions.sessions:
-            raise _OpFailed(f'invalid session "{session}"')
-        holder = current.get("Session") if current else None
-        if verb == "lock":
-            if sessions.delayed(key, time.monotonic()):
-                raise _OpFailed(f'failed to acquire lock on key "{key}": in its lock-delay')
-            if holder not in (None, session):
-                raise _OpFailed(f'failed to acquire lock on key "{key}": held by another session')
-            lock = {"LockIndex": lock["LockIndex"] + (holder != session), "Session": session}
-        else:
-            if holder != session:
-                raise _OpFailed(f'failed to release lock on key "{key}": not held by this session')
-            lock = {"LockIndex": lock["LockIndex"]}
-    if verb in ("set", "cas", "lock", "unlock"):
-        if verb == "cas" and (current["ModifyIndex"] if current else 0) != want:
-            raise _OpFailed(f'failed to set key "{key}", index is stale')
-        raw = _field(op, "Value")
-        try:
-            value = base64.b64decode(raw, validate=True) if raw else b""
-        except (binascii.Error, ValueError) as exc:
-            raise _OpFailed(f"Failed to decode value of key {key!r}: {exc}") from exc
-        kv[key] = {
-            "Key": key,
-            "Flags": int(_field(op, "Flags", 0) or 0),
-            "Value": value,
-            "CreateIndex": current["CreateIndex"] if current else index,
-            "ModifyIndex": index,
-            **lock,
-        }
-        tombstones.pop(key, None)
-        return {**_kv_json(kv[key]), "Value": None}, True
-    if verb == "get":
-        if current is None:
-            raise _OpFailed(f'key "{key}" doesn\'t exist')
-        return _kv_json(current), False
-    if verb == "check-index":
-        if current is None or current["ModifyIndex"] != want:
-            raise _OpFailed(f"current modify index {current['ModifyIndex'] if current else 0} != {want}")
-        return {**_kv_json(current), "Value": None}, False
-    if verb in ("delete", "delete-cas"):
-        if verb == "delete-cas" and (current is None or current["ModifyIndex"] != want):
-            raise _OpFailed(f'failed to delete key "{key}", index is stale')
-        if current is None:
-            return None, False
-        del kv[key]
-        tombstones[key] = index
-        return None, True
-    if verb == "delete-tree":
-        gone = [k for k in kv if k.startswith(key)]
-        for k in gone:
-            del kv[k]
-            tombstones[k] = index
-        return None, bool(gone)
-    raise _OpFailed(f"unknown KV verb {verb!r}")
-
-
-def _session_of(entry: Mapping[str, Any]) -> dict[str, Any]:
-    return {"Session": entry["Session"]} if entry.get("Session") else {}
-
-
-def _kv_json(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """An entry as Consul's JSON has it: Value base64, or null when empty."""
-    value = entry["Value"]
-    return {**entry, "Value": base64.b64encode(value).decode() if value else None}
 
 
 def _strip(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -702,7 +607,7 @@ class _Handler(BaseHTTPRequestHandler):
             elif "raw" in query:
                 self._send(200, bytes(entries[0]["Value"]), headers, content_type="application/octet-stream")
             else:
-                self._send(200, json.dumps([_kv_json(e) for e in entries]).encode(), headers)
+                self._send(200, json.dumps([kv_json(e) for e in entries]).encode(), headers)
         elif method == "PUT":
             flags = int(query["flags"]) if query.get("flags", "").isdigit() else 0
             if "acquire" in query or "release" in query:
