@@ -151,10 +151,11 @@ class SharedNonces:
     cannot be reused while it lives. A serial comes from one counter, so a later response never
     gets an earlier one's: a subscription takes a serial only above the last it took
     (`SotwSubscription.next_push`), which keeps nonces unique within its stream. Bounded like
-    the block cache: an entry dropped only costs the streams still to be sent it the sharing.
-    Used from one thread (the event loop)."""
+    the block cache, and as large (the tuples it holds keep their resources alive): an entry
+    dropped only costs the streams still to be sent it the sharing. Used from one thread (the
+    event loop)."""
 
-    def __init__(self, size: int = 256) -> None:
+    def __init__(self, size: int = 64) -> None:
         self._size = size
         self._serials = itertools.count(1)
         self._entries: dict[tuple[str, str, int], tuple[tuple[Resource, ...], int]] = {}
