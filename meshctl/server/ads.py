@@ -53,6 +53,7 @@ from meshctl.server.limits import ClientLedger, StreamLimits, release_free_memor
 from meshctl.server.node_address import with_peer_address
 from meshctl.server.pacing import TokenBucket
 from meshctl.server.subscription import Push, RequestKind
+from meshctl.server.subscription_common import SharedNonces
 from meshctl.server.write_budget import WriteBudget
 from meshctl.snapshot.node import METADATA_KEYS, ProxyNode, parse_node_id
 from meshctl.snapshot.proxy import Proxy
@@ -175,6 +176,8 @@ class AdsServicer:
         self._nodes: Counter[str] = Counter()
         self._trim: asyncio.TimerHandle | None = None
         self._blocks = BlockCache()
+        #: one nonce per SotW response sent to several streams, so its bytes are made once
+        self._nonces = SharedNonces()
         #: Response bytes in gRPC's hands at once (`meshctl.server.write_budget`); None: unbounded.
         self.write_budget = write_budget
         #: Told of every publication, connect and write, to freeze the collector's objects once
@@ -211,6 +214,7 @@ class AdsServicer:
             max_names=self.ledger.limits.max_names_per_stream or sys.maxsize,  # 0: no limit
             ledger=self.ledger,
             client=client,
+            shared_nonces=self._nonces,
         )
         stream = Stream(connection, client=client, certified=certified, certificate_not_after=certificate_end(context))
         reader = asyncio.create_task(self._read(stream, requests, context))

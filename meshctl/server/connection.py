@@ -43,7 +43,7 @@ from meshctl.server.subscription import (
     RequestOutcome,
     SotwSubscription,
 )
-from meshctl.server.subscription_common import names_cover
+from meshctl.server.subscription_common import SharedNonces, names_cover
 from meshctl.xds import types
 from meshctl.xds.resources import Resource, ResourceSet
 
@@ -82,8 +82,11 @@ class Connection:
         max_names: int = MAX_NAMES,
         ledger: ClientLedger | None = None,
         client: str = "",
+        shared_nonces: SharedNonces | None = None,
     ) -> None:
         self.id = conn_id
+        #: nonces shared by the streams sent the same SotW response (`SotwSubscription`)
+        self._shared_nonces = shared_nonces
         self._ledger = ledger
         self.client = client
         #: per type: the names charged to the client for it (`ClientLedger.charge`)
@@ -134,6 +137,7 @@ class Connection:
                 nonce_prefix=prefix,
                 partial=type_url in PARTIAL_SOTW_TYPES,
                 max_names=self.max_names,
+                shared=self._shared_nonces,
             )
         self.subscriptions[type_url] = sub
         return sub

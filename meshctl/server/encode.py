@@ -8,6 +8,8 @@ cluster once and serializing it a thousand times.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from meshctl.server.subscription import Push
 from meshctl.xds.resources import Resource, length_delimited, varint
 
@@ -26,8 +28,9 @@ class BlockCache:
     identity of the tuple they encode.
 
     The same tuple (a `ResourceSet`'s) is often pushed to many streams in a row, under the same
-    version: an endpoint change sends one namespace's assignments to every sidecar there, and
-    the bytes differ only by each stream's nonce. An entry holds its tuple, so the id cannot be
+    version: an endpoint change sends one namespace's assignments to every sidecar there. Under
+    a shared nonce the whole response is the same, and kept (`envelope`); under a stream's own,
+    the bytes differ only by it, and the block before it is kept (`get`). An entry holds its tuple, so the id cannot be
     reused while it lives. Used from one thread (the event loop).
 
     The streams of a publication come in no particular order, so the blocks of every namespace
@@ -38,17 +41,41 @@ class BlockCache:
         self._size = size
         self._max_bytes = max_bytes
         self._bytes = 0
-        self._blocks: dict[tuple[int, str], tuple[tuple[Resource, ...], bytes]] = {}
+        #: (id of a tuple, version, type URL, nonce) -> (the tuple, its bytes): a block (`get`)
+        #: has no type URL or nonce, an envelope (`envelope`) has both
+        self._blocks: dict[tuple[int, str, str, str], tuple[tuple[Resource, ...], bytes]] = {}
         #: id of a tuple -> (the tuple, its bodies' bytes), for `size`
         self._sizes: dict[int, tuple[tuple[Resource, ...], int]] = {}
 
     def get(self, resources: tuple[Resource, ...], version: str = "") -> bytes:
         """`version_info` (field 1, when `version` is given) and `resources` (field 2), encoded."""
-        key = (id(resources), version)
+        return self._entry(resources, version, "", "", lambda: _string(1, version) + _resources(resources))
+
+    def envelope(self, push: Push) -> bytes:
+        """The whole response of a `shared` push, one bytes object for every stream sent it:
+        the streams of a namespace are sent the same response under the same nonce
+        (`SharedNonces`), and a response of its own per stream would be 400 KB allocated,
+        faulted in and copied per stream of a route configuration change. Made in one copy of
+        the bodies, without the block (`get`) a stream's own nonce would need."""
+        resources, version, type_url, nonce = push.resources, push.version, push.type_url, push.nonce
+
+        def make() -> bytes:
+            parts = [_string(1, version)]
+            for r in resources:
+                parts += (_RESOURCE_TAG, varint(len(r.body)), r.body)
+            parts += (_type_field(type_url), _string(5, nonce))
+            return b"".join(parts)
+
+        return self._entry(resources, version, type_url, nonce, make)
+
+    def _entry(
+        self, resources: tuple[Resource, ...], version: str, type_url: str, nonce: str, make: Callable[[], bytes]
+    ) -> bytes:
+        key = (id(resources), version, type_url, nonce)
         found = self._blocks.get(key)
         if found is not None and found[0] is resources:
             return found[1]
-        block = _string(1, version) + _resources(resources)
+        block = make()
         if found is not None:  # an id reused by another tuple: its entry is replaced
             self._bytes -= len(self._blocks.pop(key)[1])
         self._blocks[key] = (resources, block)
@@ -95,6 +122,8 @@ def _resources(resources: tuple[Resource, ...]) -> bytes:
 def encode_sotw(push: Push, control_plane: bytes = b"", *, blocks: BlockCache | None = None) -> bytes:
     """envoy.service.discovery.v3.DiscoveryResponse: version_info=1, resources=2, type_url=4,
     nonce=5, control_plane=6 (an already-serialized ControlPlane message)."""
+    if blocks is not None and push.shared and not control_plane:
+        return blocks.envelope(push)
     if blocks is not None:
         head = blocks.get(push.resources, push.version)
     else:

@@ -49,6 +49,8 @@ class Push:
     nonce: str
     resources: tuple[Resource, ...]
     removed: tuple[str, ...] = ()
+    #: the nonce is a `SharedNonces` one: every stream sent this response is sent the same bytes
+    shared: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +138,45 @@ def _version(offered: Mapping[str, Resource] | None, name: str, version: str) ->
         return sys.intern(version)
     found = offered.get(name)
     return found.version if found is not None and found.version == version else version
+
+
+class SharedNonces:
+    """Nonces shared by the streams sent the same state-of-the-world response, so that its
+    bytes can be encoded once and handed to each of them (`encode.BlockCache.envelope`): a
+    change sends one 400 KB route configuration to every sidecar of a namespace, and a nonce of
+    each stream's own would make each response a copy of its own.
+
+    Keyed by type, version and the identity of the resources tuple (a `ResourceSet`'s, or a
+    difference shared by the streams making the same move); an entry holds its tuple, so the id
+    cannot be reused while it lives. A serial comes from one counter, so a later response never
+    gets an earlier one's: a subscription takes a serial only above the last it took
+    (`SotwSubscription.next_push`), which keeps nonces unique within its stream. Bounded like
+    the block cache, and as large (the tuples it holds keep their resources alive): an entry
+    dropped only costs the streams still to be sent it the sharing. Used from one thread (the
+    event loop)."""
+
+    def __init__(self, size: int = 64) -> None:
+        self._size = size
+        self._serials = itertools.count(1)
+        self._entries: dict[tuple[str, str, int], tuple[tuple[Resource, ...], int]] = {}
+
+    def serial(self, type_url: str, version: str, resources: tuple[Resource, ...]) -> int:
+        """The serial of this response, the same for every stream asking while it is kept."""
+        key = (type_url, version, id(resources))
+        found = self._entries.get(key)
+        if found is not None and found[0] is resources:
+            return found[1]
+        serial = next(self._serials)
+        self._entries.pop(key, None)  # an id reused by another tuple: its entry is replaced
+        self._entries[key] = (resources, serial)
+        while len(self._entries) > self._size:
+            del self._entries[next(iter(self._entries))]
+        return serial
+
+
+#: What follows a subscription's prefix in a shared nonce: a stream's own nonces are the prefix
+#: and digits alone, so the two never meet.
+SHARED_MARK = "s"
 
 
 class _Nonces:

@@ -10,11 +10,13 @@ from envoy.service.discovery.v3 import discovery_pb2
 from meshctl.server.subscription_common import (
     _UNANSWERED_KEPT,
     MAX_NAMES,
+    SHARED_MARK,
     WILDCARD,
     Nack,
     Push,
     RequestKind,
     RequestOutcome,
+    SharedNonces,
     _keeper,
     _Nonces,
     _shared_names,
@@ -61,6 +63,11 @@ class SotwSubscription:
 
     A request naming more than `max_names` names (the wildcard aside) raises
     `SubscriptionLimitError`, whatever its nonce, and changes nothing.
+
+    With `shared` (a `SharedNonces`), a push takes the nonce every stream sent the same response
+    gets, so its bytes are encoded once for all of them, unless that serial is not above the
+    last shared one this stream took (the same response again, or an older one back): then the
+    stream's own nonce, as without. Nonces stay unique within the stream either way.
     """
 
     def __init__(
@@ -71,8 +78,13 @@ class SotwSubscription:
         nonce_prefix: str = "",
         partial: bool = False,
         max_names: int = MAX_NAMES,
+        shared: SharedNonces | None = None,
     ) -> None:
         self.type_url = type_url
+        self._prefix = nonce_prefix
+        self._shared = shared
+        #: the last serial taken from `_shared`: the next must be above it
+        self._shared_serial = 0
         self._wildcard_when_empty = wildcard_when_empty
         self._max_names = max_names
         self._nonces = _Nonces(nonce_prefix)
@@ -281,13 +293,21 @@ class SotwSubscription:
             if not resources and version == self.sent_version:
                 return None
         self.sent_version = version
-        self.sent_nonce = self._nonces.next()
+        shared = False
+        if self._shared is not None:
+            serial = self._shared.serial(self.type_url, version, resources)
+            shared = serial > self._shared_serial
+        if shared:
+            self._shared_serial = serial
+            self.sent_nonce = f"{self._prefix}{SHARED_MARK}{serial}"
+        else:
+            self.sent_nonce = self._nonces.next()
         if self.partial:
             self._unanswered[self.sent_nonce] = resources
             while len(self._unanswered) > _UNANSWERED_KEPT:
                 del self._unanswered[next(iter(self._unanswered))]
                 self._untracked = True
-        return Push(self.type_url, version, self.sent_nonce, resources)
+        return Push(self.type_url, version, self.sent_nonce, resources, shared=shared)
 
     def _unheld(self, chosen: tuple[Resource, ...], whole: ResourceSet | None) -> tuple[Resource, ...]:
         """Those of `chosen` the node does not hold at their version, now taken as held. `whole` is
