@@ -51,7 +51,7 @@ def write_mesh(root: Path, workloads: int) -> None:
         for w in range(PER_SERVICE):
             docs.append(
                 f"apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata:\n  name: svc{s}-{w}\n"
-                f"  namespace: {NS}\n  annotations: {{proxy.istio.io/health-checks-enabled: \"true\"}}\n"
+                f'  namespace: {NS}\n  annotations: {{proxy.istio.io/health-checks-enabled: "true"}}\n'
                 f"spec:\n  address: 10.{1 + s // 250}.{s % 250}.{w + 1}\n  labels: {{app: svc{s}}}\n"
             )
     (root / "mesh.yaml").write_text("---\n".join(docs))

@@ -98,9 +98,7 @@ def ip_for(n: int) -> str:
     return f"10.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}"
 
 
-def write_mesh(
-    root: Path, services: int, endpoints: int, *, routed_share: float = 0.2, namespaces: int = 10
-) -> int:
+def write_mesh(root: Path, services: int, endpoints: int, *, routed_share: float = 0.2, namespaces: int = 10) -> int:
     """Write the mesh under `root`, one file per service; returns the number of resources."""
     root.mkdir(parents=True, exist_ok=True)
     count = 0

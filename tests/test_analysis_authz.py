@@ -105,8 +105,7 @@ def test_a_service_accounts_rule_where_no_workload_gets_mutual_tls_is_mc0004() -
     """`serviceAccounts` and `trustDomains` read the peer certificate too."""
     for field, value in (("serviceAccounts", "shop/frontend"), ("notTrustDomains", "other.example")):
         spec = (
-            "{selector: {matchLabels: {app: legacy}},"
-            f' rules: [{{from: [{{source: {{{field}: ["{value}"]}}}}]}}]}}'
+            f'{{selector: {{matchLabels: {{app: legacy}}}}, rules: [{{from: [{{source: {{{field}: ["{value}"]}}}}]}}]}}'
         )
         found = analyze(configs_from_yaml(WORKLOADS + policy("AuthorizationPolicy", "shop", spec)))
         (issue,) = [i for i in found if i.code == "MC0004"]

@@ -321,8 +321,6 @@ def test_validate_warns_and_passes(tmp_path: Path) -> None:
     assert runner.invoke(app, ["validate", "--strict", str(tmp_path)]).exit_code == 1
 
 
-
-
 def test_a_port_a_sidecar_ingress_listener_takes_is_not_the_apps() -> None:
     """Istio's pattern for a VM without iptables: Envoy takes the service port on the VM's address
     and the app sits on 127.0.0.1:8080; the workload can still call 9080 through 127.0.0.1."""

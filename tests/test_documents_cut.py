@@ -133,6 +133,7 @@ RARE = st.sampled_from(ODD[4:])
 #: document's first node on the marker's line.
 MARKERS = st.sampled_from(["---\n", "---\n", "---\n", "--- \n", "---\t\n", "--- # next\n", "---\n\n", "--- "])
 
+
 def _document(marker: str, body: str) -> str:
     return marker + ("!!map\n" + body if marker == "--- " else body)
 

@@ -205,7 +205,6 @@ def test_access_log_formats(text: str) -> None:
     assert (access_log_format_problem(text) is None) == envoy_accepts(mesh), text
 
 
-
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 9, 65537])
 def test_maglev_table_sizes(size: int) -> None:
     """Istio takes a maglev table of 1 (its isPrime says yes); Envoy refuses the cluster, so

@@ -93,6 +93,7 @@ def wasm_plugin(body: str) -> str:
         f"metadata: {{name: plugin, namespace: bookinfo}}\nspec:\n  url: file:///opt/wasm/p.wasm\n{body}"
     )
 
+
 patch_st = st.tuples(st.sampled_from(PATCHES), st.sampled_from(CONTEXTS), st.sampled_from(PROXY_MATCHES))
 filter_st = st.tuples(
     st.sampled_from(["istio-system", "bookinfo"]),

@@ -38,9 +38,7 @@ class _AskedMeanwhile:
 
 
 def test_an_index_is_built_from_one_whose_answers_grow_meanwhile() -> None:
-    configs: list[Config] = configs_from_yaml(
-        "\n---\n".join(p.read_text() for p in sorted(EXAMPLES.rglob("*.yaml")))
-    )
+    configs: list[Config] = configs_from_yaml("\n---\n".join(p.read_text() for p in sorted(EXAMPLES.rglob("*.yaml"))))
     by_kind: dict[str, tuple[Config, ...]] = {}
     for config in configs:
         by_kind[config.kind] = (*by_kind.get(config.kind, ()), config)

@@ -61,9 +61,7 @@ def test_multi_document_file_remembers_each_documents_line_and_defaults_the_name
 
 
 def test_non_istio_kinds_are_skipped_with_a_warning() -> None:
-    text = "apiVersion: v1\nkind: Service\nmetadata:\n  name: reviews\n---\n" + VS.format(
-        version="v1", name="r"
-    )
+    text = "apiVersion: v1\nkind: Service\nmetadata:\n  name: reviews\n---\n" + VS.format(version="v1", name="r")
     result = load_text(text, "mixed.yaml")
     assert result.ok
     assert [c.name for c in result.configs] == ["r"]
@@ -174,9 +172,7 @@ def test_same_resource_twice_names_both_places(tmp_path: Path) -> None:
     assert dup.file is not None and dup.file.endswith("b.yaml") and dup.line == 2
     assert "a.yaml:1:1" in dup.message
 
-    same_file = load_text(
-        VS.format(version="v1", name="r") + "---\n" + VS.format(version="v1", name="r"), "x.yaml"
-    )
+    same_file = load_text(VS.format(version="v1", name="r") + "---\n" + VS.format(version="v1", name="r"), "x.yaml")
     assert not same_file.ok
     assert "defined twice" in errors(same_file.findings)[0]
 

@@ -11,9 +11,7 @@ from hypothesis import strategies as st
 from meshctl.config.loader import FileResult, load_text
 from meshctl.config.yamlsource import parse_documents
 
-VALID_DOCS = [
-    doc.data for path in sorted(EXAMPLES.rglob("*.yaml")) for doc in parse_documents(path.read_text())
-]
+VALID_DOCS = [doc.data for path in sorted(EXAMPLES.rglob("*.yaml")) for doc in parse_documents(path.read_text())]
 
 scalars = st.one_of(
     st.none(),
@@ -25,9 +23,7 @@ scalars = st.one_of(
 )
 values = st.recursive(
     scalars,
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
-    ),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
     max_leaves=20,
 )
 

@@ -87,9 +87,10 @@ def test_the_server_follows_the_file_and_keeps_the_last_good_settings(tmp_path: 
         return cluster.connect_timeout.ToTimedelta().total_seconds() if cluster is not None else 0.0
 
     async def test() -> None:
-        async with serving(mesh_dir, mesh_config=mesh_file) as server, AdsClient(
-            f"127.0.0.1:{server.xds_port}", PRODUCTPAGE
-        ) as client:
+        async with (
+            serving(mesh_dir, mesh_config=mesh_file) as server,
+            AdsClient(f"127.0.0.1:{server.xds_port}", PRODUCTPAGE) as client,
+        ):
             await client.wait_for(lambda c: c.complete() and timeout(c) == 3.0)
             mesh_file.write_text("connectTimeout: 5s\n")
             await client.wait_for(lambda c: timeout(c) == 5.0, timeout=15)
@@ -110,9 +111,11 @@ def test_the_mesh_export_defaults_hide_what_says_nothing() -> None:
     from meshctl.snapshot.scope import ProxyScope
     from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 
-    text = (EXAMPLES / "bookinfo" / "services.yaml").read_text() + "\n---\n" + (
-        EXAMPLES / "bookinfo" / "traffic.yaml"
-    ).read_text()
+    text = (
+        (EXAMPLES / "bookinfo" / "services.yaml").read_text()
+        + "\n---\n"
+        + (EXAMPLES / "bookinfo" / "traffic.yaml").read_text()
+    )
     other = "sidecar~10.9.9.9~client.elsewhere~elsewhere.svc.cluster.local"
     keys = ("defaultServiceExportTo", "defaultVirtualServiceExportTo", "defaultDestinationRuleExportTo")
     private, _ = mesh_settings({key: ["."] for key in keys})

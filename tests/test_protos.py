@@ -569,6 +569,8 @@ SPECS = [
     ("Telemetry", TELEMETRY),
     ("WasmPlugin", WASM_PLUGIN),
 ]
+
+
 def test_every_kind_has_a_full_spec_here() -> None:
     # The Gateway API has no protobuf schema (its specs are Structs, read by config/gateway_api).
     assert {kind for kind, _ in SPECS} == {k for k in KINDS if served_group(k) != GATEWAY_API_GROUP}

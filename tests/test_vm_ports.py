@@ -73,8 +73,6 @@ def test_diff_takes_the_interception_mode(bookinfo_on_9080: Path) -> None:
     assert result.exit_code == 0, result.output
 
 
-
-
 def test_a_port_envoy_takes_for_inbound_still_has_its_outbound_listener_on_loopback() -> None:
     """Istio's pattern without iptables: Envoy takes 9080 on the VM's address for inbound and
     hands it to the app on 127.0.0.1:8080, so the app can still call other services on

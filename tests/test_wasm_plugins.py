@@ -82,17 +82,20 @@ def test_phases_and_priorities_place_plugins_as_istio_does() -> None:
         ]
     )
     (chain,) = _filters(yaml)
-    assert chain == [
-        "shop.authn",
-        "envoy.filters.http.jwt_authn",
-        "shop.authz-high",  # priority 10
-        "istio-system.mesh-wide",  # priority 0: the root namespace's before the proxy's
-        "shop.authz-low",  # priority -5
-        "envoy.filters.http.rbac",
-        "shop.stats",
-        "shop.anywhere",
-        *CHAIN[2:],
-    ]
+    assert (
+        chain
+        == [
+            "shop.authn",
+            "envoy.filters.http.jwt_authn",
+            "shop.authz-high",  # priority 10
+            "istio-system.mesh-wide",  # priority 0: the root namespace's before the proxy's
+            "shop.authz-low",  # priority -5
+            "envoy.filters.http.rbac",
+            "shop.stats",
+            "shop.anywhere",
+            *CHAIN[2:],
+        ]
+    )
 
 
 def test_without_security_filters_every_phase_goes_before_the_rest_of_the_chain() -> None:

@@ -107,9 +107,7 @@ def big_tree(tmp_path: Path) -> Iterator[Path]:
     yield root
 
 
-def test_an_edit_in_a_large_tree_reads_that_file_and_no_other(
-    big_tree: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_edit_in_a_large_tree_reads_that_file_and_no_other(big_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """2,000 files: the reload after one file's event stats and opens that file only, and the
     edit is applied."""
     store = ConfigStore()

@@ -20,9 +20,7 @@ def test_multi_document_positions_and_empty_documents() -> None:
 
 
 def test_scalars_follow_yaml_1_2_core() -> None:
-    (doc,) = parse_documents(
-        "s: '5'\ni: 5\nh: 0x1f\nf: 0.5\nb: true\nn: null\nt: ~\nyes_is_text: yes\nv: 1.10\n"
-    )
+    (doc,) = parse_documents("s: '5'\ni: 5\nh: 0x1f\nf: 0.5\nb: true\nn: null\nt: ~\nyes_is_text: yes\nv: 1.10\n")
     assert doc.data == {
         "s": "5",
         "i": 5,
