@@ -105,8 +105,15 @@ def test_the_servicer_freezes_once_a_connected_proxy_has_its_config_and_all_is_q
             await client.start()
             try:
                 await client.wait_for(lambda c: c.complete(), timeout=30)
-                clock.now = 10.0  # the connect and its writes are long past
-                await _until(lambda: freezer.freezes == 1)
+
+                def later() -> bool:
+                    # Time passes on the freezer's clock while the test waits: the server's last
+                    # write may end (and count as busy) after the client already holds its
+                    # config, and a clock set once, before that, would never be quiet after it.
+                    clock.now += 1.0
+                    return freezer.freezes == 1
+
+                await _until(later)
                 assert freezer.freezes == 1
             finally:
                 await client.close()
