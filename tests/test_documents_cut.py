@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_documents import BROKEN
 
 from meshctl.config import documents
 from meshctl.config.files import decode_text
@@ -79,14 +80,6 @@ spec:
   subjectAltNames: &s [x{n}, y{n}, z{n}, w{n}, v{n}, u{n}, t{n}, q{n}, r{n}, p{n}]
   exportTo: [".", "*"]
 other: [*s, *s]
-"""
-BROKEN = """apiVersion: networking.istio.io/v1
-kind: DestinationRule
-metadata: {{name: d{n}, namespace: shop}}
-spec:
-  host: d{n}.shop.mesh
-  trafficPolicy:
-    loadBalancer: {{simple: NOT_A_POLICY}}
 """
 FLOW_COLON = """apiVersion: networking.istio.io/v1
 kind: ServiceEntry

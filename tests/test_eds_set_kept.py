@@ -6,6 +6,8 @@ subsets is seen."""
 
 from __future__ import annotations
 
+from test_incremental_build import _service_entry
+
 from meshctl.server.cache import ResourceCache
 from meshctl.testing.builders import proxy_for, snapshot_from_yaml
 from meshctl.xds.generate import generate
@@ -15,20 +17,6 @@ from meshctl.xds.types import ENDPOINT
 #: Services of each client namespace; every client also sees the shared namespace's service.
 SERVICES = 20
 CLIENTS = [f"sidecar~10.9.0.{i}~client.{ns}~{ns}.svc.cluster.local" for i, ns in enumerate(("a", "b"))]
-
-
-def _service(name: str, ns: str) -> str:
-    return f"""
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{name: {name}, namespace: {ns}}}
-spec:
-  hosts: [{name}.{ns}.mesh]
-  location: MESH_INTERNAL
-  resolution: STATIC
-  ports: [{{number: 9080, name: http, protocol: HTTP}}]
-  workloadSelector: {{labels: {{app: {name}}}}}
-"""
 
 
 def _vm(name: str, ns: str, j: int, version: str) -> str:
@@ -65,8 +53,8 @@ spec:
 """)
         for i in range(SERVICES):
             name = f"{ns}{i:03}"
-            docs += [_service(name, ns), _vm(name, ns, 1, "v1"), _vm(name, ns, 2, "v2")]
-    docs += [_service("web", "shared"), _vm("web", "shared", 1, "v1"), _vm("web", "shared", 2, "v2")]
+            docs += [_service_entry(name, ns, 9080), _vm(name, ns, 1, "v1"), _vm(name, ns, 2, "v2")]
+    docs += [_service_entry("web", "shared", 9080), _vm("web", "shared", 1, "v1"), _vm("web", "shared", 2, "v2")]
     docs += [_subsets("web", "shared"), _subsets("b001", "b", "v2" if moved else "v1")]
     if added:
         docs.append(_vm("web", "shared", 3, "v1"))

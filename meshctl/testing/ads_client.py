@@ -37,6 +37,7 @@ from google.rpc import status_pb2  # type: ignore[import-untyped]
 
 from meshctl.xds import types
 from meshctl.xds.mesh_tls import secret_names
+from meshctl.xds.resources import varint
 
 _METHOD_SOTW = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
 _METHOD_DELTA = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
@@ -156,20 +157,11 @@ def _without_nonce(data: bytes, nonce: str) -> tuple[int, bytes]:
     if not nonce:
         return -1, data
     encoded = nonce.encode()
-    field_bytes = _NONCE_TAG + _varint(len(encoded)) + encoded
+    field_bytes = _NONCE_TAG + varint(len(encoded)) + encoded
     at = data.rfind(field_bytes)
     if at < 0:
         return -1, data
     return at, data[:at] + data[at + len(field_bytes) :]
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 @dataclass
