@@ -194,6 +194,29 @@ def test_git_state_names_the_commit_and_a_dirty_tree(tmp_path: Path) -> None:
     assert git_state(mesh).dirty  # type: ignore[union-attr]
 
 
+def test_git_state_leaves_the_checkouts_index_alone(tmp_path: Path) -> None:
+    """`git status` refreshes a stale index under `.git/index.lock`; done by the server while the
+    operator commits in the same checkout, their `git add` or `git commit` failed with "Unable to
+    create index.lock: File exists". The server reads with optional locks off: the index is never
+    written, however stale its file times are."""
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t"}
+    env["GIT_COMMITTER_EMAIL"] = "t@x"
+    mesh = tmp_path / "mesh"
+    mesh.mkdir()
+    for i in range(20):
+        (mesh / f"{i}.yaml").write_text(f"a: {i}\n")
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "a"]):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, env=env, capture_output=True)
+    index = tmp_path / ".git" / "index"
+    later = index.stat().st_mtime + 100
+    for i in range(20):
+        os.utime(mesh / f"{i}.yaml", (later, later))  # same bytes, times the index does not hold
+    before = (index.read_bytes(), index.stat().st_mtime_ns)
+    state = git_state(mesh)
+    assert state is not None and not state.dirty
+    assert (index.read_bytes(), index.stat().st_mtime_ns) == before
+
+
 def test_two_replicas_sharing_consul_kv_hold_and_promote_fleet_wide(tmp_path: Path) -> None:
     """The canary on one replica, the other proxy on another: the hold its NACK causes, and the
     promotion after the soak, apply on both (their state shared beside the config in KV)."""

@@ -75,14 +75,18 @@ def git_state(directory: Path, timeout: float = 5.0) -> GitState | None:
     has uncommitted changes), or None when it is not in a checkout or git is not installed. Runs
     `git`; call it off the event loop. The tree is looked at before the commit: a `git commit`
     landing between the two reads then gives the new commit, clean, or the old one, dirty; read
-    the other way round it gave the old commit as clean, a commit the config did not come from."""
+    the other way round it gave the old commit as clean, a commit the config did not come from.
+
+    Both run with optional locks off (`--no-optional-locks`, git 2.15): a plain `git status`
+    refreshes a stale index under `.git/index.lock`, and an operator's `git add` or `git commit`
+    in the same checkout at that moment failed with "index.lock: File exists"."""
     try:
         status = subprocess.run(
-            ["git", "-C", str(directory), "status", "--porcelain", "--", "."],
+            ["git", "--no-optional-locks", "-C", str(directory), "status", "--porcelain", "--", "."],
             capture_output=True, text=True, timeout=timeout, check=False,
         )  # fmt: skip
         head = subprocess.run(
-            ["git", "-C", str(directory), "rev-parse", "--verify", "-q", "HEAD"],
+            ["git", "--no-optional-locks", "-C", str(directory), "rev-parse", "--verify", "-q", "HEAD"],
             capture_output=True, text=True, timeout=timeout, check=False,
         )  # fmt: skip
     except (OSError, subprocess.SubprocessError):
