@@ -25,7 +25,7 @@ from meshctl.registry.consul import ConsulOptions
 from meshctl.server.admission import EMPTY_MESH_MARKER, NOT_READY
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.backends import send
-from meshctl.testing.envoy import free_port
+from meshctl.testing.envoy import EnvoyProcess, free_port
 from meshctl.testing.fake_consul import FakeConsul
 from meshctl.testing.serve_process import ServeProcess
 from meshctl.testing.server import run, serving
@@ -104,6 +104,23 @@ def test_allow_empty_mesh_serves_an_empty_directory(tmp_path: Path) -> None:
                 await client.wait_for(lambda c: c.complete(), timeout=20)
 
         run(served)
+
+
+@needs_envoy
+@pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
+def test_an_envoy_the_mesh_gives_no_listener_becomes_ready(tmp_path: Path, delta: bool) -> None:
+    """Envoy waits for a first response of each type it asks for (the bootstrap's initial fetch
+    has no timeout): on incremental xDS an empty set of listeners is answered too, or the sidecar
+    of a service not yet in the mesh stays not ready forever."""
+    empty = tmp_path / "mesh"
+    empty.mkdir()
+    with (
+        ServeProcess([empty], extra_args=["--allow-empty-mesh"]) as server,
+        EnvoyProcess(server.bootstrap(CLIENT, delta=delta)) as envoy,  # returns once Envoy is LIVE
+    ):
+        held = dynamic_versions(envoy)
+        assert not [name for name in held if name.startswith("LDS/")], held
+        assert "CDS/PassthroughCluster" in held, held  # ALLOW_ANY, the default: traffic still leaves
 
 
 def test_an_empty_kv_prefix_is_not_ready_until_its_marker_key(tmp_path: Path) -> None:

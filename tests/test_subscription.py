@@ -27,6 +27,7 @@ from meshctl.xds.resources import Resource, ResourceSet, set_version
 
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+LDS = "type.googleapis.com/envoy.config.listener.v3.Listener"
 
 
 def res(name: str, version: str = "1") -> Resource:
@@ -257,6 +258,21 @@ def test_delta_initial_resource_versions_skip_what_the_node_has() -> None:
     sub.handle(delta(sub=["a", "b"], initial={"a": "1", "b": "old"}))
     push = sub.next_push(pool(res("a"), res("b")))
     assert push is not None and [r.name for r in push.resources] == ["b"]
+
+
+def test_delta_first_request_is_answered_even_when_there_is_nothing_to_send() -> None:
+    """Envoy's initial fetch of a type ends with a response: a sidecar the mesh gives no listener
+    is sent an empty one, once; a reconnect that claims versions it holds is sent nothing."""
+    sub = DeltaSubscription(LDS, wildcard_when_empty=True)
+    sub.handle(delta())
+    empty = sub.next_push(pool())
+    assert empty is not None and empty.resources == () and empty.removed == ()
+    assert sub.next_push(pool()) is None
+    assert sub.handle(delta(nonce=empty.nonce)).kind is RequestKind.ACK
+    assert sub.next_push(pool()) is None
+    resumed = DeltaSubscription(LDS, wildcard_when_empty=True)
+    resumed.handle(delta(initial={"a": "1"}))
+    assert resumed.next_push(pool(res("a"))) is None
 
 
 def test_delta_subscribe_unsubscribe_even_on_a_stale_nonce_and_absent_names() -> None:

@@ -46,6 +46,13 @@ class DeltaSubscription:
     the node holds is known, and the next push sends everything it watches again. A NACK of the
     response the stream's current NACK names, once more, changes nothing and is `repeated`.
 
+    A first wildcard request (listeners, clusters) that claims no version is answered even when
+    there is nothing to send (an empty response): Envoy's initial fetch of a type completes only
+    with a response, and meshctl's bootstrap waits for it without a timeout
+    (`initial_fetch_timeout: 0s`), so a sidecar the mesh gives no listener never became ready. A
+    reconnect that claims versions is not owed one (the node was ready before), nor a request
+    by name: the names are sent, or told absent.
+
     A request that would leave more than `max_names` names subscribed, or a first request with
     more than `max_names` initial versions, raises `SubscriptionLimitError` and changes nothing.
     """
@@ -78,6 +85,8 @@ class DeltaSubscription:
         self._settled: ResourceSet | None = None
         #: initial resource versions the first request claimed
         self._claimed = 0
+        #: the first request claimed nothing, and nothing was sent since: it is owed an answer
+        self._owed_answer = False
 
     @property
     def held_names(self) -> int:
@@ -128,6 +137,8 @@ class DeltaSubscription:
             self.known.pop(name, None)
             self._nacked.pop(name, None)
             self._absent_told.discard(name)
+        if kind is RequestKind.INITIAL:
+            self._owed_answer = self.wildcard and not request.initial_resource_versions
         if not request.response_nonce:
             return RequestOutcome(kind, changed)
         return self._answered(request, kind, changed)
@@ -224,7 +235,7 @@ class DeltaSubscription:
         absent = sorted(
             n for n in self.names if n not in available and n not in self.known and n not in self._absent_told
         )
-        if not to_send and not removed and not absent:
+        if not to_send and not removed and not absent and not self._owed_answer:
             if not self.awaiting_ack:
                 # The node holds every current version (after a reconnect it may have sent
                 # them all in initial_resource_versions): it is in sync, though nothing was sent.
@@ -232,6 +243,7 @@ class DeltaSubscription:
             if isinstance(available, ResourceSet):
                 self._settled = available
             return None
+        self._owed_answer = False
         for r in to_send:
             self.known[r.name] = r.version
             self._nacked.pop(r.name, None)
