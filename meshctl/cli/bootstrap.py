@@ -22,6 +22,7 @@ class BootstrapFormat(enum.StrEnum):
 
 @reported
 def bootstrap(
+    ctx: typer.Context,
     proxy: Annotated[
         str,
         typer.Option(
@@ -53,7 +54,15 @@ def bootstrap(
     ip: Annotated[str | None, typer.Option(help="The VM's address, when --proxy is NAME.NAMESPACE.")] = None,
     router: Annotated[bool, typer.Option(help="A gateway (router) rather than a sidecar.")] = False,
     interception: Annotated[str, typer.Option(help="NONE (no iptables, the VM default) or REDIRECT.")] = "NONE",
-    delta: Annotated[bool, typer.Option(help="Use incremental (delta) xDS.")] = False,
+    delta: Annotated[
+        bool,
+        typer.Option(
+            "--delta/--sotw",
+            help="Incremental (delta) xDS, Istio's default since 1.22, or state of the world. Delta for an Envoy "
+            "unless --sotw (a change then reaches it alone, not with every cluster and listener it holds); "
+            "state of the world with --grpc, the only protocol gRPC speaks.",
+        ),
+    ] = True,
     admin_port: Annotated[int, typer.Option(help="Envoy's admin port on 127.0.0.1.")] = 15000,
     stats_port: Annotated[
         int,
@@ -255,8 +264,11 @@ def bootstrap(
             "certificate carries: Envoy checks one name for the whole xds-grpc cluster"
         )
     if grpc:
+        # Delta is the default for an Envoy; for gRPC only an explicit --delta is a mistake.
+        source = ctx.get_parameter_source("delta")
+        told = delta and source is not None and source.name == "COMMANDLINE"
         _print_grpc_bootstrap(
-            node_id, metadata, labels, addresses, xds_ca, xds_cert, xds_key, xds_cert_dir, cert_dir, xds_sni, delta
+            node_id, metadata, labels, addresses, xds_ca, xds_cert, xds_key, xds_cert_dir, cert_dir, xds_sni, told
         )
         return
     if cert_dir is not None:

@@ -222,11 +222,13 @@ class ServeProcess:
         except OSError:
             return ""
 
-    def bootstrap(self, node_id: str, *, delta: bool = False, extra_args: Sequence[str] = ()) -> dict[str, Any]:
-        """`meshctl bootstrap -o json` for `node_id` against this server, as a dict for Envoy."""
+    def bootstrap(self, node_id: str, *, delta: bool | None = None, extra_args: Sequence[str] = ()) -> dict[str, Any]:
+        """`meshctl bootstrap -o json` for `node_id` against this server, as a dict for Envoy: on
+        the protocol `delta` says (True: incremental, False: state of the world), or by default
+        on meshctl's (incremental)."""
         cmd = [*meshctl_command(), "bootstrap", "--proxy", node_id, "--xds-address", self.xds_address, "-o", "json"]
-        if delta:
-            cmd.append("--delta")
+        if delta is not None:
+            cmd.append("--delta" if delta else "--sotw")
         # Not the fixed 15090, 15021 and 15053: tests run many Envoys side by side on one host.
         for flag in ("--stats-port", "--health-port", "--dns-port"):
             if flag not in extra_args:
