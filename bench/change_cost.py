@@ -212,7 +212,7 @@ def measure(services: int, proxies: int, runs: int, dns_port: int = 0, profile: 
                 if profiler is not None and profile is not None:
                     profiler.disable()
                     profile.mkdir(parents=True, exist_ok=True)
-                    profiler.dump_stats(profile / f"{services}-{name.split()[0]}.prof")
+                    profiler.dump_stats(profile / f"{services}-{name.replace(' ', '-')}.prof")
                 if best is None or sum(timings.values()) < sum(best.values()):
                     best, pushes = timings, server.pushed
             assert best is not None
