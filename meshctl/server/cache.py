@@ -20,7 +20,9 @@ Three levels of sharing, from the most to the least expensive to redo:
   regenerates nothing of them;
 - a ClusterLoadAssignment is built once per `AssignmentView` and shared by every proxy with the
   cluster, and the set of one list of clusters is kept while what it read is (`cache_eds.py`);
-- a proxy's complete view (`ProxyResources`) is assembled once per (snapshot version, key).
+- a proxy's complete view (`ProxyResources`) is assembled once per (snapshot version, key); at
+  an endpoint-only change, for a node whose binding holds, from its last view with the EDS set
+  looked up again (`resolve`): nothing bound, no part asked for.
 
 Proxies with different keys still often get equal resources (every sidecar of a namespace gets
 the same route config and the same outbound clusters). Equal resources are interned, so a
