@@ -273,7 +273,9 @@ class SotwSubscription:
         return self.sent_version is not None and self.sent_version != self.acked_version and self.nack is None
 
     def next_push(self, available: Mapping[str, Resource]) -> Push | None:
-        """The response to send now, or None when the node already has (or rejected) this set."""
+        """The response to send now, or None when the node already has (or rejected) this set.
+        `available` is never changed once given (the cache's sets are immutable; a stream's
+        retained clusters make a new mapping): the same object is the same set."""
         if not self.started or available is self._idle_on:
             return None
         whole = available if isinstance(available, ResourceSet) else None
