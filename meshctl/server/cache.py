@@ -20,7 +20,9 @@ Three levels of sharing, from the most to the least expensive to redo:
   regenerates nothing of them;
 - a ClusterLoadAssignment is built once per `AssignmentView` and shared by every proxy with the
   cluster, and the set of one list of clusters is kept while what it read is (`cache_eds.py`);
-- a proxy's complete view (`ProxyResources`) is assembled once per (snapshot version, key).
+- a proxy's complete view (`ProxyResources`) is assembled once per (snapshot version, key); at
+  an endpoint-only change, for a node whose binding holds, from its last view with the EDS set
+  looked up again (`resolve`): nothing bound, no part asked for.
 
 Proxies with different keys still often get equal resources (every sidecar of a namespace gets
 the same route config and the same outbound clusters). Equal resources are interned, so a
@@ -65,7 +67,7 @@ from meshctl.snapshot.node import ProxyNode, ProxyType
 from meshctl.snapshot.proxy import OutboundProxy, Proxy
 from meshctl.snapshot.scope import ProxyScope
 from meshctl.xds import types
-from meshctl.xds.eds_locality import eds_localities
+from meshctl.xds.eds_locality import LocalityView, eds_localities
 from meshctl.xds.generate import (
     INBOUND_KINDS,
     Assembled,
@@ -101,10 +103,21 @@ class _LastGood:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class _Made:
+    """A view generated for a key, and what its EDS set was looked up with (`Assignments.eds_set`):
+    the config's EDS names and the proxy's locality views (`eds_localities`), both read of the
+    config version and the key alone. None for a proxyless node's view."""
+
+    view: ProxyResources
+    eds: tuple[tuple[str, ...], Mapping[str, LocalityView]] | None
+
+
+@dataclass(slots=True, eq=False)
 class _Bound:
     """A node as last bound: the proxy, its generation key, the binding version it was bound
-    at, what the binding read beyond it (`binding_inputs`), and the snapshot version it was last
-    resolved at."""
+    at, what the binding read beyond it (`binding_inputs`); and, changed in place (under the
+    lock) at each resolution, the snapshot version it was last resolved at and the view it was
+    given there, if generated (not a last good view kept)."""
 
     node: ProxyNode
     proxy: Proxy
@@ -112,6 +125,7 @@ class _Bound:
     binding_version: str
     inputs: tuple[object, ...]
     at: str
+    made: _Made | None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -172,7 +186,7 @@ class ResourceCache:
         #: advanced per snapshot version (endpoints change without the config)
         self._grpc_eds: GenerationMemo[int, tuple[ResourceSet, ResourceSet]] = GenerationMemo()
         self._grpc_eds_at = ""
-        self._views: Recent[tuple[object, ...], ProxyResources] = Recent(keep_versions)
+        self._views: Recent[tuple[object, ...], _Made] = Recent(keep_versions)
         # Equal resources and equal sets, shared while anything holds them.
         self._resources: weakref.WeakValueDictionary[tuple[str, str, str], Resource] = weakref.WeakValueDictionary()
         self._sets: weakref.WeakValueDictionary[tuple[str, str], ResourceSet] = weakref.WeakValueDictionary()
@@ -201,6 +215,9 @@ class ResourceCache:
         self._binding_at: tuple[str, dict[ProxyType, str]] = ("", {})
         #: Nodes bound (`bind_proxy`) by `resolve`, for the tests and benchmarks.
         self.bindings = 0
+        #: ... and nodes `resolve` gave their last view with its endpoints looked up again
+        #: (`_endpoints_moved`: an endpoint-only change, nothing bound, no part asked for)
+        self.endpoint_resolutions = 0
         self._failures_logged: set[tuple[str, tuple[object, ...]]] = set()
         #: proxyless gRPC nodes' configs by outbound key, per config version, and their
         #: assignments made from the shared ones (`grpc_view`)
@@ -284,7 +301,10 @@ class ResourceCache:
         (`binding_inputs`), is the proxy it was, with the same generation key: an endpoint
         change binds again only the proxies of the workloads it touched, a VirtualService or
         DestinationRule change none (unless it changes a label selector), and every other
-        stream's resolution is one lookup of its key's view."""
+        stream's resolution is one lookup of its key's view. At a snapshot of the config
+        version its last view was generated at (an endpoint change), that view with its
+        endpoints looked up again is its view (`_endpoints_moved`), and the proxy is the one it
+        was bound as (at an earlier snapshot: everything binding reads is as it was there)."""
         inputs = binding_inputs(node, snapshot)
         with self._lock:
             last = self._bound.get(node.id)
@@ -292,6 +312,7 @@ class ResourceCache:
                 self._binding_at = (snapshot.version, {})
             versions = self._binding_at[1]
             version = versions.get(node.type)
+            made = last.made if last is not None else None
         if version is None:
             version = binding_version(snapshot, node.type)
             with self._lock:
@@ -302,40 +323,86 @@ class ResourceCache:
             and (last.node is node or last.node == node)
             and last.inputs == inputs
         ):
+            if made is not None and made.eds is not None and made.view.config_version == snapshot.config_version:
+                view = self._endpoints_moved(snapshot, last, made)
+                if view is not None:
+                    return Resolved(last.proxy, view)
             proxy, key = rebound(last.proxy, snapshot), last.key
         else:
             proxy = bind_proxy(node, snapshot)
             key = proxy.generation_key()
             with self._lock:
                 self.bindings += 1
+        bound = _Bound(node, proxy, key, version, inputs, snapshot.version, None)
         with self._lock:
-            self._bound[node.id] = _Bound(node, proxy, key, version, inputs, snapshot.version)
-        return Resolved(proxy, self._view_of(snapshot, proxy, key))
+            self._bound[node.id] = bound
+        view, made = self._view_of(snapshot, proxy, key)
+        if made is not None:
+            with self._lock:
+                bound.made = made
+        return Resolved(proxy, view)
 
-    def resources(self, snapshot: Snapshot, proxy: Proxy) -> ProxyResources:
-        """Everything `proxy` may be sent at `snapshot`; when generating it fails, the last good
-        view of its key (see the module docstring), or GenerationError when there is none."""
-        return self._view_of(snapshot, proxy, proxy.generation_key())
-
-    def _view_of(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> ProxyResources:
+    def _endpoints_moved(self, snapshot: Snapshot, bound: _Bound, made: _Made) -> ProxyResources | None:
+        """The view of a node whose binding holds, at a snapshot of the config version its last
+        view (`made`) was generated at: its config is that view's (parts are keyed on the config
+        version and the key), and so are its EDS names and locality views (read of the same), so
+        its assignments alone are looked up, and no proxy is bound, no part asked for. Forgets
+        nothing the full path keeps: the view is shared by its key at this snapshot, and is its
+        key's last good one. None when looking them up fails: the full path then says why, and
+        keeps the last good view."""
+        key = bound.key
         with self._lock:
-            # A version asked for again (a change undone) is the most recent one again (`Recent.get`):
-            # else the next version would drop it, and the bindings and last good views asked for there.
-            view = self._views.get(snapshot.version, key)
-        if view is not None:
-            return view
+            found = self._views.get(snapshot.version, key)
+            if found is not None:
+                bound.at, bound.made = snapshot.version, found
+                self.endpoint_resolutions += 1
+                return found.view
+        assert made.eds is not None
+        names, localities = made.eds
         try:
-            view = self._generate_view(snapshot, proxy, key)
-        except Exception as exc:
-            if self._strict:
-                raise
-            return self._last_good_for(snapshot, proxy, key, exc)
+            eds = self._assignments.eds_set(snapshot, names, localities)
+        except Exception:
+            return None
+        by_type = dict(made.view.by_type)
+        by_type[types.ENDPOINT] = eds
+        view = ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
+        fresh = _Made(view, made.eds)
         with self._lock:
-            dropped = self._views.put(snapshot.version, key, view)
+            bound.at, bound.made = snapshot.version, fresh
+            self.endpoint_resolutions += 1
+            dropped = self._views.put(snapshot.version, key, fresh)
             self._last_good[key] = _LastGood(view, snapshot, snapshot.version)
             if dropped:
                 self._forget_last_good()
         return view
+
+    def resources(self, snapshot: Snapshot, proxy: Proxy) -> ProxyResources:
+        """Everything `proxy` may be sent at `snapshot`; when generating it fails, the last good
+        view of its key (see the module docstring), or GenerationError when there is none."""
+        return self._view_of(snapshot, proxy, proxy.generation_key())[0]
+
+    def _view_of(
+        self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]
+    ) -> tuple[ProxyResources, _Made | None]:
+        """The key's view at `snapshot`, and how it was made (None for a last good view kept)."""
+        with self._lock:
+            # A version asked for again (a change undone) is the most recent one again (`Recent.get`):
+            # else the next version would drop it, and the bindings and last good views asked for there.
+            made = self._views.get(snapshot.version, key)
+        if made is not None:
+            return made.view, made
+        try:
+            made = self._generate_view(snapshot, proxy, key)
+        except Exception as exc:
+            if self._strict:
+                raise
+            return self._last_good_for(snapshot, proxy, key, exc), None
+        with self._lock:
+            dropped = self._views.put(snapshot.version, key, made)
+            self._last_good[key] = _LastGood(made.view, snapshot, snapshot.version)
+            if dropped:
+                self._forget_last_good()
+        return made.view, made
 
     def _last_good_for(
         self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...], exc: Exception
@@ -383,14 +450,15 @@ class ResourceCache:
         configs = set(self._config.versions)
         self._failures_logged = {f for f in self._failures_logged if f[0] in configs}
 
-    def _generate_view(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> ProxyResources:
+    def _generate_view(self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...]) -> _Made:
         if proxy.node.proxyless:
-            return self._grpc_view(snapshot, proxy)
+            return _Made(self._grpc_view(snapshot, proxy), None)
         config = self._config_for(snapshot, proxy, key)
         by_type: dict[str, Mapping[str, Resource]] = dict(config.by_type)
         views = eds_localities(snapshot, proxy, config.eds_names)
         by_type[types.ENDPOINT] = self._assignments.eds_set(snapshot, config.eds_names, views)
-        return ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
+        view = ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
+        return _Made(view, (config.eds_names, views))
 
     def _grpc_view(self, snapshot: Snapshot, proxy: Proxy) -> ProxyResources:
         """A proxyless gRPC node's view: its config made once per config version and outbound key

@@ -185,7 +185,8 @@ class Connection:
                 # What was sent before the acknowledged version can no longer move anything:
                 # forgotten, or a stream that lives for weeks keeps one entry per push it got
                 # (and one that never ACKs keeps the last `_SENT_VERSIONS_KEPT`, see `pushes`).
-                self._sent_generation[type_url] = {v: g for v, g in sent.items() if g >= acked}
+                if len(sent) > 1 or generation < acked:  # (a version alone, the one ACKed: kept as it is)
+                    self._sent_generation[type_url] = {v: g for v, g in sent.items() if g >= acked}
             self._release_retained()
             # With a cluster retained, an ACK may release it (a CDS push then follows): asked.
             self.push_due = outcome.subscription_changed or retained

@@ -114,6 +114,10 @@ class SotwSubscription:
         #: `_names_key` of the last request, and the names it asked for
         self._last_key: tuple[int, int] | None = None
         self._last_names: frozenset[str] | None = None
+        #: the set `next_push` last found nothing to send from, with no request or `resend`
+        #: since: asked again for the very same set (a change that left this type alone, as an
+        #: endpoint change leaves clusters, listeners and routes), nothing still
+        self._idle_on: Mapping[str, Resource] | None = None
 
     @property
     def held_names(self) -> int:
@@ -135,6 +139,7 @@ class SotwSubscription:
         names = self._names_of(request, key, offered)
         if len(names) - (WILDCARD in names) > self._max_names:
             raise _too_many(self.type_url, len(names) - (WILDCARD in names), "names requested", self._max_names)
+        self._idle_on = None
         self._last_key, self._last_names = key, names
         if not self.started:
             self.started = True
@@ -144,22 +149,25 @@ class SotwSubscription:
                 self.sent_version = self.acked_version = request.version_info
                 self._resumed = True
             return RequestOutcome(RequestKind.INITIAL, subscription_changed=True)
-        if self.partial and request.response_nonce:
-            self._answered(request.response_nonce, rejected=request.HasField("error_detail"))
+        # Each field read of the request is a string made: read once (a fleet ACKs every push).
+        nonce = request.response_nonce
+        rejected = request.HasField("error_detail")
+        if self.partial and nonce:
+            self._answered(nonce, rejected=rejected)
         # Nothing sent on this stream yet (a resumed subscription whose versions were current):
         # the node's requests carry no nonce, and are its subscription, not stale replies.
-        if request.response_nonce != (self.sent_nonce or ""):
-            return RequestOutcome(RequestKind.STALE)
+        if nonce != (self.sent_nonce or ""):
+            return _STALE
         changed = self._subscribe(names)
-        if request.HasField("error_detail"):
+        if rejected:
             message = request.error_detail.message or "rejected"
             version = self.sent_version or ""
             repeated = self.nack is not None and self.nack.version == version
-            self.nack = Nack(version, request.response_nonce, message)
+            self.nack = Nack(version, nonce, message)
             return RequestOutcome(RequestKind.NACK, changed, message, repeated)
         self.acked_version = request.version_info
         self.nack = None
-        return RequestOutcome(RequestKind.ACK, changed)
+        return _ACKED_CHANGED if changed else _ACKED
 
     def _names_of(
         self,
@@ -250,6 +258,7 @@ class SotwSubscription:
         wanted = [n for n in names if self.wants(n)]
         if not wanted:
             return
+        self._idle_on = None
         if not self.partial:
             self.sent_version = None
             return
@@ -264,8 +273,10 @@ class SotwSubscription:
         return self.sent_version is not None and self.sent_version != self.acked_version and self.nack is None
 
     def next_push(self, available: Mapping[str, Resource]) -> Push | None:
-        """The response to send now, or None when the node already has (or rejected) this set."""
-        if not self.started:
+        """The response to send now, or None when the node already has (or rejected) this set.
+        `available` is never changed once given (the cache's sets are immutable; a stream's
+        retained clusters make a new mapping): the same object is the same set."""
+        if not self.started or available is self._idle_on:
             return None
         whole = available if isinstance(available, ResourceSet) else None
         if whole is not None and not (self.wildcard or names_cover(whole, self.names)):
@@ -283,14 +294,17 @@ class SotwSubscription:
             if resumed and self.partial:
                 self._held = {r.name: r.version for r in chosen} if whole is None else None
                 self._basis = whole
+            self._idle_on = available
             return None
         if self.nack is not None and version == self.nack.version:
+            self._idle_on = available
             return None
         resources = chosen
         if self.partial:
             resources = self._unheld(chosen, whole)
             self._short = False
             if not resources and version == self.sent_version:
+                self._idle_on = available
                 return None
         self.sent_version = version
         shared = False
@@ -333,6 +347,12 @@ class SotwSubscription:
         else:
             self._basis = None
         return fresh
+
+
+#: The outcomes that say nothing but their kind, one of each (they are frozen).
+_ACKED = RequestOutcome(RequestKind.ACK)
+_ACKED_CHANGED = RequestOutcome(RequestKind.ACK, subscription_changed=True)
+_STALE = RequestOutcome(RequestKind.STALE)
 
 
 def _names_key(request: discovery_pb2.DiscoveryRequest) -> tuple[int, int]:
