@@ -5,10 +5,10 @@ of an assignment included, and a node whose own workload the change touched is b
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf import any_pb2
+from test_resolve_binding import MESH as BOOKINFO
+from test_resolve_binding import NEW_RATINGS as RATINGS_B
 
 from meshctl.config.model import Config
 from meshctl.registry.serviceentry import build_file_model
@@ -18,18 +18,6 @@ from meshctl.snapshot.node import parse_node_id
 from meshctl.testing.builders import configs_from_yaml
 from meshctl.xds import types
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "configs"
-BOOKINFO = "\n---\n".join(p.read_text() for p in sorted(EXAMPLES.rglob("*.yaml")))
-#: A WorkloadEntry at the address of a node that had none: ratings-b's own workload.
-RATINGS_B = """
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {name: ratings-v1-b, namespace: bookinfo}
-spec:
-  address: 10.10.0.52
-  serviceAccount: bookinfo-ratings
-  labels: {app: ratings, version: v1}
-"""
 BOOKINFO_NODES = {
     "productpage": "sidecar~10.10.0.11~productpage-v1-vm.bookinfo~bookinfo.svc.cluster.local",
     "reviews-v1": "sidecar~10.10.0.41~reviews-v1-vm.bookinfo~bookinfo.svc.cluster.local",
