@@ -34,7 +34,9 @@ def _offered(*names: str, version: str = "1") -> Offered:
     return Offered({n: Resource(n, version, f"{n}@{version}".encode()) for n in names})
 
 
-def _request(type_url: str, names: list[str], nonce: str = "", version: str = "", error: str = ""):  # type: ignore[no-untyped-def]
+def _request(
+    type_url: str, names: list[str], nonce: str = "", version: str = "", error: str = ""
+) -> discovery_pb2.DiscoveryRequest:
     request = discovery_pb2.DiscoveryRequest(
         type_url=type_url, resource_names=names, response_nonce=nonce, version_info=version
     )

@@ -148,6 +148,16 @@ class ProxyResources:
         return self.by_type.get(type_url, _NOTHING)
 
 
+def _with_endpoints(
+    snapshot: Snapshot, config: Mapping[str, Mapping[str, Resource]], eds: Mapping[str, Resource]
+) -> ProxyResources:
+    """A view at `snapshot`: `config`'s resources (clusters, listeners, routes, secrets) and the
+    assignments `eds`, which an endpoint-only change replaces alone."""
+    by_type = dict(config)
+    by_type[types.ENDPOINT] = eds
+    return ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
+
+
 _CONFIG_TYPES = (types.CLUSTER, types.LISTENER, types.ROUTE)
 #: What `ProxyResources.of` gives for a type it has none of (asked at every push of every stream).
 _NOTHING: Mapping[str, Resource] = MappingProxyType({})
@@ -363,18 +373,12 @@ class ResourceCache:
             eds = self._assignments.eds_set(snapshot, names, localities)
         except Exception:
             return None
-        by_type = dict(made.view.by_type)
-        by_type[types.ENDPOINT] = eds
-        view = ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
-        fresh = _Made(view, made.eds)
+        fresh = _Made(_with_endpoints(snapshot, made.view.by_type, eds), made.eds)
         with self._lock:
             bound.at, bound.made = snapshot.version, fresh
             self.endpoint_resolutions += 1
-            dropped = self._views.put(snapshot.version, key, fresh)
-            self._last_good[key] = _LastGood(view, snapshot, snapshot.version)
-            if dropped:
-                self._forget_last_good()
-        return view
+            self._keep_view(snapshot, key, fresh)
+        return fresh.view
 
     def resources(self, snapshot: Snapshot, proxy: Proxy) -> ProxyResources:
         """Everything `proxy` may be sent at `snapshot`; when generating it fails, the last good
@@ -398,11 +402,16 @@ class ResourceCache:
                 raise
             return self._last_good_for(snapshot, proxy, key, exc), None
         with self._lock:
-            dropped = self._views.put(snapshot.version, key, made)
-            self._last_good[key] = _LastGood(made.view, snapshot, snapshot.version)
-            if dropped:
-                self._forget_last_good()
+            self._keep_view(snapshot, key, made)
         return made.view, made
+
+    def _keep_view(self, snapshot: Snapshot, key: tuple[object, ...], made: _Made) -> None:
+        """`made` is the key's view at `snapshot`, and its last good one. Called with the lock
+        held."""
+        dropped = self._views.put(snapshot.version, key, made)
+        self._last_good[key] = _LastGood(made.view, snapshot, snapshot.version)
+        if dropped:
+            self._forget_last_good()
 
     def _last_good_for(
         self, snapshot: Snapshot, proxy: Proxy, key: tuple[object, ...], exc: Exception
@@ -454,11 +463,9 @@ class ResourceCache:
         if proxy.node.proxyless:
             return _Made(self._grpc_view(snapshot, proxy), None)
         config = self._config_for(snapshot, proxy, key)
-        by_type: dict[str, Mapping[str, Resource]] = dict(config.by_type)
         views = eds_localities(snapshot, proxy, config.eds_names)
-        by_type[types.ENDPOINT] = self._assignments.eds_set(snapshot, config.eds_names, views)
-        view = ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
-        return _Made(view, (config.eds_names, views))
+        eds = self._assignments.eds_set(snapshot, config.eds_names, views)
+        return _Made(_with_endpoints(snapshot, config.by_type, eds), (config.eds_names, views))
 
     def _grpc_view(self, snapshot: Snapshot, proxy: Proxy) -> ProxyResources:
         """A proxyless gRPC node's view: its config made once per config version and outbound key

@@ -85,8 +85,6 @@ class DeltaSubscription:
         self._settled: ResourceSet | None = None
         #: initial resource versions the first request claimed
         self._claimed = 0
-        #: the first request claimed nothing, and nothing was sent since: it is owed an answer
-        self._owed_answer = False
 
     @property
     def held_names(self) -> int:
@@ -137,8 +135,6 @@ class DeltaSubscription:
             self.known.pop(name, None)
             self._nacked.pop(name, None)
             self._absent_told.discard(name)
-        if kind is RequestKind.INITIAL:
-            self._owed_answer = self.wildcard and not request.initial_resource_versions
         if not request.response_nonce:
             return RequestOutcome(kind, changed)
         return self._answered(request, kind, changed)
@@ -235,7 +231,9 @@ class DeltaSubscription:
         absent = sorted(
             n for n in self.names if n not in available and n not in self.known and n not in self._absent_told
         )
-        if not to_send and not removed and not absent and not self._owed_answer:
+        # A wildcard stream that claimed nothing and was sent nothing is owed its first answer.
+        owed = self._sent_nonce is None and self.wildcard and not self._claimed
+        if not to_send and not removed and not absent and not owed:
             if not self.awaiting_ack:
                 # The node holds every current version (after a reconnect it may have sent
                 # them all in initial_resource_versions): it is in sync, though nothing was sent.
@@ -243,7 +241,6 @@ class DeltaSubscription:
             if isinstance(available, ResourceSet):
                 self._settled = available
             return None
-        self._owed_answer = False
         for r in to_send:
             self.known[r.name] = r.version
             self._nacked.pop(r.name, None)
