@@ -5,13 +5,17 @@ ACK, in one process, without gRPC.
     python bench/push_cost.py --proxies 2000 --runs 5
     python bench/push_cost.py --profile /tmp/push.prof   # cProfiles of the timed changes
     python bench/push_cost.py --only VirtualService     # one change
+    python bench/push_cost.py --delta                   # the clients speak incremental xDS
 
 The mesh is the fleet benchmark's (`bench/fleet.py`), loaded by the parts `meshctl serve` runs
 (as in bench/change_cost.py). The servicer is the real `AdsServicer`, with the real `Delivery`
 as its observer (metrics, push history in a state directory, the rollout between it and the
 cache). Only gRPC is left out: each stream's context writes into a list, and its client, on the
 loop, answers each response with the ACK Envoy would send (every name again, for EDS and RDS).
-What the clients do (decoding a response, making its ACK) is timed apart and taken off.
+What the clients do (decoding a response, making its ACK) is timed apart and taken off. With
+`--delta` the clients speak incremental xDS, as Envoy does with meshctl's default bootstrap:
+clusters and listeners by wildcard, endpoints and routes subscribed by name, each response
+ACKed by its nonce alone.
 
 Each change (a VirtualService every proxy imports, a WorkloadEntry added and removed) is timed
 from the snapshot being published to every stream having ACKed what it was sent, and the
@@ -42,7 +46,12 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
 sys.path.insert(0, str(BENCH.parent))
 
 from envoy.config.core.v3.base_pb2 import Node  # noqa: E402
-from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse  # noqa: E402
+from envoy.service.discovery.v3.discovery_pb2 import (  # noqa: E402
+    DeltaDiscoveryRequest,
+    DeltaDiscoveryResponse,
+    DiscoveryRequest,
+    DiscoveryResponse,
+)
 
 from bench.change_cost import _settle_mtime, _write  # noqa: E402
 from bench.fleet import Fleet, FleetSpec, write_atomically  # noqa: E402
@@ -65,11 +74,12 @@ class Client:
     """One stream's Envoy, as far as the servicer can tell: its requests, and an ACK for each
     response (EDS and RDS naming what the node was offered, as Envoy names what it watches)."""
 
-    def __init__(self, index: int, node_id: str, bench: Bench) -> None:
+    def __init__(self, index: int, node_id: str, bench: Bench, *, delta: bool = False) -> None:
         self.address = f"ipv4:10.0.{index // 250}.{index % 250}:{40000 + index}"
         self.node_id = node_id
         self.bench = bench
-        self.queue: asyncio.Queue[DiscoveryRequest | None] = asyncio.Queue()
+        self.delta = delta
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.subscribed: set[str] = set()
         self.stream: Any = None
 
@@ -85,6 +95,12 @@ class Client:
 
     async def write(self, data: bytes) -> None:
         started = time.thread_time()
+        if self.delta:
+            answer = DeltaDiscoveryResponse.FromString(data)
+            self.queue.put_nowait(DeltaDiscoveryRequest(type_url=answer.type_url, response_nonce=answer.nonce))
+            self.bench.outstanding += 1
+            self.bench.client_cpu += time.thread_time() - started
+            return
         response = DiscoveryResponse.FromString(data)
         names: list[str] = []
         if response.type_url in (types.ENDPOINT, types.ROUTE):
@@ -104,10 +120,11 @@ class Client:
         resources = self.bench.servicer.streams[self.stream].connection.resources
         return sorted(resources.of(type_url)) if resources is not None else []
 
-    async def requests(self) -> AsyncIterator[DiscoveryRequest]:
+    async def requests(self) -> AsyncIterator[Any]:
         node = Node(id=self.node_id)
-        yield DiscoveryRequest(type_url=types.CLUSTER, node=node)
-        yield DiscoveryRequest(type_url=types.LISTENER, node=node)
+        request: Any = DeltaDiscoveryRequest if self.delta else DiscoveryRequest
+        yield request(type_url=types.CLUSTER, node=node)
+        yield request(type_url=types.LISTENER, node=node)
         while True:
             request = await self.queue.get()
             if request is None:
@@ -118,13 +135,17 @@ class Client:
                 self.subscribed.add(request.type_url)
                 follow = types.ENDPOINT if request.type_url == types.CLUSTER else types.ROUTE
                 started = time.thread_time()
-                subscribe = DiscoveryRequest(type_url=follow, resource_names=self.names(follow))
+                if self.delta:
+                    subscribe = DeltaDiscoveryRequest(type_url=follow, resource_names_subscribe=self.names(follow))
+                else:
+                    subscribe = DiscoveryRequest(type_url=follow, resource_names=self.names(follow))
                 self.bench.client_cpu += time.thread_time() - started
                 yield subscribe
 
 
 class Bench:
-    def __init__(self, root: Path, state: Path, node_ids: list[str]) -> None:
+    def __init__(self, root: Path, state: Path, node_ids: list[str], *, delta: bool = False) -> None:
+        self.delta = delta
         self.store = ConfigStore()
         self.watcher = DirectoryWatcher([root], self.store)
         self.files = FileRegistry()
@@ -143,7 +164,7 @@ class Bench:
             lambda: None,
         )
         self.servicer = AdsServicer(self.delivery.source(self._resolve), lambda: self.snapshot, self.delivery)
-        self.clients = [Client(i, n, self) for i, n in enumerate(node_ids)]
+        self.clients = [Client(i, n, self, delta=delta) for i, n in enumerate(node_ids)]
         self.outstanding = 0
         self.client_cpu = 0.0
         self.tasks: list[asyncio.Task[None]] = []
@@ -165,7 +186,8 @@ class Bench:
 
     async def connect(self) -> None:
         for client in self.clients:
-            self.tasks.append(asyncio.ensure_future(self.servicer.stream_sotw(client.requests(), client)))
+            serve = self.servicer.stream_delta if self.delta else self.servicer.stream_sotw
+            self.tasks.append(asyncio.ensure_future(serve(client.requests(), client)))
         await self.quiet()
         ids = {s.connection.node_id: conn_id for conn_id, s in self.servicer.streams.items()}
         for client in self.clients:
@@ -196,7 +218,13 @@ async def _no_publish(_snapshot: Snapshot, _seen: float) -> None:
 
 
 async def measure(
-    services: int, proxies: int, runs: int, profile: Path | None, only: frozenset[str] = frozenset()
+    services: int,
+    proxies: int,
+    runs: int,
+    profile: Path | None,
+    only: frozenset[str] = frozenset(),
+    *,
+    delta: bool = False,
 ) -> dict[str, Any]:
     spec = FleetSpec(services=services, endpoints=10, proxies=proxies)
     with tempfile.TemporaryDirectory(prefix="meshctl-push-") as tmp:
@@ -204,7 +232,7 @@ async def measure(
         root.mkdir()
         fleet = Fleet(spec, root)
         fleet.write()
-        bench = Bench(root, state, [p.node_id for p in fleet.proxies])
+        bench = Bench(root, state, [p.node_id for p in fleet.proxies], delta=delta)
         await bench.publish(bench.build())
         await bench.connect()
         await asyncio.sleep(1.2)  # the history's first write, the rollout's first look
@@ -284,7 +312,7 @@ async def measure(
             worker.dump_stats(profile.with_name(profile.name + ".worker"))
         await bench.stop()
     gc.unfreeze()
-    return {"services": services, "proxies": proxies, "changes": results}
+    return {"services": services, "proxies": proxies, "delta": delta, "changes": results}
 
 
 def _count(line: str) -> float:
@@ -300,8 +328,11 @@ def main(argv: list[str] | None = None) -> int:
         "--profile", type=Path, help="write a cProfile of the timed changes here (the worker thread's to FILE.worker)"
     )
     parser.add_argument("--only", action="append", default=[], help="time this change only (repeatable)")
+    parser.add_argument("--delta", action="store_true", help="the clients speak incremental xDS")
     args = parser.parse_args(argv)
-    result = asyncio.run(measure(args.services, args.proxies, args.runs, args.profile, frozenset(args.only)))
+    result = asyncio.run(
+        measure(args.services, args.proxies, args.runs, args.profile, frozenset(args.only), delta=args.delta)
+    )
     print(f"\n{args.services:,} services, {args.proxies:,} proxies (CPU s, clients' share taken off)", file=sys.stderr)
     print("| change | converged | with timers | pushes |", file=sys.stderr)
     print("|---|---|---|---|", file=sys.stderr)

@@ -48,6 +48,23 @@ def test_delta_response_round_trips() -> None:
     assert list(msg.removed_resources) == ["gone", "ghost"]
 
 
+def test_delta_responses_of_one_tuple_share_its_encoding_and_differ_by_their_own_fields() -> None:
+    """Streams making the same move are given one tuple; each response is still its own."""
+    resources = (cluster_resource("a"), cluster_resource("b"))
+    blocks = BlockCache()
+    first = encode_delta(Push(CDS, "v1", "n1", resources, removed=("gone",)), blocks=blocks)
+    second = encode_delta(Push(CDS, "v2", "n2", resources), blocks=blocks)
+    assert first == encode_delta(Push(CDS, "v1", "n1", resources, removed=("gone",)))
+    msg = discovery_pb2.DeltaDiscoveryResponse.FromString(second)
+    assert (msg.system_version_info, msg.nonce, list(msg.removed_resources)) == ("v2", "n2", [])
+    assert [(r.name, r.version) for r in msg.resources] == [("a", "v-a"), ("b", "v-b")]
+    # A state-of-the-world block of the same tuple is another encoding, kept apart.
+    sotw = discovery_pb2.DiscoveryResponse.FromString(encode_sotw(Push(CDS, "", "n3", resources), blocks=blocks))
+    assert [cluster_pb2.Cluster.FromString(r.value).name for r in sotw.resources] == ["a", "b"]
+    again = discovery_pb2.DeltaDiscoveryResponse.FromString(encode_delta(Push(CDS, "", "n4", resources), blocks=blocks))
+    assert [r.name for r in again.resources] == ["a", "b"]
+
+
 def test_empty_response() -> None:
     msg = discovery_pb2.DiscoveryResponse.FromString(encode_sotw(Push(CDS, "", "1", ())))
     assert msg.nonce == "1" and len(msg.resources) == 0

@@ -253,6 +253,37 @@ def test_delta_sends_only_changes_and_removals() -> None:
     assert [r.name for r in change.resources] == ["a"] and change.removed == ("b",)
 
 
+def test_delta_moves_between_sets_send_what_changed_and_tell_what_left() -> None:
+    """The cache's sets, one after another (endpoint changes): each response carries what moved
+    among the names watched, and tells the watched names that left, once."""
+    sub = DeltaSubscription(EDS, wildcard_when_empty=False)
+    sub.handle(delta(sub=["a", "b", "c"]))
+    first = sub.next_push(ResourceSet([res("a"), res("b"), res("c"), res("x")]))
+    assert first is not None and [r.name for r in first.resources] == ["a", "b", "c"]
+    assert sub.handle(delta(nonce=first.nonce)).kind is RequestKind.ACK
+    moved = sub.next_push(ResourceSet([res("a", "2"), res("b"), res("x", "2")]))
+    assert moved is not None
+    assert [(r.name, r.version) for r in moved.resources] == [("a", "2")] and moved.removed == ("c",)
+    assert sub.handle(delta(nonce=moved.nonce)).kind is RequestKind.ACK
+    assert sub.next_push(ResourceSet([res("a", "2"), res("b"), res("x", "3")])) is None
+    back = sub.next_push(ResourceSet([res("a", "2"), res("b"), res("c", "2")]))
+    assert back is not None and [(r.name, r.version) for r in back.resources] == [("c", "2")]
+    assert back.removed == ()
+
+
+def test_delta_a_name_subscribed_is_sent_from_the_very_set_the_node_was_in_step_with() -> None:
+    sub = DeltaSubscription(EDS, wildcard_when_empty=False)
+    sub.handle(delta(sub=["a"]))
+    offered = ResourceSet([res("a"), res("b")])
+    first = sub.next_push(offered)
+    assert first is not None and [r.name for r in first.resources] == ["a"]
+    sub.handle(delta(nonce=first.nonce))
+    sub.handle(delta(sub=["b"]))
+    assert sent(sub.next_push(offered)) == [("b", "1")]
+    sub.resend(["a"])
+    assert sent(sub.next_push(offered)) == [("a", "1")]
+
+
 def test_delta_initial_resource_versions_skip_what_the_node_has() -> None:
     sub = DeltaSubscription(EDS, wildcard_when_empty=False)
     sub.handle(delta(sub=["a", "b"], initial={"a": "1", "b": "old"}))
@@ -687,9 +718,10 @@ names_drawn = st.lists(st.sampled_from([*POOL, WILDCARD]), max_size=len(POOL) + 
 versions_drawn = st.dictionaries(st.sampled_from(POOL), st.sampled_from(["1", "2", "3"]))
 
 
-def next_available(data: st.DataObject, last: dict[str, Resource]) -> dict[str, Resource]:
+def next_available(data: st.DataObject, last: Mapping[str, Resource]) -> Mapping[str, Resource]:
     """Resources on offer: another set, or the last one with a name changed, added or gone
-    (so that resources often stay the same across pushes, as they do)."""
+    (so that resources often stay the same across pushes, as they do); a plain mapping or, as
+    the cache hands out, a `ResourceSet` (whose moves the subscriptions compare set to set)."""
     if data.draw(st.booleans()):
         changed = {n: r.version for n, r in last.items()}
         name, version = data.draw(st.sampled_from(POOL)), data.draw(st.sampled_from(["1", "2", "3", None]))
@@ -699,7 +731,8 @@ def next_available(data: st.DataObject, last: dict[str, Resource]) -> dict[str, 
             changed[name] = version
     else:
         changed = data.draw(versions_drawn)
-    return pool(*(res(n, v) for n, v in changed.items()))
+    chosen = [res(n, v) for n, v in changed.items()]
+    return ResourceSet(chosen) if data.draw(st.booleans()) else pool(*chosen)
 
 
 @dataclass
@@ -739,7 +772,7 @@ def test_delta_random_streams_stay_bounded_and_converge(wildcard: bool, data: st
         holds: dict[str, str] = {}  # what the node holds
         log: list[Sent] = []
         due: list[Sent] = []  # answers the node owes and sends later
-        available: dict[str, Resource] = {}
+        available: Mapping[str, Resource] = {}
         rejected: set[tuple[str, str]] = set()  # content NACKed while tracked: not sent again
 
         def apply(push: Push, resources: Iterable[Resource], removed: Iterable[str]) -> None:
@@ -819,7 +852,8 @@ def test_delta_random_streams_stay_bounded_and_converge(wildcard: bool, data: st
             holds.pop(n, None)
         # The versions of before, but for content rejected: that is not sent again unchanged.
         final = next_available(data, available)
-        final = pool(*(res(n, "final") if (n, r.version) in rejected else r for n, r in final.items()))
+        chosen = [res(n, "final") if (n, r.version) in rejected else r for n, r in final.items()]
+        final = ResourceSet(chosen) if data.draw(st.booleans()) else pool(*chosen)
         for _ in range(3):
             push = sub.next_push(final)
             if push is None:
@@ -855,7 +889,7 @@ def test_sotw_random_streams_stay_bounded_and_converge(wildcard: bool, partial: 
         asked: list[str] = []  # the names of the node's last request the server took
         log: list[Sent] = []
         due: list[Sent] = []
-        available: dict[str, Resource] = {}
+        available: Mapping[str, Resource] = {}
 
         def apply(push: Push, resources: Iterable[Resource]) -> None:
             if partial:

@@ -51,6 +51,12 @@ class BlockCache:
         """`version_info` (field 1, when `version` is given) and `resources` (field 2), encoded."""
         return self._entry(resources, version, "", "", lambda: _string(1, version) + _resources(resources))
 
+    def delta_resources(self, resources: tuple[Resource, ...]) -> bytes:
+        """DeltaDiscoveryResponse's `resources` (field 2), encoded: the subscriptions hand the
+        streams making the same move the same tuple (what changed between two sets), so an
+        endpoint change encodes a namespace's assignment once, not once per sidecar."""
+        return self._entry(resources, "", "", _DELTA_BLOCK, lambda: _delta_resources(resources))
+
     def envelope(self, push: Push) -> bytes:
         """The whole response of a `shared` push, one bytes object for every stream sent it:
         the streams of a namespace are sent the same response under the same nonce
@@ -98,6 +104,10 @@ class BlockCache:
         return size
 
 
+#: The nonce part of the key of a `delta_resources` block: no response's nonce, and only the
+#: blocks of `get` have none.
+_DELTA_BLOCK = "\0delta"
+
 #: `type_url` (field 4) of each type served, encoded once.
 _TYPE_FIELDS: dict[str, bytes] = {}
 
@@ -134,20 +144,25 @@ def encode_sotw(push: Push, control_plane: bytes = b"", *, blocks: BlockCache | 
     return b"".join(parts)
 
 
-def encode_delta(push: Push, control_plane: bytes = b"") -> bytes:
+def encode_delta(push: Push, control_plane: bytes = b"", *, blocks: BlockCache | None = None) -> bytes:
     """envoy.service.discovery.v3.DeltaDiscoveryResponse: system_version_info=1, resources=2
     (Resource: version=1, resource=2, name=3), type_url=4, nonce=5, removed_resources=6,
-    control_plane=7."""
-    parts = [_string(1, push.version)]
-    for r in push.resources:
-        # Resource{version=1, resource=2, name=3}, framed without copying the body twice.
-        version, name = _string(1, r.version), _string(3, r.name)
-        body_header = varint(2 << 3 | _LEN) + varint(len(r.body))
-        size = len(version) + len(body_header) + len(r.body) + len(name)
-        parts += (varint(2 << 3 | _LEN), varint(size), version, body_header, r.body, name)
-    parts.append(_string(4, push.type_url))
-    parts.append(_string(5, push.nonce))
+    control_plane=7. With `blocks`, the resources are encoded once per tuple."""
+    body = blocks.delta_resources(push.resources) if blocks is not None else _delta_resources(push.resources)
+    parts = [_string(1, push.version), body, _type_field(push.type_url), _string(5, push.nonce)]
     parts.extend(length_delimited(6, name.encode()) for name in push.removed)
     if control_plane:
         parts.append(length_delimited(7, control_plane))
+    return b"".join(parts)
+
+
+def _delta_resources(resources: tuple[Resource, ...]) -> bytes:
+    """DeltaDiscoveryResponse.resources (field 2): each a Resource{version=1, resource=2, name=3},
+    framed without copying the body twice."""
+    parts: list[bytes] = []
+    for r in resources:
+        version, name = _string(1, r.version), _string(3, r.name)
+        body_header = varint(2 << 3 | _LEN) + varint(len(r.body))
+        size = len(version) + len(body_header) + len(r.body) + len(name)
+        parts += (_RESOURCE_TAG, varint(size), version, body_header, r.body, name)
     return b"".join(parts)

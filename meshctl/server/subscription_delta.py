@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from envoy.service.discovery.v3 import discovery_pb2
 
@@ -55,6 +55,14 @@ class DeltaSubscription:
 
     A request that would leave more than `max_names` names subscribed, or a first request with
     more than `max_names` initial versions, raises `SubscriptionLimitError` and changes nothing.
+
+    After each `next_push` of a `ResourceSet` the node is in step with that set (`_basis`): it
+    holds, or rejected, every resource of it it watches, and was told of every watched name it
+    lacks. The next set is then compared with the basis, not name by name with what the node
+    holds: the sets' difference is computed once (`ResourceSet.changed_since`) for every stream
+    making the same move, so an endpoint change costs a stream what changed, not every name it
+    watches (hundreds of clusters' endpoints, a thousand streams). A request that subscribes,
+    unsubscribes or rejects, a `resend`, or a mapping that is not a set loses the basis.
     """
 
     def __init__(
@@ -85,6 +93,8 @@ class DeltaSubscription:
         self._settled: ResourceSet | None = None
         #: initial resource versions the first request claimed
         self._claimed = 0
+        #: The set the node is in step with (see the class docstring), if known.
+        self._basis: ResourceSet | None = None
 
     @property
     def held_names(self) -> int:
@@ -105,6 +115,13 @@ class DeltaSubscription:
         self._check_limits(request)
         keep = _keeper(offered)
         self._settled = None
+        if (
+            not self.started
+            or request.resource_names_subscribe
+            or request.resource_names_unsubscribe
+            or request.HasField("error_detail")
+        ):
+            self._basis = None  # what the node watches or holds moved: compared name by name again
         changed = False
         kind = RequestKind.UPDATE
         if not self.started:
@@ -207,6 +224,7 @@ class DeltaSubscription:
     def resend(self, names: Iterable[str]) -> None:
         """Send these resources again even if the node holds their version (see SotwSubscription)."""
         self._settled = None
+        self._basis = None
         for name in names:
             if name in self.known and self.wants(name):
                 self.known[name] = _UNKNOWN
@@ -219,18 +237,12 @@ class DeltaSubscription:
     def next_push(self, available: Mapping[str, Resource]) -> Push | None:
         if not self.started or available is self._settled:
             return None
-        scope = available.keys() if self.wildcard else self.names & available.keys()
-        to_send = []
-        for name in sorted(scope):
-            r = available[name]
-            if self.known.get(name) == r.version or self._nacked.get(name) == r.version:
-                continue
-            to_send.append(r)
-        removed = [n for n in sorted(self.known) if n not in available and self.wants(n)]
-        # Names the node asked for that do not exist: say so once, so it stops waiting for them.
-        absent = sorted(
-            n for n in self.names if n not in available and n not in self.known and n not in self._absent_told
-        )
+        whole = available if isinstance(available, ResourceSet) else None
+        if whole is not None and self._basis is not None:
+            to_send, removed, absent = self._moved(whole, self._basis)
+        else:
+            to_send, removed, absent = self._compared(available)
+        self._basis = whole
         # A wildcard stream that claimed nothing and was sent nothing is owed its first answer.
         owed = self._sent_nonce is None and self.wildcard and not self._claimed
         if not to_send and not removed and not absent and not owed:
@@ -250,7 +262,8 @@ class DeltaSubscription:
             if n in self.names:
                 self._absent_told.add(n)  # told, as an absent name is: not again while it is gone
         self._absent_told.update(absent)
-        resources, gone = tuple(to_send), tuple(removed + absent)
+        resources = to_send if isinstance(to_send, tuple) else tuple(to_send)
+        gone = tuple(removed + absent)
         nonce = self._sent_nonce = self._nonces.next()
         self.sent_version = _version_of(available)
         self._in_flight[nonce] = (self.sent_version, resources, gone)
@@ -258,3 +271,39 @@ class DeltaSubscription:
             del self._in_flight[next(iter(self._in_flight))]
             self._untracked = True
         return Push(self.type_url, self.sent_version, nonce, resources, gone)
+
+    def _compared(self, available: Mapping[str, Resource]) -> tuple[Sequence[Resource], list[str], list[str]]:
+        """What to send, tell removed and tell absent: every watched name compared with what the
+        node holds."""
+        offered = available.keys()
+        scope = offered if self.wildcard else self.names & offered
+        known, nacked = self.known, self._nacked
+        to_send: Sequence[Resource] = [
+            r
+            for name in sorted(scope)
+            if known.get(name) != (r := available[name]).version and nacked.get(name) != r.version
+        ]
+        if isinstance(available, ResourceSet) and len(to_send) == len(available):
+            to_send = available.ordered  # the set's own tuple: encoded once for every stream sent it
+        removed = [n for n in sorted(known) if n not in offered and self.wants(n)]
+        # Names the node asked for that do not exist: say so once, so it stops waiting for them.
+        absent = sorted(n for n in self.names if n not in offered and n not in known and n not in self._absent_told)
+        return to_send, removed, absent
+
+    def _moved(self, whole: ResourceSet, basis: ResourceSet) -> tuple[Sequence[Resource], list[str], list[str]]:
+        """As `_compared`, for a node in step with `basis`: only what differs between the sets
+        can differ from what the node holds. All of it, most often: then the very tuple every
+        stream making the move is given, whose bytes are encoded once."""
+        known, nacked = self.known, self._nacked
+        fresh = whole.changed_since(basis)
+        to_send: Sequence[Resource] = [
+            r
+            for r in fresh
+            if self.wants(r.name) and known.get(r.name) != r.version and nacked.get(r.name) != r.version
+        ]
+        if len(to_send) == len(fresh):
+            to_send = fresh
+        gone = whole.gone_since(basis)
+        removed = [n for n in gone if n in known and self.wants(n)]
+        absent = [n for n in gone if n in self.names and n not in known and n not in self._absent_told]
+        return to_send, removed, absent

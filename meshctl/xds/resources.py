@@ -77,8 +77,8 @@ class ResourceSet(Mapping[str, Resource]):
         #: the resources sorted by name, as a state-of-the-world response lists them
         self.ordered = tuple(self._by_name[n] for n in sorted(self._by_name))
         self.version = _sorted_set_version(self.ordered)
-        #: older set version -> (what changed since it, whether this set names all it named)
-        self._changes: dict[str, tuple[tuple[Resource, ...], bool]] = {}
+        #: older set version -> (what changed since it, the names it had that this set lacks)
+        self._changes: dict[str, tuple[tuple[Resource, ...], tuple[str, ...]]] = {}
 
     def changed_since(self, older: ResourceSet) -> tuple[Resource, ...]:
         """The resources of this set that `older` lacks or holds at another version, by name.
@@ -89,21 +89,27 @@ class ResourceSet(Mapping[str, Resource]):
         its names and versions, so it is the key."""
         return self._move(older)[0]
 
-    def covers(self, older: ResourceSet) -> bool:
-        """Whether this set names every resource `older` names (remembered as `changed_since`)."""
+    def gone_since(self, older: ResourceSet) -> tuple[str, ...]:
+        """The names `older` has and this set lacks, sorted (remembered as `changed_since`)."""
         return self._move(older)[1]
 
-    def _move(self, older: ResourceSet) -> tuple[tuple[Resource, ...], bool]:
+    def covers(self, older: ResourceSet) -> bool:
+        """Whether this set names every resource `older` names (remembered as `changed_since`)."""
+        return not self._move(older)[1]
+
+    def _move(self, older: ResourceSet) -> tuple[tuple[Resource, ...], tuple[str, ...]]:
         found = self._changes.get(older.version)
         if found is None:
             before, now = older._by_name, self._by_name
             changed = tuple(r for r in self.ordered if (o := before.get(r.name)) is None or o.version != r.version)
             if len(changed) == len(self.ordered):
                 changed = self.ordered
-            covers = len(before) <= len(now) and all(n in now for n in before)
+            gone: tuple[str, ...] = ()
+            if not (len(before) <= len(now) and all(n in now for n in before)):
+                gone = tuple(r.name for r in older.ordered if r.name not in now)
             while len(self._changes) >= _CHANGES_KEPT:
                 del self._changes[next(iter(self._changes))]
-            found = self._changes[older.version] = (changed, covers)
+            found = self._changes[older.version] = (changed, gone)
         return found
 
     def __getitem__(self, name: str) -> Resource:
