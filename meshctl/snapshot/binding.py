@@ -39,7 +39,7 @@ from meshctl.config.model import Config
 from meshctl.errors import BindingError
 from meshctl.logs import untrusted
 from meshctl.registry.model import Endpoint, Service
-from meshctl.registry.serviceentry import GROUP_ANNOTATION
+from meshctl.registry.workloads import GROUP_ANNOTATION
 from meshctl.snapshot.collectors import Collector, resolve_collector
 from meshctl.snapshot.envoy_filters import select_envoy_filters
 from meshctl.snapshot.interception import InterceptionMode, dns_settings

@@ -4,6 +4,12 @@ Without them, generating one proxy's config on a mesh of a thousand services sca
 DestinationRule for every service and every known host for every short name: seconds per proxy.
 The index resolves each rule's hosts once, files DestinationRules under their exact hosts (a
 wildcard rule is kept apart and matched on demand), and remembers `exportTo` as a set.
+
+Each snapshot's index starts from the one before: what it carries over, and when, is decided
+here. What it computes lives apart as pure functions: what of a proxy generation can read
+(`snapshot/proxy_inputs.py`), which hosts differ between two service models
+(`snapshot/model_changes.py`), endpoints by address (`snapshot/addresses.py`) and
+WorkloadEntries by address (`snapshot/entries.py`).
 """
 
 from __future__ import annotations
@@ -13,48 +19,22 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from meshctl.config.hosts import host_matches, is_short_name
-from meshctl.config.labels import selector_labels
 from meshctl.config.mesh import MeshSettings
 from meshctl.config.model import Config, ConfigKey
 from meshctl.config.references import is_exported
-from meshctl.registry.model import (
-    Endpoint,
-    Resolution,
-    Service,
-    ServiceModel,
-    TrafficDistribution,
-    patched_hosts,
-)
+from meshctl.registry.model import Endpoint, Service, ServiceModel, TrafficDistribution, patched_hosts
+from meshctl.snapshot import model_changes, proxy_inputs
+from meshctl.snapshot.addresses import ByAddress, endpoints_by_address
 from meshctl.snapshot.entries import EntriesByAddress
 from meshctl.snapshot.loopback import allocate_services, wants_loopback
+from meshctl.snapshot.model_changes import touch_none
+from meshctl.snapshot.proxy_inputs import DNS_RESOLUTIONS, LabelSelector
 
 T = TypeVar("T")
-
-#: A label selector as sorted (key, value) pairs: hashable, so it can be part of a cache key.
-LabelSelector = tuple[tuple[str, str], ...]
-
-
-_DNS = frozenset({Resolution.DNS, Resolution.DNS_ROUND_ROBIN})
-#: Past this many changed services, the lookup by address is built anew rather than updated.
-_INCREMENTAL_HOSTS = 64
 
 
 def _spec(config: Config) -> Any:
     return config.spec
-
-
-def _names_failover_priority(rule: Any) -> bool:
-    """Whether a DestinationRule sets a failoverPriority anywhere (its policy, a port's, a
-    subset's). Unset fields are tested, never read: reading one would grow the message."""
-    owners = [rule, *rule.subsets]
-    policies = [o.traffic_policy for o in owners if o.HasField("traffic_policy")]
-    policies += [p for policy in list(policies) for p in policy.port_level_settings]
-    return any(
-        p.HasField("load_balancer")
-        and p.load_balancer.HasField("locality_lb_setting")
-        and bool(p.load_balancer.locality_lb_setting.failover_priority)
-        for p in policies
-    )
 
 
 def _prefers_close(service: Service) -> bool:
@@ -62,20 +42,7 @@ def _prefers_close(service: Service) -> bool:
 
 
 def _is_dns_or_loopback(service: Service) -> bool:
-    return service.resolution in _DNS or wants_loopback(service)
-
-
-def _touch_none(before: ServiceModel, after: ServiceModel, test: Callable[[Service], bool]) -> bool:
-    """Whether `after` is known to be patched from `before` on hosts none of whose services,
-    before or after, passes `test` (what depends on those services alone is then the same)."""
-    touched = patched_hosts(before, after)
-    if touched is None:
-        return False
-    for host in touched:
-        for service in (before.services.get(host), after.services.get(host)):
-            if service is not None and test(service):
-                return False
-    return True
+    return service.resolution in DNS_RESOLUTIONS or wants_loopback(service)
 
 
 def _short_key(host: str) -> tuple[str, str] | None:
@@ -134,7 +101,7 @@ class SnapshotIndex:
         self._dns: bool | None = None
         self._label_failover: bool | None = None
         self._loopback: Mapping[str, str] | None = None
-        self._by_address: dict[str, list[tuple[Service, Endpoint]]] | None = None
+        self._by_address: ByAddress | None = None
         self._previous = previous
 
         def same(*kinds: str) -> bool:
@@ -151,7 +118,7 @@ class SnapshotIndex:
         self._short: dict[tuple[str, str], list[str]]
         #: the short names the rules' hosts were resolved through: what `_index_rules` read of `_short`
         self._short_asked: set[tuple[str, str]] = set()
-        moved = self._hosts_moved(previous, services)
+        moved = model_changes.hosts_moved(previous._services, services) if previous is not None else None
         if previous is not None and moved is not None:
             self._short = previous._short if not moved else _short_names_updated(previous._short, moved, services)
         else:
@@ -186,7 +153,7 @@ class SnapshotIndex:
         if previous is not None and same("AuthorizationPolicy", "RequestAuthentication"):
             self._policy_selectors = previous._policy_selectors
         if previous is not None and (
-            previous._services is services or _touch_none(previous._services, services, _is_dns_or_loopback)
+            previous._services is services or touch_none(previous._services, services, _is_dns_or_loopback)
         ):
             # The same services, or a patch that touched none resolved by DNS or given an address.
             self._dns = previous._dns
@@ -195,7 +162,7 @@ class SnapshotIndex:
         same_locality = previous is not None and previous._mesh.locality_lb_setting == mesh.locality_lb_setting
         if (
             previous is not None
-            and (previous._services is services or _touch_none(previous._services, services, _prefers_close))
+            and (previous._services is services or touch_none(previous._services, services, _prefers_close))
             and same("DestinationRule")
             and same_locality
         ):
@@ -253,22 +220,6 @@ class SnapshotIndex:
         #: hostnames `scoped_services` went through: the mesh's on a pass, the changed ones after
         #: a patch of the model (for the tests)
         self.hosts_walked = 0
-
-    @staticmethod
-    def _hosts_moved(previous: SnapshotIndex | None, services: ServiceModel) -> set[str] | None:
-        """The hostnames added or removed since `previous`, when few are known to be (the model
-        patched from the one before, or the same hostnames); None: build the name lookups anew."""
-        if previous is None:
-            return None
-        before = previous._services
-        if before is services:
-            return set()
-        touched = patched_hosts(before, services)
-        if touched is None:
-            return set() if before.services.keys() == services.services.keys() else None
-        if len(touched) > _INCREMENTAL_HOSTS:
-            return None
-        return {host for host in touched if (host in before.services) != (host in services.services)}
 
     def _index_rules(self, by_kind: Mapping[str, tuple[Config, ...]]) -> None:
         self.export = {}
@@ -414,64 +365,30 @@ class SnapshotIndex:
         return self._entries.first.get((namespace, address))
 
     def label_selectors(self) -> tuple[LabelSelector, ...]:
-        """Every distinct non-empty label selector that generation tests a proxy's labels
-        against: Sidecar and DestinationRule workload selectors, Gateway selectors and the
-        `sourceLabels` of VirtualService matches. A proxy's labels reach its outbound config only
-        through these tests, so proxies that match the same selectors share that config
-        (`OutboundProxy`) whatever their other labels."""
+        """The selectors generation tests a proxy's labels against (`proxy_inputs.label_selectors`)."""
         if self._selectors is None:
-            found: dict[LabelSelector, None] = {}
-
-            def add(labels: Mapping[str, str]) -> None:
-                if labels:
-                    found.setdefault(tuple(sorted(labels.items())), None)
-
-            for config in self._by_kind.get("Sidecar", ()):
-                add(selector_labels(_spec(config)))
-            for config in self._by_kind.get("DestinationRule", ()):
-                add(selector_labels(_spec(config)))
-            for config in self._by_kind.get("Gateway", ()):
-                add(_spec(config).selector)
-            for config in self._by_kind.get("VirtualService", ()):
-                spec = _spec(config)
-                for route in (*spec.http, *spec.tcp, *spec.tls):
-                    for match in route.match:
-                        add(match.source_labels)
-            self._selectors = tuple(found)
+            self._selectors = proxy_inputs.label_selectors(self._by_kind)
         return self._selectors
 
     def policy_selectors(self) -> tuple[LabelSelector, ...]:
-        """The label selectors of AuthorizationPolicies and RequestAuthentications: a gateway
-        enforces those that select it in its listeners, so they are part of its outbound key
-        (a sidecar's are inbound config, keyed by its inbound view)."""
+        """The selectors of the policies a gateway enforces (`proxy_inputs.policy_selectors`)."""
         if self._policy_selectors is None:
-            found: dict[LabelSelector, None] = {}
-            for kind in ("AuthorizationPolicy", "RequestAuthentication"):
-                for config in self._by_kind.get(kind, ()):
-                    body = _spec(config)
-                    if body.HasField("selector") and body.selector.match_labels:
-                        found.setdefault(tuple(sorted(body.selector.match_labels.items())), None)
-            self._policy_selectors = tuple(found)
+            self._policy_selectors = proxy_inputs.policy_selectors(self._by_kind)
         return self._policy_selectors
 
     @property
     def has_dns_services(self) -> bool:
-        """Whether any service resolves by DNS: only such clusters carry endpoints in CDS, the
-        one place a proxy's own locality shapes its outbound config (locality priorities)."""
+        """Whether a proxy's locality can shape its outbound config (`proxy_inputs.has_dns_services`)."""
         if self._dns is None:
-            self._dns = any(s.resolution in _DNS for s in self._services.services.values())
+            self._dns = proxy_inputs.has_dns_services(self._services.services.values())
         return self._dns
 
     @property
     def has_label_failover(self) -> bool:
-        """Whether anything asks for failover by labels (a `failoverPriority` in a
-        DestinationRule or the mesh's locality setting, a service's traffic distribution): only
-        then does a proxy's EDS depend on its labels and network, not just its locality."""
+        """Whether a proxy's labels and network can shape its EDS (`proxy_inputs.has_label_failover`)."""
         if self._label_failover is None:
-            self._label_failover = (
-                bool(self._mesh.locality_default().failover_priority)
-                or any(s.traffic_distribution is not TrafficDistribution.ANY for s in self._services.services.values())
-                or any(_names_failover_priority(_spec(c)) for c in self._by_kind.get("DestinationRule", ()))
+            self._label_failover = proxy_inputs.has_label_failover(
+                self._mesh, self._services.services.values(), self._by_kind.get("DestinationRule", ())
             )
         return self._label_failover
 
@@ -494,29 +411,7 @@ class SnapshotIndex:
         found = self._changed.get(id(before))
         if found is not None and found[0] is before:
             return found[1]
-        now = self._services
-        was, cur = before.services, now.services
-        out: set[str] = set()
-        if before is not now:
-            # A model patched from `before` names the only hosts that may differ.
-            patched = patched_hosts(before, now)
-            for host in patched if patched is not None else was.keys() | cur.keys():
-                a, b = was.get(host), cur.get(host)
-                if a is not b and a != b:
-                    out.add(host)
-                    continue
-                if b is None:
-                    continue
-                ea, eb = before.endpoints.get(host, ()), now.endpoints.get(host, ())
-                if ea is eb:
-                    continue
-                carried = b.resolution is not Resolution.STATIC  # its endpoints are in CDS or LDS
-                if (carried and ea != eb) or before.identities(host) != now.identities(host):
-                    out.add(host)
-        loopback = self.loopback
-        if loopback is not before_loopback:
-            out.update(h for h in before_loopback.keys() | loopback.keys() if before_loopback.get(h) != loopback.get(h))
-        result = frozenset(out)
+        result = model_changes.changed_hosts(before, self._services, before_loopback, self.loopback)
         self._changed[id(before)] = (before, result)
         return result
 
@@ -526,17 +421,7 @@ class SnapshotIndex:
         found = self._endpoints_changed.get(id(before))
         if found is not None and found[0] is before:
             return found[1]
-        now = self._services
-        out: set[str] = set()
-        if before is not now:
-            was, cur = before.services, now.services
-            patched = patched_hosts(before, now)
-            for host in patched if patched is not None else was.keys() | cur.keys():
-                a, b = was.get(host), cur.get(host)
-                ea, eb = before.endpoints.get(host, ()), now.endpoints.get(host, ())
-                if (a is not b and a != b) or (ea is not eb and ea != eb):
-                    out.add(host)
-        result = frozenset(out)
+        result = model_changes.endpoints_changed(before, self._services)
         self._endpoints_changed[id(before)] = (before, result)
         return result
 
@@ -555,49 +440,13 @@ class SnapshotIndex:
         """Every (service, endpoint) whose endpoint has `address`, by service hostname: how a
         proxy finds the services its workload serves without scanning every endpoint."""
         if self._by_address is None:
-            self._by_address = self._addresses()
+            previous = self._previous
+            if previous is None or previous._by_address is None:
+                self._by_address = endpoints_by_address(self._services)
+            else:
+                self._by_address = endpoints_by_address(self._services, previous._services, previous._by_address)
             self._previous = None  # taken over what it could; not kept alive any longer
         return self._by_address.get(address, [])
-
-    def _addresses(self) -> dict[str, list[tuple[Service, Endpoint]]]:
-        """The lookup by address; from the previous index's, where only some services changed
-        (an endpoint added or removed), by redoing the addresses of those services alone."""
-        model = self._services
-        previous = self._previous
-        old = previous._by_address if previous is not None else None
-        if previous is None or old is None:
-            by_address: dict[str, list[tuple[Service, Endpoint]]] = defaultdict(list)
-            for host in sorted(model.services):
-                for ep in model.endpoints_of(host):
-                    by_address[ep.address].append((model.services[host], ep))
-            return by_address
-        before = previous._services
-        changed = {
-            host
-            for host in patched_hosts(before, model) or before.services.keys() | model.services.keys()
-            if before.services.get(host) is not model.services.get(host)
-            or before.endpoints.get(host) is not model.endpoints.get(host)
-        }
-        if not changed:
-            return old
-        if len(changed) > _INCREMENTAL_HOSTS:
-            self._previous = None
-            return self._addresses()
-        touched = {ep.address for host in changed for ep in before.endpoints_of(host)}
-        touched.update(ep.address for host in changed for ep in model.endpoints_of(host))
-        by_address = dict(old)
-        for address in touched:
-            kept = [(s, ep) for s, ep in old.get(address, ()) if s.hostname not in changed]
-            for host in changed:
-                service = model.services.get(host)
-                if service is not None:
-                    kept.extend((service, ep) for ep in model.endpoints_of(host) if ep.address == address)
-            kept.sort(key=lambda pair: pair[0].hostname)
-            if kept:
-                by_address[address] = kept
-            else:
-                by_address.pop(address, None)
-        return by_address
 
 
 def _hostname(service: Service) -> str:
