@@ -5,11 +5,12 @@ writing a temporary file and renaming it over the original, tools rewrite many f
 inotify drops events when its queue overflows, and a watched directory can be deleted and
 recreated. So events are debounced: the reload runs once things have been quiet for `debounce`
 seconds, or `max_delay` seconds after the first event at the latest, so a writer that never stops
-still gets its changes applied (when to reload, and what, is decided in `reload_schedule`). A reload after file events reads only the files they named
-(plus the files held back as still being written, and the files that are links, since what a
-link leads to can change with no event about its name), and updates the store with what those
-files change (`ConfigStore.update`), so an edit costs the same in a tree of ten files or of
-twenty thousand. A burst of edits is one change.
+still gets its changes applied (when to reload, and what, is decided in `reload_schedule`). A
+reload after file events reads only the files they named (plus the files held back as still
+being written, and the files that are links, since what a link leads to can change with no event
+about its name), and updates the store with what those files change (`ConfigStore.update`), so
+an edit costs the same in a tree of ten files or of twenty thousand. A burst of edits is one
+change.
 
 A full pass walks the whole tree and re-reads every file whose stat signature changed, and
 hands the store the complete new set (`replace_all`). It runs at start, on `reload_now`
@@ -96,9 +97,10 @@ from meshctl.config.paths import (
     stat_signature,
     walk_key,
 )
+from meshctl.config.reload_report import ReloadLog, ReloadResult
 from meshctl.config.reload_schedule import ReloadSchedule
 from meshctl.config.scan import Cached, Position, Scan
-from meshctl.config.store import ConfigChange, ConfigStore, EventKind, FileStatus
+from meshctl.config.store import ConfigStore, FileStatus
 from meshctl.config.watches import Watches
 from meshctl.errors import ConfigError
 
@@ -138,23 +140,6 @@ class WatchOptions:
                 f" retry_interval={self.retry_interval}s, settle={self.settle}s, resync_period={self.resync_period}s"
                 " (need 0 <= debounce <= max_delay, retry > 0, settle >= 0, resync_period >= 0)"
             )
-
-
-@dataclass(frozen=True, slots=True)
-class ReloadResult:
-    """What one reload did: the change applied (None when nothing changed), every error still
-    standing, how many files were parsed or reused unchanged from the previous reload, and the
-    files held back as still being written (they keep what the reload before had from them)."""
-
-    change: ConfigChange | None
-    errors: tuple[Finding, ...]
-    parsed: int = 0
-    reused: int = 0
-    deferred: tuple[str, ...] = ()
-    #: A full pass over the tree, or a reload of the paths file events named (and `looked_at`:
-    #: how many files it looked at).
-    full: bool = True
-    looked_at: int = 0
 
 
 class _EventSink(ev.FileSystemEventHandler):
@@ -214,8 +199,7 @@ class DirectoryWatcher:
         self._links: set[str] = set()
         self._counts: list[int] = []
         self._merged: MergedFiles | None = None
-        self._reported: dict[str, frozenset[str]] = {}
-        self._failing: set[str] = set()
+        self._log = ReloadLog(self._roots, store)
         self._watches = Watches(self._roots, _EventSink(self), self._schedule.note_lost_events, o.retry_interval)
         self._thread: threading.Thread | None = None
 
@@ -335,7 +319,7 @@ class DirectoryWatcher:
         if self._parse_cache is not None:
             self._parse_cache.settle(scan.order)
         self._schedule.reloaded(scan.retry_at, degraded=degraded)
-        errors = self._log_outcome(change, files, full=True)
+        errors = self._log.outcome(change, files, full=True)
         return ReloadResult(change, errors, scan.parsed, scan.reused, tuple(scan.deferred), True, len(scan.order))
 
     def _reload_paths(self, dirty: set[str]) -> ReloadResult | None:
@@ -397,7 +381,7 @@ class DirectoryWatcher:
                 self._links.discard(path)
         self._deferred, self._counts = scan.deferred, counts
         self._schedule.reloaded(scan.retry_at)
-        errors = self._log_outcome(change, files, full=False)
+        errors = self._log.outcome(change, files, full=False)
         return ReloadResult(change, errors, scan.parsed, scan.reused, tuple(scan.deferred), False, len(looked))
 
     def _configs_of(self, path: str) -> Sequence[Config]:
@@ -499,37 +483,3 @@ class DirectoryWatcher:
         settle = max(self._options.debounce, self._options.settle)
         max_delay, writing = self._options.max_delay, self._schedule.open_for_writing
         return scan.hold(path, read, now_ns, settle=settle, max_delay=max_delay, open_for_writing=writing, moved=moved)
-
-    def _log_outcome(
-        self, change: ConfigChange | None, files: Mapping[str, FileStatus | None], *, full: bool
-    ) -> tuple[Finding, ...]:
-        """Log each problem once, when it appears, and say when a path's errors are gone; a
-        reload that finds the same broken file again stays quiet. `files` are the statuses the
-        reload set (None: dropped); after a full pass, every path not in it is dropped too.
-        Returns every error still standing."""
-        changed: dict[str, FileStatus | None] = dict(files)
-        if full:
-            changed.update((path, None) for path in self._reported.keys() - files.keys())
-        for path, status in changed.items():
-            findings = status.findings if status is not None else ()
-            said = self._reported.get(path, frozenset())
-            for finding in findings:
-                if str(finding) not in said:
-                    logger.log(logging.ERROR if finding.severity is Severity.ERROR else logging.WARNING, "%s", finding)
-            if findings:
-                self._reported[path] = frozenset(str(f) for f in findings)
-            else:
-                self._reported.pop(path, None)
-        now_ok = sorted(p for p, s in changed.items() if p in self._failing and (s is None or s.ok))
-        for path in now_ok:
-            logger.info("%s: no errors any more", path)
-        self._failing.difference_update(now_ok)
-        self._failing.update(p for p, s in changed.items() if s is not None and not s.ok)
-        if change is not None:
-            counts = [sum(e.kind is kind for e in change.events) for kind in EventKind]
-            message = "config revision %d from %s: %d created, %d updated, %d deleted"
-            logger.info(message, change.revision, ", ".join(self._roots), *counts)
-        if full:
-            return tuple(f for s in files.values() if s is not None for f in s.findings if f.severity is Severity.ERROR)
-        standing = self._store.file_status()
-        return tuple(f for p in sorted(self._failing) if p in standing for f in standing[p].errors)

@@ -53,9 +53,9 @@ from meshctl.config.findings import Finding, Severity
 from meshctl.config.loader import FileResult, LoadOptions, load_bytes, merge_files
 from meshctl.config.merged import MergedFiles
 from meshctl.config.model import Config
+from meshctl.config.reload_report import ReloadResult
 from meshctl.config.scan import Position
 from meshctl.config.store import ConfigChange, ConfigStore, EventKind, FileStatus
-from meshctl.config.watcher import ReloadResult
 from meshctl.errors import RegistryError, UsageError
 from meshctl.registry.consul_http import OVERSIZED, ConsulConnection, ConsulOptions, ConsulReply
 from meshctl.registry.consul_watch import BlockingQuery
