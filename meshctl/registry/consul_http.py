@@ -141,11 +141,13 @@ def describe_error(exc: BaseException) -> str:
 
 
 class ConnectionAborted(Exception):
-    """The connection was shut down by `stop()`."""
+    """The connection was cut by `ConsulConnection.abort()` (a watch being stopped)."""
 
 
 @dataclass(frozen=True, slots=True)
 class ConsulReply:
+    """One answer of Consul: its status, headers (names in lower case) and body."""
+
     status: int
     headers: Mapping[str, str]
     body: bytes
