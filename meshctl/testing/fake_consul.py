@@ -14,7 +14,7 @@
   included, as Consul's tombstones make it); `PUT /v1/kv/KEY` (`?cas=`, `?flags=`), `DELETE
   /v1/kv/KEY` (`?recurse`, `?cas=`), and `PUT /v1/txn` with the KV verbs set, cas, get, delete,
   delete-cas and check-index: all-or-nothing at one index, at most 64 operations, and Consul's
-  409 with `{"Errors": [{"OpIndex", "What"}]}` when one fails;
+  409 with `{"Errors": [{"OpIndex", "What"}]}` when one fails (`meshctl.testing.fake_consul_kv`);
 - sessions, `?acquire=` and `?release=` on KV writes, and the `lock` and `unlock` transaction
   verbs, with TTLs, lock delays and the release and delete behaviours
   (`meshctl.testing.fake_consul_sessions`);
@@ -29,7 +29,6 @@ an outage and a recovery), `set_index()` (indexes go backwards, as after a snaps
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import re
@@ -45,14 +44,13 @@ from typing import Any, Final
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from meshctl.testing.fake_consul_catalog import CatalogMixin
-from meshctl.testing.fake_consul_kv import KvOpFailed, field, kv_json, kv_op
+from meshctl.testing.fake_consul_kv import KvMixin, kv_json
 from meshctl.testing.fake_consul_sessions import ConsulAPIError, SessionsMixin, SessionTable, route_session
 
 _MAX_WAIT: Final = 600.0
 _DEFAULT_WAIT: Final = 300.0
 _UNITS: Final = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
-_TXN_MAX_OPS: Final = 64  # Consul's limit on operations in one transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +61,7 @@ class RecordedRequest:
     token: str
 
 
-class FakeConsul(CatalogMixin, SessionsMixin):
+class FakeConsul(CatalogMixin, KvMixin, SessionsMixin):
     """A Consul agent's catalog and health API on 127.0.0.1; use as a context manager."""
 
     def __init__(
@@ -175,73 +173,7 @@ class FakeConsul(CatalogMixin, SessionsMixin):
         with self._cond:
             return self._in_flight.get(path, 0)
 
-    # --- the KV store -----------------------------------------------------------------------
-
-    def kv_put(self, key: str, value: bytes, *, cas: int | None = None, flags: int = 0) -> bool:
-        """`PUT /v1/kv/KEY` without HTTP; False when `cas` does not match (0: only a new key)."""
-        return self.txn([{"KV": {"Verb": "set" if cas is None else "cas", "Key": key, "Flags": flags,
-                                 "Value": base64.b64encode(value).decode(), "Index": cas or 0}}],
-                        raise_on_failure=False) is not None  # fmt: skip
-
-    def kv_delete(self, key: str, *, recurse: bool = False, cas: int | None = None) -> bool:
-        """`DELETE /v1/kv/KEY` without HTTP; False when `cas` does not match."""
-        verb = "delete-tree" if recurse else "delete" if cas is None else "delete-cas"
-        return self.txn([{"KV": {"Verb": verb, "Key": key, "Index": cas or 0}}], raise_on_failure=False) is not None
-
-    def kv_get(self, key: str) -> bytes | None:
-        with self._cond:
-            entry = self._kv.get(key)
-            return None if entry is None else bytes(entry["Value"])
-
-    def kv_keys(self, prefix: str = "") -> list[str]:
-        with self._cond:
-            return sorted(k for k in self._kv if k.startswith(prefix))
-
-    def txn(self, ops: list[Any], *, raise_on_failure: bool = True) -> list[dict[str, Any]] | None:
-        """`PUT /v1/txn`'s KV verbs, all or nothing at one index: the results, or (when an
-        operation fails) a ConsulAPIError of 409 with Consul's body, or None without raising."""
-        if not isinstance(ops, list):
-            raise ConsulAPIError(400, "Failed to parse body: expected a list of operations")
-        if len(ops) > _TXN_MAX_OPS:
-            raise ConsulAPIError(413, f"Transaction contains too many operations ({len(ops)} > {_TXN_MAX_OPS})")
-        with self._cond:
-            kv, tombstones = dict(self._kv), dict(self._kv_tombstones)
-            index = self._index + 1
-            results: list[dict[str, Any]] = []
-            errors: list[dict[str, Any]] = []
-            wrote = False
-            for number, op in enumerate(ops):
-                body = field(op, "KV") if isinstance(op, Mapping) else None
-                if not isinstance(body, Mapping):
-                    raise ConsulAPIError(400, f"operation {number}: only KV operations are supported here")
-                try:
-                    result, changed = kv_op(kv, tombstones, body, index, self.sessions)
-                except KvOpFailed as exc:
-                    errors.append({"OpIndex": number, "What": str(exc)})
-                    continue
-                wrote = wrote or changed
-                if result is not None:
-                    results.append({"KV": result})
-            if errors:
-                if raise_on_failure:
-                    raise ConsulAPIError(409, json.dumps({"Results": None, "Errors": errors}))
-                return None
-            if wrote:
-                self._kv, self._kv_tombstones = kv, tombstones
-                self._index = self._kv_index = index
-                self._cond.notify_all()
-            return results
-
-    def _kv_index_of(self, key: str, recurse: bool) -> int:
-        """A KV read's index: the highest ModifyIndex under it, deletions included; the KV
-        table's index when nothing was ever there."""
-        if recurse:
-            found = [e["ModifyIndex"] for k, e in self._kv.items() if k.startswith(key)]
-            found += [i for k, i in self._kv_tombstones.items() if k.startswith(key)]
-        else:
-            found = [self._kv[key]["ModifyIndex"]] if key in self._kv else []
-            found += [self._kv_tombstones[key]] if key in self._kv_tombstones else []
-        return max(found, default=0) or self._kv_index
+    # --- blocking reads ---------------------------------------------------------------------
 
     def _kv_read(
         self, handler: _Handler, key: str, query: Mapping[str, str]
@@ -252,7 +184,7 @@ class FakeConsul(CatalogMixin, SessionsMixin):
         deadline = time.monotonic() + (_duration(query.get("wait", "")) if index else 0.0)
         with self._cond:
             epoch, generation = self._epoch, handler.generation
-            while not self.zero_index and self._kv_index_of(key, recurse) <= index and epoch == self._epoch:
+            while not self.zero_index and self.kv_index_of(key, recurse) <= index and epoch == self._epoch:
                 if self._reap_sessions():
                     continue
                 remaining = deadline - time.monotonic()
@@ -263,9 +195,7 @@ class FakeConsul(CatalogMixin, SessionsMixin):
                 return None
             keys = sorted(k for k in self._kv if k.startswith(key)) if recurse else [key] if key in self._kv else []
             entries = [dict(self._kv[k]) for k in keys]
-            return (0 if self.zero_index else max(self._kv_index_of(key, recurse), 1)), entries
-
-    # --- reads ------------------------------------------------------------------------------
+            return (0 if self.zero_index else max(self.kv_index_of(key, recurse), 1)), entries
 
     def _blocking_read(self, handler: _Handler, path: str, query: Mapping[str, str]) -> tuple[int, object] | None:
         """Hold until the data changes past `index` or `wait` passes; None if the server stopped
