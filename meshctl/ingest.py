@@ -20,8 +20,9 @@ from meshctl.config.findings import Finding, Severity, sort_findings
 from meshctl.config.loader import LoadOptions
 from meshctl.config.model import Config, ConfigKey
 from meshctl.config.parse_cache import ParseCache
+from meshctl.config.reload_report import ReloadResult
 from meshctl.config.store import ConfigStore
-from meshctl.config.watcher import DirectoryWatcher, ReloadResult, WatchOptions
+from meshctl.config.watcher import DirectoryWatcher, WatchOptions
 from meshctl.registry.files import FileRegistry
 from meshctl.registry.model import ServiceModel
 from meshctl.registry.serviceentry import build_file_model

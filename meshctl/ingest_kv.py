@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from meshctl.config.loader import LoadOptions
+from meshctl.config.reload_report import ReloadResult
 from meshctl.config.store import ConfigStore
-from meshctl.config.watcher import ReloadResult
 from meshctl.kv.source import KvLocation, KvWatcher
 from meshctl.registry.files import FileRegistry
 

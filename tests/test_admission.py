@@ -12,7 +12,7 @@ import grpc
 import pytest
 from conftest import PRODUCTPAGE, examples_copy
 
-from meshctl.registry.consul import ConsulOptions
+from meshctl.registry.consul_http import ConsulOptions
 from meshctl.server.admission import NOT_READY
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.envoy import free_port

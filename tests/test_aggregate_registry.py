@@ -11,7 +11,8 @@ import pytest
 from meshctl.config.loader import LoadOptions, load_text
 from meshctl.config.model import Config
 from meshctl.registry.aggregate import AggregateRegistry, merge_models
-from meshctl.registry.consul import ConsulOptions, ConsulRegistry
+from meshctl.registry.consul import ConsulRegistry
+from meshctl.registry.consul_http import ConsulOptions
 from meshctl.registry.files import FileRegistry
 from meshctl.registry.model import RegistryChange, Resolution
 from meshctl.testing.fake_consul import FakeConsul

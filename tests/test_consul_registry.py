@@ -24,15 +24,10 @@ import consul
 import pytest
 
 from meshctl.errors import RegistryError, UsageError
-from meshctl.registry.consul import (
-    CATALOG_PATH,
-    ConsulOptions,
-    ConsulRegistry,
-    health_path,
-    next_index,
-    read_consul_once,
-)
+from meshctl.registry.consul import CATALOG_PATH, ConsulRegistry, health_path, read_consul_once
 from meshctl.registry.consul_convert import ConsulMapping, assemble_model, convert_service
+from meshctl.registry.consul_http import ConsulOptions
+from meshctl.registry.consul_watch import next_index
 from meshctl.registry.model import Health, Protocol, RegistryChange, Resolution
 from meshctl.testing.envoy import free_port
 from meshctl.testing.fake_consul import FakeConsul

@@ -21,7 +21,7 @@ from conftest import PRODUCTPAGE, examples_copy, needs_envoy
 from test_e2e_serve import CLIENT, NS, Mesh, dynamic_versions, service_entry, wait_for, workload_entry
 
 from meshctl.kv.source import KvLocation
-from meshctl.registry.consul import ConsulOptions
+from meshctl.registry.consul_http import ConsulOptions
 from meshctl.server.admission import EMPTY_MESH_MARKER, NOT_READY
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.backends import send

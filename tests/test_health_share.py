@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from meshctl.registry.consul import ConsulOptions
+from meshctl.registry.consul_http import ConsulOptions
 from meshctl.registry.health import NOT_REPORTED, HealthReports, WorkloadHealth, merge_views
 from meshctl.registry.health_share import HEALTH_PREFIX, ConsulShare, ShareOptions, Views
 from meshctl.registry.model import Health

@@ -25,7 +25,7 @@ from meshctl.config import check as check_module
 from meshctl.errors import RegistryError, UsageError
 from meshctl.kv.push import Current, apply_push, plan_push
 from meshctl.kv.source import normalize_prefix, parse_entries
-from meshctl.registry.consul import ConsulConnection, ConsulOptions
+from meshctl.registry.consul_http import ConsulConnection, ConsulOptions
 from meshctl.testing.fake_consul import FakeConsul
 
 pytest_plugins = ["test_consul_registry"]  # its `kv_backend`: the fake and a real agent

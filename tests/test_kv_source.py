@@ -22,7 +22,7 @@ from meshctl.config.loader import LoadOptions
 from meshctl.config.model import ConfigKey
 from meshctl.config.store import ConfigStore
 from meshctl.kv.source import KvLocation, KvWatcher
-from meshctl.registry.consul import ConsulOptions
+from meshctl.registry.consul_http import ConsulOptions
 from meshctl.server.app import Server
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.fake_consul import FakeConsul

@@ -21,7 +21,7 @@ from google.protobuf.message import Message
 from meshctl.cli.app import app
 from meshctl.errors import UsageError
 from meshctl.kv.source import KvLocation
-from meshctl.registry.consul import ConsulOptions
+from meshctl.registry.consul_http import ConsulOptions
 from meshctl.server.history import DETAILED, FILE_NAME, PushHistory, git_state
 from meshctl.server.rollout import RolloutError
 from meshctl.server.rollout_plan import CanarySelector, RolloutSettings

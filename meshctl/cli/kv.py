@@ -80,7 +80,7 @@ def push(
     from meshctl.errors import ConfigError, UsageError
     from meshctl.kv.push import apply_push, plan_push, read_current
     from meshctl.kv.source import KvLocation
-    from meshctl.registry.consul import ConsulConnection, ConsulOptions
+    from meshctl.registry.consul_http import ConsulConnection, ConsulOptions
 
     if not directory.is_dir():
         raise UsageError(f"{directory}: not a directory")
@@ -154,7 +154,7 @@ def pull(
     from meshctl.errors import UsageError
     from meshctl.kv.push import read_current
     from meshctl.kv.source import KvLocation
-    from meshctl.registry.consul import ConsulConnection, ConsulOptions
+    from meshctl.registry.consul_http import ConsulConnection, ConsulOptions
 
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise UsageError(f"{directory}: not an empty directory (kv pull writes a whole tree, and overwrites nothing)")

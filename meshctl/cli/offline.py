@@ -98,7 +98,8 @@ def load_tree(
 def _read_consul(address: str) -> ServiceModel:
     """Consul's catalog, read once, with Consul's own environment variables (token, TLS) for
     everything but the address, as `meshctl services --consul` reads it."""
-    from meshctl.registry.consul import ConsulOptions, read_consul_once
+    from meshctl.registry.consul import read_consul_once
+    from meshctl.registry.consul_http import ConsulOptions
 
     try:
         options = ConsulOptions.from_env(address=address)

@@ -371,7 +371,7 @@ def serve(
     from meshctl.errors import CredentialError, UsageError
     from meshctl.kv.source import KvLocation
     from meshctl.logs import configure_logging
-    from meshctl.registry.consul import ConsulOptions
+    from meshctl.registry.consul_http import ConsulOptions
     from meshctl.server.app import Server
     from meshctl.server.auth import XdsTls
     from meshctl.server.discovery import DebounceSettings

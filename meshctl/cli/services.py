@@ -19,7 +19,7 @@ from meshctl.cli.exits import reported
 
 if TYPE_CHECKING:
     from meshctl.registry.base import Registry
-    from meshctl.registry.consul import ConsulOptions
+    from meshctl.registry.consul_http import ConsulOptions
     from meshctl.registry.model import Endpoint, RegistryChange, Service, ServiceModel
 
 EXIT_OK, EXIT_INVALID = 0, 1  # usage and Consul errors exit 2, at the CLI's edge (`meshctl.cli.exits`)
@@ -146,7 +146,7 @@ def _consul_options(address: str) -> ConsulOptions:
     """Options for `--consul ADDR`, with Consul's own environment variables for the rest (a
     UsageError names the one that cannot be used)."""
     from meshctl.errors import UsageError
-    from meshctl.registry.consul import ConsulOptions
+    from meshctl.registry.consul_http import ConsulOptions
 
     try:
         return ConsulOptions.from_env(address=address)

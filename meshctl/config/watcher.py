@@ -5,11 +5,12 @@ writing a temporary file and renaming it over the original, tools rewrite many f
 inotify drops events when its queue overflows, and a watched directory can be deleted and
 recreated. So events are debounced: the reload runs once things have been quiet for `debounce`
 seconds, or `max_delay` seconds after the first event at the latest, so a writer that never stops
-still gets its changes applied. A reload after file events reads only the files they named
-(plus the files held back as still being written, and the files that are links, since what a
-link leads to can change with no event about its name), and updates the store with what those
-files change (`ConfigStore.update`), so an edit costs the same in a tree of ten files or of
-twenty thousand. A burst of edits is one change.
+still gets its changes applied (when to reload, and what, is decided in `reload_schedule`). A
+reload after file events reads only the files they named (plus the files held back as still
+being written, and the files that are links, since what a link leads to can change with no event
+about its name), and updates the store with what those files change (`ConfigStore.update`), so
+an edit costs the same in a tree of ten files or of twenty thousand. A burst of edits is one
+change.
 
 A full pass walks the whole tree and re-reads every file whose stat signature changed, and
 hands the store the complete new set (`replace_all`). It runs at start, on `reload_now`
@@ -90,17 +91,17 @@ from meshctl.config.model import Config
 from meshctl.config.parse_cache import JOIN_TIMEOUT, ParseCache
 from meshctl.config.paths import (
     exists,
-    is_doubt,
     is_relevant,
     is_under,
     root_problem,
     stat_signature,
     walk_key,
 )
+from meshctl.config.reload_report import ReloadLog, ReloadResult
+from meshctl.config.reload_schedule import ReloadSchedule
 from meshctl.config.scan import Cached, Position, Scan
-from meshctl.config.store import ConfigChange, ConfigStore, EventKind, FileStatus
+from meshctl.config.store import ConfigStore, FileStatus
 from meshctl.config.watches import Watches
-from meshctl.debounce import Debouncer
 from meshctl.errors import ConfigError
 
 logger = logging.getLogger("meshctl.config.watcher")
@@ -141,23 +142,6 @@ class WatchOptions:
             )
 
 
-@dataclass(frozen=True, slots=True)
-class ReloadResult:
-    """What one reload did: the change applied (None when nothing changed), every error still
-    standing, how many files were parsed or reused unchanged from the previous reload, and the
-    files held back as still being written (they keep what the reload before had from them)."""
-
-    change: ConfigChange | None
-    errors: tuple[Finding, ...]
-    parsed: int = 0
-    reused: int = 0
-    deferred: tuple[str, ...] = ()
-    #: A full pass over the tree, or a reload of the paths file events named (and `looked_at`:
-    #: how many files it looked at).
-    full: bool = True
-    looked_at: int = 0
-
-
 class _EventSink(ev.FileSystemEventHandler):
     """Forwards watchdog's events; runs on watchdog's thread, so the watcher only sets flags."""
 
@@ -194,20 +178,14 @@ class DirectoryWatcher:
         self._options = options or WatchOptions()
         #: The parses of an earlier run, by text (`meshctl.config.parse_cache`); rewritten after full passes.
         self._parse_cache = parse_cache
-        self._cond = threading.Condition()  # guards the scheduling state up to _stale_roots
-        #: The burst of file events not yet reloaded (`meshctl.debounce`).
-        self._burst = Debouncer(self._options.debounce, self._options.max_delay)
-        self._last_reload = 0.0
-        self._degraded = self._stopping = False
-        self._retry_at: float | None = None  # when to look again at files held back as being written
-        self._stale_roots: set[str] = set()
-        #: Files written to since they were last closed, as file events tell (see `_note_writer`).
-        self._open_writes: set[str] = set()
-        #: The paths events named since the last reload, and whether only a full pass can tell
-        #: what they changed (`is_doubt`, lost events); when the last full pass started.
-        self._dirty: set[str] = set()
-        self._doubt = False
-        self._last_full: float | None = None
+        o = self._options
+        self._schedule = ReloadSchedule(
+            self._roots,
+            debounce=o.debounce,
+            max_delay=o.max_delay,
+            retry_interval=o.retry_interval,
+            resync_period=o.resync_period,
+        )
         self._reload_lock = threading.Lock()  # one reload at a time; guards everything below
         self._cache: dict[str, Cached] = {}
         self._good: dict[str, FileResult] = {}
@@ -221,9 +199,8 @@ class DirectoryWatcher:
         self._links: set[str] = set()
         self._counts: list[int] = []
         self._merged: MergedFiles | None = None
-        self._reported: dict[str, frozenset[str]] = {}
-        self._failing: set[str] = set()
-        self._watches = Watches(self._roots, _EventSink(self), self._on_lost_events, self._options.retry_interval)
+        self._log = ReloadLog(self._roots, store)
+        self._watches = Watches(self._roots, _EventSink(self), self._schedule.note_lost_events, o.retry_interval)
         self._thread: threading.Thread | None = None
 
     @property
@@ -235,7 +212,7 @@ class DirectoryWatcher:
         then keep reloading in the background. Returns the first load's result."""
         if self._thread is not None:
             raise RuntimeError("watcher already started")
-        self._stopping = False
+        self._schedule.start()
         self._watches.open(Observer)
         result = self.reload_now()  # arms the watches before reading, so no edit falls in between
         self._thread = threading.Thread(target=self._run, name="meshctl-config-watcher", daemon=True)
@@ -244,9 +221,7 @@ class DirectoryWatcher:
 
     def stop(self) -> None:
         """Stop watching; the store keeps what it has. Safe to call twice."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
+        self._schedule.stop()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -280,11 +255,10 @@ class DirectoryWatcher:
             failed = [FileStatus(r, (Finding(Severity.ERROR, message, r),)) for r in self._roots]
             kept = [s for s in self._store.file_status().values() if s.path not in self._roots]
             self._store.set_file_status([*kept, *failed])
-            with self._cond:
-                self._degraded = True  # try again after retry_interval even if no event comes
+            self._schedule.failed()
             return ReloadResult(None, tuple(f for s in failed for f in s.findings))
 
-    # -- events and scheduling --
+    # -- events --
 
     def _on_event(self, event: ev.FileSystemEvent) -> None:
         paths = [self._watches.as_given(os.fsdecode(event.src_path))]
@@ -293,63 +267,10 @@ class DirectoryWatcher:
         relevant = [p for p in paths if is_relevant(p, self._roots, is_directory=event.is_directory)]
         if not relevant:
             return
-        now = time.monotonic()
-        with self._cond:
-            self._stale_roots.update(p for p in paths if p in self._roots)
-            doubt = any(is_doubt(p, self._roots, is_directory=event.is_directory) for p in relevant)
-            self._doubt = self._doubt or doubt
-            self._dirty.update(relevant)
-            self._note_writer(event, paths)
-            self._burst.note(now)
-            self._cond.notify_all()
-
-    def _on_lost_events(self) -> None:
-        """Events were lost: a full pass, as soon as the debounce allows."""
-        with self._cond:
-            self._doubt = True
-            self._burst.note(time.monotonic())
-            self._cond.notify_all()
-
-    def _note_writer(self, event: ev.FileSystemEvent, paths: list[str]) -> None:
-        """Which files a writer has modified and not closed yet (under `_cond`): a file closed
-        after its last write, or renamed into place, is complete whatever its age."""
-        if event.is_directory:
-            return
-        if isinstance(event, (ev.FileModifiedEvent, ev.FileCreatedEvent)):
-            self._open_writes.add(paths[0])
-        elif isinstance(event, (ev.FileClosedEvent, ev.FileDeletedEvent, ev.FileMovedEvent)):
-            self._open_writes.difference_update(paths)
-
-    def _open_for_writing(self, path: str) -> bool:
-        with self._cond:
-            return path in self._open_writes
-
-    def _next_due(self) -> float | None:
-        burst = self._burst.due()
-        due: list[float] = [burst] if burst is not None else []
-        if self._degraded:
-            due.append(self._last_reload + self._options.retry_interval)
-        if self._retry_at is not None:
-            due.append(self._retry_at)
-        if (resync := self._resync_at()) is not None:
-            due.append(resync)
-        return min(due, default=None)
-
-    def _resync_at(self) -> float | None:
-        """When the next periodic full pass is due (under `_cond`)."""
-        period = self._options.resync_period
-        return None if period <= 0 or self._last_full is None else self._last_full + period
+        self._schedule.note_event(event, paths, relevant)
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._stopping:
-                    due, now = self._next_due(), time.monotonic()
-                    if due is not None and now >= due:
-                        break
-                    self._cond.wait(None if due is None else due - now)
-                if self._stopping:
-                    return
+        while self._schedule.wait():
             try:
                 self._reload_reporting(background=True)
             except Exception:  # _reload_reporting reports its own failures; this thread must outlive anything
@@ -359,31 +280,14 @@ class DirectoryWatcher:
 
     def _reload(self, background: bool) -> ReloadResult:
         with self._reload_lock:
-            with self._cond:
-                # Events from here on are not covered by this reload's reads: they schedule the next.
-                self._burst.take()
-                self._retry_at = None
-                now = self._last_reload = time.monotonic()
-                stale, self._stale_roots = self._stale_roots, set()
-                dirty, self._dirty = self._dirty, set()
-                resync = self._resync_at()
-                full = (
-                    not background
-                    or self._doubt
-                    or self._degraded
-                    or self._watches.observer is None
-                    or self._merged is None
-                    or bool(stale)
-                    or (resync is not None and now >= resync)
-                )
-                self._doubt = False
-            if not full:
-                result = self._reload_paths(dirty)
+            unknown = self._watches.observer is None or self._merged is None
+            reload = self._schedule.begin(background=background, full=unknown)
+            if not reload.full:
+                result = self._reload_paths(reload.dirty)
                 if result is not None:
                     return result
-            with self._cond:
-                self._last_full = now
-            return self._reload_all(background, stale)
+            self._schedule.full_pass_started(reload.now)
+            return self._reload_all(background, reload.stale)
 
     def _reload_all(self, background: bool, stale: set[str]) -> ReloadResult:
         """A full pass: walk every root, re-read what changed, hand the store everything."""
@@ -414,10 +318,8 @@ class DirectoryWatcher:
         self._dirs, self._links, self._counts = scan.dirs, scan.links, scan.counts
         if self._parse_cache is not None:
             self._parse_cache.settle(scan.order)
-        with self._cond:
-            self._degraded, self._retry_at = degraded, scan.retry_at
-            self._cond.notify_all()  # the watcher thread may be waiting for a later time
-        errors = self._log_outcome(change, files, full=True)
+        self._schedule.reloaded(scan.retry_at, degraded=degraded)
+        errors = self._log.outcome(change, files, full=True)
         return ReloadResult(change, errors, scan.parsed, scan.reused, tuple(scan.deferred), True, len(scan.order))
 
     def _reload_paths(self, dirty: set[str]) -> ReloadResult | None:
@@ -478,10 +380,8 @@ class DirectoryWatcher:
             else:
                 self._links.discard(path)
         self._deferred, self._counts = scan.deferred, counts
-        with self._cond:
-            self._retry_at = scan.retry_at
-            self._cond.notify_all()
-        errors = self._log_outcome(change, files, full=False)
+        self._schedule.reloaded(scan.retry_at)
+        errors = self._log.outcome(change, files, full=False)
         return ReloadResult(change, errors, scan.parsed, scan.reused, tuple(scan.deferred), False, len(looked))
 
     def _configs_of(self, path: str) -> Sequence[Config]:
@@ -581,39 +481,5 @@ class DirectoryWatcher:
     def _hold(self, path: str, read: FileBytes, scan: Scan, now_ns: int, *, moved: bool = False) -> bool:
         """`Scan.hold` with this watcher's timing and what its file events say of writers."""
         settle = max(self._options.debounce, self._options.settle)
-        max_delay, writing = self._options.max_delay, self._open_for_writing
+        max_delay, writing = self._options.max_delay, self._schedule.open_for_writing
         return scan.hold(path, read, now_ns, settle=settle, max_delay=max_delay, open_for_writing=writing, moved=moved)
-
-    def _log_outcome(
-        self, change: ConfigChange | None, files: Mapping[str, FileStatus | None], *, full: bool
-    ) -> tuple[Finding, ...]:
-        """Log each problem once, when it appears, and say when a path's errors are gone; a
-        reload that finds the same broken file again stays quiet. `files` are the statuses the
-        reload set (None: dropped); after a full pass, every path not in it is dropped too.
-        Returns every error still standing."""
-        changed: dict[str, FileStatus | None] = dict(files)
-        if full:
-            changed.update((path, None) for path in self._reported.keys() - files.keys())
-        for path, status in changed.items():
-            findings = status.findings if status is not None else ()
-            said = self._reported.get(path, frozenset())
-            for finding in findings:
-                if str(finding) not in said:
-                    logger.log(logging.ERROR if finding.severity is Severity.ERROR else logging.WARNING, "%s", finding)
-            if findings:
-                self._reported[path] = frozenset(str(f) for f in findings)
-            else:
-                self._reported.pop(path, None)
-        now_ok = sorted(p for p, s in changed.items() if p in self._failing and (s is None or s.ok))
-        for path in now_ok:
-            logger.info("%s: no errors any more", path)
-        self._failing.difference_update(now_ok)
-        self._failing.update(p for p, s in changed.items() if s is not None and not s.ok)
-        if change is not None:
-            counts = [sum(e.kind is kind for e in change.events) for kind in EventKind]
-            message = "config revision %d from %s: %d created, %d updated, %d deleted"
-            logger.info(message, change.revision, ", ".join(self._roots), *counts)
-        if full:
-            return tuple(f for s in files.values() if s is not None for f in s.findings if f.severity is Severity.ERROR)
-        standing = self._store.file_status()
-        return tuple(f for p in sorted(self._failing) if p in standing for f in standing[p].errors)

@@ -25,7 +25,7 @@ from typing import Final
 from meshctl.config.yamlsource import DEFAULT_MAX_FILE_BYTES
 from meshctl.errors import RegistryError, UsageError
 from meshctl.kv.source import read_prefix
-from meshctl.registry.consul import ConsulConnection, ConsulOptions
+from meshctl.registry.consul_http import ConsulConnection, ConsulOptions
 
 #: Consul's limit on the operations of one transaction.
 TXN_MAX_OPS: Final = 64

@@ -6,7 +6,7 @@ key under the prefix is one file, named by the rest of its key (`mesh/bookinfo/t
 last-good rule as a file of a watched directory (`meshctl.config.watcher`):
 
 - one blocking query on the prefix's key names (`GET /v1/kv/PREFIX/?keys`) follows the prefix
-  with Consul's rules (`meshctl.registry.consul`: index reset when it goes back, at least 1, a
+  with Consul's rules (`meshctl.registry.consul_watch`: index reset when it goes back, at least 1, a
   rate limit, backoff); on each answer the values are read in one request (`?recurse`,
   `read_all_values`, one KV revision as Consul answers it) when the prefix holds nothing but
   config and folder keys, else the YAML keys one by one (`read_values`), a read that counts only
@@ -53,11 +53,12 @@ from meshctl.config.findings import Finding, Severity
 from meshctl.config.loader import FileResult, LoadOptions, load_bytes, merge_files
 from meshctl.config.merged import MergedFiles
 from meshctl.config.model import Config
+from meshctl.config.reload_report import ReloadResult
 from meshctl.config.scan import Position
 from meshctl.config.store import ConfigChange, ConfigStore, EventKind, FileStatus
-from meshctl.config.watcher import ReloadResult
 from meshctl.errors import RegistryError, UsageError
-from meshctl.registry.consul import OVERSIZED, BlockingQuery, ConsulConnection, ConsulOptions, ConsulReply
+from meshctl.registry.consul_http import OVERSIZED, ConsulConnection, ConsulOptions, ConsulReply
+from meshctl.registry.consul_watch import BlockingQuery
 
 logger = logging.getLogger("meshctl.kv.source")
 

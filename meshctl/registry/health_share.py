@@ -46,7 +46,8 @@ from typing import Any, Final
 from urllib.parse import quote
 
 from meshctl.errors import RegistryError
-from meshctl.registry.consul import BlockingQuery, ConnectionAborted, ConsulConnection, ConsulOptions, ConsulReply
+from meshctl.registry.consul_http import ConnectionAborted, ConsulConnection, ConsulOptions, ConsulReply
+from meshctl.registry.consul_watch import BlockingQuery
 
 logger = logging.getLogger("meshctl.registry.health_share")
 
@@ -54,7 +55,7 @@ HEALTH_PREFIX: Final = "meshctl/health/"
 REGISTRATIONS_PREFIX: Final = "meshctl/registrations/"
 #: Consul's least session TTL unless its agent is told otherwise (`session_ttl_min`).
 DEFAULT_SESSION_TTL: Final = 10.0
-#: The pace of the blocking queries that follow the prefixes (`meshctl.registry.consul`'s bucket).
+#: The pace of the blocking queries that follow the prefixes (`meshctl.registry.consul_watch`'s bucket).
 FOLLOW_BURST: Final = 16
 FOLLOW_INTERVAL: Final = 0.25
 #: How long `start` waits for the first answers before serving without them.

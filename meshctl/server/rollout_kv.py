@@ -37,7 +37,8 @@ from dataclasses import replace
 from typing import Any, Final
 
 from meshctl.kv.source import KvLocation, kv_path
-from meshctl.registry.consul import BlockingQuery, ConsulConnection, ConsulOptions, ConsulReply
+from meshctl.registry.consul_http import ConsulConnection, ConsulOptions, ConsulReply
+from meshctl.registry.consul_watch import BlockingQuery
 from meshctl.server.rollout_plan import RolloutSettings
 
 logger = logging.getLogger("meshctl.server.rollout_kv")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Final
 
 from meshctl.kv.source import KvLocation
-from meshctl.registry.consul import ConsulOptions
+from meshctl.registry.consul_http import ConsulOptions
 from meshctl.registry.health_share import DEFAULT_SESSION_TTL
 from meshctl.server.auth import XdsTls
 from meshctl.server.discovery import DebounceSettings

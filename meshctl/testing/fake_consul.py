@@ -7,13 +7,14 @@
   past `index` or `wait` passes (5 minutes by default, at most 10), then answered with
   `X-Consul-Index`; one raft-like index counts every write;
 - `PUT /v1/catalog/register` and `PUT /v1/catalog/deregister` with Consul's bodies (field names
-  in any case, as Consul's JSON decoding allows), so the same test code can drive a real agent;
+  in any case, as Consul's JSON decoding allows), so the same test code can drive a real agent
+  (`meshctl.testing.fake_consul_catalog`);
 - the KV store: `GET /v1/kv/KEY` (JSON with base64 values, `?raw`, `?recurse`, `?keys`), as a
   blocking query on a key or prefix (its index is the highest ModifyIndex under it, deletions
   included, as Consul's tombstones make it); `PUT /v1/kv/KEY` (`?cas=`, `?flags=`), `DELETE
   /v1/kv/KEY` (`?recurse`, `?cas=`), and `PUT /v1/txn` with the KV verbs set, cas, get, delete,
   delete-cas and check-index: all-or-nothing at one index, at most 64 operations, and Consul's
-  409 with `{"Errors": [{"OpIndex", "What"}]}` when one fails;
+  409 with `{"Errors": [{"OpIndex", "What"}]}` when one fails (`meshctl.testing.fake_consul_kv`);
 - sessions, `?acquire=` and `?release=` on KV writes, and the `lock` and `unlock` transaction
   verbs, with TTLs, lock delays and the release and delete behaviours
   (`meshctl.testing.fake_consul_sessions`);
@@ -28,7 +29,6 @@ an outage and a recovery), `set_index()` (indexes go backwards, as after a snaps
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import re
@@ -37,20 +37,20 @@ import socket
 import socketserver
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from meshctl.testing.fake_consul_kv import KvOpFailed, field, kv_json, kv_op
+from meshctl.testing.fake_consul_catalog import CatalogMixin
+from meshctl.testing.fake_consul_kv import KvMixin, kv_json
 from meshctl.testing.fake_consul_sessions import ConsulAPIError, SessionsMixin, SessionTable, route_session
 
 _MAX_WAIT: Final = 600.0
 _DEFAULT_WAIT: Final = 300.0
 _UNITS: Final = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
-_TXN_MAX_OPS: Final = 64  # Consul's limit on operations in one transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,7 @@ class RecordedRequest:
     token: str
 
 
-class FakeConsul(SessionsMixin):
+class FakeConsul(CatalogMixin, KvMixin, SessionsMixin):
     """A Consul agent's catalog and health API on 127.0.0.1; use as a context manager."""
 
     def __init__(
@@ -173,200 +173,7 @@ class FakeConsul(SessionsMixin):
         with self._cond:
             return self._in_flight.get(path, 0)
 
-    # --- the catalog ------------------------------------------------------------------------
-
-    def register(self, body: Mapping[str, Any]) -> None:
-        """`PUT /v1/catalog/register` without HTTP."""
-        node = field(body, "Node", "")
-        if not node:
-            raise ConsulAPIError(400, "Must provide node")
-        dc = field(body, "Datacenter") or self.datacenter
-        if dc != self.datacenter:
-            raise ConsulAPIError(500, f"No path to datacenter {dc}")
-        with self._cond:
-            touched: set[str] = set()
-            catalog = changed = False
-            if not field(body, "SkipNodeUpdate", False):
-                address = field(body, "Address", "")
-                if not address:
-                    raise ConsulAPIError(400, "Must provide address if SkipNodeUpdate is not set")
-                new_node = {
-                    "ID": field(body, "ID", ""),
-                    "Node": node,
-                    "Address": address,
-                    "Datacenter": dc,
-                    "TaggedAddresses": dict(field(body, "TaggedAddresses") or {}),
-                    "Meta": dict(field(body, "NodeMeta") or {}),
-                }
-                old_node = self._nodes.get(node)
-                if old_node is None or _strip(old_node) != new_node:
-                    self._nodes[node] = self._indexed(new_node, old_node)
-                    touched |= self._names_on(node)
-                    changed = True
-            elif node not in self._nodes:
-                raise ConsulAPIError(400, f"node {node!r} does not exist")
-            svc = field(body, "Service")
-            if svc:
-                new = _service(svc)
-                key = (node, new["ID"])
-                old = self._services.get(key)
-                if old is None or _strip(old) != new:
-                    self._services[key] = self._indexed(new, old)
-                    touched |= {new["Service"]} | ({old["Service"]} if old else set())
-                    catalog = True
-            checks = [field(body, "Check"), *(field(body, "Checks") or [])]
-            for chk in (c for c in checks if c):
-                scope = self._put_check(node, chk)
-                touched |= scope or set()
-                changed = changed or scope is not None
-            if touched or catalog or changed:
-                self._write(touched, catalog)
-
-    def deregister(self, body: Mapping[str, Any]) -> None:
-        """`PUT /v1/catalog/deregister` without HTTP: a service, a check, or a whole node."""
-        node = field(body, "Node", "")
-        service_id, check_id = field(body, "ServiceID", ""), field(body, "CheckID", "")
-        with self._cond:
-            if node not in self._nodes:
-                return
-            touched: set[str] = set()
-            catalog = False
-            if service_id or not check_id:
-                gone = [k for k in self._services if k[0] == node and (not service_id or k[1] == service_id)]
-                for key in gone:
-                    touched.add(self._services.pop(key)["Service"])
-                    catalog = True
-                    for ck in [c for c, v in self._checks.items() if c[0] == node and v["ServiceID"] == key[1]]:
-                        del self._checks[ck]
-            if check_id and (node, check_id) in self._checks:
-                chk = self._checks.pop((node, check_id))
-                touched |= self._check_scope(node, chk["ServiceID"])
-            if not service_id and not check_id:
-                touched |= self._names_on(node)
-                del self._nodes[node]
-                for ck in [c for c in self._checks if c[0] == node]:
-                    del self._checks[ck]
-            if touched or catalog:
-                self._write(touched, catalog)
-
-    def set_check(self, node: str, check_id: str, status: str) -> None:
-        """Change one check's status (`passing`, `warning`, `critical`)."""
-        with self._cond:
-            chk = self._checks[(node, check_id)]
-            if chk["Status"] != status:
-                self._checks[(node, check_id)] = {**chk, "Status": status}
-                self._write(self._check_scope(node, chk["ServiceID"]), catalog=False)
-
-    def _put_check(self, node: str, chk: Mapping[str, Any]) -> set[str] | None:
-        """The services the check bears on, or None when it was already there as is."""
-        service_id = field(chk, "ServiceID", "")
-        svc = self._services.get((node, service_id))
-        new = {
-            "Node": node,
-            "CheckID": field(chk, "CheckID") or field(chk, "Name", ""),
-            "Name": field(chk, "Name", ""),
-            "Status": field(chk, "Status") or "critical",  # Consul's default for a new check
-            "Notes": field(chk, "Notes", ""),
-            "Output": field(chk, "Output", ""),
-            "ServiceID": service_id,
-            "ServiceName": svc["Service"] if svc else "",
-            "ServiceTags": list(svc["Tags"]) if svc else [],
-            "Type": "",
-        }
-        old = self._checks.get((node, new["CheckID"]))
-        if old is not None and _strip(old) == new:
-            return None
-        self._checks[(node, new["CheckID"])] = self._indexed(new, old)
-        return self._check_scope(node, service_id)
-
-    def _check_scope(self, node: str, service_id: str) -> set[str]:
-        if not service_id:
-            return self._names_on(node)
-        svc = self._services.get((node, service_id))
-        return {svc["Service"]} if svc else set()
-
-    def _names_on(self, node: str) -> set[str]:
-        return {s["Service"] for (n, _), s in self._services.items() if n == node}
-
-    def _indexed(self, new: dict[str, Any], old: Mapping[str, Any] | None) -> dict[str, Any]:
-        create = old["CreateIndex"] if old else self._index + 1
-        return {**new, "CreateIndex": create, "ModifyIndex": self._index + 1}
-
-    def _write(self, services: Iterable[str], catalog: bool) -> None:
-        self._index += 1
-        for name in services:
-            self._service_index[name] = self._index
-        if catalog:
-            self._catalog_index = self._index
-        self._cond.notify_all()
-
-    # --- the KV store -----------------------------------------------------------------------
-
-    def kv_put(self, key: str, value: bytes, *, cas: int | None = None, flags: int = 0) -> bool:
-        """`PUT /v1/kv/KEY` without HTTP; False when `cas` does not match (0: only a new key)."""
-        return self.txn([{"KV": {"Verb": "set" if cas is None else "cas", "Key": key, "Flags": flags,
-                                 "Value": base64.b64encode(value).decode(), "Index": cas or 0}}],
-                        raise_on_failure=False) is not None  # fmt: skip
-
-    def kv_delete(self, key: str, *, recurse: bool = False, cas: int | None = None) -> bool:
-        """`DELETE /v1/kv/KEY` without HTTP; False when `cas` does not match."""
-        verb = "delete-tree" if recurse else "delete" if cas is None else "delete-cas"
-        return self.txn([{"KV": {"Verb": verb, "Key": key, "Index": cas or 0}}], raise_on_failure=False) is not None
-
-    def kv_get(self, key: str) -> bytes | None:
-        with self._cond:
-            entry = self._kv.get(key)
-            return None if entry is None else bytes(entry["Value"])
-
-    def kv_keys(self, prefix: str = "") -> list[str]:
-        with self._cond:
-            return sorted(k for k in self._kv if k.startswith(prefix))
-
-    def txn(self, ops: list[Any], *, raise_on_failure: bool = True) -> list[dict[str, Any]] | None:
-        """`PUT /v1/txn`'s KV verbs, all or nothing at one index: the results, or (when an
-        operation fails) a ConsulAPIError of 409 with Consul's body, or None without raising."""
-        if not isinstance(ops, list):
-            raise ConsulAPIError(400, "Failed to parse body: expected a list of operations")
-        if len(ops) > _TXN_MAX_OPS:
-            raise ConsulAPIError(413, f"Transaction contains too many operations ({len(ops)} > {_TXN_MAX_OPS})")
-        with self._cond:
-            kv, tombstones = dict(self._kv), dict(self._kv_tombstones)
-            index = self._index + 1
-            results: list[dict[str, Any]] = []
-            errors: list[dict[str, Any]] = []
-            wrote = False
-            for number, op in enumerate(ops):
-                body = field(op, "KV") if isinstance(op, Mapping) else None
-                if not isinstance(body, Mapping):
-                    raise ConsulAPIError(400, f"operation {number}: only KV operations are supported here")
-                try:
-                    result, changed = kv_op(kv, tombstones, body, index, self.sessions)
-                except KvOpFailed as exc:
-                    errors.append({"OpIndex": number, "What": str(exc)})
-                    continue
-                wrote = wrote or changed
-                if result is not None:
-                    results.append({"KV": result})
-            if errors:
-                if raise_on_failure:
-                    raise ConsulAPIError(409, json.dumps({"Results": None, "Errors": errors}))
-                return None
-            if wrote:
-                self._kv, self._kv_tombstones = kv, tombstones
-                self._index = self._kv_index = index
-                self._cond.notify_all()
-            return results
-
-    def _kv_index_of(self, key: str, recurse: bool) -> int:
-        """A KV read's index: the highest ModifyIndex under it, deletions included; the KV
-        table's index when nothing was ever there."""
-        if recurse:
-            found = [e["ModifyIndex"] for k, e in self._kv.items() if k.startswith(key)]
-            found += [i for k, i in self._kv_tombstones.items() if k.startswith(key)]
-        else:
-            found = [self._kv[key]["ModifyIndex"]] if key in self._kv else []
-            found += [self._kv_tombstones[key]] if key in self._kv_tombstones else []
-        return max(found, default=0) or self._kv_index
+    # --- blocking reads ---------------------------------------------------------------------
 
     def _kv_read(
         self, handler: _Handler, key: str, query: Mapping[str, str]
@@ -377,7 +184,7 @@ class FakeConsul(SessionsMixin):
         deadline = time.monotonic() + (_duration(query.get("wait", "")) if index else 0.0)
         with self._cond:
             epoch, generation = self._epoch, handler.generation
-            while not self.zero_index and self._kv_index_of(key, recurse) <= index and epoch == self._epoch:
+            while not self.zero_index and self.kv_index_of(key, recurse) <= index and epoch == self._epoch:
                 if self._reap_sessions():
                     continue
                 remaining = deadline - time.monotonic()
@@ -388,26 +195,7 @@ class FakeConsul(SessionsMixin):
                 return None
             keys = sorted(k for k in self._kv if k.startswith(key)) if recurse else [key] if key in self._kv else []
             entries = [dict(self._kv[k]) for k in keys]
-            return (0 if self.zero_index else max(self._kv_index_of(key, recurse), 1)), entries
-
-    # --- reads ------------------------------------------------------------------------------
-
-    def _catalog(self) -> object:
-        tags: dict[str, set[str]] = {}
-        for svc in self._services.values():
-            tags.setdefault(svc["Service"], set()).update(svc["Tags"])
-        return {name: sorted(t) for name, t in sorted(tags.items())}
-
-    def _health(self, name: str, passing: bool) -> object:
-        entries = []
-        for (node, sid), svc in sorted(self._services.items()):
-            if svc["Service"] != name:
-                continue
-            checks = [c for (n, _), c in sorted(self._checks.items()) if n == node and c["ServiceID"] in ("", sid)]
-            if passing and any(c["Status"] != "passing" for c in checks):
-                continue
-            entries.append({"Node": self._nodes[node], "Service": svc, "Checks": checks})
-        return entries
+            return (0 if self.zero_index else max(self.kv_index_of(key, recurse), 1)), entries
 
     def _blocking_read(self, handler: _Handler, path: str, query: Mapping[str, str]) -> tuple[int, object] | None:
         """Hold until the data changes past `index` or `wait` passes; None if the server stopped
@@ -418,46 +206,19 @@ class FakeConsul(SessionsMixin):
         deadline = time.monotonic() + (_duration(query.get("wait", "")) if index else 0.0)
         with self._cond:
             epoch, generation = self._epoch, handler.generation
-            while not self.zero_index and self._index_of(name) <= index and epoch == self._epoch:
+            while not self.zero_index and self.index_of(name) <= index and epoch == self._epoch:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or generation != self._generation or handler.client_gone():
                     break
                 self._cond.wait(min(remaining, 0.2))
             if generation != self._generation or handler.client_gone():
                 return None
-            data = self._health(name, passing) if name else self._catalog()
-            return (0 if self.zero_index else max(self._index_of(name), 1)), data
-
-    def _index_of(self, name: str) -> int:
-        """The index of a service's health (of the catalog when `name` is empty)."""
-        return self._service_index.get(name, self._catalog_index) if name else self._catalog_index
+            data = self.health_entries(name, passing) if name else self.catalog_services()
+            return (0 if self.zero_index else max(self.index_of(name), 1)), data
 
     def _authorize(self, token: str) -> None:
         if self.acl_token is not None and token != self.acl_token:
             raise ConsulAPIError(403, "ACL not found" if token else "Permission denied")
-
-
-def _service(svc: Mapping[str, Any]) -> dict[str, Any]:
-    name = field(svc, "Service") or field(svc, "Name", "")
-    if not name:
-        raise ConsulAPIError(400, "Must provide service name")
-    weights = field(svc, "Weights") or {}
-    return {
-        "ID": field(svc, "ID") or name,
-        "Service": name,
-        "Tags": list(field(svc, "Tags") or []),
-        "Address": field(svc, "Address", ""),
-        "TaggedAddresses": dict(field(svc, "TaggedAddresses") or {}),
-        "Meta": dict(field(svc, "Meta") or {}),
-        "Port": int(field(svc, "Port", 0)),
-        "Weights": {"Passing": field(weights, "Passing", 1), "Warning": field(weights, "Warning", 1)},
-        "EnableTagOverride": bool(field(svc, "EnableTagOverride", False)),
-        "Kind": field(svc, "Kind", ""),
-    }
-
-
-def _strip(record: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in record.items() if k not in ("CreateIndex", "ModifyIndex")}
 
 
 def _duration(text: str) -> float:

@@ -1,20 +1,27 @@
-"""The fake Consul's KV store operations: one transaction or KV write applied to its keys.
+"""The fake Consul agent's KV store: its verbs, and each operation applied to its keys.
 
-Pure functions over the agent's KV state (`kv`, tombstones, sessions), as Consul applies a KV
-verb: `kv_op` applies one operation of `PUT /v1/txn` (or of a plain write made into one), and
-`kv_json` gives an entry as Consul's HTTP API writes it. `FakeConsul` (`fake_consul.py`) holds the
-state and its lock, and serves them over HTTP.
+`KvMixin` gives `FakeConsul` the KV verbs over its state and lock: `kv_put`, `kv_delete`,
+`kv_get`, `kv_keys` and `txn` (`PUT /v1/txn`'s KV verbs, all or nothing at one index, at most 64
+operations), and the index a KV read reports. `kv_op` applies one operation of a transaction (or
+of a plain write made into one) as Consul applies a KV verb, as a pure function over the KV
+state (`kv`, tombstones, sessions), and `kv_json` gives an entry as Consul's HTTP API writes it.
+`FakeConsul` (`fake_consul.py`) holds the state and its lock, holds blocking reads, and serves
+all of it over HTTP.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
+import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
-from meshctl.testing.fake_consul_sessions import SessionTable
+from meshctl.testing.fake_consul_sessions import ConsulAPIError, SessionTable
+
+_TXN_MAX_OPS: Final = 64  # Consul's limit on operations in one transaction
 
 
 def field(obj: Mapping[str, Any], name: str, default: Any = None) -> Any:
@@ -110,3 +117,80 @@ def kv_json(entry: Mapping[str, Any]) -> dict[str, Any]:
     """An entry as Consul's JSON has it: Value base64, or null when empty."""
     value = entry["Value"]
     return {**entry, "Value": base64.b64encode(value).decode() if value else None}
+
+
+class KvMixin:
+    """The fake agent's KV verbs, over its state and lock (`FakeConsul` is one)."""
+
+    sessions: SessionTable
+    _cond: threading.Condition
+    _index: int
+    _kv: dict[str, dict[str, Any]]
+    _kv_tombstones: dict[str, int]
+    _kv_index: int
+
+    def kv_put(self, key: str, value: bytes, *, cas: int | None = None, flags: int = 0) -> bool:
+        """`PUT /v1/kv/KEY` without HTTP; False when `cas` does not match (0: only a new key)."""
+        return self.txn([{"KV": {"Verb": "set" if cas is None else "cas", "Key": key, "Flags": flags,
+                                 "Value": base64.b64encode(value).decode(), "Index": cas or 0}}],
+                        raise_on_failure=False) is not None  # fmt: skip
+
+    def kv_delete(self, key: str, *, recurse: bool = False, cas: int | None = None) -> bool:
+        """`DELETE /v1/kv/KEY` without HTTP; False when `cas` does not match."""
+        verb = "delete-tree" if recurse else "delete" if cas is None else "delete-cas"
+        return self.txn([{"KV": {"Verb": verb, "Key": key, "Index": cas or 0}}], raise_on_failure=False) is not None
+
+    def kv_get(self, key: str) -> bytes | None:
+        with self._cond:
+            entry = self._kv.get(key)
+            return None if entry is None else bytes(entry["Value"])
+
+    def kv_keys(self, prefix: str = "") -> list[str]:
+        with self._cond:
+            return sorted(k for k in self._kv if k.startswith(prefix))
+
+    def txn(self, ops: list[Any], *, raise_on_failure: bool = True) -> list[dict[str, Any]] | None:
+        """`PUT /v1/txn`'s KV verbs, all or nothing at one index: the results, or (when an
+        operation fails) a ConsulAPIError of 409 with Consul's body, or None without raising."""
+        if not isinstance(ops, list):
+            raise ConsulAPIError(400, "Failed to parse body: expected a list of operations")
+        if len(ops) > _TXN_MAX_OPS:
+            raise ConsulAPIError(413, f"Transaction contains too many operations ({len(ops)} > {_TXN_MAX_OPS})")
+        with self._cond:
+            kv, tombstones = dict(self._kv), dict(self._kv_tombstones)
+            index = self._index + 1
+            results: list[dict[str, Any]] = []
+            errors: list[dict[str, Any]] = []
+            wrote = False
+            for number, op in enumerate(ops):
+                body = field(op, "KV") if isinstance(op, Mapping) else None
+                if not isinstance(body, Mapping):
+                    raise ConsulAPIError(400, f"operation {number}: only KV operations are supported here")
+                try:
+                    result, changed = kv_op(kv, tombstones, body, index, self.sessions)
+                except KvOpFailed as exc:
+                    errors.append({"OpIndex": number, "What": str(exc)})
+                    continue
+                wrote = wrote or changed
+                if result is not None:
+                    results.append({"KV": result})
+            if errors:
+                if raise_on_failure:
+                    raise ConsulAPIError(409, json.dumps({"Results": None, "Errors": errors}))
+                return None
+            if wrote:
+                self._kv, self._kv_tombstones = kv, tombstones
+                self._index = self._kv_index = index
+                self._cond.notify_all()
+            return results
+
+    def kv_index_of(self, key: str, recurse: bool) -> int:
+        """A KV read's index: the highest ModifyIndex under it, deletions included; the KV
+        table's index when nothing was ever there."""
+        if recurse:
+            found = [e["ModifyIndex"] for k, e in self._kv.items() if k.startswith(key)]
+            found += [i for k, i in self._kv_tombstones.items() if k.startswith(key)]
+        else:
+            found = [self._kv[key]["ModifyIndex"]] if key in self._kv else []
+            found += [self._kv_tombstones[key]] if key in self._kv_tombstones else []
+        return max(found, default=0) or self._kv_index
