@@ -8,7 +8,8 @@ from pathlib import Path
 from envoy.config.route.v3 import route_pb2
 from google.protobuf import any_pb2
 
-from meshctl.server.cache import ProxyResources, ResourceCache
+from meshctl.server.cache import ResourceCache
+from meshctl.server.proxy_resources import ProxyResources
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.proxy import Proxy
 from meshctl.snapshot.scope import ProxyScope

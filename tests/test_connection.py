@@ -10,8 +10,8 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.rpc import status_pb2
 
 from meshctl.errors import SubscriptionLimitError
-from meshctl.server.cache import ProxyResources
 from meshctl.server.connection import Connection
+from meshctl.server.proxy_resources import ProxyResources
 from meshctl.server.subscription import Push, RequestKind
 from meshctl.xds import types
 from meshctl.xds.resources import Resource

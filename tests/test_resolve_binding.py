@@ -8,7 +8,8 @@ from pathlib import Path
 
 from meshctl.config.model import Config
 from meshctl.registry.serviceentry import build_file_model
-from meshctl.server.cache import Resolved, ResourceCache
+from meshctl.server.cache import ResourceCache
+from meshctl.server.proxy_resources import Resolved
 from meshctl.snapshot.binding import bind_proxy, rebound
 from meshctl.snapshot.model import Snapshot, build_snapshot
 from meshctl.snapshot.node import ProxyNode, parse_node_id

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshctl.config.mesh import MeshSettings
-from meshctl.server.cache import ProxyResources, ResourceCache
+from meshctl.server.cache import ResourceCache
+from meshctl.server.proxy_resources import ProxyResources
 from meshctl.snapshot.binding import bind_proxy
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.node import parse_node_id

@@ -15,12 +15,13 @@ from types import MappingProxyType
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
-from meshctl.server.cache import ProxyResources, ResourceCache
+from meshctl.server.cache import ResourceCache
 from meshctl.server.connection import Connection
 from meshctl.server.credentials import CredentialSecrets
 from meshctl.server.delivery import Delivery
 from meshctl.server.history import PushHistory
 from meshctl.server.metrics import Metrics
+from meshctl.server.proxy_resources import ProxyResources
 from meshctl.server.rollout_plan import RolloutSettings
 from meshctl.server.secrets import WorkloadSecrets
 from meshctl.server.subscription import RequestKind, SotwSubscription

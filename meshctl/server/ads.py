@@ -45,13 +45,13 @@ from google.protobuf import json_format
 
 from meshctl.errors import BindingError, NodeIdError, SubscriptionLimitError
 from meshctl.logs import untrusted
-from meshctl.server.cache import ProxyResources, Resolved
 from meshctl.server.collector import QuietFreezer
 from meshctl.server.connection import Connection
 from meshctl.server.encode import BlockCache, encode_delta, encode_sotw
 from meshctl.server.limits import ClientLedger, StreamLimits, release_free_memory
 from meshctl.server.node_address import with_peer_address
 from meshctl.server.pacing import TokenBucket
+from meshctl.server.proxy_resources import ProxyResources, Resolved
 from meshctl.server.subscription import Push, RequestKind
 from meshctl.server.subscription_common import SharedNonces
 from meshctl.server.write_budget import WriteBudget

@@ -61,6 +61,7 @@ from meshctl.server.cache_parts import (
 )
 from meshctl.server.cache_patches import Patches
 from meshctl.server.grpc_view import GrpcAssignments, grpc_config, grpc_inbound_listeners
+from meshctl.server.proxy_resources import ProxyResources, Resolved, with_endpoints
 from meshctl.snapshot.binding import bind_proxy, binding_inputs, binding_version, rebound
 from meshctl.snapshot.model import Snapshot
 from meshctl.snapshot.node import ProxyNode, ProxyType
@@ -128,39 +129,7 @@ class _Bound:
     made: _Made | None
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class Resolved:
-    """A node bound to its workload in one snapshot, and everything it may be sent there."""
-
-    proxy: Proxy
-    resources: ProxyResources
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class ProxyResources:
-    """Everything one proxy may be sent at one snapshot, by type URL then name."""
-
-    snapshot_version: str
-    config_version: str
-    by_type: Mapping[str, Mapping[str, Resource]]
-
-    def of(self, type_url: str) -> Mapping[str, Resource]:
-        return self.by_type.get(type_url, _NOTHING)
-
-
-def _with_endpoints(
-    snapshot: Snapshot, config: Mapping[str, Mapping[str, Resource]], eds: Mapping[str, Resource]
-) -> ProxyResources:
-    """A view at `snapshot`: `config`'s resources (clusters, listeners, routes, secrets) and the
-    assignments `eds`, which an endpoint-only change replaces alone."""
-    by_type = dict(config)
-    by_type[types.ENDPOINT] = eds
-    return ProxyResources(snapshot.version, snapshot.config_version, MappingProxyType(by_type))
-
-
 _CONFIG_TYPES = (types.CLUSTER, types.LISTENER, types.ROUTE)
-#: What `ProxyResources.of` gives for a type it has none of (asked at every push of every stream).
-_NOTHING: Mapping[str, Resource] = MappingProxyType({})
 
 
 class ResourceCache:
@@ -373,7 +342,7 @@ class ResourceCache:
             eds = self._assignments.eds_set(snapshot, names, localities)
         except Exception:
             return None
-        fresh = _Made(_with_endpoints(snapshot, made.view.by_type, eds), made.eds)
+        fresh = _Made(with_endpoints(snapshot, made.view.by_type, eds), made.eds)
         with self._lock:
             bound.at, bound.made = snapshot.version, fresh
             self.endpoint_resolutions += 1
@@ -465,7 +434,7 @@ class ResourceCache:
         config = self._config_for(snapshot, proxy, key)
         views = eds_localities(snapshot, proxy, config.eds_names)
         eds = self._assignments.eds_set(snapshot, config.eds_names, views)
-        return _Made(_with_endpoints(snapshot, config.by_type, eds), (config.eds_names, views))
+        return _Made(with_endpoints(snapshot, config.by_type, eds), (config.eds_names, views))
 
     def _grpc_view(self, snapshot: Snapshot, proxy: Proxy) -> ProxyResources:
         """A proxyless gRPC node's view: its config made once per config version and outbound key

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshctl.errors import SubscriptionLimitError
-from meshctl.server.cache import ProxyResources
 from meshctl.server.limits import ClientLedger
+from meshctl.server.proxy_resources import ProxyResources
 from meshctl.server.subscription import (
     MAX_NAMES,
     DeltaSubscription,

@@ -47,7 +47,7 @@ from meshctl.security.credentials import (
     read_secret,
     secret_names,
 )
-from meshctl.server.cache import ProxyResources, Resolved
+from meshctl.server.proxy_resources import ProxyResources, Resolved
 from meshctl.server.secrets import NodeAs
 from meshctl.snapshot.node import ProxyNode
 from meshctl.snapshot.proxy import Proxy

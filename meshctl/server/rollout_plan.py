@@ -18,7 +18,7 @@ from meshctl.snapshot.node import ProxyNode
 from meshctl.snapshot.proxy import Proxy
 
 if TYPE_CHECKING:
-    from meshctl.server.cache import Resolved
+    from meshctl.server.proxy_resources import Resolved
 
 #: Versions every proxy ACKed that are kept for rollback.
 DEFAULT_KEEP_GOOD: Final = 3

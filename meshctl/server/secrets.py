@@ -52,7 +52,7 @@ from meshctl.logs import untrusted
 from meshctl.security.ca import CertificateAuthority, IssuedCertificate
 from meshctl.security.identity import WorkloadIdentity
 from meshctl.server.ca_follower import CaHolder
-from meshctl.server.cache import ProxyResources, Resolved
+from meshctl.server.proxy_resources import ProxyResources, Resolved
 from meshctl.snapshot.node import ProxyNode
 from meshctl.snapshot.proxy import Proxy
 from meshctl.xds import mesh_tls, types
