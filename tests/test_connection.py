@@ -14,7 +14,7 @@ from meshctl.server.connection import Connection
 from meshctl.server.proxy_resources import ProxyResources
 from meshctl.server.subscription import Push, RequestKind
 from meshctl.xds import types
-from meshctl.xds.resources import Resource
+from meshctl.xds.resources import Resource, ResourceSet
 
 CDS, EDS, LDS, RDS = types.CLUSTER, types.ENDPOINT, types.LISTENER, types.ROUTE
 
@@ -172,6 +172,44 @@ def test_routes_wait_until_the_node_asks_for_a_new_clusters_endpoints() -> None:
     last_eds = next(p for p in initial if p.type_url == EDS)
     conn.handle(EDS, request(EDS, ["a", "b"], last_eds))
     assert [p.type_url for p in conn.pushes()] == [EDS, RDS]
+
+
+def _sets(version: str, **by_type: list[Resource]) -> ProxyResources:
+    """As `resources`, with each type's resources one `ResourceSet`, as the cache hands out."""
+    keys = {"cds": CDS, "eds": EDS, "lds": LDS, "rds": RDS}
+    return ProxyResources(version, version, MappingProxyType({keys[k]: ResourceSet(v) for k, v in by_type.items()}))
+
+
+def test_delta_routes_wait_until_the_node_watches_every_clusters_endpoints() -> None:
+    conn = Connection("d1", delta=True)
+    for type_url, names in ((CDS, []), (EDS, ["a"]), (LDS, []), (RDS, ["r"])):
+        conn.handle(type_url, discovery_pb2.DeltaDiscoveryRequest(type_url=type_url, resource_names_subscribe=names))
+
+    def acked(pushes: list[Push]) -> list[str]:
+        for p in pushes:
+            conn.handle(p.type_url, discovery_pb2.DeltaDiscoveryRequest(type_url=p.type_url, response_nonce=p.nonce))
+        return [types.SHORT_NAMES[p.type_url] for p in pushes]
+
+    clusters, listeners = [res("a")], [res("l")]
+    conn.update(_sets("v1", cds=clusters, eds=[res("a")], lds=listeners, rds=[res("r")]))
+    assert acked(conn.pushes()) == ["CDS", "EDS", "LDS", "RDS"]
+    # A new cluster, and routes naming it: they wait until the node watches its endpoints.
+    clusters = [res("a"), res("b")]
+    conn.update(_sets("v2", cds=clusters, eds=[res("a"), res("b")], lds=listeners, rds=[res("r", "2")]))
+    assert acked(conn.pushes()) == ["CDS"]
+    assert conn.pushes() == []
+    conn.handle(EDS, discovery_pb2.DeltaDiscoveryRequest(type_url=EDS, resource_names_subscribe=["b"]))
+    assert acked(conn.pushes()) == ["EDS", "RDS"]
+    # The node stops watching b's endpoints while it still holds b (the very sets it was
+    # offered before, as after a routes-only change): routes wait again.
+    conn.handle(EDS, discovery_pb2.DeltaDiscoveryRequest(type_url=EDS, resource_names_unsubscribe=["b"]))
+    held = conn.resources
+    assert held is not None
+    routes = MappingProxyType({**held.by_type, RDS: ResourceSet([res("r", "3")])})
+    conn.update(ProxyResources("v3", "v3", routes))
+    assert conn.pushes() == []
+    conn.handle(EDS, discovery_pb2.DeltaDiscoveryRequest(type_url=EDS, resource_names_subscribe=["b"]))
+    assert acked(conn.pushes()) == ["EDS", "RDS"]
 
 
 def test_a_delta_reconnect_holding_every_version_is_in_sync_without_a_push() -> None:

@@ -1,6 +1,6 @@
-"""One state-of-the-world response's bytes for every stream sent it: the streams share its nonce
-(`SharedNonces`), each stream's nonces stay its own, and the servicer hands every stream's write
-the very same bytes object."""
+"""One response's bytes for every stream sent it: the streams share its nonce (`SharedNonces`),
+each stream's nonces stay its own, and the servicer hands every stream's write the very same
+bytes object; in state of the world, and in delta for the streams making the same move."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 from test_ads_client_leaves import big_mesh
-from test_subscription import CDS, EDS, ack, eds, must, res, sent, sotw
+from test_subscription import CDS, EDS, ack, delta, eds, must, res, sent, sotw
 
 from meshctl.server.app import Server
-from meshctl.server.encode import BlockCache, encode_sotw
+from meshctl.server.encode import BlockCache, encode_delta, encode_sotw
 from meshctl.server.settings import DebounceSettings, ServeSettings
-from meshctl.server.subscription import RequestKind, SotwSubscription
+from meshctl.server.subscription import DeltaSubscription, RequestKind, SotwSubscription
 from meshctl.server.subscription_common import SharedNonces
 from meshctl.testing.ads_client import AdsClient
 from meshctl.testing.server import run
@@ -112,14 +112,51 @@ def test_partial_streams_share_the_nonce_and_a_nack_of_it_forgets_what_it_carrie
     assert sent(two.next_push(newer)) == [("b", "3")]
 
 
+def _delta_eds(shared: SharedNonces | None) -> DeltaSubscription:
+    sub = DeltaSubscription(EDS, wildcard_when_empty=False, nonce_prefix="e", shared=shared)
+    sub.handle(delta(sub=["a", "b", "c"]))
+    return sub
+
+
+def test_delta_streams_making_the_same_move_get_one_nonce_and_one_bytes_object() -> None:
+    shared = SharedNonces()
+    before = ResourceSet([res("a"), res("b"), res("c")])
+    after = ResourceSet([res("a", "2"), res("b"), res("c")])
+    subs = [_delta_eds(shared) for _ in range(2)]
+    firsts = [must(sub.next_push(before)) for sub in subs]
+    assert firsts[0].nonce == firsts[1].nonce and firsts[0].shared
+    for sub, first in zip(subs, firsts, strict=True):
+        assert sub.handle(delta(nonce=first.nonce)).kind is RequestKind.ACK
+    moves = [must(sub.next_push(after)) for sub in subs]
+    assert moves[0].nonce == moves[1].nonce != firsts[0].nonce and moves[0].shared
+    assert sent(moves[0]) == [("a", "2")]
+    blocks = BlockCache()
+    assert encode_delta(moves[0], blocks=blocks) is encode_delta(moves[1], blocks=blocks)
+    assert encode_delta(moves[0], blocks=blocks) == encode_delta(dataclasses.replace(moves[0], shared=False))
+    # Each stream's ACK of the shared nonce is its own.
+    one, two = subs
+    assert one.handle(delta(nonce=moves[0].nonce)).kind is RequestKind.ACK
+    assert two.handle(delta(nonce=moves[1].nonce, error="bad assignment")).kind is RequestKind.NACK
+    # A response that removes names is the stream's own: what each stream is told gone differs.
+    removal = must(one.next_push(ResourceSet([res("a", "2"), res("b")])))
+    assert removal.removed == ("c",) and not removal.shared and removal.nonce == "e1"
+    # The same response again on one stream (the node asked again) takes a nonce of its own.
+    one.resend(["a"])
+    again = must(one.next_push(after))
+    assert again.nonce not in {moves[0].nonce, removal.nonce} and not again.shared
+    # Without the registry, each stream numbers its own, as it always did.
+    alone = [must(_delta_eds(None).next_push(before)) for _ in range(2)]
+    assert alone[0].nonce == alone[1].nonce == "e1" and not alone[0].shared
+
+
 def _services(client: AdsClient) -> int:
     return sum(name.startswith("outbound|") for name in client.resources[types.CLUSTER])
 
 
-async def _recorded(server: Server, writes: list[tuple[int, bytes]]) -> None:
+async def _recorded(server: Server, writes: list[tuple[int, bytes]], *, delta: bool) -> None:
     """Every response the servicer writes, with the stream it goes to: the servicer's own
     handler, given the gRPC context with its `write` observed."""
-    serve = server.ads.stream_sotw
+    serve = server.ads.stream_delta if delta else server.ads.stream_sotw
 
     class Observed:
         def __init__(self, context: Any) -> None:
@@ -135,11 +172,17 @@ async def _recorded(server: Server, writes: list[tuple[int, bytes]]) -> None:
     async def observed(requests: AsyncIterator[Any], context: Any) -> None:
         await serve(requests, Observed(context))
 
-    server.ads.stream_sotw = observed  # type: ignore[method-assign]
+    if delta:
+        server.ads.stream_delta = observed  # type: ignore[method-assign]
+    else:
+        server.ads.stream_sotw = observed  # type: ignore[method-assign]
 
 
 @pytest.mark.slow
-def test_the_servicer_writes_one_bytes_object_to_every_stream_sent_the_same_response(tmp_path: Path) -> None:
+@pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
+def test_the_servicer_writes_one_bytes_object_to_every_stream_sent_the_same_response(
+    tmp_path: Path, delta: bool
+) -> None:
     mesh = big_mesh(tmp_path, services=300)
 
     async def test() -> None:
@@ -152,10 +195,14 @@ def test_the_servicer_writes_one_bytes_object_to_every_stream_sent_the_same_resp
             drain_seconds=0.2,
         )
         server = Server(settings)
-        await _recorded(server, writes)
+        await _recorded(server, writes, delta=delta)
         await server.start()
         clients = [
-            AdsClient(f"127.0.0.1:{server.xds_port}", f"sidecar~10.40.3.{i}~client-{i}.shop~shop.svc.cluster.local")
+            AdsClient(
+                f"127.0.0.1:{server.xds_port}",
+                f"sidecar~10.40.3.{i}~client-{i}.shop~shop.svc.cluster.local",
+                delta=delta,
+            )
             for i in range(6)
         ]
         try:
@@ -169,7 +216,8 @@ def test_the_servicer_writes_one_bytes_object_to_every_stream_sent_the_same_resp
                 await client.wait_for(lambda c: c.complete() and _services(c) == 301, timeout=60)
             by_type: dict[str, list[tuple[int, bytes]]] = {}
             for stream, data in writes:
-                by_type.setdefault(discovery_pb2.DiscoveryResponse.FromString(data).type_url, []).append((stream, data))
+                response = discovery_pb2.DeltaDiscoveryResponse if delta else discovery_pb2.DiscoveryResponse
+                by_type.setdefault(response.FromString(data).type_url, []).append((stream, data))
             clusters = by_type[types.CLUSTER]
             assert len({stream for stream, _ in clusters}) == 6, "not every stream was sent the change"
             assert len({id(data) for _, data in clusters}) == 1, "each stream was written bytes of its own"

@@ -128,7 +128,11 @@ class Connection:
         sub: Subscription
         if self.delta:
             sub = DeltaSubscription(
-                type_url, wildcard_when_empty=wildcard, nonce_prefix=prefix, max_names=self.max_names
+                type_url,
+                wildcard_when_empty=wildcard,
+                nonce_prefix=prefix,
+                max_names=self.max_names,
+                shared=self._shared_nonces,
             )
         else:
             sub = SotwSubscription(
@@ -308,8 +312,11 @@ class Connection:
         clusters = offered.keys()
         if cds.wildcard:  # as Envoy subscribes: then only a set comparison, on every push
             names = eds.names
-            if isinstance(offered, ResourceSet) and isinstance(names, frozenset):
-                return not names_cover(offered, names)  # once per namespace's set and names
+            if isinstance(offered, ResourceSet):
+                if isinstance(names, frozenset):
+                    return not names_cover(offered, names)  # once per namespace's set and names
+                if isinstance(eds, DeltaSubscription):
+                    return not eds.watches_all(offered)  # once per set the stream is offered
             return not clusters <= eds.names
         return any(cds.wants(n) and not eds.wants(n) for n in clusters)
 
