@@ -4,7 +4,7 @@
     python bench/run.py --quick          # 100 services, 100 proxies: under a minute
     python bench/run.py --proxies-sweep 100,500,1000,2000   # and docs/convergence.svg
     python bench/run.py --services-sweep 1000,5000,10000 --no-floor   # and docs/convergence-services.svg
-    python bench/run.py --delta --no-scoping --consul ...   # other shapes (see --help)
+    python bench/run.py --sotw --no-scoping --consul ...    # other shapes (see --help)
     python bench/run.py --grpc           # the proxies are proxyless gRPC clients (bench/grpc_fleet.py)
 
 What is measured, each as p50/p99/max over the proxies concerned (see docs/benchmarks.md):
@@ -713,7 +713,15 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, O
     parser.add_argument("--routed-share", type=float, default=0.2, help="share of services with a DR and a VS")
     parser.add_argument("--no-scoping", action="store_true", help="no Sidecars: every proxy sees every service")
     parser.add_argument("--consul", action="store_true", help="services from a fake Consul instead of files")
-    parser.add_argument("--delta", action="store_true", help="incremental xDS instead of state of the world")
+    protocol = parser.add_mutually_exclusive_group()
+    protocol.add_argument(
+        "--delta",
+        dest="delta",
+        action="store_true",
+        default=None,
+        help="incremental xDS, as meshctl's bootstrap gives Envoy (the default for Envoys)",
+    )
+    protocol.add_argument("--sotw", dest="delta", action="store_false", help="state of the world instead")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="load-client processes")
     parser.add_argument("--no-floor", action="store_true", help="measure meshctl only")
     parser.add_argument(
@@ -747,6 +755,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, O
     parser.add_argument("--profile", type=Path, help="py-spy the server into this file (collapsed stacks)")
     parser.add_argument("--svg", type=Path, default=DEFAULT_SVG)
     args = parser.parse_args(argv)
+    if args.grpc and args.delta:
+        parser.error("--grpc: gRPC's xDS client speaks state of the world only")
     services = args.services or (100 if args.quick else 1000)
     proxies = args.proxies or (100 if args.quick else 1000)
     idle = args.idle if args.idle is not None else (5.0 if args.quick else 10.0)
@@ -762,7 +772,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, O
     )
     options = Options(
         spec=spec,
-        delta=args.delta,
+        delta=not args.grpc if args.delta is None else args.delta,
         workers=args.workers,
         floor=not args.no_floor and not args.grpc,
         floor_processes=max(1, args.floor_processes),

@@ -31,12 +31,14 @@ KEYS = {
 }
 
 
-@pytest.mark.parametrize("floor_processes", [1, 2])
-def test_tiny_fleet_benchmark_prints_its_json_line_last(floor_processes: int) -> None:
-    """With the floor in one process, and in two sharing its port (`--floor-processes`)."""
-    command = [sys.executable, str(RUN), "--services", "5", "--endpoints", "2", "--proxies", "5"]
+@pytest.mark.parametrize(("floor_processes", "protocol"), [(1, ()), (2, ("--sotw",))], ids=["delta", "sotw"])
+def test_tiny_fleet_benchmark_prints_its_json_line_last(floor_processes: int, protocol: tuple[str, ...]) -> None:
+    """On incremental xDS (the default, as meshctl's bootstrap) with the floor in one process,
+    and on state of the world with it in two sharing its port (`--floor-processes`)."""
+    command = [sys.executable, str(RUN), "--services", "5", "--endpoints", "2", "--proxies", "5", *protocol]
     command += ["--idle", "0.5", "--workers", "1", "--floor-processes", str(floor_processes)]
     proc, result = run_benchmark(command, timeout=120)
+    assert result["delta"] is (protocol == ())
     assert result.keys() >= KEYS
     assert (result["proxies"], result["services"]) == (5, 5)
     assert result["failures"] == 0 and result["nacks"] == 0 and result["server_errors"] == 0
