@@ -166,31 +166,49 @@ class CountedSet(ResourceSet):
         return super().keys()
 
 
-def test_the_streams_of_a_namespace_compare_their_names_with_a_new_set_once() -> None:
+@pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
+def test_the_streams_of_a_namespace_compare_their_names_with_a_new_set_once(delta: bool) -> None:
     """An endpoint change offers the sidecars of a namespace one new EDS set, and they hold one
     set of names between them: whether the names cover the set (is it the whole of what each
     stream is sent? does each watch every assignment of its clusters?) is a comparison of every
-    name (a thousand at 10,000 services), made once for them all, not twice per stream."""
+    name (a thousand at 10,000 services), made once for them all, not twice per stream; and a
+    delta stream in step with the set before compares the two sets, once for them all."""
     names = [f"outbound|80||s{i}.shop.mesh" for i in range(1000)]
     clusters = ResourceSet(Resource(n, "1", n.encode()) for n in names)
+    listeners = ResourceSet([Resource("0.0.0.0_80", "1", b"l")])
 
     def offered(version: str, eds: ResourceSet) -> ProxyResources:
-        return ProxyResources(version, "c", MappingProxyType({types.CLUSTER: clusters, types.ENDPOINT: eds}))
+        by_type = {types.CLUSTER: clusters, types.ENDPOINT: eds, types.LISTENER: listeners}
+        return ProxyResources(version, "c", MappingProxyType(by_type))
 
     first = ResourceSet(Resource(n, "1", b"a") for n in names)
     streams = []
     for i in range(50):
-        conn = Connection(f"c{i}", delta=False)
+        conn = Connection(f"c{i}", delta=delta)
         conn.update(offered("1", first))
-        conn.handle(types.CLUSTER, discovery_pb2.DiscoveryRequest(type_url=types.CLUSTER))
-        conn.handle(types.ENDPOINT, discovery_pb2.DiscoveryRequest(type_url=types.ENDPOINT, resource_names=names))
+        # Listeners too: whether routes must wait for the node to watch every cluster's
+        # endpoints is asked at every push.
+        if delta:
+            for wildcard in (types.CLUSTER, types.LISTENER):
+                conn.handle(wildcard, discovery_pb2.DeltaDiscoveryRequest(type_url=wildcard))
+            eds = discovery_pb2.DeltaDiscoveryRequest(type_url=types.ENDPOINT, resource_names_subscribe=names)
+            conn.handle(types.ENDPOINT, eds)
+        else:
+            for wildcard in (types.CLUSTER, types.LISTENER):
+                conn.handle(wildcard, discovery_pb2.DiscoveryRequest(type_url=wildcard))
+            eds = discovery_pb2.DiscoveryRequest(type_url=types.ENDPOINT, resource_names=names)
+            conn.handle(types.ENDPOINT, eds)
         for push in conn.pushes():
-            ack = discovery_pb2.DiscoveryRequest(
-                type_url=push.type_url,
-                resource_names=names if push.type_url == types.ENDPOINT else [],
-                version_info=push.version,
-                response_nonce=push.nonce,
-            )
+            ack: discovery_pb2.DiscoveryRequest | discovery_pb2.DeltaDiscoveryRequest
+            if delta:
+                ack = discovery_pb2.DeltaDiscoveryRequest(type_url=push.type_url, response_nonce=push.nonce)
+            else:
+                ack = discovery_pb2.DiscoveryRequest(
+                    type_url=push.type_url,
+                    resource_names=names if push.type_url == types.ENDPOINT else [],
+                    version_info=push.version,
+                    response_nonce=push.nonce,
+                )
             conn.handle(push.type_url, ack)
         streams.append(conn)
     changed = CountedSet([Resource(n, "2" if n == names[7] else "1", b"b" if n == names[7] else b"a") for n in names])

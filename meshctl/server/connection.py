@@ -309,16 +309,11 @@ class Connection:
         if cds is None or eds is None or cds.nack is not None or self.resources is None or eds.wildcard:
             return False
         offered = self.resources.of(types.ENDPOINT)
-        clusters = offered.keys()
         if cds.wildcard:  # as Envoy subscribes: then only a set comparison, on every push
-            names = eds.names
             if isinstance(offered, ResourceSet):
-                if isinstance(names, frozenset):
-                    return not names_cover(offered, names)  # once per namespace's set and names
-                if isinstance(eds, DeltaSubscription):
-                    return not eds.watches_all(offered)  # once per set the stream is offered
-            return not clusters <= eds.names
-        return any(cds.wants(n) and not eds.wants(n) for n in clusters)
+                return not names_cover(offered, eds.names)  # once per namespace's set and names
+            return not offered.keys() <= eds.names
+        return any(cds.wants(n) and not eds.wants(n) for n in offered)
 
     def settled(self) -> bool:
         """Whether the node ACKed every type it was sent, at the version sent, and NACKed none

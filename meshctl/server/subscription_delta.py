@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from envoy.service.discovery.v3 import discovery_pb2
 
@@ -19,6 +19,7 @@ from meshctl.server.subscription_common import (
     SharedNonces,
     _keeper,
     _Nonces,
+    _shared_names,
     _too_many,
     _version,
     _version_of,
@@ -91,7 +92,9 @@ class DeltaSubscription:
         self._nonces = _Nonces(nonce_prefix)
         self.started = False
         self.wildcard = False
-        self.names: set[str] = set()
+        #: Shared with every subscription holding the same names (`_shared_names`): a thousand
+        #: sidecars of a namespace watch the same thousand clusters' endpoints.
+        self.names: frozenset[str] = frozenset()
         #: What the node holds, name -> version, as far as we know (`_UNKNOWN`: some version).
         self.known: dict[str, str] = {}
         #: watched names told absent (in `removed`) while they do not exist: a subset of `names`
@@ -112,9 +115,6 @@ class DeltaSubscription:
         self._claimed = 0
         #: The set the node is in step with (see the class docstring), if known.
         self._basis: ResourceSet | None = None
-        #: The last set `watches_all` found every name of watched (names only grow until an
-        #: unsubscribe, which forgets it).
-        self._watching_all: ResourceSet | None = None
 
     @property
     def held_names(self) -> int:
@@ -153,30 +153,38 @@ class DeltaSubscription:
             self._claimed = len(request.initial_resource_versions)
             if not request.resource_names_subscribe and self._wildcard_when_empty:
                 self.wildcard = True
-        for name in request.resource_names_subscribe:
+        if request.resource_names_subscribe or request.resource_names_unsubscribe:
             changed = True
-            if name == WILDCARD:
-                self.wildcard = True
-                continue
-            self.names.add(keep(name))
-            if kind is not RequestKind.INITIAL and name in self.known:
-                # An explicit subscribe asks for the resource even if the node had it before.
-                self.known[name] = _UNKNOWN
-            self._absent_told.discard(name)
-        if request.resource_names_unsubscribe:
-            self._watching_all = None
-        for name in request.resource_names_unsubscribe:
-            changed = True
-            if name == WILDCARD:
-                self.wildcard = False
-                continue
-            self.names.discard(name)
-            self.known.pop(name, None)
-            self._nacked.pop(name, None)
-            self._absent_told.discard(name)
+            self._watch(request, keep, resubscribe=kind is not RequestKind.INITIAL)
         if not request.response_nonce:
             return RequestOutcome(kind, changed)
         return self._answered(request, kind, changed)
+
+    def _watch(
+        self, request: discovery_pb2.DeltaDiscoveryRequest, keep: Callable[[str], str], *, resubscribe: bool
+    ) -> None:
+        """Apply the request's subscribes, then its unsubscribes (`resubscribe`: a name the node
+        had before is sent again)."""
+        names = set(self.names)
+        for name in request.resource_names_subscribe:
+            if name == WILDCARD:
+                self.wildcard = True
+                continue
+            names.add(keep(name))
+            if resubscribe and name in self.known:
+                # An explicit subscribe asks for the resource even if the node had it before.
+                self.known[name] = _UNKNOWN
+            self._absent_told.discard(name)
+        for name in request.resource_names_unsubscribe:
+            if name == WILDCARD:
+                self.wildcard = False
+                continue
+            names.discard(name)
+            self.known.pop(name, None)
+            self._nacked.pop(name, None)
+            self._absent_told.discard(name)
+        if names != self.names:
+            self.names = _shared_names(frozenset(names))
 
     def _check_limits(self, request: discovery_pb2.DeltaDiscoveryRequest) -> int:
         """Raise before anything changes if the request would pass `max_names`; else at most
@@ -242,23 +250,6 @@ class DeltaSubscription:
 
     def wants(self, name: str) -> bool:
         return self.wildcard or name in self.names
-
-    def watches_all(self, offered: ResourceSet) -> bool:
-        """Whether every name of `offered` is subscribed by name: asked at every push of every
-        stream (does the node watch the endpoints of every cluster it was sent?), a comparison
-        of a thousand names at 10,000 services. Answered from the last set found watched: only
-        what the new set adds to it (`ResourceSet.changed_since`, shared by the streams making
-        the same move) can be a name not watched."""
-        before = self._watching_all
-        if offered is before:
-            return True
-        if before is not None:
-            covered = all(r.name in self.names for r in offered.changed_since(before))
-        else:
-            covered = offered.keys() <= self.names
-        if covered:
-            self._watching_all = offered
-        return covered
 
     def resend(self, names: Iterable[str]) -> None:
         """Send these resources again even if the node holds their version (see SotwSubscription)."""
