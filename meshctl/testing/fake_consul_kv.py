@@ -14,12 +14,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any, Final
 
-from meshctl.testing.fake_consul_sessions import ConsulAPIError, SessionTable
+from meshctl.testing.fake_consul_sessions import AgentState, ConsulAPIError, SessionTable
 
 _TXN_MAX_OPS: Final = 64  # Consul's limit on operations in one transaction
 
@@ -119,15 +118,8 @@ def kv_json(entry: Mapping[str, Any]) -> dict[str, Any]:
     return {**entry, "Value": base64.b64encode(value).decode() if value else None}
 
 
-class KvMixin:
+class KvMixin(AgentState):
     """The fake agent's KV verbs, over its state and lock (`FakeConsul` is one)."""
-
-    sessions: SessionTable
-    _cond: threading.Condition
-    _index: int
-    _kv: dict[str, dict[str, Any]]
-    _kv_tombstones: dict[str, int]
-    _kv_index: int
 
     def kv_put(self, key: str, value: bytes, *, cas: int | None = None, flags: int = 0) -> bool:
         """`PUT /v1/kv/KEY` without HTTP; False when `cas` does not match (0: only a new key)."""

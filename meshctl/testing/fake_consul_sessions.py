@@ -158,8 +158,9 @@ def _format(seconds: float) -> str:
     return f"{hours}h{minutes}m{secs}s" if hours else f"{minutes}m{secs}s"
 
 
-class SessionsMixin:
-    """The fake agent's session verbs, over its KV store and lock (`FakeConsul` is one)."""
+class AgentState:
+    """What the fake agent's KV and session verbs share of its state (`FakeConsul` holds it):
+    the sessions, the lock, the raft index, and the KV store with its tombstones and index."""
 
     sessions: SessionTable
     _cond: threading.Condition
@@ -167,6 +168,10 @@ class SessionsMixin:
     _kv: dict[str, dict[str, Any]]
     _kv_tombstones: dict[str, int]
     _kv_index: int
+
+
+class SessionsMixin(AgentState):
+    """The fake agent's session verbs, over its KV store and lock (`FakeConsul` is one)."""
 
     def txn(self, ops: list[Any], *, raise_on_failure: bool = True) -> list[dict[str, Any]] | None:
         raise NotImplementedError
