@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from meshctl.testing.envoy import free_port
+
 _SERVING = re.compile(
     r"serving xDS on (?P<xds>\S+):(?P<xds_port>\d+) and admin on http://(?P<admin>\S+):(?P<admin_port>\d+)"
 )
@@ -56,8 +58,11 @@ def limited_meshctl_command(address_space: int) -> list[str]:
 class ServeProcess:
     """One `meshctl serve` subprocess on 127.0.0.1; a context manager.
 
-    Ports are chosen by the process the first time (port 0) and kept for `restart()`. The log of
-    every run goes to one file, readable with `log()`.
+    Its xDS and admin ports are chosen when it is made, below the kernel's ephemeral range
+    (`free_port`), and kept for `restart()`: a port the server had from the ephemeral range (port
+    0) could be taken, while it is down, as the local port of any connection the machine opens,
+    and the restart would find it in use. The log of every run goes to one file, readable with
+    `log()`.
     """
 
     def __init__(
@@ -74,8 +79,8 @@ class ServeProcess:
         self.debounce = debounce
         self.log_level = log_level
         self.extra_args = tuple(extra_args)
-        self.xds_port = 0
-        self.admin_port = 0
+        self.xds_port = free_port()
+        self.admin_port = free_port()
         self.runs = 0
         self._dir = tempfile.TemporaryDirectory(prefix="meshctl-serve-")
         self.log_path = Path(self._dir.name) / "serve.log"
@@ -144,7 +149,8 @@ class ServeProcess:
         if match is None:
             return False
         xds, admin = int(match["xds_port"]), int(match["admin_port"])
-        if (self.xds_port and xds != self.xds_port) or (self.admin_port and admin != self.admin_port):
+        # (The first run may have been given its addresses in `extra_args`: those are its ports.)
+        if self.runs > 1 and (xds != self.xds_port or admin != self.admin_port):
             raise ServeError(f"restarted on {xds}/{admin}, not {self.xds_port}/{self.admin_port}")
         self.xds_port, self.admin_port = xds, admin
         return True
