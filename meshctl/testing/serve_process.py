@@ -55,6 +55,10 @@ def limited_meshctl_command(address_space: int) -> list[str]:
     return [sys.executable, "-c", launcher]
 
 
+#: How `meshctl serve` says a port it was given is taken.
+_PORT_TAKEN = re.compile(r"cannot serve: .*address already in use", re.IGNORECASE)
+
+
 class ServeProcess:
     """One `meshctl serve` subprocess on 127.0.0.1; a context manager.
 
@@ -81,6 +85,8 @@ class ServeProcess:
         self.extra_args = tuple(extra_args)
         self.xds_port = free_port()
         self.admin_port = free_port()
+        #: whether a run has bound its ports: a restart must bind the same
+        self._bound = False
         self.runs = 0
         self._dir = tempfile.TemporaryDirectory(prefix="meshctl-serve-")
         self.log_path = Path(self._dir.name) / "serve.log"
@@ -121,11 +127,26 @@ class ServeProcess:
 
     def start(self, *, timeout: float = 60.0, ready: bool = True) -> None:
         """Start and wait until the log names the ports and (with `ready`) `/ready` answers 200:
-        a server whose registries have not synced serves no proxy yet, and says so there."""
+        a server whose registries have not synced serves no proxy yet, and says so there.
+
+        A port picked below the ephemeral range is safe from this machine's connections, not
+        from another program binding it between the pick and the server's bind (a second test
+        run beside this one): until the server has bound its ports once, a port found taken is
+        picked again. A restart keeps its ports, as a real one does."""
+        for attempt in range(3):
+            offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+            try:
+                self._start(offset, timeout=timeout, ready=ready)
+                return
+            except ServeError:
+                if self._bound or attempt == 2 or not _PORT_TAKEN.search(self._log_since(offset)):
+                    raise
+                self.xds_port, self.admin_port = free_port(), free_port()
+
+    def _start(self, offset: int, *, timeout: float, ready: bool) -> None:
         if self._proc is not None:
             raise ServeError("already running")
         self.runs += 1
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
             log.write(f"--- run {self.runs}: {' '.join(self.command())}\n".encode())
             self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT)
@@ -141,18 +162,21 @@ class ServeProcess:
                 raise ServeError(f"/ready not 200 after {timeout}s:\n{self.log()[-3000:]}")
             time.sleep(0.05)
 
-    def _read_ports(self, offset: int) -> bool:
+    def _log_since(self, offset: int) -> str:
         with self.log_path.open("rb") as f:
             f.seek(offset)
-            text = f.read().decode(errors="replace")
-        match = _SERVING.search(text)
+            return f.read().decode(errors="replace")
+
+    def _read_ports(self, offset: int) -> bool:
+        match = _SERVING.search(self._log_since(offset))
         if match is None:
             return False
         xds, admin = int(match["xds_port"]), int(match["admin_port"])
         # (The first run may have been given its addresses in `extra_args`: those are its ports.)
-        if self.runs > 1 and (xds != self.xds_port or admin != self.admin_port):
+        if self._bound and (xds != self.xds_port or admin != self.admin_port):
             raise ServeError(f"restarted on {xds}/{admin}, not {self.xds_port}/{self.admin_port}")
         self.xds_port, self.admin_port = xds, admin
+        self._bound = True
         return True
 
     def _check_alive(self) -> None:
