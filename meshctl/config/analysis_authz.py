@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from meshctl.config.analysis_mtls import MtlsIssue, PeerAuthentications, ServiceEntries, Sidecars, workload_labels
 from meshctl.config.findings import FieldPath
-from meshctl.config.labels import labels_match, selector_labels
+from meshctl.config.labels import TLS_MODE_LABEL, labels_match, selector_labels
 from meshctl.config.model import Config
 
 _IDENTITY_FIELDS: Final = ("principals", "not_principals", "namespaces", "not_namespaces", "service_accounts",
@@ -37,7 +37,6 @@ _JSON_NAMES: Final = {
     "trust_domains": "trustDomains",
     "not_trust_domains": "notTrustDomains",
 }
-_TLS_MODE_LABEL: Final = "security.istio.io/tlsMode"
 _DISABLE: Final = 1
 _CUSTOM: Final = 3
 
@@ -67,8 +66,8 @@ def _selected(policy: Config, entries: Sequence[Config], root_namespace: str) ->
 
 
 def _why_no_mtls(entry: Config, labels: Mapping[str, str], policies: PeerAuthentications) -> str | None:
-    if labels.get(_TLS_MODE_LABEL) != "istio":
-        return f"not labelled {_TLS_MODE_LABEL}: istio, so clients do not use mutual TLS to it"
+    if labels.get(TLS_MODE_LABEL) != "istio":
+        return f"not labelled {TLS_MODE_LABEL}: istio, so clients do not use mutual TLS to it"
     modes = policies.modes(entry.namespace, labels)
     if modes.default.mode == _DISABLE and all(m.mode == _DISABLE for m in modes.ports.values()):
         return "its PeerAuthentication DISABLEs mutual TLS"

@@ -45,11 +45,8 @@ from meshctl.api.networking.v1alpha3 import service_entry_pb2, sidecar_pb2
 from meshctl.api.security.v1beta1 import peer_authentication_pb2
 from meshctl.config.findings import FieldPath
 from meshctl.config.hosts import is_ip
-from meshctl.config.labels import labels_match, selector_labels
+from meshctl.config.labels import GROUP_ANNOTATION, TLS_MODE_LABEL, labels_match, selector_labels
 from meshctl.config.model import Config, ConfigKey
-
-TLS_MODE_LABEL: Final = "security.istio.io/tlsMode"
-GROUP_ANNOTATION: Final = "istio.io/autoRegistrationGroup"
 
 _MTLS = peer_authentication_pb2.PeerAuthentication.MutualTLS
 UNSET: Final = int(_MTLS.UNSET)

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
+
+#: Istio's label of an endpoint's TLS mode (`istio`: it takes mutual TLS; `disabled`: it does not).
+TLS_MODE_LABEL: Final = "security.istio.io/tlsMode"
+#: Istio's label of the network a workload is on.
+NETWORK_LABEL: Final = "topology.istio.io/network"
+#: Istio's label of a workload's locality (region/zone/subzone).
+LOCALITY_LABEL: Final = "istio-locality"
+#: Istio's annotation on a WorkloadEntry registered into a WorkloadGroup, naming the group.
+GROUP_ANNOTATION: Final = "istio.io/autoRegistrationGroup"
 
 
 def labels_match(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from meshctl.config.hosts import is_ip
+from meshctl.config.labels import NETWORK_LABEL, TLS_MODE_LABEL
 from meshctl.registry.model import (
     Endpoint,
     Health,
@@ -58,8 +59,6 @@ from meshctl.registry.model import (
 
 PROTOCOL_META: Final = "protocol"
 ZONE_NODE_META: Final = "zone"
-TLS_MODE_LABEL: Final = "security.istio.io/tlsMode"
-NETWORK_LABEL: Final = "topology.istio.io/network"
 
 # RFC 1123 labels (service names) and Kubernetes label keys and values (tags that become labels).
 _DNS_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.IGNORECASE)

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from meshctl.api.networking.v1alpha3 import workload_entry_pb2, workload_group_pb2
+from meshctl.config.labels import GROUP_ANNOTATION
 from meshctl.config.model import Config
 from meshctl.registry.model import ServiceModel
 
 #: Istio's annotation opting a WorkloadEntry into health checks.
 HEALTH_CHECKS_ANNOTATION: Final = "proxy.istio.io/health-checks-enabled"
-GROUP_ANNOTATION: Final = "istio.io/autoRegistrationGroup"
 #: Where a probe connects unless it names a host: the app on the probing Envoy's own VM.
 LOOPBACK: Final = "127.0.0.1"
 

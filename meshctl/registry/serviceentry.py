@@ -22,12 +22,11 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from meshctl.api.networking.v1alpha3 import service_entry_pb2, workload_entry_pb2, workload_group_pb2
-from meshctl.config.labels import labels_match
+from meshctl.config.labels import GROUP_ANNOTATION, labels_match
 from meshctl.config.model import Config, ConfigKey
 from meshctl.registry.model import Endpoint, Service, ServiceModel, make_model, patch_model, sorted_endpoints
 from meshctl.registry.serviceentry_convert import convert_services, service_endpoints
 from meshctl.registry.workloads import (
-    GROUP_ANNOTATION,
     LabelPool,
     Workload,
     WorkloadIndex,

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 
 from meshctl.api.networking.v1alpha3 import service_entry_pb2
+from meshctl.config.labels import TLS_MODE_LABEL
 from meshctl.config.model import Config
 from meshctl.config.validation.metadata import TRAFFIC_DISTRIBUTION
 from meshctl.registry.model import (
@@ -45,7 +46,6 @@ from meshctl.registry.model import (
 )
 from meshctl.registry.workloads import UNIX_PREFIX, Workload, workload_from_message
 
-TLS_MODE_LABEL: Final = "security.istio.io/tlsMode"
 _DNS_RESOLUTIONS: Final = frozenset({Resolution.DNS, Resolution.DNS_ROUND_ROBIN})
 #: Resolutions by name (DYNAMIC_DNS included: the proxy resolves each requested name itself).
 _RESOLUTIONS: Final = {r.value: r for r in Resolution}

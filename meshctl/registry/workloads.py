@@ -29,13 +29,10 @@ from typing import Final
 
 from meshctl.api.networking.v1alpha3 import workload_entry_pb2, workload_group_pb2
 from meshctl.config.hosts import is_ip
-from meshctl.config.labels import labels_match
+from meshctl.config.labels import GROUP_ANNOTATION, LOCALITY_LABEL, NETWORK_LABEL, labels_match
 from meshctl.config.model import Config
 from meshctl.registry.model import frozen
 
-GROUP_ANNOTATION: Final = "istio.io/autoRegistrationGroup"
-LOCALITY_LABEL: Final = "istio-locality"
-NETWORK_LABEL: Final = "topology.istio.io/network"
 UNIX_PREFIX: Final = "unix://"
 
 _WE = workload_entry_pb2.WorkloadEntry

@@ -33,10 +33,10 @@ from typing import Any
 
 from meshctl.api.networking.v1alpha3 import workload_entry_pb2, workload_group_pb2
 from meshctl.config.hosts import is_ip
+from meshctl.config.labels import GROUP_ANNOTATION
 from meshctl.config.model import Config, make_config
 from meshctl.logs import untrusted
 from meshctl.registry.files import FileRegistry
-from meshctl.registry.health_checks import GROUP_ANNOTATION
 from meshctl.server.auth import PeerIdentity, check_identity
 from meshctl.server.node_address import group_of
 from meshctl.snapshot.model import Snapshot

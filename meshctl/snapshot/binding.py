@@ -34,12 +34,11 @@ from types import MappingProxyType
 from typing import Any
 
 from meshctl.api.networking.v1alpha3 import sidecar_pb2
-from meshctl.config.labels import labels_match, selector_labels
+from meshctl.config.labels import GROUP_ANNOTATION, labels_match, selector_labels
 from meshctl.config.model import Config
 from meshctl.errors import BindingError
 from meshctl.logs import untrusted
 from meshctl.registry.model import Endpoint, Service
-from meshctl.registry.workloads import GROUP_ANNOTATION
 from meshctl.snapshot.collectors import Collector, resolve_collector
 from meshctl.snapshot.envoy_filters import select_envoy_filters
 from meshctl.snapshot.interception import InterceptionMode, dns_settings

@@ -53,10 +53,10 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import duration_pb2
 
 from meshctl.api.networking.v1alpha3 import destination_rule_pb2 as dr_pb2
+from meshctl.config.labels import NETWORK_LABEL
 from meshctl.registry.model import Protocol, TrafficDistribution
 from meshctl.xds.locality import (
     HOSTNAME_LABEL,
-    NETWORK_LABEL,
     REGION_LABEL,
     SUBZONE_LABEL,
     ZONE_LABEL,

@@ -32,8 +32,8 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 
 from meshctl.api.networking.v1alpha3 import destination_rule_pb2 as dr_pb2
+from meshctl.config.labels import NETWORK_LABEL
 
-NETWORK_LABEL: Final = "topology.istio.io/network"
 REGION_LABEL: Final = "topology.kubernetes.io/region"
 ZONE_LABEL: Final = "topology.kubernetes.io/zone"
 SUBZONE_LABEL: Final = "topology.istio.io/subzone"
