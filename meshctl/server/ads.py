@@ -443,8 +443,8 @@ class AdsServicer:
             size = self._blocks.size(push.resources) + 256
             hold = await budget.take(size, first=first) if budget is not None else None
             try:
-                blocks = self._blocks
-                data = encode_delta(push, blocks=blocks) if conn.delta else encode_sotw(push, blocks=blocks)
+                encode = encode_delta if conn.delta else encode_sotw
+                data = encode(push, blocks=self._blocks)
                 # Said before the write: the stream's reader can take Envoy's ACK of it (on this
                 # loop) before the write returns, and an ACK of a push not yet recorded as sent
                 # would be lost to the history and the rollout.

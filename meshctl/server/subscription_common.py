@@ -180,11 +180,26 @@ SHARED_MARK = "s"
 
 
 class _Nonces:
-    """Nonces unique within a stream: a counter, readable in logs and debug pages."""
+    """Nonces unique within a stream: a counter, readable in logs and debug pages; and, with
+    `shared`, the nonce every stream sent the same response takes (`SharedNonces`), unless its
+    serial is not above the last shared one this stream took (the same response again, or an
+    older one back): then the stream's own, so nonces stay unique within the stream."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, shared: SharedNonces | None = None) -> None:
         self._prefix = prefix
         self._counter = itertools.count(1)
+        self._shared = shared
+        #: the last serial taken from `_shared`: the next must be above it
+        self._shared_serial = 0
 
     def next(self) -> str:
         return f"{self._prefix}{next(self._counter)}"
+
+    def for_response(self, type_url: str, version: str, resources: tuple[Resource, ...]) -> tuple[str, bool]:
+        """The nonce of a response of `resources` at `version`, and whether it is the shared one."""
+        if self._shared is not None:
+            serial = self._shared.serial(type_url, version, resources)
+            if serial > self._shared_serial:
+                self._shared_serial = serial
+                return f"{self._prefix}{SHARED_MARK}{serial}", True
+        return self.next(), False

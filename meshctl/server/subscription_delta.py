@@ -10,7 +10,6 @@ from envoy.service.discovery.v3 import discovery_pb2
 from meshctl.server.subscription_common import (
     _UNANSWERED_KEPT,
     MAX_NAMES,
-    SHARED_MARK,
     WILDCARD,
     Nack,
     Push,
@@ -83,13 +82,9 @@ class DeltaSubscription:
         shared: SharedNonces | None = None,
     ) -> None:
         self.type_url = type_url
-        self._prefix = nonce_prefix
-        self._shared = shared
-        #: the last serial taken from `_shared`: the next must be above it
-        self._shared_serial = 0
         self._wildcard_when_empty = wildcard_when_empty
         self._max_names = max_names
-        self._nonces = _Nonces(nonce_prefix)
+        self._nonces = _Nonces(nonce_prefix, shared)
         self.started = False
         self.wildcard = False
         #: Shared with every subscription holding the same names (`_shared_names`): a thousand
@@ -293,20 +288,13 @@ class DeltaSubscription:
                 self._absent_told.add(n)  # told, as an absent name is: not again while it is gone
         self._absent_told.update(absent)
         version = _version_of(available)
-        shared = False
-        if isinstance(to_send, tuple):  # a tuple every stream making the move is given
+        gone = tuple(removed + absent)
+        if isinstance(to_send, tuple) and not gone:  # a tuple every stream making the move is given
             resources = to_send
-            if self._shared is not None and not removed and not absent:
-                serial = self._shared.serial(self.type_url, version, resources)
-                shared = serial > self._shared_serial
+            nonce, shared = self._nonces.for_response(self.type_url, version, resources)
         else:
             resources = tuple(to_send)
-        gone = tuple(removed + absent)
-        if shared:
-            self._shared_serial = serial
-            nonce = f"{self._prefix}{SHARED_MARK}{serial}"
-        else:
-            nonce = self._nonces.next()
+            nonce, shared = self._nonces.next(), False
         self._sent_nonce = nonce
         self.sent_version = version
         self._in_flight[nonce] = (self.sent_version, resources, gone)

@@ -10,7 +10,6 @@ from envoy.service.discovery.v3 import discovery_pb2
 from meshctl.server.subscription_common import (
     _UNANSWERED_KEPT,
     MAX_NAMES,
-    SHARED_MARK,
     WILDCARD,
     Nack,
     Push,
@@ -81,13 +80,9 @@ class SotwSubscription:
         shared: SharedNonces | None = None,
     ) -> None:
         self.type_url = type_url
-        self._prefix = nonce_prefix
-        self._shared = shared
-        #: the last serial taken from `_shared`: the next must be above it
-        self._shared_serial = 0
         self._wildcard_when_empty = wildcard_when_empty
         self._max_names = max_names
-        self._nonces = _Nonces(nonce_prefix)
+        self._nonces = _Nonces(nonce_prefix, shared)
         self.partial = partial
         self.started = False
         self.wildcard = False
@@ -307,15 +302,7 @@ class SotwSubscription:
                 self._idle_on = available
                 return None
         self.sent_version = version
-        shared = False
-        if self._shared is not None:
-            serial = self._shared.serial(self.type_url, version, resources)
-            shared = serial > self._shared_serial
-        if shared:
-            self._shared_serial = serial
-            self.sent_nonce = f"{self._prefix}{SHARED_MARK}{serial}"
-        else:
-            self.sent_nonce = self._nonces.next()
+        self.sent_nonce, shared = self._nonces.for_response(self.type_url, version, resources)
         if self.partial:
             self._unanswered[self.sent_nonce] = resources
             while len(self._unanswered) > _UNANSWERED_KEPT:

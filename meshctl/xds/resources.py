@@ -104,9 +104,7 @@ class ResourceSet(Mapping[str, Resource]):
             changed = tuple(r for r in self.ordered if (o := before.get(r.name)) is None or o.version != r.version)
             if len(changed) == len(self.ordered):
                 changed = self.ordered
-            gone: tuple[str, ...] = ()
-            if not (len(before) <= len(now) and all(n in now for n in before)):
-                gone = tuple(r.name for r in older.ordered if r.name not in now)
+            gone = tuple(r.name for r in older.ordered if r.name not in now)
             while len(self._changes) >= _CHANGES_KEPT:
                 del self._changes[next(iter(self._changes))]
             found = self._changes[older.version] = (changed, gone)
